@@ -1,0 +1,154 @@
+"""Producers' API: enqueue tasks, read their state, wait for results, cancel.
+
+    q = gpuq.Queue.from_url("redis://localhost:6379/0", pool="default")
+    t = q.enqueue("llm.generate", {"prompt": "hi"}, model="llama3-8b", vram_gb=16,
+                  priority="online", est_s=0.4, deadline_s=2)
+    t.result(timeout=5)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator, Mapping
+
+import redis
+
+from gpuq.config import Config
+from gpuq.errors import ConnectionFailed, ResultTimeout, TaskFailed, TaskNotFound
+from gpuq.keys import Keys
+from gpuq.scripts import Calls, Scripts
+from gpuq.task import State, TaskRecord, TaskSpec
+
+BULK_CHUNK = 200  # tasks per enqueue call in a bulk enqueue
+
+
+@contextmanager
+def redis_errors(url: str) -> Iterator[None]:
+    """Turn a dead or unreachable Redis into one clear GpuqError."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise ConnectionFailed(url, str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+
+
+def connect(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
+
+
+class Queue:
+    """One pool on one Redis: the producer side."""
+
+    def __init__(self, client: redis.Redis, config: Config | None = None, *, url: str = "") -> None:
+        self.config = config or Config()
+        self.url = url or self.config.redis_url or "redis"
+        self.redis = client
+        self.keys = Keys(self.config.pool, self.config.prefix)
+        self.scripts = Scripts(client, self.keys)
+        self.calls = Calls(self.config)
+
+    @classmethod
+    def from_url(cls, url: str, pool: str = "default", config: Config | None = None) -> Queue:
+        from dataclasses import replace
+
+        cfg = replace(config or Config(), redis_url=url, pool=pool).validate()
+        return cls(connect(url), cfg, url=url)
+
+    def enqueue(self, handler: str, payload: Any = None, *, check_fit: bool = False,
+                **options: Any) -> Task:
+        """Validate and enqueue one task in one round trip; see TaskSpec.build for options."""
+        spec = TaskSpec.build(handler, payload, **options)
+        with redis_errors(self.url):
+            self.scripts.run(self.calls.enqueue([spec], check_fit=check_fit))
+        return Task(self, spec.task_id)
+
+    def enqueue_many(self, tasks: Iterable[Mapping[str, Any]], *, check_fit: bool = False) -> list[Task]:
+        """Bulk enqueue: every task is validated first; then chunks of tasks per call, pipelined.
+
+        Each mapping holds ``handler``, ``payload`` and TaskSpec.build's options. A task
+        rejected by validation writes nothing at all; the server rejects a chunk whole.
+        """
+        specs = [TaskSpec.build(t["handler"], t.get("payload"), **{k: v for k, v in t.items()
+                 if k not in ("handler", "payload")}) for t in tasks]
+        calls = [self.calls.enqueue(specs[i:i + BULK_CHUNK], check_fit=check_fit)
+                 for i in range(0, len(specs), BULK_CHUNK)]
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for call in calls:
+                self.scripts.queue(pipe, call)
+            for call, reply in zip(calls, pipe.execute()):
+                call.parse(reply)
+        return [Task(self, s.task_id) for s in specs]
+
+    def task(self, task_id: str) -> Task:
+        return Task(self, task_id)
+
+    def record(self, task_id: str) -> TaskRecord:
+        with redis_errors(self.url):
+            fields = self.redis.hgetall(self.keys.task(task_id))
+        if not fields:
+            raise TaskNotFound(task_id)
+        return TaskRecord.from_fields(fields)
+
+    def cancel(self, task_id: str) -> str:
+        """Cancel a task; returns the state it was in."""
+        with redis_errors(self.url):
+            return self.scripts.run(self.calls.cancel(task_id))
+
+    def requeue(self, task_id: str, reason: str = "requeued by operator") -> str:
+        with redis_errors(self.url):
+            return self.scripts.run(self.calls.requeue(task_id, None, reason))
+
+    def wait(self, task_id: str, timeout: float | None = None) -> TaskRecord:
+        """Block until the task ends (Redis list pop, no sleep loop); return its record."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        done = self.keys.done(task_id)
+        while True:
+            record = self.record(task_id)
+            if record.state.terminal:
+                return record
+            left = 0.0 if deadline is None else deadline - time.monotonic()
+            if deadline is not None and left <= 0:
+                raise ResultTimeout(task_id, timeout or 0.0)
+            with redis_errors(self.url):
+                popped = self.redis.blpop([done], timeout=left)
+                if popped:  # pass the signal on to any other waiter of the same task
+                    self.redis.lpush(done, popped[1])
+
+    def close(self) -> None:
+        self.redis.close()
+
+
+def outcome(record: TaskRecord) -> Any:
+    """The result of an ended task, or TaskFailed naming how it ended."""
+    if record.state is State.SUCCEEDED:
+        return record.result
+    raise TaskFailed(record.id, record.state.value, record.error or "")
+
+
+class Task:
+    """A handle on one enqueued task."""
+
+    def __init__(self, queue: Queue, task_id: str) -> None:
+        self.queue = queue
+        self.id = task_id
+
+    def __repr__(self) -> str:
+        return f"Task({self.id!r})"
+
+    def status(self) -> State:
+        return self.queue.record(self.id).state
+
+    def record(self) -> TaskRecord:
+        return self.queue.record(self.id)
+
+    def result(self, timeout: float | None = None) -> Any:
+        return outcome(self.queue.wait(self.id, timeout))
+
+    def cancel(self) -> str:
+        return self.queue.cancel(self.id)
+
+
+def dumps_result(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)

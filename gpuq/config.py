@@ -1,0 +1,83 @@
+"""Settings of a pool, its workers and its reaper: one frozen dataclass, units in the names.
+
+Each field has a default and may be set through a ``GPUQ_<FIELD>`` environment variable
+(e.g. ``GPUQ_LEASE_S=30``) or the matching CLI option; ``validate`` runs at start-up.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from gpuq.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Config:
+    redis_url: str = ""  # empty: commands that can, start an embedded server
+    pool: str = "default"
+    prefix: str = "gpuq"
+    # scheduling
+    sla_p0_s: float = 0.2  # start-within targets; a task's queue score is enqueue time + SLA
+    sla_p1_s: float = 1.0
+    sla_p2_s: float = 300.0
+    sla_p3_s: float = 86400.0  # P3 has no SLA; a day keeps it ordered after the others
+    fair_every: int = 5  # after this many higher-priority dispatches one lower one goes
+    defer_s: float = 2.0  # longest a task is left for a better-placed idle worker (capped at SLA/2)
+    kv_reserve_gb: float = 5.0  # VRAM kept for KV cache and allocator slack on every GPU
+    scan_per_queue: int = 8  # queued tasks examined per (priority, model) queue in one claim
+    # leases and retries
+    lease_s: float = 30.0  # a running task is reclaimed if its worker misses renewing this long
+    heartbeat_s: float = 5.0  # renewal period; must be well under lease_s
+    retry_base_s: float = 1.0  # backoff: base * 2^(attempt-1), capped
+    retry_max_s: float = 300.0
+    result_ttl_s: float = 7 * 86400.0  # how long an ended task stays readable
+    # worker
+    concurrency: int = 1
+    shutdown_grace_s: float = 30.0  # SIGTERM: finish running tasks for this long, then requeue
+    idle_block_s: float = 5.0  # longest an idle worker blocks before looking for due retries
+    # reaper
+    reap_interval_s: float = 1.0
+    reaper_lock_s: float = 10.0
+
+    def sla_ms(self) -> list[int]:
+        return [int(s * 1000) for s in (self.sla_p0_s, self.sla_p1_s, self.sla_p2_s, self.sla_p3_s)]
+
+    def defer_ms(self) -> list[int]:
+        return [int(min(self.defer_s, s / 1000 / 2) * 1000) for s in self.sla_ms()]
+
+    def validate(self) -> Config:
+        if not self.pool or any(c in self.pool for c in "{}: \n"):
+            raise ConfigError(f"pool {self.pool!r} must be non-empty without braces, colons or spaces")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+                raise ConfigError(f"{f.name} must be >= 0, got {value}")
+        if self.fair_every < 1:
+            raise ConfigError("fair_every must be >= 1")
+        if self.concurrency < 1:
+            raise ConfigError("concurrency must be >= 1")
+        if not 0 < self.heartbeat_s < self.lease_s:
+            raise ConfigError(f"heartbeat_s ({self.heartbeat_s}) must be > 0 and < lease_s ({self.lease_s})")
+        return self
+
+    def with_options(self, **options: Any) -> Config:
+        """Override with the options that were given (None means not given)."""
+        given = {k: v for k, v in options.items() if v is not None}
+        return replace(self, **given).validate()
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> Config:
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(f"GPUQ_{f.name.upper()}")
+            if raw is None:
+                continue
+            kind = type(getattr(cls(), f.name))
+            try:
+                values[f.name] = kind(raw)
+            except ValueError:
+                raise ConfigError(f"GPUQ_{f.name.upper()}={raw!r} is not a valid {kind.__name__}") from None
+        return cls(**values).validate()

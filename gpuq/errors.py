@@ -1,0 +1,91 @@
+"""The exceptions of gpuq; everything derives from GpuqError and builds its own message."""
+
+from __future__ import annotations
+
+
+class GpuqError(Exception):
+    """Base of every gpuq error."""
+
+
+class InvalidTask(GpuqError):
+    """A task was rejected at the boundary; nothing was written."""
+
+    def __init__(self, reason: str, task_id: str | None = None) -> None:
+        self.reason = reason
+        self.task_id = task_id
+        super().__init__(f"invalid task: {reason}")
+
+
+class DuplicateTask(GpuqError):
+    def __init__(self, task_id: str) -> None:
+        self.task_id = task_id
+        super().__init__(f"task {task_id} already exists")
+
+
+class Unschedulable(GpuqError):
+    def __init__(self, vram_gb: float, largest_gb: float) -> None:
+        self.vram_gb = vram_gb
+        self.largest_gb = largest_gb
+        super().__init__(
+            f"unschedulable: task needs {vram_gb:g} GB of VRAM, "
+            f"the largest registered GPU class offers {largest_gb:g} GB"
+        )
+
+
+class TaskNotFound(GpuqError):
+    def __init__(self, task_id: str) -> None:
+        self.task_id = task_id
+        super().__init__(f"task {task_id} not found")
+
+
+class StaleLease(GpuqError):
+    """An ack, fail or requeue came from a worker whose lease was lost (fencing token)."""
+
+    def __init__(self, task_id: str, worker_id: str | None = None) -> None:
+        self.task_id = task_id
+        self.worker_id = worker_id
+        super().__init__(f"stale lease on task {task_id}: its lease was lost or it was canceled")
+
+
+class TaskAlreadyFinished(GpuqError):
+    def __init__(self, task_id: str, state: str) -> None:
+        self.task_id = task_id
+        self.state = state
+        super().__init__(f"task {task_id} already ended ({state})")
+
+
+class TaskFailed(GpuqError):
+    """Raised by result() when the task ended in a state other than succeeded."""
+
+    def __init__(self, task_id: str, state: str, error: str) -> None:
+        self.task_id = task_id
+        self.state = state
+        self.error = error
+        super().__init__(f"task {task_id} {state}: {error}" if error else f"task {task_id} {state}")
+
+
+class ResultTimeout(GpuqError):
+    def __init__(self, task_id: str, timeout: float) -> None:
+        self.task_id = task_id
+        self.timeout = timeout
+        super().__init__(f"task {task_id} did not finish within {timeout:g} s")
+
+
+class ConfigError(GpuqError):
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"configuration: {reason}")
+
+
+class ConnectionFailed(GpuqError):
+    def __init__(self, url: str, cause: str) -> None:
+        self.url = url
+        super().__init__(f"cannot reach Redis at {url}: {cause}")
+
+
+class AppError(GpuqError):
+    """An app (handlers and model loaders) is missing, malformed or lacks a handler."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)

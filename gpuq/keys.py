@@ -1,0 +1,115 @@
+"""Every Redis key name of a pool, built in one place.
+
+All keys of a pool share the hash tag ``{pool}`` so every Lua script touches a single
+Redis Cluster slot. Scripts receive the pool's base (``gpuq:{pool}:``) as a key and build
+per-task and per-queue names from it with the same suffixes as below; docs/PROTOCOL.md
+tables them. No other module holds a key literal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_PREFIX = "gpuq"
+
+
+@dataclass(frozen=True)
+class Keys:
+    pool: str
+    prefix: str = DEFAULT_PREFIX
+
+    @property
+    def base(self) -> str:
+        """The pool's key base; scripts append the suffixes below to it."""
+        return f"{self.prefix}:{{{self.pool}}}:"
+
+    def task(self, task_id: str) -> str:
+        return f"{self.base}task:{task_id}"
+
+    def queue(self, priority: int, model: str) -> str:
+        """Queued task ids of one (priority, model), scored by start-by time in ms."""
+        return f"{self.base}q:{priority}:{model}"
+
+    def models_with_work(self, priority: int) -> str:
+        """Index: models with queued work at a priority, scored by their queue's head score."""
+        return f"{self.base}models:{priority}"
+
+    def done(self, task_id: str) -> str:
+        """List a result waiter blocks on; pushed once when the task ends."""
+        return f"{self.base}done:{task_id}"
+
+    def worker(self, worker_id: str) -> str:
+        return f"{self.base}worker:{worker_id}"
+
+    def worker_tasks(self, worker_id: str) -> str:
+        return f"{self.base}worker:{worker_id}:tasks"
+
+    def wake(self, worker_id: str) -> str:
+        return f"{self.base}wake:{worker_id}"
+
+    def holders(self, model: str) -> str:
+        """Workers that hold a model loaded."""
+        return f"{self.base}holders:{model}"
+
+    def catalog_model(self, model: str) -> str:
+        return f"{self.base}model:{model}"
+
+    @property
+    def running(self) -> str:
+        """Running task ids scored by lease expiry (ms)."""
+        return f"{self.base}running"
+
+    @property
+    def delayed(self) -> str:
+        """Tasks waiting out a retry backoff, scored by ready time (ms)."""
+        return f"{self.base}delayed"
+
+    @property
+    def need(self) -> str:
+        """Queued task ids scored by VRAM need (GB): finds tasks no GPU can fit."""
+        return f"{self.base}need"
+
+    @property
+    def workers(self) -> str:
+        """Live workers scored by heartbeat expiry (ms)."""
+        return f"{self.base}workers"
+
+    @property
+    def idle(self) -> str:
+        """Workers with a free slot, scored by claimable VRAM (GB)."""
+        return f"{self.base}idle"
+
+    @property
+    def pool_wake(self) -> str:
+        return f"{self.base}wake"
+
+    @property
+    def classes(self) -> str:
+        """GPU classes ever registered: name -> usable VRAM (GB)."""
+        return f"{self.base}classes"
+
+    @property
+    def catalog(self) -> str:
+        """Set of model names the catalog knows."""
+        return f"{self.base}catalog"
+
+    @property
+    def fairness(self) -> str:
+        return f"{self.base}fair"
+
+    @property
+    def token(self) -> str:
+        return f"{self.base}token"
+
+    @property
+    def stats(self) -> str:
+        return f"{self.base}stats"
+
+    @property
+    def reaper_lock(self) -> str:
+        return f"{self.base}reaper"
+
+    @property
+    def pattern(self) -> str:
+        """SCAN pattern matching every key of the pool (inspection and tests only)."""
+        return f"{self.prefix}:{{{self.pool}}}:*"

@@ -1,0 +1,119 @@
+-- _lib.lua: shared helpers, prepended by gpuq/scripts.py to every script (not run alone).
+--
+-- Every script receives the pool's key base (e.g. "gpuq:{default}:") as KEYS[1] and builds
+-- the per-task, per-queue and per-worker names from it; all of them carry the pool's hash
+-- tag, so a script touches one Cluster slot. Key suffixes are tabled in docs/PROTOCOL.md.
+-- Times are integer epoch milliseconds. Return values are arrays whose first element is a
+-- code: 0 OK, 1 INVALID, 2 DUPLICATE, 3 UNSCHEDULABLE, 4 NOT_FOUND, 5 STALE_LEASE,
+-- 6 FINISHED (gpuq/scripts.py: Code).
+
+local B = KEYS[1]
+local K_RUNNING, K_DELAYED, K_NEED = B .. 'running', B .. 'delayed', B .. 'need'
+local K_IDLE, K_WAKE, K_WORKERS = B .. 'idle', B .. 'wake', B .. 'workers'
+local K_STATS = B .. 'stats'
+
+local function task_key(id) return B .. 'task:' .. id end
+local function queue_key(p, m) return B .. 'q:' .. p .. ':' .. m end
+local function index_key(p) return B .. 'models:' .. p end
+
+-- ARGV "0" or "" means: use the server's clock, so hosts with skewed clocks agree.
+local function clock(arg)
+  local n = tonumber(arg)
+  if n and n > 0 then return n end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function ms(n) return string.format('%d', n) end
+
+-- Keep the index score of (p, m) equal to its queue's head score; drop it when empty.
+local function refresh_head(p, m)
+  local head = redis.call('ZRANGE', queue_key(p, m), 0, 0, 'WITHSCORES')
+  if head[1] then
+    redis.call('ZADD', index_key(p), head[2], m)
+  else
+    redis.call('ZREM', index_key(p), m)
+  end
+end
+
+-- Wake the idle worker best placed for a task: one holding its model, else the tightest
+-- fit; a woken worker leaves the idle set until it finds nothing to claim, so a burst of
+-- enqueues spreads over idle workers. With no idle worker, post a pool-wide wake.
+local function wake(m, need)
+  for _, w in ipairs(redis.call('SMEMBERS', B .. 'holders:' .. m)) do
+    if redis.call('ZSCORE', K_IDLE, w) then
+      redis.call('ZREM', K_IDLE, w)
+      redis.call('LPUSH', B .. 'wake:' .. w, '1')
+      return
+    end
+  end
+  local fit = redis.call('ZRANGEBYSCORE', K_IDLE, need, '+inf', 'LIMIT', 0, 1)
+  if fit[1] then
+    redis.call('ZREM', K_IDLE, fit[1])
+    redis.call('LPUSH', B .. 'wake:' .. fit[1], '1')
+  else
+    redis.call('LPUSH', K_WAKE, '1')
+    redis.call('LTRIM', K_WAKE, 0, 15)
+  end
+end
+
+-- Put a task (hash already written) into its (priority, model) queue at its stored score.
+local function push(id, do_wake)
+  local f = redis.call('HMGET', task_key(id), 'priority', 'model', 'score', 'vram_gb')
+  local p, m, score, need = f[1], f[2], f[3], f[4]
+  redis.call('ZADD', queue_key(p, m), score, id)
+  redis.call('ZADD', index_key(p), 'LT', score, m)
+  redis.call('ZADD', K_NEED, need, id)
+  if do_wake then wake(m, tonumber(need)) end
+end
+
+-- Take a queued task out of its queue and the indexes.
+local function unqueue(id, p, m)
+  redis.call('ZREM', queue_key(p, m), id)
+  refresh_head(p, m)
+  redis.call('ZREM', K_NEED, id)
+end
+
+local function release(id, worker)
+  redis.call('ZREM', K_RUNNING, id)
+  if worker and worker ~= '' then redis.call('SREM', B .. 'worker:' .. worker .. ':tasks', id) end
+end
+
+-- End a task: terminal state, wake its waiters, keep it readable for ttl ms.
+local function finish(id, state, now, ttl, field, value)
+  local tk = task_key(id)
+  redis.call('HSET', tk, 'state', state, 'finished_at', ms(now), field, value)
+  local done = B .. 'done:' .. id
+  redis.call('LPUSH', done, state)
+  redis.call('PEXPIRE', done, ttl)
+  redis.call('PEXPIRE', tk, ttl)
+  redis.call('HINCRBY', K_STATS, state, 1)
+end
+
+-- Running task back to its queue (lost lease, shutdown, yield). consume=false gives the
+-- attempt back. Fails it for good once a lost lease has used its last attempt.
+local function requeue(id, now, reason, consume, ttl)
+  local tk = task_key(id)
+  local f = redis.call('HMGET', tk, 'worker', 'attempt', 'max_attempts')
+  release(id, f[1])
+  if consume and tonumber(f[2]) >= tonumber(f[3]) then
+    finish(id, 'failed', now, ttl, 'error', reason .. ' (after ' .. f[2] .. ' attempts)')
+    return 'failed'
+  end
+  if not consume then redis.call('HINCRBY', tk, 'attempt', -1) end
+  redis.call('HSET', tk, 'state', 'queued', 'worker', '', 'token', '', 'error', reason,
+    'queued_at', ms(now))
+  push(id, true)
+  return 'queued'
+end
+
+-- Move retries whose backoff has passed back into their queues (bounded per call).
+local function promote_due(now, limit)
+  local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, limit)
+  for _, id in ipairs(due) do
+    redis.call('ZREM', K_DELAYED, id)
+    redis.call('HSET', task_key(id), 'state', 'queued', 'queued_at', ms(now))
+    push(id, true)
+  end
+  return #due
+end

@@ -1,0 +1,19 @@
+-- ack.lua: record a task's result, fenced by its lease token, and wake its waiters.
+--
+-- KEYS[1]  pool key base
+-- ARGV[1]  task id
+-- ARGV[2]  fencing token from the claim
+-- ARGV[3]  now (ms; "0" = server clock)
+-- ARGV[4]  result (JSON text)
+-- ARGV[5]  result TTL (ms): how long the ended task stays readable
+-- Returns  {0}        succeeded
+--          {4}        NOT_FOUND
+--          {5, state} STALE_LEASE: the task is no longer running under this token
+
+local id, token, now = ARGV[1], ARGV[2], clock(ARGV[3])
+local f = redis.call('HMGET', task_key(id), 'state', 'token', 'worker')
+if not f[1] then return {4} end
+if f[1] ~= 'running' or f[2] ~= token then return {5, f[1]} end
+release(id, f[3])
+finish(id, 'succeeded', now, tonumber(ARGV[5]), 'result', ARGV[4])
+return {0}

@@ -1,0 +1,127 @@
+-- claim.lua: give a worker the best task it can run now, under a lease, in one atomic call.
+--
+-- Order: levels starved by the fairness rule first (a level below P0 that has seen
+-- fair_every dispatches of higher levels since its own last one), then P0..P3. Within a
+-- level: the worker's loaded models first (no cold start), then the other models with work
+-- in head-score order (oldest / earliest start-by first). A task fits when its VRAM need
+-- minus the loaded model's footprint fits free VRAM (model held), or when its whole need
+-- fits free plus evictable VRAM (model not held). A cold task is left for a better-placed
+-- idle worker (one holding its model, or one it fits more tightly) until it has waited
+-- defer ms. Cost: O(levels x models-with-work x scan x log N); no backlog scan.
+--
+-- KEYS[1]  pool key base
+-- ARGV[1]  worker id
+-- ARGV[2]  now (ms; "0" = server clock)
+-- ARGV[3]  free VRAM (GB): total - KV reserve - loaded models - running tasks' working memory
+-- ARGV[4]  evictable VRAM (GB): footprint of loaded models no running task uses
+-- ARGV[5]  free slots (>= 1)
+-- ARGV[6]  lease (ms)
+-- ARGV[7]  fair_every (N: one lower dispatch after N higher ones)
+-- ARGV[8]  levels this worker serves, e.g. "0123"
+-- ARGV[9]  tasks examined per (priority, model) queue
+-- ARGV[10..13]  defer bound of P0..P3 (ms)
+-- ARGV[14..]  pairs: loaded model name, its footprint (GB)
+-- Returns  {0}                      nothing this worker can run; it is marked idle
+--          {0, field, value, ...}   the claimed task's hash (state running, token set)
+
+local worker, now = ARGV[1], clock(ARGV[2])
+local free, evictable, slots = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local lease, fair_every, levels = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
+local scan = tonumber(ARGV[9])
+local defer = {tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])}
+local held, held_names = {}, {}
+for i = 14, #ARGV, 2 do
+  held[ARGV[i]] = tonumber(ARGV[i + 1])
+  held_names[#held_names + 1] = ARGV[i]
+end
+local claimable = free + evictable
+
+promote_due(now, 20)
+
+-- Is there an idle worker better placed than this one for a cold task?
+local function better_elsewhere(m, need)
+  for _, w in ipairs(redis.call('SMEMBERS', B .. 'holders:' .. m)) do
+    if w ~= worker and redis.call('ZSCORE', K_IDLE, w) then return true end
+  end
+  local tighter = redis.call('ZRANGEBYSCORE', K_IDLE, need, '(' .. claimable, 'LIMIT', 0, 1)
+  return tighter[1] ~= nil and tighter[1] ~= worker
+end
+
+-- First task of queue (p, m) this worker can run, with the VRAM it will use.
+local function scan_queue(p, m)
+  local footprint = held[m]
+  local ids = redis.call('ZRANGE', queue_key(p, m), 0, scan - 1)
+  for _, id in ipairs(ids) do
+    local f = redis.call('HMGET', task_key(id), 'vram_gb', 'queued_at')
+    local need = tonumber(f[1])
+    if footprint then
+      local extra = math.max(0, need - footprint)
+      if extra <= free then return id, extra end
+    elseif need <= claimable then
+      if now - tonumber(f[2]) < defer[p + 1] and better_elsewhere(m, need) then return nil end
+      return id, need
+    end
+  end
+  return nil
+end
+
+local function find(p)
+  for _, m in ipairs(held_names) do
+    local id, use = scan_queue(p, m)
+    if id then return id, m, use end
+  end
+  for _, m in ipairs(redis.call('ZRANGE', index_key(p), 0, -1)) do
+    if not held[m] then
+      local id, use = scan_queue(p, m)
+      if id then return id, m, use end
+    end
+  end
+  return nil
+end
+
+local serves = {}
+for p = 0, 3 do serves[p] = string.find(levels, tostring(p), 1, true) ~= nil end
+local fair = redis.call('HMGET', B .. 'fair', '1', '2', '3')
+local order = {}
+for p = 1, 3 do
+  if tonumber(fair[p] or 0) >= fair_every then order[#order + 1] = p end
+end
+for p = 0, 3 do order[#order + 1] = p end
+
+local id, p, m, use
+for _, level in ipairs(order) do
+  if serves[level] and redis.call('EXISTS', index_key(level)) == 1 then
+    id, m, use = find(level)
+    if id then p = level break end
+  end
+end
+
+if not id then
+  redis.call('ZADD', K_IDLE, claimable, worker)
+  return {0}
+end
+
+-- fairness: this level's debt is paid; lower levels with work saw one more higher dispatch
+if p > 0 then redis.call('HSET', B .. 'fair', tostring(p), '0') end
+for q = p + 1, 3 do
+  if redis.call('EXISTS', index_key(q)) == 1 and tonumber(fair[q] or 0) < fair_every then
+    redis.call('HINCRBY', B .. 'fair', tostring(q), 1)
+  end
+end
+
+unqueue(id, p, m)
+local tk = task_key(id)
+local token = redis.call('INCR', B .. 'token')
+redis.call('HINCRBY', tk, 'attempt', 1)
+redis.call('HSET', tk, 'state', 'running', 'worker', worker, 'token', token,
+  'started_at', ms(now), 'error', '')
+redis.call('ZADD', K_RUNNING, now + lease, id)
+redis.call('SADD', B .. 'worker:' .. worker .. ':tasks', id)
+if slots > 1 then
+  redis.call('ZADD', K_IDLE, claimable - use, worker)
+else
+  redis.call('ZREM', K_IDLE, worker)
+end
+local out = redis.call('HGETALL', tk)
+table.insert(out, 1, 0)
+return out

@@ -1,0 +1,87 @@
+-- enqueue.lua: validate and enqueue one or many tasks atomically, then wake workers.
+--
+-- All tasks of a call are validated before any is written: one bad task rejects the call
+-- and nothing is stored. Each task's queue score is its start-by time: enqueue time plus
+-- its priority's SLA, or deadline minus estimate if that is earlier.
+--
+-- KEYS[1]  pool key base, e.g. "gpuq:{default}:"
+-- ARGV[1]  now (ms; "0" = server clock)
+-- ARGV[2]  check_fit: "1" rejects a task no registered GPU class could fit
+-- ARGV[3..6]  SLA of P0..P3 (ms)
+-- ARGV[7..]  groups of 11 per task: id, handler, payload (JSON text), model, vram_gb,
+--            priority (0..3), est_s, deadline_ms (relative to now, "" = none; stored
+--            absolute), preemptible ("1"/"0"),
+--            tenant, max_attempts
+-- Returns  {0, n}                              all n tasks enqueued
+--          {1, index, reason}                  INVALID: task at 1-based index is malformed
+--          {2, index, id}                      DUPLICATE: a task with this id exists
+--          {3, index, vram_gb, largest_gb}     UNSCHEDULABLE (only with check_fit)
+
+local now = clock(ARGV[1])
+local check_fit = ARGV[2] == '1'
+local sla = {tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])}
+local G = 11
+local n = (#ARGV - 6) / G
+if n < 1 or n ~= math.floor(n) then return {1, 0, 'expected groups of 11 task fields'} end
+
+local function bad_name(s)
+  return s == nil or s == '' or #s > 200 or string.find(s, '[%s{},]') ~= nil
+end
+
+local largest
+if check_fit then
+  largest = 0
+  for _, v in ipairs(redis.call('HVALS', B .. 'classes')) do
+    largest = math.max(largest, tonumber(v))
+  end
+end
+
+-- validate every task first
+local seen = {}
+for i = 1, n do
+  local o = 6 + (i - 1) * G
+  local id, handler, payload, model = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
+  local vram, prio, est = tonumber(ARGV[o + 5]), ARGV[o + 6], tonumber(ARGV[o + 7])
+  local deadline, pre, tenant, attempts = ARGV[o + 8], ARGV[o + 9], ARGV[o + 10], tonumber(ARGV[o + 11])
+  if bad_name(id) then return {1, i, 'id must be a non-empty name without spaces or braces'} end
+  if bad_name(handler) then return {1, i, 'handler must be a non-empty name'} end
+  if bad_name(model) then return {1, i, 'model must be a non-empty name'} end
+  if bad_name(tenant) then return {1, i, 'tenant must be a non-empty name'} end
+  if not vram or vram ~= vram or vram <= 0 or vram == math.huge then
+    return {1, i, 'vram_gb must be a number > 0'}
+  end
+  if prio ~= '0' and prio ~= '1' and prio ~= '2' and prio ~= '3' then
+    return {1, i, 'priority must be 0..3'}
+  end
+  if not est or est ~= est or est < 0 or est == math.huge then return {1, i, 'est_s must be >= 0'} end
+  if deadline ~= '' and not (tonumber(deadline) and tonumber(deadline) > 0) then
+    return {1, i, 'deadline must be ms > 0 or empty'}
+  end
+  if pre ~= '0' and pre ~= '1' then return {1, i, 'preemptible must be 0 or 1'} end
+  if not attempts or attempts < 1 or attempts > 100 or attempts ~= math.floor(attempts) then
+    return {1, i, 'max_attempts must be an integer in 1..100'}
+  end
+  if not pcall(cjson.decode, payload) then return {1, i, 'payload is not valid JSON'} end
+  if seen[id] or redis.call('EXISTS', task_key(id)) == 1 then return {2, i, id} end
+  seen[id] = true
+  if check_fit and vram > largest then return {3, i, tostring(vram), tostring(largest)} end
+end
+
+for i = 1, n do
+  local o = 6 + (i - 1) * G
+  local id, prio, deadline = ARGV[o + 1], ARGV[o + 6], ARGV[o + 8]
+  local score = now + sla[tonumber(prio) + 1]
+  if deadline ~= '' then
+    deadline = now + math.floor(tonumber(deadline))
+    score = math.min(score, deadline - math.floor(tonumber(ARGV[o + 7]) * 1000))
+    deadline = ms(deadline)
+  end
+  redis.call('HSET', task_key(id), 'id', id, 'handler', ARGV[o + 2], 'payload', ARGV[o + 3],
+    'model', ARGV[o + 4], 'vram_gb', ARGV[o + 5], 'priority', prio, 'est_s', ARGV[o + 7],
+    'deadline', deadline, 'preemptible', ARGV[o + 9], 'tenant', ARGV[o + 10],
+    'max_attempts', ARGV[o + 11], 'attempt', '0', 'state', 'queued', 'score', ms(score),
+    'enqueued_at', ms(now), 'queued_at', ms(now))
+  push(id, true)
+end
+redis.call('HINCRBY', K_STATS, 'enqueued', n)
+return {0, n}

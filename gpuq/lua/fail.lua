@@ -1,0 +1,30 @@
+-- fail.lua: record a failed attempt, fenced by its lease token. Retries wait out an
+-- exponential backoff in the delayed set (state "delayed"); the last attempt ends "failed".
+--
+-- KEYS[1]  pool key base
+-- ARGV[1]  task id
+-- ARGV[2]  fencing token
+-- ARGV[3]  now (ms; "0" = server clock)
+-- ARGV[4]  error (one line)
+-- ARGV[5]  retry: "1" if the error may succeed on retry, "0" to fail for good now
+-- ARGV[6]  backoff base (ms): the wait after attempt a is base * 2^(a-1)
+-- ARGV[7]  backoff cap (ms)
+-- ARGV[8]  result TTL (ms)
+-- Returns  {0, "delayed", wait_ms} | {0, "failed"}
+--          {4} NOT_FOUND | {5, state} STALE_LEASE
+
+local id, token, now, err = ARGV[1], ARGV[2], clock(ARGV[3]), ARGV[4]
+local tk = task_key(id)
+local f = redis.call('HMGET', tk, 'state', 'token', 'worker', 'attempt', 'max_attempts')
+if not f[1] then return {4} end
+if f[1] ~= 'running' or f[2] ~= token then return {5, f[1]} end
+release(id, f[3])
+local attempt, max_attempts = tonumber(f[4]), tonumber(f[5])
+if ARGV[5] == '1' and attempt < max_attempts then
+  local wait = math.min(tonumber(ARGV[6]) * 2 ^ (attempt - 1), tonumber(ARGV[7]))
+  redis.call('HSET', tk, 'state', 'delayed', 'error', err, 'worker', '', 'token', '')
+  redis.call('ZADD', K_DELAYED, now + wait, id)
+  return {0, 'delayed', ms(wait)}
+end
+finish(id, 'failed', now, tonumber(ARGV[8]), 'error', err)
+return {0, 'failed'}

@@ -1,0 +1,27 @@
+-- heartbeat.lua: renew a worker's liveness and the leases of the tasks it runs.
+--
+-- A lease is renewed only while the task is still running under the caller's token;
+-- otherwise it is reported lost (reclaimed after expiry, canceled), and the worker must
+-- stop working on it: its ack would be rejected anyway.
+--
+-- KEYS[1]  pool key base
+-- ARGV[1]  worker id
+-- ARGV[2]  now (ms; "0" = server clock)
+-- ARGV[3]  lease (ms): new expiry of each renewed lease and of the worker's liveness
+-- ARGV[4..]  pairs: task id, fencing token
+-- Returns  {0, lost_id, ...}
+
+local worker, now, lease = ARGV[1], clock(ARGV[2]), tonumber(ARGV[3])
+redis.call('ZADD', K_WORKERS, now + lease, worker)
+redis.call('HSET', B .. 'worker:' .. worker, 'seen_at', ms(now))
+local out = {0}
+for i = 4, #ARGV, 2 do
+  local id, token = ARGV[i], ARGV[i + 1]
+  local f = redis.call('HMGET', task_key(id), 'state', 'token')
+  if f[1] == 'running' and f[2] == token then
+    redis.call('ZADD', K_RUNNING, 'XX', now + lease, id)
+  else
+    out[#out + 1] = id
+  end
+end
+return out

@@ -1,0 +1,47 @@
+-- reap.lua: recover what dead workers left behind and promote due retries (bounded).
+--
+-- Expired leases go back to their queues (the attempt counts, so a task that keeps killing
+-- its worker ends "failed" after max_attempts). Workers whose liveness expired are removed
+-- with their idle entry, model holdings and wake list, and their running tasks requeued
+-- at once rather than at lease expiry.
+--
+-- KEYS[1]  pool key base
+-- ARGV[1]  now (ms; "0" = server clock)
+-- ARGV[2]  limit: most leases, workers and retries handled per call
+-- ARGV[3]  result TTL (ms)
+-- Returns  {0, requeued, failed, dead_workers, promoted}
+
+local now, limit, ttl = clock(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local requeued, failed = 0, 0
+
+local function recover(id, reason)
+  if redis.call('HGET', task_key(id), 'state') ~= 'running' then
+    release(id, redis.call('HGET', task_key(id), 'worker'))
+    return
+  end
+  if requeue(id, now, reason, true, ttl) == 'queued' then
+    requeued = requeued + 1
+  else
+    failed = failed + 1
+  end
+end
+
+local dead = redis.call('ZRANGEBYSCORE', K_WORKERS, '-inf', now, 'LIMIT', 0, limit)
+for _, w in ipairs(dead) do
+  local wk = B .. 'worker:' .. w
+  for _, id in ipairs(redis.call('SMEMBERS', wk .. ':tasks')) do
+    recover(id, 'worker ' .. w .. ' died')
+  end
+  local models = redis.call('HGET', wk, 'models') or ''
+  for m in string.gmatch(models, '[^,]+') do redis.call('SREM', B .. 'holders:' .. m, w) end
+  redis.call('ZREM', K_IDLE, w)
+  redis.call('ZREM', K_WORKERS, w)
+  redis.call('DEL', wk, wk .. ':tasks', B .. 'wake:' .. w)
+end
+
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', K_RUNNING, '-inf', now, 'LIMIT', 0, limit)) do
+  recover(id, 'lease expired')
+end
+
+local promoted = promote_due(now, limit)
+return {0, requeued, failed, #dead, promoted}

@@ -1,0 +1,211 @@
+"""The Lua scripts of gpuq: one loader, one typed call builder per script, one code table.
+
+Each script in ``gpuq/lua/`` is registered once per Redis client (EVALSHA with a NOSCRIPT
+fallback, by redis-py's Script). ``Calls`` builds a typed ``Call`` per verb (its arguments
+and the parser of its reply); ``Scripts`` runs calls on a sync client or pipeline, and
+``gpuq.aio`` runs the same calls on an asyncio client, so each verb is written once.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import IntEnum
+from importlib import resources
+from typing import Any, Callable, Generic, Sequence, TypeVar
+
+import redis
+
+from gpuq.config import Config
+from gpuq.errors import (
+    DuplicateTask,
+    GpuqError,
+    InvalidTask,
+    StaleLease,
+    TaskAlreadyFinished,
+    TaskNotFound,
+    Unschedulable,
+)
+from gpuq.keys import Keys
+from gpuq.task import TaskSpec
+
+T = TypeVar("T")
+SCRIPT_NAMES = ("enqueue", "claim", "heartbeat", "ack", "fail", "requeue", "cancel", "reap")
+
+
+class Code(IntEnum):
+    """First element of every script reply (documented in each script's header)."""
+
+    OK = 0
+    INVALID = 1
+    DUPLICATE = 2
+    UNSCHEDULABLE = 3
+    NOT_FOUND = 4
+    STALE_LEASE = 5
+    FINISHED = 6
+
+
+def script_source(name: str) -> str:
+    """A script's full source: the shared helpers, then the script itself."""
+    lua = resources.files("gpuq") / "lua"
+    return (lua / "_lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+
+
+def header_codes(name: str) -> set[str]:
+    """Error-code names a script's header promises (checked against Code by the tests)."""
+    text = (resources.files("gpuq") / "lua" / f"{name}.lua").read_text()
+    return set(re.findall(r"\b(INVALID|DUPLICATE|UNSCHEDULABLE|NOT_FOUND|STALE_LEASE|FINISHED)\b", text))
+
+
+def raise_for(reply: Sequence[Any], task_id: str | None = None, worker_id: str | None = None) -> None:
+    """Map a non-OK reply to its exception: the one place codes become errors."""
+    code = Code(int(reply[0]))
+    tid = task_id or ""
+    if code is Code.OK:
+        return
+    if code is Code.INVALID:
+        raise InvalidTask(str(reply[2]), task_id)
+    if code is Code.DUPLICATE:
+        raise DuplicateTask(str(reply[2]))
+    if code is Code.UNSCHEDULABLE:
+        raise Unschedulable(float(reply[2]), float(reply[3]))
+    if code is Code.NOT_FOUND:
+        raise TaskNotFound(tid)
+    if code is Code.STALE_LEASE:
+        raise StaleLease(tid, worker_id)
+    if code is Code.FINISHED:
+        raise TaskAlreadyFinished(tid, str(reply[1]))
+    raise GpuqError(f"unexpected script reply {reply!r}")  # pragma: no cover
+
+
+def pairs_to_dict(flat: Sequence[Any]) -> dict[str, str]:
+    return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    script: str
+    args: list[str]
+    parse: Callable[[list[Any]], T]
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    """What a worker tells the claim script about itself."""
+
+    worker_id: str
+    free_gb: float
+    evictable_gb: float
+    slots: int
+    loaded: Sequence[tuple[str, float]] = ()  # (model, footprint GB)
+    levels: str = "0123"
+
+
+@dataclass(frozen=True)
+class ReapResult:
+    requeued: int
+    failed: int
+    dead_workers: int
+    promoted: int
+
+
+def _num(x: float) -> str:
+    return repr(float(x)) if x != int(x) else str(int(x))
+
+
+class Calls:
+    """Builds the call of each verb for one pool and config; ``now_ms=0`` = server clock."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self._ttl = str(int(config.result_ttl_s * 1000))
+
+    def enqueue(self, specs: Sequence[TaskSpec], *, check_fit: bool = False,
+                now_ms: int = 0) -> Call[int]:
+        args = [str(now_ms), "1" if check_fit else "0", *map(str, self.config.sla_ms())]
+        for s in specs:
+            deadline = "" if s.deadline_s is None else str(max(1, int(s.deadline_s * 1000)))
+            args += [s.task_id, s.handler, s.payload, s.model, _num(s.vram_gb), str(int(s.priority)),
+                     _num(s.est_s), deadline, "1" if s.preemptible else "0", s.tenant,
+                     str(s.max_attempts)]
+
+        def parse(reply: list[Any]) -> int:
+            if int(reply[0]) != Code.OK and len(reply) > 1 and int(reply[1]) > 0:
+                bad = specs[int(reply[1]) - 1]
+                raise_for(reply, bad.task_id)
+            raise_for(reply)
+            return int(reply[1])
+
+        return Call("enqueue", args, parse)
+
+    def claim(self, req: ClaimRequest, *, now_ms: int = 0) -> Call[dict[str, str] | None]:
+        c = self.config
+        args = [req.worker_id, str(now_ms), _num(req.free_gb), _num(req.evictable_gb), str(req.slots),
+                str(int(c.lease_s * 1000)), str(c.fair_every), req.levels, str(c.scan_per_queue),
+                *map(str, c.defer_ms())]
+        for model, footprint in req.loaded:
+            args += [model, _num(footprint)]
+        return Call("claim", args, lambda r: pairs_to_dict(r[1:]) if len(r) > 1 else None)
+
+    def heartbeat(self, worker_id: str, leases: Sequence[tuple[str, int]], *,
+                  now_ms: int = 0) -> Call[list[str]]:
+        args = [worker_id, str(now_ms), str(int(self.config.lease_s * 1000))]
+        for task_id, token in leases:
+            args += [task_id, str(token)]
+        return Call("heartbeat", args, lambda r: [str(x) for x in r[1:]])
+
+    def ack(self, task_id: str, token: int, result_json: str, *, now_ms: int = 0) -> Call[None]:
+        return Call("ack", [task_id, str(token), str(now_ms), result_json, self._ttl],
+                    lambda r: raise_for(r, task_id))
+
+    def fail(self, task_id: str, token: int, error: str, *, retry: bool = True,
+             now_ms: int = 0) -> Call[str]:
+        c = self.config
+        args = [task_id, str(token), str(now_ms), error.replace("\n", " ")[:2000],
+                "1" if retry else "0", str(int(c.retry_base_s * 1000)),
+                str(int(c.retry_max_s * 1000)), self._ttl]
+
+        def parse(r: list[Any]) -> str:
+            raise_for(r, task_id)
+            return str(r[1])
+
+        return Call("fail", args, parse)
+
+    def requeue(self, task_id: str, token: int | None, reason: str, *, consume: bool = False,
+                now_ms: int = 0) -> Call[str]:
+        args = [task_id, "" if token is None else str(token), str(now_ms), reason,
+                "1" if consume else "0", self._ttl]
+
+        def parse(r: list[Any]) -> str:
+            raise_for(r, task_id)
+            return str(r[1])
+
+        return Call("requeue", args, parse)
+
+    def cancel(self, task_id: str, *, now_ms: int = 0) -> Call[str]:
+        def parse(r: list[Any]) -> str:
+            raise_for(r, task_id)
+            return str(r[1])
+
+        return Call("cancel", [task_id, str(now_ms), self._ttl], parse)
+
+    def reap(self, *, limit: int = 100, now_ms: int = 0) -> Call[ReapResult]:
+        return Call("reap", [str(now_ms), str(limit), self._ttl],
+                    lambda r: ReapResult(*(int(x) for x in r[1:5])))
+
+
+class Scripts:
+    """Runs calls on a synchronous client (or a pipeline of it)."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.client = client
+        self.keys = keys
+        self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPT_NAMES}
+
+    def run(self, call: Call[T]) -> T:
+        reply = self._scripts[call.script](keys=[self.keys.base], args=call.args)
+        return call.parse(reply)
+
+    def queue(self, pipe: redis.client.Pipeline, call: Call[Any]) -> None:
+        """Add a call to a pipeline; parse its reply with ``call.parse`` after execute()."""
+        self._scripts[call.script](keys=[self.keys.base], args=call.args, client=pipe)

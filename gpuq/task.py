@@ -1,0 +1,233 @@
+"""The task record: priorities, states, and validation at the boundary.
+
+A task lives in Redis as a hash of plain string fields (docs/PROTOCOL.md). This module
+turns caller input into those fields, rejecting bad input before anything is written, and
+turns a stored hash back into a typed record.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from dataclasses import dataclass
+from enum import Enum, IntEnum
+from typing import Any
+
+from gpuq.errors import InvalidTask
+
+MAX_PAYLOAD_BYTES = 1 << 20  # 1 MiB: a task carries parameters, not tensors
+MAX_NAME_LEN = 200
+
+
+class Priority(IntEnum):
+    P0 = 0  # online
+    P1 = 1  # nearline
+    P2 = 2  # batch
+    P3 = 3  # offline
+
+    @property
+    def label(self) -> str:
+        return f"P{int(self)}"
+
+    @classmethod
+    def parse(cls, value: object) -> Priority:
+        """Accept P0..P3, 0..3, and the names online/nearline/batch/offline."""
+        if isinstance(value, Priority):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 3:
+            return cls(value)
+        if isinstance(value, str):
+            text = value.strip().lower()
+            if text in _PRIORITY_NAMES:
+                return cls(_PRIORITY_NAMES[text])
+        raise InvalidTask(
+            f"unknown priority {value!r} (use P0..P3, 0..3 or online/nearline/batch/offline)"
+        )
+
+
+_PRIORITY_NAMES = {
+    **{f"p{i}": i for i in range(4)},
+    **{str(i): i for i in range(4)},
+    "online": 0,
+    "nearline": 1,
+    "batch": 2,
+    "offline": 3,
+}
+
+
+class State(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DELAYED = "delayed"  # failed, waiting out its retry backoff before it is queued again
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    EXPIRED = "expired"
+    CANCELED = "canceled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({State.SUCCEEDED, State.FAILED, State.EXPIRED, State.CANCELED})
+
+
+def new_task_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _positive_number(name: str, value: object, *, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidTask(f"{name} must be a number, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise InvalidTask(f"{name} must be a finite number {bound}, got {value!r}")
+    return number
+
+
+def _name(field: str, value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidTask(f"{field} must be a non-empty string")
+    if len(value) > MAX_NAME_LEN or any(c in value for c in "{},\n\r\t "):
+        raise InvalidTask(f"{field} {value!r} is too long or holds spaces, commas or braces")
+    return value
+
+
+def encode_payload(payload: object) -> str:
+    """Serialize a payload to JSON text; a JSON string argument must already be valid JSON."""
+    if isinstance(payload, (bytes, bytearray)):
+        raise InvalidTask("payload must be JSON-serializable data, not bytes")
+    try:
+        text = json.dumps(payload, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidTask(f"payload is not JSON-serializable: {exc}") from None
+    if len(text.encode()) > MAX_PAYLOAD_BYTES:
+        raise InvalidTask(f"payload is larger than {MAX_PAYLOAD_BYTES} bytes")
+    return text
+
+
+def parse_payload_text(text: str) -> Any:
+    """Parse JSON text given on a command line; one clear error when it is malformed."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidTask(f"payload is not valid JSON: {exc.msg} at position {exc.pos}") from None
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What a producer asks for; validated on construction."""
+
+    handler: str
+    payload: str  # JSON text
+    model: str
+    vram_gb: float
+    priority: Priority
+    est_s: float = 1.0
+    deadline_s: float | None = None  # relative to enqueue; stored as an absolute deadline
+    preemptible: bool = True
+    tenant: str = "default"
+    max_attempts: int = 3
+    task_id: str = ""
+
+    @classmethod
+    def build(
+        cls,
+        handler: str,
+        payload: object = None,
+        *,
+        model: str,
+        vram_gb: float,
+        priority: object = Priority.P2,
+        est_s: float = 1.0,
+        deadline_s: float | None = None,
+        preemptible: bool = True,
+        tenant: str = "default",
+        max_attempts: int = 3,
+        task_id: str | None = None,
+    ) -> TaskSpec:
+        if deadline_s is not None:
+            _positive_number("deadline_s", deadline_s)
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not (
+            1 <= max_attempts <= 100
+        ):
+            raise InvalidTask(f"max_attempts must be an integer in 1..100, got {max_attempts!r}")
+        return cls(
+            handler=_name("handler", handler),
+            payload=encode_payload(payload),
+            model=_name("model", model),
+            vram_gb=_positive_number("vram_gb", vram_gb),
+            priority=Priority.parse(priority),
+            est_s=_positive_number("est_s", est_s, allow_zero=True),
+            deadline_s=None if deadline_s is None else float(deadline_s),
+            preemptible=bool(preemptible),
+            tenant=_name("tenant", tenant),
+            max_attempts=max_attempts,
+            task_id=_name("task_id", task_id) if task_id is not None else new_task_id(),
+        )
+
+
+def _seconds(fields: dict[str, str], name: str) -> float | None:
+    """Stored timestamps are epoch milliseconds; records carry epoch seconds."""
+    value = fields.get(name, "")
+    return int(value) / 1000.0 if value != "" else None
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    """A stored task as read back from Redis. Timestamps are epoch seconds."""
+
+    id: str
+    handler: str
+    payload: Any
+    model: str
+    vram_gb: float
+    priority: Priority
+    est_s: float
+    deadline: float | None
+    preemptible: bool
+    tenant: str
+    max_attempts: int
+    attempt: int
+    state: State
+    worker: str | None
+    token: int | None
+    enqueued_at: float
+    started_at: float | None
+    finished_at: float | None
+    result: Any
+    error: str | None
+
+    @classmethod
+    def from_fields(cls, fields: dict[str, str]) -> TaskRecord:
+        result = fields.get("result", "")
+        return cls(
+            id=fields["id"],
+            handler=fields["handler"],
+            payload=json.loads(fields.get("payload") or "null"),
+            model=fields["model"],
+            vram_gb=float(fields["vram_gb"]),
+            priority=Priority(int(fields["priority"])),
+            est_s=float(fields.get("est_s") or 0),
+            deadline=_seconds(fields, "deadline"),
+            preemptible=fields.get("preemptible", "1") == "1",
+            tenant=fields.get("tenant", "default"),
+            max_attempts=int(fields.get("max_attempts") or 1),
+            attempt=int(fields.get("attempt") or 0),
+            state=State(fields["state"]),
+            worker=fields.get("worker") or None,
+            token=int(fields["token"]) if fields.get("token") else None,
+            enqueued_at=int(fields["enqueued_at"]) / 1000.0,
+            started_at=_seconds(fields, "started_at"),
+            finished_at=_seconds(fields, "finished_at"),
+            result=json.loads(result) if result else None,
+            error=fields.get("error") or None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        out["priority"] = self.priority.label
+        out["state"] = self.state.value
+        return out
