@@ -34,7 +34,11 @@ def redis_errors(url: str) -> Iterator[None]:
 
 
 def connect(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
+    # no read timeout: workers and result waiters block on list pops for seconds at a time;
+    # keepalive and the connect timeout still catch a dead server
+    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30,
+                                socket_timeout=None, socket_connect_timeout=5,
+                                socket_keepalive=True)
 
 
 class Queue:
@@ -108,13 +112,16 @@ class Queue:
             record = self.record(task_id)
             if record.state.terminal:
                 return record
-            left = 0.0 if deadline is None else deadline - time.monotonic()
-            if deadline is not None and left <= 0:
+            left = 60.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
                 raise ResultTimeout(task_id, timeout or 0.0)
             with redis_errors(self.url):
-                popped = self.redis.blpop([done], timeout=left)
+                popped = self.redis.blpop([done], timeout=min(left, 60.0))
                 if popped:  # pass the signal on to any other waiter of the same task
-                    self.redis.lpush(done, popped[1])
+                    pipe = self.redis.pipeline(transaction=True)
+                    pipe.lpush(done, popped[1])
+                    pipe.pexpire(done, int(self.config.result_ttl_s * 1000))
+                    pipe.execute()
 
     def close(self) -> None:
         self.redis.close()

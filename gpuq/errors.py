@@ -26,10 +26,9 @@ class Unschedulable(GpuqError):
     def __init__(self, vram_gb: float, largest_gb: float) -> None:
         self.vram_gb = vram_gb
         self.largest_gb = largest_gb
-        super().__init__(
-            f"unschedulable: task needs {vram_gb:g} GB of VRAM, "
-            f"the largest registered GPU class offers {largest_gb:g} GB"
-        )
+        offer = (f"the largest registered GPU class offers {largest_gb:g} GB" if largest_gb > 0
+                 else "no GPU class is registered in this pool yet")
+        super().__init__(f"unschedulable: task needs {vram_gb:g} GB of VRAM, {offer}")
 
 
 class TaskNotFound(GpuqError):

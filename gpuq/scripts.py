@@ -30,7 +30,7 @@ from gpuq.keys import Keys
 from gpuq.task import TaskSpec
 
 T = TypeVar("T")
-SCRIPT_NAMES = ("enqueue", "claim", "heartbeat", "ack", "fail", "requeue", "cancel", "reap")
+SCRIPT_NAMES = ("enqueue", "claim", "heartbeat", "ack", "fail", "requeue", "cancel", "reap", "lead")
 
 
 class Code(IntEnum):
@@ -192,6 +192,11 @@ class Calls:
     def reap(self, *, limit: int = 100, now_ms: int = 0) -> Call[ReapResult]:
         return Call("reap", [str(now_ms), str(limit), self._ttl],
                     lambda r: ReapResult(*(int(x) for x in r[1:5])))
+
+
+    def lead(self, token: str, *, release: bool = False) -> Call[bool]:
+        ttl = "0" if release else str(int(self.config.reaper_lock_s * 1000))
+        return Call("lead", [token, ttl], lambda r: int(r[1]) == 1)
 
 
 class Scripts:

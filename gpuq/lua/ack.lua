@@ -7,6 +7,7 @@
 -- ARGV[4]  result (JSON text)
 -- ARGV[5]  result TTL (ms): how long the ended task stays readable
 -- Returns  {0}        succeeded
+--          {1, 0, reason} INVALID: the result is not JSON text
 --          {4}        NOT_FOUND
 --          {5, state} STALE_LEASE: the task is no longer running under this token
 
@@ -14,6 +15,7 @@ local id, token, now = ARGV[1], ARGV[2], clock(ARGV[3])
 local f = redis.call('HMGET', task_key(id), 'state', 'token', 'worker')
 if not f[1] then return {4} end
 if f[1] ~= 'running' or f[2] ~= token then return {5, f[1]} end
+if not pcall(cjson.decode, ARGV[4]) then return {1, 0, 'result is not valid JSON'} end
 release(id, f[3])
 finish(id, 'succeeded', now, tonumber(ARGV[5]), 'result', ARGV[4])
 return {0}

@@ -43,8 +43,8 @@ local function better_elsewhere(m, need)
   for _, w in ipairs(redis.call('SMEMBERS', B .. 'holders:' .. m)) do
     if w ~= worker and redis.call('ZSCORE', K_IDLE, w) then return true end
   end
-  local tighter = redis.call('ZRANGEBYSCORE', K_IDLE, need, '(' .. claimable, 'LIMIT', 0, 1)
-  return tighter[1] ~= nil and tighter[1] ~= worker
+  local tighter = redis.call('ZRANGEBYSCORE', K_IDLE, need, '(' .. claimable, 'LIMIT', 0, 2)
+  return (tighter[1] ~= nil and tighter[1] ~= worker) or tighter[2] ~= nil
 end
 
 -- First task of queue (p, m) this worker can run, with the VRAM it will use.

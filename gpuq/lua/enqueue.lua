@@ -43,7 +43,7 @@ for i = 1, n do
   local id, handler, payload, model = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
   local vram, prio, est = tonumber(ARGV[o + 5]), ARGV[o + 6], tonumber(ARGV[o + 7])
   local deadline, pre, tenant, attempts = ARGV[o + 8], ARGV[o + 9], ARGV[o + 10], tonumber(ARGV[o + 11])
-  if bad_name(id) then return {1, i, 'id must be a non-empty name without spaces or braces'} end
+  if bad_name(id) then return {1, i, 'id must be a non-empty name without spaces, commas or braces'} end
   if bad_name(handler) then return {1, i, 'handler must be a non-empty name'} end
   if bad_name(model) then return {1, i, 'model must be a non-empty name'} end
   if bad_name(tenant) then return {1, i, 'tenant must be a non-empty name'} end
@@ -61,6 +61,7 @@ for i = 1, n do
   if not attempts or attempts < 1 or attempts > 100 or attempts ~= math.floor(attempts) then
     return {1, i, 'max_attempts must be an integer in 1..100'}
   end
+  if #payload > 1048576 then return {1, i, 'payload is larger than 1048576 bytes'} end
   if not pcall(cjson.decode, payload) then return {1, i, 'payload is not valid JSON'} end
   if seen[id] or redis.call('EXISTS', task_key(id)) == 1 then return {2, i, id} end
   seen[id] = true
@@ -72,12 +73,13 @@ for i = 1, n do
   local id, prio, deadline = ARGV[o + 1], ARGV[o + 6], ARGV[o + 8]
   local score = now + sla[tonumber(prio) + 1]
   if deadline ~= '' then
-    deadline = now + math.floor(tonumber(deadline))
+    deadline = now + math.max(1, math.floor(tonumber(deadline)))
     score = math.min(score, deadline - math.floor(tonumber(ARGV[o + 7]) * 1000))
     deadline = ms(deadline)
   end
   redis.call('HSET', task_key(id), 'id', id, 'handler', ARGV[o + 2], 'payload', ARGV[o + 3],
-    'model', ARGV[o + 4], 'vram_gb', ARGV[o + 5], 'priority', prio, 'est_s', ARGV[o + 7],
+    'model', ARGV[o + 4], 'vram_gb', tostring(tonumber(ARGV[o + 5])), 'priority', prio,
+    'est_s', tostring(tonumber(ARGV[o + 7])),
     'deadline', deadline, 'preemptible', ARGV[o + 9], 'tenant', ARGV[o + 10],
     'max_attempts', ARGV[o + 11], 'attempt', '0', 'state', 'queued', 'score', ms(score),
     'enqueued_at', ms(now), 'queued_at', ms(now))

@@ -1,0 +1,3 @@
+from gpuq.cli import main
+
+main()

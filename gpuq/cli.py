@@ -1,0 +1,198 @@
+"""The gpuq command line: a thin click group over the library.
+
+Shared options read ``GPUQ_*`` variables; every GpuqError becomes a one-line message and a
+non-zero exit (no stack traces at the boundary).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import replace
+from typing import Any
+
+import click
+
+from gpuq.client import Queue, connect, outcome, redis_errors
+from gpuq.config import Config
+from gpuq.errors import GpuqError
+from gpuq.inspect import pool_view
+from gpuq.task import Priority, parse_payload_text
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+
+
+class Cli(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except GpuqError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+def config_of(ctx: click.Context) -> Config:
+    cfg: Config = ctx.obj["config"]
+    return cfg
+
+
+def open_queue(ctx: click.Context) -> Queue:
+    cfg = config_of(ctx)
+    url = cfg.redis_url or DEFAULT_URL
+    with redis_errors(url):
+        client = connect(url)
+        client.ping()
+    return Queue(client, replace(cfg, redis_url=url), url=url)
+
+
+@click.group(cls=Cli)
+@click.option("--redis", "redis_url", envvar="GPUQ_REDIS_URL", default="",
+              help=f"Redis URL (env GPUQ_REDIS_URL; default {DEFAULT_URL}, the demo embeds one).")
+@click.option("--pool", envvar="GPUQ_POOL", default="default", show_default=True,
+              help="Pool name (env GPUQ_POOL).")
+@click.option("--log-level", envvar="GPUQ_LOG_LEVEL", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.pass_context
+def cli(ctx: click.Context, redis_url: str, pool: str, log_level: str) -> None:
+    """gpuq: a Redis-backed task queue that schedules AI inference work onto GPUs."""
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        cfg = Config.from_env().with_options(redis_url=redis_url, pool=pool)
+    except GpuqError as exc:
+        raise click.ClickException(str(exc)) from None
+    ctx.obj = {"config": cfg}
+
+
+def priority_type(value: str) -> Priority:
+    try:
+        return Priority.parse(value)
+    except GpuqError as exc:
+        raise click.BadParameter(exc.args[0]) from None
+
+
+@cli.command()
+@click.argument("handler")
+@click.option("--payload", default="null", help="JSON payload.", show_default=True)
+@click.option("--model", required=True, help="Model the task runs on.")
+@click.option("--vram-gb", type=float, required=True, help="VRAM the task needs (GB), weights included.")
+@click.option("--priority", default="P2", show_default=True,
+              help="P0..P3, 0..3 or online/nearline/batch/offline.")
+@click.option("--est-s", type=float, default=1.0, show_default=True, help="Estimated run seconds.")
+@click.option("--deadline-s", type=float, default=None, help="Seconds from now the task must end by.")
+@click.option("--tenant", default="default", show_default=True)
+@click.option("--no-preempt", is_flag=True, help="Never preempt this task.")
+@click.option("--max-attempts", type=int, default=3, show_default=True)
+@click.option("--check-fit", is_flag=True, help="Reject the task if no registered GPU class fits it.")
+@click.option("--wait", is_flag=True, help="Wait for the result and print it.")
+@click.option("--timeout", type=float, default=None, help="With --wait: seconds to wait.")
+@click.pass_context
+def enqueue(ctx: click.Context, handler: str, payload: str, model: str, vram_gb: float,
+            priority: str, est_s: float, deadline_s: float | None, tenant: str, no_preempt: bool,
+            max_attempts: int, check_fit: bool, wait: bool, timeout: float | None) -> None:
+    """Enqueue a task; print its id (or its result with --wait)."""
+    data = parse_payload_text(payload)
+    queue = open_queue(ctx)
+    task = queue.enqueue(handler, data, model=model, vram_gb=vram_gb, priority=priority,
+                         est_s=est_s, deadline_s=deadline_s, tenant=tenant,
+                         preemptible=not no_preempt, max_attempts=max_attempts, check_fit=check_fit)
+    if not wait:
+        click.echo(task.id)
+        return
+    click.echo(json.dumps(outcome(queue.wait(task.id, timeout))))
+
+
+@cli.command()
+@click.option("--app", "app_path", required=True, help="module:attr of a gpuq.App.")
+@click.option("--gpu", "gpu_index", type=int, default=None, help="GPU index (NVML).")
+@click.option("--vram-gb", type=float, default=None, help="Declare a GPU of this size instead of NVML.")
+@click.option("--gpu-name", default=None, help="Name of the declared GPU class.")
+@click.option("--concurrency", type=int, default=None, help="Tasks run at once (default 1).")
+@click.option("--name", "worker_id", default=None, help="Worker id (default host-gpu-random).")
+@click.option("--burst", is_flag=True, help="Exit when nothing is left that this worker can run.")
+@click.pass_context
+def worker(ctx: click.Context, app_path: str, gpu_index: int | None, vram_gb: float | None,
+           gpu_name: str | None, concurrency: int | None, worker_id: str | None, burst: bool) -> None:
+    """Run one worker process on one GPU."""
+    from gpuq.app import load_app
+    from gpuq.worker import Worker
+    from gpuq.worker.gpu import probe
+
+    queue = open_queue(ctx)
+    cfg = queue.config.with_options(concurrency=concurrency)
+    app = load_app(app_path)
+    gpu = probe(gpu_index, vram_gb, gpu_name, worker_id or "worker")
+    ctx.exit(Worker(queue.redis, cfg, app, gpu, worker_id=worker_id, burst=burst).run())
+
+
+@cli.command()
+@click.option("--once", is_flag=True, help="One recovery pass, then exit.")
+@click.pass_context
+def reaper(ctx: click.Context, once: bool) -> None:
+    """Recover the tasks of dead workers (one active reaper per pool)."""
+    from gpuq.reaper import Reaper
+
+    queue = open_queue(ctx)
+    r = Reaper(queue.redis, queue.config)
+    if once:
+        result = r.reap_once()
+        click.echo(f"requeued {result.requeued}, failed {result.failed}, "
+                   f"dead workers {result.dead_workers}, retries promoted {result.promoted}")
+        return
+    ctx.exit(r.run())
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Queues by priority and model; workers, their GPUs and what they run."""
+    queue = open_queue(ctx)
+    with redis_errors(queue.url):
+        view = pool_view(queue.redis, queue.keys)
+    if as_json:
+        click.echo(json.dumps(view.to_dict(), indent=2))
+        return
+    from gpuq.render import render_status
+
+    click.echo(render_status(view))
+
+
+@cli.command()
+@click.argument("task_id")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+def task(ctx: click.Context, task_id: str, as_json: bool) -> None:
+    """Every field of one task (timestamps as epoch seconds)."""
+    record = open_queue(ctx).record(task_id).to_dict()
+    if as_json:
+        click.echo(json.dumps(record, indent=2))
+        return
+    for key, value in record.items():
+        click.echo(f"{key:<13} {'' if value is None else json.dumps(value) if isinstance(value, (dict, list)) else value}")
+
+
+@cli.command()
+@click.argument("task_id")
+@click.pass_context
+def cancel(ctx: click.Context, task_id: str) -> None:
+    """Cancel a queued, delayed or running task."""
+    previous = open_queue(ctx).cancel(task_id)
+    click.echo(f"canceled {task_id} (was {previous})")
+
+
+@cli.command()
+@click.option("--seconds", type=float, default=20.0, show_default=True, help="Producer run time.")
+@click.option("--time-scale", type=float, default=0.05, show_default=True,
+              help="Multiplier on simulated load and run times.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_context
+def demo(ctx: click.Context, seconds: float, time_scale: float, as_json: bool) -> None:
+    """Four simulated GPUs (80, 80, 48, 24 GB) as real worker processes on a mixed workload."""
+    from gpuq.demo import run_demo
+
+    ctx.exit(run_demo(config_of(ctx), seconds=seconds, time_scale=time_scale, as_json=as_json))
+
+
+def main() -> None:
+    cli(prog_name="gpuq")

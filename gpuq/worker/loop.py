@@ -1,0 +1,179 @@
+"""The worker: one process per GPU, ``concurrency`` runner threads that claim and run tasks.
+
+Each runner claims under the model cache's lock (so the VRAM it reports is what it holds),
+runs the task in its own thread and loops; with nothing to claim it blocks on its wake
+lists, never a sleep loop. SIGTERM stops claiming, lets running tasks finish for
+``shutdown_grace_s``, requeues what is still running (the attempt is given back), and exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+import redis
+
+from gpuq.app import App, Context
+from gpuq.client import redis_errors
+from gpuq.config import Config
+from gpuq.errors import StaleLease
+from gpuq.keys import Keys
+from gpuq.scripts import Calls, ClaimRequest, Scripts
+from gpuq.worker import presence
+from gpuq.worker.executor import Running, execute
+from gpuq.worker.gpu import GpuInfo
+from gpuq.worker.heartbeat import Heartbeat
+from gpuq.worker.models import ModelCache, Reservation
+
+log = logging.getLogger(__name__)
+
+
+class Worker:
+    def __init__(self, client: redis.Redis, config: Config, app: App, gpu: GpuInfo, *,
+                 worker_id: str | None = None, burst: bool = False, levels: str = "0123") -> None:
+        self.redis = client
+        self.config = config
+        self.app = app
+        self.gpu = gpu
+        self.burst = burst
+        self.levels = levels
+        self.id = worker_id or f"{socket.gethostname()}-{gpu.index if gpu.index is not None else 'x'}-{uuid.uuid4().hex[:6]}"
+        self.keys = Keys(config.pool, config.prefix)
+        self.scripts = Scripts(client, self.keys)
+        self.calls = Calls(config)
+        self.cache = ModelCache(app, gpu.total_gb, config.kv_reserve_gb)
+        self.stopping = threading.Event()
+        self.done = threading.Event()
+        self.changed = threading.Condition()
+        self._running: dict[str, Running] = {}
+        self.model_loads = 0
+        self.tasks_run = 0
+        self.static_fields: dict[str, Any] = {}
+
+    # bookkeeping shared with the executor and the heartbeat
+    def track(self, running: Running) -> None:
+        with self.changed:
+            self._running[running.task_id] = running
+
+    def untrack(self, task_id: str) -> None:
+        with self.changed:
+            self._running.pop(task_id, None)
+            self.tasks_run += 1
+            self.changed.notify_all()
+
+    def running_snapshot(self) -> list[Running]:
+        with self.changed:
+            return list(self._running.values())
+
+    def claim(self) -> tuple[dict[str, str], Reservation | None, Running] | None:
+        with self.cache.lock:
+            slots = self.config.concurrency - len(self._running)
+            if slots <= 0:
+                return None
+            req = ClaimRequest(self.id, self.cache.free_gb(), self.cache.evictable_gb(), slots,
+                               self.cache.loaded(), self.levels)
+            fields = self.scripts.run(self.calls.claim(req))
+            if fields is None:
+                return None
+            res = self.cache.reserve(fields["model"], float(fields["vram_gb"]))
+            ctx = Context(fields["id"], int(fields["attempt"]), self.id, fields["model"],
+                          float(fields["vram_gb"]), float(fields["est_s"]))
+            running = Running(fields["id"], int(fields["token"]), ctx, time.monotonic())
+            self.track(running)  # before the lock is released: the next claim sees one slot fewer
+            return fields, res, running
+
+    def block_for_work(self) -> None:
+        timeout = max(1, int(self.config.idle_block_s))
+        self.redis.blpop([self.keys.wake(self.id), self.keys.pool_wake], timeout=timeout)
+
+    def runner(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                claimed = self.claim()
+                if claimed is not None:
+                    execute(self, *claimed)
+                elif self.burst:
+                    with self.changed:
+                        if not self._running:
+                            self.stopping.set()
+                            self.done.set()
+                        else:
+                            self.changed.wait(1.0)
+                elif len(self._running) < self.config.concurrency:
+                    self.block_for_work()
+                else:
+                    with self.changed:
+                        self.changed.wait(1.0)
+            except redis.RedisError as exc:
+                log.error("worker.redis_error worker=%s error=%s", self.id, exc)
+                self.stopping.wait(1.0)
+
+    def request_stop(self, *_: object) -> None:
+        if not self.stopping.is_set():
+            log.info("worker.stopping worker=%s running=%d", self.id, len(self._running))
+        self.stopping.set()
+        self.done.set()
+
+    def run(self) -> int:
+        with redis_errors(self.config.redis_url):
+            presence.register(self.redis, self.keys, self.id, self.gpu, self.config.kv_reserve_gb,
+                              self.config.concurrency, self.levels, int(self.config.lease_s * 1000),
+                              socket.gethostname(), os.getpid())
+        self.static_fields = {"gpu_name": self.gpu.name, "vram_total_gb": self.gpu.total_gb,
+                              "kv_reserve_gb": self.config.kv_reserve_gb,
+                              "concurrency": self.config.concurrency, "levels": self.levels,
+                              "id": self.id, "pid": os.getpid()}
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self.request_stop)
+            signal.signal(signal.SIGINT, self.request_stop)
+        heartbeat = Heartbeat(self)
+        heartbeat.beat()
+        heartbeat.start()
+        log.info("worker.started worker=%s pool=%s gpu=%s vram_gb=%g concurrency=%d", self.id,
+                 self.config.pool, self.gpu.name, self.gpu.total_gb, self.config.concurrency)
+        runners = [threading.Thread(target=self.runner, name=f"runner-{i}", daemon=True)
+                   for i in range(self.config.concurrency)]
+        for t in runners:
+            t.start()
+        while not self.done.wait(0.5):
+            pass
+        self.shutdown(runners)
+        heartbeat.stop()
+        log.info("worker.stopped worker=%s tasks=%d model_loads=%d", self.id, self.tasks_run,
+                 self.model_loads)
+        return 0
+
+    def shutdown(self, runners: list[threading.Thread]) -> None:
+        self.stopping.set()
+        try:
+            for _ in runners:  # unblock runners waiting on their wake list
+                self.redis.lpush(self.keys.wake(self.id), "stop")
+        except redis.RedisError:
+            pass
+        grace_end = time.monotonic() + self.config.shutdown_grace_s
+        with self.changed:
+            while self._running and time.monotonic() < grace_end:
+                self.changed.wait(min(0.5, max(0.0, grace_end - time.monotonic())))
+        for r in self.running_snapshot():
+            try:
+                self.scripts.run(self.calls.requeue(r.task_id, r.token, "worker shut down",
+                                                    consume=False))
+                log.warning("task.requeued task=%s worker=%s reason=shutdown", r.task_id, self.id)
+            except StaleLease:
+                pass
+            except redis.RedisError as exc:
+                log.error("task.requeue_failed task=%s error=%s (the reaper will recover it)",
+                          r.task_id, exc)
+        held = self.cache.model_names()
+        for resident in self.cache.evict_idle():
+            self.cache.unload(resident)
+        try:
+            presence.leave(self.redis, self.keys, self.id, held)
+        except redis.RedisError as exc:
+            log.error("worker.leave_failed worker=%s error=%s", self.id, exc)

@@ -1,0 +1,132 @@
+"""The model cache and VRAM ledger of one GPU.
+
+free = total - KV reserve - footprints of resident (or loading) models - working memory of
+running tasks. The ledger is what the worker tells the claim script; it is authoritative,
+and NVML readings only cross-check it. Several models stay resident while they fit; when a
+cold model needs room, idle models are evicted least-recently-used first, never one in use.
+All methods that change the ledger run under one lock, together with the claim call.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuq.app import App, ModelSpec
+
+
+@dataclass
+class Resident:
+    spec: ModelSpec
+    footprint_gb: float
+    in_use: int = 0
+    obj: Any = None
+    ready: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What running one task holds: its model (and whether it must be loaded) and memory."""
+
+    model: str
+    working_gb: float
+    cold: bool  # this task loads the model
+    evict: tuple[Resident, ...]  # idle models to unload first
+
+
+class ModelCache:
+    def __init__(self, app: App, total_gb: float, reserve_gb: float) -> None:
+        self.app = app
+        self.total_gb = total_gb
+        self.reserve_gb = reserve_gb
+        self.lock = threading.RLock()
+        self.resident: OrderedDict[str, Resident] = OrderedDict()  # LRU order: oldest first
+        self.working_gb = 0.0
+
+    def free_gb(self) -> float:
+        used = sum(r.footprint_gb for r in self.resident.values()) + self.working_gb
+        return self.total_gb - self.reserve_gb - used
+
+    def evictable_gb(self) -> float:
+        return sum(r.footprint_gb for r in self.resident.values() if r.in_use == 0)
+
+    def loaded(self) -> list[tuple[str, float]]:
+        return [(name, r.footprint_gb) for name, r in self.resident.items()]
+
+    def model_names(self) -> list[str]:
+        return [name for name, r in self.resident.items() if r.ready.is_set() and r.error is None]
+
+    def reserve(self, model: str, need_gb: float) -> Reservation | None:
+        """Account for a claimed task; None if it cannot fit on this GPU even after evicting."""
+        with self.lock:
+            held = self.resident.get(model)
+            if held is not None:
+                working = max(0.0, need_gb - held.footprint_gb)
+                if working > self.free_gb() + 1e-9:
+                    return None
+                held.in_use += 1
+                self.resident.move_to_end(model)
+                self.working_gb += working
+                return Reservation(model, working, False, ())
+            spec = self.app.model_spec(model)
+            if spec is None:
+                return None
+            footprint = spec.footprint(need_gb)
+            working = max(0.0, need_gb - footprint)
+            evict: list[Resident] = []
+            free = self.free_gb()
+            for resident in list(self.resident.values()):
+                if free >= footprint + working - 1e-9:
+                    break
+                if resident.in_use == 0 and resident.ready.is_set():
+                    evict.append(resident)
+                    free += resident.footprint_gb
+            if free < footprint + working - 1e-9:
+                return None
+            for resident in evict:
+                del self.resident[resident.spec.name]
+            self.resident[model] = Resident(spec, footprint, in_use=1)
+            self.working_gb += working
+            return Reservation(model, working, True, tuple(evict))
+
+    def get(self, model: str) -> Resident:
+        return self.resident[model]
+
+    def release(self, reservation: Reservation) -> None:
+        with self.lock:
+            self.working_gb -= reservation.working_gb
+            resident = self.resident.get(reservation.model)
+            if resident is not None:
+                resident.in_use -= 1
+                if resident.error is not None and resident.in_use == 0:
+                    del self.resident[reservation.model]  # a failed load holds nothing
+
+    def load(self, resident: Resident) -> float:
+        """Run the app's loader (outside the lock); returns seconds taken. Waiters block on ready."""
+        start = time.perf_counter()
+        try:
+            resident.obj = resident.spec.load(resident.spec.name)
+        except BaseException as exc:
+            resident.error = exc
+            raise
+        finally:
+            resident.ready.set()
+        return time.perf_counter() - start
+
+    @staticmethod
+    def unload(resident: Resident) -> None:
+        if resident.spec.unload is not None and resident.obj is not None:
+            resident.spec.unload(resident.obj)
+        resident.obj = None
+
+    def evict_idle(self) -> list[Resident]:
+        """Drop every idle model from the ledger (idle timeout); the caller unloads them."""
+        with self.lock:
+            idle = [r for r in self.resident.values() if r.in_use == 0 and r.ready.is_set()]
+            for resident in idle:
+                del self.resident[resident.spec.name]
+            return idle

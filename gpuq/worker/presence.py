@@ -1,0 +1,60 @@
+"""How a worker shows itself to the pool: its hash, its GPU class, the models it holds.
+
+These are plain writes (no reads), so they go in one pipeline rather than a script. The
+worker hash fields are read by ``gpuq status`` and the reaper; docs/PROTOCOL.md tables them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+
+from gpuq.keys import Keys
+from gpuq.worker.gpu import GpuInfo
+
+
+def register(client: redis.Redis, keys: Keys, worker_id: str, gpu: GpuInfo, reserve_gb: float,
+             concurrency: int, levels: str, lease_ms: int, host: str, pid: int) -> None:
+    now_ms = int(time.time() * 1000)
+    pipe = client.pipeline(transaction=True)
+    pipe.delete(keys.worker(worker_id), keys.worker_tasks(worker_id), keys.wake(worker_id))
+    pipe.hset(keys.worker(worker_id), mapping={
+        "id": worker_id, "host": host, "pid": pid, "gpu_name": gpu.name, "gpu_uuid": gpu.uuid,
+        "gpu_index": "" if gpu.index is None else gpu.index, "gpu_source": gpu.source,
+        "vram_total_gb": gpu.total_gb, "kv_reserve_gb": reserve_gb,
+        "vram_free_gb": gpu.total_gb - reserve_gb, "concurrency": concurrency, "levels": levels,
+        "models": "", "running": 0, "state": "idle", "started_at": now_ms, "seen_at": now_ms,
+    })
+    pipe.hset(keys.classes, gpu.name, gpu.total_gb - reserve_gb)
+    # liveness comes from the server clock at the first heartbeat; this bridges until then
+    pipe.zadd(keys.workers, {worker_id: now_ms + lease_ms})
+    pipe.execute()
+
+
+def status_fields(free_gb: float, running: int, models: list[str], state: str,
+                  nvml_used_gb: float | None) -> dict[str, Any]:
+    fields: dict[str, Any] = {"vram_free_gb": round(free_gb, 3), "running": running,
+                              "models": ",".join(models), "state": state}
+    if nvml_used_gb is not None:
+        fields["nvml_used_gb"] = nvml_used_gb
+    return fields
+
+
+def hold(pipe: redis.client.Pipeline, keys: Keys, worker_id: str, model: str, held: bool) -> None:
+    if held:
+        pipe.sadd(keys.holders(model), worker_id)
+    else:
+        pipe.srem(keys.holders(model), worker_id)
+
+
+def leave(client: redis.Redis, keys: Keys, worker_id: str, models: list[str]) -> None:
+    """Clean exit: nothing of this worker is left for the reaper to recover."""
+    pipe = client.pipeline(transaction=True)
+    for model in models:
+        hold(pipe, keys, worker_id, model, False)
+    pipe.zrem(keys.idle, worker_id)
+    pipe.zrem(keys.workers, worker_id)
+    pipe.delete(keys.worker(worker_id), keys.worker_tasks(worker_id), keys.wake(worker_id))
+    pipe.execute()

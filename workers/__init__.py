@@ -1,0 +1,1 @@
+"""Ready worker apps: ``workers.sim`` (simulated GPUs for demos, tests and benchmarks)."""

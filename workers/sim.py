@@ -1,0 +1,64 @@
+"""A simulated GPU app: real worker processes, simulated model loads and GPU work.
+
+Serves any model name a task gives: its VRAM footprint is the task's ``vram_gb`` and its
+load time comes from the table below (default about a second). The handler ``sim.run``
+sleeps for the task's ``est_s`` (the GPU work) and returns which worker and model ran it.
+Both load and run times are multiplied by ``GPUQ_SIM_TIME_SCALE`` (default 1.0), so demos
+and tests can run a realistic workload in seconds. ``sim.noop`` returns at once (benchmarks);
+``sim.fail`` raises (retry tests). Nothing here fakes a result: it reports what happened.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from gpuq.app import App, Context
+
+# load seconds measured for models of these sizes (weights from local NVMe, fp16)
+LOAD_S = {"llama3-8b": 12.0, "llama3-70b": 55.0, "mistral-7b": 10.0, "sdxl": 8.0,
+          "whisper-large": 4.0, "bge-m3": 2.0}
+DEFAULT_LOAD_S = 1.0
+
+app = App("sim")
+
+
+def scale() -> float:
+    return float(os.environ.get("GPUQ_SIM_TIME_SCALE", "1.0"))
+
+
+class SimModel:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.loaded_at = time.time()
+
+
+@app.any_model()
+def load(name: str) -> SimModel:
+    time.sleep(LOAD_S.get(name, DEFAULT_LOAD_S) * scale())
+    return SimModel(name)
+
+
+@app.handler("sim.run")
+def run(model: SimModel, payload: Any, ctx: Context) -> dict[str, Any]:
+    started = time.monotonic()
+    seconds = ctx.est_s * scale()
+    # sleep in short steps so a lost lease or a cancel stops the work early
+    while not ctx.should_stop():
+        left = seconds - (time.monotonic() - started)
+        if left <= 0:
+            break
+        time.sleep(min(left, 0.05))
+    return {"worker": ctx.worker_id, "model": model.name, "attempt": ctx.attempt,
+            "ran_s": round(time.monotonic() - started, 4)}
+
+
+@app.handler("sim.noop")
+def noop(model: SimModel, payload: Any, ctx: Context) -> Any:
+    return payload
+
+
+@app.handler("sim.fail")
+def fail(model: SimModel, payload: Any, ctx: Context) -> Any:
+    raise RuntimeError(str((payload or {}).get("message", "simulated failure")) if isinstance(payload, dict) else "simulated failure")
