@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import importlib
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from gpuq.errors import AppError
 

@@ -28,7 +28,7 @@ def record_load(pipe: redis.client.Pipeline, keys: Keys, model: str, vram_gb: fl
 
 
 def read(client: redis.Redis, keys: Keys) -> list[ModelEntry]:
-    names = sorted(client.smembers(keys.catalog))
+    names = sorted(str(n) for n in client.smembers(keys.catalog))
     pipe = client.pipeline(transaction=False)
     for name in names:
         pipe.hgetall(keys.catalog_model(name))

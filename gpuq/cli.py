@@ -169,7 +169,8 @@ def task(ctx: click.Context, task_id: str, as_json: bool) -> None:
         click.echo(json.dumps(record, indent=2))
         return
     for key, value in record.items():
-        click.echo(f"{key:<13} {'' if value is None else json.dumps(value) if isinstance(value, (dict, list)) else value}")
+        shown = json.dumps(value) if isinstance(value, (dict, list)) else value
+        click.echo(f"{key:<13} {'' if value is None else shown}")
 
 
 @cli.command()

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 import redis
 
@@ -19,7 +20,7 @@ from gpuq.config import Config
 from gpuq.errors import ConnectionFailed, ResultTimeout, TaskFailed, TaskNotFound
 from gpuq.keys import Keys
 from gpuq.scripts import Calls, Scripts
-from gpuq.task import State, TaskRecord, TaskSpec
+from gpuq.task import State, TaskRecord, TaskSpec, build_specs
 
 BULK_CHUNK = 200  # tasks per enqueue call in a bulk enqueue
 
@@ -73,8 +74,7 @@ class Queue:
         Each mapping holds ``handler``, ``payload`` and TaskSpec.build's options. A task
         rejected by validation writes nothing at all; the server rejects a chunk whole.
         """
-        specs = [TaskSpec.build(t["handler"], t.get("payload"), **{k: v for k, v in t.items()
-                 if k not in ("handler", "payload")}) for t in tasks]
+        specs = build_specs(tasks)
         calls = [self.calls.enqueue(specs[i:i + BULK_CHUNK], check_fit=check_fit)
                  for i in range(0, len(specs), BULK_CHUNK)]
         with redis_errors(self.url):
@@ -93,7 +93,7 @@ class Queue:
             fields = self.redis.hgetall(self.keys.task(task_id))
         if not fields:
             raise TaskNotFound(task_id)
-        return TaskRecord.from_fields(fields)
+        return TaskRecord.from_fields({str(k): str(v) for k, v in fields.items()})
 
     def cancel(self, task_id: str) -> str:
         """Cancel a task; returns the state it was in."""

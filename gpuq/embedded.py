@@ -81,8 +81,8 @@ class EmbeddedServer:
                     raise GpuqError(f"{self.binary} did not start on port {self.port}") from None
                 time.sleep(0.02)
         if self.cluster:  # one node owning every slot: scripts must keep to one slot
-            client.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
-            while client.execute_command("CLUSTER", "INFO").decode().find("cluster_state:ok") < 0:
+            client.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)  # type: ignore[no-untyped-call]
+            while b"cluster_state:ok" not in client.execute_command("CLUSTER", "INFO"):  # type: ignore[no-untyped-call]
                 time.sleep(0.05)
         client.close()
         return self

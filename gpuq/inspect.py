@@ -98,6 +98,6 @@ def pool_view(client: redis.Redis, keys: Keys) -> PoolView:
             state=info.get("state", "?"), running=sorted(tasks), alive=expiry >= now_ms))
     return PoolView(
         pool=keys.pool, queues=queues, workers=views, running=int(running), delayed=int(delayed),
-        unschedulable=int(unschedulable), unschedulable_ids=list(unschedulable_ids),
+        unschedulable=int(unschedulable), unschedulable_ids=[str(i) for i in unschedulable_ids],
         largest_gpu_gb=largest, stats={k: int(v) for k, v in stats.items()},
         models=[asdict(e) for e in catalog.read(client, keys)])

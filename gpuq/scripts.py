@@ -9,10 +9,11 @@ and the parser of its reply); ``Scripts`` runs calls on a sync client or pipelin
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from importlib import resources
-from typing import Any, Callable, Generic, Sequence, TypeVar
+from typing import Any, Generic, TypeVar
 
 import redis
 
@@ -107,6 +108,10 @@ class ReapResult:
     failed: int
     dead_workers: int
     promoted: int
+
+    def __add__(self, other: ReapResult) -> ReapResult:
+        return ReapResult(self.requeued + other.requeued, self.failed + other.failed,
+                          self.dead_workers + other.dead_workers, self.promoted + other.promoted)
 
 
 def _num(x: float) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum, IntEnum
 from typing import Any
@@ -167,6 +168,13 @@ class TaskSpec:
             max_attempts=max_attempts,
             task_id=_name("task_id", task_id) if task_id is not None else new_task_id(),
         )
+
+
+def build_specs(tasks: Iterable[Mapping[str, Any]]) -> list[TaskSpec]:
+    """Validate every task of a bulk enqueue before anything is sent."""
+    return [TaskSpec.build(t["handler"], t.get("payload"),
+                           **{k: v for k, v in t.items() if k not in ("handler", "payload")})
+            for t in tasks]
 
 
 def _seconds(fields: dict[str, str], name: str) -> float | None:

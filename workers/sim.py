@@ -61,4 +61,5 @@ def noop(model: SimModel, payload: Any, ctx: Context) -> Any:
 
 @app.handler("sim.fail")
 def fail(model: SimModel, payload: Any, ctx: Context) -> Any:
-    raise RuntimeError(str((payload or {}).get("message", "simulated failure")) if isinstance(payload, dict) else "simulated failure")
+    message = payload.get("message") if isinstance(payload, dict) else None
+    raise RuntimeError(str(message or "simulated failure"))

@@ -46,7 +46,7 @@ class Reaper:
         total = ReapResult(0, 0, 0, 0)
         while True:
             r = self.scripts.run(self.calls.reap(limit=100))
-            total = ReapResult(*(a + b for a, b in zip(total.__dict__.values(), r.__dict__.values())))
+            total = total + r
             if r.requeued + r.failed + r.promoted < 100 and r.dead_workers < 100:
                 break
         if total.requeued or total.failed or total.dead_workers:

@@ -49,7 +49,8 @@ def prepare_model(worker: Worker, res: Reservation) -> Any:
             seconds = cache.load(resident)
         except Exception as exc:
             pipe.execute()
-            raise TaskError(f"loading model {res.model} failed: {type(exc).__name__}: {exc}", True)
+            raise TaskError(f"loading model {res.model} failed: {type(exc).__name__}: {exc}",
+                            True) from None
         catalog.record_load(pipe, worker.keys, res.model, resident.footprint_gb, seconds)
         presence.hold(pipe, worker.keys, worker.id, res.model, True)
         pipe.hset(worker.keys.worker(worker.id), mapping={

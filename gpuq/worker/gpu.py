@@ -48,7 +48,7 @@ def nvml_used_gb(index: int) -> float | None:
         import pynvml
 
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        return round(pynvml.nvmlDeviceGetMemoryInfo(handle).used / GIB, 2)
+        return round(float(pynvml.nvmlDeviceGetMemoryInfo(handle).used) / GIB, 2)
     except Exception:
         return None
 

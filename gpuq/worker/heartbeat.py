@@ -35,8 +35,9 @@ class Heartbeat(threading.Thread):
         used = nvml_used_gb(w.gpu.index) if w.gpu.source == "nvml" and w.gpu.index is not None else None
         pipe = w.redis.pipeline(transaction=False)
         w.scripts.queue(pipe, w.calls.heartbeat(w.id, [(r.task_id, r.token) for r in running]))
-        pipe.hset(w.keys.worker(w.id), mapping={
-            **w.static_fields, **presence.status_fields(free, len(running), models, state, used)})
+        fields: presence.Fields = {**w.static_fields,
+                                   **presence.status_fields(free, len(running), models, state, used)}
+        pipe.hset(w.keys.worker(w.id), mapping=fields)
         for model in models:  # restores holdings if the reaper wrongly took this worker for dead
             presence.hold(pipe, w.keys, w.id, model, True)
         reply = pipe.execute()[0]

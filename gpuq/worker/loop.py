@@ -15,7 +15,6 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any
 
 import redis
 
@@ -30,6 +29,7 @@ from gpuq.worker.executor import Running, execute
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.heartbeat import Heartbeat
 from gpuq.worker.models import ModelCache, Reservation
+from gpuq.worker.presence import Fields
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,8 @@ class Worker:
         self.gpu = gpu
         self.burst = burst
         self.levels = levels
-        self.id = worker_id or f"{socket.gethostname()}-{gpu.index if gpu.index is not None else 'x'}-{uuid.uuid4().hex[:6]}"
+        gpu_tag = "x" if gpu.index is None else str(gpu.index)
+        self.id = worker_id or f"{socket.gethostname()}-{gpu_tag}-{uuid.uuid4().hex[:6]}"
         self.keys = Keys(config.pool, config.prefix)
         self.scripts = Scripts(client, self.keys)
         self.calls = Calls(config)
@@ -54,7 +55,7 @@ class Worker:
         self._running: dict[str, Running] = {}
         self.model_loads = 0
         self.tasks_run = 0
-        self.static_fields: dict[str, Any] = {}
+        self.static_fields: Fields = {}
 
     # bookkeeping shared with the executor and the heartbeat
     def track(self, running: Running) -> None:

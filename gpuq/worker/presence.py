@@ -14,6 +14,8 @@ import redis
 from gpuq.keys import Keys
 from gpuq.worker.gpu import GpuInfo
 
+Fields = dict[Any, Any]  # hash fields; redis-py types mapping keys invariantly
+
 
 def register(client: redis.Redis, keys: Keys, worker_id: str, gpu: GpuInfo, reserve_gb: float,
              concurrency: int, levels: str, lease_ms: int, host: str, pid: int) -> None:
@@ -34,8 +36,8 @@ def register(client: redis.Redis, keys: Keys, worker_id: str, gpu: GpuInfo, rese
 
 
 def status_fields(free_gb: float, running: int, models: list[str], state: str,
-                  nvml_used_gb: float | None) -> dict[str, Any]:
-    fields: dict[str, Any] = {"vram_free_gb": round(free_gb, 3), "running": running,
+                  nvml_used_gb: float | None) -> Fields:
+    fields: Fields = {"vram_free_gb": round(free_gb, 3), "running": running,
                               "models": ",".join(models), "state": state}
     if nvml_used_gb is not None:
         fields["nvml_used_gb"] = nvml_used_gb

@@ -1,0 +1,121 @@
+"""The asyncio producer API: the same surface as gpuq.client on ``redis.asyncio``.
+
+Arguments and replies of every script come from the same ``Calls`` as the sync client,
+so only the awaiting differs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import redis.asyncio as aredis
+
+from gpuq.client import BULK_CHUNK, outcome, redis_errors
+from gpuq.config import Config
+from gpuq.errors import ResultTimeout, TaskNotFound
+from gpuq.keys import Keys
+from gpuq.scripts import SCRIPT_NAMES, Call, Calls, script_source
+from gpuq.task import State, TaskRecord, TaskSpec, build_specs
+
+T = TypeVar("T")
+
+
+class AsyncQueue:
+    def __init__(self, client: aredis.Redis, config: Config | None = None, *, url: str = "") -> None:
+        self.config = config or Config()
+        self.url = url or self.config.redis_url or "redis"
+        self.redis = client
+        self.keys = Keys(self.config.pool, self.config.prefix)
+        self.calls = Calls(self.config)
+        self._scripts = {n: client.register_script(script_source(n)) for n in SCRIPT_NAMES}
+
+    @classmethod
+    def from_url(cls, url: str, pool: str = "default", config: Config | None = None) -> AsyncQueue:
+        cfg = replace(config or Config(), redis_url=url, pool=pool).validate()
+        client = aredis.Redis.from_url(url, decode_responses=True, socket_timeout=None,
+                                       socket_connect_timeout=5, socket_keepalive=True)
+        return cls(client, cfg, url=url)
+
+    async def run(self, call: Call[T]) -> T:
+        with redis_errors(self.url):
+            reply = await self._scripts[call.script](keys=[self.keys.base], args=call.args)
+        return call.parse(reply)
+
+    async def enqueue(self, handler: str, payload: Any = None, *, check_fit: bool = False,
+                      **options: Any) -> AsyncTask:
+        spec = TaskSpec.build(handler, payload, **options)
+        await self.run(self.calls.enqueue([spec], check_fit=check_fit))
+        return AsyncTask(self, spec.task_id)
+
+    async def enqueue_many(self, tasks: Iterable[Mapping[str, Any]], *,
+                           check_fit: bool = False) -> list[AsyncTask]:
+        specs = build_specs(tasks)
+        calls = [self.calls.enqueue(specs[i:i + BULK_CHUNK], check_fit=check_fit)
+                 for i in range(0, len(specs), BULK_CHUNK)]
+        with redis_errors(self.url):
+            pipe = self.redis.pipeline(transaction=False)
+            for call in calls:
+                await self._scripts[call.script](keys=[self.keys.base], args=call.args, client=pipe)
+            replies = await pipe.execute()
+        for call, reply in zip(calls, replies):
+            call.parse(reply)
+        return [AsyncTask(self, s.task_id) for s in specs]
+
+    async def record(self, task_id: str) -> TaskRecord:
+        with redis_errors(self.url):
+            fields = await self.redis.hgetall(self.keys.task(task_id))
+        if not fields:
+            raise TaskNotFound(task_id)
+        return TaskRecord.from_fields({str(k): str(v) for k, v in fields.items()})
+
+    async def cancel(self, task_id: str) -> str:
+        return await self.run(self.calls.cancel(task_id))
+
+    async def wait(self, task_id: str, timeout: float | None = None) -> TaskRecord:
+        """Block until the task ends (list pop, no sleep loop); return its record."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        done = self.keys.done(task_id)
+        while True:
+            record = await self.record(task_id)
+            if record.state.terminal:
+                return record
+            left = 60.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise ResultTimeout(task_id, timeout or 0.0)
+            with redis_errors(self.url):
+                popped = await self.redis.blpop([done], timeout=min(left, 60.0))
+                if popped:  # pass the signal on to any other waiter of the same task
+                    pipe = self.redis.pipeline(transaction=True)
+                    pipe.lpush(done, popped[1])
+                    pipe.pexpire(done, int(self.config.result_ttl_s * 1000))
+                    await pipe.execute()
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+
+class AsyncTask:
+    def __init__(self, queue: AsyncQueue, task_id: str) -> None:
+        self.queue = queue
+        self.id = task_id
+
+    def __repr__(self) -> str:
+        return f"AsyncTask({self.id!r})"
+
+    async def status(self) -> State:
+        return (await self.queue.record(self.id)).state
+
+    async def record(self) -> TaskRecord:
+        return await self.queue.record(self.id)
+
+    async def result(self, timeout: float | None = None) -> Any:
+        return outcome(await self.queue.wait(self.id, timeout))
+
+    async def cancel(self) -> str:
+        return await self.queue.cancel(self.id)
+
+
+__all__ = ["AsyncQueue", "AsyncTask"]
