@@ -15,7 +15,7 @@ import redis.asyncio as aredis
 
 from gpuq.client import BULK_CHUNK, outcome, redis_errors
 from gpuq.config import Config
-from gpuq.errors import ResultTimeout, TaskNotFound
+from gpuq.errors import ConfigError, ResultTimeout, TaskNotFound
 from gpuq.keys import Keys
 from gpuq.scripts import SCRIPT_NAMES, Call, Calls, script_source
 from gpuq.task import State, TaskRecord, TaskSpec, build_specs
@@ -35,8 +35,11 @@ class AsyncQueue:
     @classmethod
     def from_url(cls, url: str, pool: str = "default", config: Config | None = None) -> AsyncQueue:
         cfg = replace(config or Config(), redis_url=url, pool=pool).validate()
-        client = aredis.Redis.from_url(url, decode_responses=True, socket_timeout=None,
-                                       socket_connect_timeout=5, socket_keepalive=True)
+        try:
+            client = aredis.Redis.from_url(url, decode_responses=True, socket_timeout=None,
+                                           socket_connect_timeout=5, socket_keepalive=True)
+        except ValueError as exc:
+            raise ConfigError(f"Redis URL {url!r} is malformed: {exc}") from None
         return cls(client, cfg, url=url)
 
     async def run(self, call: Call[T]) -> T:

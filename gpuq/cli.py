@@ -186,13 +186,15 @@ def cancel(ctx: click.Context, task_id: str) -> None:
 @click.option("--seconds", type=float, default=20.0, show_default=True, help="Producer run time.")
 @click.option("--time-scale", type=float, default=0.05, show_default=True,
               help="Multiplier on simulated load and run times.")
+@click.option("--seed", type=int, default=1, show_default=True, help="Seed of the workload.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context
-def demo(ctx: click.Context, seconds: float, time_scale: float, as_json: bool) -> None:
+def demo(ctx: click.Context, seconds: float, time_scale: float, seed: int, as_json: bool) -> None:
     """Four simulated GPUs (80, 80, 48, 24 GB) as real worker processes on a mixed workload."""
     from gpuq.demo import run_demo
 
-    ctx.exit(run_demo(config_of(ctx), seconds=seconds, time_scale=time_scale, as_json=as_json))
+    ctx.exit(run_demo(config_of(ctx), seconds=seconds, time_scale=time_scale, as_json=as_json,
+                      seed=seed))
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from gpuq.config import Config
-from gpuq.errors import ConnectionFailed, ResultTimeout, TaskFailed, TaskNotFound
+from gpuq.errors import ConfigError, ConnectionFailed, ResultTimeout, TaskFailed, TaskNotFound
 from gpuq.keys import Keys
 from gpuq.scripts import Calls, Scripts
 from gpuq.task import State, TaskRecord, TaskSpec, build_specs
@@ -37,9 +37,12 @@ def redis_errors(url: str) -> Iterator[None]:
 def connect(url: str) -> redis.Redis:
     # no read timeout: workers and result waiters block on list pops for seconds at a time;
     # keepalive and the connect timeout still catch a dead server
-    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30,
-                                socket_timeout=None, socket_connect_timeout=5,
-                                socket_keepalive=True)
+    try:
+        return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30,
+                                    socket_timeout=None, socket_connect_timeout=5,
+                                    socket_keepalive=True)
+    except ValueError as exc:
+        raise ConfigError(f"Redis URL {url!r} is malformed: {exc}") from None
 
 
 class Queue:

@@ -68,8 +68,9 @@ class EmbeddedServer:
         if self.cluster:
             args += ["--cluster-enabled", "yes", "--cluster-config-file",
                      str(Path(self.dir) / "nodes.conf")]
+        # its own session: a Ctrl-C meant for the caller must not kill the server under it
         self.proc = subprocess.Popen(args + self.extra, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
         stop_at = time.monotonic() + timeout
         while True:

@@ -103,6 +103,20 @@ class ClaimRequest:
 
 
 @dataclass(frozen=True)
+class Claim:
+    """A claim's answer: the task's fields, or None and when a deferred task may be retried."""
+
+    task: dict[str, str] | None
+    retry_s: float = 0.0  # > 0: a task was left for a better-placed worker until then
+
+    @classmethod
+    def parse(cls, reply: list[Any]) -> Claim:
+        if str(reply[1]) == "task":
+            return cls(pairs_to_dict(reply[2:]))
+        return cls(None, int(reply[2]) / 1000.0)
+
+
+@dataclass(frozen=True)
 class ReapResult:
     requeued: int
     failed: int
@@ -143,21 +157,22 @@ class Calls:
 
         return Call("enqueue", args, parse)
 
-    def claim(self, req: ClaimRequest, *, now_ms: int = 0) -> Call[dict[str, str] | None]:
+    def claim(self, req: ClaimRequest, *, now_ms: int = 0) -> Call[Claim]:
         c = self.config
         args = [req.worker_id, str(now_ms), _num(req.free_gb), _num(req.evictable_gb), str(req.slots),
                 str(int(c.lease_s * 1000)), str(c.fair_every), req.levels, str(c.scan_per_queue),
                 *map(str, c.defer_ms())]
         for model, footprint in req.loaded:
             args += [model, _num(footprint)]
-        return Call("claim", args, lambda r: pairs_to_dict(r[1:]) if len(r) > 1 else None)
+        return Call("claim", args, Claim.parse)
 
     def heartbeat(self, worker_id: str, leases: Sequence[tuple[str, int]], *,
-                  now_ms: int = 0) -> Call[list[str]]:
+                  now_ms: int = 0) -> Call[tuple[bool, list[str]]]:
+        """Renew; the reply says whether the worker was revived and which leases were lost."""
         args = [worker_id, str(now_ms), str(int(self.config.lease_s * 1000))]
         for task_id, token in leases:
             args += [task_id, str(token)]
-        return Call("heartbeat", args, lambda r: [str(x) for x in r[1:]])
+        return Call("heartbeat", args, lambda r: (int(r[1]) == 1, [str(x) for x in r[2:]]))
 
     def ack(self, task_id: str, token: int, result_json: str, *, now_ms: int = 0) -> Call[None]:
         return Call("ack", [task_id, str(token), str(now_ms), result_json, self._ttl],
@@ -213,8 +228,11 @@ class Scripts:
         self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPT_NAMES}
 
     def run(self, call: Call[T]) -> T:
-        reply = self._scripts[call.script](keys=[self.keys.base], args=call.args)
-        return call.parse(reply)
+        return call.parse(self.run_raw(call))
+
+    def run_raw(self, call: Call[Any]) -> Any:
+        """The script's reply, unparsed (for callers that settle replies themselves)."""
+        return self._scripts[call.script](keys=[self.keys.base], args=call.args)
 
     def queue(self, pipe: redis.client.Pipeline, call: Call[Any]) -> None:
         """Add a call to a pipeline; parse its reply with ``call.parse`` after execute()."""

@@ -49,7 +49,7 @@ def drain(queue: Queue, app: App, *, vram_gb: float = 80.0, worker_id: str = "te
     ran = 0
     while ran < limit:
         req = ClaimRequest(worker_id, cache.free_gb(), cache.evictable_gb(), 1, cache.loaded())
-        fields = queue.scripts.run(queue.calls.claim(req))
+        fields = queue.scripts.run(queue.calls.claim(req)).task
         if fields is None:
             return ran
         task_id, token, model = fields["id"], int(fields["token"]), fields["model"]

@@ -36,35 +36,61 @@ local function refresh_head(p, m)
   end
 end
 
--- Wake the idle worker best placed for a task: one holding its model, else the tightest
--- fit; a woken worker leaves the idle set until it finds nothing to claim, so a burst of
--- enqueues spreads over idle workers. With no idle worker, post a pool-wide wake.
-local function wake(m, need)
-  for _, w in ipairs(redis.call('SMEMBERS', B .. 'holders:' .. m)) do
-    if redis.call('ZSCORE', K_IDLE, w) then
-      redis.call('ZREM', K_IDLE, w)
-      redis.call('LPUSH', B .. 'wake:' .. w, '1')
-      return
-    end
-  end
-  local fit = redis.call('ZRANGEBYSCORE', K_IDLE, need, '+inf', 'LIMIT', 0, 1)
-  if fit[1] then
-    redis.call('ZREM', K_IDLE, fit[1])
-    redis.call('LPUSH', B .. 'wake:' .. fit[1], '1')
-  else
-    redis.call('LPUSH', K_WAKE, '1')
-    redis.call('LTRIM', K_WAKE, 0, 15)
-  end
+local function wake_worker(w)
+  redis.call('ZREM', K_IDLE, w)
+  redis.call('LPUSH', B .. 'wake:' .. w, '1')
 end
 
--- Put a task (hash already written) into its (priority, model) queue at its stored score.
-local function push(id, do_wake)
-  local f = redis.call('HMGET', task_key(id), 'priority', 'model', 'score', 'vram_gb')
-  local p, m, score, need = f[1], f[2], f[3], f[4]
+-- One entry per task left unwoken (up to 16), so as many idle workers can wake.
+local function wake_pool(count)
+  for _ = 1, math.min(count or 1, 16) do redis.call('LPUSH', K_WAKE, '1') end
+  redis.call('LTRIM', K_WAKE, 0, 15)
+end
+
+-- An idle worker other than `except` that holds model m and whose claimable VRAM (its
+-- idle score) covers the need; a holder without room would wake only to find nothing.
+local function idle_holder(m, need, except)
+  for _, w in ipairs(redis.call('SMEMBERS', B .. 'holders:' .. m)) do
+    if w ~= except then
+      local score = redis.call('ZSCORE', K_IDLE, w)
+      if score and tonumber(score) >= need then return w end
+    end
+  end
+  return nil
+end
+
+-- The idle worker other than `except` with the least claimable VRAM in [need, upper].
+local function tightest(need, upper, except)
+  local fit = redis.call('ZRANGEBYSCORE', K_IDLE, need, upper, 'LIMIT', 0, 2)
+  if fit[1] == except then return fit[2] end
+  return fit[1]
+end
+
+-- Wake the idle worker best placed for a task: one holding its model, else the tightest
+-- fit; returns it (the task is then "offered" to it), or nil. A woken worker leaves the
+-- idle set until it finds nothing to claim, so a burst of enqueues spreads over idle
+-- workers. Callers also post a pool-wide wake: if the chosen worker died while idle, another
+-- takes the task once the offer's deferral ends.
+local function wake(m, need)
+  if redis.call('ZCARD', K_IDLE) == 0 then return nil end
+  local w = idle_holder(m, need, nil) or tightest(need, '+inf', nil)
+  if w then wake_worker(w) end
+  return w
+end
+
+-- Index a task whose hash is written into its (priority, model) queue at its score.
+local function index(id, p, m, score, need)
   redis.call('ZADD', queue_key(p, m), score, id)
   redis.call('ZADD', index_key(p), 'LT', score, m)
   redis.call('ZADD', K_NEED, need, id)
-  if do_wake then wake(m, tonumber(need)) end
+end
+
+-- Put a stored task back into its queue at its stored score, and wake a worker for it.
+local function push(id)
+  local f = redis.call('HMGET', task_key(id), 'priority', 'model', 'score', 'vram_gb')
+  index(id, f[1], f[2], f[3], f[4])
+  redis.call('HSET', task_key(id), 'offered', wake(f[2], tonumber(f[4])) or '')
+  wake_pool(1)
 end
 
 -- Take a queued task out of its queue and the indexes.
@@ -103,7 +129,7 @@ local function requeue(id, now, reason, consume, ttl)
   if not consume then redis.call('HINCRBY', tk, 'attempt', -1) end
   redis.call('HSET', tk, 'state', 'queued', 'worker', '', 'token', '', 'error', reason,
     'queued_at', ms(now))
-  push(id, true)
+  push(id)
   return 'queued'
 end
 
@@ -113,7 +139,7 @@ local function promote_due(now, limit)
   for _, id in ipairs(due) do
     redis.call('ZREM', K_DELAYED, id)
     redis.call('HSET', task_key(id), 'state', 'queued', 'queued_at', ms(now))
-    push(id, true)
+    push(id)
   end
   return #due
 end

@@ -6,8 +6,10 @@
 -- in head-score order (oldest / earliest start-by first). A task fits when its VRAM need
 -- minus the loaded model's footprint fits free VRAM (model held), or when its whole need
 -- fits free plus evictable VRAM (model not held). A cold task is left for a better-placed
--- idle worker (one holding its model, or one it fits more tightly) until it has waited
--- defer ms. Cost: O(levels x models-with-work x scan x log N); no backlog scan.
+-- worker (the one enqueue offered it to and woke, an idle one holding its model with room
+-- for it, or one it fits more tightly) until it has waited defer ms; that worker is woken,
+-- and this one told when to look again. A task too big for this worker wakes the tightest
+-- idle worker that fits it. Cost: O(levels x models-with-work x scan x log N); no backlog scan.
 --
 -- KEYS[1]  pool key base
 -- ARGV[1]  worker id
@@ -21,8 +23,10 @@
 -- ARGV[9]  tasks examined per (priority, model) queue
 -- ARGV[10..13]  defer bound of P0..P3 (ms)
 -- ARGV[14..]  pairs: loaded model name, its footprint (GB)
--- Returns  {0}                      nothing this worker can run; it is marked idle
---          {0, field, value, ...}   the claimed task's hash (state running, token set)
+-- Returns  {0, "none", retry_ms}            nothing this worker can run; it is marked idle.
+--                                            retry_ms > 0: a task was left for another
+--                                            worker and may be claimed after that long
+--          {0, "task", field, value, ...}   the claimed task's hash (running, token set)
 
 local worker, now = ARGV[1], clock(ARGV[2])
 local free, evictable, slots = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -38,13 +42,13 @@ local claimable = free + evictable
 
 promote_due(now, 20)
 
--- Is there an idle worker better placed than this one for a cold task?
+-- Workers a skipped task is passed on to: the better-placed worker a cold task was left
+-- for is woken (it may be blocked), and so is one that fits a task too big for this one.
+local pass_to, unfit_need, retry = {}, nil, nil
+
+-- The idle worker better placed than this one for a cold task, if any.
 local function better_elsewhere(m, need)
-  for _, w in ipairs(redis.call('SMEMBERS', B .. 'holders:' .. m)) do
-    if w ~= worker and redis.call('ZSCORE', K_IDLE, w) then return true end
-  end
-  local tighter = redis.call('ZRANGEBYSCORE', K_IDLE, need, '(' .. claimable, 'LIMIT', 0, 2)
-  return (tighter[1] ~= nil and tighter[1] ~= worker) or tighter[2] ~= nil
+  return idle_holder(m, need, worker) or tightest(need, '(' .. claimable, worker)
 end
 
 -- First task of queue (p, m) this worker can run, with the VRAM it will use.
@@ -52,14 +56,20 @@ local function scan_queue(p, m)
   local footprint = held[m]
   local ids = redis.call('ZRANGE', queue_key(p, m), 0, scan - 1)
   for _, id in ipairs(ids) do
-    local f = redis.call('HMGET', task_key(id), 'vram_gb', 'queued_at')
+    local f = redis.call('HMGET', task_key(id), 'vram_gb', 'queued_at', 'offered')
     local need = tonumber(f[1])
-    if footprint then
-      local extra = math.max(0, need - footprint)
-      if extra <= free then return id, extra end
-    elseif need <= claimable then
-      if now - tonumber(f[2]) < defer[p + 1] and better_elsewhere(m, need) then return nil end
-      return id, need
+    if footprint and need - footprint <= free then
+      return id, math.max(0, need - footprint)
+    elseif not footprint and need <= claimable then
+      local left = defer[p + 1] - (now - tonumber(f[2]))
+      local offered = f[3] and f[3] ~= '' and f[3] ~= worker  -- a missing field reads false
+      local better = left > 0 and (offered or better_elsewhere(m, need))
+      if not better then return id, need end
+      if better ~= true then pass_to[better] = true end
+      retry = math.min(retry or left, left)
+      return nil
+    elseif not unfit_need then
+      unfit_need = need
     end
   end
   return nil
@@ -96,9 +106,14 @@ for _, level in ipairs(order) do
   end
 end
 
+for w in pairs(pass_to) do wake_worker(w) end
 if not id then
+  if unfit_need then
+    local w = tightest(unfit_need, '+inf', worker)
+    if w and not pass_to[w] then wake_worker(w) end
+  end
   redis.call('ZADD', K_IDLE, claimable, worker)
-  return {0}
+  return {0, 'none', retry or 0}
 end
 
 -- fairness: this level's debt is paid; lower levels with work saw one more higher dispatch
@@ -123,5 +138,6 @@ else
   redis.call('ZREM', K_IDLE, worker)
 end
 local out = redis.call('HGETALL', tk)
+table.insert(out, 1, 'task')
 table.insert(out, 1, 0)
 return out

@@ -24,8 +24,12 @@ local G = 11
 local n = (#ARGV - 6) / G
 if n < 1 or n ~= math.floor(n) then return {1, 0, 'expected groups of 11 task fields'} end
 
+local good = {}  -- names already checked in this call: bulk batches repeat them
 local function bad_name(s)
-  return s == nil or s == '' or #s > 200 or string.find(s, '[%s{},]') ~= nil
+  if good[s] then return false end
+  if s == nil or s == '' or #s > 200 or string.find(s, '[%s{},]') ~= nil then return true end
+  good[s] = true
+  return false
 end
 
 local largest
@@ -68,22 +72,33 @@ for i = 1, n do
   if check_fit and vram > largest then return {3, i, tostring(vram), tostring(largest)} end
 end
 
+local unwoken, targeted, heads = 0, 0, {}
 for i = 1, n do
   local o = 6 + (i - 1) * G
-  local id, prio, deadline = ARGV[o + 1], ARGV[o + 6], ARGV[o + 8]
+  local id, model, prio, deadline = ARGV[o + 1], ARGV[o + 4], ARGV[o + 6], ARGV[o + 8]
+  local vram = tonumber(ARGV[o + 5])
   local score = now + sla[tonumber(prio) + 1]
   if deadline ~= '' then
     deadline = now + math.max(1, math.floor(tonumber(deadline)))
     score = math.min(score, deadline - math.floor(tonumber(ARGV[o + 7]) * 1000))
     deadline = ms(deadline)
   end
+  local offered = wake(model, vram)
+  if offered then targeted = 1 else unwoken = unwoken + 1 end
   redis.call('HSET', task_key(id), 'id', id, 'handler', ARGV[o + 2], 'payload', ARGV[o + 3],
-    'model', ARGV[o + 4], 'vram_gb', tostring(tonumber(ARGV[o + 5])), 'priority', prio,
+    'model', model, 'vram_gb', tostring(vram), 'priority', prio,
     'est_s', tostring(tonumber(ARGV[o + 7])),
     'deadline', deadline, 'preemptible', ARGV[o + 9], 'tenant', ARGV[o + 10],
     'max_attempts', ARGV[o + 11], 'attempt', '0', 'state', 'queued', 'score', ms(score),
-    'enqueued_at', ms(now), 'queued_at', ms(now))
-  push(id, true)
+    'enqueued_at', ms(now), 'queued_at', ms(now), 'offered', offered or '')
+  redis.call('ZADD', queue_key(prio, model), score, id)
+  redis.call('ZADD', K_NEED, vram, id)
+  local qk = prio .. ':' .. model  -- the index needs each queue's lowest new score once
+  if not heads[qk] or score < heads[qk][3] then heads[qk] = {prio, model, score} end
 end
+for _, h in pairs(heads) do redis.call('ZADD', index_key(h[1]), 'LT', h[3], h[2]) end
+-- pool-wide wakes for the tasks no idle worker was picked for, and one in case a picked
+-- worker died while idle (its offer then lapses after the defer bound)
+if unwoken + targeted > 0 then wake_pool(unwoken + targeted) end
 redis.call('HINCRBY', K_STATS, 'enqueued', n)
 return {0, n}

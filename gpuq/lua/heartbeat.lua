@@ -9,12 +9,13 @@
 -- ARGV[2]  now (ms; "0" = server clock)
 -- ARGV[3]  lease (ms): new expiry of each renewed lease and of the worker's liveness
 -- ARGV[4..]  pairs: task id, fencing token
--- Returns  {0, lost_id, ...}
+-- Returns  {0, revived, lost_id, ...}: revived is 1 when the worker was not registered as
+--          live (the reaper took it for dead), so it must restore its model holdings
 
 local worker, now, lease = ARGV[1], clock(ARGV[2]), tonumber(ARGV[3])
-redis.call('ZADD', K_WORKERS, now + lease, worker)
+local revived = redis.call('ZADD', K_WORKERS, now + lease, worker)
 redis.call('HSET', B .. 'worker:' .. worker, 'seen_at', ms(now))
-local out = {0}
+local out = {0, revived}
 for i = 4, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
   local f = redis.call('HMGET', task_key(id), 'state', 'token')

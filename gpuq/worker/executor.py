@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from gpuq import catalog
 from gpuq.app import Context
 from gpuq.errors import StaleLease
+from gpuq.scripts import Call
 from gpuq.worker import presence
 from gpuq.worker.models import Reservation
 
@@ -45,10 +46,10 @@ def prepare_model(worker: Worker, res: Reservation) -> Any:
             cache.unload(old)
             presence.hold(pipe, worker.keys, worker.id, old.spec.name, False)
             log.info("model.evicted worker=%s model=%s", worker.id, old.spec.name)
+        pipe.execute()  # before the load: until then wake-ups would still pick this worker
         try:
             seconds = cache.load(resident)
         except Exception as exc:
-            pipe.execute()
             raise TaskError(f"loading model {res.model} failed: {type(exc).__name__}: {exc}",
                             True) from None
         catalog.record_load(pipe, worker.keys, res.model, resident.footprint_gb, seconds)
@@ -67,7 +68,9 @@ def prepare_model(worker: Worker, res: Reservation) -> Any:
 
 
 def execute(worker: Worker, fields: dict[str, str], res: Reservation | None,
-            running: Running) -> None:
+            running: Running) -> Call[Any]:
+    """Run the task; return its ack or fail call, which the runner sends together with its
+    next claim (one round trip per task). The task's VRAM and slot are released first."""
     task_id, token, ctx = running.task_id, running.token, running.ctx
     try:
         problem = worker.app.check(fields["handler"], fields["model"])
@@ -82,19 +85,22 @@ def execute(worker: Worker, fields: dict[str, str], res: Reservation | None,
             text = json.dumps(result, separators=(",", ":"), allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise TaskError(f"handler returned a result that is not JSON: {exc}", False) from None
-        worker.scripts.run(worker.calls.ack(task_id, token, text))
-        log.debug("task.succeeded task=%s worker=%s", task_id, worker.id)
-    except StaleLease:
-        log.warning("lease.lost task=%s worker=%s: result discarded", task_id, worker.id)
+        return worker.calls.ack(task_id, token, text)
     except Exception as exc:
         retry = exc.retry if isinstance(exc, TaskError) else True
         message = str(exc) if isinstance(exc, TaskError) else f"{type(exc).__name__}: {exc}"
         log.info("task.failed task=%s worker=%s retry=%s error=%s", task_id, worker.id, retry, message)
-        try:
-            worker.scripts.run(worker.calls.fail(task_id, token, message, retry=retry))
-        except StaleLease:
-            log.warning("lease.lost task=%s worker=%s: failure discarded", task_id, worker.id)
+        return worker.calls.fail(task_id, token, message, retry=retry)
     finally:
         if res is not None:
             worker.cache.release(res)
         worker.untrack(task_id)
+
+
+def settle(worker: Worker, call: Call[Any], reply: Any) -> None:
+    """Check the reply of an ack or fail; a stale token means another attempt owns the task."""
+    try:
+        call.parse(reply)
+    except StaleLease:
+        log.warning("lease.lost task=%s worker=%s: %s discarded", call.args[0], worker.id,
+                    "result" if call.script == "ack" else "failure")

@@ -33,19 +33,29 @@ class Heartbeat(threading.Thread):
             models = w.cache.model_names()
         state = "draining" if w.stopping.is_set() else ("busy" if running else "idle")
         used = nvml_used_gb(w.gpu.index) if w.gpu.source == "nvml" and w.gpu.index is not None else None
-        pipe = w.redis.pipeline(transaction=False)
-        w.scripts.queue(pipe, w.calls.heartbeat(w.id, [(r.task_id, r.token) for r in running]))
+        call = w.calls.heartbeat(w.id, [(r.task_id, r.token) for r in running])
         fields: presence.Fields = {**w.static_fields,
                                    **presence.status_fields(free, len(running), models, state, used)}
+        pipe = w.redis.pipeline(transaction=False)
+        w.scripts.queue(pipe, call)
         pipe.hset(w.keys.worker(w.id), mapping=fields)
-        for model in models:  # restores holdings if the reaper wrongly took this worker for dead
-            presence.hold(pipe, w.keys, w.id, model, True)
-        reply = pipe.execute()[0]
-        lost = set(w.calls.heartbeat(w.id, []).parse(reply))
+        revived, lost = call.parse(pipe.execute()[0])
+        if revived:
+            self.restore_holdings()
         for r in running:
             if r.task_id in lost and not r.ctx.lost.is_set():
                 r.ctx.lost.set()
                 log.warning("lease.lost task=%s worker=%s", r.task_id, w.id)
+
+    def restore_holdings(self) -> None:
+        """The reaper took this worker for dead (a long pause) and dropped its holdings."""
+        w = self.worker
+        log.warning("worker.revived worker=%s: restoring model holdings", w.id)
+        with w.cache.lock:  # no eviction can slip in between reading and writing them
+            pipe = w.redis.pipeline(transaction=False)
+            for model in w.cache.model_names():
+                presence.hold(pipe, w.keys, w.id, model, True)
+            pipe.execute()
 
     def run(self) -> None:
         while not self.stopped.is_set():

@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 import uuid
+from typing import Any
 
 import redis
 
@@ -23,15 +24,16 @@ from gpuq.client import redis_errors
 from gpuq.config import Config
 from gpuq.errors import StaleLease
 from gpuq.keys import Keys
-from gpuq.scripts import Calls, ClaimRequest, Scripts
+from gpuq.scripts import Call, Calls, ClaimRequest, Scripts
 from gpuq.worker import presence
-from gpuq.worker.executor import Running, execute
+from gpuq.worker.executor import Running, execute, settle
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.heartbeat import Heartbeat
 from gpuq.worker.models import ModelCache, Reservation
 from gpuq.worker.presence import Fields
 
 log = logging.getLogger(__name__)
+Claimed = tuple[dict[str, str], Reservation | None, Running]  # task fields, its VRAM, its run
 
 
 class Worker:
@@ -72,16 +74,31 @@ class Worker:
         with self.changed:
             return list(self._running.values())
 
-    def claim(self) -> tuple[dict[str, str], Reservation | None, Running] | None:
+    def claim(self, pending: Call[Any] | None) -> Claimed | float:
+        """Send the previous task's ack or fail (if any) and claim the next task, in one
+        round trip. Claims hold the cache lock so the VRAM reported is what is free. With
+        nothing to claim, returns when to look again (0: when woken)."""
         with self.cache.lock:
             slots = self.config.concurrency - len(self._running)
             if slots <= 0:
-                return None
+                if pending is not None:
+                    settle(self, pending, self.scripts.run_raw(pending))
+                return 0.0
             req = ClaimRequest(self.id, self.cache.free_gb(), self.cache.evictable_gb(), slots,
                                self.cache.loaded(), self.levels)
-            fields = self.scripts.run(self.calls.claim(req))
+            call = self.calls.claim(req)
+            if pending is None:
+                claim = self.scripts.run(call)
+            else:
+                pipe = self.redis.pipeline(transaction=False)
+                self.scripts.queue(pipe, pending)
+                self.scripts.queue(pipe, call)
+                done, reply = pipe.execute()
+                settle(self, pending, done)
+                claim = call.parse(reply)
+            fields = claim.task
             if fields is None:
-                return None
+                return claim.retry_s
             res = self.cache.reserve(fields["model"], float(fields["vram_gb"]))
             ctx = Context(fields["id"], int(fields["attempt"]), self.id, fields["model"],
                           float(fields["vram_gb"]), float(fields["est_s"]))
@@ -89,31 +106,43 @@ class Worker:
             self.track(running)  # before the lock is released: the next claim sees one slot fewer
             return fields, res, running
 
-    def block_for_work(self) -> None:
-        timeout = max(1, int(self.config.idle_block_s))
-        self.redis.blpop([self.keys.wake(self.id), self.keys.pool_wake], timeout=timeout)
+    def wait_for_work(self, retry_s: float) -> None:
+        """Block on this worker's wake list and the pool's (no sleep loop). A task left for a
+        better-placed worker is looked at again once its deferral ends (retry_s)."""
+        if self.burst:
+            with self.changed:
+                if not self._running and retry_s <= 0:
+                    self.stopping.set()  # burst: nothing left that this worker can run
+                    self.done.set()
+                else:
+                    self.changed.wait(retry_s or 1.0)
+        elif len(self._running) < self.config.concurrency:
+            timeout = retry_s if retry_s > 0 else self.config.idle_block_s
+            self.redis.blpop([self.keys.wake(self.id), self.keys.pool_wake],
+                             timeout=max(0.01, timeout))
+        else:
+            with self.changed:
+                self.changed.wait(1.0)
 
     def runner(self) -> None:
+        pending: Call[Any] | None = None  # the finished task's ack or fail, not yet sent
         while not self.stopping.is_set():
             try:
-                claimed = self.claim()
-                if claimed is not None:
-                    execute(self, *claimed)
-                elif self.burst:
-                    with self.changed:
-                        if not self._running:
-                            self.stopping.set()
-                            self.done.set()
-                        else:
-                            self.changed.wait(1.0)
-                elif len(self._running) < self.config.concurrency:
-                    self.block_for_work()
+                claimed = self.claim(pending)
+                pending = None
+                if isinstance(claimed, tuple):
+                    pending = execute(self, *claimed)
                 else:
-                    with self.changed:
-                        self.changed.wait(1.0)
+                    self.wait_for_work(claimed)
             except redis.RedisError as exc:
                 log.error("worker.redis_error worker=%s error=%s", self.id, exc)
                 self.stopping.wait(1.0)
+        if pending is not None:  # stopping: the last result still goes out
+            try:
+                settle(self, pending, self.scripts.run_raw(pending))
+            except redis.RedisError as exc:
+                log.error("task.ack_failed task=%s error=%s (the reaper will recover it)",
+                          pending.args[0], exc)
 
     def request_stop(self, *_: object) -> None:
         if not self.stopping.is_set():
@@ -158,9 +187,9 @@ class Worker:
         except redis.RedisError:
             pass
         grace_end = time.monotonic() + self.config.shutdown_grace_s
-        with self.changed:
-            while self._running and time.monotonic() < grace_end:
-                self.changed.wait(min(0.5, max(0.0, grace_end - time.monotonic())))
+        # runners exit after sending their last ack, so joining them means no result is lost
+        for t in runners:
+            t.join(max(0.0, grace_end - time.monotonic()))
         for r in self.running_snapshot():
             try:
                 self.scripts.run(self.calls.requeue(r.task_id, r.token, "worker shut down",

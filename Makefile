@@ -1,0 +1,33 @@
+# Both targets set themselves up: a virtual environment in .venv with gpuq and its test extras.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test bench lint clean
+
+$(BIN)/gpuq: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test,bench]'
+	touch $(BIN)/gpuq
+
+# about 30 s: an embedded Valkey server, four simulated GPUs as real worker processes
+demo: $(BIN)/gpuq
+	$(BIN)/gpuq demo
+
+# the whole suite on a real server the fixtures start, then the integration contract suite
+# again on a one-node Redis Cluster (any key outside the pool's hash slot fails there)
+test: $(BIN)/gpuq
+	$(BIN)/pytest
+	GPUQ_TEST_CLUSTER=1 GPUQ_TEST_PREFIX=ci $(BIN)/pytest -m "not slow" tests/integration
+
+bench: $(BIN)/gpuq
+	$(BIN)/python scripts/bench_throughput.py
+
+lint: $(BIN)/gpuq
+	$(BIN)/pip install -q mypy ruff
+	$(BIN)/ruff check gpuq workers
+	$(BIN)/mypy gpuq
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .hypothesis

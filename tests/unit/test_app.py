@@ -1,0 +1,143 @@
+"""Apps: registration of models and handlers, check() and load_app()."""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterator
+
+import pytest
+
+from gpuq.app import App, Context, load_app
+from gpuq.errors import AppError, GpuqError
+
+
+def build() -> App:
+    app = App("demo")
+
+    @app.model("llama3-8b", vram_gb=16)
+    def load_llama(name: str) -> str:
+        return f"loaded {name}"
+
+    @app.handler("llm.generate", model="llama3-8b")
+    def generate(model: str, payload: dict[str, str], ctx: Context) -> dict[str, str]:
+        return {"text": f"{model}: {payload['prompt']}"}
+
+    @app.handler("any.echo")
+    def echo(model: str, payload: object, ctx: Context) -> object:
+        return payload
+
+    return app
+
+
+def test_registration() -> None:
+    app = build()
+    assert set(app.models) == {"llama3-8b"}
+    assert set(app.handlers) == {"llm.generate", "any.echo"}
+    spec = app.model_spec("llama3-8b")
+    assert spec is not None and spec.vram_gb == 16 and spec.footprint(40) == 16
+    assert spec.load("llama3-8b") == "loaded llama3-8b"
+    assert app.handlers["llm.generate"].model == "llama3-8b"
+    assert app.handlers["any.echo"].model is None
+    ctx = Context("t1", 1, "w1", "llama3-8b", 16, 0.1)
+    assert app.handlers["llm.generate"].fn("m", {"prompt": "hi"}, ctx) == {"text": "m: hi"}
+
+
+def test_decorators_return_the_function() -> None:
+    app = App("x")
+
+    def loader(name: str) -> str:
+        return name
+
+    assert app.model("m")(loader) is loader
+    assert app.any_model()(loader) is loader
+
+    def handler(model: object, payload: object, ctx: Context) -> None:
+        return None
+
+    assert app.handler("h")(handler) is handler
+
+
+def test_fallback_loader_serves_any_name_with_task_footprint() -> None:
+    app = App("sim")
+    app.any_model()(lambda name: name.upper())
+    spec = app.model_spec("whatever-13b")
+    assert spec is not None
+    assert spec.name == "whatever-13b" and spec.vram_gb is None
+    assert spec.footprint(26.5) == 26.5
+    assert spec.load("whatever-13b") == "WHATEVER-13B"
+
+
+def test_named_model_wins_over_fallback() -> None:
+    app = build()
+    app.any_model()(lambda name: "fallback")
+    spec = app.model_spec("llama3-8b")
+    assert spec is not None and spec.vram_gb == 16
+
+
+def test_check_accepts_a_runnable_task() -> None:
+    app = build()
+    assert app.check("llm.generate", "llama3-8b") is None
+    assert app.check("any.echo", "llama3-8b") is None
+
+
+def test_check_unknown_handler() -> None:
+    assert build().check("llm.nope", "llama3-8b") == "handler 'llm.nope' is not registered in app 'demo'"
+
+
+def test_check_handler_bound_to_another_model() -> None:
+    msg = build().check("llm.generate", "mistral-7b")
+    assert msg == "handler 'llm.generate' runs model 'llama3-8b', task names 'mistral-7b'"
+
+
+def test_check_model_without_loader() -> None:
+    msg = build().check("any.echo", "mistral-7b")
+    assert msg == "model 'mistral-7b' has no loader in app 'demo'"
+
+
+def test_check_fallback_makes_every_model_loadable() -> None:
+    app = build()
+    app.any_model()(lambda name: name)
+    assert app.check("any.echo", "mistral-7b") is None
+
+
+@pytest.fixture
+def fake_module() -> Iterator[types.ModuleType]:
+    module = types.ModuleType("gpuq_test_fake_app")
+    module.app = build()  # type: ignore[attr-defined]
+    module.not_an_app = {"handlers": {}}  # type: ignore[attr-defined]
+    sys.modules[module.__name__] = module
+    yield module
+    del sys.modules[module.__name__]
+
+
+def test_load_app(fake_module: types.ModuleType) -> None:
+    assert load_app("gpuq_test_fake_app:app") is fake_module.app
+
+
+def test_load_app_ships_the_sim_app() -> None:
+    app = load_app("workers.sim:app")
+    assert isinstance(app, App)
+    assert {"sim.run", "sim.noop", "sim.fail"} <= set(app.handlers)
+
+
+@pytest.mark.parametrize("path", ["workers.sim", "workers.sim:", ":app", "", ":"])
+def test_load_app_malformed_path(path: str) -> None:
+    with pytest.raises(AppError, match="must look like module:attr") as info:
+        load_app(path)
+    assert isinstance(info.value, GpuqError)
+
+
+def test_load_app_import_error() -> None:
+    with pytest.raises(AppError, match="cannot import app module 'no_such_module_gpuq'"):
+        load_app("no_such_module_gpuq:app")
+
+
+def test_load_app_missing_attribute(fake_module: types.ModuleType) -> None:
+    with pytest.raises(AppError, match=r"gpuq_test_fake_app:missing is not a gpuq.App"):
+        load_app("gpuq_test_fake_app:missing")
+
+
+def test_load_app_not_an_app(fake_module: types.ModuleType) -> None:
+    with pytest.raises(AppError, match=r"gpuq_test_fake_app:not_an_app is not a gpuq.App"):
+        load_app("gpuq_test_fake_app:not_an_app")

@@ -1,0 +1,231 @@
+"""The model cache and VRAM ledger of one GPU (gpuq.worker.models.ModelCache).
+
+free = total - KV reserve - footprints of resident models - working memory of running tasks;
+idle models are evicted least-recently-used first, never one a running task uses.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuq.app import App
+from gpuq.worker.models import ModelCache, Reservation
+
+TOTAL, RESERVE = 80.0, 5.0
+
+
+def make_app(loads: list[str] | None = None, unloads: list[str] | None = None) -> App:
+    """Fixed-size models a (20 GB), b (30 GB), c (40 GB); any other name: the task's VRAM."""
+    app = App("models-test")
+
+    def loader(name: str) -> str:
+        if loads is not None:
+            loads.append(name)
+        if name.startswith("broken"):
+            raise RuntimeError("weights missing")
+        return f"weights:{name}"
+
+    def unloader(obj: str) -> None:
+        if unloads is not None:
+            unloads.append(obj)
+
+    app.model("a", vram_gb=20, unload=unloader)(loader)
+    app.model("b", vram_gb=30, unload=unloader)(loader)
+    app.model("c", vram_gb=40, unload=unloader)(loader)
+    app.any_model(unload=unloader)(loader)
+    return app
+
+
+def loaded(cache: ModelCache, model: str, need: float) -> Reservation:
+    """Reserve a cold model and load it, as the executor does."""
+    res = cache.reserve(model, need)
+    assert res is not None and res.cold
+    cache.load(cache.get(model))
+    return res
+
+
+@pytest.fixture
+def cache() -> ModelCache:
+    return ModelCache(make_app(), TOTAL, RESERVE)
+
+
+def test_empty_ledger_is_total_minus_reserve(cache: ModelCache) -> None:
+    assert cache.free_gb() == pytest.approx(75.0)
+    assert cache.evictable_gb() == 0
+    assert cache.loaded() == [] and cache.model_names() == []
+
+
+def test_free_counts_footprints_and_working_memory(cache: ModelCache) -> None:
+    res = loaded(cache, "a", 26.0)  # 20 GB of weights + 6 GB working memory
+    assert res == Reservation("a", pytest.approx(6.0), True, ())
+    assert cache.free_gb() == pytest.approx(80 - 5 - 20 - 6)
+    assert cache.loaded() == [("a", 20.0)]
+    assert cache.model_names() == ["a"]
+    assert cache.evictable_gb() == 0  # in use
+    cache.release(res)
+    assert cache.free_gb() == pytest.approx(80 - 5 - 20)  # the model stays resident
+    assert cache.evictable_gb() == pytest.approx(20.0)
+
+
+def test_model_without_fixed_size_takes_the_tasks_vram(cache: ModelCache) -> None:
+    res = loaded(cache, "sim-7b", 16.0)
+    assert res.working_gb == 0
+    assert cache.loaded() == [("sim-7b", 16.0)]
+    assert cache.free_gb() == pytest.approx(75 - 16)
+
+
+def test_loading_model_counts_before_it_is_ready(cache: ModelCache) -> None:
+    res = cache.reserve("b", 30.0)
+    assert res is not None and res.cold
+    assert cache.free_gb() == pytest.approx(45.0)  # held for the load in progress
+    assert cache.model_names() == []  # not reported as loaded until ready
+    assert cache.loaded() == [("b", 30.0)]  # but the claim script knows it holds the room
+
+
+def test_keeps_several_models_when_they_fit(cache: ModelCache) -> None:
+    for model in ("a", "b"):
+        cache.release(loaded(cache, model, {"a": 20.0, "b": 30.0}[model]))
+    assert cache.model_names() == ["a", "b"]
+    assert cache.free_gb() == pytest.approx(25.0)
+    assert cache.evictable_gb() == pytest.approx(50.0)
+
+
+def test_second_task_on_held_model_is_warm_and_adds_working_memory(cache: ModelCache) -> None:
+    first = loaded(cache, "a", 22.0)
+    second = cache.reserve("a", 30.0)
+    assert second == Reservation("a", pytest.approx(10.0), False, ())
+    assert cache.free_gb() == pytest.approx(75 - 20 - 2 - 10)
+    cache.release(first)
+    assert cache.evictable_gb() == 0  # still used by the second task
+    cache.release(second)
+    assert cache.free_gb() == pytest.approx(55.0)
+    assert cache.evictable_gb() == pytest.approx(20.0)
+
+
+def test_held_model_without_room_for_working_memory_is_refused(cache: ModelCache) -> None:
+    loaded(cache, "a", 20.0)
+    loaded(cache, "c", 40.0)  # 15 GB left
+    assert cache.reserve("a", 36.0) is None  # 16 GB working memory > 15 free
+    assert cache.free_gb() == pytest.approx(15.0)  # a refusal holds nothing
+
+
+def test_lru_eviction_of_idle_models_only(cache: ModelCache) -> None:
+    unloads: list[str] = []
+    cache = ModelCache(make_app(unloads=unloads), TOTAL, RESERVE)
+    ra = loaded(cache, "a", 20.0)
+    rb = loaded(cache, "b", 30.0)
+    cache.release(ra)
+    cache.release(rb)
+    # touch "a": it becomes the most recently used, so "b" is the LRU one
+    touch = cache.reserve("a", 20.0)
+    assert touch is not None and not touch.cold
+    cache.release(touch)
+    res = cache.reserve("c", 40.0)  # free 25: needs 15 more; evicting b (30) is enough
+    assert res is not None and res.cold
+    assert [r.spec.name for r in res.evict] == ["b"]
+    assert [name for name, _ in cache.loaded()] == ["a", "c"]
+    assert cache.free_gb() == pytest.approx(75 - 20 - 40)
+    for old in res.evict:  # the executor unloads what the ledger evicted
+        cache.unload(old)
+    assert unloads == ["weights:b"]
+
+
+def test_eviction_takes_lru_first_and_as_many_as_needed(cache: ModelCache) -> None:
+    for model, need in (("a", 20.0), ("b", 30.0), ("sim-x", 10.0)):
+        cache.release(loaded(cache, model, need))
+    # free 15; a 70 GB model needs 55 more: a (20, oldest) + b (30) + sim-x (10)
+    res = cache.reserve("huge", 70.0)
+    assert res is not None
+    assert [r.spec.name for r in res.evict] == ["a", "b", "sim-x"]
+    assert cache.loaded() == [("huge", 70.0)]
+
+
+def test_model_in_use_is_never_evicted(cache: ModelCache) -> None:
+    busy = loaded(cache, "c", 40.0)  # running
+    cache.release(loaded(cache, "b", 30.0))  # idle; free is 5
+    assert cache.reserve("big", 70.0) is None  # would need c's 40 GB: c is in use
+    assert [name for name, _ in cache.loaded()] == ["c", "b"]  # nothing was evicted
+    assert cache.free_gb() == pytest.approx(5.0)
+    res = cache.reserve("a", 20.0)  # evicting idle b is enough
+    assert res is not None and [r.spec.name for r in res.evict] == ["b"]
+    assert "c" in dict(cache.loaded())
+    cache.release(busy)
+
+
+def test_model_still_loading_is_not_evicted(cache: ModelCache) -> None:
+    loading = cache.reserve("c", 40.0)  # reserved, load not finished
+    assert loading is not None
+    cache.release(loading)  # even with no task on it, a model that is not ready stays
+    assert cache.reserve("other", 60.0) is None
+    assert [name for name, _ in cache.loaded()] == ["c"]
+
+
+def test_task_larger_than_the_gpu_is_refused(cache: ModelCache) -> None:
+    assert cache.reserve("sim-huge", 76.0) is None
+    assert cache.loaded() == [] and cache.free_gb() == pytest.approx(75.0)
+
+
+def test_model_without_loader_is_refused() -> None:
+    app = App("no-fallback")
+    app.model("a", vram_gb=10)(lambda name: name)
+    cache = ModelCache(app, TOTAL, RESERVE)
+    assert cache.reserve("unknown", 1.0) is None
+    assert cache.loaded() == []
+
+
+def test_release_gives_back_working_memory(cache: ModelCache) -> None:
+    res = loaded(cache, "a", 35.0)
+    assert cache.free_gb() == pytest.approx(40.0)
+    cache.release(res)
+    assert cache.working_gb == pytest.approx(0.0)
+    assert cache.free_gb() == pytest.approx(55.0)
+    assert cache.get("a").in_use == 0
+
+
+def test_failed_load_frees_the_slot() -> None:
+    loads: list[str] = []
+    cache = ModelCache(make_app(loads=loads), TOTAL, RESERVE)
+    res = cache.reserve("broken-7b", 30.0)
+    assert res is not None and res.cold
+    resident = cache.get("broken-7b")
+    with pytest.raises(RuntimeError, match="weights missing"):
+        cache.load(resident)
+    assert resident.ready.is_set()  # waiters are released, and see the error
+    assert resident.error is not None
+    assert cache.model_names() == []  # never reported as loaded
+    cache.release(res)
+    assert cache.loaded() == []
+    assert cache.free_gb() == pytest.approx(75.0)
+    # the next task for that model tries a fresh load
+    again = cache.reserve("broken-7b", 30.0)
+    assert again is not None and again.cold
+    assert loads == ["broken-7b"]
+
+
+def test_failed_load_shared_by_two_tasks_frees_after_both(cache: ModelCache) -> None:
+    first = cache.reserve("broken-x", 10.0)
+    second = cache.reserve("broken-x", 10.0)  # claimed while loading: warm reservation
+    assert first is not None and second is not None and not second.cold
+    with pytest.raises(RuntimeError):
+        cache.load(cache.get("broken-x"))
+    cache.release(first)
+    assert [name for name, _ in cache.loaded()] == ["broken-x"]  # second still holds it
+    cache.release(second)
+    assert cache.loaded() == []
+    assert cache.free_gb() == pytest.approx(75.0)
+
+
+def test_load_reports_seconds_and_object(cache: ModelCache) -> None:
+    cache.reserve("a", 20.0)
+    seconds = cache.load(cache.get("a"))
+    assert seconds >= 0
+    assert cache.get("a").obj == "weights:a"
+
+
+def test_evict_idle_drops_idle_models_only(cache: ModelCache) -> None:
+    busy = loaded(cache, "a", 20.0)
+    cache.release(loaded(cache, "b", 30.0))
+    idle = cache.evict_idle()
+    assert [r.spec.name for r in idle] == ["b"]
+    assert [name for name, _ in cache.loaded()] == ["a"]
+    cache.release(busy)
