@@ -51,7 +51,7 @@ class AsyncQueue:
                       **options: Any) -> AsyncTask:
         spec = TaskSpec.build(handler, payload, **options)
         await self.run(self.calls.enqueue([spec], check_fit=check_fit))
-        return AsyncTask(self, spec.task_id)
+        return AsyncTask(self, spec.task_id, exists=True)
 
     async def enqueue_many(self, tasks: Iterable[Mapping[str, Any]], *,
                            check_fit: bool = False) -> list[AsyncTask]:
@@ -65,45 +65,52 @@ class AsyncQueue:
             replies = await pipe.execute()
         for call, reply in zip(calls, replies):
             call.parse(reply)
-        return [AsyncTask(self, s.task_id) for s in specs]
+        return [AsyncTask(self, s.task_id, exists=True) for s in specs]
 
     async def record(self, task_id: str) -> TaskRecord:
-        with redis_errors(self.url):
-            fields = await self.redis.hgetall(self.keys.task(task_id))
-        if not fields:
-            raise TaskNotFound(task_id)
-        return TaskRecord.from_fields({str(k): str(v) for k, v in fields.items()})
+        return TaskRecord.from_fields(await self._fields(task_id))
 
     async def cancel(self, task_id: str) -> str:
         return await self.run(self.calls.cancel(task_id))
 
-    async def wait(self, task_id: str, timeout: float | None = None) -> TaskRecord:
-        """Block until the task ends (list pop, no sleep loop); return its record."""
+    async def wait(self, task_id: str, timeout: float | None = None, *,
+                   exists: bool = False) -> TaskRecord:
+        """Block until the task ends (see gpuq.client.Queue.wait); return its record."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        done = self.keys.done(task_id)
+        fields = None if exists else await self._fields(task_id)
         while True:
-            record = await self.record(task_id)
-            if record.state.terminal:
-                return record
+            if fields is not None:
+                record = TaskRecord.from_fields(fields)
+                if record.state.terminal:
+                    return record
             left = 60.0 if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 raise ResultTimeout(task_id, timeout or 0.0)
             with redis_errors(self.url):
-                popped = await self.redis.blpop([done], timeout=min(left, 60.0))
-                if popped:  # pass the signal on to any other waiter of the same task
-                    pipe = self.redis.pipeline(transaction=True)
-                    pipe.lpush(done, popped[1])
-                    pipe.pexpire(done, int(self.config.result_ttl_s * 1000))
-                    await pipe.execute()
+                pipe = self.redis.pipeline(transaction=False)
+                done = self.keys.done(task_id)
+                pipe.blmove(done, done, min(left, 60.0), "RIGHT", "LEFT")  # type: ignore[arg-type]
+                pipe.hgetall(self.keys.task(task_id))
+                fields = (await pipe.execute())[1]
+            if not fields:
+                raise TaskNotFound(task_id)
+
+    async def _fields(self, task_id: str) -> dict[str, str]:
+        with redis_errors(self.url):
+            fields = await self.redis.hgetall(self.keys.task(task_id))
+        if not fields:
+            raise TaskNotFound(task_id)
+        return {str(k): str(v) for k, v in fields.items()}
 
     async def close(self) -> None:
         await self.redis.aclose()
 
 
 class AsyncTask:
-    def __init__(self, queue: AsyncQueue, task_id: str) -> None:
+    def __init__(self, queue: AsyncQueue, task_id: str, *, exists: bool = False) -> None:
         self.queue = queue
         self.id = task_id
+        self._exists = exists
 
     def __repr__(self) -> str:
         return f"AsyncTask({self.id!r})"
@@ -115,7 +122,7 @@ class AsyncTask:
         return await self.queue.record(self.id)
 
     async def result(self, timeout: float | None = None) -> Any:
-        return outcome(await self.queue.wait(self.id, timeout))
+        return outcome(await self.queue.wait(self.id, timeout, exists=self._exists))
 
     async def cancel(self) -> str:
         return await self.queue.cancel(self.id)

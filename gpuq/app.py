@@ -15,7 +15,6 @@ cannot make it execute arbitrary code; payloads are JSON, never pickle.
 from __future__ import annotations
 
 import importlib
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -37,11 +36,13 @@ class Context:
         self.model = model
         self.vram_gb = vram_gb
         self.est_s = est_s
-        self.lost = threading.Event()  # set when the lease is lost or the task canceled
+        # set by the heartbeat thread when the lease is lost or the task canceled; a plain
+        # flag (an Event per task would cost a lock and a condition on the hot path)
+        self.lost = False
 
     def should_stop(self) -> bool:
         """True once the task's lease is lost or it was canceled: its result will be rejected."""
-        return self.lost.is_set()
+        return self.lost
 
 
 class Handler(Protocol):

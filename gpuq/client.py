@@ -69,7 +69,7 @@ class Queue:
         spec = TaskSpec.build(handler, payload, **options)
         with redis_errors(self.url):
             self.scripts.run(self.calls.enqueue([spec], check_fit=check_fit))
-        return Task(self, spec.task_id)
+        return Task(self, spec.task_id, exists=True)
 
     def enqueue_many(self, tasks: Iterable[Mapping[str, Any]], *, check_fit: bool = False) -> list[Task]:
         """Bulk enqueue: every task is validated first; then chunks of tasks per call, pipelined.
@@ -81,22 +81,16 @@ class Queue:
         calls = [self.calls.enqueue(specs[i:i + BULK_CHUNK], check_fit=check_fit)
                  for i in range(0, len(specs), BULK_CHUNK)]
         with redis_errors(self.url):
-            pipe = self.redis.pipeline(transaction=False)
-            for call in calls:
-                self.scripts.queue(pipe, call)
-            for call, reply in zip(calls, pipe.execute()):
-                call.parse(reply)
-        return [Task(self, s.task_id) for s in specs]
+            replies = self.scripts.pipelined(calls)
+        for call, reply in zip(calls, replies):
+            call.parse(reply)
+        return [Task(self, s.task_id, exists=True) for s in specs]
 
     def task(self, task_id: str) -> Task:
         return Task(self, task_id)
 
     def record(self, task_id: str) -> TaskRecord:
-        with redis_errors(self.url):
-            fields = self.redis.hgetall(self.keys.task(task_id))
-        if not fields:
-            raise TaskNotFound(task_id)
-        return TaskRecord.from_fields({str(k): str(v) for k, v in fields.items()})
+        return TaskRecord.from_fields(self._fields(task_id))
 
     def cancel(self, task_id: str) -> str:
         """Cancel a task; returns the state it was in."""
@@ -107,24 +101,35 @@ class Queue:
         with redis_errors(self.url):
             return self.scripts.run(self.calls.requeue(task_id, None, reason))
 
-    def wait(self, task_id: str, timeout: float | None = None) -> TaskRecord:
-        """Block until the task ends (Redis list pop, no sleep loop); return its record."""
+    def wait(self, task_id: str, timeout: float | None = None, *, exists: bool = False) -> TaskRecord:
+        """Block until the task ends and return its record. One round trip per wake-up: a
+        pop that rotates the task's done list in place (so every waiter sees it) pipelined
+        with a read of the task. ``exists`` skips the first read (we just enqueued it)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        done = self.keys.done(task_id)
+        fields = None if exists else self._fields(task_id)
         while True:
-            record = self.record(task_id)
-            if record.state.terminal:
-                return record
+            if fields is not None:
+                record = TaskRecord.from_fields(fields)
+                if record.state.terminal:
+                    return record
             left = 60.0 if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 raise ResultTimeout(task_id, timeout or 0.0)
             with redis_errors(self.url):
-                popped = self.redis.blpop([done], timeout=min(left, 60.0))
-                if popped:  # pass the signal on to any other waiter of the same task
-                    pipe = self.redis.pipeline(transaction=True)
-                    pipe.lpush(done, popped[1])
-                    pipe.pexpire(done, int(self.config.result_ttl_s * 1000))
-                    pipe.execute()
+                pipe = self.redis.pipeline(transaction=False)
+                done = self.keys.done(task_id)
+                pipe.blmove(done, done, min(left, 60.0), "RIGHT", "LEFT")  # type: ignore[arg-type]
+                pipe.hgetall(self.keys.task(task_id))
+                fields = pipe.execute()[1]
+            if not fields:
+                raise TaskNotFound(task_id)
+
+    def _fields(self, task_id: str) -> dict[str, str]:
+        with redis_errors(self.url):
+            fields = self.redis.hgetall(self.keys.task(task_id))
+        if not fields:
+            raise TaskNotFound(task_id)
+        return {str(k): str(v) for k, v in fields.items()}
 
     def close(self) -> None:
         self.redis.close()
@@ -140,9 +145,10 @@ def outcome(record: TaskRecord) -> Any:
 class Task:
     """A handle on one enqueued task."""
 
-    def __init__(self, queue: Queue, task_id: str) -> None:
+    def __init__(self, queue: Queue, task_id: str, *, exists: bool = False) -> None:
         self.queue = queue
         self.id = task_id
+        self._exists = exists  # known to be stored: result() may skip its first read
 
     def __repr__(self) -> str:
         return f"Task({self.id!r})"
@@ -154,7 +160,7 @@ class Task:
         return self.queue.record(self.id)
 
     def result(self, timeout: float | None = None) -> Any:
-        return outcome(self.queue.wait(self.id, timeout))
+        return outcome(self.queue.wait(self.id, timeout, exists=self._exists))
 
     def cancel(self) -> str:
         return self.queue.cancel(self.id)

@@ -220,7 +220,7 @@ class Calls:
 
 
 class Scripts:
-    """Runs calls on a synchronous client (or a pipeline of it)."""
+    """Runs calls on a synchronous client, one at a time or many per round trip."""
 
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.client = client
@@ -231,9 +231,26 @@ class Scripts:
         return call.parse(self.run_raw(call))
 
     def run_raw(self, call: Call[Any]) -> Any:
-        """The script's reply, unparsed (for callers that settle replies themselves)."""
+        """The script's reply, unparsed (EVALSHA, loading the script on NOSCRIPT)."""
         return self._scripts[call.script](keys=[self.keys.base], args=call.args)
 
-    def queue(self, pipe: redis.client.Pipeline, call: Call[Any]) -> None:
-        """Add a call to a pipeline; parse its reply with ``call.parse`` after execute()."""
-        self._scripts[call.script](keys=[self.keys.base], args=call.args, client=pipe)
+    def pipelined(self, calls: Sequence[Call[Any]],
+                  extra: Callable[[redis.client.Pipeline], object] | None = None) -> list[Any]:
+        """Run the calls (then whatever ``extra`` adds) in one round trip; replies unparsed,
+        in order. Scripts go as bare EVALSHA: a pipeline of script objects would first ask
+        SCRIPT EXISTS, one more round trip. If the server lost them (restart, SCRIPT FLUSH),
+        every EVALSHA failed: load them and run the pipeline once more."""
+        for attempt in (1, 2):
+            pipe = self.client.pipeline(transaction=False)
+            for call in calls:
+                pipe.evalsha(self._scripts[call.script].sha, 1, self.keys.base, *call.args)
+            if extra is not None:
+                extra(pipe)
+            try:
+                return pipe.execute()
+            except redis.exceptions.NoScriptError:
+                if attempt == 2:
+                    raise
+                for script in self._scripts.values():
+                    self.client.script_load(script.script)
+        raise AssertionError("unreachable")  # pragma: no cover

@@ -89,8 +89,9 @@ end
 local function push(id)
   local f = redis.call('HMGET', task_key(id), 'priority', 'model', 'score', 'vram_gb')
   index(id, f[1], f[2], f[3], f[4])
-  redis.call('HSET', task_key(id), 'offered', wake(f[2], tonumber(f[4])) or '')
-  wake_pool(1)
+  local offered = wake(f[2], tonumber(f[4]))
+  redis.call('HSET', task_key(id), 'offered', offered or '')
+  if not offered or redis.call('ZCARD', K_IDLE) > 0 then wake_pool(1) end
 end
 
 -- Take a queued task out of its queue and the indexes.

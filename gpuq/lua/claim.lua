@@ -26,7 +26,9 @@
 -- Returns  {0, "none", retry_ms}            nothing this worker can run; it is marked idle.
 --                                            retry_ms > 0: a task was left for another
 --                                            worker and may be claimed after that long
---          {0, "task", field, value, ...}   the claimed task's hash (running, token set)
+--          {0, "task", field, value, ...}   the claimed task: id, token, handler, payload,
+--                                            model, vram_gb, priority, est_s, attempt,
+--                                            deadline, tenant
 
 local worker, now = ARGV[1], clock(ARGV[2])
 local free, evictable, slots = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -75,16 +77,28 @@ local function scan_queue(p, m)
   return nil
 end
 
+local PAGE = 16
+-- Held models first, then the others in head-score order, a page of the index at a time.
 local function find(p)
+  local idx = index_key(p)
+  local page = redis.call('ZRANGE', idx, 0, PAGE - 1)
+  if not page[1] then return nil end
   for _, m in ipairs(held_names) do
-    local id, use = scan_queue(p, m)
-    if id then return id, m, use end
-  end
-  for _, m in ipairs(redis.call('ZRANGE', index_key(p), 0, -1)) do
-    if not held[m] then
+    if redis.call('ZSCORE', idx, m) then
       local id, use = scan_queue(p, m)
       if id then return id, m, use end
     end
+  end
+  local start = 0
+  while page[1] do
+    for _, m in ipairs(page) do
+      if not held[m] then
+        local id, use = scan_queue(p, m)
+        if id then return id, m, use end
+      end
+    end
+    start = start + PAGE
+    page = #page == PAGE and redis.call('ZRANGE', idx, start, start + PAGE - 1) or {}
   end
   return nil
 end
@@ -100,7 +114,7 @@ for p = 0, 3 do order[#order + 1] = p end
 
 local id, p, m, use
 for _, level in ipairs(order) do
-  if serves[level] and redis.call('EXISTS', index_key(level)) == 1 then
+  if serves[level] then
     id, m, use = find(level)
     if id then p = level break end
   end
@@ -137,7 +151,9 @@ if slots > 1 then
 else
   redis.call('ZREM', K_IDLE, worker)
 end
-local out = redis.call('HGETALL', tk)
-table.insert(out, 1, 'task')
-table.insert(out, 1, 0)
-return out
+-- what a worker needs to run the task (the rest stays readable in the hash)
+local f = redis.call('HMGET', tk, 'handler', 'payload', 'model', 'vram_gb', 'priority', 'est_s',
+  'attempt', 'deadline', 'tenant')
+return {0, 'task', 'id', id, 'token', token, 'handler', f[1], 'payload', f[2], 'model', f[3],
+  'vram_gb', f[4], 'priority', f[5], 'est_s', f[6], 'attempt', f[7], 'deadline', f[8],
+  'tenant', f[9]}

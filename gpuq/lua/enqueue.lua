@@ -97,8 +97,9 @@ for i = 1, n do
   if not heads[qk] or score < heads[qk][3] then heads[qk] = {prio, model, score} end
 end
 for _, h in pairs(heads) do redis.call('ZADD', index_key(h[1]), 'LT', h[3], h[2]) end
--- pool-wide wakes for the tasks no idle worker was picked for, and one in case a picked
--- worker died while idle (its offer then lapses after the defer bound)
+-- pool-wide wakes for the tasks no idle worker was picked for, and, while other workers
+-- idle, one in case a picked worker died idle (its offer lapses after the defer bound)
+if targeted > 0 and redis.call('ZCARD', K_IDLE) == 0 then targeted = 0 end
 if unwoken + targeted > 0 then wake_pool(unwoken + targeted) end
 redis.call('HINCRBY', K_STATS, 'enqueued', n)
 return {0, n}

@@ -36,15 +36,13 @@ class Heartbeat(threading.Thread):
         call = w.calls.heartbeat(w.id, [(r.task_id, r.token) for r in running])
         fields: presence.Fields = {**w.static_fields,
                                    **presence.status_fields(free, len(running), models, state, used)}
-        pipe = w.redis.pipeline(transaction=False)
-        w.scripts.queue(pipe, call)
-        pipe.hset(w.keys.worker(w.id), mapping=fields)
-        revived, lost = call.parse(pipe.execute()[0])
+        replies = w.scripts.pipelined([call], lambda pipe: pipe.hset(w.keys.worker(w.id), mapping=fields))
+        revived, lost = call.parse(replies[0])
         if revived:
             self.restore_holdings()
         for r in running:
-            if r.task_id in lost and not r.ctx.lost.is_set():
-                r.ctx.lost.set()
+            if r.task_id in lost and not r.ctx.lost:
+                r.ctx.lost = True
                 log.warning("lease.lost task=%s worker=%s", r.task_id, w.id)
 
     def restore_holdings(self) -> None:

@@ -90,10 +90,7 @@ class Worker:
             if pending is None:
                 claim = self.scripts.run(call)
             else:
-                pipe = self.redis.pipeline(transaction=False)
-                self.scripts.queue(pipe, pending)
-                self.scripts.queue(pipe, call)
-                done, reply = pipe.execute()
+                done, reply = self.scripts.pipelined([pending, call])
                 settle(self, pending, done)
                 claim = call.parse(reply)
             fields = claim.task
