@@ -26,6 +26,17 @@ end
 
 local function ms(n) return string.format('%d', n) end
 
+-- Strict JSON check: the server's cjson also accepts hex numbers, nan and inf, which JSON
+-- readers reject. Its leniency is a VM-wide setting, so it is restored afterwards.
+local function is_json(text)
+  local set = cjson.decode_invalid_numbers  -- absent in some embedded servers (already strict)
+  local prev = set and set()
+  if set then set(false) end
+  local ok = pcall(cjson.decode, text)
+  if set then set(prev) end
+  return ok
+end
+
 -- Keep the index score of (p, m) equal to its queue's head score; drop it when empty.
 local function refresh_head(p, m)
   local head = redis.call('ZRANGE', queue_key(p, m), 0, 0, 'WITHSCORES')

@@ -15,7 +15,7 @@ local id, token, now = ARGV[1], ARGV[2], clock(ARGV[3])
 local f = redis.call('HMGET', task_key(id), 'state', 'token', 'worker')
 if not f[1] then return {4} end
 if f[1] ~= 'running' or f[2] ~= token then return {5, f[1]} end
-if not pcall(cjson.decode, ARGV[4]) then return {1, 0, 'result is not valid JSON'} end
+if not is_json(ARGV[4]) then return {1, 0, 'result is not valid JSON'} end
 release(id, f[3])
 finish(id, 'succeeded', now, tonumber(ARGV[5]), 'result', ARGV[4])
 return {0}

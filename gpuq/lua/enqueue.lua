@@ -58,7 +58,8 @@ for i = 1, n do
     return {1, i, 'priority must be 0..3'}
   end
   if not est or est ~= est or est < 0 or est == math.huge then return {1, i, 'est_s must be >= 0'} end
-  if deadline ~= '' and not (tonumber(deadline) and tonumber(deadline) > 0) then
+  local d = tonumber(deadline)
+  if deadline ~= '' and not (d and d > 0 and d < 1e13) then  -- 1e13 ms: about 300 years
     return {1, i, 'deadline must be ms > 0 or empty'}
   end
   if pre ~= '0' and pre ~= '1' then return {1, i, 'preemptible must be 0 or 1'} end
@@ -66,7 +67,7 @@ for i = 1, n do
     return {1, i, 'max_attempts must be an integer in 1..100'}
   end
   if #payload > 1048576 then return {1, i, 'payload is larger than 1048576 bytes'} end
-  if not pcall(cjson.decode, payload) then return {1, i, 'payload is not valid JSON'} end
+  if not is_json(payload) then return {1, i, 'payload is not valid JSON'} end
   if seen[id] or redis.call('EXISTS', task_key(id)) == 1 then return {2, i, id} end
   seen[id] = true
   if check_fit and vram > largest then return {3, i, tostring(vram), tostring(largest)} end
@@ -89,7 +90,7 @@ for i = 1, n do
     'model', model, 'vram_gb', tostring(vram), 'priority', prio,
     'est_s', tostring(tonumber(ARGV[o + 7])),
     'deadline', deadline, 'preemptible', ARGV[o + 9], 'tenant', ARGV[o + 10],
-    'max_attempts', ARGV[o + 11], 'attempt', '0', 'state', 'queued', 'score', ms(score),
+    'max_attempts', tostring(tonumber(ARGV[o + 11])), 'attempt', '0', 'state', 'queued', 'score', ms(score),
     'enqueued_at', ms(now), 'queued_at', ms(now), 'offered', offered or '')
   redis.call('ZADD', queue_key(prio, model), score, id)
   redis.call('ZADD', K_NEED, vram, id)

@@ -29,13 +29,14 @@ end
 local dead = redis.call('ZRANGEBYSCORE', K_WORKERS, '-inf', now, 'LIMIT', 0, limit)
 for _, w in ipairs(dead) do
   local wk = B .. 'worker:' .. w
-  for _, id in ipairs(redis.call('SMEMBERS', wk .. ':tasks')) do
-    recover(id, 'worker ' .. w .. ' died')
-  end
+  -- forget the worker first, so its requeued tasks are not offered back to it
   local models = redis.call('HGET', wk, 'models') or ''
   for m in string.gmatch(models, '[^,]+') do redis.call('SREM', B .. 'holders:' .. m, w) end
   redis.call('ZREM', K_IDLE, w)
   redis.call('ZREM', K_WORKERS, w)
+  for _, id in ipairs(redis.call('SMEMBERS', wk .. ':tasks')) do
+    recover(id, 'worker ' .. w .. ' died')
+  end
   redis.call('DEL', wk, wk .. ':tasks', B .. 'wake:' .. w)
 end
 
