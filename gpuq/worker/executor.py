@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuq import catalog
 from gpuq.app import Context
-from gpuq.errors import StaleLease
+from gpuq.errors import GpuqError, StaleLease
 from gpuq.scripts import Call
 from gpuq.worker import presence
 from gpuq.worker.models import Reservation
@@ -104,3 +104,5 @@ def settle(worker: Worker, call: Call[Any], reply: Any) -> None:
     except StaleLease:
         log.warning("lease.lost task=%s worker=%s: %s discarded", call.args[0], worker.id,
                     "result" if call.script == "ack" else "failure")
+    except GpuqError as exc:  # e.g. a result the server would not take: the lease runs out
+        log.error("task.settle_failed task=%s worker=%s error=%s", call.args[0], worker.id, exc)

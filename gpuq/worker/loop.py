@@ -134,6 +134,9 @@ class Worker:
             except redis.RedisError as exc:
                 log.error("worker.redis_error worker=%s error=%s", self.id, exc)
                 self.stopping.wait(1.0)
+            except Exception:  # a runner must outlive any one task's surprise
+                log.exception("worker.runner_error worker=%s", self.id)
+                self.stopping.wait(1.0)
         if pending is not None:  # stopping: the last result still goes out
             try:
                 settle(self, pending, self.scripts.run_raw(pending))
@@ -148,14 +151,12 @@ class Worker:
         self.done.set()
 
     def run(self) -> int:
+        self.static_fields = presence.identity(
+            self.id, self.gpu, self.config.kv_reserve_gb, self.config.concurrency, self.levels,
+            socket.gethostname(), os.getpid())
         with redis_errors(self.config.redis_url):
-            presence.register(self.redis, self.keys, self.id, self.gpu, self.config.kv_reserve_gb,
-                              self.config.concurrency, self.levels, int(self.config.lease_s * 1000),
-                              socket.gethostname(), os.getpid())
-        self.static_fields = {"gpu_name": self.gpu.name, "vram_total_gb": self.gpu.total_gb,
-                              "kv_reserve_gb": self.config.kv_reserve_gb,
-                              "concurrency": self.config.concurrency, "levels": self.levels,
-                              "id": self.id, "pid": os.getpid()}
+            presence.register(self.redis, self.keys, self.static_fields,
+                              int(self.config.lease_s * 1000))
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)

@@ -17,19 +17,26 @@ from gpuq.worker.gpu import GpuInfo
 Fields = dict[Any, Any]  # hash fields; redis-py types mapping keys invariantly
 
 
-def register(client: redis.Redis, keys: Keys, worker_id: str, gpu: GpuInfo, reserve_gb: float,
-             concurrency: int, levels: str, lease_ms: int, host: str, pid: int) -> None:
+def identity(worker_id: str, gpu: GpuInfo, reserve_gb: float, concurrency: int, levels: str,
+             host: str, pid: int) -> Fields:
+    """The worker hash fields that do not change while it runs (rewritten by every
+    heartbeat, so a worker the reaper took for dead shows whole again)."""
+    return {"id": worker_id, "host": host, "pid": pid, "gpu_name": gpu.name,
+            "gpu_uuid": gpu.uuid, "gpu_index": "" if gpu.index is None else gpu.index,
+            "gpu_source": gpu.source, "vram_total_gb": gpu.total_gb, "kv_reserve_gb": reserve_gb,
+            "concurrency": concurrency, "levels": levels,
+            "started_at": int(time.time() * 1000)}
+
+
+def register(client: redis.Redis, keys: Keys, fields: Fields, lease_ms: int) -> None:
+    worker_id = fields["id"]
+    usable = float(fields["vram_total_gb"]) - float(fields["kv_reserve_gb"])
     now_ms = int(time.time() * 1000)
     pipe = client.pipeline(transaction=True)
     pipe.delete(keys.worker(worker_id), keys.worker_tasks(worker_id), keys.wake(worker_id))
     pipe.hset(keys.worker(worker_id), mapping={
-        "id": worker_id, "host": host, "pid": pid, "gpu_name": gpu.name, "gpu_uuid": gpu.uuid,
-        "gpu_index": "" if gpu.index is None else gpu.index, "gpu_source": gpu.source,
-        "vram_total_gb": gpu.total_gb, "kv_reserve_gb": reserve_gb,
-        "vram_free_gb": gpu.total_gb - reserve_gb, "concurrency": concurrency, "levels": levels,
-        "models": "", "running": 0, "state": "idle", "started_at": now_ms, "seen_at": now_ms,
-    })
-    pipe.hset(keys.classes, gpu.name, gpu.total_gb - reserve_gb)
+        **fields, **status_fields(usable, 0, [], "idle", None), "seen_at": now_ms})
+    pipe.hset(keys.classes, fields["gpu_name"], usable)
     # liveness comes from the server clock at the first heartbeat; this bridges until then
     pipe.zadd(keys.workers, {worker_id: now_ms + lease_ms})
     pipe.execute()
@@ -38,7 +45,7 @@ def register(client: redis.Redis, keys: Keys, worker_id: str, gpu: GpuInfo, rese
 def status_fields(free_gb: float, running: int, models: list[str], state: str,
                   nvml_used_gb: float | None) -> Fields:
     fields: Fields = {"vram_free_gb": round(free_gb, 3), "running": running,
-                              "models": ",".join(models), "state": state}
+                      "models": ",".join(models), "state": state}
     if nvml_used_gb is not None:
         fields["nvml_used_gb"] = nvml_used_gb
     return fields

@@ -53,7 +53,8 @@ class Pool:
 
     def register_gpu(self, worker_id: str, name: str, total_gb: float) -> None:
         gpu = GpuInfo(name, f"uuid-{worker_id}", total_gb, None, "declared")
-        presence.register(self.redis, self.keys, worker_id, gpu, 5.0, 1, "0123", 30_000, "host", 1)
+        fields = presence.identity(worker_id, gpu, 5.0, 1, "0123", "host", 1)
+        presence.register(self.redis, self.keys, fields, 30_000)
 
 
 @pytest.fixture

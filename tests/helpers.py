@@ -1,0 +1,96 @@
+"""Helpers shared by the tests: act like a worker or a foreign client, under a virtual clock.
+
+Scripts take ``now`` as an argument (``0`` = the server's clock), so tests drive time with
+explicit ``now_ms`` values from ``T0`` on instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+from gpuq import Queue
+from gpuq.scripts import Call, Claim, ClaimRequest, ReapResult
+from gpuq.task import TaskSpec
+
+T0 = 1_700_000_000_000  # virtual clock origin (epoch ms)
+
+# The enqueue script's per-task ARGV fields, in order (gpuq/lua/enqueue.lua header).
+ENQUEUE_FIELDS = ("id", "handler", "payload", "model", "vram_gb", "priority", "est_s",
+                  "deadline", "preemptible", "tenant", "max_attempts")
+ENQUEUE_HEAD = 6  # now, check_fit, SLA of P0..P3
+
+
+def claim(queue: Queue, worker_id: str, free_gb: float, evictable_gb: float = 0, slots: int = 1,
+          loaded: Sequence[tuple[str, float]] = (), levels: str = "0123",
+          now_ms: int = 0) -> dict[str, str] | None:
+    """Claim like a worker: the claimed task's hash, or None (the worker is then idle)."""
+    return claim_reply(queue, worker_id, free_gb, evictable_gb, slots, loaded, levels,
+                       now_ms).task
+
+
+def claim_reply(queue: Queue, worker_id: str, free_gb: float, evictable_gb: float = 0,
+                slots: int = 1, loaded: Sequence[tuple[str, float]] = (), levels: str = "0123",
+                now_ms: int = 0) -> Claim:
+    """The whole claim reply: the task, or none and when a deferred task may be retried."""
+    req = ClaimRequest(worker_id, free_gb, evictable_gb, slots, tuple(loaded), levels)
+    return queue.scripts.run(queue.calls.claim(req, now_ms=now_ms))
+
+
+def spec(handler: str = "h", payload: Any = None, **options: Any) -> TaskSpec:
+    options.setdefault("model", "A")
+    options.setdefault("vram_gb", 1)
+    return TaskSpec.build(handler, payload, **options)
+
+
+def enqueue(queue: Queue, now_ms: int = 0, *, check_fit: bool = False, **options: Any) -> str:
+    """Enqueue one task at a virtual time; returns its id."""
+    s = spec(**options)
+    queue.scripts.run(queue.calls.enqueue([s], check_fit=check_fit, now_ms=now_ms))
+    return s.task_id
+
+
+def enqueue_specs(queue: Queue, specs: Sequence[TaskSpec], now_ms: int = 0) -> int:
+    return queue.scripts.run(queue.calls.enqueue(list(specs), now_ms=now_ms))
+
+
+def ack(queue: Queue, task_id: str, token: int | str, result: Any = "ok", now_ms: int = 0) -> None:
+    queue.scripts.run(queue.calls.ack(task_id, int(token), json.dumps(result), now_ms=now_ms))
+
+
+def fail(queue: Queue, task_id: str, token: int | str, error: str = "boom", *, retry: bool = True,
+         now_ms: int = 0) -> str:
+    return queue.scripts.run(queue.calls.fail(task_id, int(token), error, retry=retry, now_ms=now_ms))
+
+
+def heartbeat(queue: Queue, worker_id: str, leases: Sequence[tuple[str, int | str]],
+              now_ms: int = 0) -> list[str]:
+    """Renew like a worker; returns the ids of the leases it lost."""
+    pairs = [(tid, int(tok)) for tid, tok in leases]
+    _revived, lost = queue.scripts.run(queue.calls.heartbeat(worker_id, pairs, now_ms=now_ms))
+    return lost
+
+
+def reap(queue: Queue, now_ms: int = 0, limit: int = 100) -> ReapResult:
+    return queue.scripts.run(queue.calls.reap(limit=limit, now_ms=now_ms))
+
+
+def raw_enqueue_call(queue: Queue, now_ms: int = T0, **raw: str) -> tuple[str, Call[int]]:
+    """An enqueue call whose ARGV fields are overridden with raw strings, as a foreign client
+    would send them (e.g. ``vram_gb="abc"``); returns the task id and the call."""
+    s = spec()
+    call = queue.calls.enqueue([s], now_ms=now_ms)
+    args = list(call.args)
+    for name, value in raw.items():
+        args[ENQUEUE_HEAD + ENQUEUE_FIELDS.index(name)] = value
+    task_id = args[ENQUEUE_HEAD]
+    return task_id, Call(call.script, args, call.parse)
+
+
+def pool_keys(queue: Queue) -> set[str]:
+    """Every key of the queue's pool (SCAN with the pool's pattern)."""
+    return set(queue.redis.scan_iter(match=queue.keys.pattern, count=1000))
+
+
+def task_keys(queue: Queue) -> set[str]:
+    return {k for k in pool_keys(queue) if k.startswith(queue.keys.task(""))}

@@ -1,0 +1,172 @@
+"""gpuq.task: priorities, validation at the boundary, the stored record."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from gpuq.errors import InvalidTask
+from gpuq.task import (
+    MAX_PAYLOAD_BYTES,
+    Priority,
+    State,
+    TaskRecord,
+    TaskSpec,
+    parse_payload_text,
+)
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("P0", 0), ("p1", 1), (" P2 ", 2), ("P3", 3),
+    (0, 0), (1, 1), (2, 2), (3, 3), ("0", 0), ("3", 3),
+    ("online", 0), ("nearline", 1), ("batch", 2), ("Offline", 3),
+    (Priority.P1, 1),
+])
+def test_priority_parse_accepts_labels_numbers_and_names(value: object, expected: int) -> None:
+    assert Priority.parse(value) is Priority(expected)
+
+
+@pytest.mark.parametrize("value", [
+    "P4", "p-1", 4, -1, "urgent", "", None, True, False, 1.0, "1.0", [0],
+])
+def test_priority_parse_rejects_bad_values(value: object) -> None:
+    with pytest.raises(InvalidTask, match="unknown priority"):
+        Priority.parse(value)
+
+
+def test_priority_label_and_terminal_states() -> None:
+    assert [p.label for p in Priority] == ["P0", "P1", "P2", "P3"]
+    assert {s for s in State if s.terminal} == {
+        State.SUCCEEDED, State.FAILED, State.EXPIRED, State.CANCELED}
+
+
+def build(**overrides: object) -> TaskSpec:
+    args: dict[str, object] = {"handler": "h", "payload": {"x": 1}, "model": "A", "vram_gb": 8}
+    args.update(overrides)
+    handler, payload = args.pop("handler"), args.pop("payload")
+    return TaskSpec.build(handler, payload, **args)  # type: ignore[arg-type]
+
+
+def test_build_valid_spec_defaults() -> None:
+    s = build(priority="online", est_s=0, deadline_s=2.5, tenant="acme", max_attempts=1)
+    assert s.priority is Priority.P0 and s.payload == '{"x":1}' and s.vram_gb == 8.0
+    assert s.est_s == 0.0 and s.deadline_s == 2.5 and s.tenant == "acme" and s.max_attempts == 1
+    assert len(s.task_id) == 32 and build().task_id != s.task_id
+
+
+@pytest.mark.parametrize("vram", [0, -1, -0.5, math.nan, math.inf, -math.inf, True, False,
+                                  "8", None, [8]])
+def test_build_rejects_bad_vram(vram: object) -> None:
+    with pytest.raises(InvalidTask, match="vram_gb"):
+        build(vram_gb=vram)
+
+
+@pytest.mark.parametrize("est", [-1, math.nan, math.inf, True, "1"])
+def test_build_rejects_bad_estimate(est: object) -> None:
+    with pytest.raises(InvalidTask, match="est_s"):
+        build(est_s=est)
+
+
+@pytest.mark.parametrize("priority", ["P9", 7, "soon", True, None])
+def test_build_rejects_unknown_priority(priority: object) -> None:
+    with pytest.raises(InvalidTask, match="priority"):
+        build(priority=priority)
+
+
+BAD_NAMES = ["", "   ", "a b", "a{b", "a}b", "{pool}", "a,b", "a\tb", "a\nb", "x" * 201, 7]
+
+
+@pytest.mark.parametrize("field, bad", [
+    *((f, b) for f in ("handler", "model", "tenant", "task_id") for b in BAD_NAMES),
+    ("handler", None), ("model", None), ("tenant", None),  # task_id=None: generate one
+])
+def test_build_rejects_bad_names(field: str, bad: object) -> None:
+    with pytest.raises(InvalidTask, match=field):
+        build(**{field: bad})
+
+
+def test_build_accepts_a_name_of_max_length() -> None:
+    assert build(model="m" * 200).model == "m" * 200
+
+
+def test_build_rejects_oversized_payload() -> None:
+    with pytest.raises(InvalidTask, match="larger than"):
+        build(payload={"blob": "a" * MAX_PAYLOAD_BYTES})
+    build(payload="a" * (MAX_PAYLOAD_BYTES - 10))  # just under the cap: fine
+
+
+@pytest.mark.parametrize("payload", [{1, 2}, b"bytes", bytearray(b"x"), object(), math.nan,
+                                     {"x": math.inf}, {"f": print}])
+def test_build_rejects_non_json_payload(payload: object) -> None:
+    with pytest.raises(InvalidTask, match="payload"):
+        build(payload=payload)
+
+
+@pytest.mark.parametrize("payload", [None, 0, "text", [1, "a", None], {"nested": {"k": [1.5]}}])
+def test_build_encodes_json_payload(payload: object) -> None:
+    assert json.loads(build(payload=payload).payload) == payload
+
+
+@pytest.mark.parametrize("attempts", [0, -1, 101, 1.5, 3.0, True, "3", None])
+def test_build_rejects_max_attempts_out_of_range(attempts: object) -> None:
+    with pytest.raises(InvalidTask, match="max_attempts"):
+        build(max_attempts=attempts)
+
+
+@pytest.mark.parametrize("deadline", [0, -1, math.nan, math.inf, True, "5", [1]])
+def test_build_rejects_bad_deadline(deadline: object) -> None:
+    with pytest.raises(InvalidTask, match="deadline_s"):
+        build(deadline_s=deadline)
+
+
+@pytest.mark.parametrize("text", ["{", "{'a': 1}", "[1,", "", "nope", '{"a":1} x'])
+def test_parse_payload_text_rejects_malformed_json(text: str) -> None:
+    with pytest.raises(InvalidTask, match="not valid JSON"):
+        parse_payload_text(text)
+
+
+def test_parse_payload_text_accepts_json() -> None:
+    assert parse_payload_text('{"prompt": "hi", "n": [1, 2]}') == {"prompt": "hi", "n": [1, 2]}
+
+
+def stored_fields(spec: TaskSpec, **extra: str) -> dict[str, str]:
+    """The hash the enqueue script writes for a spec (docs/PROTOCOL.md §2), plus extras."""
+    fields = {
+        "id": spec.task_id, "handler": spec.handler, "payload": spec.payload,
+        "model": spec.model, "vram_gb": "8", "priority": str(int(spec.priority)),
+        "est_s": "0.4", "deadline": "", "preemptible": "1" if spec.preemptible else "0",
+        "tenant": spec.tenant, "max_attempts": str(spec.max_attempts), "attempt": "0",
+        "state": "queued", "score": "1700000000200", "enqueued_at": "1700000000000",
+        "queued_at": "1700000000000",
+    }
+    fields.update(extra)
+    return fields
+
+
+def test_record_from_queued_fields() -> None:
+    s = build(priority="P0", est_s=0.4, preemptible=False)
+    r = TaskRecord.from_fields(stored_fields(s))
+    assert (r.id, r.handler, r.payload, r.model, r.vram_gb) == (s.task_id, "h", {"x": 1}, "A", 8.0)
+    assert r.priority is Priority.P0 and r.state is State.QUEUED and r.preemptible is False
+    assert r.enqueued_at == 1_700_000_000.0 and r.deadline is None
+    assert r.worker is None and r.token is None and r.started_at is None
+    assert r.finished_at is None and r.result is None and r.error is None
+
+
+def test_record_round_trip_of_an_ended_task() -> None:
+    s = build()
+    fields = stored_fields(s, state="succeeded", worker="w1", token="7", attempt="2",
+                           deadline="1700000002000", started_at="1700000001000",
+                           finished_at="1700000001500", result='{"text":"hi"}', error="")
+    r = TaskRecord.from_fields(fields)
+    assert r.state is State.SUCCEEDED and r.worker == "w1" and r.token == 7 and r.attempt == 2
+    assert (r.deadline, r.started_at, r.finished_at) == (1_700_000_002.0, 1_700_000_001.0,
+                                                         1_700_000_001.5)
+    assert r.result == {"text": "hi"} and r.error is None
+    d = r.to_dict()
+    assert d["priority"] == "P2" and d["state"] == "succeeded"
+    assert json.loads(json.dumps(d)) == d  # plain JSON-able for --json output
+    back = {**d, "priority": Priority.parse(d["priority"]), "state": State(d["state"])}
+    assert TaskRecord(**back) == r
