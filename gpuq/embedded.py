@@ -65,9 +65,9 @@ class EmbeddedServer:
                 "--save", "", "--appendonly", "yes" if self.appendonly else "no",
                 "--protected-mode", "no", "--loglevel", "warning",
                 "--logfile", str(Path(self.dir) / "server.log")]
-        if self.cluster:
-            args += ["--cluster-enabled", "yes", "--cluster-config-file",
-                     str(Path(self.dir) / "nodes.conf")]
+        if self.cluster:  # its bus port defaults to port + 10000, which may be taken or > 65535
+            args += ["--cluster-enabled", "yes", "--cluster-port", str(free_port()),
+                     "--cluster-config-file", str(Path(self.dir) / "nodes.conf")]
         # its own session: a Ctrl-C meant for the caller must not kill the server under it
         self.proc = subprocess.Popen(args + self.extra, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, start_new_session=True)

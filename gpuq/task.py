@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import Enum, IntEnum
 from typing import Any
 
-from gpuq.errors import InvalidTask
+from gpuq.errors import DuplicateTask, InvalidTask
 
 MAX_PAYLOAD_BYTES = 1 << 20  # 1 MiB: a task carries parameters, not tensors
 MAX_NAME_LEN = 200
@@ -101,7 +101,7 @@ def _name(field: str, value: object) -> str:
 
 
 def encode_payload(payload: object) -> str:
-    """Serialize a payload to JSON text; a JSON string argument must already be valid JSON."""
+    """Serialize a payload (any JSON-serializable value; a str becomes a JSON string)."""
     if isinstance(payload, (bytes, bytearray)):
         raise InvalidTask("payload must be JSON-serializable data, not bytes")
     try:
@@ -176,9 +176,15 @@ class TaskSpec:
 
 def build_specs(tasks: Iterable[Mapping[str, Any]]) -> list[TaskSpec]:
     """Validate every task of a bulk enqueue before anything is sent."""
-    return [TaskSpec.build(t["handler"], t.get("payload"),
-                           **{k: v for k, v in t.items() if k not in ("handler", "payload")})
-            for t in tasks]
+    specs = [TaskSpec.build(t["handler"], t.get("payload"),
+                            **{k: v for k, v in t.items() if k not in ("handler", "payload")})
+             for t in tasks]
+    seen: set[str] = set()
+    for spec in specs:  # one call's chunks are separate scripts: catch repeats before any
+        if spec.task_id in seen:
+            raise DuplicateTask(spec.task_id)
+        seen.add(spec.task_id)
+    return specs
 
 
 def _seconds(fields: dict[str, str], name: str) -> float | None:

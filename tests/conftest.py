@@ -2,8 +2,14 @@
 
 The server is started once per session on a free port in a temporary directory (never the
 user's 127.0.0.1:6379). ``GPUQ_TEST_CLUSTER=1`` starts it as a one-node Redis Cluster owning
-every slot, so a script touching a key outside its pool's hash slot fails; CI runs the suite
-that way once, with a hash-tagged prefix from ``GPUQ_TEST_PREFIX``.
+every slot, where a script touching a key outside its pool's hash slot fails; CI runs the
+suite that way once, with a hash-tagged prefix from ``GPUQ_TEST_PREFIX``.
+
+A one-node cluster alone does not make it fail: Redis 7 and Valkey let a script without a
+``#!lua`` line (gpuq's scripts keep Redis 6.2 support) touch undeclared keys of any slot the
+node serves. So in cluster mode the suite's real clients register every script with a
+``#!lua`` line, which makes the server reject keys outside the slot of ``KEYS[1]``; the
+server fixture checks that the rejection works before any test runs.
 
 ``backend`` runs a test twice: on fakeredis (its own FakeServer per test, Lua enabled) and on
 the real server; ``queue`` is the contract suite's entry, one fresh pool per test.
@@ -12,10 +18,9 @@ the real server; ``queue`` is the contract suite's entry, one fresh pool per tes
 from __future__ import annotations
 
 import os
-import random
-import socket
 import uuid
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import fakeredis
 import pytest
@@ -32,36 +37,33 @@ Connect = Callable[[str], redis.Redis]
 MakeQueue = Callable[..., Queue]
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+class SlotCheckedRedis(redis.Redis):
+    """A client whose registered scripts carry a ``#!lua`` line: on a cluster node the
+    server then rejects any key outside the slot of the script's declared keys."""
+
+    def register_script(self, script: Any) -> Any:
+        text = script.decode() if isinstance(script, bytes) else script
+        return super().register_script("#!lua\n" + text)
 
 
-def _cluster_port() -> int:
-    """A port whose cluster bus port (port + 10000) is free and valid.
-
-    EmbeddedServer picks any free port, but Redis Cluster refuses ports above 55535 (its bus
-    listens 10000 higher), so for cluster mode the suite picks the port itself.
-    """
-    for _ in range(200):
-        port = random.randint(20000, 55000)
-        if port != USER_REDIS_PORT and _bindable(port) and _bindable(port + 10000):
-            return port
-    raise RuntimeError("no free port pair for a Redis Cluster node")
+def _check_slot_enforcement(url: str) -> None:
+    client = SlotCheckedRedis.from_url(url)
+    stray = client.register_script("redis.call('GET', KEYS[1]); return redis.call('GET', 'x')")
+    try:
+        with pytest.raises(redis.ResponseError, match="same slot"):
+            stray(keys=["gpuq:{p}:a"])
+    finally:
+        client.close()
 
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[EmbeddedServer]:
     server = EmbeddedServer("redis", cluster=CLUSTER)
-    if CLUSTER:
-        server.port = _cluster_port()
     server.start()
-    assert server.port != USER_REDIS_PORT, "the suite must never touch the user's Redis"
     try:
+        assert server.port != USER_REDIS_PORT, "the suite must never touch the user's Redis"
+        if CLUSTER:
+            _check_slot_enforcement(server.url)
         yield server
     finally:
         server.stop()
@@ -83,7 +85,8 @@ def connect(request: pytest.FixtureRequest) -> Iterator[Connect]:
             client = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True)
         elif kind == "real":
             server: EmbeddedServer = request.getfixturevalue("redis_server")
-            client = redis.Redis.from_url(server.url, decode_responses=True)
+            kind_of_client = SlotCheckedRedis if CLUSTER else redis.Redis
+            client = kind_of_client.from_url(server.url, decode_responses=True)
         else:  # pragma: no cover
             raise ValueError(kind)
         opened.append(client)

@@ -7,7 +7,8 @@ explicit ``now_ms`` values from ``T0`` on instead of sleeping.
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from gpuq import Queue
 from gpuq.scripts import Call, Claim, ClaimRequest, ReapResult

@@ -8,7 +8,7 @@ test_contract_leases.py.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 from helpers import (
@@ -244,15 +244,13 @@ def test_wrong_argument_count_is_invalid(queue: Queue) -> None:
     assert pool_keys(queue) == set()
 
 
-# BUG (gpuq/lua/enqueue.lua): the script accepts values that the Python reader cannot read
-# back, so a foreign client's task breaks record()/result() with a ValueError or
-# JSONDecodeError instead of being rejected as INVALID at the boundary:
-#   max_attempts "2.0" / "1e1" pass `attempts == math.floor(attempts)` but are stored raw and
-#     TaskRecord.from_fields does int("2.0");
-#   deadline "inf" / "1e400" pass `tonumber(deadline) > 0`; ms(inf) stores
-#     "-9223372036854775808" (a deadline in 1677);
-#   payload "nan" / "0x10" / "inf": Redis's cjson decodes invalid numbers, Python's json
-#     does not (fakeredis's cjson rejects them, so those cases pass there).
+# Regression: the script once accepted values the Python reader could not read back, so a
+# foreign client's task broke record()/result() instead of being rejected as INVALID:
+#   max_attempts "2.0" / "1e1" passed `attempts == math.floor(attempts)` but were stored raw
+#     (TaskRecord.from_fields does int());
+#   deadline "inf" / "1e400" passed `> 0` and ms(inf) stored "-9223372036854775808";
+#   payload "nan" / "0x10" / "-inf": Redis's cjson decodes invalid numbers, Python's json
+#     does not (fakeredis's cjson always rejected them).
 @pytest.mark.parametrize("field, raw", [
     ("max_attempts", "2.0"), ("max_attempts", "1e1"), ("deadline", "inf"),
     ("deadline", "1e400"), ("payload", "nan"), ("payload", "0x10"), ("payload", "-inf"),

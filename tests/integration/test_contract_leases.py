@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from helpers import T0, ack, claim, enqueue, fail, heartbeat, reap
@@ -49,12 +50,14 @@ def test_ack_with_a_wrong_token_is_rejected_and_changes_nothing(queue: Queue) ->
     assert queue.record(tid).result == "real"
 
 
-def test_ack_with_a_non_json_result_is_invalid(queue: Queue) -> None:
+@pytest.mark.parametrize("result", ["{not json", "", "nan", "0x10", "-inf"])
+def test_ack_with_a_non_json_result_is_invalid(queue: Queue, result: str) -> None:
     tid = enqueue(queue, T0)
     c = claimed(queue)
     with pytest.raises(InvalidTask):
-        queue.scripts.run(queue.calls.ack(tid, int(c["token"]), "{not json", now_ms=T0 + 1))
-    assert queue.record(tid).state is State.RUNNING
+        queue.scripts.run(queue.calls.ack(tid, int(c["token"]), result, now_ms=T0 + 1))
+    r = queue.record(tid)
+    assert r.state is State.RUNNING and r.result is None
 
 
 def test_ack_of_an_unknown_task_is_not_found(queue: Queue) -> None:
@@ -234,11 +237,9 @@ def test_result_wakes_every_waiter_on_cancel(real_queue: Queue) -> None:
     assert outcomes == ["canceled", "canceled"]
 
 
-# BUG (gpuq/lua/reap.lua, with the "offered" field of gpuq/lua/_lib.lua push()): reap
-# recovers a dead worker's tasks *before* removing the worker from `idle` and `holders:`, so
-# push() offers the requeued task back to the dead worker (an idle holder), and every live
-# worker then defers it for the whole defer bound instead of taking it at once. Fix: in
-# reap.lua, ZREM the worker from idle and SREM its holdings before recovering its tasks.
+# Regression: reap once recovered a dead worker's tasks before removing the worker from
+# `idle` and `holders:`, so push() offered each requeued task back to the dead worker and
+# live workers deferred it for the whole defer bound instead of taking it at once.
 def test_reap_requeues_a_dead_workers_tasks_at_once(queue: Queue) -> None:
     tid = enqueue(queue, T0)
     assert heartbeat(queue, "w1", [], now_ms=T0) == []  # registered: alive until T0 + lease

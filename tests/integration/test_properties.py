@@ -2,9 +2,10 @@
 
 Random sequences of enqueue, claim (by one of three workers of different sizes, each keeping
 a local VRAM ledger as a real worker does), ack, fail, heartbeat, kill (stop heartbeating,
-then reap far in the future), reap, lease expiry while workers keep working, cancel, clock
-ticks and acks by killed workers' stale leases. A model of the documented state machine (docs/PROTOCOL.md §3) predicts each reply;
-after every step the stored state must match it and these must hold:
+then reap far in the future), reap, lease expiry while workers keep working (and another
+re-claims), cancel, clock ticks and acks by killed workers' stale leases. A model of the
+documented state machine (docs/PROTOCOL.md §3) predicts each reply; after every step the
+stored state must match it and these must hold:
 
 - a running task has exactly one owner and token: in the running set once, in exactly one
   worker's task set, and in that worker's ledger under the same token;
@@ -19,8 +20,9 @@ after every step the stored state must match it and these must hold:
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import redis
