@@ -6,16 +6,15 @@ so only the awaiting differs.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
 import redis.asyncio as aredis
 
-from gpuq.client import BULK_CHUNK, outcome, redis_errors
+from gpuq.client import BULK_CHUNK, Waiting, outcome, redis_errors
 from gpuq.config import Config
-from gpuq.errors import ConfigError, ResultTimeout, TaskNotFound
+from gpuq.errors import ConfigError, TaskNotFound
 from gpuq.keys import Keys
 from gpuq.scripts import SCRIPT_NAMES, Call, Calls, script_source
 from gpuq.task import State, TaskRecord, TaskSpec, build_specs
@@ -76,24 +75,17 @@ class AsyncQueue:
     async def wait(self, task_id: str, timeout: float | None = None, *,
                    exists: bool = False) -> TaskRecord:
         """Block until the task ends (see gpuq.client.Queue.wait); return its record."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        waiting = Waiting(task_id, timeout)
         fields = None if exists else await self._fields(task_id)
-        while True:
-            if fields is not None:
-                record = TaskRecord.from_fields(fields)
-                if record.state.terminal:
-                    return record
-            left = 60.0 if deadline is None else deadline - time.monotonic()
-            if left <= 0:
-                raise ResultTimeout(task_id, timeout or 0.0)
+        while (record := waiting.ended(fields)) is None:
+            block_s = waiting.block_s()
             with redis_errors(self.url):
                 pipe = self.redis.pipeline(transaction=False)
                 done = self.keys.done(task_id)
-                pipe.blmove(done, done, min(left, 60.0), "RIGHT", "LEFT")  # type: ignore[arg-type]
+                pipe.blmove(done, done, block_s, "RIGHT", "LEFT")  # type: ignore[arg-type]
                 pipe.hgetall(self.keys.task(task_id))
                 fields = (await pipe.execute())[1]
-            if not fields:
-                raise TaskNotFound(task_id)
+        return record
 
     async def _fields(self, task_id: str) -> dict[str, str]:
         with redis_errors(self.url):

@@ -105,24 +105,17 @@ class Queue:
         """Block until the task ends and return its record. One round trip per wake-up: a
         pop that rotates the task's done list in place (so every waiter sees it) pipelined
         with a read of the task. ``exists`` skips the first read (we just enqueued it)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        waiting = Waiting(task_id, timeout)
         fields = None if exists else self._fields(task_id)
-        while True:
-            if fields is not None:
-                record = TaskRecord.from_fields(fields)
-                if record.state.terminal:
-                    return record
-            left = 60.0 if deadline is None else deadline - time.monotonic()
-            if left <= 0:
-                raise ResultTimeout(task_id, timeout or 0.0)
+        while (record := waiting.ended(fields)) is None:
+            block_s = waiting.block_s()
             with redis_errors(self.url):
                 pipe = self.redis.pipeline(transaction=False)
                 done = self.keys.done(task_id)
-                pipe.blmove(done, done, min(left, 60.0), "RIGHT", "LEFT")  # type: ignore[arg-type]
+                pipe.blmove(done, done, block_s, "RIGHT", "LEFT")  # type: ignore[arg-type]
                 pipe.hgetall(self.keys.task(task_id))
                 fields = pipe.execute()[1]
-            if not fields:
-                raise TaskNotFound(task_id)
+        return record
 
     def _fields(self, task_id: str) -> dict[str, str]:
         with redis_errors(self.url):
@@ -133,6 +126,35 @@ class Queue:
 
     def close(self) -> None:
         self.redis.close()
+
+
+class Waiting:
+    """The bookkeeping of a result wait, shared by the sync and async clients."""
+
+    MAX_BLOCK_S = 60.0  # re-read the task at least this often, whatever the timeout
+
+    def __init__(self, task_id: str, timeout: float | None) -> None:
+        self.task_id = task_id
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+
+    def ended(self, fields: dict[str, str] | None) -> TaskRecord | None:
+        """The record if the task has ended; None to keep waiting (None fields: not read)."""
+        if fields is None:
+            return None
+        if not fields:
+            raise TaskNotFound(self.task_id)
+        record = TaskRecord.from_fields(fields)
+        return record if record.state.terminal else None
+
+    def block_s(self) -> float:
+        """How long the next pop may block; ResultTimeout once the timeout has passed."""
+        if self.deadline is None:
+            return self.MAX_BLOCK_S
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise ResultTimeout(self.task_id, self.timeout or 0.0)
+        return min(left, self.MAX_BLOCK_S)
 
 
 def outcome(record: TaskRecord) -> Any:

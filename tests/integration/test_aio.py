@@ -1,0 +1,71 @@
+"""gpuq.aio.AsyncQueue: the same surface as the sync client, on redis.asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gpuq import Config, State
+from gpuq.aio import AsyncQueue
+from gpuq.embedded import EmbeddedServer
+from gpuq.errors import ConfigError, InvalidTask, ResultTimeout, TaskFailed, TaskNotFound
+from gpuq.scripts import ClaimRequest
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def make(server: EmbeddedServer, pool: str, prefix: str) -> AsyncQueue:
+    return AsyncQueue.from_url(server.url, pool=pool, config=Config(prefix=prefix))
+
+
+def test_enqueue_result_and_status(redis_server: EmbeddedServer, pool: str, prefix: str) -> None:
+    async def scenario() -> None:
+        q = make(redis_server, pool, prefix)
+        try:
+            t = await q.enqueue("h", {"x": 1}, model="m", vram_gb=2, priority="online")
+            assert await t.status() is State.QUEUED
+
+            async def worker() -> None:
+                await asyncio.sleep(0.1)
+                claim = await q.run(q.calls.claim(ClaimRequest("w", 10, 0, 1)))
+                assert claim.task is not None and claim.task["id"] == t.id
+                await q.run(q.calls.ack(t.id, int(claim.task["token"]), '{"y":2}'))
+
+            acker = asyncio.ensure_future(worker())
+            assert await t.result(timeout=5) == {"y": 2}
+            await acker
+            assert (await q.record(t.id)).state is State.SUCCEEDED
+        finally:
+            await q.close()
+
+    run(scenario())
+
+
+def test_bulk_cancel_timeout_and_errors(redis_server: EmbeddedServer, pool: str, prefix: str) -> None:
+    async def scenario() -> None:
+        q = make(redis_server, pool, prefix)
+        try:
+            tasks = await q.enqueue_many([{"handler": "h", "model": "m", "vram_gb": 1}] * 450)
+            assert len(tasks) == 450 and await tasks[-1].status() is State.QUEUED
+            with pytest.raises(ResultTimeout):
+                await tasks[0].result(timeout=0.2)
+            assert await tasks[1].cancel() == "queued"
+            with pytest.raises(TaskFailed, match="canceled"):
+                await tasks[1].result(timeout=1)
+            with pytest.raises(InvalidTask):
+                await q.enqueue("h", model="m", vram_gb=-1)
+            with pytest.raises(TaskNotFound):
+                await q.record("nope")
+        finally:
+            await q.close()
+
+    run(scenario())
+
+
+def test_malformed_url_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="malformed"):
+        AsyncQueue.from_url("redis://h:abc/0")
