@@ -76,7 +76,7 @@ class AsyncQueue:
                    exists: bool = False) -> TaskRecord:
         """Block until the task ends (see gpuq.client.Queue.wait); return its record."""
         waiting = Waiting(task_id, timeout)
-        fields = None if exists else await self._fields(task_id)
+        fields = None if waiting.may_skip_read(exists) else await self._fields(task_id)
         while (record := waiting.ended(fields)) is None:
             block_s = waiting.block_s()
             with redis_errors(self.url):

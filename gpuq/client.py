@@ -106,7 +106,7 @@ class Queue:
         pop that rotates the task's done list in place (so every waiter sees it) pipelined
         with a read of the task. ``exists`` skips the first read (we just enqueued it)."""
         waiting = Waiting(task_id, timeout)
-        fields = None if exists else self._fields(task_id)
+        fields = None if waiting.may_skip_read(exists) else self._fields(task_id)
         while (record := waiting.ended(fields)) is None:
             block_s = waiting.block_s()
             with redis_errors(self.url):
@@ -137,6 +137,10 @@ class Waiting:
         self.task_id = task_id
         self.timeout = timeout
         self.deadline = None if timeout is None else time.monotonic() + timeout
+
+    def may_skip_read(self, exists: bool) -> bool:
+        """A task known to exist is first read after the first pop, unless no pop is left."""
+        return exists and (self.timeout is None or self.timeout > 0)
 
     def ended(self, fields: dict[str, str] | None) -> TaskRecord | None:
         """The record if the task has ended; None to keep waiting (None fields: not read)."""

@@ -1,0 +1,50 @@
+"""gpuq.testing: users run their handlers through the real scripts without GPUs or Redis."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuq import App, State
+from gpuq.errors import AppError, TaskFailed
+from gpuq.testing import call_handler, drain, memory_queue
+
+
+def make_app() -> App:
+    app = App("t")
+
+    @app.model("small", vram_gb=4)
+    def load_small(name: str) -> str:
+        return f"weights:{name}"
+
+    @app.handler("echo", model="small")
+    def echo(model: str, payload: dict[str, int], ctx: object) -> dict[str, object]:
+        return {"model": model, "n": payload["n"] * 2}
+
+    @app.handler("boom", model="small")
+    def boom(model: str, payload: object, ctx: object) -> None:
+        raise ValueError("bad input")
+
+    return app
+
+
+def test_drain_runs_what_fits_and_records_results() -> None:
+    app = make_app()
+    q = memory_queue()
+    ok = q.enqueue("echo", {"n": 21}, model="small", vram_gb=6)
+    too_big = q.enqueue("echo", {"n": 1}, model="small", vram_gb=200)
+    bad = q.enqueue("boom", None, model="small", vram_gb=6, max_attempts=1)
+    unknown = q.enqueue("missing", None, model="small", vram_gb=6)
+    assert drain(q, app, vram_gb=24) == 3
+    assert ok.result(timeout=0) == {"model": "weights:small", "n": 42}
+    assert too_big.status() is State.QUEUED  # 200 GB fits no 24 GB GPU
+    with pytest.raises(TaskFailed, match="ValueError: bad input"):
+        bad.result(timeout=0)
+    with pytest.raises(TaskFailed, match="not registered"):
+        unknown.result(timeout=0)
+
+
+def test_call_handler_runs_one_handler_directly() -> None:
+    assert call_handler(make_app(), "echo", {"n": 2}, model="small") == {
+        "model": "weights:small", "n": 4}
+    with pytest.raises(AppError, match="not registered"):
+        call_handler(make_app(), "nope", model="small")
