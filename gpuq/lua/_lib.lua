@@ -54,8 +54,9 @@ end
 
 -- One entry per task left unwoken (up to 16), so as many idle workers can wake.
 local function wake_pool(count)
-  for _ = 1, math.min(count or 1, 16) do redis.call('LPUSH', K_WAKE, '1') end
-  redis.call('LTRIM', K_WAKE, 0, 15)
+  local len = 0
+  for _ = 1, math.min(count or 1, 16) do len = redis.call('LPUSH', K_WAKE, '1') end
+  if len > 16 then redis.call('LTRIM', K_WAKE, 0, 15) end
 end
 
 -- An idle worker other than `except` that holds model m and whose claimable VRAM (its
