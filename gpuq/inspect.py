@@ -95,7 +95,9 @@ def pool_view(client: redis.Redis, keys: Keys) -> PoolView:
             vram_total_gb=float(info.get("vram_total_gb", 0)),
             vram_free_gb=float(info.get("vram_free_gb", 0)),
             models=[m for m in info.get("models", "").split(",") if m],
-            state=info.get("state", "?"), running=sorted(tasks), alive=expiry >= now_ms))
+            # busy/idle from the live task set; the hash's state is as of the last heartbeat
+            state="draining" if info.get("state") == "draining" else ("busy" if tasks else "idle"),
+            running=sorted(tasks), alive=expiry >= now_ms))
     return PoolView(
         pool=keys.pool, queues=queues, workers=views, running=int(running), delayed=int(delayed),
         unschedulable=int(unschedulable), unschedulable_ids=[str(i) for i in unschedulable_ids],
