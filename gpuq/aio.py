@@ -78,12 +78,9 @@ class AsyncQueue:
         waiting = Waiting(task_id, timeout)
         fields = None if waiting.may_skip_read(exists) else await self._fields(task_id)
         while (record := waiting.ended(fields)) is None:
-            block_s = waiting.block_s()
             with redis_errors(self.url):
                 pipe = self.redis.pipeline(transaction=False)
-                done = self.keys.done(task_id)
-                pipe.blmove(done, done, block_s, "RIGHT", "LEFT")  # type: ignore[arg-type]
-                pipe.hgetall(self.keys.task(task_id))
+                waiting.queue_pop_and_read(pipe, self.keys)
                 fields = (await pipe.execute())[1]
         return record
 

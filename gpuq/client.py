@@ -108,12 +108,9 @@ class Queue:
         waiting = Waiting(task_id, timeout)
         fields = None if waiting.may_skip_read(exists) else self._fields(task_id)
         while (record := waiting.ended(fields)) is None:
-            block_s = waiting.block_s()
             with redis_errors(self.url):
                 pipe = self.redis.pipeline(transaction=False)
-                done = self.keys.done(task_id)
-                pipe.blmove(done, done, block_s, "RIGHT", "LEFT")  # type: ignore[arg-type]
-                pipe.hgetall(self.keys.task(task_id))
+                waiting.queue_pop_and_read(pipe, self.keys)
                 fields = pipe.execute()[1]
         return record
 
@@ -150,6 +147,13 @@ class Waiting:
             raise TaskNotFound(self.task_id)
         record = TaskRecord.from_fields(fields)
         return record if record.state.terminal else None
+
+    def queue_pop_and_read(self, pipe: Any, keys: Keys) -> None:
+        """Block until the done list has an element, rotating it in place so every waiter
+        sees it (nothing to push back), then read the task: one round trip per wake-up."""
+        done = keys.done(self.task_id)
+        pipe.blmove(done, done, self.block_s(), "RIGHT", "LEFT")
+        pipe.hgetall(keys.task(self.task_id))
 
     def block_s(self) -> float:
         """How long the next pop may block; ResultTimeout once the timeout has passed."""
