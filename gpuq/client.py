@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -195,6 +194,3 @@ class Task:
     def cancel(self) -> str:
         return self.queue.cancel(self.id)
 
-
-def dumps_result(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), allow_nan=False)

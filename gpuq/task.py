@@ -19,6 +19,9 @@ from typing import Any
 from gpuq.errors import DuplicateTask, InvalidTask
 
 MAX_PAYLOAD_BYTES = 1 << 20  # 1 MiB: a task carries parameters, not tensors
+# strict, compact JSON for payloads and results; one encoder (json.dumps with options
+# would build a new one per call, a third of a bulk enqueue's client time)
+JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 MAX_NAME_LEN = 200
 
 
@@ -105,7 +108,7 @@ def encode_payload(payload: object) -> str:
     if isinstance(payload, (bytes, bytearray)):
         raise InvalidTask("payload must be JSON-serializable data, not bytes")
     try:
-        text = json.dumps(payload, separators=(",", ":"), allow_nan=False)
+        text = JSON.encode(payload)
     except (TypeError, ValueError) as exc:
         raise InvalidTask(f"payload is not JSON-serializable: {exc}") from None
     if len(text.encode()) > MAX_PAYLOAD_BYTES:

@@ -19,6 +19,7 @@ from gpuq.client import Queue
 from gpuq.config import Config
 from gpuq.errors import AppError
 from gpuq.scripts import ClaimRequest
+from gpuq.task import JSON
 from gpuq.worker.models import ModelCache
 
 
@@ -72,7 +73,7 @@ def drain(queue: Queue, app: App, *, vram_gb: float = 80.0, worker_id: str = "te
                                                             json.loads(fields["payload"]), ctx)
             finally:
                 cache.release(res)
-            queue.scripts.run(queue.calls.ack(task_id, token, json.dumps(result)))
+            queue.scripts.run(queue.calls.ack(task_id, token, JSON.encode(result)))
         except Exception as exc:
             queue.scripts.run(queue.calls.fail(task_id, token, f"{type(exc).__name__}: {exc}",
                                                retry=not isinstance(exc, AppError)))

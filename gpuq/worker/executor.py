@@ -11,6 +11,7 @@ from gpuq import catalog
 from gpuq.app import Context
 from gpuq.errors import GpuqError, StaleLease
 from gpuq.scripts import Call
+from gpuq.task import JSON
 from gpuq.worker import presence
 from gpuq.worker.models import Reservation
 
@@ -82,7 +83,7 @@ def execute(worker: Worker, fields: dict[str, str], res: Reservation | None,
         model = prepare_model(worker, res)
         result = worker.app.handlers[fields["handler"]].fn(model, json.loads(fields["payload"]), ctx)
         try:
-            text = json.dumps(result, separators=(",", ":"), allow_nan=False)
+            text = JSON.encode(result)
         except (TypeError, ValueError) as exc:
             raise TaskError(f"handler returned a result that is not JSON: {exc}", False) from None
         return worker.calls.ack(task_id, token, text)
