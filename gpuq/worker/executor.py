@@ -55,8 +55,10 @@ def prepare_model(worker: Worker, res: Reservation) -> Any:
                             True) from None
         catalog.record_load(pipe, worker.keys, res.model, resident.footprint_gb, seconds)
         presence.hold(pipe, worker.keys, worker.id, res.model, True)
-        pipe.hset(worker.keys.worker(worker.id), mapping={
-            "models": ",".join(cache.model_names()), "vram_free_gb": round(cache.free_gb(), 3)})
+        with cache.lock:  # other runners may be changing the ledger
+            shown: presence.Fields = {"models": ",".join(cache.model_names()),
+                                      "vram_free_gb": round(cache.free_gb(), 3)}
+        pipe.hset(worker.keys.worker(worker.id), mapping=shown)
         pipe.execute()
         worker.model_loads += 1
         log.info("model.loaded worker=%s model=%s vram_gb=%g load_s=%.3f", worker.id, res.model,
