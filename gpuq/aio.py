@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aredis
 
-from gpuq.client import BULK_CHUNK, Waiting, outcome, redis_errors
+from gpuq.client import BULK_CHUNK, CONNECT_OPTIONS, Waiting, outcome, redis_errors, url_checked
 from gpuq.config import Config
-from gpuq.errors import ConfigError, TaskNotFound
+from gpuq.errors import TaskNotFound
 from gpuq.keys import Keys
 from gpuq.scripts import SCRIPT_NAMES, Call, Calls, script_source
 from gpuq.task import State, TaskRecord, TaskSpec, build_specs
@@ -34,11 +34,8 @@ class AsyncQueue:
     @classmethod
     def from_url(cls, url: str, pool: str = "default", config: Config | None = None) -> AsyncQueue:
         cfg = replace(config or Config(), redis_url=url, pool=pool).validate()
-        try:
-            client = aredis.Redis.from_url(url, decode_responses=True, socket_timeout=None,
-                                           socket_connect_timeout=5, socket_keepalive=True)
-        except ValueError as exc:
-            raise ConfigError(f"Redis URL {url!r} is malformed: {exc}") from None
+        with url_checked(url):
+            client = aredis.Redis.from_url(url, **CONNECT_OPTIONS)
         return cls(client, cfg, url=url)
 
     async def run(self, call: Call[T]) -> T:

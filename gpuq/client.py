@@ -33,15 +33,24 @@ def redis_errors(url: str) -> Iterator[None]:
         raise ConnectionFailed(url, str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
 
 
-def connect(url: str) -> redis.Redis:
-    # no read timeout: workers and result waiters block on list pops for seconds at a time;
-    # keepalive and the connect timeout still catch a dead server
+# no read timeout: workers and result waiters block on list pops for seconds at a time;
+# keepalive and the connect timeout still catch a dead server
+CONNECT_OPTIONS: dict[str, Any] = {"decode_responses": True, "socket_timeout": None,
+                                   "socket_connect_timeout": 5, "socket_keepalive": True}
+
+
+@contextmanager
+def url_checked(url: str) -> Iterator[None]:
+    """A Redis URL that cannot be parsed is a configuration error, not a stack trace."""
     try:
-        return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30,
-                                    socket_timeout=None, socket_connect_timeout=5,
-                                    socket_keepalive=True)
+        yield
     except ValueError as exc:
         raise ConfigError(f"Redis URL {url!r} is malformed: {exc}") from None
+
+
+def connect(url: str) -> redis.Redis:
+    with url_checked(url):
+        return redis.Redis.from_url(url, health_check_interval=30, **CONNECT_OPTIONS)
 
 
 class Queue:

@@ -138,10 +138,15 @@ class Calls:
     def __init__(self, config: Config) -> None:
         self.config = config
         self._ttl = str(int(config.result_ttl_s * 1000))
+        # arguments fixed by the (frozen) config, formatted once rather than on every call
+        self._sla = [str(ms) for ms in config.sla_ms()]
+        self._claim_tail = [str(int(config.lease_s * 1000)), str(config.fair_every)]
+        self._defer = [str(ms) for ms in config.defer_ms()]
+        self._scan = str(config.scan_per_queue)
 
     def enqueue(self, specs: Sequence[TaskSpec], *, check_fit: bool = False,
                 now_ms: int = 0) -> Call[int]:
-        args = [str(now_ms), "1" if check_fit else "0", *map(str, self.config.sla_ms())]
+        args = [str(now_ms), "1" if check_fit else "0", *self._sla]
         for s in specs:
             deadline = "" if s.deadline_s is None else str(max(1, int(s.deadline_s * 1000)))
             args += [s.task_id, s.handler, s.payload, s.model, _num(s.vram_gb), str(int(s.priority)),
@@ -158,10 +163,8 @@ class Calls:
         return Call("enqueue", args, parse)
 
     def claim(self, req: ClaimRequest, *, now_ms: int = 0) -> Call[Claim]:
-        c = self.config
         args = [req.worker_id, str(now_ms), _num(req.free_gb), _num(req.evictable_gb), str(req.slots),
-                str(int(c.lease_s * 1000)), str(c.fair_every), req.levels, str(c.scan_per_queue),
-                *map(str, c.defer_ms())]
+                *self._claim_tail, req.levels, self._scan, *self._defer]
         for model, footprint in req.loaded:
             args += [model, _num(footprint)]
         return Call("claim", args, Claim.parse)
@@ -212,7 +215,6 @@ class Calls:
     def reap(self, *, limit: int = 100, now_ms: int = 0) -> Call[ReapResult]:
         return Call("reap", [str(now_ms), str(limit), self._ttl],
                     lambda r: ReapResult(*(int(x) for x in r[1:5])))
-
 
     def lead(self, token: str, *, release: bool = False) -> Call[bool]:
         ttl = "0" if release else str(int(self.config.reaper_lock_s * 1000))
