@@ -10,7 +10,8 @@ import os
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from gpuq.errors import ConfigError
+from gpuq.errors import ConfigError, GpuqError
+from gpuq.task import Priority
 
 
 @dataclass(frozen=True)
@@ -37,15 +38,37 @@ class Config:
     concurrency: int = 1
     shutdown_grace_s: float = 30.0  # SIGTERM: finish running tasks for this long, then requeue
     idle_block_s: float = 5.0  # longest an idle worker blocks before looking for due retries
+    idle_timeout_s: float = 300.0  # idle this long: unload models, retire above min_workers (0: never)
+    priorities: str = "P0,P1,P2,P3"  # levels a worker serves (a dedicated lane: "P0,P1")
+    stop_s: float = 5.0  # a task past its yield deadline that will not stop in-process this
+    #                      long after being told makes the worker exit (EXIT_STUCK)
     # reaper
     reap_interval_s: float = 1.0
     reaper_lock_s: float = 10.0
+    max_wait_s: float = 30.0  # a victim expected to end within this is waited for, not interrupted
+    grace_s: float = 10.0  # a victim asked to yield has this long before the worker stops it
+    preempt_min_runtime_s: float = 5.0  # a task runs at least this long before it may be preempted
+    preempt_max: int = 2  # most times one task is preempted
+    min_workers: int = 1  # idle workers retire only while more than this many are live
+    on_scale: str = ""  # command run with (class, current, desired) when a class's desired count changes
+    scale_target_s: float = 60.0  # desired workers would drain a model's backlog within this
+    warm_backlog: int = 4  # queued tasks of a model, all holders busy, before an idle worker preloads it
 
     def sla_ms(self) -> list[int]:
         return [int(s * 1000) for s in (self.sla_p0_s, self.sla_p1_s, self.sla_p2_s, self.sla_p3_s)]
 
     def defer_ms(self) -> list[int]:
         return [int(min(self.defer_s, s / 1000 / 2) * 1000) for s in self.sla_ms()]
+
+    def levels(self) -> str:
+        """The priorities this worker serves as claim.lua's level string, e.g. "01"."""
+        try:
+            picked = {int(Priority.parse(p)) for p in self.priorities.split(",") if p.strip()}
+        except GpuqError:
+            raise ConfigError(f"priorities {self.priorities!r}: use a list of P0..P3, e.g. P0,P1") from None
+        if not picked:
+            raise ConfigError("priorities must name at least one of P0..P3")
+        return "".join(str(p) for p in sorted(picked))
 
     def validate(self) -> Config:
         if not self.pool or any(c in self.pool for c in "{}: \n"):
@@ -56,6 +79,9 @@ class Config:
                 raise ConfigError(f"{f.name} must be >= 0, got {value}")
         if self.fair_every < 1:
             raise ConfigError("fair_every must be >= 1")
+        self.levels()
+        if self.preempt_max < 0:
+            raise ConfigError("preempt_max must be >= 0")
         if self.concurrency < 1:
             raise ConfigError("concurrency must be >= 1")
         if not 0 < self.heartbeat_s < self.lease_s:

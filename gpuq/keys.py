@@ -47,6 +47,15 @@ class Keys:
     def wake(self, worker_id: str) -> str:
         return f"{self.base}wake:{worker_id}"
 
+    def control(self, worker_id: str) -> str:
+        """Control messages to a worker, read by its heartbeat thread: "yield <task>",
+        "preload <model> <vram_gb>", "drain"."""
+        return f"{self.base}ctl:{worker_id}"
+
+    def reservation(self, worker_id: str) -> str:
+        """The queued task the preemption planner reserved this worker for (expires)."""
+        return f"{self.base}reserve:{worker_id}"
+
     def holders(self, model: str) -> str:
         """Workers that hold a model loaded."""
         return f"{self.base}holders:{model}"
@@ -68,6 +77,21 @@ class Keys:
     def need(self) -> str:
         """Queued task ids scored by VRAM need (GB): finds tasks no GPU can fit."""
         return f"{self.base}need"
+
+    @property
+    def deadlines(self) -> str:
+        """Queued task ids that have a deadline, scored by their latest start (deadline - est, ms)."""
+        return f"{self.base}deadlines"
+
+    @property
+    def scale(self) -> str:
+        """Scale signals: "class:<gpu>" / "model:<name>" -> JSON {current, desired, reason}."""
+        return f"{self.base}scale"
+
+    @property
+    def settings(self) -> str:
+        """Pool-wide settings the reaper publishes for workers (min_workers)."""
+        return f"{self.base}settings"
 
     @property
     def workers(self) -> str:
