@@ -17,32 +17,58 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from gpuq.errors import AppError
+from gpuq.task import JSON
 
 Loader = Callable[[str], Any]
 Unloader = Callable[[Any], None]
+
+
+class Yielded(Exception):
+    """Raised through ``Context.yield_now``: the task gives its GPU back and is requeued,
+    with its checkpoint, without using up an attempt."""
 
 
 class Context:
     """What a handler may ask of the worker while it runs."""
 
     def __init__(self, task_id: str, attempt: int, worker_id: str, model: str,
-                 vram_gb: float, est_s: float) -> None:
+                 vram_gb: float, est_s: float, checkpoint: Any = None) -> None:
         self.task_id = task_id
         self.attempt = attempt
         self.worker_id = worker_id
         self.model = model
         self.vram_gb = vram_gb
         self.est_s = est_s
-        # set by the heartbeat thread when the lease is lost or the task canceled; a plain
-        # flag (an Event per task would cost a lock and a condition on the hot path)
-        self.lost = False
+        self.checkpoint = checkpoint  # what an earlier, preempted run saved (None: none)
+        # plain flags set by the worker's heartbeat thread (an Event per task would cost a
+        # lock and a condition on the hot path)
+        self.lost = False  # lease lost, task canceled, or stopped past its yield deadline
+        self.yield_requested = False  # a higher-priority task waits for this GPU
+        self.saved: str | None = None  # checkpoint JSON text to hand to the next run
 
     def should_stop(self) -> bool:
         """True once the task's lease is lost or it was canceled: its result will be rejected."""
         return self.lost
+
+    def should_yield(self) -> bool:
+        """True once the preemption planner asked this task to give way. A handler that can,
+        saves a checkpoint and calls ``yield_now``; one that ignores it is stopped at the
+        yield deadline and requeued all the same."""
+        return self.yield_requested or self.lost
+
+    def save_checkpoint(self, state: Any) -> None:
+        """Keep JSON-able state for the task's next run (``ctx.checkpoint`` there)."""
+        self.saved = JSON.encode(state)
+
+    def yield_now(self, state: Any = None) -> NoReturn:
+        """Give the GPU back now: requeue the task (attempt not used), with ``state`` as its
+        checkpoint if given (else the last one saved)."""
+        if state is not None:
+            self.save_checkpoint(state)
+        raise Yielded(self.task_id)
 
 
 class Handler(Protocol):

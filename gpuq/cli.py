@@ -110,36 +110,75 @@ def enqueue(ctx: click.Context, handler: str, payload: str, model: str, vram_gb:
 @click.option("--concurrency", type=int, default=None, help="Tasks run at once (default 1).")
 @click.option("--name", "worker_id", default=None, help="Worker id (default host-gpu-random).")
 @click.option("--burst", is_flag=True, help="Exit when nothing is left that this worker can run.")
+@click.option("--idle-timeout", "idle_timeout_s", type=float, default=None,
+              help="Idle seconds before unloading models and retiring above the pool's "
+                   "min_workers (default 300; 0: never; env GPUQ_IDLE_TIMEOUT_S).")
+@click.option("--priorities", default=None,
+              help="Serve only these priorities, e.g. P0,P1: a dedicated lane (env GPUQ_PRIORITIES).")
 @click.pass_context
 def worker(ctx: click.Context, app_path: str, gpu_index: int | None, vram_gb: float | None,
-           gpu_name: str | None, concurrency: int | None, worker_id: str | None, burst: bool) -> None:
+           gpu_name: str | None, concurrency: int | None, worker_id: str | None, burst: bool,
+           idle_timeout_s: float | None, priorities: str | None) -> None:
     """Run one worker process on one GPU."""
     from gpuq.app import load_app
     from gpuq.worker import Worker
     from gpuq.worker.gpu import probe
 
     queue = open_queue(ctx)
-    cfg = queue.config.with_options(concurrency=concurrency)
+    cfg = queue.config.with_options(concurrency=concurrency, idle_timeout_s=idle_timeout_s,
+                                    priorities=priorities)
     app = load_app(app_path)
     gpu = probe(gpu_index, vram_gb, gpu_name, worker_id or "worker")
     ctx.exit(Worker(queue.redis, cfg, app, gpu, worker_id=worker_id, burst=burst).run())
 
 
 @cli.command()
-@click.option("--once", is_flag=True, help="One recovery pass, then exit.")
+@click.option("--once", is_flag=True, help="One round (recovery, expiry, preemption, scaling), then exit.")
+@click.option("--max-wait", "max_wait_s", type=float, default=None,
+              help="Wait for a victim ending within this many seconds instead of interrupting "
+                   "one (default 30; env GPUQ_MAX_WAIT_S).")
+@click.option("--grace", "grace_s", type=float, default=None,
+              help="Seconds a task asked to yield has before it is stopped (default 10; env GPUQ_GRACE_S).")
+@click.option("--min-workers", type=int, default=None,
+              help="Idle workers retire only while more than this many are live (default 1; "
+                   "env GPUQ_MIN_WORKERS).")
+@click.option("--on-scale", default=None,
+              help="Command run with CLASS CURRENT DESIRED when a GPU class's desired worker "
+                   "count changes (env GPUQ_ON_SCALE).")
 @click.pass_context
-def reaper(ctx: click.Context, once: bool) -> None:
-    """Recover the tasks of dead workers (one active reaper per pool)."""
+def reaper(ctx: click.Context, once: bool, max_wait_s: float | None, grace_s: float | None,
+           min_workers: int | None, on_scale: str | None) -> None:
+    """Keep the pool honest: recover dead workers' tasks, expire missed deadlines, preempt
+    for waiting online work, publish scale signals (one active reaper per pool)."""
     from gpuq.reaper import Reaper
 
     queue = open_queue(ctx)
-    r = Reaper(queue.redis, queue.config)
+    cfg = queue.config.with_options(max_wait_s=max_wait_s, grace_s=grace_s,
+                                    min_workers=min_workers, on_scale=on_scale)
+    r = Reaper(queue.redis, cfg)
     if once:
-        result = r.reap_once()
-        click.echo(f"requeued {result.requeued}, failed {result.failed}, "
-                   f"dead workers {result.dead_workers}, retries promoted {result.promoted}")
+        with redis_errors(queue.url):
+            click.echo(r.round().summary())
         return
     ctx.exit(r.run())
+
+
+@cli.command()
+@click.argument("worker_id")
+@click.pass_context
+def drain(ctx: click.Context, worker_id: str) -> None:
+    """Tell a worker to finish its running tasks, take no more, and exit."""
+    open_queue(ctx).drain_worker(worker_id)
+    click.echo(f"draining {worker_id}")
+
+
+@cli.command()
+@click.argument("task_id")
+@click.pass_context
+def requeue(ctx: click.Context, task_id: str) -> None:
+    """Put a task back in its queue (running, waiting to retry, failed, expired or canceled)."""
+    state = open_queue(ctx).requeue(task_id)
+    click.echo(f"requeued {task_id} ({state})")
 
 
 @cli.command()

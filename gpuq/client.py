@@ -16,7 +16,8 @@ from typing import Any
 import redis
 
 from gpuq.config import Config
-from gpuq.errors import ConfigError, ConnectionFailed, ResultTimeout, TaskFailed, TaskNotFound
+from gpuq.errors import (ConfigError, ConnectionFailed, ResultTimeout, TaskFailed, TaskNotFound,
+                         WorkerNotFound)
 from gpuq.keys import Keys
 from gpuq.scripts import Calls, Scripts
 from gpuq.task import State, TaskRecord, TaskSpec, build_specs
@@ -106,8 +107,19 @@ class Queue:
             return self.scripts.run(self.calls.cancel(task_id))
 
     def requeue(self, task_id: str, reason: str = "requeued by operator") -> str:
+        """Put a task back in its queue: a running one (its attempt given back), a retry
+        waiting out its backoff (now), or one that ended failed, expired or canceled (fresh
+        attempts, no deadline). InvalidTask if it is queued or succeeded."""
         with redis_errors(self.url):
             return self.scripts.run(self.calls.requeue(task_id, None, reason))
+
+    def drain_worker(self, worker_id: str) -> None:
+        """Tell a live worker to take no more tasks, finish its running ones and exit 0."""
+        with redis_errors(self.url):
+            expiry = self.redis.zscore(self.keys.workers, worker_id)
+            if expiry is None:
+                raise WorkerNotFound(worker_id)
+            self.redis.lpush(self.keys.control(worker_id), "drain")
 
     def wait(self, task_id: str, timeout: float | None = None, *, exists: bool = False) -> TaskRecord:
         """Block until the task ends and return its record. One round trip per wake-up: a

@@ -88,3 +88,9 @@ class AppError(GpuqError):
     def __init__(self, reason: str) -> None:
         self.reason = reason
         super().__init__(reason)
+
+
+class WorkerNotFound(GpuqError):
+    def __init__(self, worker_id: str) -> None:
+        self.worker_id = worker_id
+        super().__init__(f"worker {worker_id} is not live in this pool")

@@ -31,7 +31,8 @@ from gpuq.keys import Keys
 from gpuq.task import TaskSpec
 
 T = TypeVar("T")
-SCRIPT_NAMES = ("enqueue", "claim", "heartbeat", "ack", "fail", "requeue", "cancel", "reap", "lead")
+SCRIPT_NAMES = ("enqueue", "claim", "heartbeat", "ack", "fail", "requeue", "cancel", "reap", "lead",
+                "expire", "preempt", "retire")
 
 
 class Code(IntEnum):
@@ -195,9 +196,11 @@ class Calls:
         return Call("fail", args, parse)
 
     def requeue(self, task_id: str, token: int | None, reason: str, *, consume: bool = False,
-                now_ms: int = 0) -> Call[str]:
+                preempted: str = "", checkpoint: str = "", now_ms: int = 0) -> Call[str]:
+        """preempted: "" or how the task gave way ("yielded", "stopped"); checkpoint: JSON
+        text its next run receives ("" keeps the stored one)."""
         args = [task_id, "" if token is None else str(token), str(now_ms), reason,
-                "1" if consume else "0", self._ttl]
+                "1" if consume else "0", self._ttl, preempted, checkpoint]
 
         def parse(r: list[Any]) -> str:
             raise_for(r, task_id)
@@ -215,6 +218,24 @@ class Calls:
     def reap(self, *, limit: int = 100, now_ms: int = 0) -> Call[ReapResult]:
         return Call("reap", [str(now_ms), str(limit), self._ttl],
                     lambda r: ReapResult(*(int(x) for x in r[1:5])))
+
+    def expire(self, *, limit: int = 100, horizon_ms: int = 0, now_ms: int = 0) -> Call[tuple[int, int]]:
+        """(expired, looked at) of one bounded expiry pass."""
+        return Call("expire", [str(now_ms), str(limit), self._ttl, str(horizon_ms)],
+                    lambda r: (int(r[1]), int(r[2])))
+
+    def preempt(self, waiting_id: str, worker_id: str, victim_id: str, victim_token: int, *,
+                reserve_ms: int, grace_ms: int | None, now_ms: int = 0) -> Call[tuple[str, str]]:
+        """Commit a planner decision: reserve the worker (grace None), or also ask the victim to
+        yield within grace_ms. Replies ("reserved" | "yield" | "stale", why)."""
+        args = [str(now_ms), waiting_id, worker_id, victim_id, str(victim_token), str(reserve_ms),
+                "" if grace_ms is None else str(grace_ms)]
+        return Call("preempt", args, lambda r: (str(r[1]), str(r[2]) if len(r) > 2 else ""))
+
+    def retire(self, worker_id: str, *, now_ms: int = 0) -> Call[tuple[bool, int]]:
+        """(retired, live workers before) for an idle worker past its idle timeout."""
+        return Call("retire", [worker_id, str(now_ms), str(self.config.min_workers)],
+                    lambda r: (int(r[1]) == 1, int(r[2])))
 
     def lead(self, token: str, *, release: bool = False) -> Call[bool]:
         ttl = "0" if release else str(int(self.config.reaper_lock_s * 1000))

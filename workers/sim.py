@@ -2,7 +2,8 @@
 
 Serves any model name a task gives: its VRAM footprint is the task's ``vram_gb`` and its
 load time comes from the table below (default about a second). The handler ``sim.run``
-sleeps for the task's ``est_s`` (the GPU work) and returns which worker and model ran it.
+sleeps for the task's ``est_s`` (the GPU work), gives way when asked to yield (resuming
+from its checkpoint) and returns which worker and model ran it.
 Both load and run times are multiplied by ``GPUQ_SIM_TIME_SCALE`` (default 1.0), so demos
 and tests can run a realistic workload in seconds. ``sim.noop`` returns at once (benchmarks);
 ``sim.fail`` raises (retry tests). Nothing here fakes a result: it reports what happened.
@@ -42,16 +43,25 @@ def load(name: str) -> SimModel:
 
 @app.handler("sim.run")
 def run(model: SimModel, payload: Any, ctx: Context) -> dict[str, Any]:
-    started = time.monotonic()
+    """Sleep for the task's estimate in short steps, giving way when asked: on a yield
+    request it checkpoints the (simulated) seconds done and yields; the next run resumes
+    from there. Payload flags for tests: "ignore_yield" keeps sleeping through yield and
+    stop requests; "uninterruptible" sleeps in one native call nothing can interrupt."""
+    flags = payload if isinstance(payload, dict) else {}
     seconds = ctx.est_s * scale()
-    # sleep in short steps so a lost lease or a cancel stops the work early
-    while not ctx.should_stop():
-        left = seconds - (time.monotonic() - started)
-        if left <= 0:
+    done_before = float((ctx.checkpoint or {}).get("done_s", 0.0))
+    started = time.monotonic()
+    if flags.get("uninterruptible"):
+        time.sleep(max(0.0, seconds - done_before))
+    while not flags.get("uninterruptible"):
+        done = done_before + time.monotonic() - started
+        if done >= seconds or (ctx.should_stop() and not flags.get("ignore_yield")):
             break
-        time.sleep(min(left, 0.05))
+        if ctx.should_yield() and not flags.get("ignore_yield"):
+            ctx.yield_now({"done_s": round(done, 4)})
+        time.sleep(min(seconds - done, 0.02))
     return {"worker": ctx.worker_id, "model": model.name, "attempt": ctx.attempt,
-            "ran_s": round(time.monotonic() - started, 4)}
+            "ran_s": round(time.monotonic() - started, 4), "resumed_from_s": done_before}
 
 
 @app.handler("sim.noop")

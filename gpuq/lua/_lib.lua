@@ -10,7 +10,7 @@
 local B = KEYS[1]
 local K_RUNNING, K_DELAYED, K_NEED = B .. 'running', B .. 'delayed', B .. 'need'
 local K_IDLE, K_WAKE, K_WORKERS = B .. 'idle', B .. 'wake', B .. 'workers'
-local K_STATS = B .. 'stats'
+local K_STATS, K_DEADLINES = B .. 'stats', B .. 'deadlines'
 
 local function task_key(id) return B .. 'task:' .. id end
 local function queue_key(p, m) return B .. 'q:' .. p .. ':' .. m end
@@ -90,6 +90,14 @@ local function wake(m, need)
   return w
 end
 
+-- A task with a deadline is watched by the reaper's expiry pass from its latest start
+-- (deadline - estimate), so only tasks near or past it are ever looked at.
+local function watch_deadline(id, deadline, est_s)
+  if deadline and deadline ~= '' then
+    redis.call('ZADD', K_DEADLINES, tonumber(deadline) - math.floor(tonumber(est_s) * 1000), id)
+  end
+end
+
 -- Index a task whose hash is written into its (priority, model) queue at its score.
 local function index(id, p, m, score, need)
   redis.call('ZADD', queue_key(p, m), score, id)
@@ -99,8 +107,9 @@ end
 
 -- Put a stored task back into its queue at its stored score, and wake a worker for it.
 local function push(id)
-  local f = redis.call('HMGET', task_key(id), 'priority', 'model', 'score', 'vram_gb')
+  local f = redis.call('HMGET', task_key(id), 'priority', 'model', 'score', 'vram_gb', 'deadline', 'est_s')
   index(id, f[1], f[2], f[3], f[4])
+  watch_deadline(id, f[5], f[6])
   local offered = wake(f[2], tonumber(f[4]))
   redis.call('HSET', task_key(id), 'offered', offered or '')
   if not offered or redis.call('ZCARD', K_IDLE) > 0 then wake_pool(1) end
@@ -111,6 +120,7 @@ local function unqueue(id, p, m)
   redis.call('ZREM', queue_key(p, m), id)
   refresh_head(p, m)
   redis.call('ZREM', K_NEED, id)
+  redis.call('ZREM', K_DEADLINES, id)
 end
 
 local function release(id, worker)
@@ -135,6 +145,7 @@ local function requeue(id, now, reason, consume, ttl)
   local tk = task_key(id)
   local f = redis.call('HMGET', tk, 'worker', 'attempt', 'max_attempts')
   release(id, f[1])
+  redis.call('HDEL', tk, 'yield_by', 'yield_for')
   if consume and tonumber(f[2]) >= tonumber(f[3]) then
     finish(id, 'failed', now, ttl, 'error', reason .. ' (after ' .. f[2] .. ' attempts)')
     return 'failed'

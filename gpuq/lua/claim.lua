@@ -1,6 +1,8 @@
 -- claim.lua: give a worker the best task it can run now, under a lease, in one atomic call.
 --
--- Order: levels starved by the fairness rule first (a level below P0 that has seen
+-- First, a reservation the preemption planner made for this worker (reserve:<worker>): its
+-- task is claimed as soon as it fits; until then the worker takes nothing else. Then, in
+-- order: levels starved by the fairness rule first (a level below P0 that has seen
 -- fair_every dispatches of higher levels since its own last one), then P0..P3. Within a
 -- level: the worker's loaded models first (no cold start), then the other models with work
 -- in head-score order (oldest / earliest start-by first). A task fits when its VRAM need
@@ -28,7 +30,7 @@
 --                                            worker and may be claimed after that long
 --          {0, "task", field, value, ...}   the claimed task: id, token, handler, payload,
 --                                            model, vram_gb, priority, est_s, attempt,
---                                            deadline, tenant
+--                                            deadline, tenant, checkpoint
 
 local worker, now = ARGV[1], clock(ARGV[2])
 local free, evictable, slots = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -113,10 +115,34 @@ end
 for p = 0, 3 do order[#order + 1] = p end
 
 local id, p, m, use
-for _, level in ipairs(order) do
+local reserved = redis.call('GET', B .. 'reserve:' .. worker)
+if reserved then
+  local f = redis.call('HMGET', task_key(reserved), 'state', 'priority', 'model', 'vram_gb')
+  if f[1] == 'queued' then
+    local need, footprint = tonumber(f[4]), held[f[3]]
+    if footprint and need - footprint <= free then
+      use = math.max(0, need - footprint)
+    elseif not footprint and need <= claimable then
+      use = need
+    else
+      -- the task it waits for still holds the room: take nothing else, look again soon
+      redis.call('ZREM', K_IDLE, worker)
+      return {0, 'none', 200}
+    end
+    id, p, m = reserved, tonumber(f[2]), f[3]
+  end
+  redis.call('DEL', B .. 'reserve:' .. worker)  -- used, or moot (claimed elsewhere, ended)
+end
+
+local starved = #order - 4
+for i, level in ipairs(order) do
+  if id then break end
   if serves[level] then
     id, m, use = find(level)
-    if id then p = level break end
+    if id then
+      p = level
+      if i <= starved then redis.call('HINCRBY', K_STATS, 'fair:P' .. p, 1) end
+    end
   end
 end
 
@@ -153,7 +179,7 @@ else
 end
 -- what a worker needs to run the task (the rest stays readable in the hash)
 local f = redis.call('HMGET', tk, 'handler', 'payload', 'model', 'vram_gb', 'priority', 'est_s',
-  'attempt', 'deadline', 'tenant')
+  'attempt', 'deadline', 'tenant', 'checkpoint')
 return {0, 'task', 'id', id, 'token', token, 'handler', f[1], 'payload', f[2], 'model', f[3],
   'vram_gb', f[4], 'priority', f[5], 'est_s', f[6], 'attempt', f[7], 'deadline', f[8],
-  'tenant', f[9]}
+  'tenant', f[9], 'checkpoint', f[10] or ''}

@@ -94,6 +94,7 @@ for i = 1, n do
     'enqueued_at', ms(now), 'queued_at', ms(now), 'offered', offered or '')
   redis.call('ZADD', queue_key(prio, model), score, id)
   redis.call('ZADD', K_NEED, vram, id)
+  watch_deadline(id, deadline, ARGV[o + 7])
   local qk = prio .. ':' .. model  -- the index needs each queue's lowest new score once
   if not heads[qk] or score < heads[qk][3] then heads[qk] = {prio, model, score} end
 end

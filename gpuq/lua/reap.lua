@@ -2,7 +2,8 @@
 --
 -- Expired leases go back to their queues (the attempt counts, so a task that keeps killing
 -- its worker ends "failed" after max_attempts). Workers whose liveness expired are removed
--- with their idle entry, model holdings and wake list, and their running tasks requeued
+-- with their idle entry, model holdings, wake and control lists and reservation, and
+-- their running tasks requeued
 -- at once rather than at lease expiry.
 --
 -- KEYS[1]  pool key base
@@ -37,7 +38,7 @@ for _, w in ipairs(dead) do
   for _, id in ipairs(redis.call('SMEMBERS', wk .. ':tasks')) do
     recover(id, 'worker ' .. w .. ' died')
   end
-  redis.call('DEL', wk, wk .. ':tasks', B .. 'wake:' .. w)
+  redis.call('DEL', wk, wk .. ':tasks', B .. 'wake:' .. w, B .. 'ctl:' .. w, B .. 'reserve:' .. w)
 end
 
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', K_RUNNING, '-inf', now, 'LIMIT', 0, limit)) do

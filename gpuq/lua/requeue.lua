@@ -1,7 +1,12 @@
 -- requeue.lua: return a running task to its queue (worker shutdown, yield, operator).
 --
--- With a token the call is fenced like an ack; with token "" it is an operator's requeue
--- of whatever runs now. The attempt is given back unless consume is "1".
+-- With a token the call is fenced like an ack; with token "" it is an operator's requeue:
+-- of whatever runs now, of a retry waiting out its backoff, or of a task that ended
+-- failed, expired or canceled (fresh attempts, no deadline). The attempt is given back
+-- unless consume is "1". A preempted task (kind "yielded": it gave way when asked;
+-- "stopped": the worker stopped it past its yield deadline) counts one more preemption,
+-- in its hash and in the pool's stats ("preempt:<kind>"), and keeps the checkpoint its
+-- handler saved for its next run.
 --
 -- KEYS[1]  pool key base
 -- ARGV[1]  task id
@@ -10,11 +15,45 @@
 -- ARGV[4]  reason (kept in the task's error field)
 -- ARGV[5]  consume: "1" counts the attempt
 -- ARGV[6]  result TTL (ms), used if a consumed attempt was the last
+-- ARGV[7]  preemption kind: "" (none), "yielded" or "stopped"
+-- ARGV[8]  checkpoint (JSON text; "" keeps the one stored)
 -- Returns  {0, "queued" | "failed"}
+--          {1, 0, reason} INVALID: the checkpoint is not JSON text, or (operator) the
+--                         task is queued or succeeded
 --          {4} NOT_FOUND | {5, state} STALE_LEASE
 
 local id, token, now = ARGV[1], ARGV[2], clock(ARGV[3])
-local f = redis.call('HMGET', task_key(id), 'state', 'token')
+local tk = task_key(id)
+local f = redis.call('HMGET', tk, 'state', 'token')
 if not f[1] then return {4} end
+if token == '' and f[1] ~= 'running' then
+  -- an operator's requeue of a task that is not running: a retry waiting out its backoff
+  -- goes now; an ended task other than succeeded runs again with fresh attempts and
+  -- without its deadline (asking for it again overrides it)
+  if f[1] == 'delayed' then
+    redis.call('ZREM', K_DELAYED, id)
+  elseif f[1] == 'failed' or f[1] == 'expired' or f[1] == 'canceled' then
+    redis.call('PERSIST', tk)
+    redis.call('DEL', B .. 'done:' .. id)
+    redis.call('HSET', tk, 'attempt', '0', 'deadline', '', 'finished_at', '', 'worker', '',
+      'token', '')
+  else
+    return {1, 0, 'task is ' .. f[1] .. ': there is nothing to requeue'}
+  end
+  redis.call('HSET', tk, 'state', 'queued', 'queued_at', ms(now), 'error', ARGV[4])
+  push(id)
+  return {0, 'queued'}
+end
 if f[1] ~= 'running' or (token ~= '' and f[2] ~= token) then return {5, f[1]} end
+local kind, checkpoint = ARGV[7] or '', ARGV[8] or ''
+if checkpoint ~= '' then
+  if #checkpoint > 1048576 or not is_json(checkpoint) then
+    return {1, 0, 'checkpoint is not valid JSON of at most 1048576 bytes'}
+  end
+  redis.call('HSET', tk, 'checkpoint', checkpoint)
+end
+if kind ~= '' then
+  redis.call('HINCRBY', tk, 'preemptions', 1)
+  redis.call('HINCRBY', K_STATS, 'preempt:' .. kind, 1)
+end
 return {0, requeue(id, now, ARGV[4], ARGV[5] == '1', tonumber(ARGV[6]))}

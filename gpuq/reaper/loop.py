@@ -1,8 +1,11 @@
-"""The reaper loop: hold the pool's lock, then recover dead workers' tasks and due retries.
+"""The reaper loop: hold the pool's lock, then run one round every ``reap_interval_s``.
 
 Every instance runs this loop; only the lock holder acts. The lock expires after
 ``reaper_lock_s`` unless renewed, so a standby takes over within that time when the active
-reaper dies. Recovery itself is one bounded script call per round (reap.lua).
+reaper dies. A round: recover dead workers' tasks and due retries (reap.lua), expire queued
+tasks that can no longer meet their deadline (expire.lua), plan graceful preemption for
+waiting online work (preempt.py), and publish scale signals and warm hints (scale.py).
+Each step is bounded; a failing step is logged and the others still run.
 """
 
 from __future__ import annotations
@@ -14,12 +17,36 @@ import uuid
 
 import redis
 
+from dataclasses import dataclass, field
+
+from gpuq import catalog
 from gpuq.client import redis_errors
 from gpuq.config import Config
 from gpuq.keys import Keys
+from gpuq.reaper.preempt import Preemptor
+from gpuq.reaper.scale import Scaler
 from gpuq.scripts import Calls, ReapResult, Scripts
 
 log = logging.getLogger(__name__)
+
+MAX_LOAD_HORIZON_MS = 600_000  # expiry looks ahead at most this far for cold model loads
+
+
+@dataclass
+class Round:
+    recovered: ReapResult = field(default_factory=lambda: ReapResult(0, 0, 0, 0))
+    expired: int = 0
+    preemptions: dict[str, int] = field(default_factory=dict)
+    scale_signals: int = 0
+    warm_hints: int = 0
+
+    def summary(self) -> str:
+        r = self.recovered
+        return (f"requeued {r.requeued}, failed {r.failed}, dead workers {r.dead_workers}, "
+                f"retries promoted {r.promoted}, expired {self.expired}, "
+                f"reserved {self.preemptions.get('reserved', 0)}, "
+                f"asked to yield {self.preemptions.get('yield', 0)}, "
+                f"scale signals {self.scale_signals}, warm hints {self.warm_hints}")
 
 
 class Reaper:
@@ -30,6 +57,8 @@ class Reaper:
         self.scripts = Scripts(client, self.keys)
         self.calls = Calls(config)
         self.token = uuid.uuid4().hex
+        self.preemptor = Preemptor(client, self.keys, config, self.scripts, self.calls)
+        self.scaler = Scaler(client, self.keys, config)
         self.active = False
         self.stopped = threading.Event()
 
@@ -54,18 +83,53 @@ class Reaper:
                         self.config.pool, total.requeued, total.failed, total.dead_workers)
         return total
 
+    def expire(self) -> int:
+        """Expire queued tasks whose deadline passed or can no longer be met."""
+        longest = max((m.mean_load_s for m in catalog.read(self.redis, self.keys)), default=0.0)
+        horizon = min(MAX_LOAD_HORIZON_MS, int(longest * 1000))
+        total = 0
+        while True:
+            expired, looked = self.scripts.run(self.calls.expire(limit=100, horizon_ms=horizon))
+            total += expired
+            if looked < 100 or expired == 0:
+                break
+        if total:
+            log.warning("task.expired pool=%s count=%d", self.config.pool, total)
+        return total
+
+    def round(self) -> Round:
+        """One round of every duty; a step that fails is logged and the rest still run."""
+        out = Round()
+        self.redis.hset(self.keys.settings, "min_workers", self.config.min_workers)
+        steps = (("recover", lambda: setattr(out, "recovered", self.reap_once())),
+                 ("expire", lambda: setattr(out, "expired", self.expire())),
+                 ("preempt", lambda: setattr(out, "preemptions", self.preemptor.step())),
+                 ("scale", lambda: self._scale(out)))
+        for name, step in steps:
+            try:
+                step()
+            except redis.RedisError:
+                raise
+            except Exception:
+                log.exception("reaper.step_failed pool=%s step=%s", self.config.pool, name)
+        return out
+
+    def _scale(self, out: Round) -> None:
+        plan = self.scaler.step()
+        out.scale_signals, out.warm_hints = len(plan.signals), len(plan.hints)
+
     def run(self, once: bool = False) -> int:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda *_: self.stopped.set())
             signal.signal(signal.SIGINT, lambda *_: self.stopped.set())
         with redis_errors(self.config.redis_url):
             if once:
-                self.reap_once()
+                self.round()
                 return 0
             while not self.stopped.is_set():
                 try:
                     if self.lead():
-                        self.reap_once()
+                        self.round()
                 except redis.RedisError as exc:
                     log.error("reaper.redis_error pool=%s error=%s", self.config.pool, exc)
                 self.stopped.wait(self.config.reap_interval_s)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpuq import catalog
-from gpuq.app import Context
+from gpuq.app import Context, Yielded
 from gpuq.errors import GpuqError, StaleLease
 from gpuq.scripts import Call
 from gpuq.task import JSON
@@ -21,12 +23,41 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+class StopTask(Exception):
+    """Raised inside a handler's thread when it ran past its yield deadline."""
+
+
 @dataclass
 class Running:
     task_id: str
     token: int
     ctx: Context
     started: float
+    thread_id: int = 0  # the runner thread calling the handler
+    yield_deadline: float | None = None  # monotonic: asked to yield, stopped after this
+    stop_deadline: float | None = None  # monotonic: stopped, the worker exits after this
+    stopped: bool = False  # requeued by the worker: whatever the handler does is moot
+    in_handler: bool = False
+    guard: threading.Lock = field(default_factory=threading.Lock)
+
+    def enter(self) -> None:
+        with self.guard:
+            self.in_handler = True
+
+    def leave(self) -> None:
+        with self.guard:
+            self.in_handler = False
+
+    def interrupt(self) -> bool:
+        """Raise StopTask in the handler's thread, only while it is inside the handler (the
+        guard keeps it out of the worker's own code). It lands at the handler's next Python
+        step; a handler blocked in native code does not see it."""
+        with self.guard:
+            if not self.in_handler:
+                return False
+            done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread_id),
+                                                              ctypes.py_object(StopTask))
+            return bool(done)
 
 
 class TaskError(Exception):
@@ -71,9 +102,10 @@ def prepare_model(worker: Worker, res: Reservation) -> Any:
 
 
 def execute(worker: Worker, fields: dict[str, str], res: Reservation | None,
-            running: Running) -> Call[Any]:
-    """Run the task; return its ack or fail call, which the runner sends together with its
-    next claim (one round trip per task). The task's VRAM and slot are released first."""
+            running: Running) -> Call[Any] | None:
+    """Run the task; return its ack, fail or yield call, which the runner sends together with
+    its next claim (one round trip per task), or None when the worker already requeued it
+    (stopped past its yield deadline). The task's VRAM and slot are released first."""
     task_id, token, ctx = running.task_id, running.token, running.ctx
     try:
         problem = worker.app.check(fields["handler"], fields["model"])
@@ -83,13 +115,30 @@ def execute(worker: Worker, fields: dict[str, str], res: Reservation | None,
             raise TaskError(f"task needs {fields['vram_gb']} GB with model {fields['model']}, "
                             f"more than this GPU can free", True)
         model = prepare_model(worker, res)
-        result = worker.app.handlers[fields["handler"]].fn(model, json.loads(fields["payload"]), ctx)
+        fn = worker.app.handlers[fields["handler"]].fn
+        payload = json.loads(fields["payload"])
+        running.enter()
+        try:
+            result = fn(model, payload, ctx)
+        finally:
+            running.leave()
+        if running.stopped:
+            return None
         try:
             text = JSON.encode(result)
         except (TypeError, ValueError) as exc:
             raise TaskError(f"handler returned a result that is not JSON: {exc}", False) from None
         return worker.calls.ack(task_id, token, text)
+    except Yielded:
+        if running.stopped:
+            return None
+        log.info("preempt.yielded task=%s worker=%s checkpoint=%s", task_id, worker.id,
+                 "saved" if ctx.saved else "none")
+        return worker.calls.requeue(task_id, token, "yielded to a higher-priority task",
+                                    preempted="yielded", checkpoint=ctx.saved or "")
     except Exception as exc:
+        if running.stopped:  # StopTask, or whatever the stop broke: the task is requeued
+            return None
         retry = exc.retry if isinstance(exc, TaskError) else True
         message = str(exc) if isinstance(exc, TaskError) else f"{type(exc).__name__}: {exc}"
         log.info("task.failed task=%s worker=%s retry=%s error=%s", task_id, worker.id, retry, message)

@@ -1,16 +1,19 @@
 """The heartbeat thread: renews the worker's liveness and its leases out of band, so a
 handler stuck in a long GPU call never loses its lease, and tells handlers whose lease
-was lost (or whose task was canceled) to stop."""
+was lost (or whose task was canceled) to stop. Between beats it blocks on the worker's
+control list (gpuq.worker.control), waking early for yield deadlines."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING
 
 import redis
 
 from gpuq.worker import presence
+from gpuq.worker.control import Control
 from gpuq.worker.gpu import nvml_used_gb
 
 if TYPE_CHECKING:
@@ -23,6 +26,7 @@ class Heartbeat(threading.Thread):
     def __init__(self, worker: Worker) -> None:
         super().__init__(name=f"heartbeat-{worker.id}", daemon=True)
         self.worker = worker
+        self.control = Control(worker)
         self.stopped = threading.Event()
 
     def beat(self) -> None:
@@ -56,12 +60,30 @@ class Heartbeat(threading.Thread):
             pipe.execute()
 
     def run(self) -> None:
+        w = self.worker
+        next_beat = 0.0
         while not self.stopped.is_set():
             try:
-                self.beat()
+                now = time.monotonic()
+                if now >= next_beat:
+                    self.beat()
+                    next_beat = now + w.config.heartbeat_s
+                wait = min(next_beat - time.monotonic(), self.control.watch())
+                message = w.redis.blpop([w.keys.control(w.id)], timeout=max(0.01, wait))
+                if message is not None and not self.stopped.is_set():
+                    self.control.handle(str(message[1]))
             except redis.RedisError as exc:
-                log.error("heartbeat.failed worker=%s error=%s", self.worker.id, exc)
-            self.stopped.wait(self.worker.config.heartbeat_s)
+                log.error("heartbeat.failed worker=%s error=%s", w.id, exc)
+                self.stopped.wait(min(1.0, w.config.heartbeat_s))
+            except Exception:  # a bad control message must not end the heartbeat
+                log.exception("heartbeat.error worker=%s", w.id)
 
     def stop(self) -> None:
+        """Stop and join (before the worker leaves, so no beat re-registers it)."""
         self.stopped.set()
+        try:
+            self.worker.redis.lpush(self.worker.keys.control(self.worker.id), "wake")
+        except redis.RedisError:
+            pass
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(self.worker.config.heartbeat_s + 1)

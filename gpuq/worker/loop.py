@@ -4,10 +4,14 @@ Each runner claims under the model cache's lock (so the VRAM it reports is what 
 runs the task in its own thread and loops; with nothing to claim it blocks on its wake
 lists, never a sleep loop. SIGTERM stops claiming, lets running tasks finish for
 ``shutdown_grace_s``, requeues what is still running (the attempt is given back), and exits.
+A drain (``gpuq drain``) waits for running tasks without a limit. Idle for
+``idle_timeout_s``, the worker unloads its models and, while the pool keeps more than
+``min_workers`` live, retires: it leaves and exits 0, so no autoscaler kills a busy worker.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -16,6 +20,7 @@ import threading
 import time
 import uuid
 from typing import Any
+
 
 import redis
 
@@ -38,13 +43,13 @@ Claimed = tuple[dict[str, str], Reservation | None, Running]  # task fields, its
 
 class Worker:
     def __init__(self, client: redis.Redis, config: Config, app: App, gpu: GpuInfo, *,
-                 worker_id: str | None = None, burst: bool = False, levels: str = "0123") -> None:
+                 worker_id: str | None = None, burst: bool = False, levels: str | None = None) -> None:
         self.redis = client
         self.config = config
         self.app = app
         self.gpu = gpu
         self.burst = burst
-        self.levels = levels
+        self.levels = levels or config.levels()
         gpu_tag = "x" if gpu.index is None else str(gpu.index)
         self.id = worker_id or f"{socket.gethostname()}-{gpu_tag}-{uuid.uuid4().hex[:6]}"
         self.keys = Keys(config.pool, config.prefix)
@@ -58,16 +63,20 @@ class Worker:
         self.model_loads = 0
         self.tasks_run = 0
         self.static_fields: Fields = {}
+        self.draining = False  # drain: finish running tasks however long they take
+        self.last_active = time.monotonic()  # a task started or ended (idle timeout)
 
     # bookkeeping shared with the executor and the heartbeat
     def track(self, running: Running) -> None:
         with self.changed:
             self._running[running.task_id] = running
+            self.last_active = time.monotonic()
 
     def untrack(self, task_id: str) -> None:
         with self.changed:
             self._running.pop(task_id, None)
             self.tasks_run += 1
+            self.last_active = time.monotonic()
             self.changed.notify_all()
 
     def running_snapshot(self) -> list[Running]:
@@ -80,7 +89,7 @@ class Worker:
         nothing to claim, returns when to look again (0: when woken)."""
         with self.cache.lock:
             slots = self.config.concurrency - len(self._running)
-            if slots <= 0:
+            if slots <= 0 or self.stopping.is_set():  # stopping: retired or draining, claim none
                 if pending is not None:
                     settle(self, pending, self.scripts.run_raw(pending))
                 return 0.0
@@ -97,9 +106,12 @@ class Worker:
             if fields is None:
                 return claim.retry_s
             res = self.cache.reserve(fields["model"], float(fields["vram_gb"]))
+            saved = fields.get("checkpoint")
             ctx = Context(fields["id"], int(fields["attempt"]), self.id, fields["model"],
-                          float(fields["vram_gb"]), float(fields["est_s"]))
-            running = Running(fields["id"], int(fields["token"]), ctx, time.monotonic())
+                          float(fields["vram_gb"]), float(fields["est_s"]),
+                          json.loads(saved) if saved else None)
+            running = Running(fields["id"], int(fields["token"]), ctx, time.monotonic(),
+                              threading.get_ident())
             self.track(running)  # before the lock is released: the next claim sees one slot fewer
             return fields, res, running
 
@@ -150,6 +162,44 @@ class Worker:
         self.stopping.set()
         self.done.set()
 
+    def drain(self) -> None:
+        """Take no more tasks; finish the running ones however long they take; exit 0."""
+        log.info("worker.draining worker=%s running=%d", self.id, len(self._running))
+        self.draining = True
+        self.request_stop()
+
+    def check_idle(self) -> None:
+        """Idle past the timeout: unload the models, then retire unless the pool is at its
+        minimum (then stay, and look again after another timeout)."""
+        timeout = self.config.idle_timeout_s
+        if timeout <= 0 or self.burst or self.stopping.is_set():
+            return
+        with self.cache.lock:  # claims hold it too: none can start while this decides
+            if self._running or time.monotonic() - self.last_active < timeout:
+                return
+            unloaded = self.cache.evict_idle()
+            retired, live = self.scripts.run(self.calls.retire(self.id))
+            if retired:
+                self.stopping.set()
+            else:
+                self.last_active = time.monotonic()
+        if unloaded:
+            pipe = self.redis.pipeline(transaction=False)
+            for resident in unloaded:
+                self.cache.unload(resident)
+                presence.hold(pipe, self.keys, self.id, resident.spec.name, False)
+            pipe.hset(self.keys.worker(self.id), mapping={"models": "",
+                                                          "vram_free_gb": round(self.cache.free_gb(), 3)})
+            pipe.execute()
+            log.info("worker.idle_unloaded worker=%s models=%s", self.id,
+                     ",".join(r.spec.name for r in unloaded))
+        if retired:
+            log.info("worker.retiring worker=%s idle_s=%.0f live_workers=%d", self.id, timeout, live)
+            self.request_stop()
+        else:
+            log.info("worker.idle_stays worker=%s live_workers=%d: the pool is at its minimum",
+                     self.id, live)
+
     def run(self) -> int:
         self.static_fields = presence.identity(
             self.id, self.gpu, self.config.kv_reserve_gb, self.config.concurrency, self.levels,
@@ -163,32 +213,39 @@ class Worker:
         heartbeat = Heartbeat(self)
         heartbeat.beat()
         heartbeat.start()
-        log.info("worker.started worker=%s pool=%s gpu=%s vram_gb=%g concurrency=%d", self.id,
-                 self.config.pool, self.gpu.name, self.gpu.total_gb, self.config.concurrency)
+        log.info("worker.started worker=%s pool=%s gpu=%s vram_gb=%g concurrency=%d levels=%s",
+                 self.id, self.config.pool, self.gpu.name, self.gpu.total_gb,
+                 self.config.concurrency, self.levels)
         runners = [threading.Thread(target=self.runner, name=f"runner-{i}", daemon=True)
                    for i in range(self.config.concurrency)]
         for t in runners:
             t.start()
         while not self.done.wait(0.5):
-            pass
-        self.shutdown(runners)
-        heartbeat.stop()
+            try:
+                self.check_idle()
+            except redis.RedisError as exc:
+                log.error("worker.redis_error worker=%s error=%s", self.id, exc)
+        self.shutdown(runners, heartbeat)
         log.info("worker.stopped worker=%s tasks=%d model_loads=%d", self.id, self.tasks_run,
                  self.model_loads)
         return 0
 
-    def shutdown(self, runners: list[threading.Thread]) -> None:
+    def shutdown(self, runners: list[threading.Thread], heartbeat: Heartbeat) -> None:
         self.stopping.set()
         try:
             for _ in runners:  # unblock runners waiting on their wake list
                 self.redis.lpush(self.keys.wake(self.id), "stop")
         except redis.RedisError:
             pass
-        grace_end = time.monotonic() + self.config.shutdown_grace_s
-        # runners exit after sending their last ack, so joining them means no result is lost
+        grace = None if self.draining else self.config.shutdown_grace_s
+        grace_end = None if grace is None else time.monotonic() + grace
+        # runners exit after sending their last ack, so joining them means no result is lost;
+        # the heartbeat keeps their leases meanwhile
         for t in runners:
-            t.join(max(0.0, grace_end - time.monotonic()))
+            t.join(None if grace_end is None else max(0.0, grace_end - time.monotonic()))
         for r in self.running_snapshot():
+            if r.stopped:
+                continue  # already requeued when it was stopped
             try:
                 self.scripts.run(self.calls.requeue(r.task_id, r.token, "worker shut down",
                                                     consume=False))
@@ -198,6 +255,7 @@ class Worker:
             except redis.RedisError as exc:
                 log.error("task.requeue_failed task=%s error=%s (the reaper will recover it)",
                           r.task_id, exc)
+        heartbeat.stop()  # before leaving: a late beat would list this worker again
         held = self.cache.model_names()
         for resident in self.cache.evict_idle():
             self.cache.unload(resident)

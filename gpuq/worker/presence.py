@@ -33,7 +33,8 @@ def register(client: redis.Redis, keys: Keys, fields: Fields, lease_ms: int) -> 
     usable = float(fields["vram_total_gb"]) - float(fields["kv_reserve_gb"])
     now_ms = int(time.time() * 1000)
     pipe = client.pipeline(transaction=True)
-    pipe.delete(keys.worker(worker_id), keys.worker_tasks(worker_id), keys.wake(worker_id))
+    pipe.delete(keys.worker(worker_id), keys.worker_tasks(worker_id), keys.wake(worker_id),
+                keys.control(worker_id), keys.reservation(worker_id))
     pipe.hset(keys.worker(worker_id), mapping={
         **fields, **status_fields(usable, 0, [], "idle", None), "seen_at": now_ms})
     pipe.hset(keys.classes, fields["gpu_name"], usable)
@@ -65,5 +66,6 @@ def leave(client: redis.Redis, keys: Keys, worker_id: str, models: list[str]) ->
         hold(pipe, keys, worker_id, model, False)
     pipe.zrem(keys.idle, worker_id)
     pipe.zrem(keys.workers, worker_id)
-    pipe.delete(keys.worker(worker_id), keys.worker_tasks(worker_id), keys.wake(worker_id))
+    pipe.delete(keys.worker(worker_id), keys.worker_tasks(worker_id), keys.wake(worker_id),
+                keys.control(worker_id), keys.reservation(worker_id))
     pipe.execute()

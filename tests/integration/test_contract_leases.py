@@ -288,5 +288,5 @@ def test_operator_requeue_gives_the_attempt_back_and_fences_the_old_lease(queue:
     assert r.state is State.QUEUED and r.attempt == 0 and r.error == "requeued by operator"
     with pytest.raises(StaleLease):
         ack(queue, tid, c["token"], "stale")
-    with pytest.raises(StaleLease):
+    with pytest.raises(InvalidTask, match="task is queued: there is nothing to requeue"):
         queue.requeue(tid)  # not running any more

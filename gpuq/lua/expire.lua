@@ -1,0 +1,61 @@
+-- expire.lua: end queued tasks whose deadline has passed or can no longer be met (bounded).
+--
+-- A queued task with a deadline expires when now + its estimate (+ the model's measured mean
+-- load time when no live worker holds the model) is past its deadline. It ends "expired"
+-- with the reason in its error field, its waiters wake, and the pool counts it per priority
+-- (stats "expired:P<n>"). Only tasks whose latest start (deadline - estimate) is within
+-- `horizon` of now are looked at, earliest first, so a call costs O(limit x log N).
+--
+-- KEYS[1]  pool key base
+-- ARGV[1]  now (ms; "0" = server clock)
+-- ARGV[2]  limit: most tasks looked at per call
+-- ARGV[3]  result TTL (ms)
+-- ARGV[4]  horizon (ms): the longest model load time worth looking ahead for
+-- Returns  {0, expired, looked_at}
+
+local now, limit, ttl = clock(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local horizon = tonumber(ARGV[4])
+local expired = 0
+local ids = redis.call('ZRANGEBYSCORE', K_DEADLINES, '-inf', now + horizon, 'LIMIT', 0, limit)
+
+-- mean measured load time of a model no live worker holds (0 when one holds it)
+local function cold_load_ms(m)
+  for _, w in ipairs(redis.call('SMEMBERS', B .. 'holders:' .. m)) do
+    local alive = redis.call('ZSCORE', K_WORKERS, w)
+    if alive and tonumber(alive) >= now then return 0 end
+  end
+  local c = redis.call('HMGET', B .. 'model:' .. m, 'loads', 'total_load_s')
+  local loads = tonumber(c[1] or 0) or 0
+  if loads < 1 then return 0 end
+  return math.floor(tonumber(c[2]) / loads * 1000)
+end
+
+for _, id in ipairs(ids) do
+  local f = redis.call('HMGET', task_key(id), 'state', 'deadline', 'est_s', 'priority', 'model')
+  if f[1] ~= 'queued' or not f[2] or f[2] == '' then
+    redis.call('ZREM', K_DEADLINES, id)  -- claimed or ended since: nothing to watch
+  else
+    local deadline, run = tonumber(f[2]), math.floor(tonumber(f[3]) * 1000)
+    local reason
+    if now >= deadline then
+      reason = 'deadline passed while queued'
+    elseif now + run > deadline then
+      reason = string.format('deadline cannot be met: %.3f s left, task needs %.3f s',
+        (deadline - now) / 1000, run / 1000)
+    else
+      local load = cold_load_ms(f[5])
+      if now + run + load > deadline then
+        reason = string.format('deadline cannot be met: %.3f s left, task needs %.3f s '
+          .. 'plus %.3f s to load model %s (no live worker holds it)',
+          (deadline - now) / 1000, run / 1000, load / 1000, f[5])
+      end
+    end
+    if reason then
+      unqueue(id, f[4], f[5])
+      finish(id, 'expired', now, ttl, 'error', reason)
+      redis.call('HINCRBY', K_STATS, 'expired:P' .. f[4], 1)
+      expired = expired + 1
+    end
+  end
+end
+return {0, expired, #ids}

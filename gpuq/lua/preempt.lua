@@ -1,0 +1,44 @@
+-- preempt.lua: commit one decision of the reaper's preemption planner, if it still holds.
+--
+-- The planner (gpuq/reaper/preempt.py) chose, for a waiting P0/P1 task that fits no idle
+-- worker, a running lower-priority task (the victim) on a worker large enough. Either way
+-- the worker is reserved for the waiting task (reserve:<worker>, with expiry): its next
+-- claim takes that task. With yield, the victim is also asked to give way: its hash gets
+-- yield_by (deadline, ms) and yield_for, and the worker's control list gets
+-- "yield <victim> <grace_ms>", which its heartbeat thread reads at once.
+--
+-- KEYS[1]  pool key base
+-- ARGV[1]  now (ms; "0" = server clock)
+-- ARGV[2]  waiting task id
+-- ARGV[3]  worker id
+-- ARGV[4]  victim task id
+-- ARGV[5]  victim's fencing token
+-- ARGV[6]  reservation lifetime (ms)
+-- ARGV[7]  grace (ms) the victim has to yield; "" = reserve only (the victim ends soon)
+-- Returns  {0, "reserved" | "yield"}
+--          {0, "stale", why}   the pool changed since the plan: nothing was written
+
+local now, waiting, worker, victim = clock(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
+local token, life, grace = ARGV[5], tonumber(ARGV[6]), ARGV[7]
+if redis.call('HGET', task_key(waiting), 'state') ~= 'queued' then
+  return {0, 'stale', 'waiting task is no longer queued'}
+end
+local alive = redis.call('ZSCORE', K_WORKERS, worker)
+if not alive or tonumber(alive) < now then return {0, 'stale', 'worker is not live'} end
+local v = redis.call('HMGET', task_key(victim), 'state', 'token', 'worker', 'yield_by')
+if v[1] ~= 'running' or v[2] ~= token or v[3] ~= worker then
+  return {0, 'stale', 'victim is no longer running there'}
+end
+if v[4] and v[4] ~= '' then return {0, 'stale', 'victim was already asked to yield'} end
+if not redis.call('SET', B .. 'reserve:' .. worker, waiting, 'NX', 'PX', life) then
+  return {0, 'stale', 'worker is already reserved'}
+end
+redis.call('HSET', task_key(waiting), 'reserved_for', worker)
+if grace == '' then
+  redis.call('HINCRBY', K_STATS, 'preempt:reserved', 1)
+  return {0, 'reserved'}
+end
+redis.call('HSET', task_key(victim), 'yield_by', ms(now + tonumber(grace)), 'yield_for', waiting)
+redis.call('LPUSH', B .. 'ctl:' .. worker, 'yield ' .. victim .. ' ' .. grace)
+redis.call('HINCRBY', K_STATS, 'preempt:yield_requested', 1)
+return {0, 'yield'}

@@ -1,0 +1,23 @@
+-- retire.lua: let an idle worker leave the pool while more than min_workers stay live.
+--
+-- Atomic, so two workers timing out together cannot both leave a pool at its minimum.
+-- On success the worker is no longer live nor idle (claims stop finding it) and it exits
+-- cleanly; its hash and holdings are removed by its own leave.
+--
+-- KEYS[1]  pool key base
+-- ARGV[1]  worker id
+-- ARGV[2]  now (ms; "0" = server clock)
+-- ARGV[3]  min_workers, unless the pool's settings hash (set by the reaper) says otherwise
+-- Returns  {0, 1, live}   retired (live: live workers before it left)
+--          {0, 0, live}   stays: at the minimum, or it runs tasks
+
+local worker, now = ARGV[1], clock(ARGV[2])
+local min = tonumber(redis.call('HGET', B .. 'settings', 'min_workers') or ARGV[3])
+local live = redis.call('ZCOUNT', K_WORKERS, now, '+inf')
+if live <= min or redis.call('SCARD', B .. 'worker:' .. worker .. ':tasks') > 0 then
+  return {0, 0, live}
+end
+redis.call('ZREM', K_WORKERS, worker)
+redis.call('ZREM', K_IDLE, worker)
+redis.call('HSET', B .. 'worker:' .. worker, 'state', 'retiring')
+return {0, 1, live}

@@ -1,0 +1,185 @@
+"""Graceful preemption: the reaper's plan for P0/P1 tasks that fit no idle worker.
+
+For each such task, the candidates are running, preemptible, lower-priority tasks on live
+workers whose GPU is large enough (usable VRAM >= the task's need) and which serve the
+task's priority. The one expected to end soonest (started + estimate) decides:
+
+- it ends within ``max_wait_s``: reserve its worker (the worker's next claim is the waiting
+  task); nothing is interrupted;
+- otherwise ask a victim to yield within ``grace_s`` (and reserve its worker): the
+  soonest-ending candidate that has run ``preempt_min_runtime_s`` and was preempted fewer
+  than ``preempt_max`` times. Past the grace the worker stops it (gpuq.worker.control).
+
+A worker and a victim serve one waiting task per round; a task with a live reservation
+is not planned again. ``plan`` is pure; ``Preemptor.step`` reads the pool (bounded: the
+heads of the P0/P1 queues and the running set) and commits each decision with
+preempt.lua, which re-checks it atomically.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import redis
+
+from gpuq.config import Config
+from gpuq.keys import Keys
+from gpuq.scripts import Calls, Scripts
+
+log = logging.getLogger(__name__)
+
+URGENT_LEVELS = (0, 1)  # priorities preemption is planned for
+MODELS_LOOKED_AT = 32  # per level, in head-score order
+TASKS_PER_QUEUE = 4
+
+
+@dataclass(frozen=True)
+class Waiting:
+    id: str
+    priority: int
+    need_gb: float
+
+
+@dataclass(frozen=True)
+class Victim:
+    id: str
+    token: int
+    worker: str
+    priority: int
+    started_ms: int
+    est_s: float
+    preemptions: int
+    usable_gb: float  # the worker's VRAM total - KV reserve
+    levels: str  # priorities the worker serves
+
+    @property
+    def ends_ms(self) -> int:
+        return self.started_ms + int(self.est_s * 1000)
+
+
+@dataclass(frozen=True)
+class Decision:
+    kind: str  # "reserve" | "yield"
+    waiting: Waiting
+    victim: Victim
+    ends_in_s: float
+
+
+def plan(waiting: list[Waiting], victims: list[Victim], idle: list[tuple[float, str]],
+         reserved: set[str], config: Config, now_ms: int) -> list[Decision]:
+    """Decisions for the waiting tasks, most urgent first. idle: (claimable GB, levels)
+    of idle workers; reserved: workers that already have a reservation."""
+    used: set[str] = set(reserved)
+    out: list[Decision] = []
+    for w in sorted(waiting, key=lambda t: t.priority):
+        if any(gb >= w.need_gb and str(w.priority) in levels for gb, levels in idle):
+            continue  # an idle worker will claim it
+        fits = [v for v in victims if v.priority > w.priority and v.worker not in used
+                and v.usable_gb >= w.need_gb and str(w.priority) in v.levels]
+        if not fits:
+            continue
+        soonest = min(fits, key=lambda v: v.ends_ms)
+        ends_in = max(0.0, (soonest.ends_ms - now_ms) / 1000)
+        if ends_in <= config.max_wait_s:
+            decision = Decision("reserve", w, soonest, ends_in)
+        else:
+            ran_enough = [v for v in fits if (now_ms - v.started_ms) / 1000 >= config.preempt_min_runtime_s
+                          and v.preemptions < config.preempt_max]
+            if not ran_enough:
+                continue
+            victim = min(ran_enough, key=lambda v: v.ends_ms)
+            decision = Decision("yield", w, victim, max(0.0, (victim.ends_ms - now_ms) / 1000))
+        used.add(decision.victim.worker)
+        out.append(decision)
+    return out
+
+
+class Preemptor:
+    def __init__(self, client: redis.Redis, keys: Keys, config: Config, scripts: Scripts,
+                 calls: Calls) -> None:
+        self.redis = client
+        self.keys = keys
+        self.config = config
+        self.scripts = scripts
+        self.calls = calls
+
+    def step(self, now_ms: int | None = None) -> dict[str, int]:
+        """Plan and commit; returns how many decisions of each kind took effect."""
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        waiting = self.read_waiting()
+        if not waiting:
+            return {}
+        victims, idle, reserved = self.read_workers(now)
+        done: dict[str, int] = {}
+        for d in plan(waiting, victims, idle, reserved, self.config, now):
+            grace = None if d.kind == "reserve" else int(self.config.grace_s * 1000)
+            # long enough for the victim to end (or be stopped) and the claim to follow
+            life_s = (d.ends_in_s if d.kind == "reserve" else self.config.grace_s + self.config.stop_s)
+            reserve_ms = int((life_s + 2 * self.config.heartbeat_s + self.config.reap_interval_s) * 1000)
+            outcome, why = self.scripts.run(self.calls.preempt(
+                d.waiting.id, d.victim.worker, d.victim.id, d.victim.token,
+                reserve_ms=reserve_ms, grace_ms=grace))
+            if outcome == "stale":
+                log.info("preempt.stale task=%s worker=%s: %s", d.waiting.id, d.victim.worker, why)
+                continue
+            event = "preempt.reserved" if outcome == "reserved" else "preempt.yield_asked"
+            log.info("%s task=%s priority=P%d worker=%s victim=%s victim_priority=P%d ends_in_s=%.1f",
+                     event, d.waiting.id, d.waiting.priority, d.victim.worker, d.victim.id,
+                     d.victim.priority, d.ends_in_s)
+            done[outcome] = done.get(outcome, 0) + 1
+        return done
+
+    def read_waiting(self) -> list[Waiting]:
+        """Heads of the P0/P1 queues without a live reservation."""
+        k, r = self.keys, self.redis
+        pipe = r.pipeline(transaction=False)
+        for p in URGENT_LEVELS:
+            pipe.zrange(k.models_with_work(p), 0, MODELS_LOOKED_AT - 1)
+        pairs = [(p, str(m)) for p, models in zip(URGENT_LEVELS, pipe.execute()) for m in models]
+        if not pairs:
+            return []
+        pipe = r.pipeline(transaction=False)
+        for p, m in pairs:
+            pipe.zrange(k.queue(p, m), 0, TASKS_PER_QUEUE - 1)
+        ids = [(p, str(i)) for (p, _), head in zip(pairs, pipe.execute()) for i in head]
+        pipe = r.pipeline(transaction=False)
+        for _, i in ids:
+            pipe.hmget(k.task(i), "vram_gb", "reserved_for")
+        rows = pipe.execute()
+        holders = sorted({str(h) for _, h in rows if h})
+        pipe = r.pipeline(transaction=False)
+        for h in holders:
+            pipe.get(k.reservation(h))
+        live = {h: str(t) for h, t in zip(holders, pipe.execute()) if t}
+        return [Waiting(i, p, float(need)) for (p, i), (need, holder) in zip(ids, rows)
+                if need is not None and live.get(str(holder or "")) != i]
+
+    def read_workers(self, now_ms: int) -> tuple[list[Victim], list[tuple[float, str]], set[str]]:
+        k, r = self.keys, self.redis
+        live = [str(w) for w in r.zrangebyscore(k.workers, now_ms, "+inf")]
+        pipe = r.pipeline(transaction=False)
+        for w in live:
+            pipe.hmget(k.worker(w), "vram_total_gb", "kv_reserve_gb", "levels")
+            pipe.exists(k.reservation(w))
+        pipe.zrange(k.idle, 0, -1, withscores=True)
+        *rows, idle_rows = pipe.execute()
+        info = {w: (float(f[0] or 0) - float(f[1] or 0), str(f[2] or "0123"))
+                for w, f in zip(live, rows[0::2])}
+        reserved = {w for w, n in zip(live, rows[1::2]) if n}
+        idle = [(float(gb), info[str(w)][1]) for w, gb in idle_rows if str(w) in info]
+        running = [str(i) for i in r.zrange(k.running, 0, -1)]
+        pipe = r.pipeline(transaction=False)
+        for i in running:
+            pipe.hmget(k.task(i), "state", "token", "worker", "priority", "started_at", "est_s",
+                       "preemptible", "preemptions", "yield_by")
+        victims = []
+        for i, f in zip(running, pipe.execute()):
+            state, token, worker, prio, started, est, pre, count, asked = f
+            if state != "running" or pre != "1" or asked or worker not in info or not started:
+                continue
+            usable, levels = info[worker]
+            victims.append(Victim(i, int(token), worker, int(prio), int(started), float(est),
+                                  int(count or 0), usable, levels))
+        return victims, idle, reserved

@@ -1,0 +1,135 @@
+"""Control messages to a worker, and the enforcement of yield deadlines.
+
+The reaper and the CLI push messages onto the worker's control list; the heartbeat thread
+blocks on it between beats, so a request reaches the worker at once:
+
+- ``yield <task> <grace_ms>``: a higher-priority task waits for this GPU. The handler sees
+  ``ctx.should_yield()``; past the grace the worker stops it itself: it requeues the task
+  (fenced by its token, so exactly once), tells the handler to stop and raises StopTask in
+  its thread. A handler stuck in native code cannot be stopped in-process: after
+  ``stop_s`` more the worker requeues its other tasks and exits with EXIT_STUCK, for its
+  supervisor to restart it.
+- ``preload <model> <vram_gb>``: the reaper saw a backlog for a model this idle worker can
+  hold; load it now so the tasks find it warm.
+- ``drain``: take no more tasks, finish the running ones, exit 0 (``gpuq drain``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import redis
+
+from gpuq.errors import GpuqError
+from gpuq.worker import presence
+from gpuq.worker.executor import Running, prepare_model
+from gpuq.worker.models import Reservation
+
+if TYPE_CHECKING:
+    from gpuq.worker.loop import Worker
+
+log = logging.getLogger(__name__)
+
+EXIT_STUCK = 75  # a handler could not be stopped in-process; restart this worker
+
+
+class Control:
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    def handle(self, message: str) -> None:
+        verb, *args = message.split()
+        if verb == "yield" and len(args) == 2:
+            self.on_yield(args[0], int(args[1]))
+        elif verb == "preload" and len(args) == 2:
+            self.preload(args[0], float(args[1]))
+        elif verb == "drain":
+            self.worker.drain()
+        elif verb != "wake":  # "wake": only unblocks the thread (shutdown)
+            log.warning("control.unknown worker=%s message=%r", self.worker.id, message)
+
+    def on_yield(self, task_id: str, grace_ms: int) -> None:
+        for r in self.worker.running_snapshot():
+            if r.task_id == task_id and r.yield_deadline is None:
+                r.yield_deadline = time.monotonic() + grace_ms / 1000
+                r.ctx.yield_requested = True
+                log.info("preempt.yield_requested task=%s worker=%s grace_s=%.3f", task_id,
+                         self.worker.id, grace_ms / 1000)
+
+    def watch(self) -> float:
+        """Stop tasks past their yield deadline, exit if one will not stop; returns seconds
+        until the next deadline (inf: none)."""
+        now = time.monotonic()
+        nearest = float("inf")
+        for r in self.worker.running_snapshot():
+            if r.yield_deadline is None:
+                continue
+            if not r.stopped:
+                if now >= r.yield_deadline:
+                    self.stop(r)
+                else:
+                    nearest = min(nearest, r.yield_deadline - now)
+            if r.stop_deadline is not None:
+                if now >= r.stop_deadline:
+                    self.exit_stuck(r)
+                nearest = min(nearest, r.stop_deadline - now)
+        return nearest
+
+    def stop(self, r: Running) -> None:
+        w = self.worker
+        r.stopped = True  # before the requeue: the handler's result, if any, is moot now
+        r.ctx.lost = True
+        try:
+            w.scripts.run(w.calls.requeue(r.task_id, r.token, "stopped: did not yield in time",
+                                          preempted="stopped"))
+        except GpuqError as exc:  # it ended or was requeued meanwhile: nothing to stop
+            log.info("preempt.stop_skipped task=%s worker=%s: %s", r.task_id, w.id, exc)
+            return
+        log.warning("preempt.stopped task=%s worker=%s: past its yield deadline", r.task_id, w.id)
+        r.stop_deadline = time.monotonic() + w.config.stop_s
+        r.interrupt()
+
+    def exit_stuck(self, r: Running) -> None:
+        w = self.worker
+        log.error("worker.stuck worker=%s task=%s: the handler did not stop within %.1f s; "
+                  "exiting with code %d for the supervisor to restart this worker", w.id,
+                  r.task_id, w.config.stop_s, EXIT_STUCK)
+        for other in w.running_snapshot():
+            if other.stopped:
+                continue
+            try:
+                w.scripts.run(w.calls.requeue(other.task_id, other.token, "worker restarted"))
+            except (GpuqError, redis.RedisError) as exc:
+                log.error("task.requeue_failed task=%s error=%s (the reaper will recover it)",
+                          other.task_id, exc)
+        try:
+            presence.leave(w.redis, w.keys, w.id, w.cache.model_names())
+        except redis.RedisError as exc:
+            log.error("worker.leave_failed worker=%s error=%s", w.id, exc)
+        logging.shutdown()
+        os._exit(EXIT_STUCK)
+
+    def preload(self, model: str, vram_gb: float) -> None:
+        w = self.worker
+        with w.cache.lock:
+            if w.stopping.is_set() or model in w.cache.resident:
+                return
+            res = w.cache.reserve(model, vram_gb)
+        if res is None:
+            log.info("model.preload_skipped worker=%s model=%s: no room", w.id, model)
+            return
+        threading.Thread(target=self._load, args=(res,), name=f"preload-{model}", daemon=True).start()
+
+    def _load(self, res: Reservation) -> None:
+        try:
+            prepare_model(self.worker, res)
+            log.info("model.preloaded worker=%s model=%s", self.worker.id, res.model)
+        except Exception as exc:  # the next task for it retries the load
+            log.error("model.preload_failed worker=%s model=%s error=%s", self.worker.id,
+                      res.model, exc)
+        finally:
+            self.worker.cache.release(res)
