@@ -72,7 +72,7 @@ class AsyncQueue:
     async def wait(self, task_id: str, timeout: float | None = None, *,
                    exists: bool = False) -> TaskRecord:
         """Block until the task ends (see gpuq.client.Queue.wait); return its record."""
-        waiting = Waiting(task_id, timeout)
+        waiting = Waiting(task_id, timeout, self.redis)
         fields = None if waiting.may_skip_read(exists) else await self._fields(task_id)
         while (record := waiting.ended(fields)) is None:
             with redis_errors(self.url):

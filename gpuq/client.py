@@ -125,7 +125,7 @@ class Queue:
         """Block until the task ends and return its record. One round trip per wake-up: a
         pop that rotates the task's done list in place (so every waiter sees it) pipelined
         with a read of the task. ``exists`` skips the first read (we just enqueued it)."""
-        waiting = Waiting(task_id, timeout)
+        waiting = Waiting(task_id, timeout, self.redis)
         fields = None if waiting.may_skip_read(exists) else self._fields(task_id)
         while (record := waiting.ended(fields)) is None:
             with redis_errors(self.url):
@@ -150,10 +150,16 @@ class Waiting:
 
     MAX_BLOCK_S = 60.0  # re-read the task at least this often, whatever the timeout
 
-    def __init__(self, task_id: str, timeout: float | None) -> None:
+    def __init__(self, task_id: str, timeout: float | None, client: Any = None) -> None:
         self.task_id = task_id
         self.timeout = timeout
         self.deadline = None if timeout is None else time.monotonic() + timeout
+        # a client with a read timeout would fail a longer pop with a socket timeout: block a
+        # little less than it. redis-py applies 5 s when the client was not given one.
+        kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+        read_timeout = kwargs.get("socket_timeout", 5.0) if client is not None else None
+        self.max_block_s = self.MAX_BLOCK_S if not read_timeout else max(0.1, min(
+            self.MAX_BLOCK_S, float(read_timeout) - 1.0))
 
     def may_skip_read(self, exists: bool) -> bool:
         """A task known to exist is first read after the first pop, unless no pop is left."""
@@ -178,11 +184,11 @@ class Waiting:
     def block_s(self) -> float:
         """How long the next pop may block; ResultTimeout once the timeout has passed."""
         if self.deadline is None:
-            return self.MAX_BLOCK_S
+            return self.max_block_s
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise ResultTimeout(self.task_id, self.timeout or 0.0)
-        return min(left, self.MAX_BLOCK_S)
+        return min(left, self.max_block_s)
 
 
 def outcome(record: TaskRecord) -> Any:

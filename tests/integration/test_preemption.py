@@ -1,0 +1,167 @@
+"""Graceful preemption with real worker and reaper processes running workers/sim.py.
+
+A P0 task arrives while every simulated GPU runs P3 work. The reaper reserves the GPU whose
+task ends within max_wait (nothing is interrupted), or asks a long task to yield (it keeps
+its checkpoint and its attempt), or has the worker stop a task that ignores the request;
+a handler stuck in native code makes its worker exit with EXIT_STUCK, its task requeued once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from procs import Procs, est, wait_for
+
+from gpuq import Queue, State
+from gpuq.embedded import EmbeddedServer
+from gpuq.worker.control import EXIT_STUCK
+
+pytestmark = pytest.mark.slow
+
+PREEMPT_ENV = {"GPUQ_MAX_WAIT_S": "1", "GPUQ_GRACE_S": "1.5", "GPUQ_PREEMPT_MIN_RUNTIME_S": "0.2",
+               "GPUQ_STOP_S": "1.5"}
+
+
+@pytest.fixture
+def procs(redis_server: EmbeddedServer, pool: str, prefix: str, tmp_path: Path) -> Iterator[Procs]:
+    with Procs(redis_server.url, pool, prefix, tmp_path, **PREEMPT_ENV) as p:
+        yield p
+
+
+def p3(q: Queue, seconds: float, payload: Any = None, *, preemptible: bool = True) -> str:
+    return q.enqueue("sim.run", payload, model="batch-model", vram_gb=30, priority="P3",
+                     est_s=est(seconds), preemptible=preemptible).id
+
+
+def p0(q: Queue) -> str:
+    return q.enqueue("sim.run", {}, model="online-model", vram_gb=30, priority="P0",
+                     est_s=est(0.3)).id
+
+
+def stats(procs: Procs) -> dict[str, int]:
+    return {k: int(v) for k, v in procs.redis.hgetall(procs.keys.stats).items()}
+
+
+def active_reaper(procs: Procs, **env: str) -> None:
+    reaper = procs.reaper(env=env)
+    wait_for(lambda: "reaper.active" in reaper.log(), 15, message="the reaper to become active")
+
+
+def test_victim_ending_within_max_wait_is_waited_for(procs: Procs, real_queue: Queue) -> None:
+    procs.worker("w-short", vram_gb=48)
+    procs.worker("w-long", vram_gb=48)
+    # the planner reads estimates in simulated seconds (est_s, before GPUQ_SIM_TIME_SCALE):
+    # the short task's 2.5 s of wall time is est(2.5) = 25 s to it
+    active_reaper(procs, GPUQ_MAX_WAIT_S=str(est(5.0)))
+    short = p3(real_queue, 2.5)
+    procs.wait_state(short, State.RUNNING)
+    long = p3(real_queue, 20.0)
+    procs.wait_state(long, State.RUNNING)
+    urgent = p0(real_queue)
+    done = procs.wait_state(urgent, State.SUCCEEDED, timeout=20)
+    first = procs.record(short)
+    assert first.state is State.SUCCEEDED and first.attempt == 1  # not interrupted
+    assert done.worker == first.worker  # the GPU that freed first, right after its task
+    assert done.started_at is not None and first.finished_at is not None
+    assert 0 <= done.started_at - first.finished_at < 1.0
+    running = procs.record(long)
+    assert running.state is State.RUNNING and running.attempt == 1
+    assert stats(procs).get("preempt:reserved", 0) == 1
+    assert stats(procs).get("preempt:yield_requested", 0) == 0
+
+
+def test_long_victim_yields_with_its_checkpoint_and_keeps_its_attempt(procs: Procs,
+                                                                      real_queue: Queue) -> None:
+    procs.worker("w1", vram_gb=48)
+    victim = p3(real_queue, 6.0)
+    procs.wait_state(victim, State.RUNNING)
+    procs.reaper()
+    urgent = p0(real_queue)
+    enqueued = procs.record(urgent).enqueued_at
+    done = procs.wait_state(urgent, State.SUCCEEDED, timeout=20)
+    assert done.worker == "w1"
+    assert done.started_at is not None and enqueued is not None
+    # one reaper round, the yield message, the yield and the claim: well within the grace
+    assert done.started_at - enqueued < 1.5
+    result = real_queue.task(victim).result(timeout=30)
+    assert result["attempt"] == 1  # the yield gave its attempt back
+    assert result["resumed_from_s"] > 0  # the next run got the checkpoint
+    fields = procs.redis.hgetall(procs.keys.task(victim))
+    assert fields["preemptions"] == "1"
+    assert '"done_s"' in fields["checkpoint"]
+    s = stats(procs)
+    assert s["preempt:yield_requested"] == 1 and s["preempt:yielded"] == 1
+    assert s.get("preempt:stopped", 0) == 0
+
+
+def test_victim_ignoring_the_request_is_stopped_and_requeued_once(procs: Procs,
+                                                                  real_queue: Queue) -> None:
+    worker = procs.worker("w1", vram_gb=48)
+    victim = p3(real_queue, 8.0, {"ignore_yield": True})
+    procs.wait_state(victim, State.RUNNING)
+    procs.reaper()
+    urgent = p0(real_queue)
+    done = procs.wait_state(urgent, State.SUCCEEDED, timeout=20)
+    assert done.worker == "w1" and worker.alive()  # stopped in-process: no restart needed
+    wait_for(lambda: "preempt.stopped" in worker.log(), 5, message="the stop to be logged")
+    result = real_queue.task(victim).result(timeout=30)
+    assert result["attempt"] == 1
+    fields = procs.redis.hgetall(procs.keys.task(victim))
+    assert fields["preemptions"] == "1"
+    s = stats(procs)
+    assert s["preempt:stopped"] == 1 and s.get("preempt:yielded", 0) == 0
+    assert worker.log().count("preempt.stopped task=") == 1
+
+
+def test_handler_stuck_in_native_code_makes_the_worker_exit_and_requeues_once(
+        procs: Procs, real_queue: Queue) -> None:
+    worker = procs.worker("w1", vram_gb=48)
+    victim = p3(real_queue, 30.0, {"uninterruptible": True})
+    procs.wait_state(victim, State.RUNNING)
+    procs.reaper()
+    urgent = p0(real_queue)
+    assert worker.wait(timeout=20) == EXIT_STUCK
+    assert "worker.stuck" in worker.log()
+    record = procs.record(victim)
+    assert record.state is State.QUEUED and record.attempt == 0
+    assert procs.redis.hget(procs.keys.task(victim), "preemptions") == "1"
+    assert not procs.registered("w1")  # it left before exiting
+    procs.worker("w1-restarted", vram_gb=48)  # the supervisor's restart
+    assert procs.wait_state(urgent, State.SUCCEEDED, timeout=20).worker == "w1-restarted"
+    assert stats(procs)["preempt:stopped"] == 1
+
+
+def test_non_preemptible_task_is_never_chosen(procs: Procs, real_queue: Queue) -> None:
+    procs.worker("w1", vram_gb=48)
+    procs.worker("w2", vram_gb=48)
+    # the non-preemptible task ends sooner: it would be the victim were it preemptible
+    pinned = p3(real_queue, 5.0, preemptible=False)
+    procs.wait_state(pinned, State.RUNNING)
+    other = p3(real_queue, 8.0)
+    other_worker = procs.wait_state(other, State.RUNNING).worker
+    procs.reaper()
+    urgent = p0(real_queue)
+    done = procs.wait_state(urgent, State.SUCCEEDED, timeout=20)
+    assert done.worker == other_worker
+    kept = procs.record(pinned)
+    assert kept.state in (State.RUNNING, State.SUCCEEDED) and kept.attempt == 1
+    assert procs.redis.hget(procs.keys.task(pinned), "preemptions") is None
+    assert procs.redis.hget(procs.keys.task(other), "preemptions") == "1"
+
+
+def test_only_non_preemptible_work_running_means_no_preemption(procs: Procs,
+                                                               real_queue: Queue) -> None:
+    procs.worker("w1", vram_gb=48)
+    pinned = p3(real_queue, 2.0, preemptible=False)
+    procs.wait_state(pinned, State.RUNNING)
+    reaper = procs.reaper()
+    urgent = p0(real_queue)
+    done = procs.wait_state(urgent, State.SUCCEEDED, timeout=20)
+    first = procs.record(pinned)
+    assert first.state is State.SUCCEEDED and first.attempt == 1
+    assert first.finished_at is not None and done.started_at is not None
+    assert done.started_at >= first.finished_at
+    assert "preempt." not in reaper.log()

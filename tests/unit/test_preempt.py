@@ -1,0 +1,67 @@
+"""The preemption planner's rules (gpuq.reaper.preempt.plan), without Redis."""
+
+from __future__ import annotations
+
+from gpuq.config import Config
+from gpuq.reaper.preempt import Victim, Waiting, plan
+
+NOW = 1_000_000
+CFG = Config(max_wait_s=30, preempt_min_runtime_s=5, preempt_max=2)
+
+
+def victim(vid: str, worker: str, *, priority: int = 3, ran_s: float = 60, left_s: float = 100,
+           preemptions: int = 0, usable_gb: float = 75, levels: str = "0123") -> Victim:
+    started = NOW - int(ran_s * 1000)
+    return Victim(vid, 1, worker, priority, started, ran_s + left_s, preemptions, usable_gb, levels)
+
+
+def test_victim_ending_within_max_wait_is_reserved_not_interrupted() -> None:
+    w = Waiting("p0", 0, 40)
+    out = plan([w], [victim("long", "a", left_s=300), victim("soon", "b", left_s=10)], [], set(), CFG, NOW)
+    assert [(d.kind, d.victim.id) for d in out] == [("reserve", "soon")]
+    assert out[0].ends_in_s == 10
+
+
+def test_only_long_victims_the_soonest_ending_is_asked_to_yield() -> None:
+    out = plan([Waiting("p0", 0, 40)], [victim("a", "a", left_s=300), victim("b", "b", left_s=100)],
+               [], set(), CFG, NOW)
+    assert [(d.kind, d.victim.id) for d in out] == [("yield", "b")]
+
+
+def test_protections_minimum_runtime_and_maximum_preemptions() -> None:
+    young = victim("young", "a", ran_s=1, left_s=100)
+    worn = victim("worn", "b", left_s=100, preemptions=2)
+    ok = victim("ok", "c", left_s=500)
+    out = plan([Waiting("p0", 0, 40)], [young, worn, ok], [], set(), CFG, NOW)
+    assert [(d.kind, d.victim.id) for d in out] == [("yield", "ok")]
+    assert plan([Waiting("p0", 0, 40)], [young, worn], [], set(), CFG, NOW) == []
+
+
+def test_a_soon_ending_young_victim_is_still_waited_for() -> None:
+    # waiting for a natural end interrupts nothing, so the protections do not apply
+    out = plan([Waiting("p0", 0, 40)], [victim("young", "a", ran_s=1, left_s=5, preemptions=2)],
+               [], set(), CFG, NOW)
+    assert [(d.kind, d.victim.id) for d in out] == [("reserve", "young")]
+
+
+def test_victims_must_be_lower_priority_on_a_large_enough_gpu_in_the_right_lane() -> None:
+    victims = [victim("same", "a", priority=1), victim("small", "b", usable_gb=19),
+               victim("lane", "c", levels="23"), victim("fits", "d", left_s=900)]
+    out = plan([Waiting("p1", 1, 40)], victims, [], set(), CFG, NOW)
+    assert [d.victim.id for d in out] == ["fits"]
+
+
+def test_an_idle_worker_that_fits_means_no_preemption() -> None:
+    victims = [victim("v", "a", left_s=5)]
+    assert plan([Waiting("p0", 0, 40)], victims, [(43.0, "0123")], set(), CFG, NOW) == []
+    # an idle worker too small, or not serving P0, does not count
+    out = plan([Waiting("p0", 0, 40)], victims, [(20.0, "0123"), (80.0, "23")], set(), CFG, NOW)
+    assert len(out) == 1
+
+
+def test_each_worker_serves_one_waiting_task_and_reserved_workers_are_skipped() -> None:
+    victims = [victim("v1", "a", left_s=5), victim("v2", "b", left_s=6), victim("v3", "c", left_s=7)]
+    waiting = [Waiting("x", 1, 10), Waiting("y", 0, 10), Waiting("z", 0, 10)]
+    out = plan(waiting, victims, [], {"a"}, CFG, NOW)
+    # P0 first; worker a already holds a reservation
+    assert [(d.waiting.id, d.victim.worker) for d in out] == [("y", "b"), ("z", "c")]
