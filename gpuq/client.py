@@ -16,8 +16,7 @@ from typing import Any
 import redis
 
 from gpuq.config import Config
-from gpuq.errors import (ConfigError, ConnectionFailed, ResultTimeout, TaskFailed, TaskNotFound,
-                         WorkerNotFound)
+from gpuq.errors import ConfigError, ConnectionFailed, ResultTimeout, TaskFailed, TaskNotFound, WorkerNotFound
 from gpuq.keys import Keys
 from gpuq.scripts import Calls, Scripts
 from gpuq.task import State, TaskRecord, TaskSpec, build_specs

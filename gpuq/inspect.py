@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -31,6 +32,7 @@ class WorkerView:
     state: str
     running: list[str]
     alive: bool
+    levels: str = ""  # priorities served, e.g. "0123"
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,12 @@ class PoolView:
     largest_gpu_gb: float
     stats: dict[str, int]
     models: list[dict[str, Any]] = field(default_factory=list)
+    # live workers the preemption planner holds for a queued task: {"worker", "task"}
+    reservations: list[dict[str, str]] = field(default_factory=list)
+    # running tasks asked to give way: {"task", "worker", "yield_by_s" (from now; < 0: overdue),
+    # "for" (the waiting task)}
+    yield_requests: list[dict[str, Any]] = field(default_factory=list)
+    scale: dict[str, dict[str, Any]] = field(default_factory=dict)  # the scale hash, parsed
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,7 +68,8 @@ def pool_view(client: redis.Redis, keys: Keys) -> PoolView:
     pipe.zcard(keys.delayed)
     pipe.hvals(keys.classes)
     pipe.hgetall(keys.stats)
-    *per_level, workers, running, delayed, classes, stats = pipe.execute()
+    pipe.hgetall(keys.scale)
+    *per_level, workers, running, delayed, classes, stats, scale = pipe.execute()
 
     queues: list[QueueView] = []
     pipe = client.pipeline(transaction=False)
@@ -82,14 +91,28 @@ def pool_view(client: redis.Redis, keys: Keys) -> PoolView:
     unschedulable_ids = client.zrangebyscore(keys.need, f"({largest}", "+inf", start=0, num=20)
     unschedulable = client.zcount(keys.need, f"({largest}", "+inf")
 
-    views = []
+    views, reservations = _workers(client, keys, workers, now * 1000)
+    return PoolView(
+        pool=keys.pool, queues=queues, workers=views, running=int(running), delayed=int(delayed),
+        unschedulable=int(unschedulable), unschedulable_ids=[str(i) for i in unschedulable_ids],
+        largest_gpu_gb=largest, stats={k: int(v) for k, v in stats.items()},
+        models=[asdict(e) for e in catalog.read(client, keys)], reservations=reservations,
+        yield_requests=_yield_requests(client, keys, [w for w in views if w.alive], now * 1000),
+        scale={k: _parse_signal(v) for k, v in sorted(scale.items())})
+
+
+def _workers(client: redis.Redis, keys: Keys, workers: list[tuple[str, float]],
+             now_ms: float) -> tuple[list[WorkerView], list[dict[str, str]]]:
+    """Each worker's view, and the reservations of the live ones."""
     pipe = client.pipeline(transaction=False)
     for wid, _ in workers:
         pipe.hgetall(keys.worker(wid))
         pipe.smembers(keys.worker_tasks(wid))
+        pipe.get(keys.reservation(wid))
     replies = pipe.execute()
-    now_ms = now * 1000
-    for (wid, expiry), info, tasks in zip(workers, replies[0::2], replies[1::2]):
+    views, reservations = [], []
+    for (wid, expiry), info, tasks, reserved in zip(workers, *(replies[i::3] for i in range(3))):
+        alive = expiry >= now_ms
         views.append(WorkerView(
             id=wid, gpu=info.get("gpu_name", "?"),
             vram_total_gb=float(info.get("vram_total_gb", 0)),
@@ -97,9 +120,30 @@ def pool_view(client: redis.Redis, keys: Keys) -> PoolView:
             models=[m for m in info.get("models", "").split(",") if m],
             # busy/idle from the live task set; the hash's state is as of the last heartbeat
             state="draining" if info.get("state") == "draining" else ("busy" if tasks else "idle"),
-            running=sorted(tasks), alive=expiry >= now_ms))
-    return PoolView(
-        pool=keys.pool, queues=queues, workers=views, running=int(running), delayed=int(delayed),
-        unschedulable=int(unschedulable), unschedulable_ids=[str(i) for i in unschedulable_ids],
-        largest_gpu_gb=largest, stats={k: int(v) for k, v in stats.items()},
-        models=[asdict(e) for e in catalog.read(client, keys)])
+            running=sorted(tasks), alive=alive, levels=info.get("levels", "")))
+        if alive and reserved:
+            reservations.append({"worker": wid, "task": reserved})
+    return views, reservations
+
+
+def _yield_requests(client: redis.Redis, keys: Keys, live: list[WorkerView],
+                    now_ms: float) -> list[dict[str, Any]]:
+    running = [(w.id, t) for w in live for t in w.running]
+    pipe = client.pipeline(transaction=False)
+    for _, task_id in running:
+        pipe.hmget(keys.task(task_id), "yield_by", "yield_for")
+    out = []
+    for (wid, task_id), (by, waiting) in zip(running, pipe.execute()):
+        if by:
+            out.append({"task": task_id, "worker": wid,
+                        "yield_by_s": round((float(by) - now_ms) / 1000, 3), "for": waiting or ""})
+    return out
+
+
+def _parse_signal(raw: str) -> dict[str, Any]:
+    # the hash is written by the reaper, but a foreign writer must not break `gpuq status`
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    return value if isinstance(value, dict) else {"raw": raw}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpuq.inspect import PoolView
 
 
@@ -20,12 +22,49 @@ def render_status(view: PoolView) -> str:
                      f"largest registered GPU class ({view.largest_gpu_gb:g} GB usable): "
                      + ", ".join(view.unschedulable_ids[:5]))
     lines.append("")
-    lines.append(f"{'WORKER':<28}{'GPU':<18}{'VRAM FREE/TOTAL':>16}  {'STATE':<9}{'RUN':>4}  MODELS")
+    lines.append(f"{'WORKER':<28}{'GPU':<18}{'VRAM FREE/TOTAL':>16}  {'STATE':<9}{'RUN':>4}  "
+                 f"{'LEVELS':<7}MODELS")
     for w in view.workers:
         vram = f"{w.vram_free_gb:.0f}/{w.vram_total_gb:.0f} GB"
         state = w.state if w.alive else "dead?"
         lines.append(f"{w.id[:27]:<28}{w.gpu[:17]:<18}{vram:>16}  {state:<9}{len(w.running):>4}  "
-                     f"{','.join(w.models) or '-'}")
+                     f"{_levels(w.levels):<7}{','.join(w.models) or '-'}")
     if not view.workers:
         lines.append("(no workers)")
+    lines += _preemption(view) + _scale(view.scale)
     return "\n".join(lines)
+
+
+def _levels(levels: str) -> str:
+    return "P" + levels if levels else "-"  # "P0123": the priorities a worker serves
+
+
+def _preemption(view: PoolView) -> list[str]:
+    lines = []
+    if view.reservations:
+        lines += ["", "reservations:"]
+        lines += [f"  {r['worker']} held for {r['task']}" for r in view.reservations]
+    if view.yield_requests:
+        lines += ["", "yield requests:"]
+        for y in view.yield_requests:
+            left = float(y["yield_by_s"])
+            when = f"within {left:.1f}s" if left >= 0 else f"overdue by {-left:.1f}s"
+            lines.append(f"  {y['task']} on {y['worker']}: yield {when} for {y['for'] or '?'}")
+    return lines
+
+
+def _scale(scale: dict[str, dict[str, Any]]) -> list[str]:
+    signals = sorted((k for k in scale if ":" in k), key=lambda k: (not k.startswith("class:"), k))
+    lines = ["", "scale signals:"] if scale else []
+    for key in signals:
+        s = scale[key]
+        kind, _, name = key.partition(":")
+        arrow = f"{s.get('current', '?')} -> {s.get('desired', '?')}"
+        lines.append(f"  {kind:<6}{name[:23]:<24}{arrow:>10}  {s.get('reason', '')}")
+    if "unschedulable" in scale:
+        u = scale["unschedulable"]
+        gb = u.get("largest_gb")
+        lines.append(f"  unschedulable: {u.get('tasks', '?')} task(s), the largest needs "
+                     f"{gb:g} GB" if isinstance(gb, (int, float)) else
+                     f"  unschedulable: {u.get('tasks', '?')} task(s)")
+    return lines

@@ -14,10 +14,11 @@ import logging
 import signal
 import threading
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 import redis
-
-from dataclasses import dataclass, field
 
 from gpuq import catalog
 from gpuq.client import redis_errors
@@ -28,6 +29,7 @@ from gpuq.reaper.scale import Scaler
 from gpuq.scripts import Calls, ReapResult, Scripts
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MAX_LOAD_HORIZON_MS = 600_000  # expiry looks ahead at most this far for cold model loads
 
@@ -101,22 +103,22 @@ class Reaper:
         """One round of every duty; a step that fails is logged and the rest still run."""
         out = Round()
         self.redis.hset(self.keys.settings, "min_workers", self.config.min_workers)
-        steps = (("recover", lambda: setattr(out, "recovered", self.reap_once())),
-                 ("expire", lambda: setattr(out, "expired", self.expire())),
-                 ("preempt", lambda: setattr(out, "preemptions", self.preemptor.step())),
-                 ("scale", lambda: self._scale(out)))
-        for name, step in steps:
-            try:
-                step()
-            except redis.RedisError:
-                raise
-            except Exception:
-                log.exception("reaper.step_failed pool=%s step=%s", self.config.pool, name)
+        out.recovered = self._step("recover", self.reap_once, out.recovered)
+        out.expired = self._step("expire", self.expire, 0)
+        out.preemptions = self._step("preempt", self.preemptor.step, {})
+        plan = self._step("scale", self.scaler.step, None)
+        if plan is not None:
+            out.scale_signals, out.warm_hints = len(plan.signals), len(plan.hints)
         return out
 
-    def _scale(self, out: Round) -> None:
-        plan = self.scaler.step()
-        out.scale_signals, out.warm_hints = len(plan.signals), len(plan.hints)
+    def _step(self, name: str, step: Callable[[], T], default: T) -> T:
+        try:
+            return step()
+        except redis.RedisError:
+            raise  # the loop logs it and tries again next round
+        except Exception:
+            log.exception("reaper.step_failed pool=%s step=%s", self.config.pool, name)
+            return default
 
     def run(self, once: bool = False) -> int:
         if threading.current_thread() is threading.main_thread():

@@ -21,7 +21,6 @@ import time
 import uuid
 from typing import Any
 
-
 import redis
 
 from gpuq.app import App, Context

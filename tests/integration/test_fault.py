@@ -94,7 +94,8 @@ def test_sigkill_then_reaper_once_after_lease_expiry(procs: Procs, real_queue: Q
     assert "dead?" in text
     out = procs.cli("reaper", "--once")
     assert out.returncode == 0, out.stderr
-    assert re.match(r"requeued 1, failed 0, dead workers 1, retries promoted 0, expired 0,", out.stdout.strip())
+    assert re.match(r"requeued 1, failed 0, dead workers 1, retries promoted 0, expired 0,",
+                    out.stdout.strip())
     record = task.record()
     assert record.state is State.QUEUED
     assert record.attempt == 1  # a lost lease uses up its attempt

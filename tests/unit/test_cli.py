@@ -134,7 +134,8 @@ def test_status_json_shape(cli_pool: Pool) -> None:
     empty = json.loads(cli_pool.ok("status", "--json"))
     assert empty == {"pool": cli_pool.name, "queues": [], "workers": [], "running": 0,
                      "delayed": 0, "unschedulable": 0, "unschedulable_ids": [],
-                     "largest_gpu_gb": 0.0, "stats": {}, "models": []}
+                     "largest_gpu_gb": 0.0, "stats": {}, "models": [], "reservations": [],
+                     "yield_requests": [], "scale": {}}
 
     cli_pool.register_gpu("w-a100", "A100-40", 40)
     ids = [cli_pool.ok("enqueue", *BASE, "--priority", "P0").strip() for _ in range(2)]
@@ -150,7 +151,8 @@ def test_status_json_shape(cli_pool: Pool) -> None:
     assert view["stats"] == {"enqueued": 3}
     (worker,) = view["workers"]
     assert set(worker) == {"id", "gpu", "vram_total_gb", "vram_free_gb", "models", "state",
-                           "running", "alive"}
+                           "running", "alive", "levels"}
+    assert worker["levels"] == "0123"
     assert worker["id"] == "w-a100" and worker["gpu"] == "A100-40"
     assert worker["vram_total_gb"] == 40 and worker["vram_free_gb"] == 35
     assert worker["running"] == [] and worker["alive"] is True

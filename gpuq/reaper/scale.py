@@ -1,0 +1,228 @@
+"""Scale-up signals and warm hints: what the pool needs, computed once per reaper round.
+
+``Scaler.step`` reads a bounded snapshot of the pool (``read_snapshot``), plans from it with
+the pure ``gpuq.reaper.scale_plan.plan`` (its docstring states the rules), then in one MULTI
+replaces the ``scale`` hash, pushes the warm hints and counts them, and finally tells the hook
+about classes whose desired count changed.
+
+The ``scale`` hash: ``class:<gpu>`` and ``model:<name>`` -> JSON {current, desired, reason, at};
+``unschedulable`` -> JSON {tasks, largest_gb (the largest need), class_gb (the largest class)}
+while queued tasks exceed every class. The hook gets (class, current, desired) when a class's
+desired differs from what it was last told (first sight: from current).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shlex
+import subprocess
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import redis
+
+from gpuq import catalog
+from gpuq.config import Config
+from gpuq.errors import ConfigError
+from gpuq.keys import Keys
+from gpuq.reaper.scale_plan import (
+    AWAY,
+    HINT_EVERY_MS,
+    Backlog,
+    ScalePlan,
+    ScaleSignal,
+    Snapshot,
+    WorkerState,
+    decimal,
+    plan,
+)
+from gpuq.task import Priority
+
+log = logging.getLogger(__name__)
+
+Hook = Callable[[str, int, int], None]  # (GPU class, current, desired)
+
+SAMPLE = 50  # head tasks read per queue; their est_s and vram_gb stand for the whole queue
+MODELS_PER_LEVEL = 500  # bounds the read even if producers invent models without end
+HOOK_TIMEOUT_S = 30.0
+_WORKER_FIELDS = ("gpu_name", "vram_total_gb", "kv_reserve_gb", "levels", "state")
+
+
+def _float(value: object) -> float:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int) -> Snapshot:
+    """The pool as ``plan`` needs it, in three pipelined reads (and the catalog's two), each
+    bounded: per queue its ZCARD and SAMPLE head tasks, per live worker a few hash fields,
+    the ``need`` index counted by VRAM bands."""
+    pipe = client.pipeline(transaction=False)
+    for level in Priority:
+        pipe.zrange(keys.models_with_work(level), 0, MODELS_PER_LEVEL - 1)
+    pipe.zrangebyscore(keys.workers, now_ms, "+inf")
+    pipe.zrange(keys.idle, 0, -1, withscores=True)
+    pipe.hgetall(keys.classes)
+    pipe.zrange(keys.need, -1, -1, withscores=True)
+    *per_level, live, idle, classes, top = pipe.execute()
+    pairs = [(int(p), str(m)) for p, names in zip(Priority, per_level) for m in names]
+    models = sorted({m for _, m in pairs})
+    pipe = client.pipeline(transaction=False)
+    for wid in live:
+        pipe.hmget(keys.worker(wid), _WORKER_FIELDS)
+        pipe.exists(keys.reservation(wid))
+    for p, m in pairs:
+        pipe.zcard(keys.queue(p, m))
+        pipe.zrange(keys.queue(p, m), 0, SAMPLE - 1, withscores=True)
+    for m in models:
+        pipe.smembers(keys.holders(m))
+    replies = iter(pipe.execute())
+    idle_gb = {str(w): float(score) for w, score in idle}
+    workers = []
+    for wid in live:
+        (gpu, total, reserve, levels, state), reserved = next(replies), next(replies)
+        if gpu is not None and state not in AWAY:  # no hash: being reaped
+            workers.append(WorkerState(wid, gpu, _float(total) - _float(reserve),
+                                       levels or "0123", idle_gb.get(wid), bool(reserved)))
+    queues = [(p, m, int(next(replies)), next(replies)) for p, m in pairs]
+    ids = {w.id for w in workers}
+    holders = {m: frozenset(next(replies)) & ids for m in models}
+    sizes = {str(c): _float(v) for c, v in classes.items()}
+    bounds = [*sorted(set(sizes.values()) | {w.usable_gb for w in workers}), math.inf]
+    backlogs, bands = _sample(client, keys, queues, bounds)
+    entries = catalog.read(client, keys)
+    return Snapshot(tuple(workers), backlogs, sizes, holders,
+                    {e.name: e.mean_load_s for e in entries if e.loads},
+                    {e.name: e.vram_gb for e in entries if e.vram_gb > 0}, bands,
+                    float(top[0][1]) if top else 0.0)
+
+
+def _sample(client: redis.Redis, keys: Keys, queues: list[tuple[int, str, int, list[tuple[str, float]]]],
+            bounds: list[float]) -> tuple[tuple[Backlog, ...], tuple[tuple[float, int], ...]]:
+    pipe = client.pipeline(transaction=False)
+    for *_, head in queues:
+        for tid, _ in head:
+            pipe.hmget(keys.task(tid), "vram_gb", "est_s")
+    lower = "-inf"
+    for bound in bounds:
+        pipe.zcount(keys.need, lower, "+inf" if math.isinf(bound) else bound)
+        lower = f"({bound}"
+    replies = iter(pipe.execute())
+    backlogs = []
+    for p, m, depth, head in queues:
+        got = [next(replies) for _ in head]
+        # a task that ended between the reads has no hash left: it is just not sampled
+        sample = tuple((_float(v), _float(e)) for v, e in got if v is not None)
+        backlogs.append(Backlog(p, m, depth, float(head[0][1]) if head else math.inf, sample))
+    return tuple(backlogs), tuple(zip(bounds, (int(n) for n in replies)))
+
+
+class CommandHook:
+    """Runs ``command class current desired`` (no shell) on a thread of its own, calls in
+    order: a slow command must not hold up the reaper, whose lock would lapse meanwhile."""
+
+    def __init__(self, command: str, timeout_s: float = HOOK_TIMEOUT_S) -> None:
+        try:
+            self.argv = shlex.split(command)
+        except ValueError as exc:
+            raise ConfigError(f"on_scale {command!r}: {exc}") from None
+        if not self.argv:
+            raise ConfigError("on_scale must name a command")
+        self.timeout_s = timeout_s
+        self.runner = ThreadPoolExecutor(1, thread_name_prefix="gpuq-scale-hook")
+        self.last: Future[bool] | None = None
+
+    def __call__(self, cls: str, current: int, desired: int) -> None:
+        self.last = self.runner.submit(self.run, cls, current, desired)
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Block until every call made so far has run (tests, orderly shutdown)."""
+        if self.last is not None:
+            self.last.result(timeout_s)
+
+    def run(self, cls: str, current: int, desired: int) -> bool:
+        """Run the command now; failures are logged, never raised."""
+        argv = [*self.argv, cls, str(current), str(desired)]
+        try:
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=self.timeout_s, check=False)
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("scale.hook_failed class=%s desired=%d error=%s", cls, desired, exc)
+            return False
+        if done.returncode != 0:
+            log.warning("scale.hook_failed class=%s desired=%d rc=%d stderr=%s", cls, desired,
+                        done.returncode, done.stderr.strip()[-500:])
+        return done.returncode == 0
+
+
+def _server_ms(client: redis.Redis) -> int:
+    # the server's clock, as the scripts use it for liveness and start-by scores
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+class Scaler:
+    """Plans each round; remembers what the hook was told per class and when each model
+    was last hinted (in memory: a new active reaper starts afresh)."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, config: Config,
+                 hook: Hook | None = None) -> None:
+        self.redis = client
+        self.keys = keys
+        self.config = config
+        self.hook: Hook | None = hook
+        if hook is None and config.on_scale:
+            self.hook = CommandHook(config.on_scale)
+        self.told: dict[str, int] = {}
+        self.hinted: dict[str, int] = {}
+
+    def step(self, now_ms: int | None = None) -> ScalePlan:
+        now = _server_ms(self.redis) if now_ms is None else now_ms
+        result = plan(read_snapshot(self.redis, self.keys, now), self.config, now, self.hinted)
+        self._write(result, now)
+        self.hinted = {m: t for m, t in self.hinted.items() if now - t < HINT_EVERY_MS}
+        self.hinted.update((h.model, now) for h in result.hints)
+        for s in result.signals:
+            if s.kind == "class":
+                self._tell(s)
+        return result
+
+    def _write(self, result: ScalePlan, now_ms: int) -> None:
+        fields: dict[Any, Any] = {  # redis-py types a mapping's keys invariantly
+            s.hash_field: json.dumps({"current": s.current, "desired": s.desired,
+                                      "reason": s.reason, "at": now_ms})
+            for s in result.signals}
+        if result.unschedulable:
+            fields["unschedulable"] = json.dumps({"tasks": result.unschedulable,
+                                                  "largest_gb": result.largest_need_gb,
+                                                  "class_gb": result.largest_class_gb})
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.delete(self.keys.scale)
+        if fields:
+            pipe.hset(self.keys.scale, mapping=fields)
+        for h in result.hints:
+            pipe.lpush(self.keys.control(h.worker), h.message)
+        if result.hints:
+            pipe.hincrby(self.keys.stats, "warm_hints", len(result.hints))
+        pipe.execute()
+        for h in result.hints:
+            log.info("scale.warm_hint pool=%s worker=%s model=%s vram_gb=%s", self.keys.pool,
+                     h.worker, h.model, decimal(h.vram_gb))
+
+    def _tell(self, s: ScaleSignal) -> None:
+        if s.desired == self.told.setdefault(s.name, s.current):
+            return
+        self.told[s.name] = s.desired
+        log.info("scale.signal pool=%s class=%s current=%d desired=%d reason=%s",
+                 self.keys.pool, s.name, s.current, s.desired, s.reason)
+        if self.hook is None:
+            return
+        try:
+            self.hook(s.name, s.current, s.desired)
+        except Exception:  # a caller's hook must never stop the reaper
+            log.exception("scale.hook_failed pool=%s class=%s", self.keys.pool, s.name)

@@ -1,0 +1,270 @@
+"""Scale planning: desired workers per model and GPU class, and warm hints, from a snapshot.
+
+Pure functions over plain dataclasses (no Redis), so the rules are unit-tested directly;
+``gpuq.reaper.scale`` reads the snapshot, writes the signals and runs the hook.
+Per model with queued work (its queues summed over priorities):
+
+- backlog n = the queues' ZCARD; work = Σ depth × mean ``est_s`` of the first ``SAMPLE`` tasks
+  of each queue; need = the largest ``vram_gb`` among those samples that some registered class
+  fits (larger tasks are unschedulable and reported as such); late = a queue head is past its
+  start-by. current = its live holders.
+- desired = enough workers to drain the work within ``scale_target_s``, where a holder drains
+  the whole target and a new worker first loads the model (catalog mean load time, counted at
+  most half the target, so slow loads still get workers); at least 1; at least current + 1
+  when late and no idle worker serving that priority fits it; at most n + current.
+
+Per GPU class (every registered class, and any class a live worker shows):
+
+- current = its live workers (draining or retiring ones excluded: they take no new work).
+- Each model's shortfall (desired − current, most urgent model first) is first met by idle
+  workers that fit it and serve its priorities, each idle worker once, tightest fit first;
+  the rest goes to the smallest class that fits the model's need.
+- Queued tasks that fit no live worker but fit a class add at least 1 to the smallest such
+  class (counted from the ``need`` index by VRAM bands, not by reading tasks).
+- Desired never drops below current (idle workers retire by themselves, so an autoscaler never
+  has to pick a victim); the pool's total is at least ``min_workers``, the difference going to
+  the class with the most live workers, else to the largest class.
+
+Warm hints: for a model with at least ``warm_backlog`` queued tasks whose holders have no free
+slot, the tightest idle worker (not holding it, not reserved by the preemption planner) whose
+idle score fits the need and whose levels serve at least ``warm_backlog`` of those tasks gets
+``preload <model> <vram_gb>`` (the catalog footprint, else the need) on its control list. A
+model is hinted at most once per ``HINT_EVERY_MS``, a worker at most once per step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpuq.config import Config
+
+HINT_EVERY_MS = 30_000  # a model is hinted again only after this long
+AWAY = ("draining", "retiring")  # worker states that take no new work
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    """A live worker that takes work, as the planner sees it."""
+
+    id: str
+    gpu: str
+    usable_gb: float  # total - KV reserve
+    levels: str = "0123"  # priorities served
+    idle_gb: float | None = None  # claimable GB while it has a free slot (in ``idle``)
+    reserved: bool = False  # the preemption planner holds it for a queued task
+
+    def serves(self, priority: int) -> bool:
+        return str(priority) in (self.levels or "0123")
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """One (priority, model) queue: depth, head start-by, and a sample of its first tasks."""
+
+    priority: int
+    model: str
+    depth: int
+    head_ms: float
+    sample: tuple[tuple[float, float], ...] = ()  # (vram_gb, est_s)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    workers: tuple[WorkerState, ...] = ()
+    backlogs: tuple[Backlog, ...] = ()
+    classes: Mapping[str, float] = field(default_factory=dict)  # GPU class -> usable GB
+    holders: Mapping[str, frozenset[str]] = field(default_factory=dict)  # model -> worker ids
+    load_s: Mapping[str, float] = field(default_factory=dict)  # model -> mean load seconds
+    footprint_gb: Mapping[str, float] = field(default_factory=dict)  # model -> weights GB
+    # (bound GB, queued tasks whose need lies in (previous bound, bound]): bounds ascend, the
+    # last is inf, and every class size and live worker size is one, so a band either fits a
+    # live worker or does not, and the smallest class >= its bound is its smallest fit.
+    need_bands: tuple[tuple[float, int], ...] = ()
+    largest_need_gb: float = 0.0
+
+
+@dataclass(frozen=True)
+class ScaleSignal:
+    kind: str  # "class" or "model"
+    name: str
+    current: int
+    desired: int
+    reason: str
+
+    @property
+    def hash_field(self) -> str:
+        return f"{self.kind}:{self.name}"
+
+
+@dataclass(frozen=True)
+class WarmHint:
+    worker: str
+    model: str
+    vram_gb: float
+
+    @property
+    def message(self) -> str:
+        return f"preload {self.model} {decimal(self.vram_gb)}"
+
+
+@dataclass(frozen=True)
+class ScalePlan:
+    signals: list[ScaleSignal]
+    hints: list[WarmHint]
+    unschedulable: int = 0  # queued tasks larger than every class
+    largest_need_gb: float = 0.0  # the largest of them
+    largest_class_gb: float = 0.0
+
+
+@dataclass
+class _Model:
+    name: str
+    depth: int = 0
+    work_s: float = 0.0
+    need_gb: float = 0.0
+    by_level: dict[int, int] = field(default_factory=dict)
+    late: set[int] = field(default_factory=set)
+
+
+def decimal(x: float) -> str:
+    return f"{x:.3f}".rstrip("0").rstrip(".")  # plain decimal, as the wire format wants
+
+
+def _sizes(snap: Snapshot) -> dict[str, float]:
+    sizes = dict(snap.classes)
+    for w in snap.workers:
+        sizes.setdefault(w.gpu, w.usable_gb)
+    return sizes
+
+
+def _spare(snap: Snapshot) -> list[WorkerState]:
+    """Workers with a free slot that nothing else holds, tightest first."""
+    free = [w for w in snap.workers if w.idle_gb is not None and not w.reserved]
+    return sorted(free, key=lambda w: (w.idle_gb, w.id))
+
+
+def _models(snap: Snapshot, now_ms: int) -> list[_Model]:
+    """Backlogs summed per model, most urgent first (late, then most work)."""
+    largest = max(_sizes(snap).values(), default=0.0)
+    out: dict[str, _Model] = {}
+    needs: dict[str, list[float]] = {}
+    for b in snap.backlogs:
+        m = out.setdefault(b.model, _Model(b.model))
+        m.depth += b.depth
+        m.by_level[b.priority] = m.by_level.get(b.priority, 0) + b.depth
+        if b.sample:
+            m.work_s += b.depth * sum(e for _, e in b.sample) / len(b.sample)
+        needs.setdefault(b.model, []).extend(v for v, _ in b.sample)
+        if b.depth and b.head_ms < now_ms:
+            m.late.add(b.priority)
+    for m in out.values():
+        seen = needs[m.name]
+        # tasks no class fits are reported as unschedulable; they must not steer the rest
+        m.need_gb = max([v for v in seen if v <= largest] or seen, default=0.0)
+    live = [m for m in out.values() if m.depth]  # the index may name a queue that just emptied
+    return sorted(live, key=lambda m: (not m.late, min(m.late, default=4), -m.work_s, m.name))
+
+
+def _model_signal(m: _Model, current: int, load_s: float, config: Config,
+                  idle_fit: bool) -> ScaleSignal:
+    target = config.scale_target_s
+    # a holder drains the whole target; a new worker loads first (counted at most half the
+    # target, so a slow-loading model still gets workers when it is the only way through)
+    cold_s = max(target - min(load_s, target / 2), 1e-3)
+    desired = max(current + math.ceil(max(0.0, m.work_s - current * target) / cold_s), 1)
+    reason = f"backlog {m.depth} tasks, {m.work_s:.0f} s of work"
+    if m.late and not idle_fit:
+        desired = max(desired, current + 1)
+        reason = f"P{min(m.late)} past SLA, no idle fit; {reason}"
+    return ScaleSignal("model", m.name, current, min(desired, m.depth + current), reason)
+
+
+def _class_extra(snap: Snapshot, models: Sequence[_Model], holders: Mapping[str, set[str]],
+                 signals: Sequence[ScaleSignal]) -> tuple[Counter[str], dict[str, list[str]]]:
+    """Workers to add per class, and why: model shortfalls idle workers do not cover, and
+    tasks that fit no live worker."""
+    by_size = sorted(_sizes(snap).items(), key=lambda kv: (kv[1], kv[0]))
+    spare = _spare(snap)
+    extra: Counter[str] = Counter()
+    why: dict[str, list[str]] = {}
+    for m, sig in zip(models, signals):
+        short = sig.desired - sig.current
+        for w in list(spare):
+            if short > 0 and w.id not in holders[m.name] and (w.idle_gb or 0) >= m.need_gb \
+                    and any(w.serves(p) for p in m.by_level):
+                spare.remove(w)  # an idle worker takes one model's work, not every model's
+                short -= 1
+        fit = next((c for c, gb in by_size if gb >= m.need_gb), None)
+        if short > 0 and fit is not None:
+            extra[fit] += short
+            why.setdefault(fit, []).append(f"{m.name} +{short}: {sig.reason}")
+    live_max = max((w.usable_gb for w in snap.workers), default=0.0)
+    homeless: Counter[str] = Counter()
+    lower = 0.0
+    for bound, count in snap.need_bands:
+        fit = next((c for c, gb in by_size if gb >= bound), None)
+        if count and lower >= live_max and fit is not None:
+            homeless[fit] += count
+        lower = bound
+    for c, count in homeless.items():
+        extra[c] = max(extra[c], 1)
+        why.setdefault(c, []).append(f"{count} tasks fit no live worker")
+    return extra, why
+
+
+def _class_signals(snap: Snapshot, config: Config, extra: Counter[str],
+                   why: dict[str, list[str]]) -> list[ScaleSignal]:
+    sizes = _sizes(snap)
+    live = Counter(w.gpu for w in snap.workers)
+    desired = {c: live[c] + extra[c] for c in sizes}
+    gap = config.min_workers - sum(desired.values())
+    if gap > 0 and sizes:
+        pick = max(sizes, key=lambda c: (live[c], sizes[c], c))
+        desired[pick] += gap
+        why.setdefault(pick, []).append(f"min_workers {config.min_workers}")
+    return [ScaleSignal("class", c, live[c], desired[c], "; ".join(why.get(c, [])) or "enough workers")
+            for c in sorted(sizes)]
+
+
+def _hints(snap: Snapshot, config: Config, models: Sequence[_Model],
+           holders: Mapping[str, set[str]], now_ms: int,
+           recent: Mapping[str, int]) -> list[WarmHint]:
+    spare = _spare(snap)
+    wanted = max(config.warm_backlog, 1)
+    out: list[WarmHint] = []
+    used: set[str] = set()
+    for m in models:
+        if (m.depth < config.warm_backlog or now_ms - recent.get(m.name, -HINT_EVERY_MS) < HINT_EVERY_MS
+                or any(w.id in holders[m.name] for w in spare)):
+            continue  # small backlog, hinted lately, or a holder can take it now
+        pick = next((w for w in spare if w.id not in used and w.id not in holders[m.name]
+                     and (w.idle_gb or 0) >= m.need_gb
+                     and sum(n for p, n in m.by_level.items() if w.serves(p)) >= wanted), None)
+        if pick is not None:
+            used.add(pick.id)
+            out.append(WarmHint(pick.id, m.name, snap.footprint_gb.get(m.name) or m.need_gb))
+    return out
+
+
+def plan(snapshot: Snapshot, config: Config, now_ms: int,
+         recent_hints: Mapping[str, int] | None = None) -> ScalePlan:
+    """What the pool needs (pure). ``recent_hints``: model -> ms it was last hinted."""
+    models = _models(snapshot, now_ms)
+    live = {w.id for w in snapshot.workers}
+    holders = {m.name: set(snapshot.holders.get(m.name, ())) & live for m in models}
+    spare = _spare(snapshot)
+    model_signals = []
+    for m in models:
+        idle_fit = any((w.idle_gb or 0) >= m.need_gb and any(w.serves(p) for p in m.late)
+                       for w in spare)
+        model_signals.append(_model_signal(m, len(holders[m.name]), snapshot.load_s.get(m.name, 0.0),
+                                           config, idle_fit))
+    extra, why = _class_extra(snapshot, models, holders, model_signals)
+    signals = _class_signals(snapshot, config, extra, why) + model_signals
+    hints = _hints(snapshot, config, models, holders, now_ms, recent_hints or {})
+    unschedulable = sum(n for bound, n in snapshot.need_bands if math.isinf(bound))
+    return ScalePlan(signals, hints, unschedulable, snapshot.largest_need_gb if unschedulable else 0.0,
+                     max(_sizes(snapshot).values(), default=0.0))

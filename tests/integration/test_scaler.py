@@ -1,0 +1,199 @@
+"""The scaler against the real server: signals in the scale hash, the hook command, warm hints."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuq import Config, Queue, catalog
+from gpuq.inspect import pool_view
+from gpuq.reaper.scale import CommandHook, Scaler
+from gpuq.render import render_status
+from gpuq.worker import presence
+from gpuq.worker.gpu import GpuInfo
+
+MakeQueue = Callable[..., Queue]
+RESERVE_GB = 5.0
+
+
+def register(q: Queue, wid: str, gpu: str, total_gb: float, *, idle: bool = False,
+             holds: tuple[str, ...] = (), levels: str = "0123") -> None:
+    """A worker as presence writes it; idle puts it in ``idle`` with all its usable VRAM
+    (after enqueuing: the enqueue's wake rule takes the worker it wakes out of ``idle``)."""
+    info = GpuInfo(gpu, f"uuid-{wid}", total_gb, None, "declared")
+    presence.register(q.redis, q.keys, presence.identity(wid, info, RESERVE_GB, 1, levels, "h", 1),
+                      30_000)
+    for model in holds:
+        q.redis.sadd(q.keys.holders(model), wid)
+    if idle:
+        q.redis.zadd(q.keys.idle, {wid: total_gb - RESERVE_GB})
+    else:
+        q.redis.sadd(q.keys.worker_tasks(wid), f"running-on-{wid}")
+
+
+def enqueue(q: Queue, n: int, model: str, vram_gb: float, est_s: float = 1.0,
+            priority: str = "P2") -> None:
+    q.enqueue_many([{"handler": "h", "model": model, "vram_gb": vram_gb, "est_s": est_s,
+                     "priority": priority} for _ in range(n)])
+
+
+def scale_hash(q: Queue) -> dict[str, dict[str, Any]]:
+    return {str(k): json.loads(v) for k, v in q.redis.hgetall(q.keys.scale).items()}
+
+
+def appender(path: Path) -> str:
+    """A hook command that appends its arguments to ``path`` as one line."""
+    code = ("import sys; f = open(sys.argv[1], 'a'); "
+            "f.write(' '.join(sys.argv[2:]) + chr(10)); f.close()")
+    return shlex.join([sys.executable, "-c", code, str(path)])
+
+
+def test_signals_replace_the_scale_hash(make_real_queue: MakeQueue) -> None:
+    q = make_real_queue(min_workers=0)
+    register(q, "w-h", "A100-80", 80, holds=("m",))
+    enqueue(q, 120, "m", 16, est_s=2)
+    q.redis.hset(q.keys.scale, "model:gone", "{}")
+    plan = Scaler(q.redis, q.keys, q.config).step()
+    got = scale_hash(q)
+    assert set(got) == {"class:A100-80", "model:m"}
+    assert got["model:m"]["current"] == 1 and got["model:m"]["desired"] == 4
+    assert got["model:m"]["reason"] == "backlog 120 tasks, 240 s of work"
+    assert (got["class:A100-80"]["current"], got["class:A100-80"]["desired"]) == (1, 4)
+    assert got["class:A100-80"]["at"] > 1_600_000_000_000  # the server's clock, in ms
+    assert [s.hash_field for s in plan.signals] == ["class:A100-80", "model:m"]
+    assert plan.hints == []
+
+
+def test_hook_command_gets_class_current_desired_when_desired_changes(
+        make_real_queue: MakeQueue, tmp_path: Path) -> None:
+    out = tmp_path / "calls"
+    q = make_real_queue(min_workers=0, on_scale=appender(out))
+    register(q, "w-h", "L4", 24, holds=("m",))
+    scaler = Scaler(q.redis, q.keys, q.config)
+    assert isinstance(scaler.hook, CommandHook)
+    scaler.step()  # desired == current: nothing to tell
+    enqueue(q, 120, "m", 16, est_s=2)
+    scaler.step()
+    scaler.step()  # unchanged: told once
+    enqueue(q, 60, "m", 16, est_s=2)
+    scaler.step()
+    scaler.hook.wait(10)
+    assert out.read_text().splitlines() == ["L4 1 4", "L4 1 6"]
+
+
+def test_failing_hook_is_logged_and_never_raises(make_real_queue: MakeQueue,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    q = make_real_queue(min_workers=1)
+    caplog.set_level(logging.WARNING, logger="gpuq.reaper.scale")
+    for command in (f"{shlex.quote(sys.executable)} -c 'raise SystemExit(3)'", "/nonexistent/gpuq-hook"):
+        hook = CommandHook(command)
+        hook("L4", 0, 1)
+        hook.wait(10)
+        assert hook.run("L4", 0, 1) is False
+    assert sum("scale.hook_failed" in r.getMessage() for r in caplog.records) == 4
+
+    def broken(cls: str, current: int, desired: int) -> None:
+        raise RuntimeError("boom")
+
+    q.redis.hset(q.keys.classes, "L4", 19)
+    Scaler(q.redis, q.keys, q.config, hook=broken).step()  # min_workers 1 asks L4 for one
+    assert scale_hash(q)["class:L4"]["desired"] == 1
+
+
+def test_task_too_big_for_live_workers_raises_the_smallest_fitting_class(make_real_queue: MakeQueue) -> None:
+    q = make_real_queue(min_workers=0)
+    register(q, "w-l4", "L4", 24)
+    q.redis.hset(q.keys.classes, mapping={"A100-80": 75, "H200": 136})  # registered earlier
+    enqueue(q, 2, "big", 40)
+    enqueue(q, 1, "huge", 200)
+    Scaler(q.redis, q.keys, q.config).step()
+    got = scale_hash(q)
+    assert (got["class:A100-80"]["current"], got["class:A100-80"]["desired"]) == (0, 1)
+    assert "2 tasks fit no live worker" in got["class:A100-80"]["reason"]
+    assert (got["class:H200"]["desired"], got["class:L4"]["desired"]) == (0, 1)
+    assert got["unschedulable"] == {"tasks": 1, "largest_gb": 200.0, "class_gb": 136.0}
+
+
+def test_warm_hint_goes_to_the_right_worker_once(make_real_queue: MakeQueue) -> None:
+    q = make_real_queue(min_workers=0)
+    enqueue(q, 6, "m", 30)
+    register(q, "w-holder", "A100-80", 80, holds=("m",))
+    register(q, "w-small", "L4", 24, idle=True)
+    register(q, "w-tight", "A100-40", 40, idle=True)
+    register(q, "w-lane", "A100-40b", 40, idle=True, levels="0")
+    register(q, "w-big", "H200", 141, idle=True)
+    scaler = Scaler(q.redis, q.keys, q.config)
+    plan = scaler.step()
+    assert [(h.worker, h.model) for h in plan.hints] == [("w-tight", "m")]
+    assert q.redis.lrange(q.keys.control("w-tight"), 0, -1) == ["preload m 30"]
+    for other in ("w-small", "w-lane", "w-big", "w-holder"):
+        assert q.redis.llen(q.keys.control(other)) == 0
+    assert q.redis.hget(q.keys.stats, "warm_hints") == "1"
+    assert scaler.step().hints == []  # hinted within the last 30 s
+    assert q.redis.llen(q.keys.control("w-tight")) == 1
+
+
+def test_warm_hint_names_the_catalog_footprint(make_real_queue: MakeQueue) -> None:
+    q = make_real_queue(min_workers=0)
+    enqueue(q, 4, "m", 16)
+    register(q, "w-holder", "L4", 24, holds=("m",))
+    register(q, "w-idle", "L4", 24, idle=True)
+    pipe = q.redis.pipeline()
+    catalog.record_load(pipe, q.keys, "m", 14.5, 3.0)
+    pipe.execute()
+    Scaler(q.redis, q.keys, q.config).step()
+    assert q.redis.lrange(q.keys.control("w-idle"), 0, -1) == ["preload m 14.5"]
+
+
+def test_dead_and_draining_workers_do_not_count(make_real_queue: MakeQueue) -> None:
+    q = make_real_queue(min_workers=0)
+    register(q, "w-live", "L4", 24)
+    register(q, "w-dead", "L4", 24)
+    register(q, "w-leaving", "L4", 24)
+    q.redis.zadd(q.keys.workers, {"w-dead": 1})
+    q.redis.hset(q.keys.worker("w-leaving"), "state", "draining")
+    Scaler(q.redis, q.keys, q.config).step()
+    assert scale_hash(q)["class:L4"]["current"] == 1
+
+
+def test_default_config_has_no_hook(make_real_queue: MakeQueue) -> None:
+    q = make_real_queue()
+    assert Scaler(q.redis, q.keys, Config(pool=q.config.pool)).hook is None
+
+
+def test_pool_view_shows_reservations_yield_requests_and_scale(make_real_queue: MakeQueue) -> None:
+    q = make_real_queue(min_workers=0)
+    register(q, "w-1", "A100-80", 80, holds=("m",), levels="01")
+    register(q, "w-2", "L4", 24, idle=True)
+    register(q, "w-dead", "L4", 24)
+    q.redis.zadd(q.keys.workers, {"w-dead": 1})
+    now_ms = int(time.time() * 1000)
+    q.redis.hset(q.keys.task("running-on-w-1"), mapping={"state": "running",
+                                                         "yield_by": now_ms + 5000,
+                                                         "yield_for": "t-wait"})
+    q.redis.hset(q.keys.task("running-on-w-dead"), mapping={"state": "running",
+                                                            "yield_by": now_ms + 5000})
+    q.redis.set(q.keys.reservation("w-1"), "t-wait", px=10_000)
+    q.redis.set(q.keys.reservation("w-dead"), "t-other", px=10_000)
+    enqueue(q, 10, "m", 16, est_s=30)
+    Scaler(q.redis, q.keys, q.config).step()
+
+    v = pool_view(q.redis, q.keys)
+    assert v.reservations == [{"worker": "w-1", "task": "t-wait"}]
+    (y,) = v.yield_requests
+    assert (y["task"], y["worker"], y["for"]) == ("running-on-w-1", "w-1", "t-wait")
+    assert 3 < y["yield_by_s"] <= 5
+    assert v.scale["model:m"]["desired"] == 5 and v.scale["class:A100-80"]["current"] == 1
+    assert {w.id: w.levels for w in v.workers} == {"w-1": "01", "w-2": "0123", "w-dead": "0123"}
+    json.dumps(v.to_dict())
+    text = render_status(v)
+    assert "w-1 held for t-wait" in text and "running-on-w-1 on w-1: yield within" in text
+    assert "scale signals:" in text

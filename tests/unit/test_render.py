@@ -1,0 +1,54 @@
+"""gpuq.render.render_status over hand-built pool views (no Redis)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gpuq.inspect import PoolView, QueueView, WorkerView
+from gpuq.render import render_status
+
+
+def view(**extra: Any) -> PoolView:
+    worker = WorkerView("w-1", "A100-80", 80, 40, ["m"], "busy", ["t-run"], True, levels="0123")
+    return PoolView(pool="p", queues=[QueueView("P0", "m", 3, 1.5)], workers=[worker], running=1,
+                    delayed=0, unschedulable=0, unschedulable_ids=[], largest_gpu_gb=75.0,
+                    stats={}, **extra)
+
+
+def test_plain_view_has_no_extra_sections() -> None:
+    text = render_status(view())
+    assert "P0123" in text and "LEVELS" in text
+    for section in ("reservations:", "yield requests:", "scale signals:"):
+        assert section not in text
+
+
+def test_reservations_yields_and_scale_signals() -> None:
+    text = render_status(view(
+        reservations=[{"worker": "w-1", "task": "t-wait"}],
+        yield_requests=[{"task": "t-run", "worker": "w-1", "yield_by_s": 4.25, "for": "t-wait"},
+                        {"task": "t-old", "worker": "w-2", "yield_by_s": -2.0, "for": ""}],
+        scale={"model:m": {"current": 1, "desired": 3, "reason": "backlog 3 tasks, 90 s of work"},
+               "class:A100-80": {"current": 1, "desired": 3, "reason": "m +2"},
+               "unschedulable": {"tasks": 2, "largest_gb": 200.0, "class_gb": 75.0},
+               "odd": {"raw": "x"}}))
+    lines = text.splitlines()
+    assert "reservations:" in lines and "  w-1 held for t-wait" in lines
+    assert "yield requests:" in lines
+    assert "  t-run on w-1: yield within 4.2s for t-wait" in lines
+    assert "  t-old on w-2: yield overdue by 2.0s for ?" in lines
+    start = lines.index("scale signals:")
+    signal_lines = lines[start + 1:]
+    assert signal_lines[0].split() == ["class", "A100-80", "1", "->", "3", "m", "+2"]
+    assert signal_lines[1].split()[:5] == ["model", "m", "1", "->", "3"]
+    assert signal_lines[1].endswith("backlog 3 tasks, 90 s of work")
+    assert signal_lines[2] == "  unschedulable: 2 task(s), the largest needs 200 GB"
+    assert len(signal_lines) == 3
+
+
+def test_view_with_new_fields_stays_json() -> None:
+    v = view(reservations=[{"worker": "w-1", "task": "t"}], scale={"class:x": {"current": 0}})
+    data = json.loads(json.dumps(v.to_dict()))
+    assert data["workers"][0]["levels"] == "0123"
+    assert data["reservations"] == [{"worker": "w-1", "task": "t"}]
+    assert data["yield_requests"] == [] and data["scale"] == {"class:x": {"current": 0}}
