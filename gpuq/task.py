@@ -220,6 +220,8 @@ class TaskRecord:
     finished_at: float | None
     result: Any
     error: str | None
+    preemptions: int = 0  # times it gave way to higher-priority work
+    checkpoint: Any = None  # what its last preempted run saved for the next one
 
     @classmethod
     def from_fields(cls, fields: dict[str, str]) -> TaskRecord:
@@ -245,6 +247,8 @@ class TaskRecord:
             finished_at=_seconds(fields, "finished_at"),
             result=json.loads(result) if result else None,
             error=fields.get("error") or None,
+            preemptions=int(fields.get("preemptions") or 0),
+            checkpoint=json.loads(fields["checkpoint"]) if fields.get("checkpoint") else None,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -164,7 +164,9 @@ def _models(snap: Snapshot, now_ms: int) -> list[_Model]:
         seen = needs[m.name]
         # tasks no class fits are reported as unschedulable; they must not steer the rest
         m.need_gb = max([v for v in seen if v <= largest] or seen, default=0.0)
-    live = [m for m in out.values() if m.depth]  # the index may name a queue that just emptied
+    # the index may name a queue that just emptied; a model whose tasks no registered class
+    # fits is only reported as unschedulable (with no class yet, every model still counts)
+    live = [m for m in out.values() if m.depth and (largest == 0 or m.need_gb <= largest)]
     return sorted(live, key=lambda m: (not m.late, min(m.late, default=4), -m.work_s, m.name))
 
 

@@ -150,6 +150,7 @@ def test_tasks_larger_than_every_class_are_unschedulable_not_scaled() -> None:
     result = plan(s, CFG, NOW)
     assert (result.unschedulable, result.largest_need_gb, result.largest_class_gb) == (2, 300.0, 136.0)
     assert counts(result) == {"L4": (0, 0), "A100": (0, 0), "H200": (1, 1)}
+    assert counts(result, "model") == {}  # no worker could ever serve it: no model signal
     # an unschedulable task at a queue head does not steer the model's need
     mixed = Backlog(2, "m", 20, NOW + 1, ((300.0, 1.0), (40.0, 1.0)))
     assert counts(plan(snap([], [mixed]), CFG, NOW))["A100"] == (0, 1)
