@@ -94,3 +94,12 @@ class WorkerNotFound(GpuqError):
     def __init__(self, worker_id: str) -> None:
         self.worker_id = worker_id
         super().__init__(f"worker {worker_id} is not live in this pool")
+
+
+class NotRequeueable(GpuqError):
+    """An operator requeue of a task that is queued or succeeded."""
+
+    def __init__(self, task_id: str, reason: str) -> None:
+        self.task_id = task_id
+        self.reason = reason
+        super().__init__(f"cannot requeue task {task_id}: {reason}")

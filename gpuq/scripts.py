@@ -22,6 +22,7 @@ from gpuq.errors import (
     DuplicateTask,
     GpuqError,
     InvalidTask,
+    NotRequeueable,
     StaleLease,
     TaskAlreadyFinished,
     TaskNotFound,
@@ -203,6 +204,8 @@ class Calls:
                 "1" if consume else "0", self._ttl, preempted, checkpoint]
 
         def parse(r: list[Any]) -> str:
+            if token is None and int(r[0]) == Code.INVALID:
+                raise NotRequeueable(task_id, str(r[2]))
             raise_for(r, task_id)
             return str(r[1])
 

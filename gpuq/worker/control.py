@@ -42,15 +42,18 @@ class Control:
         self.worker = worker
 
     def handle(self, message: str) -> None:
-        verb, *args = message.split()
-        if verb == "yield" and len(args) == 2:
-            self.on_yield(args[0], int(args[1]))
-        elif verb == "preload" and len(args) == 2:
-            self.preload(args[0], float(args[1]))
-        elif verb == "drain":
-            self.worker.drain()
-        elif verb != "wake":  # "wake": only unblocks the thread (shutdown)
-            log.warning("control.unknown worker=%s message=%r", self.worker.id, message)
+        verb, *args = message.split() or [""]
+        try:
+            if verb == "yield" and len(args) == 2:
+                self.on_yield(args[0], int(args[1]))
+            elif verb == "preload" and len(args) == 2:
+                self.preload(args[0], float(args[1]))
+            elif verb == "drain" and not args:
+                self.worker.drain()
+            elif verb != "wake":  # "wake": only unblocks the thread (shutdown)
+                log.warning("control.unknown worker=%s message=%r", self.worker.id, message)
+        except ValueError:
+            log.warning("control.malformed worker=%s message=%r", self.worker.id, message)
 
     def on_yield(self, task_id: str, grace_ms: int) -> None:
         for r in self.worker.running_snapshot():

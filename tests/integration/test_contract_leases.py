@@ -17,6 +17,7 @@ from helpers import T0, ack, claim, enqueue, fail, heartbeat, reap
 from gpuq import Queue
 from gpuq.errors import (
     InvalidTask,
+    NotRequeueable,
     ResultTimeout,
     StaleLease,
     TaskAlreadyFinished,
@@ -288,5 +289,5 @@ def test_operator_requeue_gives_the_attempt_back_and_fences_the_old_lease(queue:
     assert r.state is State.QUEUED and r.attempt == 0 and r.error == "requeued by operator"
     with pytest.raises(StaleLease):
         ack(queue, tid, c["token"], "stale")
-    with pytest.raises(InvalidTask, match="task is queued: there is nothing to requeue"):
+    with pytest.raises(NotRequeueable, match="task is queued: there is nothing to requeue"):
         queue.requeue(tid)  # not running any more

@@ -1,0 +1,57 @@
+"""Control messages to a live worker process: warm hints (preload) and junk it must survive."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from procs import Procs, est, wait_for
+
+from gpuq import Queue, State, catalog
+from gpuq.embedded import EmbeddedServer
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def procs(redis_server: EmbeddedServer, pool: str, prefix: str, tmp_path: Path) -> Iterator[Procs]:
+    with Procs(redis_server.url, pool, prefix, tmp_path) as p:
+        yield p
+
+
+def test_preload_hint_loads_the_model_and_the_next_task_finds_it_warm(procs: Procs,
+                                                                      real_queue: Queue) -> None:
+    worker = procs.worker("w1", vram_gb=48)
+    procs.redis.lpush(procs.keys.control("w1"), "preload warm-model 20")
+    wait_for(lambda: procs.redis.sismember(procs.keys.holders("warm-model"), "w1"), 10,
+             message=lambda: f"the preload; log:\n{worker.log()}")
+    assert "model.preloaded worker=w1 model=warm-model" in worker.log()
+    assert procs.redis.hget(procs.keys.worker("w1"), "models") == "warm-model"
+    (entry,) = catalog.read(procs.redis, procs.keys)
+    assert (entry.name, entry.loads) == ("warm-model", 1)
+    t = real_queue.enqueue("sim.run", {}, model="warm-model", vram_gb=20, est_s=est(0.05))
+    assert t.result(timeout=10)["model"] == "warm-model"
+    assert catalog.read(procs.redis, procs.keys)[0].loads == 1  # no second load
+    assert worker.log().count("model.loaded") == 1
+
+
+def test_preload_that_does_not_fit_is_skipped(procs: Procs) -> None:
+    worker = procs.worker("w1", vram_gb=24)
+    procs.redis.lpush(procs.keys.control("w1"), "preload huge 40")
+    wait_for(lambda: "model.preload_skipped worker=w1 model=huge" in worker.log(), 10,
+             message=lambda: f"the skip; log:\n{worker.log()}")
+    assert not procs.redis.sismember(procs.keys.holders("huge"), "w1")
+
+
+def test_unknown_or_malformed_messages_are_logged_and_the_worker_carries_on(
+        procs: Procs, real_queue: Queue) -> None:
+    worker = procs.worker("w1", vram_gb=48)
+    for junk in ("reboot now", "yield", "preload m not-a-number", ""):
+        procs.redis.lpush(procs.keys.control("w1"), junk)
+    wait_for(lambda: worker.log().count("control.unknown") == 3 and "control.malformed" in worker.log(), 10,
+             message=lambda: f"the junk to be reported; log:\n{worker.log()}")
+    t = real_queue.enqueue("sim.run", {}, model="m", vram_gb=10, est_s=est(0.05))
+    assert t.result(timeout=10)["worker"] == "w1"
+    assert worker.alive() and procs.record(t.id).state is State.SUCCEEDED
+    assert "heartbeat.error" not in worker.log()
