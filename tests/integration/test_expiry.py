@@ -1,0 +1,337 @@
+"""Deadline expiry: expire.lua under a virtual clock (fakeredis and real Redis), Reaper.expire's
+look-ahead for cold model loads, and a real reaper process expiring a task no worker took.
+
+A queued task with a deadline ends "expired" once its deadline passed, or once now + est_s
+(+ the model's mean catalog load time while no live worker holds it) is past the deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from helpers import T0, ack, claim, enqueue, fail, heartbeat, reap
+from procs import Procs, wait_for
+
+from gpuq import Queue, catalog
+from gpuq.embedded import EmbeddedServer
+from gpuq.errors import TaskFailed
+from gpuq.reaper import Reaper
+from gpuq.task import State
+
+LEASE_MS = 30_000  # Config.lease_s default
+MakeQueue = Callable[..., Queue]
+
+
+def expire(queue: Queue, now_ms: int, limit: int = 100, horizon_ms: int = 0) -> tuple[int, int]:
+    """One expiry pass at a virtual time: (expired, looked at)."""
+    return queue.scripts.run(queue.calls.expire(limit=limit, horizon_ms=horizon_ms, now_ms=now_ms))
+
+
+def measured_loads(queue: Queue, model: str, *seconds: float) -> None:
+    """Model loads as workers record them in the catalog (its mean feeds the expiry)."""
+    pipe = queue.redis.pipeline(transaction=False)
+    for s in seconds:
+        catalog.record_load(pipe, queue.keys, model, 1, s)
+    pipe.execute()
+
+
+def assert_unqueued(queue: Queue, tid: str, priority: int = 2, model: str = "A") -> None:
+    k = queue.keys
+    assert queue.redis.zscore(k.queue(priority, model), tid) is None
+    assert queue.redis.zscore(k.need, tid) is None
+    assert queue.redis.zscore(k.deadlines, tid) is None
+
+
+# --- contract: fakeredis and real Redis -------------------------------------------------
+
+def test_a_deadline_passed_while_queued_expires_the_task_and_wakes_its_waiters(
+        queue: Queue) -> None:
+    tid = enqueue(queue, T0, deadline_s=10, est_s=0)
+    assert queue.redis.zscore(queue.keys.deadlines, tid) == T0 + 10_000
+    assert expire(queue, T0 + 9_999) == (0, 0)  # not due: not even looked at
+    assert queue.record(tid).state is State.QUEUED
+
+    assert expire(queue, T0 + 10_000) == (1, 1)
+    r = queue.record(tid)
+    assert r.state is State.EXPIRED
+    assert r.error == "deadline passed while queued"
+    assert r.finished_at == (T0 + 10_000) / 1000 and r.deadline == (T0 + 10_000) / 1000
+    assert r.attempt == 0 and r.worker is None
+    assert_unqueued(queue, tid)
+    assert queue.redis.zscore(queue.keys.models_with_work(2), "A") is None
+    assert queue.redis.pttl(queue.keys.task(tid)) > 0  # ended tasks keep the result TTL
+
+    # waiters see the end: result() raises naming the state, wait() returns the record
+    with pytest.raises(TaskFailed) as err:
+        queue.task(tid).result(timeout=1)
+    assert (err.value.state, err.value.error) == ("expired", "deadline passed while queued")
+    assert "expired" in str(err.value)
+    assert queue.wait(tid, timeout=1).state is State.EXPIRED
+
+    # gone for good: no claim returns it, a second pass does nothing
+    assert claim(queue, "w1", 40, now_ms=T0 + 10_001) is None
+    assert expire(queue, T0 + 60_000) == (0, 0)
+    assert queue.record(tid).state is State.EXPIRED
+
+
+def test_a_deadline_the_estimate_cannot_meet_expires_before_it_passes(queue: Queue) -> None:
+    tid = enqueue(queue, T0, deadline_s=10, est_s=4)
+    assert queue.redis.zscore(queue.keys.deadlines, tid) == T0 + 6_000  # latest start
+    assert expire(queue, T0 + 6_000) == (0, 1)  # now + 4 s ends right at the deadline: fine
+    assert queue.record(tid).state is State.QUEUED
+
+    assert expire(queue, T0 + 6_001) == (1, 1)
+    r = queue.record(tid)
+    assert r.state is State.EXPIRED
+    assert r.error == "deadline cannot be met: 3.999 s left, task needs 4.000 s"
+    assert r.finished_at == (T0 + 6_001) / 1000
+    assert_unqueued(queue, tid)
+    assert claim(queue, "w1", 40, now_ms=T0 + 6_002) is None
+
+
+def test_a_cold_model_load_alone_makes_the_deadline_unmeetable(queue: Queue) -> None:
+    measured_loads(queue, "A", 2.0, 4.0)  # mean load 3 s; no worker holds A
+    tid = enqueue(queue, T0, deadline_s=10, est_s=4)
+    # without looking ahead for loads the task is not due yet (latest start T0 + 6 s)
+    assert expire(queue, T0 + 3_001, horizon_ms=0) == (0, 0)
+    # T0 + 3 s + 4 s run + 3 s load ends right at the deadline
+    assert expire(queue, T0 + 3_000, horizon_ms=3_000) == (0, 1)
+    assert queue.record(tid).state is State.QUEUED
+
+    assert expire(queue, T0 + 3_001, horizon_ms=3_000) == (1, 1)
+    r = queue.record(tid)
+    assert r.state is State.EXPIRED
+    assert r.error == ("deadline cannot be met: 6.999 s left, task needs 4.000 s plus 3.000 s "
+                       "to load model A (no live worker holds it)")
+    assert_unqueued(queue, tid)
+    assert queue.redis.hget(queue.keys.stats, "expired:P2") == "1"
+
+
+def test_a_live_holder_of_the_model_keeps_the_task_but_a_dead_one_does_not(
+        queue: Queue) -> None:
+    measured_loads(queue, "A", 3.0)
+    tid = enqueue(queue, T0, deadline_s=40, est_s=4)  # latest start T0 + 36 s; cold: T0 + 33 s
+    # w1 holds A and is live until T0 + 35 s (one heartbeat at T0 + 5 s)
+    assert heartbeat(queue, "w1", [], now_ms=T0 + 5_000) == []
+    queue.redis.sadd(queue.keys.holders("A"), "w1")
+    assert expire(queue, T0 + 33_001, horizon_ms=3_000) == (0, 1)
+    assert expire(queue, T0 + 35_000, horizon_ms=3_000) == (0, 1)
+    assert queue.record(tid).state is State.QUEUED
+
+    # w1's liveness lapsed (not reaped yet: it is still listed as a holder)
+    assert expire(queue, T0 + 35_001, horizon_ms=3_000) == (1, 1)
+    r = queue.record(tid)
+    assert r.state is State.EXPIRED
+    assert r.error is not None and "plus 3.000 s to load model A (no live worker holds it)" in r.error
+
+
+def test_a_model_never_loaded_adds_no_load_time(queue: Queue) -> None:
+    """No catalog entry: nothing is known about the load, so only the estimate counts."""
+    tid = enqueue(queue, T0, model="fresh", deadline_s=10, est_s=4)
+    assert expire(queue, T0 + 6_000, horizon_ms=600_000) == (0, 1)
+    assert queue.record(tid).state is State.QUEUED
+    assert expire(queue, T0 + 6_001, horizon_ms=600_000) == (1, 1)
+    assert queue.record(tid).state is State.EXPIRED
+
+
+def test_a_task_without_a_deadline_never_expires(queue: Queue) -> None:
+    measured_loads(queue, "A", 100.0)
+    tid = enqueue(queue, T0, est_s=50)
+    assert queue.redis.zcard(queue.keys.deadlines) == 0
+    ten_years = 10 * 365 * 86_400_000
+    assert expire(queue, T0 + ten_years, horizon_ms=600_000) == (0, 0)
+    assert queue.record(tid).state is State.QUEUED
+    c = claim(queue, "w1", 40, now_ms=T0 + ten_years)
+    assert c is not None and c["id"] == tid
+
+
+def test_claimed_tasks_are_not_expired_and_a_retry_is_watched_again(
+        make_queue: MakeQueue) -> None:
+    q = make_queue(retry_base_s=1.0)
+    tid = enqueue(q, T0, deadline_s=10, est_s=1, max_attempts=3)
+    c = claim(q, "w1", 40, now_ms=T0 + 1)
+    assert c is not None and c["id"] == tid and c["deadline"] == str(T0 + 10_000)
+    assert q.redis.zscore(q.keys.deadlines, tid) is None  # running: not watched
+
+    assert expire(q, T0 + 20_000) == (0, 0)
+    r = q.record(tid)
+    assert r.state is State.RUNNING and r.error is None
+
+    # the attempt fails past the deadline; waiting out its backoff it is not expired either
+    assert fail(q, tid, c["token"], "oom", now_ms=T0 + 20_001) == "delayed"
+    assert expire(q, T0 + 20_500) == (0, 0)
+    assert q.record(tid).state is State.DELAYED
+    # back in its queue, it is watched again and expires at the next pass
+    assert reap(q, now_ms=T0 + 21_001).promoted == 1
+    assert q.redis.zscore(q.keys.deadlines, tid) == T0 + 9_000
+    assert expire(q, T0 + 21_002) == (1, 1)
+    r = q.record(tid)
+    assert r.state is State.EXPIRED and r.error == "deadline passed while queued"
+    assert r.attempt == 1  # the failed attempt still counts
+
+
+def test_a_lost_lease_past_the_deadline_expires_once_requeued(queue: Queue) -> None:
+    tid = enqueue(queue, T0, deadline_s=10, est_s=1)
+    c = claim(queue, "w1", 40, now_ms=T0)
+    assert c is not None
+    assert reap(queue, now_ms=T0 + LEASE_MS + 1).requeued == 1
+    assert queue.record(tid).state is State.QUEUED
+    assert expire(queue, T0 + LEASE_MS + 2) == (1, 1)
+    assert queue.record(tid).state is State.EXPIRED
+
+
+def test_stats_count_expired_tasks_per_priority(queue: Queue) -> None:
+    ids = [enqueue(queue, T0, priority=p, deadline_s=1, est_s=0) for p in ("P0", "P3", "P3")]
+    kept = enqueue(queue, T0, priority="P1", deadline_s=100, est_s=0)
+    assert expire(queue, T0 + 5_000) == (3, 3)
+    assert [queue.record(t).state for t in ids] == [State.EXPIRED] * 3
+    assert queue.record(kept).state is State.QUEUED
+    stats = queue.redis.hgetall(queue.keys.stats)
+    assert stats["expired:P0"] == "1" and stats["expired:P3"] == "2"
+    assert "expired:P1" not in stats and "expired:P2" not in stats
+    assert stats["expired"] == "3"
+
+
+def test_expire_is_bounded_earliest_latest_start_first(queue: Queue) -> None:
+    # latest starts (deadline - estimate) T0 + 1 s .. T0 + 5 s, enqueued in another order
+    order = [3, 1, 5, 2, 4]
+    ids = {n: enqueue(queue, T0, deadline_s=n + 1, est_s=1) for n in order}
+    free = enqueue(queue, T0, model="B")  # no deadline
+    now = T0 + 60_000
+    assert expire(queue, now, limit=2) == (2, 2)
+    assert {n for n, t in ids.items() if queue.record(t).state is State.EXPIRED} == {1, 2}
+    assert expire(queue, now, limit=2) == (2, 2)
+    assert expire(queue, now, limit=2) == (1, 1)
+    assert expire(queue, now, limit=2) == (0, 0)
+    assert all(queue.record(t).state is State.EXPIRED for t in ids.values())
+    assert queue.redis.zcard(queue.keys.deadlines) == 0
+    # a claim finds only the task without a deadline
+    c = claim(queue, "w1", 40, now_ms=now)
+    assert c is not None and c["id"] == free
+    assert claim(queue, "w2", 40, now_ms=now) is None
+
+
+def test_an_expiry_pass_skips_what_is_not_due_and_keeps_the_rest_watched(queue: Queue) -> None:
+    due = enqueue(queue, T0, deadline_s=1, est_s=0)
+    later_ = enqueue(queue, T0, deadline_s=30, est_s=1)
+    assert expire(queue, T0 + 2_000) == (1, 1)
+    assert queue.record(due).state is State.EXPIRED
+    assert queue.record(later_).state is State.QUEUED
+    assert queue.redis.zscore(queue.keys.deadlines, later_) == T0 + 29_000
+    c = claim(queue, "w1", 40, now_ms=T0 + 2_001)
+    assert c is not None and c["id"] == later_
+    ack(queue, later_, c["token"], "ok", now_ms=T0 + 3_000)
+    assert expire(queue, T0 + 60_000) == (0, 0)
+    assert queue.record(later_).state is State.SUCCEEDED
+
+
+def test_the_reaper_looks_ahead_by_the_longest_mean_load(queue: Queue) -> None:
+    """Reaper.expire (server clock) takes its horizon from the catalog: a task whose latest
+    start is 6 s away still expires now when its model's 30 s load cannot fit."""
+    reaper = Reaper(queue.redis, queue.config)
+    warm = enqueue(queue, model="held", deadline_s=10, est_s=4)
+    assert reaper.expire() == 0  # nothing measured: no look-ahead, nothing due
+    measured_loads(queue, "A", 30.0)
+    measured_loads(queue, "held", 30.0)
+    assert heartbeat(queue, "w1", []) == []  # live by the server clock
+    queue.redis.sadd(queue.keys.holders("held"), "w1")
+    cold = enqueue(queue, model="A", deadline_s=10, est_s=4)
+    assert reaper.expire() == 1
+    r = queue.record(cold)
+    assert r.state is State.EXPIRED
+    assert r.error is not None and "to load model A (no live worker holds it)" in r.error
+    assert queue.record(warm).state is State.QUEUED  # w1 holds its model
+
+
+def test_the_reaper_expires_a_long_backlog_in_one_round(queue: Queue) -> None:
+    ids = [t.id for t in queue.enqueue_many(
+        {"handler": "h", "model": "A", "vram_gb": 1, "est_s": 5, "deadline_s": 1}
+        for _ in range(250))]
+    assert Reaper(queue.redis, queue.config).expire() == 250
+    assert all(queue.record(t).state is State.EXPIRED for t in ids)
+    assert queue.redis.hget(queue.keys.stats, "expired:P2") == "250"
+
+
+def test_tasks_that_can_still_start_in_time_do_not_hide_one_that_cannot(queue: Queue) -> None:
+    """A full page of queued tasks inside the look-ahead that can still meet their deadlines
+    (their model is held by a live worker) must not keep the reaper from expiring a later
+    task whose cold load cannot fit."""
+    measured_loads(queue, "warm", 30.0)
+    measured_loads(queue, "cold", 30.0)  # look-ahead: 30 s
+    assert heartbeat(queue, "w1", []) == []
+    queue.redis.sadd(queue.keys.holders("warm"), "w1")
+    warm = queue.enqueue_many({"handler": "h", "model": "warm", "vram_gb": 1, "est_s": 4,
+                               "deadline_s": 10} for _ in range(100))  # latest start: now + 6 s
+    cold = enqueue(queue, model="cold", deadline_s=20, est_s=4)  # needs 34 s of its 20
+    assert Reaper(queue.redis, queue.config).expire() == 1
+    assert queue.record(cold).state is State.EXPIRED
+    assert all(queue.record(t.id).state is State.QUEUED for t in warm)
+
+
+def test_a_blocked_waiter_wakes_when_its_task_expires(real_queue: Queue) -> None:
+    tid = enqueue(real_queue, T0, deadline_s=5, est_s=0)
+    outcomes: list[tuple[str, str]] = []
+    records: list[State] = []
+
+    def wait_result() -> None:
+        try:
+            real_queue.task(tid).result(timeout=10)
+        except TaskFailed as exc:
+            outcomes.append((exc.state, exc.error))
+
+    def wait_record() -> None:
+        records.append(real_queue.wait(tid, timeout=10).state)
+
+    waiters = [threading.Thread(target=f, daemon=True) for f in (wait_result, wait_record)]
+    for w in waiters:
+        w.start()
+    time.sleep(0.2)  # both block on the done list
+    start = time.monotonic()
+    assert expire(real_queue, T0 + 6_000) == (1, 1)
+    for w in waiters:
+        w.join(5)
+    assert time.monotonic() - start < 3
+    assert outcomes == [("expired", "deadline passed while queued")]
+    assert records == [State.EXPIRED]
+
+
+# --- a real reaper process ---------------------------------------------------------------
+
+@pytest.fixture
+def procs(redis_server: EmbeddedServer, pool: str, prefix: str, tmp_path: Path) -> Iterator[Procs]:
+    with Procs(redis_server.url, pool, prefix, tmp_path) as p:
+        yield p
+
+
+def test_a_reaper_process_expires_tasks_no_worker_took(procs: Procs, real_queue: Queue) -> None:
+    procs.reaper()
+    hopeless = real_queue.enqueue("sim.run", model="m", vram_gb=4, est_s=60, deadline_s=30)
+    start = time.monotonic()
+    late = real_queue.enqueue("sim.run", model="m", vram_gb=4, est_s=0, deadline_s=1.5,
+                              priority="P1")
+    with pytest.raises(TaskFailed) as err:
+        late.result(timeout=15)
+    waited = time.monotonic() - start
+    assert err.value.state == "expired"
+    assert err.value.error == "deadline passed while queued"
+    assert 1.4 <= waited < 10
+
+    out = procs.cli("task", late.id, "--json")
+    assert out.returncode == 0, out.stderr
+    shown = json.loads(out.stdout)
+    assert shown["state"] == "expired" and shown["error"] == "deadline passed while queued"
+    assert shown["priority"] == "P1"
+    assert shown["finished_at"] >= shown["deadline"]
+
+    r = procs.wait_state(hopeless.id, State.EXPIRED, timeout=5)
+    assert r.error is not None and r.error.startswith("deadline cannot be met: ")
+    assert r.error.endswith(" s left, task needs 60.000 s")
+    stats = procs.redis.hgetall(real_queue.keys.stats)
+    assert stats["expired:P1"] == "1" and stats["expired:P2"] == "1"
+    wait_for(lambda: procs.redis.zcard(real_queue.keys.deadlines) == 0, timeout=5,
+             message="the deadlines index to empty")

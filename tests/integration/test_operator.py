@@ -1,0 +1,340 @@
+"""Operator tools: requeue (Queue.requeue, ``gpuq requeue``), drain (Queue.drain_worker,
+``gpuq drain``) and priority lanes (``gpuq worker --priorities``).
+
+The contract cases run on fakeredis and real Redis under a virtual clock; the CLI and
+worker cases run real processes (tests/procs.py).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from helpers import T0, ack, claim, claim_reply, enqueue, fail, heartbeat
+from procs import SIM_APP, Proc, Procs, est, wait_for
+
+from gpuq import Queue
+from gpuq.cli import cli
+from gpuq.embedded import EmbeddedServer
+from gpuq.errors import (
+    NotRequeueable,
+    ResultTimeout,
+    StaleLease,
+    TaskNotFound,
+    WorkerNotFound,
+)
+from gpuq.task import State
+
+MakeQueue = Callable[..., Queue]
+LEASE_MS = 30_000  # Config.lease_s default
+
+
+def claimed(queue: Queue, worker: str = "w1", now_ms: int = T0) -> dict[str, str]:
+    c = claim(queue, worker, 40, now_ms=now_ms)
+    assert c is not None
+    return c
+
+
+def expire(queue: Queue, now_ms: int) -> tuple[int, int]:
+    return queue.scripts.run(queue.calls.expire(now_ms=now_ms))
+
+
+def assert_fresh(queue: Queue, tid: str) -> None:
+    """Requeued from an ended state: queued again with fresh attempts, nothing left of the end."""
+    r = queue.record(tid)
+    assert r.state is State.QUEUED and r.attempt == 0
+    assert r.deadline is None and r.finished_at is None
+    assert r.worker is None and r.token is None
+    assert r.error == "requeued by operator"
+    assert queue.redis.pttl(queue.keys.task(tid)) == -1  # the result TTL is gone
+    assert queue.redis.exists(queue.keys.done(tid)) == 0
+    assert queue.redis.zscore(queue.keys.queue(int(r.priority), r.model), tid) is not None
+    assert queue.redis.zscore(queue.keys.deadlines, tid) is None
+    with pytest.raises(ResultTimeout):  # no waiter sees the old end
+        queue.task(tid).result(timeout=0.2)
+
+
+# --- requeue: contract ---------------------------------------------------------------------
+
+def test_requeue_a_running_task_gives_its_attempt_back(queue: Queue) -> None:
+    tid = enqueue(queue, T0, deadline_s=600)
+    c = claimed(queue)
+    assert queue.requeue(tid) == "queued"
+    r = queue.record(tid)
+    assert r.state is State.QUEUED and r.attempt == 0 and r.error == "requeued by operator"
+    assert r.worker is None and r.token is None
+    assert r.deadline == (T0 + 600_000) / 1000  # a running task keeps its deadline
+    assert queue.redis.zscore(queue.keys.running, tid) is None
+    assert queue.redis.smembers(queue.keys.worker_tasks("w1")) == set()
+    # the worker learns it lost the lease, and its result is fenced off
+    assert heartbeat(queue, "w1", [(tid, c["token"])], now_ms=T0 + 5) == [tid]
+    with pytest.raises(StaleLease):
+        ack(queue, tid, c["token"], "late", now_ms=T0 + 6)
+    again = claimed(queue, "w2", now_ms=T0 + 7)
+    assert again["id"] == tid and again["attempt"] == "1"
+    assert int(again["token"]) > int(c["token"])
+
+
+def test_requeue_a_delayed_task_runs_it_now(make_queue: MakeQueue) -> None:
+    q = make_queue(retry_base_s=60.0)
+    tid = enqueue(q, T0, max_attempts=3)
+    c = claimed(q)
+    assert fail(q, tid, c["token"], "oom", now_ms=T0 + 1) == "delayed"
+    assert claim(q, "w1", 40, now_ms=T0 + 2) is None  # waiting out a 60 s backoff
+    assert q.requeue(tid) == "queued"
+    r = q.record(tid)
+    assert r.state is State.QUEUED and r.attempt == 1  # the failed attempt still counts
+    assert r.error == "requeued by operator"
+    assert q.redis.zscore(q.keys.delayed, tid) is None
+    again = claimed(q, "w1", now_ms=T0 + 3)
+    assert again["id"] == tid and again["attempt"] == "2"
+
+
+def test_requeue_a_failed_task_starts_it_afresh(queue: Queue) -> None:
+    tid = enqueue(queue, T0, max_attempts=1, deadline_s=600)
+    c = claimed(queue)
+    assert fail(queue, tid, c["token"], "bad input", now_ms=T0 + 1) == "failed"
+    assert queue.redis.pttl(queue.keys.task(tid)) > 0
+    assert queue.redis.exists(queue.keys.done(tid)) == 1
+    assert queue.requeue(tid) == "queued"
+    assert_fresh(queue, tid)
+    again = claimed(queue, "w2", now_ms=T0 + 2)
+    assert again["id"] == tid and again["attempt"] == "1" and again["deadline"] == ""
+    ack(queue, tid, again["token"], {"second": "try"}, now_ms=T0 + 3)
+    assert queue.task(tid).result(timeout=1) == {"second": "try"}
+    assert queue.redis.pttl(queue.keys.task(tid)) > 0
+
+
+def test_requeue_an_expired_task_then_it_is_claimed_and_never_expires(queue: Queue) -> None:
+    tid = enqueue(queue, T0, deadline_s=1, est_s=0)
+    assert expire(queue, T0 + 2_000) == (1, 1)
+    assert queue.record(tid).state is State.EXPIRED
+    assert queue.requeue(tid) == "queued"
+    assert_fresh(queue, tid)
+    assert expire(queue, T0 + 3_600_000) == (0, 0)  # no deadline any more
+    assert queue.record(tid).state is State.QUEUED
+    c = claimed(queue, "w1", now_ms=T0 + 3_600_001)
+    assert c["id"] == tid and c["attempt"] == "1"
+    ack(queue, tid, c["token"], 7, now_ms=T0 + 3_600_002)
+    assert queue.record(tid).state is State.SUCCEEDED
+
+
+def test_requeue_a_canceled_task(queue: Queue) -> None:
+    tid = enqueue(queue, T0)
+    c = claimed(queue)
+    assert queue.cancel(tid) == "running"
+    assert queue.requeue(tid) == "queued"
+    assert_fresh(queue, tid)
+    with pytest.raises(StaleLease):  # the canceled attempt stays fenced off
+        ack(queue, tid, c["token"], "late", now_ms=T0 + 5)
+    again = claimed(queue, "w2", now_ms=T0 + 6)
+    assert again["id"] == tid and again["attempt"] == "1"
+
+
+def test_requeue_of_a_queued_or_succeeded_task_is_refused(queue: Queue) -> None:
+    tid = enqueue(queue, T0)
+    with pytest.raises(NotRequeueable) as err:
+        queue.requeue(tid)
+    assert (err.value.task_id, err.value.reason) == (tid, "task is queued: there is nothing to requeue")
+    assert queue.record(tid).state is State.QUEUED
+    c = claimed(queue)
+    ack(queue, tid, c["token"], {"n": 1}, now_ms=T0 + 1)
+    with pytest.raises(NotRequeueable) as err:
+        queue.requeue(tid)
+    assert str(err.value) == f"cannot requeue task {tid}: task is succeeded: there is nothing to requeue"
+    r = queue.record(tid)
+    assert r.state is State.SUCCEEDED and r.result == {"n": 1} and r.attempt == 1
+    assert queue.redis.pttl(queue.keys.task(tid)) > 0
+    with pytest.raises(TaskNotFound):
+        queue.requeue("no-such-task")
+
+
+# --- drain and lanes: contract -----------------------------------------------------------
+
+def test_drain_a_live_worker_posts_on_its_control_list(queue: Queue) -> None:
+    assert heartbeat(queue, "w1", []) == []  # live by the server clock
+    queue.drain_worker("w1")
+    assert queue.redis.lrange(queue.keys.control("w1"), 0, -1) == ["drain"]
+
+
+def test_drain_an_unknown_worker_is_not_found(queue: Queue) -> None:
+    with pytest.raises(WorkerNotFound) as err:
+        queue.drain_worker("nobody")
+    assert str(err.value) == "worker nobody is not live in this pool"
+    assert queue.redis.exists(queue.keys.control("nobody")) == 0
+
+
+def test_drain_a_dead_worker_is_not_found(queue: Queue) -> None:
+    """A worker whose liveness lapsed (killed; the reaper has not removed it yet) is not
+    live: nobody would read the message, and its control list would never expire."""
+    assert heartbeat(queue, "w-dead", [], now_ms=T0) == []  # live until T0 + 30 s, long ago
+    with pytest.raises(WorkerNotFound):
+        queue.drain_worker("w-dead")
+    assert queue.redis.exists(queue.keys.control("w-dead")) == 0
+
+
+def test_a_lane_claims_only_its_priorities(queue: Queue) -> None:
+    batch = enqueue(queue, T0, priority="P2")
+    offline = enqueue(queue, T0, priority="P3")
+    assert claim(queue, "lane", 40, levels="01", now_ms=T0 + 1) is None
+    online = enqueue(queue, T0 + 2, priority="P1")
+    c = claim(queue, "lane", 40, levels="01", now_ms=T0 + 3)
+    assert c is not None and c["id"] == online
+    assert claim(queue, "lane", 40, levels="01", now_ms=T0 + 4) is None
+    general = [claim(queue, "any", 40, now_ms=T0 + 5), claim(queue, "any", 40, now_ms=T0 + 6)]
+    assert [g["id"] for g in general if g] == [batch, offline]
+
+
+def test_a_task_outside_a_lane_is_not_left_for_the_lane(queue: Queue) -> None:
+    """An idle lane worker (P0, P1) fits a P2 task more tightly than the idle general worker,
+    but can never claim it: the general worker must take it at once, not defer it for the
+    lane (P2's defer bound is 2 s)."""
+    assert claim(queue, "lane", 20, levels="01", now_ms=T0) is None  # idle, 20 GB claimable
+    assert claim(queue, "big", 70, now_ms=T0) is None  # idle, 70 GB claimable
+    tid = enqueue(queue, T0 + 1, priority="P2", vram_gb=10)
+    reply = claim_reply(queue, "big", 70, now_ms=T0 + 2)
+    assert reply.task is not None and reply.task["id"] == tid, (
+        f"the general worker was told to look again in {reply.retry_s} s; "
+        f"task offered to {queue.redis.hget(queue.keys.task(tid), 'offered')!r}")
+
+
+# --- real processes ----------------------------------------------------------------------
+
+@pytest.fixture
+def procs(redis_server: EmbeddedServer, pool: str, prefix: str, tmp_path: Path) -> Iterator[Procs]:
+    with Procs(redis_server.url, pool, prefix, tmp_path) as p:
+        yield p
+
+
+def error_line(out: subprocess.CompletedProcess[str]) -> str:
+    """The CLI's failure: exit 1, nothing on stdout, exactly one "Error:" line on stderr."""
+    assert out.returncode == 1, out
+    assert out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("Error: ")
+    return lines[0]
+
+
+def test_cli_requeue_of_a_failed_task_and_refusals(procs: Procs, real_queue: Queue) -> None:
+    failed = enqueue(real_queue, max_attempts=1)
+    c = claim(real_queue, "w1", 40)
+    assert c is not None and c["id"] == failed
+    assert fail(real_queue, failed, c["token"], "boom") == "failed"
+
+    out = procs.cli("requeue", failed)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"requeued {failed} (queued)"
+    r = real_queue.record(failed)
+    assert r.state is State.QUEUED and r.attempt == 0
+
+    # queued now: nothing to requeue
+    line = error_line(procs.cli("requeue", failed))
+    assert line == f"Error: cannot requeue task {failed}: task is queued: there is nothing to requeue"
+    c = claim(real_queue, "w1", 40)
+    assert c is not None and c["id"] == failed
+    ack(real_queue, failed, c["token"], "ok")
+    line = error_line(procs.cli("requeue", failed))
+    assert line == (f"Error: cannot requeue task {failed}: "
+                    "task is succeeded: there is nothing to requeue")
+    assert real_queue.record(failed).state is State.SUCCEEDED
+    assert error_line(procs.cli("requeue", "no-such-task")) == "Error: task no-such-task not found"
+
+
+def test_cli_drain_of_an_unknown_worker_fails(procs: Procs) -> None:
+    line = error_line(procs.cli("drain", "nobody"))
+    assert line == "Error: worker nobody is not live in this pool"
+
+
+def worker_keys(procs: Procs, name: str) -> set[str]:
+    """Keys of the pool that belong to one worker."""
+    k = procs.keys
+    own = {k.worker(name), k.worker_tasks(name), k.wake(name), k.control(name), k.reservation(name)}
+    return {key for key in procs.redis.scan_iter(match=k.pattern, count=1000) if key in own}
+
+
+def run_cli(procs: Procs, *args: str) -> str:
+    """In-process CLI call (CliRunner) against the test pool: no interpreter start-up, so it
+    lands while a short task still runs. Returns stdout."""
+    result = CliRunner().invoke(cli, ["--redis", procs.url, "--pool", procs.pool, *args],
+                                env={"GPUQ_PREFIX": procs.prefix})
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+@pytest.mark.slow
+def test_cli_drain_finishes_the_running_task_then_exits(procs: Procs, real_queue: Queue) -> None:
+    worker = procs.worker("w1")
+    first = real_queue.enqueue("sim.run", model="m", vram_gb=10, est_s=est(0.8))
+    procs.wait_state(first.id, State.RUNNING)
+    assert run_cli(procs, "drain", "w1").strip() == "draining w1"
+    wait_for(lambda: "worker.draining" in worker.log(), timeout=5,
+             message=lambda: f"w1 to start draining; log:\n{worker.log()}")
+    second = real_queue.enqueue("sim.run", model="m", vram_gb=10, est_s=est(0.1))
+    assert first.status() is State.RUNNING, "the first task ended before the drain began"
+
+    assert worker.wait(15) == 0, worker.log()
+    record = first.record()
+    assert record.state is State.SUCCEEDED and record.worker == "w1" and record.attempt == 1
+    later = second.record()
+    assert later.state is State.QUEUED and later.attempt == 0 and later.worker is None
+    # it left the pool cleanly: nothing of it is left behind
+    assert not procs.registered("w1")
+    assert procs.redis.zscore(procs.keys.idle, "w1") is None
+    assert "w1" not in procs.redis.smembers(procs.keys.holders("m"))
+    assert worker_keys(procs, "w1") == set()
+    assert "worker.stopped" in worker.log()
+
+    procs.worker("w2")
+    assert second.result(timeout=15)["worker"] == "w2"
+
+
+def start_worker(procs: Procs, name: str, *extra: str, env: dict[str, str] | None = None) -> Proc:
+    args = ["worker", "--app", SIM_APP, "--vram-gb", "80", "--gpu-name", "sim-80GB",
+            "--name", name, *extra]
+    proc = procs.start(name, args, env)
+    procs.wait_registered(proc)
+    return proc
+
+
+@pytest.mark.slow
+def test_a_lane_worker_takes_p0_and_leaves_p2_queued(procs: Procs, real_queue: Queue) -> None:
+    batch = real_queue.enqueue("sim.noop", "batch", model="m", vram_gb=10, priority="P2")
+    lane = start_worker(procs, "lane", "--priorities", "P0,P1")
+    assert procs.redis.hget(procs.keys.worker("lane"), "levels") == "01"
+    assert "levels=01" in lane.log()
+    online = real_queue.enqueue("sim.noop", "online", model="m", vram_gb=10, priority="P0")
+    assert online.result(timeout=15) == "online"
+    assert online.record().worker == "lane"
+    procs.wait_idle("lane")  # it looked again after the P0 task and found nothing
+    assert batch.status() is State.QUEUED
+    time.sleep(1.2)  # the scenario: one more idle block (1 s) passes, it still takes nothing
+    assert batch.status() is State.QUEUED
+    assert lane.alive()
+
+    # a general worker takes it
+    start_worker(procs, "general")
+    assert batch.result(timeout=15) == "batch"
+    assert batch.record().worker == "general"
+
+
+@pytest.mark.slow
+def test_requeue_of_a_running_task_fences_the_worker_and_reruns_it(
+        procs: Procs, real_queue: Queue) -> None:
+    """The worker's lease is fenced off: its result is discarded and the task runs again,
+    with the attempt it gave back."""
+    worker = procs.worker("w1")
+    task = real_queue.enqueue("sim.run", model="m", vram_gb=10, est_s=est(1.0))
+    first = procs.wait_state(task.id, State.RUNNING)
+    assert real_queue.requeue(task.id) == "queued"
+    done = procs.wait_state(task.id, State.SUCCEEDED, timeout=20)
+    assert done.attempt == 1 and done.worker == "w1"
+    assert done.token != first.token
+    assert procs.redis.hget(real_queue.keys.stats, "succeeded") == "1"
+    assert worker.alive()
+    assert re.search(r"lease\.lost task=" + task.id, worker.log())

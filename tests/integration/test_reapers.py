@@ -1,0 +1,113 @@
+"""Several reaper processes on one pool: exactly one is active (it holds the pool's lock),
+the others stand by; when the active one is killed a standby takes over within the lock
+expiry (GPUQ_REAPER_LOCK_S = 2 s, rounds every 0.2 s: tests/procs.py).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from procs import Proc, Procs, est, wait_for
+
+from gpuq import Queue, State
+from gpuq.embedded import EmbeddedServer
+
+LOCK_S = 2.0
+ROUND_S = 0.2
+
+
+@pytest.fixture
+def procs(redis_server: EmbeddedServer, pool: str, prefix: str, tmp_path: Path) -> Iterator[Procs]:
+    with Procs(redis_server.url, pool, prefix, tmp_path) as p:
+        yield p
+
+
+def active_ones(reapers: list[Proc]) -> list[Proc]:
+    return [r for r in reapers if "reaper.active" in r.log()]
+
+
+def one_active(procs: Procs, reapers: list[Proc]) -> tuple[Proc, Proc]:
+    """Wait until one reaper is active; the other must not be, several rounds later."""
+    wait_for(lambda: active_ones(reapers), timeout=15,
+             message=lambda: f"a reaper to take the lock; logs:\n{procs.logs()}")
+    time.sleep(5 * ROUND_S)  # the scenario: the other one tries for a few rounds
+    (leader,) = active_ones(reapers)
+    (standby,) = [r for r in reapers if r is not leader]
+    assert all(r.alive() for r in reapers), procs.logs()
+    return leader, standby
+
+
+def recoveries(proc: Proc) -> list[str]:
+    return re.findall(r"reaper\.recovered .*", proc.log())
+
+
+def kill_mid_task(procs: Procs, task_id: str, name: str) -> None:
+    """Run the task on a new worker, then SIGKILL that worker mid-task."""
+    worker = procs.worker(name)
+    procs.wait_running_on(task_id, name)
+    worker.kill()
+    assert worker.wait(10) == -9
+
+
+@pytest.mark.slow
+def test_one_active_reaper_recovers_and_a_standby_takes_over_when_it_dies(
+        procs: Procs, real_queue: Queue) -> None:
+    reapers = [procs.reaper(), procs.reaper()]
+    leader, standby = one_active(procs, reapers)
+    token = str(procs.redis.get(real_queue.keys.reaper_lock))
+    assert f"token={token[:8]}" in leader.log()
+
+    # a dead worker's task is recovered once, by the active reaper only
+    task = real_queue.enqueue("sim.run", model="m", vram_gb=10, est_s=est(30))
+    kill_mid_task(procs, task.id, "w1")
+    record = procs.wait_state(task.id, State.QUEUED, timeout=15)
+    assert record.attempt == 1 and record.error == "worker w1 died"
+    assert not procs.registered("w1")
+    wait_for(lambda: recoveries(leader), timeout=5, message="the leader to log its recovery")
+    time.sleep(3 * ROUND_S)  # the scenario: more rounds pass, nothing is recovered twice
+    assert len(recoveries(leader)) == 1, leader.log()
+    assert "requeued=1" in recoveries(leader)[0] and "dead_workers=1" in recoveries(leader)[0]
+    assert recoveries(standby) == [] and "reaper.active" not in standby.log()
+    assert procs.record(task.id).attempt == 1
+
+    # the active reaper dies; the standby takes the lock once it expires
+    leader.kill()
+    assert leader.wait(10) == -9
+    killed_at = time.monotonic()
+    wait_for(lambda: "reaper.active" in standby.log(), timeout=LOCK_S + ROUND_S + 5,
+             message=lambda: f"the standby to take over; log:\n{standby.log()}")
+    took = time.monotonic() - killed_at
+    assert took <= LOCK_S + ROUND_S + 1.5, f"took over after {took:.2f} s"
+    assert procs.redis.get(real_queue.keys.reaper_lock) not in (None, token)
+
+    # and does the active reaper's work: the next dead worker's task comes back
+    kill_mid_task(procs, task.id, "w2")
+    record = procs.wait_state(task.id, State.QUEUED, timeout=15)
+    assert record.attempt == 2 and record.error == "worker w2 died"
+    wait_for(lambda: recoveries(standby), timeout=5, message="the new leader to log its recovery")
+    assert len(recoveries(standby)) == 1
+    assert not procs.registered("w2")
+
+
+def test_a_standby_reaper_says_it_stands_by(procs: Procs) -> None:
+    reapers = [procs.reaper(), procs.reaper()]
+    _leader, standby = one_active(procs, reapers)
+    wait_for(lambda: "reaper.standby" in standby.log(), timeout=3,
+             message=lambda: f"the standby to log reaper.standby; log:\n{standby.log()}")
+
+
+def test_a_reaper_stopped_with_sigterm_hands_the_lock_over_at_once(procs: Procs,
+                                                                   real_queue: Queue) -> None:
+    """A clean stop releases the lock: the standby need not wait for it to expire."""
+    reapers = [procs.reaper(), procs.reaper()]
+    leader, standby = one_active(procs, reapers)
+    leader.terminate()
+    assert leader.wait(10) == 0, leader.log()
+    stopped_at = time.monotonic()
+    wait_for(lambda: "reaper.active" in standby.log(), timeout=LOCK_S + 5,
+             message=lambda: f"the standby to take over; log:\n{standby.log()}")
+    assert time.monotonic() - stopped_at < LOCK_S, "the standby waited for the lock to expire"
