@@ -115,8 +115,12 @@ class Queue:
     def drain_worker(self, worker_id: str) -> None:
         """Tell a live worker to take no more tasks, finish its running ones and exit 0."""
         with redis_errors(self.url):
-            expiry = self.redis.zscore(self.keys.workers, worker_id)
-            if expiry is None:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.zscore(self.keys.workers, worker_id)
+            pipe.time()
+            expiry, (seconds, micros) = pipe.execute()
+            # listed but past its liveness: dead, not yet reaped; nobody would read the message
+            if expiry is None or expiry < int(seconds) * 1000 + int(micros) // 1000:
                 raise WorkerNotFound(worker_id)
             self.redis.lpush(self.keys.control(worker_id), "drain")
 

@@ -79,6 +79,11 @@ class Keys:
         return f"{self.base}need"
 
     @property
+    def lanes(self) -> str:
+        """Workers serving only some priorities (dedicated lanes): id -> levels, e.g. "01"."""
+        return f"{self.base}lanes"
+
+    @property
     def deadlines(self) -> str:
         """Queued task ids that have a deadline, scored by their latest start (deadline - est, ms)."""
         return f"{self.base}deadlines"

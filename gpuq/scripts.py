@@ -222,9 +222,11 @@ class Calls:
         return Call("reap", [str(now_ms), str(limit), self._ttl],
                     lambda r: ReapResult(*(int(x) for x in r[1:5])))
 
-    def expire(self, *, limit: int = 100, horizon_ms: int = 0, now_ms: int = 0) -> Call[tuple[int, int]]:
-        """(expired, looked at) of one bounded expiry pass."""
-        return Call("expire", [str(now_ms), str(limit), self._ttl, str(horizon_ms)],
+    def expire(self, *, limit: int = 100, horizon_ms: int = 0, offset: int = 0,
+               now_ms: int = 0) -> Call[tuple[int, int]]:
+        """(expired, looked at) of one bounded expiry call; offset skips the tasks at the
+        front of the window that earlier calls of the same pass kept."""
+        return Call("expire", [str(now_ms), str(limit), self._ttl, str(horizon_ms), str(offset)],
                     lambda r: (int(r[1]), int(r[2])))
 
     def preempt(self, waiting_id: str, worker_id: str, victim_id: str, victim_token: int, *,

@@ -10,7 +10,7 @@
 local B = KEYS[1]
 local K_RUNNING, K_DELAYED, K_NEED = B .. 'running', B .. 'delayed', B .. 'need'
 local K_IDLE, K_WAKE, K_WORKERS = B .. 'idle', B .. 'wake', B .. 'workers'
-local K_STATS, K_DEADLINES = B .. 'stats', B .. 'deadlines'
+local K_STATS, K_DEADLINES, K_LANES = B .. 'stats', B .. 'deadlines', B .. 'lanes'
 
 local function task_key(id) return B .. 'task:' .. id end
 local function queue_key(p, m) return B .. 'q:' .. p .. ':' .. m end
@@ -59,23 +59,32 @@ local function wake_pool(count)
   if len > 16 then redis.call('LTRIM', K_WAKE, 0, 15) end
 end
 
--- An idle worker other than `except` that holds model m and whose claimable VRAM (its
--- idle score) covers the need; a holder without room would wake only to find nothing.
-local function idle_holder(m, need, except)
+-- Whether worker w serves priority p: only dedicated lanes are listed in `lanes`.
+local function serves(w, p)
+  local levels = redis.call('HGET', K_LANES, w)
+  return not levels or string.find(levels, tostring(p), 1, true) ~= nil
+end
+
+-- An idle worker other than `except` that holds model m, serves priority p and whose
+-- claimable VRAM (its idle score) covers the need; a holder without room would wake only
+-- to find nothing.
+local function idle_holder(m, need, except, p)
   for _, w in ipairs(redis.call('SMEMBERS', B .. 'holders:' .. m)) do
     if w ~= except then
       local score = redis.call('ZSCORE', K_IDLE, w)
-      if score and tonumber(score) >= need then return w end
+      if score and tonumber(score) >= need and serves(w, p) then return w end
     end
   end
   return nil
 end
 
--- The idle worker other than `except` with the least claimable VRAM in [need, upper].
-local function tightest(need, upper, except)
-  local fit = redis.call('ZRANGEBYSCORE', K_IDLE, need, upper, 'LIMIT', 0, 2)
-  if fit[1] == except then return fit[2] end
-  return fit[1]
+-- The idle worker other than `except` serving priority p with the least claimable VRAM in
+-- [need, upper] (among the 8 tightest: lanes are few).
+local function tightest(need, upper, except, p)
+  for _, w in ipairs(redis.call('ZRANGEBYSCORE', K_IDLE, need, upper, 'LIMIT', 0, 8)) do
+    if w ~= except and serves(w, p) then return w end
+  end
+  return nil
 end
 
 -- Wake the idle worker best placed for a task: one holding its model, else the tightest
@@ -83,9 +92,9 @@ end
 -- idle set until it finds nothing to claim, so a burst of enqueues spreads over idle
 -- workers. Callers also post a pool-wide wake: if the chosen worker died while idle, another
 -- takes the task once the offer's deferral ends.
-local function wake(m, need)
+local function wake(m, need, p)
   if redis.call('ZCARD', K_IDLE) == 0 then return nil end
-  local w = idle_holder(m, need, nil) or tightest(need, '+inf', nil)
+  local w = idle_holder(m, need, nil, p) or tightest(need, '+inf', nil, p)
   if w then wake_worker(w) end
   return w
 end
@@ -110,7 +119,7 @@ local function push(id)
   local f = redis.call('HMGET', task_key(id), 'priority', 'model', 'score', 'vram_gb', 'deadline', 'est_s')
   index(id, f[1], f[2], f[3], f[4])
   watch_deadline(id, f[5], f[6])
-  local offered = wake(f[2], tonumber(f[4]))
+  local offered = wake(f[2], tonumber(f[4]), f[1])
   redis.call('HSET', task_key(id), 'offered', offered or '')
   if not offered or redis.call('ZCARD', K_IDLE) > 0 then wake_pool(1) end
 end

@@ -48,11 +48,11 @@ promote_due(now, 20)
 
 -- Workers a skipped task is passed on to: the better-placed worker a cold task was left
 -- for is woken (it may be blocked), and so is one that fits a task too big for this one.
-local pass_to, unfit_need, retry = {}, nil, nil
+local pass_to, unfit_need, unfit_p, retry = {}, nil, nil, nil
 
 -- The idle worker better placed than this one for a cold task, if any.
-local function better_elsewhere(m, need)
-  return idle_holder(m, need, worker) or tightest(need, '(' .. claimable, worker)
+local function better_elsewhere(m, need, p)
+  return idle_holder(m, need, worker, p) or tightest(need, '(' .. claimable, worker, p)
 end
 
 -- First task of queue (p, m) this worker can run, with the VRAM it will use.
@@ -67,13 +67,13 @@ local function scan_queue(p, m)
     elseif not footprint and need <= claimable then
       local left = defer[p + 1] - (now - tonumber(f[2]))
       local offered = f[3] and f[3] ~= '' and f[3] ~= worker  -- a missing field reads false
-      local better = left > 0 and (offered or better_elsewhere(m, need))
+      local better = left > 0 and (offered or better_elsewhere(m, need, p))
       if not better then return id, need end
       if better ~= true then pass_to[better] = true end
       retry = math.min(retry or left, left)
       return nil
     elseif not unfit_need then
-      unfit_need = need
+      unfit_need, unfit_p = need, p
     end
   end
   return nil
@@ -149,10 +149,12 @@ end
 for w in pairs(pass_to) do wake_worker(w) end
 if not id then
   if unfit_need then
-    local w = tightest(unfit_need, '+inf', worker)
+    local w = tightest(unfit_need, '+inf', worker, unfit_p)
     if w and not pass_to[w] then wake_worker(w) end
   end
   redis.call('ZADD', K_IDLE, claimable, worker)
+  -- a lane is listed where wake-ups look, so tasks it does not serve are not offered to it
+  if levels ~= '0123' then redis.call('HSET', K_LANES, worker, levels) end
   return {0, 'none', retry or 0}
 end
 

@@ -84,7 +84,7 @@ for i = 1, n do
     score = math.min(score, deadline - math.floor(tonumber(ARGV[o + 7]) * 1000))
     deadline = ms(deadline)
   end
-  local offered = wake(model, vram)
+  local offered = wake(model, vram, prio)
   if offered then targeted = 1 else unwoken = unwoken + 1 end
   redis.call('HSET', task_key(id), 'id', id, 'handler', ARGV[o + 2], 'payload', ARGV[o + 3],
     'model', model, 'vram_gb', tostring(vram), 'priority', prio,

@@ -11,12 +11,15 @@
 -- ARGV[2]  limit: most tasks looked at per call
 -- ARGV[3]  result TTL (ms)
 -- ARGV[4]  horizon (ms): the longest model load time worth looking ahead for
+-- ARGV[5]  offset: tasks at the front of the window to skip (kept by earlier calls of
+--          this pass: they can still start in time)
 -- Returns  {0, expired, looked_at}
 
 local now, limit, ttl = clock(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local horizon = tonumber(ARGV[4])
 local expired = 0
-local ids = redis.call('ZRANGEBYSCORE', K_DEADLINES, '-inf', now + horizon, 'LIMIT', 0, limit)
+local ids = redis.call('ZRANGEBYSCORE', K_DEADLINES, '-inf', now + horizon, 'LIMIT',
+  tonumber(ARGV[5] or 0), limit)
 
 -- mean measured load time of a model no live worker holds (0 when one holds it)
 local function cold_load_ms(m)

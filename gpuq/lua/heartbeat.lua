@@ -13,6 +13,9 @@
 --          live (the reaper took it for dead), so it must restore its model holdings
 
 local worker, now, lease = ARGV[1], clock(ARGV[2]), tonumber(ARGV[3])
+-- a retired worker is on its way out: a late beat must not list it as live again, or
+-- another idle worker could count it and retire below min_workers
+if redis.call('HGET', B .. 'worker:' .. worker, 'state') == 'retiring' then return {0, 0} end
 local revived = redis.call('ZADD', K_WORKERS, now + lease, worker)
 redis.call('HSET', B .. 'worker:' .. worker, 'seen_at', ms(now))
 local out = {0, revived}

@@ -35,6 +35,7 @@ for _, w in ipairs(dead) do
   for m in string.gmatch(models, '[^,]+') do redis.call('SREM', B .. 'holders:' .. m, w) end
   redis.call('ZREM', K_IDLE, w)
   redis.call('ZREM', K_WORKERS, w)
+  redis.call('HDEL', K_LANES, w)
   for _, id in ipairs(redis.call('SMEMBERS', wk .. ':tasks')) do
     recover(id, 'worker ' .. w .. ' died')
   end

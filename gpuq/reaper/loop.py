@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MAX_LOAD_HORIZON_MS = 600_000  # expiry looks ahead at most this far for cold model loads
+EXPIRE_PAGES = 50  # calls of 100 tasks per round: bounds a round's expiry work
 
 
 @dataclass
@@ -61,7 +62,7 @@ class Reaper:
         self.token = uuid.uuid4().hex
         self.preemptor = Preemptor(client, self.keys, config, self.scripts, self.calls)
         self.scaler = Scaler(client, self.keys, config)
-        self.active = False
+        self.active: bool | None = None  # None: not yet known, so the first round logs
         self.stopped = threading.Event()
 
     def lead(self) -> bool:
@@ -89,11 +90,13 @@ class Reaper:
         """Expire queued tasks whose deadline passed or can no longer be met."""
         longest = max((m.mean_load_s for m in catalog.read(self.redis, self.keys)), default=0.0)
         horizon = min(MAX_LOAD_HORIZON_MS, int(longest * 1000))
-        total = 0
-        while True:
-            expired, looked = self.scripts.run(self.calls.expire(limit=100, horizon_ms=horizon))
+        total = offset = 0
+        for _ in range(EXPIRE_PAGES):
+            expired, looked = self.scripts.run(self.calls.expire(limit=100, horizon_ms=horizon,
+                                                                 offset=offset))
             total += expired
-            if looked < 100 or expired == 0:
+            offset += looked - expired  # the kept ones stay in front: page past them
+            if looked < 100:
                 break
         if total:
             log.warning("task.expired pool=%s count=%d", self.config.pool, total)

@@ -65,7 +65,7 @@ class Heartbeat(threading.Thread):
         while not self.stopped.is_set():
             try:
                 now = time.monotonic()
-                if now >= next_beat:
+                if now >= next_beat and not w.retired:
                     self.beat()
                     next_beat = now + w.config.heartbeat_s
                 wait = min(next_beat - time.monotonic(), self.control.watch())

@@ -63,6 +63,7 @@ class Worker:
         self.tasks_run = 0
         self.static_fields: Fields = {}
         self.draining = False  # drain: finish running tasks however long they take
+        self.retired = False  # left the pool after its idle timeout
         self.last_active = time.monotonic()  # a task started or ended (idle timeout)
 
     # bookkeeping shared with the executor and the heartbeat
@@ -179,6 +180,7 @@ class Worker:
             unloaded = self.cache.evict_idle()
             retired, live = self.scripts.run(self.calls.retire(self.id))
             if retired:
+                self.retired = True  # the heartbeat stops beating: it would list us again
                 self.stopping.set()
             else:
                 self.last_active = time.monotonic()

@@ -38,6 +38,10 @@ def register(client: redis.Redis, keys: Keys, fields: Fields, lease_ms: int) -> 
     pipe.hset(keys.worker(worker_id), mapping={
         **fields, **status_fields(usable, 0, [], "idle", None), "seen_at": now_ms})
     pipe.hset(keys.classes, fields["gpu_name"], usable)
+    if fields["levels"] == "0123":
+        pipe.hdel(keys.lanes, worker_id)
+    else:  # wake-ups and offers skip a lane worker for the priorities it does not serve
+        pipe.hset(keys.lanes, worker_id, fields["levels"])
     # liveness comes from the server clock at the first heartbeat; this bridges until then
     pipe.zadd(keys.workers, {worker_id: now_ms + lease_ms})
     pipe.execute()
@@ -66,6 +70,7 @@ def leave(client: redis.Redis, keys: Keys, worker_id: str, models: list[str]) ->
         hold(pipe, keys, worker_id, model, False)
     pipe.zrem(keys.idle, worker_id)
     pipe.zrem(keys.workers, worker_id)
+    pipe.hdel(keys.lanes, worker_id)
     pipe.delete(keys.worker(worker_id), keys.worker_tasks(worker_id), keys.wake(worker_id),
                 keys.control(worker_id), keys.reservation(worker_id))
     pipe.execute()

@@ -291,3 +291,17 @@ def test_operator_requeue_gives_the_attempt_back_and_fences_the_old_lease(queue:
         ack(queue, tid, c["token"], "stale")
     with pytest.raises(NotRequeueable, match="task is queued: there is nothing to requeue"):
         queue.requeue(tid)  # not running any more
+
+
+def test_retire_keeps_min_workers_and_a_late_heartbeat_does_not_revive(make_queue: MakeQueue) -> None:
+    q = make_queue(min_workers=1)
+    for w in ("a", "b"):
+        heartbeat(q, w, [], now_ms=T0)
+    retired, live = q.scripts.run(q.calls.retire("a", now_ms=T0 + 1))
+    assert (retired, live) == (True, 2)
+    heartbeat(q, "a", [], now_ms=T0 + 2)  # a beat already on its way when it retired
+    assert q.redis.zscore(q.keys.workers, "a") is None
+    # b is now the last live worker: it stays
+    assert q.scripts.run(q.calls.retire("b", now_ms=T0 + 3)) == (False, 1)
+    q.redis.hset(q.keys.settings, "min_workers", 0)  # the reaper's setting wins
+    assert q.scripts.run(q.calls.retire("b", now_ms=T0 + 4)) == (True, 1)

@@ -307,7 +307,7 @@ def test_a_lane_worker_takes_p0_and_leaves_p2_queued(procs: Procs, real_queue: Q
     batch = real_queue.enqueue("sim.noop", "batch", model="m", vram_gb=10, priority="P2")
     lane = start_worker(procs, "lane", "--priorities", "P0,P1")
     assert procs.redis.hget(procs.keys.worker("lane"), "levels") == "01"
-    assert "levels=01" in lane.log()
+    wait_for(lambda: "levels=01" in lane.log(), 10, message=lambda: f"the start line; log:\n{lane.log()}")
     online = real_queue.enqueue("sim.noop", "online", model="m", vram_gb=10, priority="P0")
     assert online.result(timeout=15) == "online"
     assert online.record().worker == "lane"
