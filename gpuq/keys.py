@@ -79,6 +79,12 @@ class Keys:
         return f"{self.base}need"
 
     @property
+    def sla_misses(self) -> str:
+        """The latest SLA misses, newest first (capped): JSON {id, priority, model, wait_s,
+        at, kind: "late" (started after its start-by time) | "expired"}."""
+        return f"{self.base}misses"
+
+    @property
     def lanes(self) -> str:
         """Workers serving only some priorities (dedicated lanes): id -> levels, e.g. "01"."""
         return f"{self.base}lanes"

@@ -1,0 +1,230 @@
+"""Every Prometheus metric gpuq exports, in one place.
+
+Two sources, so nothing is counted twice: each worker serves what only it sees (its GPU and
+the phases of the tasks it runs) on ``gpuq worker --metrics-port``; ``gpuq exporter`` serves
+pool-level figures read from Redis at scrape time (queues, outcomes, SLA attainment,
+preemptions, model loads, workers, scale signals), which stay right across worker restarts
+and whatever language the workers are written in. Labels are pool, priority (P0..P3), model,
+gpu (the worker id: one worker per GPU), gpu_class (its GPU name), kind, outcome, state,
+phase; never a task id.
+
+Worker (``WorkerMetrics``, one registry per worker process):
+
+| metric | type | labels | emitted |
+|---|---|---|---|
+| gpuq_schedule_latency_seconds | histogram | pool, priority | at claim, first attempts: enqueue to start |
+| gpuq_task_phase_seconds | histogram | pool, priority, phase (queue, load, run) | queue: at claim, every attempt (time since it was last queued); load: after a cold load; run: when the handler returns |
+| gpuq_worker_tasks_total | counter | pool, gpu, priority, outcome (succeeded, failed, retried, yielded, stopped, lost) | when the worker settles a task |
+| gpuq_gpu_vram_total_bytes | gauge | pool, gpu, gpu_class | at start |
+| gpuq_gpu_vram_usage_ratio | gauge | pool, gpu, gpu_class, source (ledger, nvml) | every heartbeat; nvml only on NVML GPUs |
+| gpuq_worker_running_tasks | gauge | pool, gpu | every heartbeat |
+| gpuq_worker_loaded_models | gauge | pool, gpu | every heartbeat |
+
+Pool (``PoolCollector`` over ``PoolFigures``, which ``gpuq.exporter`` reads from Redis on each
+scrape; served by ``gpuq exporter``):
+
+| metric | type | labels | source |
+|---|---|---|---|
+| gpuq_queue_depth | gauge | pool, priority, model | `q:<p>:<model>` sizes |
+| gpuq_queue_oldest_wait_seconds | gauge | pool, priority, model | the queue head's enqueue time |
+| gpuq_tasks_running / gpuq_tasks_delayed / gpuq_tasks_unschedulable | gauge | pool | running set, delayed set, tasks larger than every GPU class |
+| gpuq_tasks_enqueued_total | counter | pool | `stats` enqueued |
+| gpuq_tasks_total | counter | pool, priority, outcome (succeeded, failed, expired, canceled) | `stats` `<outcome>:P<n>` |
+| gpuq_sla_starts_total | counter | pool, priority, result (met, missed) | `stats` `sla_met:P<n>` / `sla_missed:P<n>`, counted by claim on first attempts: started by the task's start-by time or not |
+| gpuq_sla_attainment_ratio | gauge | pool, priority | met / (met + missed) since the pool began |
+| gpuq_preemptions_total | counter | pool, kind (reserved, yield_requested, yielded, stopped), preempted_priority | `stats` `preempt:<kind>:P<n>` |
+| gpuq_fair_dispatches_total | counter | pool, priority | `stats` `fair:P<n>`: claims made by the fairness rule |
+| gpuq_warm_hints_total | counter | pool | `stats` warm_hints |
+| gpuq_model_loads_total / gpuq_model_load_seconds_total | counter | pool, model | the model catalog |
+| gpuq_workers | gauge | pool, gpu_class, state (idle, busy, draining, dead) | worker hashes and liveness |
+| gpuq_workers_desired / gpuq_workers_current | gauge | pool, gpu_class | the reaper's scale signals (`scale` hash) |
+| gpuq_model_workers_desired | gauge | pool, model | the reaper's scale signals |
+| gpuq_reaper_active | gauge | pool | 1 while a reaper holds the pool's lock |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+# fine below a second (P0's 200 ms SLA, P1's 1 s), then wide enough for P2's 5 minutes
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0,
+                   30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+PHASES = ("queue", "load", "run")
+WORKER_OUTCOMES = ("succeeded", "failed", "retried", "yielded", "stopped", "lost")
+
+
+class WorkerMetrics:
+    """The metrics one worker process serves about its own GPU and the tasks it runs."""
+
+    def __init__(self, pool: str, gpu: str, gpu_class: str) -> None:
+        self.registry = CollectorRegistry()
+        self.pool, self.gpu, self.gpu_class = pool, gpu, gpu_class
+        r = self.registry
+        self.schedule_latency = Histogram(
+            "gpuq_schedule_latency_seconds", "Enqueue to start of a task's first attempt.",
+            ["pool", "priority"], buckets=LATENCY_BUCKETS, registry=r)
+        self.phase = Histogram(
+            "gpuq_task_phase_seconds", "Seconds a task spent queued, loading its model, running.",
+            ["pool", "priority", "phase"], buckets=LATENCY_BUCKETS, registry=r)
+        self.tasks = Counter("gpuq_worker_tasks_total", "Tasks this worker settled, by outcome.",
+                             ["pool", "gpu", "priority", "outcome"], registry=r)
+        self.vram_total = Gauge("gpuq_gpu_vram_total_bytes", "The GPU's total VRAM.",
+                                ["pool", "gpu", "gpu_class"], registry=r)
+        self.vram_usage = Gauge("gpuq_gpu_vram_usage_ratio",
+                                "Share of the GPU's VRAM in use: ledger (models, tasks, KV "
+                                "reserve) and NVML's reading.",
+                                ["pool", "gpu", "gpu_class", "source"], registry=r)
+        self.running = Gauge("gpuq_worker_running_tasks", "Tasks running on this worker.",
+                             ["pool", "gpu"], registry=r)
+        self.models = Gauge("gpuq_worker_loaded_models", "Models resident on this GPU.",
+                            ["pool", "gpu"], registry=r)
+
+    def started(self, priority: str, first_attempt: bool, waited_s: float, queued_s: float) -> None:
+        if first_attempt:
+            self.schedule_latency.labels(self.pool, priority).observe(max(0.0, waited_s))
+        self.phase.labels(self.pool, priority, "queue").observe(max(0.0, queued_s))
+
+    def phase_done(self, priority: str, phase: str, seconds: float) -> None:
+        self.phase.labels(self.pool, priority, phase).observe(max(0.0, seconds))
+
+    def settled(self, priority: str, outcome: str) -> None:
+        self.tasks.labels(self.pool, self.gpu, priority, outcome).inc()
+
+    def gpu_state(self, total_gb: float, used_ledger_gb: float, nvml_used_gb: float | None,
+                  running: int, models: int) -> None:
+        self.vram_total.labels(self.pool, self.gpu, self.gpu_class).set(total_gb * 2**30)
+        if total_gb > 0:
+            self.vram_usage.labels(self.pool, self.gpu, self.gpu_class, "ledger").set(
+                used_ledger_gb / total_gb)
+            if nvml_used_gb is not None:
+                self.vram_usage.labels(self.pool, self.gpu, self.gpu_class, "nvml").set(
+                    nvml_used_gb / total_gb)
+        self.running.labels(self.pool, self.gpu).set(running)
+        self.models.labels(self.pool, self.gpu).set(models)
+
+
+@dataclass
+class PoolFigures:
+    """What the exporter read from Redis for one scrape (gpuq.exporter.read_figures)."""
+
+    pool: str
+    queues: list[tuple[str, str, int, float]] = field(default_factory=list)  # priority, model, depth, oldest wait s
+    running: int = 0
+    delayed: int = 0
+    unschedulable: int = 0
+    stats: dict[str, int] = field(default_factory=dict)  # the pool's `stats` hash
+    model_loads: list[tuple[str, int, float]] = field(default_factory=list)  # model, loads, total s
+    workers: dict[tuple[str, str], int] = field(default_factory=dict)  # (gpu_class, state) -> n
+    desired: list[tuple[str, str, int, int]] = field(default_factory=list)  # kind, name, current, desired
+    reaper_active: bool = False
+
+
+PRIORITIES = ("P0", "P1", "P2", "P3")
+OUTCOMES = ("succeeded", "failed", "expired", "canceled")
+PREEMPTION_KINDS = ("reserved", "yield_requested", "yielded", "stopped")
+
+# every family either source exports (tests check dashboards and rules against this)
+METRIC_NAMES = {
+    "gpuq_schedule_latency_seconds": "histogram", "gpuq_task_phase_seconds": "histogram",
+    "gpuq_worker_tasks_total": "counter", "gpuq_gpu_vram_total_bytes": "gauge",
+    "gpuq_gpu_vram_usage_ratio": "gauge", "gpuq_worker_running_tasks": "gauge",
+    "gpuq_worker_loaded_models": "gauge",
+    "gpuq_queue_depth": "gauge", "gpuq_queue_oldest_wait_seconds": "gauge",
+    "gpuq_tasks_running": "gauge", "gpuq_tasks_delayed": "gauge",
+    "gpuq_tasks_unschedulable": "gauge", "gpuq_tasks_enqueued_total": "counter",
+    "gpuq_tasks_total": "counter", "gpuq_sla_starts_total": "counter",
+    "gpuq_sla_attainment_ratio": "gauge", "gpuq_preemptions_total": "counter",
+    "gpuq_fair_dispatches_total": "counter", "gpuq_warm_hints_total": "counter",
+    "gpuq_model_loads_total": "counter", "gpuq_model_load_seconds_total": "counter",
+    "gpuq_workers": "gauge", "gpuq_workers_desired": "gauge", "gpuq_workers_current": "gauge",
+    "gpuq_model_workers_desired": "gauge", "gpuq_reaper_active": "gauge",
+}
+
+
+class PoolCollector(Collector):
+    """Pool-level families from a reader called on every scrape."""
+
+    def __init__(self, read: Callable[[], PoolFigures]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        f = self.read()
+        pool, stats = f.pool, f.stats
+        depth = GaugeMetricFamily("gpuq_queue_depth", "Queued tasks.", labels=["pool", "priority", "model"])
+        oldest = GaugeMetricFamily("gpuq_queue_oldest_wait_seconds", "Wait of the queue's head task.",
+                                   labels=["pool", "priority", "model"])
+        for priority, model, n, wait in f.queues:
+            depth.add_metric([pool, priority, model], n)
+            oldest.add_metric([pool, priority, model], wait)
+        yield depth
+        yield oldest
+        for name, text, value in (("gpuq_tasks_running", "Tasks running.", f.running),
+                                  ("gpuq_tasks_delayed", "Retries waiting out their backoff.", f.delayed),
+                                  ("gpuq_tasks_unschedulable", "Queued tasks larger than every GPU class.",
+                                   f.unschedulable),
+                                  ("gpuq_reaper_active", "1 while a reaper holds the pool's lock.",
+                                   int(f.reaper_active))):
+            gauge = GaugeMetricFamily(name, text, labels=["pool"])
+            gauge.add_metric([pool], value)
+            yield gauge
+        yield _counter("gpuq_tasks_enqueued", "Tasks enqueued.", ["pool"],
+                       [([pool], stats.get("enqueued", 0))])
+        yield _counter("gpuq_tasks", "Tasks ended, by outcome.", ["pool", "priority", "outcome"],
+                       [([pool, p, o], stats.get(f"{o}:{p}", 0)) for p in PRIORITIES for o in OUTCOMES])
+        yield _counter("gpuq_sla_starts", "First starts within the task's start-by time or not.",
+                       ["pool", "priority", "result"],
+                       [([pool, p, r], stats.get(f"sla_{r}:{p}", 0)) for p in PRIORITIES
+                        for r in ("met", "missed")])
+        ratio = GaugeMetricFamily("gpuq_sla_attainment_ratio", "Share of first starts within SLA.",
+                                  labels=["pool", "priority"])
+        for p in PRIORITIES:
+            met, missed = stats.get(f"sla_met:{p}", 0), stats.get(f"sla_missed:{p}", 0)
+            if met + missed:
+                ratio.add_metric([pool, p], met / (met + missed))
+        yield ratio
+        yield _counter("gpuq_preemptions", "Preemption decisions and their outcomes.",
+                       ["pool", "kind", "preempted_priority"],
+                       [([pool, k, p], stats.get(f"preempt:{k}:{p}", 0)) for k in PREEMPTION_KINDS
+                        for p in PRIORITIES])
+        yield _counter("gpuq_fair_dispatches", "Claims made by the fairness rule.", ["pool", "priority"],
+                       [([pool, p], stats.get(f"fair:{p}", 0)) for p in PRIORITIES[1:]])
+        yield _counter("gpuq_warm_hints", "Preload hints sent to idle workers.", ["pool"],
+                       [([pool], stats.get("warm_hints", 0))])
+        yield _counter("gpuq_model_loads", "Model loads.", ["pool", "model"],
+                       [([pool, m], n) for m, n, _ in f.model_loads])
+        yield _counter("gpuq_model_load_seconds", "Seconds spent loading models.", ["pool", "model"],
+                       [([pool, m], s) for m, _, s in f.model_loads])
+        workers = GaugeMetricFamily("gpuq_workers", "Workers by GPU class and state.",
+                                    labels=["pool", "gpu_class", "state"])
+        for (gpu_class, state), n in sorted(f.workers.items()):
+            workers.add_metric([pool, gpu_class, state], n)
+        yield workers
+        desired = GaugeMetricFamily("gpuq_workers_desired", "Workers the reaper asks for, per GPU class.",
+                                    labels=["pool", "gpu_class"])
+        current = GaugeMetricFamily("gpuq_workers_current", "Live workers per GPU class (scale signals).",
+                                    labels=["pool", "gpu_class"])
+        per_model = GaugeMetricFamily("gpuq_model_workers_desired", "Workers the reaper asks for, per model.",
+                                      labels=["pool", "model"])
+        for kind, name, cur, want in f.desired:
+            if kind == "class":
+                desired.add_metric([pool, name], want)
+                current.add_metric([pool, name], cur)
+            else:
+                per_model.add_metric([pool, name], want)
+        yield desired
+        yield current
+        yield per_model
+
+
+def _counter(name: str, text: str, labels: list[str],
+             values: Sequence[tuple[list[str], float]]) -> CounterMetricFamily:
+    """A counter family (``name`` without ``_total``: the client library adds it)."""
+    family = CounterMetricFamily(name, text, labels=labels)
+    for label_values, value in values:
+        family.add_metric(label_values, value)
+    return family
