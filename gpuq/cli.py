@@ -7,13 +7,12 @@ non-zero exit (no stack traces at the boundary).
 from __future__ import annotations
 
 import json
-import logging
-import sys
 from dataclasses import replace
 from typing import Any
 
 import click
 
+from gpuq import logs
 from gpuq.client import Queue, connect, outcome, redis_errors
 from gpuq.config import Config
 from gpuq.errors import GpuqError
@@ -52,11 +51,13 @@ def open_queue(ctx: click.Context) -> Queue:
               help="Pool name (env GPUQ_POOL).")
 @click.option("--log-level", envvar="GPUQ_LOG_LEVEL", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.option("--log-format", envvar="GPUQ_LOG_FORMAT", default="text", show_default=True,
+              type=click.Choice(["text", "json"]),
+              help="json: one object per line with the event name and fields (env GPUQ_LOG_FORMAT).")
 @click.pass_context
-def cli(ctx: click.Context, redis_url: str, pool: str, log_level: str) -> None:
+def cli(ctx: click.Context, redis_url: str, pool: str, log_level: str, log_format: str) -> None:
     """gpuq: a Redis-backed task queue that schedules AI inference work onto GPUs."""
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logs.configure(log_level, log_format)
     try:
         cfg = Config.from_env().with_options(redis_url=redis_url, pool=pool)
     except GpuqError as exc:
@@ -115,10 +116,12 @@ def enqueue(ctx: click.Context, handler: str, payload: str, model: str, vram_gb:
                    "min_workers (default 300; 0: never; env GPUQ_IDLE_TIMEOUT_S).")
 @click.option("--priorities", default=None,
               help="Serve only these priorities, e.g. P0,P1: a dedicated lane (env GPUQ_PRIORITIES).")
+@click.option("--metrics-port", type=int, default=None,
+              help="Serve this worker's Prometheus metrics on this port (env GPUQ_METRICS_PORT).")
 @click.pass_context
 def worker(ctx: click.Context, app_path: str, gpu_index: int | None, vram_gb: float | None,
            gpu_name: str | None, concurrency: int | None, worker_id: str | None, burst: bool,
-           idle_timeout_s: float | None, priorities: str | None) -> None:
+           idle_timeout_s: float | None, priorities: str | None, metrics_port: int | None) -> None:
     """Run one worker process on one GPU."""
     from gpuq.app import load_app
     from gpuq.worker import Worker
@@ -126,7 +129,7 @@ def worker(ctx: click.Context, app_path: str, gpu_index: int | None, vram_gb: fl
 
     queue = open_queue(ctx)
     cfg = queue.config.with_options(concurrency=concurrency, idle_timeout_s=idle_timeout_s,
-                                    priorities=priorities)
+                                    priorities=priorities, metrics_port=metrics_port)
     app = load_app(app_path)
     gpu = probe(gpu_index, vram_gb, gpu_name, worker_id or "worker")
     ctx.exit(Worker(queue.redis, cfg, app, gpu, worker_id=worker_id, burst=burst).run())
@@ -161,6 +164,33 @@ def reaper(ctx: click.Context, once: bool, max_wait_s: float | None, grace_s: fl
             click.echo(r.round().summary())
         return
     ctx.exit(r.run())
+
+
+@cli.command()
+@click.option("--port", type=int, default=9108, show_default=True, help="HTTP port of /metrics.")
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.pass_context
+def exporter(ctx: click.Context, port: int, host: str) -> None:
+    """Serve the pool's metrics (queues, outcomes, SLA attainment, preemptions, model loads,
+    workers, scale signals) for Prometheus, read from Redis on every scrape."""
+    from gpuq.exporter import Exporter
+
+    queue = open_queue(ctx)
+    ctx.exit(Exporter(queue.redis, queue.keys).serve(port, host))
+
+
+@cli.command()
+@click.option("--interval", "interval_s", type=float, default=1.0, show_default=True,
+              help="Seconds between refreshes.")
+@click.option("--once", is_flag=True, help="Print one frame and exit (also when not a terminal).")
+@click.pass_context
+def top(ctx: click.Context, interval_s: float, once: bool) -> None:
+    """Live view of the pool: queues, workers and their GPUs, SLA attainment, recent misses."""
+    from gpuq.top import run_top
+
+    queue = open_queue(ctx)
+    with redis_errors(queue.url):
+        ctx.exit(run_top(queue.redis, queue.keys, interval_s=interval_s, once=once))
 
 
 @cli.command()

@@ -40,6 +40,7 @@ class Config:
     idle_block_s: float = 5.0  # longest an idle worker blocks before looking for due retries
     idle_timeout_s: float = 300.0  # idle this long: unload models, retire above min_workers (0: never)
     priorities: str = "P0,P1,P2,P3"  # levels a worker serves (a dedicated lane: "P0,P1")
+    metrics_port: int = 0  # a worker serves its own metrics on this port (0: none)
     stop_s: float = 5.0  # a task past its yield deadline that will not stop in-process this
     #                      long after being told makes the worker exit (EXIT_STUCK)
     # reaper

@@ -137,10 +137,19 @@ local function release(id, worker)
   if worker and worker ~= '' then redis.call('SREM', B .. 'worker:' .. worker .. ':tasks', id) end
 end
 
--- End a task: terminal state, wake its waiters, keep it readable for ttl ms.
+-- Remember a missed SLA for `gpuq top` (newest first, the last 100).
+local function note_miss(id, p, m, wait_ms, now, kind)
+  redis.call('LPUSH', B .. 'misses', cjson.encode({id = id, priority = 'P' .. p, model = m,
+    wait_s = wait_ms / 1000, at = now / 1000, kind = kind}))
+  redis.call('LTRIM', B .. 'misses', 0, 99)
+end
+
+-- End a task: terminal state, wake its waiters, keep it readable for ttl ms; counted per
+-- state and per state and priority ("<state>:P<n>").
 local function finish(id, state, now, ttl, field, value)
   local tk = task_key(id)
   redis.call('HSET', tk, 'state', state, 'finished_at', ms(now), field, value)
+  redis.call('HINCRBY', K_STATS, state .. ':P' .. redis.call('HGET', tk, 'priority'), 1)
   local done = B .. 'done:' .. id
   redis.call('LPUSH', done, state)
   redis.call('PEXPIRE', done, ttl)

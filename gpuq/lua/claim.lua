@@ -30,7 +30,10 @@
 --                                            worker and may be claimed after that long
 --          {0, "task", field, value, ...}   the claimed task: id, token, handler, payload,
 --                                            model, vram_gb, priority, est_s, attempt,
---                                            deadline, tenant, checkpoint
+--                                            deadline, tenant, checkpoint, enqueued_at,
+--                                            queued_at, started_at (ms)
+-- A first attempt counts in stats as sla_met:P<n> or sla_missed:P<n> (started by its queue
+-- score, the start-by time, or not); a miss is also noted in `misses` for gpuq top.
 
 local worker, now = ARGV[1], clock(ARGV[2])
 local free, evictable, slots = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -181,7 +184,17 @@ else
 end
 -- what a worker needs to run the task (the rest stays readable in the hash)
 local f = redis.call('HMGET', tk, 'handler', 'payload', 'model', 'vram_gb', 'priority', 'est_s',
-  'attempt', 'deadline', 'tenant', 'checkpoint')
+  'attempt', 'deadline', 'tenant', 'checkpoint', 'enqueued_at', 'queued_at', 'score')
+-- SLA: a first start by the task's start-by time (its queue score) meets it
+if f[7] == '1' then
+  if now <= tonumber(f[13]) then
+    redis.call('HINCRBY', K_STATS, 'sla_met:P' .. p, 1)
+  else
+    redis.call('HINCRBY', K_STATS, 'sla_missed:P' .. p, 1)
+    note_miss(id, p, m, now - tonumber(f[11]), now, 'late')
+  end
+end
 return {0, 'task', 'id', id, 'token', token, 'handler', f[1], 'payload', f[2], 'model', f[3],
   'vram_gb', f[4], 'priority', f[5], 'est_s', f[6], 'attempt', f[7], 'deadline', f[8],
-  'tenant', f[9], 'checkpoint', f[10] or ''}
+  'tenant', f[9], 'checkpoint', f[10] or '', 'enqueued_at', f[11], 'queued_at', f[12],
+  'started_at', ms(now)}

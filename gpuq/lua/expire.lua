@@ -55,8 +55,9 @@ for _, id in ipairs(ids) do
     end
     if reason then
       unqueue(id, f[4], f[5])
-      finish(id, 'expired', now, ttl, 'error', reason)
-      redis.call('HINCRBY', K_STATS, 'expired:P' .. f[4], 1)
+      finish(id, 'expired', now, ttl, 'error', reason)  -- counts expired:P<n>
+      note_miss(id, f[4], f[5], now - tonumber(redis.call('HGET', task_key(id), 'enqueued_at')),
+        now, 'expired')
       expired = expired + 1
     end
   end

@@ -15,6 +15,7 @@
 -- ARGV[5]  victim's fencing token
 -- ARGV[6]  reservation lifetime (ms)
 -- ARGV[7]  grace (ms) the victim has to yield; "" = reserve only (the victim ends soon)
+-- Counts   stats preempt:<reserved|yield_requested> and the same per victim priority (:P<n>)
 -- Returns  {0, "reserved" | "yield"}
 --          {0, "stale", why}   the pool changed since the plan: nothing was written
 
@@ -25,7 +26,7 @@ if redis.call('HGET', task_key(waiting), 'state') ~= 'queued' then
 end
 local alive = redis.call('ZSCORE', K_WORKERS, worker)
 if not alive or tonumber(alive) < now then return {0, 'stale', 'worker is not live'} end
-local v = redis.call('HMGET', task_key(victim), 'state', 'token', 'worker', 'yield_by')
+local v = redis.call('HMGET', task_key(victim), 'state', 'token', 'worker', 'yield_by', 'priority')
 if v[1] ~= 'running' or v[2] ~= token or v[3] ~= worker then
   return {0, 'stale', 'victim is no longer running there'}
 end
@@ -36,9 +37,11 @@ end
 redis.call('HSET', task_key(waiting), 'reserved_for', worker)
 if grace == '' then
   redis.call('HINCRBY', K_STATS, 'preempt:reserved', 1)
+  redis.call('HINCRBY', K_STATS, 'preempt:reserved:P' .. v[5], 1)
   return {0, 'reserved'}
 end
 redis.call('HSET', task_key(victim), 'yield_by', ms(now + tonumber(grace)), 'yield_for', waiting)
 redis.call('LPUSH', B .. 'ctl:' .. worker, 'yield ' .. victim .. ' ' .. grace)
 redis.call('HINCRBY', K_STATS, 'preempt:yield_requested', 1)
+redis.call('HINCRBY', K_STATS, 'preempt:yield_requested:P' .. v[5], 1)
 return {0, 'yield'}

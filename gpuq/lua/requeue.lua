@@ -5,7 +5,7 @@
 -- failed, expired or canceled (fresh attempts, no deadline). The attempt is given back
 -- unless consume is "1". A preempted task (kind "yielded": it gave way when asked;
 -- "stopped": the worker stopped it past its yield deadline) counts one more preemption,
--- in its hash and in the pool's stats ("preempt:<kind>"), and keeps the checkpoint its
+-- in its hash and in the pool's stats ("preempt:<kind>" and "preempt:<kind>:P<n>"), and keeps the checkpoint its
 -- handler saved for its next run.
 --
 -- KEYS[1]  pool key base
@@ -55,5 +55,6 @@ end
 if kind ~= '' then
   redis.call('HINCRBY', tk, 'preemptions', 1)
   redis.call('HINCRBY', K_STATS, 'preempt:' .. kind, 1)
+  redis.call('HINCRBY', K_STATS, 'preempt:' .. kind .. ':P' .. redis.call('HGET', tk, 'priority'), 1)
 end
 return {0, requeue(id, now, ARGV[4], ARGV[5] == '1', tonumber(ARGV[6]))}

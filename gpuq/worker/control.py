@@ -93,6 +93,7 @@ class Control:
             log.info("preempt.stop_skipped task=%s worker=%s: %s", r.task_id, w.id, exc)
             return
         log.warning("preempt.stopped task=%s worker=%s: past its yield deadline", r.task_id, w.id)
+        w.observe(r.task_id, "stopped")
         r.stop_deadline = time.monotonic() + w.config.stop_s
         r.interrupt()
 

@@ -6,6 +6,7 @@ import ctypes
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -68,7 +69,7 @@ class TaskError(Exception):
         self.retry = retry
 
 
-def prepare_model(worker: Worker, res: Reservation) -> Any:
+def prepare_model(worker: Worker, res: Reservation, task_id: str = "") -> Any:
     """Unload what must make room, load the model if this task is the one to, return it."""
     cache = worker.cache
     resident = cache.get(res.model)
@@ -92,6 +93,7 @@ def prepare_model(worker: Worker, res: Reservation) -> Any:
         pipe.hset(worker.keys.worker(worker.id), mapping=shown)
         pipe.execute()
         worker.model_loads += 1
+        worker.observe(task_id, phase="load", seconds=seconds)
         log.info("model.loaded worker=%s model=%s vram_gb=%g load_s=%.3f", worker.id, res.model,
                  resident.footprint_gb, seconds)
     else:
@@ -114,14 +116,16 @@ def execute(worker: Worker, fields: dict[str, str], res: Reservation | None,
         if res is None:
             raise TaskError(f"task needs {fields['vram_gb']} GB with model {fields['model']}, "
                             f"more than this GPU can free", True)
-        model = prepare_model(worker, res)
+        model = prepare_model(worker, res, task_id)
         fn = worker.app.handlers[fields["handler"]].fn
         payload = json.loads(fields["payload"])
         running.enter()
+        began = time.monotonic()
         try:
             result = fn(model, payload, ctx)
         finally:
             running.leave()
+        worker.observe(task_id, phase="run", seconds=time.monotonic() - began)
         if running.stopped:
             return None
         try:
@@ -149,12 +153,22 @@ def execute(worker: Worker, fields: dict[str, str], res: Reservation | None,
         worker.untrack(task_id)
 
 
+SETTLED = {"ack": "succeeded", "requeue": "yielded"}  # fail: "delayed" is a retry
+
+
 def settle(worker: Worker, call: Call[Any], reply: Any) -> None:
-    """Check the reply of an ack or fail; a stale token means another attempt owns the task."""
+    """Check the reply of an ack, fail or yield; a stale token means another attempt owns
+    the task."""
+    task_id = call.args[0]
     try:
-        call.parse(reply)
+        done = call.parse(reply)
     except StaleLease:
-        log.warning("lease.lost task=%s worker=%s: %s discarded", call.args[0], worker.id,
+        worker.observe(task_id, "lost")
+        log.warning("lease.lost task=%s worker=%s: %s discarded", task_id, worker.id,
                     "result" if call.script == "ack" else "failure")
     except GpuqError as exc:  # e.g. a result the server would not take: the lease runs out
-        log.error("task.settle_failed task=%s worker=%s error=%s", call.args[0], worker.id, exc)
+        worker.observe(task_id, "lost")
+        log.error("task.settle_failed task=%s worker=%s error=%s", task_id, worker.id, exc)
+    else:
+        outcome = SETTLED.get(call.script) or ("retried" if done == "delayed" else "failed")
+        worker.observe(task_id, outcome)

@@ -42,6 +42,8 @@ class Heartbeat(threading.Thread):
                                    **presence.status_fields(free, len(running), models, state, used)}
         replies = w.scripts.pipelined([call], lambda pipe: pipe.hset(w.keys.worker(w.id), mapping=fields))
         revived, lost = call.parse(replies[0])
+        if w.metrics is not None:
+            w.metrics.gpu_state(w.gpu.total_gb, w.gpu.total_gb - free, used, len(running), len(models))
         if revived:
             self.restore_holdings()
         for r in running:

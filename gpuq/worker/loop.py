@@ -28,6 +28,7 @@ from gpuq.client import redis_errors
 from gpuq.config import Config
 from gpuq.errors import StaleLease
 from gpuq.keys import Keys
+from gpuq.metrics import WorkerMetrics
 from gpuq.scripts import Call, Calls, ClaimRequest, Scripts
 from gpuq.worker import presence
 from gpuq.worker.executor import Running, execute, settle
@@ -64,6 +65,9 @@ class Worker:
         self.static_fields: Fields = {}
         self.draining = False  # drain: finish running tasks however long they take
         self.retired = False  # left the pool after its idle timeout
+        # opt-in (--metrics-port): with it, task id -> priority label until the task settles
+        self.metrics: WorkerMetrics | None = None
+        self.labels: dict[str, str] = {}
         self.last_active = time.monotonic()  # a task started or ended (idle timeout)
 
     # bookkeeping shared with the executor and the heartbeat
@@ -112,6 +116,8 @@ class Worker:
                           json.loads(saved) if saved else None)
             running = Running(fields["id"], int(fields["token"]), ctx, time.monotonic(),
                               threading.get_ident())
+            if self.metrics is not None:
+                self.observe_start(fields)
             self.track(running)  # before the lock is released: the next claim sees one slot fewer
             return fields, res, running
 
@@ -156,11 +162,37 @@ class Worker:
                 log.error("task.ack_failed task=%s error=%s (the reaper will recover it)",
                           pending.args[0], exc)
 
+    def observe_start(self, fields: dict[str, str]) -> None:
+        assert self.metrics is not None
+        label = f"P{fields['priority']}"
+        self.labels[fields["id"]] = label
+        started = int(fields["started_at"])
+        self.metrics.started(label, fields["attempt"] == "1",
+                             (started - int(fields["enqueued_at"])) / 1000,
+                             (started - int(fields["queued_at"])) / 1000)
+
+    def observe(self, task_id: str, outcome: str | None = None, phase: str = "",
+                seconds: float = 0.0) -> None:
+        """Record a task's phase time or its outcome (the last word on it) when metrics are on."""
+        if self.metrics is None or task_id not in self.labels:
+            return
+        if phase:
+            self.metrics.phase_done(self.labels[task_id], phase, seconds)
+        if outcome:
+            self.metrics.settled(self.labels.pop(task_id), outcome)
+
     def request_stop(self, *_: object) -> None:
         if not self.stopping.is_set():
             log.info("worker.stopping worker=%s running=%d", self.id, len(self._running))
         self.stopping.set()
         self.done.set()
+
+    def serve_metrics(self, port: int) -> None:
+        from prometheus_client import start_http_server
+
+        self.metrics = WorkerMetrics(self.config.pool, self.id, self.gpu.name)
+        start_http_server(port, registry=self.metrics.registry)
+        log.info("worker.metrics worker=%s port=%d", self.id, port)
 
     def drain(self) -> None:
         """Take no more tasks; finish the running ones however long they take; exit 0."""
@@ -208,6 +240,8 @@ class Worker:
         with redis_errors(self.config.redis_url):
             presence.register(self.redis, self.keys, self.static_fields,
                               int(self.config.lease_s * 1000))
+        if self.config.metrics_port:
+            self.serve_metrics(self.config.metrics_port)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)

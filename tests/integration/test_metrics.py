@@ -1,0 +1,128 @@
+"""Metrics end to end: a worker process serving its own metrics, the pool exporter and a
+reaper on a real server; tasks driven through; both /metrics endpoints scraped over HTTP."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from procs import Procs, est, wait_for
+
+from gpuq import Queue, State
+from gpuq.embedded import EmbeddedServer
+from gpuq.metrics import METRIC_NAMES
+
+pytestmark = pytest.mark.slow
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+@pytest.fixture
+def procs(redis_server: EmbeddedServer, pool: str, prefix: str, tmp_path: Path) -> Iterator[Procs]:
+    with Procs(redis_server.url, pool, prefix, tmp_path) as p:
+        yield p
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(port: int) -> tuple[set[str], Samples]:
+    """(family names, {(sample name, labels): value}) of one scrape."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    families, samples = set(), {}
+    for family in text_string_to_metric_families(text):
+        families.add(family.name)
+        for s in family.samples:
+            samples[(s.name, frozenset(s.labels.items()))] = s.value
+    return families, samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels``."""
+    wanted = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and wanted <= ls)
+
+
+def up(port: int) -> bool:
+    try:
+        scrape(port)
+        return True
+    except OSError:
+        return False
+
+
+def test_worker_and_exporter_metrics_count_what_ran(procs: Procs, real_queue: Queue) -> None:
+    worker_port, exporter_port = free_port(), free_port()
+    procs.worker("w1", vram_gb=48, env={"GPUQ_METRICS_PORT": str(worker_port)})
+    exporter = procs.start("exporter", ["exporter", "--port", str(exporter_port), "--host", "127.0.0.1"])
+    reaper = procs.reaper()
+    wait_for(lambda: up(worker_port) and up(exporter_port), 15,
+             message=lambda: f"both endpoints; logs:\n{procs.logs()}")
+
+    def run(priority: str, n: int, handler: str = "sim.run") -> list[str]:
+        return [real_queue.enqueue(handler, {}, model="m", vram_gb=10, priority=priority,
+                                   est_s=est(0.02), max_attempts=1).id for _ in range(n)]
+
+    ok = run("P0", 5) + run("P2", 3)
+    bad = run("P1", 1, "sim.fail")
+    procs.wait_all(ok, State.SUCCEEDED)
+    procs.wait_all(bad, State.FAILED)
+    canceled = real_queue.enqueue("sim.run", {}, model="huge", vram_gb=500, priority="P3")
+    real_queue.cancel(canceled.id)
+    stuck = real_queue.enqueue("sim.run", {}, model="huge", vram_gb=500, priority="P3")
+    wait_for(lambda: "reaper.active" in reaper.log(), 10, message="the reaper")
+
+    families, w = scrape(worker_port)
+    assert {"gpuq_schedule_latency_seconds", "gpuq_task_phase_seconds", "gpuq_worker_tasks",
+            "gpuq_gpu_vram_total_bytes", "gpuq_gpu_vram_usage_ratio"} <= families
+    assert value(w, "gpuq_schedule_latency_seconds_count", priority="P0") == 5
+    assert value(w, "gpuq_schedule_latency_seconds_count", priority="P2") == 3
+    assert value(w, "gpuq_task_phase_seconds_count", phase="queue") == 9
+    assert value(w, "gpuq_task_phase_seconds_count", phase="run") == 8  # the failing one raised
+    assert value(w, "gpuq_task_phase_seconds_count", phase="load") == 1  # one cold load of m
+    assert value(w, "gpuq_worker_tasks_total", outcome="succeeded", priority="P0") == 5
+    assert value(w, "gpuq_worker_tasks_total", outcome="succeeded", priority="P2") == 3
+    assert value(w, "gpuq_worker_tasks_total", outcome="failed", priority="P1") == 1
+    assert value(w, "gpuq_gpu_vram_total_bytes", gpu="w1") == 48 * 2**30
+    assert 0 < value(w, "gpuq_gpu_vram_usage_ratio", gpu="w1", source="ledger") < 1
+
+    def exported() -> Samples | None:
+        _, s = scrape(exporter_port)
+        return s if value(s, "gpuq_workers_desired") or value(s, "gpuq_reaper_active") else None
+
+    e = wait_for(exported, 10, message="the reaper's first round in the exporter")
+    assert value(e, "gpuq_tasks_enqueued_total") == 11
+    assert value(e, "gpuq_tasks_total", outcome="succeeded", priority="P0") == 5
+    assert value(e, "gpuq_tasks_total", outcome="succeeded", priority="P2") == 3
+    assert value(e, "gpuq_tasks_total", outcome="failed", priority="P1") == 1
+    assert value(e, "gpuq_tasks_total", outcome="canceled", priority="P3") == 1
+    assert value(e, "gpuq_sla_starts_total", priority="P0") == 5  # first starts, met or not
+    assert value(e, "gpuq_sla_starts_total") == 9
+    assert value(e, "gpuq_model_loads_total", model="m") == 1
+    assert value(e, "gpuq_model_load_seconds_total", model="m") > 0
+    assert value(e, "gpuq_queue_depth", priority="P3", model="huge") == 1
+    assert value(e, "gpuq_tasks_unschedulable") == 1
+    assert value(e, "gpuq_workers", state="idle") == 1
+    assert value(e, "gpuq_reaper_active") == 1
+    assert value(e, "gpuq_workers_current", gpu_class="sim-48GB") == 1
+    assert procs.record(stuck.id).state is State.QUEUED
+    # every family served is one metrics.py documents
+    served = families | {n for (n, _) in e}
+    documented = set(METRIC_NAMES) | {n.removesuffix("_total") for n in METRIC_NAMES}
+    assert {n for n in served if n.startswith("gpuq_")} <= documented | {
+        f"{n}_{s}" for n in METRIC_NAMES for s in ("bucket", "sum", "count", "created")} | {
+        f"{n.removesuffix('_total')}_created" for n in METRIC_NAMES}
+    assert exporter.alive()
+
+
+def test_no_metrics_port_means_no_server(procs: Procs) -> None:
+    worker = procs.worker("w1", vram_gb=24)
+    assert "worker.metrics" not in worker.log()
