@@ -1,4 +1,4 @@
-"""Read-only views of a pool for ``gpuq status`` and ``gpuq task`` (and the exporter)."""
+"""Read-only views of a pool for ``gpuq status``, ``gpuq top`` and ``gpuq task`` (and the exporter)."""
 
 from __future__ import annotations
 
@@ -147,3 +147,18 @@ def _parse_signal(raw: str) -> dict[str, Any]:
     except ValueError:
         value = None
     return value if isinstance(value, dict) else {"raw": raw}
+
+
+def recent_misses(client: redis.Redis, keys: Keys, limit: int = 50) -> list[dict[str, Any]]:
+    """The latest SLA misses as stored (newest first): {"id", "priority", "model", "wait_s",
+    "at" (epoch s), "kind"}. Elements that are not JSON objects are skipped: the list is
+    capped, not validated, and a foreign writer must not break ``gpuq top``."""
+    out = []
+    for raw in client.lrange(keys.sla_misses, 0, limit - 1) if limit > 0 else []:
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            out.append(value)
+    return out

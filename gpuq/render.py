@@ -28,14 +28,14 @@ def render_status(view: PoolView) -> str:
         vram = f"{w.vram_free_gb:.0f}/{w.vram_total_gb:.0f} GB"
         state = w.state if w.alive else "dead?"
         lines.append(f"{w.id[:27]:<28}{w.gpu[:17]:<18}{vram:>16}  {state:<9}{len(w.running):>4}  "
-                     f"{_levels(w.levels):<7}{','.join(w.models) or '-'}")
+                     f"{levels_label(w.levels):<7}{','.join(w.models) or '-'}")
     if not view.workers:
         lines.append("(no workers)")
     lines += _preemption(view) + _scale(view.scale)
     return "\n".join(lines)
 
 
-def _levels(levels: str) -> str:
+def levels_label(levels: str) -> str:
     return "P" + levels if levels else "-"  # "P0123": the priorities a worker serves
 
 

@@ -1,0 +1,243 @@
+"""``gpuq top``: a live terminal view of one pool, redrawn in place.
+
+A frame is plain text that fits the terminal width: totals, queues by priority with their SLA
+attainment, preemption and scale signals, recent SLA misses, then workers (last, as in top(1),
+since that list grows with the pool and is what gets cut when the screen is short). On a
+terminal it redraws with ANSI cursor codes (no curses: it must also run without a terminal);
+otherwise, or with ``once``, it prints one frame without escape codes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+import redis
+
+from gpuq.inspect import PoolView, QueueView, WorkerView, pool_view, recent_misses
+from gpuq.keys import Keys
+from gpuq.render import levels_label
+from gpuq.task import Priority
+
+MIN_WIDTH = 60
+MISS_LINES = 8
+MODELS_PER_PRIORITY = 3
+# home, each line cleared to its end, the rest of the screen cleared: no blank flash per frame
+CLEAR, HOME, EOL, EOS = "\x1b[2J", "\x1b[H", "\x1b[K", "\x1b[J"
+HIDE_CURSOR, SHOW_CURSOR = "\x1b[?25l", "\x1b[?25h"
+
+
+def render_top(view: PoolView, misses: list[dict[str, Any]], width: int = 80,
+               now: float | None = None) -> str:
+    """One frame; no line is longer than ``width``."""
+    now = time.time() if now is None else now
+    lines = (_header(view, now) + _queues(view, width) + _signals(view)
+             + _misses(misses, now) + _workers(view.workers, width))
+    return "\n".join(clip(line, width) for line in lines)
+
+
+def run_top(client: redis.Redis, keys: Keys, *, interval_s: float = 1.0, once: bool = False,
+            out: TextIO = sys.stdout, iterations: int | None = None) -> int:
+    """Redraw a frame every ``interval_s`` on a terminal until Ctrl-C (or ``iterations``
+    frames); print one plain frame when ``out`` is not a terminal or ``once``. Redis errors
+    propagate to the caller."""
+    live = not once and out.isatty()
+    frames = 0
+    try:
+        if live:
+            out.write(HIDE_CURSOR + CLEAR)
+        while True:
+            size = shutil.get_terminal_size()
+            text = render_top(pool_view(client, keys), recent_misses(client, keys),
+                              width=max(MIN_WIDTH, size.columns))
+            if not live:
+                out.write(text + "\n")
+                return 0
+            rows = _fit_rows(text.split("\n"), max(2, size.lines - 1))
+            # clear each line before writing it: after a full-width row the cursor waits on
+            # the last column, where an erase would take that row's last character
+            out.write(HOME + "".join(EOL + row + "\n" for row in rows) + EOS)
+            out.flush()
+            frames += 1
+            if iterations is not None and frames >= iterations:
+                return 0
+            time.sleep(max(0.0, interval_s))
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if live:
+            out.write(SHOW_CURSOR)
+            out.flush()
+
+
+def _fit_rows(rows: list[str], limit: int) -> list[str]:
+    """The rows a screen of ``limit`` lines shows without scrolling (which would break HOME);
+    the workers, last, are what gets cut."""
+    if len(rows) <= limit:
+        return rows
+    keep = max(0, limit - 1)
+    return rows[:keep] + [f"... {len(rows) - keep} more lines"]
+
+
+# -- sections ------------------------------------------------------------------------------
+
+def _header(view: PoolView, now: float) -> list[str]:
+    queued = sum(q.depth for q in view.queues)
+    alive = [w for w in view.workers if w.alive]
+    states = {s: sum(w.state == s for w in alive) for s in ("busy", "idle", "draining")}
+    workers = f"workers: {states['busy']} busy, {states['idle']} idle"
+    if states["draining"]:
+        workers += f", {states['draining']} draining"
+    if len(alive) < len(view.workers):
+        workers += f", {len(view.workers) - len(alive)} not responding"
+    return [f"gpuq top - pool {view.pool} - {time.strftime('%H:%M:%S', time.localtime(now))}",
+            f"tasks: {queued} queued, {view.running} running, {view.delayed} waiting to retry, "
+            f"{view.unschedulable} unschedulable",
+            workers]
+
+
+def _queues(view: PoolView, width: int) -> list[str]:
+    lines = ["", f"{'PRI':<4}{'DEPTH':>7}{'OLDEST':>8}{'SLA MET':>8}{'MISSED':>7}  BUSIEST MODELS"]
+    for p in Priority:
+        qs = sorted((q for q in view.queues if q.priority == p.label), key=lambda q: -q.depth)
+        met = view.stats.get(f"sla_met:{p.label}", 0)
+        missed = view.stats.get(f"sla_missed:{p.label}", 0)
+        oldest = duration(max(q.oldest_wait_s for q in qs)) if qs else "-"
+        lines.append(f"{p.label:<4}{sum(q.depth for q in qs):>7}{oldest:>8}"
+                     f"{attainment(met, missed):>8}{missed if met + missed else '-':>7}  "
+                     + _busiest(qs, width - 36))
+    return lines
+
+
+def _busiest(queues: list[QueueView], room: int) -> str:
+    """The deepest models, "name depth", as many as fit (at most three), then "+N"."""
+    cap = max(8, min(max(20, room // MODELS_PER_PRIORITY - 6), room - 10))  # depths stay whole
+    shown = [f"{clip(q.model, cap)} {q.depth}" for q in queues[:MODELS_PER_PRIORITY]]
+    return fit_list(shown, len(queues), room) or "-"
+
+
+def _signals(view: PoolView) -> list[str]:
+    lines = []
+    if view.reservations:
+        lines.append("reserved: " + ", ".join(f"{r['worker']} for {r['task'][:8]}"
+                                              for r in view.reservations))
+    if view.yield_requests:
+        lines.append("yielding: " + ", ".join(_yield(y) for y in view.yield_requests))
+    signals = [f"{k.partition(':')[0]} {k.partition(':')[2]} "
+               f"{v.get('current', '?')}->{v.get('desired', '?')}"
+               for k, v in sorted(view.scale.items()) if ":" in k]
+    if "unschedulable" in view.scale:
+        signals.append(f"{view.scale['unschedulable'].get('tasks', '?')} unschedulable")
+    if signals:
+        lines.append("scale: " + ", ".join(signals))
+    return [""] + lines if lines else []
+
+
+def _yield(y: dict[str, Any]) -> str:
+    left = number(y.get("yield_by_s")) or 0.0
+    when = f"{left:.0f}s left" if left >= 0 else f"overdue {-left:.0f}s"
+    return f"{str(y.get('task', '?'))[:8]} on {y.get('worker', '?')} ({when})"
+
+
+def _misses(misses: list[dict[str, Any]], now: float) -> list[str]:
+    if not misses:
+        return []
+    newest = sorted(misses, key=lambda m: number(m.get("at")) or 0.0, reverse=True)
+    lines = ["", f"RECENT SLA MISSES ({len(misses)})",
+             f"{'AGE':>7}  {'PRI':<4}{'MODEL':<20}{'WAIT':>8}  {'KIND':<8}TASK"]
+    for m in newest[:MISS_LINES]:
+        at, wait = number(m.get("at")), number(m.get("wait_s"))
+        age = duration(max(0.0, now - at)) if at is not None else "?"
+        lines.append(f"{age:>7}  {str(m.get('priority', '?')):<4}"
+                     f"{shorten(str(m.get('model', '?')), 19):<20}"
+                     f"{duration(wait) if wait is not None else '?':>8}  "
+                     f"{str(m.get('kind', '?')):<8}{str(m.get('id', ''))[:8]}")
+    return lines
+
+
+def _workers(workers: list[WorkerView], width: int) -> list[str]:
+    # the fixed columns take 53; the id gets up to 28 of the rest, the models what is left
+    id_w = min(28, max(13, (width - 53) // 2))
+    lines = ["", f"{'WORKER':<{id_w}}{'GPU':<10}{'VRAM USED/TOTAL':<17}{'STATE':<9}"
+                 f"{'RUN':>3} {'TASK':<7}{'LEVEL':<6}MODELS"]
+    for w in sorted(workers, key=lambda w: w.id):  # by id: rows keep their place between frames
+        used = max(0.0, w.vram_total_gb - w.vram_free_gb)
+        vram = f"{bar(used, w.vram_total_gb, 6)} {used:>3.0f}/{w.vram_total_gb:<3.0f}"
+        first = w.running[0][:6] if w.running else "-"
+        models = fit_list(w.models, len(w.models), width - id_w - 53) or "-"
+        gpu = clip(w.gpu.removeprefix("NVIDIA "), 9)  # NVML names all start so
+        lines.append(f"{shorten(w.id, id_w - 1):<{id_w}}{gpu:<10}{vram:<17}"
+                     f"{w.state if w.alive else 'dead?':<9}{len(w.running):>3} {first:<7}"
+                     f"{levels_label(w.levels):<6}{models}")
+    if not workers:
+        lines.append("(no workers)")
+    return lines
+
+
+# -- formatting ----------------------------------------------------------------------------
+
+def clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:max(0, width - 1)] + "~"
+
+
+def shorten(name: str, width: int) -> str:
+    """Cut the middle of a long id: worker ids differ at both ends (host ... random)."""
+    if len(name) <= width:
+        return name
+    if width < 3:
+        return name[:width]
+    head = width // 2  # of the width - 1 characters kept, the head gets the odd one
+    return name[:head] + "~" + name[len(name) - (width - 1 - head):]
+
+
+def fit_list(items: Sequence[str], total: int, room: int) -> str:
+    """Comma-join the items that fit in ``room`` columns, "+N" counting the rest of ``total``;
+    the first is cut to fit rather than left out."""
+    shown: list[str] = []
+    for item in items:
+        rest = total - len(shown) - 1
+        candidate = ", ".join([*shown, item]) + (f", +{rest}" if rest else "")
+        if len(candidate) > room:
+            break
+        shown.append(item)
+    if not shown and items:
+        more = f", +{total - 1}" if total > 1 else ""
+        shown.append(clip(items[0], max(1, room - len(more))))
+    rest = total - len(shown)
+    return ", ".join(shown) + (f", +{rest}" if rest else "")
+
+
+def bar(used: float, total: float, cells: int) -> str:
+    filled = round(cells * min(1.0, used / total)) if total > 0 else 0
+    return "[" + "#" * filled + "." * (cells - filled) + "]"
+
+
+def duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours < 24 else f"{hours // 24}d{hours % 24:02d}h"
+
+
+def attainment(met: int, missed: int) -> str:
+    if met + missed == 0:
+        return "-"
+    tenths = met * 1000 // (met + missed)  # floored: 100.0% only when nothing missed
+    return f"{tenths // 10}.{tenths % 10}%"
+
+
+def number(value: Any) -> float | None:
+    """A float from a stored field, or None: misses are written by scripts, read by anyone."""
+    if isinstance(value, bool):
+        return None
+    try:
+        result = float(value)
+    except (TypeError, ValueError):
+        return None
+    return result if result == result and abs(result) != float("inf") else None

@@ -1,0 +1,220 @@
+"""gpuq.top: frames rendered from hand-built views, and run_top against the suite's real Redis."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import time
+from typing import Any
+
+import pytest
+import redis
+from helpers import claim
+
+from gpuq import Queue, top
+from gpuq.inspect import PoolView, QueueView, WorkerView, recent_misses
+from gpuq.keys import Keys
+from gpuq.top import render_top, run_top
+from gpuq.worker import presence
+from gpuq.worker.gpu import GpuInfo
+
+NOW = 1_700_000_000.0
+ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+LONG_MODEL = "llama3-70b-instruct-awq-with-a-very-long-suffix"
+
+
+def worker(wid: str, **over: Any) -> WorkerView:
+    fields: dict[str, Any] = dict(id=wid, gpu="A100-80", vram_total_gb=80, vram_free_gb=40,
+                                  models=["llama3-8b"], state="busy",
+                                  running=["3f2a9c1d00aa", "77aa"], alive=True, levels="0123")
+    return WorkerView(**{**fields, **over})
+
+
+def pool(**extra: Any) -> PoolView:
+    queues = [QueueView("P0", "llama3-8b", 12, 3.4), QueueView("P0", "mistral-7b", 3, 9.5),
+              QueueView("P0", "whisper", 1, 0.3), QueueView("P0", "sdxl", 1, 0.2),
+              QueueView("P2", LONG_MODEL, 340, 754.0)]
+    workers = [worker("node12-h100-0-a3f9c2-with-a-long-tail", gpu="NVIDIA H100 80GB HBM3"),
+               worker("w-idle", state="idle", running=[], models=[], levels="01"),
+               worker("w-gone", alive=False, running=[])]
+    fields: dict[str, Any] = dict(
+        pool="prod", queues=queues, workers=workers, running=2, delayed=4, unschedulable=1,
+        unschedulable_ids=["big"], largest_gpu_gb=75.0,
+        stats={"sla_met:P0": 1203, "sla_missed:P0": 18, "sla_met:P1": 40, "sla_missed:P2": 3})
+    return PoolView(**{**fields, **extra})
+
+
+def miss(i: int, **over: Any) -> dict[str, Any]:
+    return {"id": f"{i:08x}" + "0" * 24, "priority": "P0", "model": "llama3-8b",
+            "wait_s": 2.5 + i, "at": NOW - 5 * i, "kind": "late", **over}
+
+
+def lines_of(text: str, width: int) -> list[str]:
+    lines = text.splitlines()
+    assert all(len(line) <= width for line in lines), [line for line in lines if len(line) > width]
+    return lines
+
+
+# -- render_top ----------------------------------------------------------------------------
+
+def test_frame_fits_80_columns_and_shows_every_section() -> None:
+    misses = [miss(i) for i in range(3, 12)] + [miss(0, kind="expired"), {"at": "soon"}]
+    lines = lines_of(render_top(pool(), misses, width=80, now=NOW), 80)
+    assert lines[0].startswith("gpuq top - pool prod - ")
+    assert lines[1] == "tasks: 357 queued, 2 running, 4 waiting to retry, 1 unschedulable"
+    assert lines[2] == "workers: 1 busy, 1 idle, 1 not responding"
+
+    rows = {line.split()[0]: line for line in lines if re.match(r"P\d ", line)}
+    assert list(rows) == ["P0", "P1", "P2", "P3"]
+    # depth, oldest wait, attainment (floored), missed, the busiest models first
+    assert rows["P0"].split()[1:5] == ["17", "9.5s", "98.5%", "18"]
+    assert rows["P0"].split("  ")[-1].startswith("llama3-8b 12, mistral-7b 3")
+    assert rows["P1"].split()[1:] == ["0", "-", "100.0%", "0", "-"]
+    assert rows["P2"].split()[1:5] == ["340", "12m34s", "0.0%", "3"] and "~ 340" in rows["P2"]
+    assert rows["P3"].split()[1:] == ["0", "-", "-", "-", "-"]
+
+    start = lines.index("RECENT SLA MISSES (11)")
+    shown = lines[start + 2:start + 2 + 8]
+    assert shown[0].split() == ["0.0s", "P0", "llama3-8b", "2.5s", "expired", "00000000"]
+    assert shown[1].split()[:2] == ["15.0s", "P0"]  # newest first, eight at most
+    assert "WORKER" in lines[start + 2 + 8 + 1]
+
+    workers = {line.split()[0]: line for line in lines if line.startswith(("node", "w-"))}
+    assert list(workers) == ["node12~-tail", "w-gone", "w-idle"]  # by id; long ids keep both ends
+    busy = workers["node12~-tail"]
+    assert busy[13:23] == "H100 80G~ " and busy[23:39].split() == ["[###...]", "40/80"]
+    assert busy[39:].split() == ["busy", "2", "3f2a9c", "P0123", "llama3-8b"]
+    assert workers["w-gone"].split()[4] == "dead?"
+    assert workers["w-idle"].split()[4:] == ["idle", "0", "-", "P01", "-"]
+
+
+def test_frame_fits_narrow_and_uses_wide_terminals() -> None:
+    misses = [miss(1, model=LONG_MODEL, priority="P1")]
+    for width in (60, 61, 79, 100, 200):
+        lines_of(render_top(pool(), misses, width=width, now=NOW), width)
+    wide = render_top(pool(), misses, width=200, now=NOW)
+    assert "llama3-8b 12, mistral-7b 3, whisper 1, +1" in wide
+    assert "node12-h100-0~" in wide and "node12-h100-0-a3f9c2-with-a-long-tail" not in wide
+
+
+def test_empty_pool() -> None:
+    empty = PoolView(pool="p", queues=[], workers=[], running=0, delayed=0, unschedulable=0,
+                     unschedulable_ids=[], largest_gpu_gb=0.0, stats={})
+    lines = lines_of(render_top(empty, [], now=NOW), 80)
+    assert lines[1:3] == ["tasks: 0 queued, 0 running, 0 waiting to retry, 0 unschedulable",
+                          "workers: 0 busy, 0 idle"]
+    assert "(no workers)" in lines and not any("MISSES" in line for line in lines)
+    assert not any(line.startswith(("reserved", "yielding", "scale")) for line in lines)
+
+
+def test_reservations_yields_and_scale_one_line_each() -> None:
+    view = pool(reservations=[{"worker": "w-idle", "task": "c0ffee1234"}],
+                yield_requests=[{"task": "3f2a9c1d00aa", "worker": "w-1", "yield_by_s": 4.2,
+                                 "for": "c0ffee1234"},
+                                {"task": "77aa", "worker": "w-2", "yield_by_s": -2.0, "for": ""}],
+                scale={"class:A100-80": {"current": 1, "desired": 3, "reason": "m +2"},
+                       "model:m": {"current": 0, "desired": 1}, "unschedulable": {"tasks": 2},
+                       "odd": {"raw": "x"}})
+    lines = lines_of(render_top(view, [], now=NOW), 80)
+    assert "reserved: w-idle for c0ffee12" in lines
+    assert "yielding: 3f2a9c1d on w-1 (4s left), 77aa on w-2 (overdue 2s)" in lines
+    assert "scale: class A100-80 1->3, model m 0->1, 2 unschedulable" in lines
+
+
+def test_formatting_helpers() -> None:
+    assert top.shorten("node12-h100-0-a3f9c2", 11) == "node1~3f9c2"
+    assert top.fit_list(["alpha", "beta", "gamma"], 3, 16) == "alpha, beta, +1"
+    assert top.fit_list(["a-very-long-name"], 4, 10) == "a-ver~, +3"
+    assert top.fit_list([], 0, 10) == ""
+    assert [top.duration(s) for s in (0.25, 75, 7300, 200_000)] == ["0.2s", "1m15s", "2h01m",
+                                                                   "2d07h"]
+    assert [top.attainment(m, x) for m, x in ((0, 0), (1999, 1), (1, 0), (0, 4))] == [
+        "-", "99.9%", "100.0%", "0.0%"]
+    assert top.bar(90, 80, 4) == "[####]" and top.bar(1, 0, 2) == "[..]"
+    assert [top.number(v) for v in ("2.5", None, "x", True, float("nan"))] == [2.5, None, None,
+                                                                                None, None]
+
+
+# -- against Redis -------------------------------------------------------------------------
+
+class FakeTty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def seeded(real_queue: Queue) -> Queue:
+    q = real_queue
+    gpu = GpuInfo("A100-80", "uuid-w", 80, None, "declared")
+    presence.register(q.redis, q.keys, presence.identity("w-a100", gpu, 5.0, 1, "0123", "h", 1),
+                      30_000)
+    for priority, model in (("P0", "llama3-8b"), ("P0", "llama3-8b"), ("P2", "mistral-7b")):
+        q.enqueue("sim.run", None, model=model, vram_gb=16, priority=priority)
+    running = claim(q, "w-a100", 75)
+    assert running is not None
+    q.redis.hset(q.keys.stats, mapping={"sla_met:P0": 3, "sla_missed:P0": 1})
+    for i in range(3):
+        q.redis.lpush(q.keys.sla_misses, json.dumps(miss(i, at=NOW + i)))
+    q.redis.lpush(q.keys.sla_misses, "not json", "[1, 2]")
+    return q
+
+
+def test_recent_misses_skips_what_does_not_parse(seeded: Queue) -> None:
+    got = recent_misses(seeded.redis, seeded.keys)
+    assert [m["at"] for m in got] == [NOW + 2, NOW + 1, NOW]
+    assert recent_misses(seeded.redis, seeded.keys, limit=3) == got[:1]
+    assert recent_misses(seeded.redis, seeded.keys, limit=0) == []
+
+
+def test_once_prints_one_plain_frame(seeded: Queue) -> None:
+    for once in (True, False):  # not a terminal: one frame either way
+        out = io.StringIO()
+        assert run_top(seeded.redis, seeded.keys, once=once, out=out, interval_s=0) == 0
+        text = out.getvalue()
+        assert "\x1b" not in text and text.count("gpuq top - pool") == 1
+        lines = text.splitlines()
+        assert "tasks: 2 queued, 1 running, 0 waiting to retry, 0 unschedulable" in lines
+        rows = {line.split()[0]: line.split() for line in lines if re.match(r"P\d ", line)}
+        assert rows["P0"][1] == "1" and rows["P0"][3:5] == ["75.0%", "1"]
+        assert rows["P2"][1] == "1" and rows["P2"][-2:] == ["mistral-7b", "1"]
+        (row,) = [line.split() for line in lines if line.startswith("w-a100")]
+        assert row[1] == "A100-80" and row[4:7] == ["busy", "1", row[6]] and row[7] == "P0123"
+        assert "RECENT SLA MISSES (3)" in lines
+
+
+def test_terminal_redraws_in_place(seeded: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    monkeypatch.setenv("LINES", "60")
+    out = FakeTty()
+    assert run_top(seeded.redis, seeded.keys, out=out, interval_s=0.01, iterations=2) == 0
+    text = out.getvalue()
+    assert text.startswith(top.HIDE_CURSOR + top.CLEAR) and text.endswith(top.SHOW_CURSOR)
+    assert text.count(top.HOME) == 2 and text.count("gpuq top - pool") == 2
+    assert all(len(line) <= 100 for line in ESCAPE.sub("", text).splitlines())
+
+
+def test_short_terminal_cuts_the_frame(seeded: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setenv("LINES", "10")
+    out = FakeTty()
+    assert run_top(seeded.redis, seeded.keys, out=out, iterations=1) == 0
+    lines = ESCAPE.sub("", out.getvalue()).splitlines()
+    assert len(lines) == 9 and re.fullmatch(r"\.\.\. \d+ more lines", lines[-1])
+
+
+def test_ctrl_c_exits_cleanly(seeded: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupt(_: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(time, "sleep", interrupt)
+    out = FakeTty()
+    assert run_top(seeded.redis, seeded.keys, out=out) == 0
+    assert out.getvalue().count("gpuq top - pool") == 1 and out.getvalue().endswith(top.SHOW_CURSOR)
+
+
+def test_redis_errors_propagate() -> None:
+    dead = redis.Redis.from_url("redis://127.0.0.1:1/0", decode_responses=True)
+    with pytest.raises(redis.ConnectionError):
+        run_top(dead, Keys("p"), once=True, out=io.StringIO())
+    dead.close()
