@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from procs import Procs, est, wait_for
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpuq import Queue, State
 from gpuq.embedded import EmbeddedServer
