@@ -1,5 +1,6 @@
 # gpuq image: the library, the `gpuq` CLI and the ready worker apps (workers/), no dev extras.
-# One image serves every role; the compose command picks it: reaper, worker, enqueue, status.
+# One image serves every role; the compose command picks it: reaper, worker, exporter, enqueue,
+# status.
 #
 #   docker build -t gpuq:local .
 #   docker run --rm gpuq:local --help
@@ -39,6 +40,10 @@ RUN pip install /tmp/wheels/*.whl \
 RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/gpuq gpuq
 USER 10001:10001
 WORKDIR /home/gpuq
+
+# Metrics ports, for the record (each needs its flag): gpuq exporter --port 9108 (the pool),
+# gpuq worker --metrics-port 9200 (one worker's GPU and tasks).
+EXPOSE 9108 9200
 
 # Exec form: gpuq gets SIGTERM itself (workers drain on it; compose adds an init as PID 1).
 ENTRYPOINT ["gpuq"]
