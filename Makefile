@@ -15,15 +15,17 @@ $(BIN)/gpuq: pyproject.toml
 demo: $(BIN)/gpuq
 	$(BIN)/gpuq demo
 
-# promtool checks deploy/prometheus/ (tests/integration/test_deploy.py): the one on PATH, else
-# Debian's, extracted once into .cache/promtool/ by scripts/promtool.sh, which stops `make test`
-# with one line if it can get neither
-WITH_PROMTOOL = GPUQ_PROMTOOL="$$(scripts/promtool.sh)"
+# promtool checks deploy/prometheus/ (tests/integration/test_deploy.py) and a real Prometheus
+# scrapes a worker and the exporter (tests/integration/test_prometheus.py): the ones on PATH,
+# else Debian's, extracted once into .cache/promtool/ by scripts/promtool.sh, which stops
+# `make test` with one line if it can get neither
+WITH_PROMTOOL = GPUQ_PROMTOOL="$$(scripts/promtool.sh)" GPUQ_PROMETHEUS="$$(scripts/promtool.sh prometheus)"
 
 # the whole suite on a real server the fixtures start, then the integration contract suite
 # again on a one-node Redis Cluster (any key outside the pool's hash slot fails there)
 test: $(BIN)/gpuq
 	scripts/promtool.sh >/dev/null
+	scripts/promtool.sh prometheus >/dev/null
 	$(WITH_PROMTOOL) $(BIN)/pytest
 	$(WITH_PROMTOOL) GPUQ_TEST_CLUSTER=1 GPUQ_TEST_PREFIX=ci $(BIN)/pytest -m "not slow" tests/integration
 
