@@ -87,7 +87,7 @@ def test_prometheus_scrapes_worker_and_exporter_and_answers_the_dashboard(
     worker_port, exporter_port, prom_port = free_port(), free_port(), free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(yaml.safe_dump(local_config(worker_port, exporter_port)))
-    log = open(tmp_path / "prometheus.log", "wb")
+    log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 (closed in finally)
     server = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                                f"--web.listen-address=127.0.0.1:{prom_port}"],
                               stdout=log, stderr=subprocess.STDOUT)
@@ -115,8 +115,9 @@ def test_prometheus_scrapes_worker_and_exporter_and_answers_the_dashboard(
             return (len(targets) == 2 and all(t["health"] == "up" for t in targets)
                     and bool(done) and float(done[0]["value"][1]) == 12)
 
+        server_log = tmp_path / "prometheus.log"
         wait_for(both_up, 30, interval=0.5, message=lambda: (
-            f"Prometheus to scrape both targets; its log:\n{(tmp_path / 'prometheus.log').read_text()[-3000:]}"))
+            f"Prometheus to scrape both targets; its log:\n{server_log.read_text()[-3000:]}"))
         rules = [r for g in api("rules")["groups"] for r in g["rules"]]
         assert rules and all(r["health"] == "ok" for r in rules), rules
         queries = dashboard_queries(procs.pool)
