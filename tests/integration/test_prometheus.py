@@ -87,7 +87,7 @@ def test_prometheus_scrapes_worker_and_exporter_and_answers_the_dashboard(
     worker_port, exporter_port, prom_port = free_port(), free_port(), free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(yaml.safe_dump(local_config(worker_port, exporter_port)))
-    log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 (closed in finally)
+    log = open(tmp_path / "prometheus.log", "wb")  # closed in finally
     server = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                                f"--web.listen-address=127.0.0.1:{prom_port}"],
                               stdout=log, stderr=subprocess.STDOUT)
