@@ -252,6 +252,38 @@ def cancel(ctx: click.Context, task_id: str) -> None:
 
 
 @cli.command()
+@click.option("--trace", "trace_name", default="genai", show_default=True,
+              help="genai, openb, azure or mooncake (files in --traces-dir).")
+@click.option("--traces-dir", default=None, help="Folder of the shared traces (env GPUQ_TRACES).")
+@click.option("--gpus", default="4x80,2x48,2x24", show_default=True, help="COUNTxGB,...")
+@click.option("--speedup", type=float, default=None, help="Divide arrival times by K.")
+@click.option("--target-load", type=float, default=None,
+              help="Pick the speedup so offered work is this share of the pool (default 0.8).")
+@click.option("--policy", type=click.Choice(["gpuq", "fifo", "priority", "all"]), default="all",
+              show_default=True, help="Scheduler to replay the trace with.")
+@click.option("--limit", type=int, default=None, help="Replay only the first N tasks.")
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (a list with --policy all).")
+@click.option("--plot", "plot_path", default=None, help="Write latency CDFs and GPU busy timelines (PNG).")
+@click.pass_context
+def simulate(ctx: click.Context, trace_name: str, traces_dir: str | None, gpus: str,
+             speedup: float | None, target_load: float | None, policy: str, limit: int | None,
+             seed: int, as_json: bool, plot_path: str | None) -> None:
+    """Replay a production trace through the real scheduling scripts on a virtual clock,
+    next to FIFO and strict-priority baselines."""
+    from gpuq.sim.cli import run_simulations
+
+    reports = run_simulations(trace_name, traces_dir, gpus, speedup, target_load, policy, limit,
+                              seed, config_of(ctx), plot_path)
+    if as_json:
+        click.echo(json.dumps(reports if policy == "all" else reports[0], indent=2))
+        return
+    from gpuq.sim.report import render
+
+    click.echo(render(reports))
+
+
+@cli.command()
 @click.option("--seconds", type=float, default=20.0, show_default=True, help="Producer run time.")
 @click.option("--time-scale", type=float, default=0.05, show_default=True,
               help="Multiplier on simulated load and run times.")

@@ -12,8 +12,8 @@ task's priority. The one expected to end soonest (started + estimate) decides:
 
 A worker and a victim serve one waiting task per round; a task with a live reservation
 is not planned again. ``plan`` is pure; ``Preemptor.step`` reads the pool (bounded: the
-heads of the P0/P1 queues and the running set) and commits each decision with
-preempt.lua, which re-checks it atomically.
+running set, then, only if some worker could be a victim's, the heads of the P0/P1
+queues) and commits each decision with preempt.lua, which re-checks it atomically.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from gpuq.scripts import Calls, Scripts
 log = logging.getLogger(__name__)
 
 URGENT_LEVELS = (0, 1)  # priorities preemption is planned for
-MODELS_LOOKED_AT = 32  # per level, in head-score order
-TASKS_PER_QUEUE = 4
+MODELS_LOOKED_AT = 32  # per level, in head-score order (at most one per candidate worker)
+TASKS_PER_QUEUE = 2
 
 
 @dataclass(frozen=True)
@@ -106,12 +106,18 @@ class Preemptor:
         self.calls = calls
 
     def step(self, now_ms: int | None = None) -> dict[str, int]:
-        """Plan and commit; returns how many decisions of each kind took effect."""
+        """Plan and commit; returns how many decisions of each kind took effect. now_ms: a
+        virtual clock (the simulator); None plans on this host's clock and lets the script
+        use the server's."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
-        waiting = self.read_waiting()
+        victims, idle, reserved = self.read_workers(now)
+        # each worker serves one waiting task a round: look at no more heads than that
+        candidates = len({v.worker for v in victims} - reserved)
+        if not candidates:
+            return {}
+        waiting = self.read_waiting(min(MODELS_LOOKED_AT, candidates))
         if not waiting:
             return {}
-        victims, idle, reserved = self.read_workers(now)
         done: dict[str, int] = {}
         for d in plan(waiting, victims, idle, reserved, self.config, now):
             grace = None if d.kind == "reserve" else int(self.config.grace_s * 1000)
@@ -120,7 +126,7 @@ class Preemptor:
             reserve_ms = int((life_s + 2 * self.config.heartbeat_s + self.config.reap_interval_s) * 1000)
             outcome, why = self.scripts.run(self.calls.preempt(
                 d.waiting.id, d.victim.worker, d.victim.id, d.victim.token,
-                reserve_ms=reserve_ms, grace_ms=grace))
+                reserve_ms=reserve_ms, grace_ms=grace, now_ms=now_ms or 0))
             if outcome == "stale":
                 log.info("preempt.stale task=%s worker=%s: %s", d.waiting.id, d.victim.worker, why)
                 continue
@@ -131,12 +137,13 @@ class Preemptor:
             done[outcome] = done.get(outcome, 0) + 1
         return done
 
-    def read_waiting(self) -> list[Waiting]:
-        """Heads of the P0/P1 queues without a live reservation."""
+    def read_waiting(self, models: int = MODELS_LOOKED_AT) -> list[Waiting]:
+        """Heads of the P0/P1 queues (of the ``models`` queues with the oldest heads per
+        level) without a live reservation."""
         k, r = self.keys, self.redis
         pipe = r.pipeline(transaction=False)
         for p in URGENT_LEVELS:
-            pipe.zrange(k.models_with_work(p), 0, MODELS_LOOKED_AT - 1)
+            pipe.zrange(k.models_with_work(p), 0, models - 1)
         pairs = [(p, str(m)) for p, models in zip(URGENT_LEVELS, pipe.execute()) for m in models]
         if not pairs:
             return []

@@ -1,0 +1,1 @@
+"""Trace-driven simulation: the real scheduling scripts on a virtual clock (``gpuq simulate``)."""

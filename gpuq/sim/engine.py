@@ -1,0 +1,256 @@
+"""The discrete-event engine: simulated GPUs on a virtual clock, driving a scheduler.
+
+Events are arrivals, run ends, claim retries and (for gpuq) the reaper's rounds. A simulated
+GPU is a worker with one slot and the production model cache (``ModelCache``: the VRAM ledger,
+LRU eviction of idle models); instead of sleeping it schedules its own end: a cold model
+takes a load time drawn from the measured load trace, then the task runs for its service
+time. An idle GPU claims when the scheduler woke it (for gpuq: a token on its own or the
+pool's wake list, exactly what a real worker blocks on), when a run ends (the worker's
+ack-then-claim), or when a deferred task's bound has passed. A yield request (the reaper's
+preemption plan) is honoured at once: the run stops, its progress goes back as the
+checkpoint, and the next run resumes from there.
+
+Simplifications, stated: workers never die (leases are long, so the reaper's recovery has
+nothing to do); a worker announces a model as held when it starts loading it, not when the
+load ends; one task at a time per GPU.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpuq.app import App
+from gpuq.config import Config
+from gpuq.scripts import ClaimRequest
+from gpuq.sim.model import SimResult, SimTask, TraceTask
+from gpuq.sim.policies import GpuqScheduler, Offer, Scheduler
+from gpuq.worker.models import ModelCache, Reservation
+
+EPOCH_MS = 1_800_000_000_000  # virtual time 0 (any fixed instant: scripts only compare times)
+LoadTime = Callable[[str], float]  # model -> seconds to load it cold
+
+
+@dataclass
+class Run:
+    offer: Offer
+    res: Reservation
+    work_from: float  # when the task's own work starts (after a cold load)
+    end: float
+    claimed: float
+
+
+@dataclass
+class SimWorker:
+    id: str
+    total_gb: float
+    cache: ModelCache
+    run: Run | None = None
+    generation: int = 0  # bumps when a run ends early, so its stale end event is ignored
+    busy: list[tuple[float, float]] = field(default_factory=list)
+
+
+class Engine:
+    def __init__(self, scheduler: Scheduler, gpus: list[tuple[str, float]], tasks: list[TraceTask],
+                 load_time: LoadTime, config: Config) -> None:
+        self.scheduler = scheduler
+        self.config = config
+        self.load_time = load_time
+        app = App("sim")
+        app.any_model()(lambda name: name)
+        self.workers = [SimWorker(wid, gb, ModelCache(app, gb, config.kv_reserve_gb)) for wid, gb in gpus]
+        self.by_id = {w.id: w for w in self.workers}
+        self.trace = {f"t{i:06d}": t for i, t in enumerate(tasks)}
+        self.records = {tid: SimTask(tid, t.priority, t.model, t.vram_gb, t.arrival_s, t.est_s,
+                                     t.service_s) for tid, t in self.trace.items()}
+        self.events: list[tuple[float, int, str, str, int]] = []
+        self.seq = 0
+        self.now = 0.0
+        self.loads = 0
+        self.preemptions: dict[str, int] = {}
+        self.arrivals_left = len(tasks)
+        # waiting tasks per priority, and those with a deadline: the reaper has work only
+        # while a deadline can lapse or an urgent task could preempt a running one
+        self.queued = [0, 0, 0, 0]
+        self.queued_deadlines = 0
+        self.next_tick: float | None = None
+        self.longest_load = 0.0  # expiry looks this far ahead for cold loads
+
+    # -- the clock -----------------------------------------------------------------------
+    def at(self, t: float, kind: str, key: str = "", gen: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, key, gen))
+
+    def ms(self, t: float | None = None) -> int:
+        return EPOCH_MS + int(round((self.now if t is None else t) * 1000))
+
+    def run(self) -> SimResult:
+        started = time.perf_counter()
+        for w in self.workers:
+            self.scheduler.register(w.id, w.total_gb, self.ms(0.0))
+        for tid, t in self.trace.items():
+            self.at(t.arrival_s, "arrive", tid)
+        while self.events:
+            self.now, _, kind, key, gen = heapq.heappop(self.events)
+            if kind == "arrive":
+                self.arrivals_left -= 1
+                self.scheduler.submit(key, self.trace[key], self.ms())
+                self.count_queued(self.trace[key], +1)
+                self.ensure_tick()
+            elif kind == "end":
+                self.end(self.by_id[key], gen)
+                continue  # the ending worker claimed; no new wake tokens
+            elif kind == "retry":
+                worker = self.by_id[key]
+                if worker.run is None:
+                    self.claim(worker)
+            elif kind == "tick":
+                self.tick()
+            self.dispatch()
+        return self.result(time.perf_counter() - started)
+
+    # -- workers -------------------------------------------------------------------------
+    def dispatch(self) -> None:
+        """Idle GPUs that were woken claim, in a fixed order (the run is deterministic)."""
+        for wid in self.scheduler.woken([w.id for w in self.workers if w.run is None]):
+            worker = self.by_id[wid]
+            if worker.run is None:
+                self.claim(worker)
+
+    def claim(self, w: SimWorker) -> None:
+        cache = w.cache
+        req = ClaimRequest(w.id, cache.free_gb(), cache.evictable_gb(), 1, cache.loaded(),
+                           self.config.levels())
+        got = self.scheduler.claim(w.id, req, self.ms())
+        if not isinstance(got, Offer):
+            if got > 0:  # a task was left for a better-placed GPU until then
+                self.at(self.now + got, "retry", w.id)
+            return
+        task = self.trace[got.task_id]
+        res = cache.reserve(task.model, task.vram_gb)
+        if res is None:
+            raise RuntimeError(f"{self.scheduler.name} gave {w.id} task {got.task_id}, which does not fit")
+        cache.resident[task.model].ready.set()
+        work_from = self.now
+        if res.cold:
+            seconds = self.load_time(task.model)
+            self.longest_load = max(self.longest_load, seconds)
+            work_from += seconds
+            self.loads += 1
+            self.records[got.task_id].cold_load = True
+            if isinstance(self.scheduler, GpuqScheduler):
+                self.scheduler.loaded(w.id, task.model, task.vram_gb, seconds,
+                                      [r.spec.name for r in res.evict])
+        end = work_from + max(0.0, task.service_s - got.done_s)
+        w.run = Run(got, res, work_from, end, self.now)
+        self.count_queued(task, -1)
+        record = self.records[got.task_id]
+        if record.start_s is None:
+            record.start_s = self.now
+        record.worker = w.id
+        self.at(end, "end", w.id, w.generation)
+        self.ensure_tick()  # a running lower-priority task may now be worth planning around
+
+    def stop_run(self, w: SimWorker) -> Run:
+        run = w.run
+        assert run is not None
+        w.cache.release(run.res)
+        w.busy.append((run.claimed, self.now))
+        w.run = None
+        w.generation += 1
+        return run
+
+    def end(self, w: SimWorker, gen: int) -> None:
+        if gen != w.generation or w.run is None:
+            return  # it yielded before this end came
+        run = self.stop_run(w)
+        self.scheduler.finish(w.id, run.offer, self.ms())
+        record = self.records[run.offer.task_id]
+        record.end_s, record.outcome = self.now, "succeeded"
+        self.claim(w)  # the worker sends its ack and its next claim together
+
+    # -- the reaper (gpuq only) ----------------------------------------------------------
+    def count_queued(self, task: TraceTask, delta: int) -> None:
+        self.queued[task.priority] += delta
+        if task.deadline_s is not None:
+            self.queued_deadlines += delta
+
+    def reaper_has_work(self) -> bool:
+        """Whether a round could change anything: a queued deadline may lapse, or a queued
+        P0/P1 task has a running, preemptible, lower-priority task to plan around."""
+        if self.queued_deadlines > 0:
+            return True
+        urgent = next((p for p in (0, 1) if self.queued[p] > 0), None)
+        if urgent is None:
+            return False
+        for w in self.workers:
+            if w.run is not None:
+                task = self.trace[w.run.offer.task_id]
+                if task.preemptible and task.priority > urgent:
+                    return True
+        return False
+
+    def ensure_tick(self) -> None:
+        """Schedule the reaper's next round, on its cadence, when it has something to do."""
+        if (isinstance(self.scheduler, GpuqScheduler) and self.next_tick is None
+                and self.reaper_has_work()):
+            every = self.config.reap_interval_s
+            self.next_tick = (int(self.now / every) + 1) * every
+            self.at(self.next_tick, "tick")
+
+    def tick(self) -> None:
+        assert isinstance(self.scheduler, GpuqScheduler)
+        self.next_tick = None
+        done = self.scheduler.tick(self.ms(), int(self.longest_load * 1000))
+        self.queued_deadlines -= done.get("expired", 0)
+        for kind, n in done.items():  # the planner's "reserved" and "yield" (asked to yield)
+            if kind != "expired":
+                name = "yield_requested" if kind == "yield" else kind
+                self.preemptions[name] = self.preemptions.get(name, 0) + n
+        if done.get("yield"):  # only the planner's yield requests reach workers here
+            for wid, messages in self.scheduler.control([w.id for w in self.workers]).items():
+                for message in messages:
+                    self.on_control(self.by_id[wid], message)
+        self.ensure_tick()
+
+    def on_control(self, w: SimWorker, message: str) -> None:
+        verb, *args = message.split()
+        if verb != "yield" or w.run is None or w.run.offer.task_id != args[0]:
+            return
+        assert isinstance(self.scheduler, GpuqScheduler)
+        run = self.stop_run(w)
+        done = run.offer.done_s + max(0.0, self.now - run.work_from)
+        self.scheduler.yield_task(run.offer, done, self.ms())
+        self.count_queued(self.trace[run.offer.task_id], +1)
+        self.records[run.offer.task_id].preemptions += 1
+        self.preemptions["yielded"] = self.preemptions.get("yielded", 0) + 1
+        self.claim(w)
+
+    # -- the result ----------------------------------------------------------------------
+    def result(self, wall_s: float) -> SimResult:
+        if isinstance(self.scheduler, GpuqScheduler):
+            self.read_outcomes(self.scheduler)
+        ends = [r.end_s for r in self.records.values() if r.end_s is not None]
+        first = min((t.arrival_s for t in self.trace.values()), default=0.0)
+        c = self.config
+        return SimResult(
+            policy=self.scheduler.name, speedup=1.0, gpus=[(w.id, w.total_gb) for w in self.workers],
+            sla_s=[c.sla_p0_s, c.sla_p1_s, c.sla_p2_s, None], tasks=list(self.records.values()),
+            busy_s={w.id: sum(b - a for a, b in w.busy) for w in self.workers},
+            busy_intervals={w.id: w.busy for w in self.workers}, model_loads=self.loads,
+            preemptions=dict(self.preemptions), makespan_s=max(ends, default=first) - first,
+            wall_s=wall_s)
+
+    def read_outcomes(self, scheduler: GpuqScheduler) -> None:
+        """Expired and never-run tasks, as the pool recorded them."""
+        pipe = scheduler.redis.pipeline(transaction=False)
+        ids = [tid for tid, r in self.records.items() if r.outcome == "unfinished"]
+        for tid in ids:
+            pipe.hmget(scheduler.keys.task(tid), "state", "finished_at")
+        for tid, (state, finished) in zip(ids, pipe.execute()):
+            record = self.records[tid]
+            if state == "expired":
+                record.outcome = "expired"
+                record.end_s = (int(finished) - EPOCH_MS) / 1000

@@ -1,0 +1,58 @@
+"""The simulator's records: what a trace asks for, and what happened to each task.
+
+Shared by the trace readers (``gpuq.sim.traces``), the engine (``gpuq.sim.engine``) and the
+report (``gpuq.sim.report``). Times are virtual seconds since the replay's start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TraceTask:
+    """One request of a trace, as the scheduler will see it."""
+
+    arrival_s: float  # after time compression (the engine applies --speedup)
+    model: str
+    vram_gb: float  # the task's whole need, weights included
+    priority: int  # 0..3
+    service_s: float  # how long it really runs on the GPU once its model is loaded
+    est_s: float  # what the producer declares (the scheduler sees only this)
+    deadline_s: float | None = None  # relative to arrival
+    preemptible: bool = True
+    tenant: str = "default"
+
+
+@dataclass
+class SimTask:
+    """What happened to one task in a run."""
+
+    id: str
+    priority: int
+    model: str
+    vram_gb: float
+    arrival_s: float
+    est_s: float
+    service_s: float
+    start_s: float | None = None  # first claim
+    end_s: float | None = None
+    worker: str | None = None
+    outcome: str = "unfinished"  # succeeded | expired | failed | canceled | unfinished
+    cold_load: bool = False  # some attempt of it loaded its model
+    preemptions: int = 0
+
+
+@dataclass
+class SimResult:
+    policy: str
+    speedup: float
+    gpus: list[tuple[str, float]]  # (worker id, VRAM GB)
+    sla_s: list[float | None]  # per priority; None: no SLA (P3)
+    tasks: list[SimTask]
+    busy_s: dict[str, float] = field(default_factory=dict)  # per worker: seconds loading or running
+    busy_intervals: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    model_loads: int = 0
+    preemptions: dict[str, int] = field(default_factory=dict)  # kind -> count
+    makespan_s: float = 0.0  # first arrival to last end
+    wall_s: float = 0.0  # real seconds the replay took

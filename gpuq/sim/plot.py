@@ -1,0 +1,55 @@
+"""Pictures of simulation runs, for people who would rather look than read: the wait-to-start
+CDF per priority (one line per policy) and each GPU's busy timeline. Needs matplotlib
+(``pip install 'gpuq[plot]'``)."""
+
+from __future__ import annotations
+
+from gpuq.errors import ConfigError
+from gpuq.sim.model import SimResult
+
+COLORS = {"gpuq": "#1b7837", "fifo": "#b2182b", "priority": "#2166ac"}
+
+
+def plot(results: list[SimResult], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only: no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib: pip install 'gpuq[plot]'") from None
+    fig, axes = plt.subplots(2, 4, figsize=(16, 7.5), gridspec_kw={"height_ratios": [1, 1.2]})
+    for p, ax in enumerate(axes[0]):
+        for r in results:
+            waits = sorted(max(t.start_s - t.arrival_s, 1e-3) for t in r.tasks
+                           if t.priority == p and t.start_s is not None)
+            if waits:
+                ax.step(waits, [(i + 1) / len(waits) for i in range(len(waits))], where="post",
+                        color=COLORS.get(r.policy), label=r.policy)
+        sla = results[0].sla_s[p] if results else None
+        if sla:
+            ax.axvline(sla, color="grey", linestyle=":", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_title(f"P{p}: wait to start" + (f" (SLA {sla:g} s)" if sla else ""))
+        ax.set_xlabel("seconds")
+        ax.set_ylim(0, 1.01)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("share of tasks")
+    axes[0][0].legend(loc="lower right")
+    bottom = fig.add_subplot(2, 1, 2)
+    for ax in axes[1]:
+        ax.remove()
+    row = 0.0
+    for r in results:
+        for spans in r.busy_intervals.values():
+            bottom.broken_barh([(a, b - a) for a, b in spans], (row, 0.8), color=COLORS.get(r.policy))
+            row += 1
+        row += 0.6
+    bottom.set_yticks([])
+    bottom.set_xlabel("virtual seconds (busy: loading a model or running a task)")
+    bottom.set_title("GPU busy timeline, one row per GPU: " + ", ".join(
+        f"{r.policy} ({100 * sum(r.busy_s.values()) / max(1e-9, len(r.gpus) * r.makespan_s):.0f}% busy)"
+        for r in results))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,172 @@
+"""The schedulers a simulation can run: gpuq itself, on the real scripts, and two baselines.
+
+- ``gpuq``: every decision goes through the production Lua scripts on a real server (enqueue,
+  claim, ack, requeue for yields) with ``now`` from the virtual clock; the reaper's duties
+  (recovery, deadline expiry, preemption planning) run on it every ``reap_interval_s``.
+- ``fifo``: one FIFO queue; no priorities, no model affinity; the head goes to the first idle
+  GPU that can hold it, and waits (blocking the rest) while none can.
+- ``priority``: one FIFO queue per priority, strict order, head of the highest non-empty
+  queue only; no affinity, no best fit, no preemption.
+
+Both baselines keep models resident on their GPUs the way an inference server would (LRU),
+so the load counts compare placement, not caching.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+import redis
+
+from gpuq import catalog
+from gpuq.config import Config
+from gpuq.keys import Keys
+from gpuq.reaper.preempt import Preemptor
+from gpuq.scripts import Calls, ClaimRequest, Scripts
+from gpuq.sim.model import TraceTask
+from gpuq.task import TaskSpec
+from gpuq.worker import presence
+from gpuq.worker.gpu import GpuInfo
+
+POLICIES = ("gpuq", "fifo", "priority")
+
+
+@dataclass(frozen=True)
+class Offer:
+    """A claimed task: its id, fencing token (0 for baselines) and resume point."""
+
+    task_id: str
+    token: int
+    done_s: float  # work already done by an earlier, preempted run
+
+
+class Scheduler(Protocol):
+    name: str
+
+    def register(self, worker_id: str, total_gb: float, now_ms: int) -> None: ...
+    def submit(self, task_id: str, task: TraceTask, now_ms: int) -> None: ...
+    def claim(self, worker_id: str, req: ClaimRequest, now_ms: int) -> Offer | float: ...
+    def finish(self, worker_id: str, offer: Offer, now_ms: int) -> None: ...
+    def woken(self, idle: list[str]) -> list[str]: ...
+
+
+class GpuqScheduler:
+    """The real scripts on a real server; the virtual clock is every call's ``now``."""
+
+    name = "gpuq"
+
+    def __init__(self, client: redis.Redis, config: Config) -> None:
+        self.redis = client
+        self.config = config
+        self.keys = Keys(config.pool, config.prefix)
+        self.scripts = Scripts(client, self.keys)
+        self.calls = Calls(config)
+        self.preemptor = Preemptor(client, self.keys, config, self.scripts, self.calls)
+
+    def register(self, worker_id: str, total_gb: float, now_ms: int) -> None:
+        gpu = GpuInfo(f"sim-{total_gb:g}GB", "", total_gb, None, "declared")
+        fields = presence.identity(worker_id, gpu, self.config.kv_reserve_gb, 1,
+                                   self.config.levels(), "sim", 0)
+        presence.register(self.redis, self.keys, fields, int(self.config.lease_s * 1000))
+        self.scripts.run(self.calls.heartbeat(worker_id, [], now_ms=now_ms))
+
+    def submit(self, task_id: str, task: TraceTask, now_ms: int) -> None:
+        spec = TaskSpec.build("sim.run", None, model=task.model, vram_gb=task.vram_gb,
+                              priority=task.priority, est_s=task.est_s, deadline_s=task.deadline_s,
+                              preemptible=task.preemptible, tenant=task.tenant, task_id=task_id)
+        self.scripts.run(self.calls.enqueue([spec], now_ms=now_ms))
+
+    def claim(self, worker_id: str, req: ClaimRequest, now_ms: int) -> Offer | float:
+        got = self.scripts.run(self.calls.claim(req, now_ms=now_ms))
+        if got.task is None:
+            return got.retry_s
+        checkpoint = json.loads(got.task.get("checkpoint") or "{}")
+        return Offer(got.task["id"], int(got.task["token"]), float(checkpoint.get("done_s", 0.0)))
+
+    def finish(self, worker_id: str, offer: Offer, now_ms: int) -> None:
+        self.scripts.run(self.calls.ack(offer.task_id, offer.token, "null", now_ms=now_ms))
+
+    def yield_task(self, offer: Offer, done_s: float, now_ms: int) -> None:
+        self.scripts.run(self.calls.requeue(offer.task_id, offer.token, "yielded", preempted="yielded",
+                                            checkpoint=f'{{"done_s":{done_s:.6f}}}', now_ms=now_ms))
+
+    def loaded(self, worker_id: str, model: str, footprint_gb: float, seconds: float,
+               evicted: list[str]) -> None:
+        """Tell the pool what a worker now holds (affinity and expiry read it)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for old in evicted:
+            presence.hold(pipe, self.keys, worker_id, old, False)
+        catalog.record_load(pipe, self.keys, model, footprint_gb, seconds)
+        presence.hold(pipe, self.keys, worker_id, model, True)
+        pipe.execute()
+
+    def woken(self, idle: list[str]) -> list[str]:
+        """The idle workers a wake token reaches, as blocked real workers would pop them: a
+        worker's own token first, then pool-wide tokens to the others in order."""
+        if not idle:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for w in idle:
+            pipe.lpop(self.keys.wake(w))
+        own = pipe.execute()
+        rest = [w for w, token in zip(idle, own) if token is None]
+        shared = self.redis.lpop(self.keys.pool_wake, len(rest)) if rest else None
+        chosen = set(rest[:len(shared or [])]) | {w for w, token in zip(idle, own) if token is not None}
+        return [w for w in idle if w in chosen]
+
+    def control(self, workers: list[str]) -> dict[str, list[str]]:
+        """Each worker's control messages, oldest first (what its heartbeat thread would pop)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for w in workers:
+            pipe.lrange(self.keys.control(w), 0, -1)
+            pipe.delete(self.keys.control(w))
+        replies = pipe.execute()[0::2]
+        return {w: [str(m) for m in msgs][::-1] for w, msgs in zip(workers, replies) if msgs}
+
+    def tick(self, now_ms: int, horizon_ms: int) -> dict[str, int]:
+        """The reaper's round at a virtual time: recovery, expiry, preemption planning."""
+        self.scripts.run(self.calls.reap(now_ms=now_ms))
+        expired = offset = 0
+        while True:
+            e, looked = self.scripts.run(self.calls.expire(horizon_ms=horizon_ms, offset=offset,
+                                                           now_ms=now_ms))
+            expired, offset = expired + e, offset + looked - e
+            if looked < 100:
+                break
+        return {"expired": expired, **self.preemptor.step(now_ms)}
+
+
+class QueueScheduler:
+    """The baselines: plain queues in memory, head of line only."""
+
+    def __init__(self, name: str, tasks: dict[str, TraceTask]) -> None:
+        self.name = name
+        self.tasks = tasks
+        self.queues: list[deque[str]] = [deque() for _ in range(4 if name == "priority" else 1)]
+
+    def register(self, worker_id: str, total_gb: float, now_ms: int) -> None:
+        pass
+
+    def submit(self, task_id: str, task: TraceTask, now_ms: int) -> None:
+        self.queues[task.priority if self.name == "priority" else 0].append(task_id)
+
+    def claim(self, worker_id: str, req: ClaimRequest, now_ms: int) -> Offer | float:
+        queue = next((q for q in self.queues if q), None)
+        if queue is None:
+            return 0.0
+        head = self.tasks[queue[0]]
+        held = dict(req.loaded)
+        fits = (head.vram_gb - held[head.model] <= req.free_gb if head.model in held
+                else head.vram_gb <= req.free_gb + req.evictable_gb)
+        if not fits:
+            return 0.0  # head-of-line: nothing behind it goes first
+        return Offer(queue.popleft(), 0, 0.0)
+
+    def finish(self, worker_id: str, offer: Offer, now_ms: int) -> None:
+        pass
+
+    def woken(self, idle: list[str]) -> list[str]:
+        return idle if any(self.queues) else []

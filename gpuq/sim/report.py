@@ -1,0 +1,87 @@
+"""The figures of a simulation run, as one JSON-able object and as a text table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuq.sim.model import SimResult
+
+PREEMPTION_KINDS = ("reserved", "yield_requested", "yielded", "stopped")
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summarize(result: SimResult) -> dict[str, Any]:
+    """The report object: per priority, then per pool (keys as ``gpuq simulate --json``)."""
+    priorities: dict[str, Any] = {}
+    for p in range(4):
+        tasks = [t for t in result.tasks if t.priority == p]
+        waits = [t.start_s - t.arrival_s for t in tasks if t.start_s is not None]
+        sla = result.sla_s[p]
+        met = sum(1 for t in tasks if t.start_s is not None and t.start_s - t.arrival_s <= (sla or 0))
+        priorities[f"P{p}"] = {
+            "tasks": len(tasks),
+            "sla_s": sla,
+            # every task counts: one that never started (expired, unfinished) missed its SLA
+            "sla_attainment": round(met / len(tasks), 4) if tasks and sla is not None else None,
+            "wait_p50_s": _round(percentile(waits, 0.50)),
+            "wait_p99_s": _round(percentile(waits, 0.99)),
+            "expired": sum(1 for t in tasks if t.outcome == "expired"),
+        }
+    done = [t for t in result.tasks if t.outcome == "succeeded"]
+    gpus = len(result.gpus)
+    busy = sum(result.busy_s.values())
+    return {
+        "policy": result.policy,
+        "speedup": result.speedup,
+        "gpus": [gb for _, gb in result.gpus],
+        "priorities": priorities,
+        "gpu_busy_fraction": (round(busy / (gpus * result.makespan_s), 4)
+                              if gpus and result.makespan_s else 0.0),
+        "model_loads": result.model_loads,
+        "preemptions": {k: result.preemptions.get(k, 0) for k in PREEMPTION_KINDS},
+        # tasks that never ran to the end although nothing expired them: starved (or too big)
+        "starved": sum(1 for t in result.tasks if t.outcome == "unfinished"),
+        "tasks": len(result.tasks),
+        "succeeded": len(done),
+        "throughput_per_s": round(len(done) / result.makespan_s, 4) if result.makespan_s else 0.0,
+        "makespan_s": round(result.makespan_s, 3),
+        "wall_s": round(result.wall_s, 3),
+    }
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
+def _cell(x: Any, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def render(reports: list[dict[str, Any]]) -> str:
+    """One table for one or more runs (policies side by side)."""
+    lines = [f"{'POLICY':<9}{'PRI':<5}{'TASKS':>7}{'SLA':>8}{'WITHIN':>9}{'WAIT P50':>11}"
+             f"{'WAIT P99':>11}{'EXPIRED':>9}"]
+    for r in reports:
+        for name, p in r["priorities"].items():
+            within = None if p["sla_attainment"] is None else 100 * p["sla_attainment"]
+            sla = "-" if p["sla_s"] is None else f"{p['sla_s']:g}s"
+            shown = "-" if within is None else f"{within:.1f}%"
+            lines.append(f"{r['policy']:<9}{name:<5}{p['tasks']:>7}{sla:>8}{shown:>9}"
+                         f"{_cell(p['wait_p50_s'], '10.2f'):>10}s{_cell(p['wait_p99_s'], '10.2f'):>10}s"
+                         f"{p['expired']:>9}")
+    lines.append("")
+    lines.append(f"{'POLICY':<9}{'GPU BUSY':>9}{'LOADS':>7}{'PREEMPT R/Y/S':>15}{'STARVED':>9}"
+                 f"{'TASKS/S':>9}{'MAKESPAN':>11}{'WALL':>8}")
+    for r in reports:
+        pre = r["preemptions"]
+        kinds = f"{pre['reserved']}/{pre['yielded']}/{pre['stopped']}"
+        lines.append(f"{r['policy']:<9}{100 * r['gpu_busy_fraction']:>8.1f}%{r['model_loads']:>7}"
+                     f"{kinds:>15}{r['starved']:>9}{r['throughput_per_s']:>9.3f}"
+                     f"{r['makespan_s']:>10.0f}s{r['wall_s']:>7.1f}s")
+    return "\n".join(lines)

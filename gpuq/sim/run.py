@@ -1,0 +1,78 @@
+"""One simulation: a trace, a pool of GPUs, a policy, a time compression; the real scripts on
+an embedded server of its own (never a server of yours)."""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable
+from dataclasses import replace
+
+from gpuq.client import connect
+from gpuq.config import Config
+from gpuq.embedded import EmbeddedServer
+from gpuq.errors import ConfigError
+from gpuq.sim.engine import Engine
+from gpuq.sim.model import SimResult, TraceTask
+from gpuq.sim.policies import POLICIES, GpuqScheduler, QueueScheduler, Scheduler
+
+LoadSampler = Callable[[str, random.Random], float]  # (model, rng) -> seconds
+
+
+def parse_gpus(spec: str) -> list[tuple[str, float]]:
+    """"4x80,2x48,1x24" -> worker ids and VRAM sizes (GB)."""
+    gpus: list[tuple[str, float]] = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+(?:\.\d+)?)\s*", part)
+        if not m or int(m.group(1)) < 1 or float(m.group(2)) <= 0:
+            raise ConfigError(f"--gpus {spec!r}: use COUNTxGB[,COUNTxGB...], e.g. 4x80,2x48")
+        count, size = int(m.group(1)), float(m.group(2))
+        start = sum(1 for _, gb in gpus if gb == size)
+        gpus += [(f"gpu{size:g}-{start + i}", size) for i in range(count)]
+    return gpus
+
+
+def speedup_for(tasks: list[TraceTask], gpus: int, target_load: float) -> float:
+    """The compression that makes offered work ``target_load`` of the pool's capacity."""
+    work = sum(t.service_s for t in tasks)
+    span = max((t.arrival_s for t in tasks), default=0.0) - min((t.arrival_s for t in tasks), default=0.0)
+    if work <= 0 or span <= 0:
+        return 1.0
+    return target_load * gpus * span / work
+
+
+def sim_config(base: Config | None = None) -> Config:
+    """The pool's settings for a replay: leases outlive the run (simulated workers never die,
+    and nothing renews them on a virtual clock)."""
+    return replace(base or Config(), pool="sim", lease_s=10 * 365 * 86400.0, heartbeat_s=5.0).validate()
+
+
+def simulate(tasks: list[TraceTask], gpus: list[tuple[str, float]], policy: str, *,
+             speedup: float, load_time: LoadSampler, seed: int = 1,
+             config: Config | None = None, server: EmbeddedServer | None = None) -> SimResult:
+    if policy not in POLICIES:
+        raise ConfigError(f"--policy {policy!r}: one of {', '.join(POLICIES)}")
+    if speedup <= 0:
+        raise ConfigError("--speedup must be > 0")
+    first = min((t.arrival_s for t in tasks), default=0.0)
+    compressed = [replace(t, arrival_s=(t.arrival_s - first) / speedup) for t in tasks]
+    cfg = sim_config(config)
+    rng = random.Random(seed)
+    own = server is None
+    srv = server or EmbeddedServer("redis").start()
+    try:
+        scheduler: Scheduler
+        if policy == "gpuq":
+            client = connect(srv.url)
+            client.flushdb()
+            scheduler = GpuqScheduler(client, cfg)
+        else:
+            scheduler = QueueScheduler(policy, {f"t{i:06d}": t for i, t in enumerate(compressed)})
+        result = Engine(scheduler, gpus, compressed, lambda model: load_time(model, rng), cfg).run()
+        if policy == "gpuq":
+            client.close()
+    finally:
+        if own:
+            srv.stop()
+    result.speedup = speedup
+    return result

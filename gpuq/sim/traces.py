@@ -1,0 +1,262 @@
+"""Trace readers: the shared replay traces turned into :class:`~gpuq.sim.model.TraceTask` lists.
+
+``read("genai")`` returns the Alibaba GenAI Stable-Diffusion requests, sorted by arrival, with
+uncompressed ``arrival_s`` (the engine divides by its speedup). Fields a trace lacks (VRAM,
+priority, the producer's estimate) are derived deterministically from ``seed`` with stable
+hashes (``zlib.crc32``, never ``hash()``); docs/SIMULATOR.md ("Traces") documents every mapping,
+assumption and skipped row. The files are read from ``GPUQ_TRACES``, else ``<repo>/../shared/traces``;
+nothing is copied into the repository. :class:`LoadTimes` samples model load latencies.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import logging
+import math
+import os
+import random
+import zlib
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gpuq
+from gpuq.sim import traces_llm
+from gpuq.sim.model import TraceTask
+
+log = logging.getLogger(__name__)
+
+TRACES: dict[str, str] = {
+    "genai": "alibaba_genai2026_sd_requests.csv.gz",
+    "openb": "alibaba_gpu2023_openb_jobs.csv.gz",
+    "azure": "azure_llm_2023_code_conv.csv.gz",
+    "mooncake": "mooncake_fast25_conversation.csv.gz",
+}
+LOAD_LATENCY_FILE = "alibaba_genai2026_model_load_latency.csv.gz"
+DEFAULT_DIR = Path(gpuq.__file__).resolve().parents[2] / "shared" / "traces"
+ENV_VAR = "GPUQ_TRACES"
+
+TIER_SHARES = (0.20, 0.30, 0.30, 0.20)  # P0..P3 shares of hashed keys (tenants, sessions)
+# Stable-Diffusion serving pod memory: lognormal with median 24.8 GB and p99 39.6 GB
+# (z = 2.326 at p99), clipped to [8, 40] GB.
+SD_VRAM_MEDIAN_GB, SD_VRAM_P99_GB, SD_VRAM_RANGE_GB = 24.8, 39.6, (8.0, 40.0)
+OPENB_MIN_VRAM_GB = 1.0
+
+Rows = Iterable[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class TraceRead:
+    """One trace read: its tasks and why the other rows were left out."""
+
+    name: str
+    path: Path
+    rows: int  # data rows in the file
+    tasks: list[TraceTask]
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> rows
+
+
+def trace_dir(path: Path | str | None = None) -> Path:
+    """The trace directory: ``path``, else ``$GPUQ_TRACES``, else ``<repo>/../shared/traces``."""
+    env = os.environ.get(ENV_VAR)
+    directory = Path(path) if path is not None else Path(env) if env else DEFAULT_DIR
+    if not directory.is_dir():
+        raise FileNotFoundError(
+            f"trace directory {directory} not found: pass a path or set {ENV_VAR} to the folder "
+            f"holding {', '.join(sorted(TRACES.values()))}"
+        )
+    return directory
+
+
+def trace_path(name: str, path: Path | str | None = None) -> Path:
+    """The file of trace ``name``; ``path`` may be the file itself or its directory."""
+    if name not in TRACES:
+        raise ValueError(f"unknown trace {name!r}; known traces: {', '.join(sorted(TRACES))}")
+    return _locate(TRACES[name], path)
+
+
+def _locate(file_name: str, path: Path | str | None) -> Path:
+    if path is not None and Path(path).is_file():
+        return Path(path)
+    file = trace_dir(path) / file_name
+    if not file.is_file():
+        raise FileNotFoundError(f"trace file {file} not found (set {ENV_VAR} or pass a path)")
+    return file
+
+
+def _rows(file: Path) -> Iterator[dict[str, str]]:
+    with gzip.open(file, "rt", newline="") as f:
+        yield from csv.DictReader(f)
+
+
+def tier(key: str, seed: int) -> int:
+    """A stable priority 0..3 for ``key`` (a tenant, a session), with :data:`TIER_SHARES`."""
+    u = zlib.crc32(f"tier:{seed}:{key}".encode()) / 2**32
+    edge = 0.0
+    for priority, share in enumerate(TIER_SHARES):
+        edge += share
+        if u < edge:
+            return priority
+    return len(TIER_SHARES) - 1
+
+
+def sd_vram_gb(model: str, seed: int) -> float:
+    """A diffusion model's VRAM: one seeded lognormal draw per (model, seed)."""
+    sigma = math.log(SD_VRAM_P99_GB / SD_VRAM_MEDIAN_GB) / 2.326
+    rng = random.Random(zlib.crc32(f"vram:{seed}:{model}".encode()))
+    low, high = SD_VRAM_RANGE_GB
+    return round(min(max(rng.lognormvariate(math.log(SD_VRAM_MEDIAN_GB), sigma), low), high), 1)
+
+
+def _genai_skip(row: dict[str, str]) -> str | None:
+    if row["status"] == "PENDING":
+        return "pending"
+    if not row["model"]:
+        return "no model"
+    if not row["service_s"] or float(row["service_s"]) <= 0:
+        return "no service time"
+    return None
+
+
+def _genai(rows: Rows, seed: int) -> tuple[list[TraceTask], Counter[str]]:
+    skipped: Counter[str] = Counter()
+    kept: list[dict[str, str]] = []
+    total: defaultdict[str, float] = defaultdict(float)
+    count: Counter[str] = Counter()
+    for row in rows:
+        reason = _genai_skip(row)
+        if reason:
+            skipped[reason] += 1
+            continue
+        kept.append(row)
+        total[row["model"]] += float(row["service_s"])
+        count[row["model"]] += 1
+    vram = {m: sd_vram_gb(m, seed) for m in count}
+    tiers = {t: tier(t, seed) for t in {r["tenant"] for r in kept}}
+    tasks = []
+    for row in kept:
+        model, priority = row["model"], tiers[row["tenant"]]
+        tasks.append(TraceTask(
+            arrival_s=float(row["arrival_s"]),
+            model=model,
+            vram_gb=vram[model],
+            priority=priority,
+            service_s=float(row["service_s"]),
+            est_s=total[model] / count[model],  # the model's typical latency, not this request's
+            preemptible=priority >= 2,
+            tenant=row["tenant"],
+        ))
+    return tasks, skipped
+
+
+def _openb_skip(row: dict[str, str]) -> str | None:
+    gpus = int(row["num_gpus"])
+    if gpus == 0:
+        return "cpu only"
+    if gpus > 1:
+        return "multi-gpu"
+    if not row["runtime_s"] or float(row["runtime_s"]) <= 0:
+        return "never scheduled"
+    return None
+
+
+def _openb(rows: Rows, seed: int) -> tuple[list[TraceTask], Counter[str]]:
+    del seed  # nothing is drawn: every field comes from the trace
+    skipped: Counter[str] = Counter()
+    tasks = []
+    for row in rows:
+        reason = _openb_skip(row)
+        if reason:
+            skipped[reason] += 1
+            continue
+        priority = int(row["priority"].removeprefix("P"))
+        runtime_s = float(row["runtime_s"])
+        tasks.append(TraceTask(
+            arrival_s=float(row["arrival_s"]),
+            model=f"openb-{row['qos'].lower()}",  # no model in the trace: one per QoS class
+            vram_gb=max(float(row["gpu_mem_gb"]), OPENB_MIN_VRAM_GB),
+            priority=priority,
+            service_s=runtime_s,
+            est_s=runtime_s,
+            preemptible=priority >= 2,
+        ))
+    return tasks, skipped
+
+
+_READERS: dict[str, Callable[[Rows, int], tuple[list[TraceTask], Counter[str]]]] = {
+    "genai": _genai,
+    "openb": _openb,
+    "azure": lambda rows, seed: traces_llm.azure(rows),
+    "mooncake": lambda rows, seed: traces_llm.mooncake(rows, lambda key: tier(key, seed)),
+}
+
+
+def read_trace(
+    name: str, path: Path | str | None = None, *, seed: int = 1, limit: int | None = None
+) -> TraceRead:
+    """Read trace ``name``: tasks sorted by arrival (the first ``limit`` of them) and skip counts."""
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    file = trace_path(name, path)
+    tasks, skipped = _READERS[name](_rows(file), seed)
+    rows = len(tasks) + sum(skipped.values())  # every reader keeps or skips each row
+    tasks.sort(key=lambda t: t.arrival_s)  # stable: ties keep the file's order
+    log.debug("trace.read name=%s rows=%d tasks=%d skipped=%s", name, rows, len(tasks), dict(skipped))
+    return TraceRead(name, file, rows, tasks[:limit], dict(skipped))
+
+
+def read(
+    name: str, path: Path | str | None = None, *, seed: int = 1, limit: int | None = None
+) -> list[TraceTask]:
+    """The tasks of trace ``name`` (one of :data:`TRACES`), sorted by uncompressed arrival."""
+    return read_trace(name, path, seed=seed, limit=limit).tasks
+
+
+def offered_gpu_seconds(tasks: Sequence[TraceTask]) -> float:
+    """GPU-seconds of work the tasks ask for (the sum of their service times)."""
+    return sum(t.service_s for t in tasks)
+
+
+def span_s(tasks: Sequence[TraceTask]) -> float:
+    """Seconds from the first arrival to the last (uncompressed); 0 for fewer than two tasks."""
+    if len(tasks) < 2:
+        return 0.0
+    return max(t.arrival_s for t in tasks) - min(t.arrival_s for t in tasks)
+
+
+class LoadTimes:
+    """Model load latencies: measured base-model loads, scaled up for LLM-sized weights."""
+
+    def __init__(self, samples: Sequence[float], scales: Mapping[str, float] | None = None) -> None:
+        if not samples:
+            raise ValueError("LoadTimes needs at least one latency sample")
+        self.samples = tuple(samples)
+        default = {model: cost.load_scale for model, cost in traces_llm.COSTS.items()}
+        self.scales = dict(default if scales is None else scales)
+
+    @classmethod
+    def from_trace(cls, path: Path | str | None = None, *, kind: str = "base_model_load") -> LoadTimes:
+        """The ``kind`` rows of the load-latency trace (``path``: the file or its directory)."""
+        file = _locate(LOAD_LATENCY_FILE, path)
+        samples = [float(r["latency_s"]) for r in _rows(file) if r["kind"] == kind]
+        if not samples:
+            raise ValueError(f"no {kind!r} rows in {file}")
+        return cls(samples)
+
+    def scale(self, model: str) -> float:
+        return self.scales.get(model, 1.0)
+
+    def sample(self, model: str, rng: random.Random) -> float:
+        """One load of ``model``: a measured latency drawn with ``rng``, times the model's scale."""
+        return rng.choice(self.samples) * self.scale(model)
+
+    def sampler(self, seed: int) -> Callable[[str], float]:
+        """``model -> seconds`` for the engine: :meth:`sample` with its own ``Random(seed)``."""
+        rng = random.Random(seed)
+        return lambda model: self.sample(model, rng)
+
+    def mean_s(self, model: str | None = None) -> float:
+        """The mean load time (of ``model``, scale included; of a base checkpoint if None)."""
+        return sum(self.samples) / len(self.samples) * (1.0 if model is None else self.scale(model))
