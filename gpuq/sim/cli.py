@@ -36,6 +36,9 @@ def run_simulations(trace_name: str, traces_dir: str | None, gpus_spec: str, spe
     policies = list(POLICIES) if policy == "all" else [policy]
     results, reports = [], []
     server = EmbeddedServer("redis").start()  # one server for every policy's replay
+    planner = logging.getLogger("gpuq.reaper")
+    level = planner.level
+    planner.setLevel(max(logging.WARNING, planner.getEffectiveLevel()))  # thousands of decisions
     try:
         for name in policies:
             result = simulate(tasks, gpus, name, speedup=speedup,
@@ -44,6 +47,7 @@ def run_simulations(trace_name: str, traces_dir: str | None, gpus_spec: str, spe
             reports.append({"trace": trace_name, **summarize(result)})
             log.info("simulate.done policy=%s tasks=%d wall_s=%.1f", name, len(tasks), result.wall_s)
     finally:
+        planner.setLevel(level)
         server.stop()
     if plot_path:
         from gpuq.sim.plot import plot

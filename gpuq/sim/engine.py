@@ -77,6 +77,7 @@ class Engine:
         self.queued_deadlines = 0
         self.next_tick: float | None = None
         self.longest_load = 0.0  # expiry looks this far ahead for cold loads
+        self.claims: list[str] = []  # task ids in the order GPUs claimed them
 
     # -- the clock -----------------------------------------------------------------------
     def at(self, t: float, kind: str, key: str = "", gen: int = 0) -> None:
@@ -99,6 +100,8 @@ class Engine:
                 self.scheduler.submit(key, self.trace[key], self.ms())
                 self.count_queued(self.trace[key], +1)
                 self.ensure_tick()
+                if self.events and self.events[0][0] == self.now and self.events[0][2] == "arrive":
+                    continue  # simultaneous arrivals are all queued before anyone claims
             elif kind == "end":
                 self.end(self.by_id[key], gen)
                 continue  # the ending worker claimed; no new wake tokens
@@ -146,6 +149,7 @@ class Engine:
         end = work_from + max(0.0, task.service_s - got.done_s)
         w.run = Run(got, res, work_from, end, self.now)
         self.count_queued(task, -1)
+        self.claims.append(got.task_id)
         record = self.records[got.task_id]
         if record.start_s is None:
             record.start_s = self.now
@@ -241,7 +245,7 @@ class Engine:
             busy_s={w.id: sum(b - a for a, b in w.busy) for w in self.workers},
             busy_intervals={w.id: w.busy for w in self.workers}, model_loads=self.loads,
             preemptions=dict(self.preemptions), makespan_s=max(ends, default=first) - first,
-            wall_s=wall_s)
+            wall_s=wall_s, claims=list(self.claims))
 
     def read_outcomes(self, scheduler: GpuqScheduler) -> None:
         """Expired and never-run tasks, as the pool recorded them."""

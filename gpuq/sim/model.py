@@ -56,3 +56,4 @@ class SimResult:
     preemptions: dict[str, int] = field(default_factory=dict)  # kind -> count
     makespan_s: float = 0.0  # first arrival to last end
     wall_s: float = 0.0  # real seconds the replay took
+    claims: list[str] = field(default_factory=list)  # task ids in claim order (fidelity checks)

@@ -1,0 +1,142 @@
+"""The simulator: determinism, the baselines behave as named, fidelity to real workers, CLI."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from procs import Procs, est
+
+from gpuq import Queue, State
+from gpuq.embedded import EmbeddedServer
+from gpuq.sim import traces
+from gpuq.sim.model import TraceTask
+from gpuq.sim.report import summarize
+from gpuq.sim.run import parse_gpus, simulate
+
+LOAD_S = 10.0
+
+
+def fixed_load(model: str, rng: random.Random) -> float:
+    return LOAD_S
+
+
+def run(tasks: list[TraceTask], gpus: str, policy: str, server: EmbeddedServer,
+        seed: int = 1) -> Any:
+    return simulate(tasks, parse_gpus(gpus), policy, speedup=1.0, load_time=fixed_load, seed=seed,
+                    server=server)
+
+
+def task(t: float, model: str, priority: int, service: float = 5.0, vram: float = 20.0) -> TraceTask:
+    return TraceTask(t, model, vram, priority, service, service, None, priority >= 2)
+
+
+def test_the_same_seed_gives_the_same_report(redis_server: EmbeddedServer) -> None:
+    tasks = traces.read("genai", limit=300, seed=3)
+    loads = traces.LoadTimes.from_trace()
+    reports, claims = [], []
+    for _ in range(2):
+        r = simulate(tasks, parse_gpus("2x80,1x48"), "gpuq", speedup=2000.0, load_time=loads.sample,
+                     seed=7, server=redis_server)
+        reports.append({k: v for k, v in summarize(r).items() if k != "wall_s"})
+        claims.append(r.claims)
+    assert reports[0] == reports[1] and claims[0] == claims[1]
+    assert reports[0]["succeeded"] == 300
+
+
+def test_fifo_ignores_priority_and_priority_does_not(redis_server: EmbeddedServer) -> None:
+    # one GPU busy with a first task while three more arrive: P3, then P2, then P0
+    tasks = [task(0, "m", 2), task(1, "m", 3), task(2, "m", 2), task(3, "m", 0)]
+    fifo = run(tasks, "1x80", "fifo", redis_server)
+    assert fifo.claims == ["t000000", "t000001", "t000002", "t000003"]
+    strict = run(tasks, "1x80", "priority", redis_server)
+    assert strict.claims == ["t000000", "t000003", "t000002", "t000001"]
+    assert run(tasks, "1x80", "gpuq", redis_server).claims == strict.claims
+
+
+def test_priority_ignores_affinity_and_gpuq_does_not(redis_server: EmbeddedServer) -> None:
+    # the GPU holds model a after the first task; an older task for b and a newer one for a
+    # wait at the same priority: strict priority takes the head (b, a load), gpuq takes a
+    tasks = [task(0, "a", 2, vram=40), task(1, "b", 2, vram=40), task(2, "a", 2, vram=40)]
+    strict = run(tasks, "1x48", "priority", redis_server)
+    assert strict.claims == ["t000000", "t000001", "t000002"] and strict.model_loads == 3
+    ours = run(tasks, "1x48", "gpuq", redis_server)
+    assert ours.claims == ["t000000", "t000002", "t000001"] and ours.model_loads == 2
+
+
+def test_a_p0_arrival_preempts_long_batch_work(redis_server: EmbeddedServer) -> None:
+    tasks = [task(0, "m", 3, service=600), task(30, "m", 0, service=1)]
+    r = run(tasks, "1x80", "gpuq", redis_server)
+    p0 = next(t for t in r.tasks if t.priority == 0)
+    p3 = next(t for t in r.tasks if t.priority == 3)
+    assert p0.start_s is not None and p0.start_s - p0.arrival_s <= 2.0  # one reaper round
+    assert p3.preemptions == 1 and p3.outcome == "succeeded"
+    assert p3.end_s is not None and p3.end_s == pytest.approx(LOAD_S + 600 + 1, abs=3)  # resumed
+    assert r.preemptions["yielded"] == 1
+
+
+# --- fidelity: the same claims as real worker processes ------------------------------------
+
+@pytest.fixture
+def procs(redis_server: EmbeddedServer, pool: str, prefix: str, tmp_path: Path) -> Iterator[Procs]:
+    with Procs(redis_server.url, pool, prefix, tmp_path) as p:
+        yield p
+
+
+SCENARIO = [(m, p) for m, p in (("a", 3), ("b", 0), ("a", 2), ("c", 1), ("b", 2), ("a", 0),
+                                ("c", 3), ("b", 1), ("a", 1), ("c", 0), ("b", 3), ("a", 2),
+                                ("c", 2), ("b", 0), ("a", 3), ("c", 1))]
+
+
+@pytest.mark.slow
+def test_simulated_claim_order_equals_a_real_workers(procs: Procs, real_queue: Queue,
+                                                     redis_server: EmbeddedServer) -> None:
+    """One 48 GB GPU (two 20 GB models fit, a third evicts), sixteen tasks queued at once.
+    Nothing is preemptible, so no reaper decision (which real time would place at random
+    between claims) can come in between: the order is the claim script's alone."""
+    worker = procs.worker("w1", vram_gb=48)
+    ids = [f"t{i:06d}" for i in range(len(SCENARIO))]
+    real_queue.enqueue_many([{"handler": "sim.run", "payload": {}, "model": m, "vram_gb": 20,
+                              "priority": p, "est_s": est(0.02), "task_id": tid,
+                              "preemptible": False}
+                             for tid, (m, p) in zip(ids, SCENARIO)])
+    records = procs.wait_all(ids, State.SUCCEEDED, timeout=60)
+    real = [r.id for r in sorted(records, key=lambda r: r.token or 0)]
+    assert worker.alive()
+    tasks = [TraceTask(0, m, 20, p, 1.0, 1.0, None, False) for m, p in SCENARIO]
+    simulated = run(tasks, "1x48", "gpuq", redis_server).claims
+    assert simulated == real, f"simulated {simulated}\nreal      {real}"
+
+
+# --- the command -----------------------------------------------------------------------------
+
+def test_cli_json_report(procs: Procs) -> None:
+    out = procs.cli("simulate", "--trace", "genai", "--limit", "150", "--gpus", "2x80",
+                    "--speedup", "3000", "--policy", "gpuq", "--json",
+                    env={"GPUQ_REAP_INTERVAL_S": "1"})  # the suite's processes reap faster
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["policy"] == "gpuq" and report["speedup"] == 3000
+    assert set(report["priorities"]) == {"P0", "P1", "P2", "P3"}
+    for p in report["priorities"].values():
+        assert {"tasks", "sla_attainment", "wait_p50_s", "wait_p99_s", "expired"} <= set(p)
+    assert {"gpu_busy_fraction", "model_loads", "preemptions", "starved", "throughput_per_s",
+            "makespan_s"} <= set(report)
+    assert sum(p["tasks"] for p in report["priorities"].values()) == 150
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--gpus", "4 by 80"], "--gpus '4 by 80': use COUNTxGB"),
+    (["--trace", "nope"], "unknown trace 'nope'"),
+    (["--speedup", "2", "--target-load", "0.5"], "not both"),
+    (["--speedup", "0"], "--speedup must be > 0"),
+])
+def test_cli_bad_options_give_one_error_line(procs: Procs, args: list[str], message: str) -> None:
+    out = procs.cli("simulate", "--limit", "10", "--policy", "fifo", *args)
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error:") and message in lines[0], out.stderr
