@@ -104,6 +104,7 @@ class Preemptor:
         self.config = config
         self.scripts = scripts
         self.calls = calls
+        self.workers: dict[str, tuple[float, str]] = {}  # id -> (usable GB, levels), read once
 
     def step(self, now_ms: int | None = None) -> dict[str, int]:
         """Plan and commit; returns how many decisions of each kind took effect. now_ms: a
@@ -164,25 +165,37 @@ class Preemptor:
                 if need is not None and live.get(str(holder or "")) != i]
 
     def read_workers(self, now_ms: int) -> tuple[list[Victim], list[tuple[float, str]], set[str]]:
+        """Running preemptible tasks with their workers' GPU size and lanes, the idle workers,
+        and the workers already reserved: three round trips, whatever the pool's size."""
         k, r = self.keys, self.redis
-        live = [str(w) for w in r.zrangebyscore(k.workers, now_ms, "+inf")]
         pipe = r.pipeline(transaction=False)
-        for w in live:
-            pipe.hmget(k.worker(w), "vram_total_gb", "kv_reserve_gb", "levels")
-            pipe.exists(k.reservation(w))
+        pipe.zrangebyscore(k.workers, now_ms, "+inf")
         pipe.zrange(k.idle, 0, -1, withscores=True)
-        *rows, idle_rows = pipe.execute()
-        info = {w: (float(f[0] or 0) - float(f[1] or 0), str(f[2] or "0123"))
-                for w, f in zip(live, rows[0::2])}
-        reserved = {w for w, n in zip(live, rows[1::2]) if n}
-        idle = [(float(gb), info[str(w)][1]) for w, gb in idle_rows if str(w) in info]
-        running = [str(i) for i in r.zrange(k.running, 0, -1)]
+        pipe.zrange(k.running, 0, -1)
+        live_raw, idle_rows, running_raw = pipe.execute()
+        live, running = [str(w) for w in live_raw], [str(i) for i in running_raw]
+        if not live:
+            return [], [], set()
+        # forget workers that left: an id that comes back may be another GPU
+        alive = set(live)
+        self.workers = {w: v for w, v in self.workers.items() if w in alive}
+        unknown = [w for w in live if w not in self.workers]
         pipe = r.pipeline(transaction=False)
+        pipe.mget([k.reservation(w) for w in live])
+        for w in unknown:  # a worker's GPU and lanes do not change while it lives
+            pipe.hmget(k.worker(w), "vram_total_gb", "kv_reserve_gb", "levels")
         for i in running:
             pipe.hmget(k.task(i), "state", "token", "worker", "priority", "started_at", "est_s",
                        "preemptible", "preemptions", "yield_by")
+        held, *rows = pipe.execute()
+        for w, f in zip(unknown, rows):
+            if f[0] is not None:
+                self.workers[w] = (float(f[0]) - float(f[1] or 0), str(f[2] or "0123"))
+        reserved = {w for w, task in zip(live, held) if task}
+        info = {w: self.workers[w] for w in live if w in self.workers}
+        idle = [(float(gb), info[str(w)][1]) for w, gb in idle_rows if str(w) in info]
         victims = []
-        for i, f in zip(running, pipe.execute()):
+        for i, f in zip(running, rows[len(unknown):]):
             state, token, worker, prio, started, est, pre, count, asked = f
             if state != "running" or pre != "1" or asked or worker not in info or not started:
                 continue

@@ -47,6 +47,7 @@ class SimWorker:
     id: str
     total_gb: float
     cache: ModelCache
+    levels: str = "0123"  # priorities it serves (a dedicated lane serves fewer)
     run: Run | None = None
     generation: int = 0  # bumps when a run ends early, so its stale end event is ignored
     busy: list[tuple[float, float]] = field(default_factory=list)
@@ -60,7 +61,8 @@ class Engine:
         self.load_time = load_time
         app = App("sim")
         app.any_model()(lambda name: name)
-        self.workers = [SimWorker(wid, gb, ModelCache(app, gb, config.kv_reserve_gb)) for wid, gb in gpus]
+        self.workers = [SimWorker(wid, gb, ModelCache(app, gb, config.kv_reserve_gb),
+                                  wid.partition("@")[2] or "0123") for wid, gb in gpus]
         self.by_id = {w.id: w for w in self.workers}
         self.trace = {f"t{i:06d}": t for i, t in enumerate(tasks)}
         self.records = {tid: SimTask(tid, t.priority, t.model, t.vram_gb, t.arrival_s, t.est_s,
@@ -90,7 +92,7 @@ class Engine:
     def run(self) -> SimResult:
         started = time.perf_counter()
         for w in self.workers:
-            self.scheduler.register(w.id, w.total_gb, self.ms(0.0))
+            self.scheduler.register(w.id, w.total_gb, w.levels, self.ms(0.0))
         for tid, t in self.trace.items():
             self.at(t.arrival_s, "arrive", tid)
         while self.events:
@@ -124,8 +126,7 @@ class Engine:
 
     def claim(self, w: SimWorker) -> None:
         cache = w.cache
-        req = ClaimRequest(w.id, cache.free_gb(), cache.evictable_gb(), 1, cache.loaded(),
-                           self.config.levels())
+        req = ClaimRequest(w.id, cache.free_gb(), cache.evictable_gb(), 1, cache.loaded(), w.levels)
         got = self.scheduler.claim(w.id, req, self.ms())
         if not isinstance(got, Offer):
             if got > 0:  # a task was left for a better-placed GPU until then
@@ -207,7 +208,9 @@ class Engine:
     def tick(self) -> None:
         assert isinstance(self.scheduler, GpuqScheduler)
         self.next_tick = None
-        done = self.scheduler.tick(self.ms(), int(self.longest_load * 1000))
+        done = self.scheduler.tick(self.ms(), int(self.longest_load * 1000),
+                                   deadlines=self.queued_deadlines > 0,
+                                   urgent=self.queued[0] + self.queued[1] > 0)
         self.queued_deadlines -= done.get("expired", 0)
         for kind, n in done.items():  # the planner's "reserved" and "yield" (asked to yield)
             if kind != "expired":

@@ -8,7 +8,7 @@
 - ``priority``: one FIFO queue per priority, strict order, head of the highest non-empty
   queue only; no affinity, no best fit, no preemption.
 
-Both baselines keep models resident on their GPUs the way an inference server would (LRU),
+Both baselines ignore lanes (``--gpus 2x80/01``: a gpuq feature) and keep models resident on their GPUs the way an inference server would (LRU),
 so the load counts compare placement, not caching.
 """
 
@@ -46,7 +46,7 @@ class Offer:
 class Scheduler(Protocol):
     name: str
 
-    def register(self, worker_id: str, total_gb: float, now_ms: int) -> None: ...
+    def register(self, worker_id: str, total_gb: float, levels: str, now_ms: int) -> None: ...
     def submit(self, task_id: str, task: TraceTask, now_ms: int) -> None: ...
     def claim(self, worker_id: str, req: ClaimRequest, now_ms: int) -> Offer | float: ...
     def finish(self, worker_id: str, offer: Offer, now_ms: int) -> None: ...
@@ -66,10 +66,9 @@ class GpuqScheduler:
         self.calls = Calls(config)
         self.preemptor = Preemptor(client, self.keys, config, self.scripts, self.calls)
 
-    def register(self, worker_id: str, total_gb: float, now_ms: int) -> None:
+    def register(self, worker_id: str, total_gb: float, levels: str, now_ms: int) -> None:
         gpu = GpuInfo(f"sim-{total_gb:g}GB", "", total_gb, None, "declared")
-        fields = presence.identity(worker_id, gpu, self.config.kv_reserve_gb, 1,
-                                   self.config.levels(), "sim", 0)
+        fields = presence.identity(worker_id, gpu, self.config.kv_reserve_gb, 1, levels, "sim", 0)
         presence.register(self.redis, self.keys, fields, int(self.config.lease_s * 1000))
         self.scripts.run(self.calls.heartbeat(worker_id, [], now_ms=now_ms))
 
@@ -126,17 +125,18 @@ class GpuqScheduler:
         replies = pipe.execute()[0::2]
         return {w: [str(m) for m in msgs][::-1] for w, msgs in zip(workers, replies) if msgs}
 
-    def tick(self, now_ms: int, horizon_ms: int) -> dict[str, int]:
-        """The reaper's round at a virtual time: recovery, expiry, preemption planning."""
-        self.scripts.run(self.calls.reap(now_ms=now_ms))
+    def tick(self, now_ms: int, horizon_ms: int, *, deadlines: bool, urgent: bool) -> dict[str, int]:
+        """The reaper's round at a virtual time: expiry while tasks with deadlines wait,
+        preemption planning while urgent ones do. (Recovery has nothing to do: simulated
+        workers never die, so it is not called.)"""
         expired = offset = 0
-        while True:
+        while deadlines:
             e, looked = self.scripts.run(self.calls.expire(horizon_ms=horizon_ms, offset=offset,
                                                            now_ms=now_ms))
             expired, offset = expired + e, offset + looked - e
             if looked < 100:
                 break
-        return {"expired": expired, **self.preemptor.step(now_ms)}
+        return {"expired": expired, **(self.preemptor.step(now_ms) if urgent else {})}
 
 
 class QueueScheduler:
@@ -147,13 +147,14 @@ class QueueScheduler:
         self.tasks = tasks
         self.queues: list[deque[str]] = [deque() for _ in range(4 if name == "priority" else 1)]
 
-    def register(self, worker_id: str, total_gb: float, now_ms: int) -> None:
+    def register(self, worker_id: str, total_gb: float, levels: str, now_ms: int) -> None:
         pass
 
     def submit(self, task_id: str, task: TraceTask, now_ms: int) -> None:
         self.queues[task.priority if self.name == "priority" else 0].append(task_id)
 
     def claim(self, worker_id: str, req: ClaimRequest, now_ms: int) -> Offer | float:
+        # lanes are gpuq's: a baseline GPU takes whatever head is next
         queue = next((q for q in self.queues if q), None)
         if queue is None:
             return 0.0

@@ -20,15 +20,19 @@ LoadSampler = Callable[[str, random.Random], float]  # (model, rng) -> seconds
 
 
 def parse_gpus(spec: str) -> list[tuple[str, float]]:
-    """"4x80,2x48,1x24" -> worker ids and VRAM sizes (GB)."""
+    """"4x80,2x48,1x24/01" -> worker ids and VRAM sizes (GB). A "/LEVELS" suffix makes the
+    group a dedicated lane serving only those priorities (e.g. /01: P0 and P1); the levels
+    are carried in the worker id ("gpu24-0@01")."""
     gpus: list[tuple[str, float]] = []
     for part in spec.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+(?:\.\d+)?)\s*", part)
+        m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+(?:\.\d+)?)\s*(?:/([0-3]+))?\s*", part)
         if not m or int(m.group(1)) < 1 or float(m.group(2)) <= 0:
-            raise ConfigError(f"--gpus {spec!r}: use COUNTxGB[,COUNTxGB...], e.g. 4x80,2x48")
+            raise ConfigError(f"--gpus {spec!r}: use COUNTxGB[/LEVELS][,...], e.g. 4x80,2x24/01")
         count, size = int(m.group(1)), float(m.group(2))
-        start = sum(1 for _, gb in gpus if gb == size)
-        gpus += [(f"gpu{size:g}-{start + i}", size) for i in range(count)]
+        lane = "".join(sorted(set(m.group(3)))) if m.group(3) else ""
+        start = sum(1 for wid, gb in gpus if gb == size and wid.endswith(f"@{lane}" if lane else ""))
+        suffix = f"@{lane}" if lane else ""
+        gpus += [(f"gpu{size:g}-{start + i}{suffix}", size) for i in range(count)]
     return gpus
 
 
