@@ -8,8 +8,9 @@
 - ``priority``: one FIFO queue per priority, strict order, head of the highest non-empty
   queue only; no affinity, no best fit, no preemption.
 
-Both baselines ignore lanes (``--gpus 2x80/01``: a gpuq feature) and keep models resident on their GPUs the way an inference server would (LRU),
-so the load counts compare placement, not caching.
+Both baselines ignore lanes (``--gpus 2x80/01``: a gpuq feature) and keep models resident
+on their GPUs the way an inference server would (LRU), so the load counts compare
+placement, not caching.
 """
 
 from __future__ import annotations
