@@ -57,3 +57,4 @@ class SimResult:
     makespan_s: float = 0.0  # first arrival to last end
     wall_s: float = 0.0  # real seconds the replay took
     claims: list[str] = field(default_factory=list)  # task ids in claim order (fidelity checks)
+    rejected: int = 0  # tasks larger than every GPU of the pool, refused before the replay

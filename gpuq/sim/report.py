@@ -48,6 +48,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         # tasks that never ran to the end although nothing expired them: starved (or too big)
         "starved": sum(1 for t in result.tasks if t.outcome == "unfinished"),
         "tasks": len(result.tasks),
+        "rejected": result.rejected,
         "succeeded": len(done),
         "throughput_per_s": round(len(done) / result.makespan_s, 4) if result.makespan_s else 0.0,
         "makespan_s": round(result.makespan_s, 3),

@@ -58,9 +58,13 @@ def simulate(tasks: list[TraceTask], gpus: list[tuple[str, float]], policy: str,
         raise ConfigError(f"--policy {policy!r}: one of {', '.join(POLICIES)}")
     if speedup <= 0:
         raise ConfigError("--speedup must be > 0")
-    first = min((t.arrival_s for t in tasks), default=0.0)
-    compressed = [replace(t, arrival_s=(t.arrival_s - first) / speedup) for t in tasks]
     cfg = sim_config(config)
+    # what no GPU of the pool could ever hold is refused up front, as enqueue's fit check
+    # would: a plain FIFO would otherwise block behind it forever
+    largest = max((gb for _, gb in gpus), default=0.0) - cfg.kv_reserve_gb
+    kept = [t for t in tasks if t.vram_gb <= largest]
+    first = min((t.arrival_s for t in kept), default=0.0)
+    compressed = [replace(t, arrival_s=(t.arrival_s - first) / speedup) for t in kept]
     rng = random.Random(seed)
     own = server is None
     srv = server or EmbeddedServer("redis").start()
@@ -79,4 +83,5 @@ def simulate(tasks: list[TraceTask], gpus: list[tuple[str, float]], policy: str,
         if own:
             srv.stop()
     result.speedup = speedup
+    result.rejected = len(tasks) - len(kept)
     return result

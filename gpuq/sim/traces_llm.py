@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 from gpuq.sim.model import TraceTask
 
-CARD_GB = 80.0  # the GPU a request must fit on; longer contexts are assumed to page their KV cache
+# what a request may use of an 80 GB card (its 5 GB KV reserve kept back, the default);
+# longer contexts are assumed to page their KV cache
+CARD_GB = 75.0
 
 
 @dataclass(frozen=True)
