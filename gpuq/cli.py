@@ -265,13 +265,36 @@ def cancel(ctx: click.Context, task_id: str) -> None:
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (a list with --policy all).")
 @click.option("--plot", "plot_path", default=None, help="Write latency CDFs and GPU busy timelines (PNG).")
+@click.option("--find-gpus", is_flag=True,
+              help="Search the smallest pool of the --gpus kind (e.g. 1x80) meeting --sla-target.")
+@click.option("--sla-target", type=float, default=0.99, show_default=True,
+              help="With --find-gpus: the share of --sla-priority tasks to start within SLA.")
+@click.option("--sla-priority", type=priority_type, default="P0", show_default=True,
+              help="With --find-gpus: the priority whose SLA must be met.")
 @click.pass_context
 def simulate(ctx: click.Context, trace_name: str, traces_dir: str | None, gpus: str,
              speedup: float | None, target_load: float | None, policy: str, limit: int | None,
-             seed: int, as_json: bool, plot_path: str | None) -> None:
+             seed: int, as_json: bool, plot_path: str | None, find_gpus: bool,
+             sla_target: float, sla_priority: Priority) -> None:
     """Replay a production trace through the real scheduling scripts on a virtual clock,
     next to FIFO and strict-priority baselines."""
     from gpuq.sim.cli import run_simulations
+
+    if find_gpus:
+        from gpuq.sim.cli import find_gpus as search
+
+        found = search(trace_name, traces_dir, gpus, speedup, target_load, limit, seed,
+                       config_of(ctx), sla_target, int(sla_priority))
+        if as_json:
+            click.echo(json.dumps(found, indent=2))
+            return
+        tried = ", ".join(f"{n}: {'-' if a is None else f'{100 * a:.1f}%'}"
+                          for n, a in found["tried"].items())
+        click.echo(f"{found['priority']} within SLA by pool size ({found['gpu_gb']:g} GB GPUs, speedup "
+                   f"{found['speedup']:.3g}): {tried}")
+        click.echo(f"smallest pool meeting {100 * sla_target:g}%: "
+                   + (f"{found['gpus']} x {found['gpu_gb']:g} GB" if found["gpus"] else "none up to 256"))
+        return
 
     reports = run_simulations(trace_name, traces_dir, gpus, speedup, target_load, policy, limit,
                               seed, config_of(ctx), plot_path)

@@ -54,3 +54,57 @@ def run_simulations(trace_name: str, traces_dir: str | None, gpus_spec: str, spe
 
         plot(results, plot_path)
     return reports
+
+
+def find_gpus(trace_name: str, traces_dir: str | None, gpus_spec: str, speedup: float | None,
+              target_load: float | None, limit: int | None, seed: int, config: Config,
+              sla_target: float, priority: int = 0, most: int = 256) -> dict[str, Any]:
+    """The smallest pool of one GPU kind (``--gpus 1x80``) whose gpuq replay meets the SLA
+    target at ``priority``: doubling, then bisection (attainment grows with the pool)."""
+    kinds = {gb for _, gb in parse_gpus(gpus_spec)}
+    if len(kinds) != 1 or "/" in gpus_spec:
+        raise ConfigError("--find-gpus needs one GPU kind, e.g. --gpus 1x80")
+    (size,) = kinds
+    try:
+        tasks = traces.read(trace_name, traces_dir, seed=seed, limit=limit)
+        loads = traces.LoadTimes.from_trace(traces_dir)
+    except (ValueError, FileNotFoundError) as exc:
+        raise ConfigError(str(exc)) from None
+    # the compression is fixed by the trace alone (for one GPU), so every pool size sees the
+    # same arrivals
+    k = speedup if speedup is not None else speedup_for(tasks, 1, target_load or 0.8)
+    tried: dict[int, dict[str, Any]] = {}
+    server = EmbeddedServer("redis").start()
+    planner = logging.getLogger("gpuq.reaper")
+    level = planner.level
+    planner.setLevel(max(logging.WARNING, planner.getEffectiveLevel()))
+
+    def meets(n: int) -> bool:
+        if n not in tried:
+            result = simulate(tasks, parse_gpus(f"{n}x{size:g}"), "gpuq", speedup=k,
+                              load_time=loads.sample, seed=seed, config=config, server=server)
+            tried[n] = summarize(result)
+            log.info("simulate.find_gpus gpus=%d attainment=%s", n,
+                     tried[n]["priorities"][f"P{priority}"]["sla_attainment"])
+        attained = tried[n]["priorities"][f"P{priority}"]["sla_attainment"]
+        return attained is not None and attained >= sla_target
+
+    try:
+        hi = 1
+        while not meets(hi) and hi < most:
+            hi = min(most, hi * 2)
+        lo = hi // 2 + 1 if hi > 1 else 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if meets(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+    finally:
+        planner.setLevel(level)
+        server.stop()
+    found = meets(hi)
+    return {"trace": trace_name, "gpu_gb": size, "speedup": k, "priority": f"P{priority}",
+            "sla_target": sla_target, "gpus": hi if found else None,
+            "tried": {n: r["priorities"][f"P{priority}"]["sla_attainment"] for n, r in sorted(tried.items())},
+            "report": tried[hi]}

@@ -66,23 +66,23 @@ def _cell(x: Any, fmt: str) -> str:
 
 def render(reports: list[dict[str, Any]]) -> str:
     """One table for one or more runs (policies side by side)."""
-    lines = [f"{'POLICY':<9}{'PRI':<5}{'TASKS':>7}{'SLA':>8}{'WITHIN':>9}{'WAIT P50':>11}"
+    lines = [f"{'POLICY':<11}{'PRI':<5}{'TASKS':>7}{'SLA':>8}{'WITHIN':>9}{'WAIT P50':>11}"
              f"{'WAIT P99':>11}{'EXPIRED':>9}"]
     for r in reports:
         for name, p in r["priorities"].items():
             within = None if p["sla_attainment"] is None else 100 * p["sla_attainment"]
             sla = "-" if p["sla_s"] is None else f"{p['sla_s']:g}s"
             shown = "-" if within is None else f"{within:.1f}%"
-            lines.append(f"{r['policy']:<9}{name:<5}{p['tasks']:>7}{sla:>8}{shown:>9}"
+            lines.append(f"{r['policy']:<11}{name:<5}{p['tasks']:>7}{sla:>8}{shown:>9}"
                          f"{_cell(p['wait_p50_s'], '10.2f'):>10}s{_cell(p['wait_p99_s'], '10.2f'):>10}s"
                          f"{p['expired']:>9}")
     lines.append("")
-    lines.append(f"{'POLICY':<9}{'GPU BUSY':>9}{'LOADS':>7}{'PREEMPT R/Y/S':>15}{'STARVED':>9}"
+    lines.append(f"{'POLICY':<11}{'GPU BUSY':>9}{'LOADS':>7}{'PREEMPT R/Y/S':>15}{'STARVED':>9}"
                  f"{'TASKS/S':>9}{'MAKESPAN':>11}{'WALL':>8}")
     for r in reports:
         pre = r["preemptions"]
         kinds = f"{pre['reserved']}/{pre['yielded']}/{pre['stopped']}"
-        lines.append(f"{r['policy']:<9}{100 * r['gpu_busy_fraction']:>8.1f}%{r['model_loads']:>7}"
+        lines.append(f"{r['policy']:<11}{100 * r['gpu_busy_fraction']:>8.1f}%{r['model_loads']:>7}"
                      f"{kinds:>15}{r['starved']:>9}{r['throughput_per_s']:>9.3f}"
                      f"{r['makespan_s']:>10.0f}s{r['wall_s']:>7.1f}s")
     return "\n".join(lines)

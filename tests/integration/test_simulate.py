@@ -140,3 +140,20 @@ def test_cli_bad_options_give_one_error_line(procs: Procs, args: list[str], mess
     assert out.returncode == 1
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error:") and message in lines[0], out.stderr
+
+
+def test_find_gpus_gives_the_smallest_pool_that_meets_the_target(procs: Procs) -> None:
+    out = procs.cli("simulate", "--trace", "genai", "--limit", "120", "--gpus", "1x80",
+                    "--speedup", "4000", "--find-gpus", "--sla-target", "0.9", "--json",
+                    env={"GPUQ_REAP_INTERVAL_S": "1"}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout)
+    n, tried = found["gpus"], {int(k): v for k, v in found["tried"].items()}
+    assert n is not None and tried[n] >= 0.9
+    assert n == 1 or tried[n - 1] < 0.9  # one GPU fewer misses it
+    assert found["report"]["priorities"]["P0"]["sla_attainment"] == tried[n]
+
+
+def test_find_gpus_needs_one_kind(procs: Procs) -> None:
+    out = procs.cli("simulate", "--limit", "10", "--gpus", "1x80,1x48", "--find-gpus")
+    assert out.returncode == 1 and "--find-gpus needs one GPU kind" in out.stderr
