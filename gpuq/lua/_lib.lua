@@ -69,7 +69,9 @@ end
 -- claimable VRAM (its idle score) covers the need; a holder without room would wake only
 -- to find nothing.
 local function idle_holder(m, need, except, p)
-  for _, w in ipairs(redis.call('SMEMBERS', B .. 'holders:' .. m)) do
+  local holders = redis.call('SMEMBERS', B .. 'holders:' .. m)
+  table.sort(holders)  -- a set's order varies between server runs; decisions must not
+  for _, w in ipairs(holders) do
     if w ~= except then
       local score = redis.call('ZSCORE', K_IDLE, w)
       if score and tonumber(score) >= need and serves(w, p) then return w end

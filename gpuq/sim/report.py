@@ -60,8 +60,8 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 
 
-def _cell(x: Any, fmt: str) -> str:
-    return "-" if x is None else format(x, fmt)
+def _seconds(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}s"
 
 
 def render(reports: list[dict[str, Any]]) -> str:
@@ -73,9 +73,9 @@ def render(reports: list[dict[str, Any]]) -> str:
             within = None if p["sla_attainment"] is None else 100 * p["sla_attainment"]
             sla = "-" if p["sla_s"] is None else f"{p['sla_s']:g}s"
             shown = "-" if within is None else f"{within:.1f}%"
+            p50, p99 = (_seconds(p[k]) for k in ("wait_p50_s", "wait_p99_s"))
             lines.append(f"{r['policy']:<11}{name:<5}{p['tasks']:>7}{sla:>8}{shown:>9}"
-                         f"{_cell(p['wait_p50_s'], '10.2f'):>10}s{_cell(p['wait_p99_s'], '10.2f'):>10}s"
-                         f"{p['expired']:>9}")
+                         f"{p50:>11}{p99:>11}{p['expired']:>9}")
     lines.append("")
     lines.append(f"{'POLICY':<11}{'GPU BUSY':>9}{'LOADS':>7}{'PREEMPT R/Y/S':>15}{'STARVED':>9}"
                  f"{'TASKS/S':>9}{'MAKESPAN':>11}{'WALL':>8}")
