@@ -1,7 +1,14 @@
-"""The simulator: determinism, the baselines behave as named, fidelity to real workers, CLI."""
+"""The simulator: determinism, the baselines behave as named, fidelity to real workers, CLI.
+
+The replays here read a small synthetic trace in the GenAI trace's format, written by the
+``trace_dir`` fixture, so they run wherever the shared traces are not
+(tests/unit/test_traces.py covers the real files).
+"""
 
 from __future__ import annotations
 
+import csv
+import gzip
 import json
 import random
 from collections.abc import Iterator
@@ -35,9 +42,34 @@ def task(t: float, model: str, priority: int, service: float = 5.0, vram: float 
     return TraceTask(t, model, vram, priority, service, service, None, priority >= 2)
 
 
-def test_the_same_seed_gives_the_same_report(redis_server: EmbeddedServer) -> None:
-    tasks = traces.read("genai", limit=300, seed=3)
-    loads = traces.LoadTimes.from_trace()
+@pytest.fixture
+def trace_dir(tmp_path: Path) -> Path:
+    """A 400-request trace in the GenAI trace's columns (12 models, 8 tenants, bursts) and a
+    load-latency file of measured-looking loads."""
+    rng = random.Random(11)
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    columns = ["arrival_s", "model", "input_tokens", "output_tokens", "service_s", "task", "status",
+               "tenant", "num_lora", "num_images", "num_steps", "prompt_chars"]
+    with gzip.open(folder / traces.TRACES["genai"], "wt", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(columns)
+        t = 0
+        for _ in range(400):
+            t += rng.choice([0, 0, 1, 5, 30, 120])
+            w.writerow([t, f"M{rng.randint(0, 11):04d}", "", "", rng.randint(5, 60), "TXT_2_IMG",
+                        "SUCCEED", f"G{rng.randint(0, 7):04d}", 0, 1, 30, 50])
+    with gzip.open(folder / traces.LOAD_LATENCY_FILE, "wt", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["t_s", "kind", "latency_s", "container"])
+        for i in range(50):
+            w.writerow([i, "base_model_load", round(rng.uniform(5, 45), 3), "c0"])
+    return folder
+
+
+def test_the_same_seed_gives_the_same_report(redis_server: EmbeddedServer, trace_dir: Path) -> None:
+    tasks = traces.read("genai", trace_dir, limit=300, seed=3)
+    loads = traces.LoadTimes.from_trace(trace_dir)
     reports, claims = [], []
     for _ in range(2):
         r = simulate(tasks, parse_gpus("2x80,1x48"), "gpuq", speedup=2000.0, load_time=loads.sample,
@@ -45,7 +77,7 @@ def test_the_same_seed_gives_the_same_report(redis_server: EmbeddedServer) -> No
         reports.append({k: v for k, v in summarize(r).items() if k != "wall_s"})
         claims.append(r.claims)
     assert reports[0] == reports[1] and claims[0] == claims[1]
-    assert reports[0]["succeeded"] == 300
+    assert reports[0]["succeeded"] == 300 and reports[0]["model_loads"] > 12
 
 
 def test_fifo_ignores_priority_and_priority_does_not(redis_server: EmbeddedServer) -> None:
@@ -114,8 +146,9 @@ def test_simulated_claim_order_equals_a_real_workers(procs: Procs, real_queue: Q
 
 # --- the command -----------------------------------------------------------------------------
 
-def test_cli_json_report(procs: Procs) -> None:
-    out = procs.cli("simulate", "--trace", "genai", "--limit", "150", "--gpus", "2x80",
+def test_cli_json_report(procs: Procs, trace_dir: Path) -> None:
+    out = procs.cli("simulate", "--trace", "genai", "--traces-dir", str(trace_dir), "--limit", "150",
+                    "--gpus", "2x80",
                     "--speedup", "3000", "--policy", "gpuq", "--json",
                     env={"GPUQ_REAP_INTERVAL_S": "1"})  # the suite's processes reap faster
     assert out.returncode == 0, out.stderr
@@ -135,15 +168,17 @@ def test_cli_json_report(procs: Procs) -> None:
     (["--speedup", "2", "--target-load", "0.5"], "not both"),
     (["--speedup", "0"], "--speedup must be > 0"),
 ])
-def test_cli_bad_options_give_one_error_line(procs: Procs, args: list[str], message: str) -> None:
-    out = procs.cli("simulate", "--limit", "10", "--policy", "fifo", *args)
+def test_cli_bad_options_give_one_error_line(procs: Procs, trace_dir: Path, args: list[str],
+                                            message: str) -> None:
+    out = procs.cli("simulate", "--traces-dir", str(trace_dir), "--limit", "10", "--policy", "fifo", *args)
     assert out.returncode == 1
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error:") and message in lines[0], out.stderr
 
 
-def test_find_gpus_gives_the_smallest_pool_that_meets_the_target(procs: Procs) -> None:
-    out = procs.cli("simulate", "--trace", "genai", "--limit", "120", "--gpus", "1x80",
+def test_find_gpus_gives_the_smallest_pool_that_meets_the_target(procs: Procs, trace_dir: Path) -> None:
+    out = procs.cli("simulate", "--trace", "genai", "--traces-dir", str(trace_dir), "--limit", "120",
+                    "--gpus", "1x80",
                     "--speedup", "4000", "--find-gpus", "--sla-target", "0.9", "--json",
                     env={"GPUQ_REAP_INTERVAL_S": "1"}, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -154,6 +189,7 @@ def test_find_gpus_gives_the_smallest_pool_that_meets_the_target(procs: Procs) -
     assert found["report"]["priorities"]["P0"]["sla_attainment"] == tried[n]
 
 
-def test_find_gpus_needs_one_kind(procs: Procs) -> None:
-    out = procs.cli("simulate", "--limit", "10", "--gpus", "1x80,1x48", "--find-gpus")
+def test_find_gpus_needs_one_kind(procs: Procs, trace_dir: Path) -> None:
+    out = procs.cli("simulate", "--traces-dir", str(trace_dir), "--limit", "10", "--gpus", "1x80,1x48",
+                    "--find-gpus")
     assert out.returncode == 1 and "--find-gpus needs one GPU kind" in out.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import random
 import statistics
 from collections import Counter
@@ -16,8 +17,10 @@ from gpuq.sim.model import TraceTask
 from gpuq.sim.traces import LoadTimes, read, read_trace
 from gpuq.sim.traces_llm import CARD_GB, CLASS_13B, CLASS_70B, session_roots
 
-pytestmark = pytest.mark.skipif(
-    not traces.DEFAULT_DIR.is_dir(), reason=f"shared traces not found at {traces.DEFAULT_DIR}")
+# the shared traces: $GPUQ_TRACES when the suite starts (CI sets it where the checkout has no
+# ../shared), else the default next to the checkout
+SHARED = Path(os.environ.get(traces.ENV_VAR) or traces.DEFAULT_DIR)
+pytestmark = pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared traces not found at {SHARED}")
 
 # name -> (rows in the file, tasks read, skipped rows by reason)
 EXPECTED = {
@@ -29,13 +32,13 @@ EXPECTED = {
 
 
 @pytest.fixture(autouse=True)
-def _default_dir(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(traces.ENV_VAR, raising=False)
+def _shared_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(traces.ENV_VAR, str(SHARED))
 
 
 @functools.cache
 def cached(name: str, seed: int = 1) -> traces.TraceRead:
-    return read_trace(name, traces.DEFAULT_DIR, seed=seed)
+    return read_trace(name, SHARED, seed=seed)
 
 
 def task(arrival_s: float, service_s: float) -> TraceTask:
@@ -182,9 +185,9 @@ def test_missing_directory_names_the_path_and_the_variable(
 
 
 def test_environment_variable_and_file_path_are_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GPUQ_TRACES", str(traces.DEFAULT_DIR))
+    monkeypatch.setenv("GPUQ_TRACES", str(SHARED))
     assert read("openb", limit=5) == cached("openb").tasks[:5]
-    file = traces.DEFAULT_DIR / traces.TRACES["openb"]
+    file = SHARED / traces.TRACES["openb"]
     assert read_trace("openb", file, limit=5).path == file
 
 
