@@ -126,12 +126,13 @@ local function push(id)
   if not offered or redis.call('ZCARD', K_IDLE) > 0 then wake_pool(1) end
 end
 
--- Take a queued task out of its queue and the indexes.
-local function unqueue(id, p, m)
+-- Take a queued task out of its queue and the indexes (the deadline index unless the
+-- caller knows the task has no deadline).
+local function unqueue(id, p, m, has_deadline)
   redis.call('ZREM', queue_key(p, m), id)
   refresh_head(p, m)
   redis.call('ZREM', K_NEED, id)
-  redis.call('ZREM', K_DEADLINES, id)
+  if has_deadline ~= false then redis.call('ZREM', K_DEADLINES, id) end
 end
 
 local function release(id, worker)
@@ -147,11 +148,11 @@ local function note_miss(id, p, m, wait_ms, now, kind)
 end
 
 -- End a task: terminal state, wake its waiters, keep it readable for ttl ms; counted per
--- state and per state and priority ("<state>:P<n>").
-local function finish(id, state, now, ttl, field, value)
+-- state and per state and priority ("<state>:P<n>"; p read from the task unless given).
+local function finish(id, state, now, ttl, field, value, p)
   local tk = task_key(id)
   redis.call('HSET', tk, 'state', state, 'finished_at', ms(now), field, value)
-  redis.call('HINCRBY', K_STATS, state .. ':P' .. redis.call('HGET', tk, 'priority'), 1)
+  redis.call('HINCRBY', K_STATS, state .. ':P' .. (p or redis.call('HGET', tk, 'priority')), 1)
   local done = B .. 'done:' .. id
   redis.call('LPUSH', done, state)
   redis.call('PEXPIRE', done, ttl)

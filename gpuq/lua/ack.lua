@@ -12,10 +12,10 @@
 --          {5, state} STALE_LEASE: the task is no longer running under this token
 
 local id, token, now = ARGV[1], ARGV[2], clock(ARGV[3])
-local f = redis.call('HMGET', task_key(id), 'state', 'token', 'worker')
+local f = redis.call('HMGET', task_key(id), 'state', 'token', 'worker', 'priority')
 if not f[1] then return {4} end
 if f[1] ~= 'running' or f[2] ~= token then return {5, f[1]} end
 if not is_json(ARGV[4]) then return {1, 0, 'result is not valid JSON'} end
 release(id, f[3])
-finish(id, 'succeeded', now, tonumber(ARGV[5]), 'result', ARGV[4])
+finish(id, 'succeeded', now, tonumber(ARGV[5]), 'result', ARGV[4], f[4])
 return {0}

@@ -169,11 +169,15 @@ for q = p + 1, 3 do
   end
 end
 
-unqueue(id, p, m)
 local tk = task_key(id)
+-- what a worker needs to run the task (the rest stays readable in the hash), read first so
+-- the attempt is written with the other fields and the deadline index touched only if needed
+local f = redis.call('HMGET', tk, 'handler', 'payload', 'model', 'vram_gb', 'priority', 'est_s',
+  'attempt', 'deadline', 'tenant', 'checkpoint', 'enqueued_at', 'queued_at', 'score')
+unqueue(id, p, m, f[8] ~= nil and f[8] ~= '')
+f[7] = tostring(tonumber(f[7]) + 1)
 local token = redis.call('INCR', B .. 'token')
-redis.call('HINCRBY', tk, 'attempt', 1)
-redis.call('HSET', tk, 'state', 'running', 'worker', worker, 'token', token,
+redis.call('HSET', tk, 'state', 'running', 'worker', worker, 'token', token, 'attempt', f[7],
   'started_at', ms(now), 'error', '')
 redis.call('ZADD', K_RUNNING, now + lease, id)
 redis.call('SADD', B .. 'worker:' .. worker .. ':tasks', id)
@@ -182,9 +186,6 @@ if slots > 1 then
 else
   redis.call('ZREM', K_IDLE, worker)
 end
--- what a worker needs to run the task (the rest stays readable in the hash)
-local f = redis.call('HMGET', tk, 'handler', 'payload', 'model', 'vram_gb', 'priority', 'est_s',
-  'attempt', 'deadline', 'tenant', 'checkpoint', 'enqueued_at', 'queued_at', 'score')
 -- SLA: a first start by the task's start-by time (its queue score) meets it
 if f[7] == '1' then
   if now <= tonumber(f[13]) then
