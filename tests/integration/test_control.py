@@ -26,7 +26,9 @@ def test_preload_hint_loads_the_model_and_the_next_task_finds_it_warm(procs: Pro
     procs.redis.lpush(procs.keys.control("w1"), "preload warm-model 20")
     wait_for(lambda: procs.redis.sismember(procs.keys.holders("warm-model"), "w1"), 10,
              message=lambda: f"the preload; log:\n{worker.log()}")
-    assert "model.preloaded worker=w1 model=warm-model" in worker.log()
+    # the holding is published before the log line is written
+    wait_for(lambda: "model.preloaded worker=w1 model=warm-model" in worker.log(), 5,
+             message=lambda: f"the preload to be logged; log:\n{worker.log()}")
     assert procs.redis.hget(procs.keys.worker("w1"), "models") == "warm-model"
     (entry,) = catalog.read(procs.redis, procs.keys)
     assert (entry.name, entry.loads) == ("warm-model", 1)
