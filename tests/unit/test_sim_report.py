@@ -1,0 +1,58 @@
+"""Simulator pieces without a server: the --gpus spec, the compression for a target load, and
+the report's arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuq.errors import ConfigError
+from gpuq.sim.model import SimResult, SimTask, TraceTask
+from gpuq.sim.report import render, summarize
+from gpuq.sim.run import parse_gpus, speedup_for
+
+
+def test_gpus_spec_counts_sizes_and_lanes() -> None:
+    assert parse_gpus("2x80,1x48") == [("gpu80-0", 80.0), ("gpu80-1", 80.0), ("gpu48-0", 48.0)]
+    assert parse_gpus("1x80, 2X24/10") == [("gpu80-0", 80.0), ("gpu24-0@01", 24.0), ("gpu24-1@01", 24.0)]
+    # a lane and a plain group of the same size get distinct ids
+    ids = [w for w, _ in parse_gpus("1x80,1x80/0,1x80")]
+    assert len(set(ids)) == 3
+
+
+@pytest.mark.parametrize("spec", ["", "4 by 80", "0x80", "2x0", "2x80/4", "x80"])
+def test_bad_gpus_spec_is_a_config_error(spec: str) -> None:
+    with pytest.raises(ConfigError, match="--gpus"):
+        parse_gpus(spec)
+
+
+def test_speedup_makes_offered_work_the_target_share_of_the_pool() -> None:
+    tasks = [TraceTask(t, "m", 10, 2, 50.0, 50.0) for t in (0.0, 500.0, 1000.0)]
+    # 150 GPU-seconds of work over 1,000 s on 2 GPUs: load 0.075 uncompressed
+    k = speedup_for(tasks, 2, 0.6)
+    assert k == pytest.approx(8.0)
+    assert speedup_for(tasks[:1], 2, 0.6) == 1.0  # no span to compress
+
+
+def task(tid: str, priority: int, arrival: float, start: float | None, end: float | None,
+         outcome: str) -> SimTask:
+    return SimTask(tid, priority, "m", 10, arrival, 1.0, 1.0, start_s=start, end_s=end,
+                   outcome=outcome, worker="g" if start is not None else None)
+
+
+def test_report_counts_never_started_tasks_as_sla_misses() -> None:
+    tasks = [task("a", 0, 0.0, 0.1, 1.1, "succeeded"),   # 100 ms: within 200 ms
+             task("b", 0, 0.0, 0.5, 1.5, "succeeded"),   # 500 ms: missed
+             task("c", 0, 0.0, None, 9.0, "expired"),     # never started: missed
+             task("d", 3, 0.0, 5.0, 6.0, "succeeded"),
+             task("e", 3, 0.0, None, None, "unfinished")]
+    result = SimResult("gpuq", 2.0, [("g", 80.0)], [0.2, 1.0, 300.0, None], tasks,
+                       busy_s={"g": 4.0}, model_loads=1, preemptions={"yielded": 2}, makespan_s=10.0)
+    r = summarize(result)
+    p0 = r["priorities"]["P0"]
+    assert (p0["tasks"], p0["sla_attainment"], p0["expired"]) == (3, round(1 / 3, 4), 1)
+    assert p0["wait_p50_s"] == 0.5 and r["priorities"]["P3"]["sla_attainment"] is None
+    assert r["starved"] == 1 and r["succeeded"] == 3
+    assert r["gpu_busy_fraction"] == 0.4 and r["throughput_per_s"] == 0.3
+    assert r["preemptions"] == {"reserved": 0, "yield_requested": 0, "yielded": 2, "stopped": 0}
+    text = render([r])
+    assert "33.3%" in text and "P1" in text and all(len(line) <= 90 for line in text.splitlines())
