@@ -86,14 +86,18 @@ class Reaper:
                         self.config.pool, total.requeued, total.failed, total.dead_workers)
         return total
 
-    def expire(self) -> int:
-        """Expire queued tasks whose deadline passed or can no longer be met."""
-        longest = max((m.mean_load_s for m in catalog.read(self.redis, self.keys)), default=0.0)
-        horizon = min(MAX_LOAD_HORIZON_MS, int(longest * 1000))
+    def expire(self, now_ms: int = 0, horizon_ms: int | None = None) -> int:
+        """Expire queued tasks whose deadline passed or can no longer be met: bounded calls
+        of 100, paging past the tasks each call keeps. now_ms and horizon_ms: the simulator's
+        virtual clock and its longest load so far (by default the server's clock and the
+        catalog's longest mean load)."""
+        if horizon_ms is None:
+            longest = max((m.mean_load_s for m in catalog.read(self.redis, self.keys)), default=0.0)
+            horizon_ms = min(MAX_LOAD_HORIZON_MS, int(longest * 1000))
         total = offset = 0
         for _ in range(EXPIRE_PAGES):
-            expired, looked = self.scripts.run(self.calls.expire(limit=100, horizon_ms=horizon,
-                                                                 offset=offset))
+            expired, looked = self.scripts.run(self.calls.expire(
+                limit=100, horizon_ms=horizon_ms, offset=offset, now_ms=now_ms))
             total += expired
             offset += looked - expired  # the kept ones stay in front: page past them
             if looked < 100:

@@ -3,17 +3,49 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from gpuq.config import Config
 from gpuq.embedded import EmbeddedServer
 from gpuq.errors import ConfigError
 from gpuq.sim import traces
+from gpuq.sim.model import TraceTask
 from gpuq.sim.policies import POLICIES
 from gpuq.sim.report import summarize
 from gpuq.sim.run import parse_gpus, simulate, speedup_for
 
 log = logging.getLogger(__name__)
+
+
+def read_trace(name: str, traces_dir: str | None, seed: int,
+               limit: int | None) -> tuple[list[TraceTask], traces.LoadTimes]:
+    """The trace's tasks and the measured load times; a missing or empty trace is a
+    configuration error (one line in the CLI)."""
+    try:
+        tasks = traces.read(name, traces_dir, seed=seed, limit=limit)
+        loads = traces.LoadTimes.from_trace(traces_dir)
+    except (ValueError, FileNotFoundError) as exc:
+        raise ConfigError(str(exc)) from None
+    if not tasks:
+        raise ConfigError(f"trace {name!r} has no tasks to replay")
+    return tasks, loads
+
+
+@contextmanager
+def replaying() -> Iterator[EmbeddedServer]:
+    """A server of its own for the replays, with the reaper's logs held back: a replay makes
+    thousands of planner decisions and expiries, which are what it reports, not news."""
+    reaper_log = logging.getLogger("gpuq.reaper")
+    level = reaper_log.level
+    reaper_log.setLevel(max(logging.ERROR, reaper_log.getEffectiveLevel()))
+    server = EmbeddedServer("redis").start()
+    try:
+        yield server
+    finally:
+        reaper_log.setLevel(level)
+        server.stop()
 
 
 def run_simulations(trace_name: str, traces_dir: str | None, gpus_spec: str, speedup: float | None,
@@ -24,31 +56,18 @@ def run_simulations(trace_name: str, traces_dir: str | None, gpus_spec: str, spe
     if limit is not None and limit < 1:
         raise ConfigError("--limit must be >= 1")
     gpus = parse_gpus(gpus_spec)
-    try:
-        tasks = traces.read(trace_name, traces_dir, seed=seed, limit=limit)
-        loads = traces.LoadTimes.from_trace(traces_dir)
-    except (ValueError, FileNotFoundError) as exc:
-        raise ConfigError(str(exc)) from None
-    if not tasks:
-        raise ConfigError(f"trace {trace_name!r} has no tasks to replay")
+    tasks, loads = read_trace(trace_name, traces_dir, seed, limit)
     if speedup is None:
         speedup = speedup_for(tasks, len(gpus), 0.8 if target_load is None else target_load)
     policies = list(POLICIES) if policy == "all" else [policy]
     results, reports = [], []
-    server = EmbeddedServer("redis").start()  # one server for every policy's replay
-    planner = logging.getLogger("gpuq.reaper")
-    level = planner.level
-    planner.setLevel(max(logging.WARNING, planner.getEffectiveLevel()))  # thousands of decisions
-    try:
+    with replaying() as server:  # one server for every policy's replay
         for name in policies:
             result = simulate(tasks, gpus, name, speedup=speedup,
                               load_time=loads.sample, seed=seed, config=config, server=server)
             results.append(result)
             reports.append({"trace": trace_name, **summarize(result)})
             log.info("simulate.done policy=%s tasks=%d wall_s=%.1f", name, len(tasks), result.wall_s)
-    finally:
-        planner.setLevel(level)
-        server.stop()
     if plot_path:
         from gpuq.sim.plot import plot
 
@@ -65,19 +84,11 @@ def find_gpus(trace_name: str, traces_dir: str | None, gpus_spec: str, speedup: 
     if len(kinds) != 1 or "/" in gpus_spec:
         raise ConfigError("--find-gpus needs one GPU kind, e.g. --gpus 1x80")
     (size,) = kinds
-    try:
-        tasks = traces.read(trace_name, traces_dir, seed=seed, limit=limit)
-        loads = traces.LoadTimes.from_trace(traces_dir)
-    except (ValueError, FileNotFoundError) as exc:
-        raise ConfigError(str(exc)) from None
+    tasks, loads = read_trace(trace_name, traces_dir, seed, limit)
     # the compression is fixed by the trace alone (for one GPU), so every pool size sees the
     # same arrivals
     k = speedup if speedup is not None else speedup_for(tasks, 1, target_load or 0.8)
     tried: dict[int, dict[str, Any]] = {}
-    server = EmbeddedServer("redis").start()
-    planner = logging.getLogger("gpuq.reaper")
-    level = planner.level
-    planner.setLevel(max(logging.WARNING, planner.getEffectiveLevel()))
 
     def meets(n: int) -> bool:
         if n not in tried:
@@ -89,7 +100,7 @@ def find_gpus(trace_name: str, traces_dir: str | None, gpus_spec: str, speedup: 
         attained = tried[n]["priorities"][f"P{priority}"]["sla_attainment"]
         return attained is not None and attained >= sla_target
 
-    try:
+    with replaying() as server:
         hi = 1
         while not meets(hi) and hi < most:
             hi = min(most, hi * 2)
@@ -100,10 +111,7 @@ def find_gpus(trace_name: str, traces_dir: str | None, gpus_spec: str, speedup: 
                 hi = mid
             else:
                 lo = mid + 1
-    finally:
-        planner.setLevel(level)
-        server.stop()
-    found = meets(hi)
+        found = meets(hi)
     return {"trace": trace_name, "gpu_gb": size, "speedup": k, "priority": f"P{priority}",
             "sla_target": sla_target, "gpus": hi if found else None,
             "tried": {n: r["priorities"][f"P{priority}"]["sla_attainment"] for n, r in sorted(tried.items())},

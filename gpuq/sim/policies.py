@@ -24,9 +24,8 @@ import redis
 
 from gpuq import catalog
 from gpuq.config import Config
-from gpuq.keys import Keys
-from gpuq.reaper.preempt import Preemptor
-from gpuq.scripts import Calls, ClaimRequest, Scripts
+from gpuq.reaper.loop import Reaper
+from gpuq.scripts import ClaimRequest
 from gpuq.sim.model import TraceTask
 from gpuq.task import TaskSpec
 from gpuq.worker import presence
@@ -62,10 +61,8 @@ class GpuqScheduler:
     def __init__(self, client: redis.Redis, config: Config) -> None:
         self.redis = client
         self.config = config
-        self.keys = Keys(config.pool, config.prefix)
-        self.scripts = Scripts(client, self.keys)
-        self.calls = Calls(config)
-        self.preemptor = Preemptor(client, self.keys, config, self.scripts, self.calls)
+        self.reaper = Reaper(client, config)  # its duties run on the virtual clock (tick)
+        self.keys, self.scripts, self.calls = self.reaper.keys, self.reaper.scripts, self.reaper.calls
 
     def register(self, worker_id: str, total_gb: float, levels: str, now_ms: int) -> None:
         gpu = GpuInfo(f"sim-{total_gb:g}GB", "", total_gb, None, "declared")
@@ -130,14 +127,8 @@ class GpuqScheduler:
         """The reaper's round at a virtual time: expiry while tasks with deadlines wait,
         preemption planning while urgent ones do. (Recovery has nothing to do: simulated
         workers never die, so it is not called.)"""
-        expired = offset = 0
-        while deadlines:
-            e, looked = self.scripts.run(self.calls.expire(horizon_ms=horizon_ms, offset=offset,
-                                                           now_ms=now_ms))
-            expired, offset = expired + e, offset + looked - e
-            if looked < 100:
-                break
-        return {"expired": expired, **(self.preemptor.step(now_ms) if urgent else {})}
+        expired = self.reaper.expire(now_ms, horizon_ms) if deadlines else 0
+        return {"expired": expired, **(self.reaper.preemptor.step(now_ms) if urgent else {})}
 
 
 class QueueScheduler:

@@ -47,8 +47,9 @@ def speedup_for(tasks: list[TraceTask], gpus: int, target_load: float) -> float:
 
 def sim_config(base: Config | None = None) -> Config:
     """The pool's settings for a replay: leases outlive the run (simulated workers never die,
-    and nothing renews them on a virtual clock)."""
-    return replace(base or Config(), pool="sim", lease_s=10 * 365 * 86400.0, heartbeat_s=5.0).validate()
+    and nothing renews them on a virtual clock), and no autoscaler hook runs."""
+    return replace(base or Config(), pool="sim", lease_s=10 * 365 * 86400.0, heartbeat_s=5.0,
+                   on_scale="").validate()
 
 
 def simulate(tasks: list[TraceTask], gpus: list[tuple[str, float]], policy: str, *,

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from procs import ROOT, Procs, est, wait_for
+from test_deploy import dashboard_exprs
 from test_metrics import free_port
 
 from gpuq import Queue, State
@@ -29,7 +30,6 @@ from gpuq.embedded import EmbeddedServer
 pytestmark = pytest.mark.slow
 
 PROM = ROOT / "deploy" / "prometheus"
-DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "gpuq.json"
 
 
 @pytest.fixture
@@ -59,26 +59,9 @@ def local_config(worker_port: int, exporter_port: int) -> dict[str, Any]:
 
 
 def dashboard_queries(pool: str) -> list[str]:
-    exprs: list[str] = []
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if isinstance(node.get("expr"), str):
-                exprs.append(node["expr"])
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    walk(json.loads(DASHBOARD.read_text()))
-    grafana = {"$pool": pool, "$__rate_interval": "1m", "$__interval": "15s", "$__range": "5m"}
-    out = []
-    for e in exprs:
-        for var, value in grafana.items():
-            e = e.replace(var, value)
-        out.append(e)
-    return out
+    """Every dashboard query with Grafana's variables filled in (test_deploy checks that
+    these two are the only ones used)."""
+    return [e.replace("$__rate_interval", "1m").replace("$pool", pool) for _, e in dashboard_exprs()]
 
 
 def test_prometheus_scrapes_worker_and_exporter_and_answers_the_dashboard(
