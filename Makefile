@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 $(BIN)/gpuq: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,bench]'
+	$(BIN)/pip install -q -e '.[test,bench,rq]'
 	touch $(BIN)/gpuq
 
 # about 30 s: an embedded Valkey server, four simulated GPUs as real worker processes

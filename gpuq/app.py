@@ -99,6 +99,9 @@ class App:
     models: dict[str, ModelSpec] = field(default_factory=dict)
     handlers: dict[str, HandlerSpec] = field(default_factory=dict)
     fallback: ModelSpec | None = None  # serves model names not registered by name
+    # module prefixes whose RQ job functions this app's workers may run (gpuq.rq; the
+    # worker's --rq-allow adds to it); empty: no RQ jobs
+    rq_allow: list[str] = field(default_factory=list)
 
     def model(self, name: str, *, vram_gb: float | None = None,
               unload: Unloader | None = None) -> Callable[[Loader], Loader]:

@@ -118,19 +118,27 @@ def enqueue(ctx: click.Context, handler: str, payload: str, model: str, vram_gb:
               help="Serve only these priorities, e.g. P0,P1: a dedicated lane (env GPUQ_PRIORITIES).")
 @click.option("--metrics-port", type=int, default=None,
               help="Serve this worker's Prometheus metrics on this port (env GPUQ_METRICS_PORT).")
+@click.option("--rq-allow", multiple=True,
+              help="Run RQ jobs whose function lives under this module (repeatable; needs gpuq[rq]).")
+@click.option("--rq-redis", "rq_url", default=None, help="RQ's Redis URL (default: --redis).")
 @click.pass_context
 def worker(ctx: click.Context, app_path: str, gpu_index: int | None, vram_gb: float | None,
            gpu_name: str | None, concurrency: int | None, worker_id: str | None, burst: bool,
-           idle_timeout_s: float | None, priorities: str | None, metrics_port: int | None) -> None:
+           idle_timeout_s: float | None, priorities: str | None, metrics_port: int | None,
+           rq_allow: tuple[str, ...], rq_url: str | None) -> None:
     """Run one worker process on one GPU."""
     from gpuq.app import load_app
+    from gpuq.rq.support import enable_worker, require
     from gpuq.worker import Worker
     from gpuq.worker.gpu import probe
 
+    if rq_allow:
+        require()  # before anything else: the rq extra is missing
     queue = open_queue(ctx)
     cfg = queue.config.with_options(concurrency=concurrency, idle_timeout_s=idle_timeout_s,
                                     priorities=priorities, metrics_port=metrics_port)
     app = load_app(app_path)
+    enable_worker(app, rq_allow, rq_url or queue.url, queue)
     gpu = probe(gpu_index, vram_gb, gpu_name, worker_id or "worker")
     ctx.exit(Worker(queue.redis, cfg, app, gpu, worker_id=worker_id, burst=burst).run())
 
@@ -164,6 +172,44 @@ def reaper(ctx: click.Context, once: bool, max_wait_s: float | None, grace_s: fl
             click.echo(r.round().summary())
         return
     ctx.exit(r.run())
+
+
+@cli.command("rq-bridge")
+@click.option("--rq-queue", "rq_queues", multiple=True, required=True,
+              help="RQ queue to take jobs from (repeatable).")
+@click.option("--rq-redis", "rq_url", default=None, help="RQ's Redis URL (default: --redis).")
+@click.option("--model", default=None, help="Default model for jobs without meta['gpuq']['model'].")
+@click.option("--vram-gb", type=float, default=None, help="Default VRAM need (GB), weights included.")
+@click.option("--priority", type=priority_type, default=None,
+              help="Default priority: P0..P3, 0..3 or online/nearline/batch/offline.")
+@click.option("--est-s", type=float, default=None, help="Default estimated run seconds.")
+@click.option("--deadline-s", type=float, default=None,
+              help="Default seconds from enqueue the task must end by.")
+@click.option("--tenant", default=None, help="Default tenant.")
+@click.option("--no-preempt", is_flag=True, help="By default, never preempt these tasks.")
+@click.option("--max-attempts", type=int, default=None,
+              help="Default attempts (else RQ's Retry(max=n) + 1, else 1, as RQ).")
+@click.option("--burst", "--once", "burst", is_flag=True, help="Exit once every RQ queue is empty.")
+@click.pass_context
+def rq_bridge(ctx: click.Context, rq_queues: tuple[str, ...], rq_url: str | None,
+              model: str | None, vram_gb: float | None, priority: Priority | None,
+              est_s: float | None, deadline_s: float | None, tenant: str | None,
+              no_preempt: bool, max_attempts: int | None, burst: bool) -> None:
+    """Move jobs from RQ queues into gpuq tasks (reliably; needs gpuq[rq])."""
+    from gpuq.rq.support import require, rq_client
+
+    require()
+    from gpuq.rq.bridge import Bridge
+
+    queue = open_queue(ctx)
+    defaults = {"model": model, "vram_gb": vram_gb, "priority": priority, "est_s": est_s,
+                "deadline_s": deadline_s, "tenant": tenant, "max_attempts": max_attempts,
+                "preemptible": None if not no_preempt else False}
+    url = rq_url or queue.url
+    bridge = Bridge(queue, rq_client(url), url, list(rq_queues), defaults, burst=burst)
+    code = bridge.run()
+    click.echo(f"rq-bridge: {bridge.delivered} delivered, {bridge.refused} refused", err=True)
+    ctx.exit(code)
 
 
 @cli.command()

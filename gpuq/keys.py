@@ -140,6 +140,11 @@ class Keys:
     def stats(self) -> str:
         return f"{self.base}stats"
 
+    def rq_taken(self, rq_queue: str) -> str:
+        """RQ job ids an rq bridge took from an RQ queue and has not yet handed to gpuq. It
+        lives on RQ's Redis (LMOVE needs both lists on one server), never in a script."""
+        return f"{self.base}rq:taken:{rq_queue}"
+
     @property
     def reaper_lock(self) -> str:
         return f"{self.base}reaper"

@@ -24,7 +24,8 @@ def all_keys(k: Keys) -> list[str]:
             out.append(getattr(k, name))
         elif callable(member):
             params = list(inspect.signature(member).parameters)[1:]
-            sample = {"priority": 2, "model": "llama3-8b", "task_id": "t1", "worker_id": "w1"}
+            sample = {"priority": 2, "model": "llama3-8b", "task_id": "t1", "worker_id": "w1",
+                      "rq_queue": "gpu"}
             out.append(getattr(k, name)(*(sample[p] for p in params)))
     return out
 

@@ -1,0 +1,183 @@
+"""RQ interop end to end: a plain RQ producer, a real bridge and a real gpuq worker process.
+
+RQ's own keys span hash slots, so RQ cannot run on Redis Cluster: these tests skip there.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from procs import SIM_APP, Proc, Procs, wait_for
+
+from gpuq import Queue
+from gpuq.embedded import EmbeddedServer
+
+rq = pytest.importorskip("rq")
+
+pytestmark = [
+    pytest.mark.skipif(os.environ.get("GPUQ_TEST_CLUSTER", "") == "1",
+                       reason="RQ does not run on Redis Cluster (its keys span hash slots)"),
+]
+GPU = {"model": "llama3-8b", "vram_gb": 16, "priority": "online", "est_s": 0.1}
+
+
+@pytest.fixture
+def procs(redis_server: EmbeddedServer, pool: str, prefix: str, tmp_path: Path) -> Iterator[Procs]:
+    with Procs(redis_server.url, pool, prefix, tmp_path) as p:
+        yield p
+
+
+@pytest.fixture
+def rq_redis(redis_server: EmbeddedServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url)  # RQ reads bytes
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def rq_queue(rq_redis: redis.Redis, pool: str) -> rq.Queue:
+    return rq.Queue(f"gpu-{pool}", connection=rq_redis)  # RQ's keys are global: one per test
+
+
+def bridge(procs: Procs, queue: rq.Queue, *args: str, env: dict[str, str] | None = None) -> Proc:
+    return procs.start("bridge", ["rq-bridge", "--rq-queue", queue.name, *args], env)
+
+
+def run_bridge(procs: Procs, queue: rq.Queue, *args: str) -> Proc:
+    proc = bridge(procs, queue, "--burst", *args)
+    assert proc.wait() == 0, proc.log()
+    return proc
+
+
+def run_worker(procs: Procs, *allow: str) -> Proc:
+    args = ["worker", "--app", SIM_APP, "--vram-gb", "24", "--name", "w1", "--burst"]
+    for module in allow or ("tests.rq_jobs",):
+        args += ["--rq-allow", module]
+    proc = procs.start("w1", args)
+    assert proc.wait(30) == 0, proc.log()
+    return proc
+
+
+def failure_text(job: rq.job.Job) -> str:
+    result = job.latest_result()
+    assert result is not None and result.type == result.Type.FAILED, result
+    return str(result.exc_string)
+
+
+@pytest.mark.slow
+def test_rq_producer_jobs_run_on_a_gpuq_worker_and_results_come_back_in_rq_format(
+        procs: Procs, rq_queue: rq.Queue) -> None:
+    ok = rq_queue.enqueue("tests.rq_jobs.add", 2, 3, meta={"gpuq": GPU})
+    model = rq_queue.enqueue("tests.rq_jobs.which_model", meta={"gpuq": {**GPU, "model": "m7"}})
+    bad = rq_queue.enqueue("tests.rq_jobs.boom", "out of tokens", meta={"gpuq": GPU})
+    defaulted = rq_queue.enqueue("tests.rq_jobs.add", 1, 1)  # no meta: the bridge's defaults
+    proc = run_bridge(procs, rq_queue, "--model", "llama3-8b", "--vram-gb", "16")
+    assert "4 delivered, 0 refused" in proc.log()
+    assert rq_queue.count == 0 and ok.get_status() == "queued"
+    run_worker(procs)
+
+    assert ok.latest_result(timeout=10).return_value == 5
+    assert ok.return_value() == 5 and ok.get_status() == "finished"
+    assert defaulted.return_value() == 2
+    seen = model.latest_result(timeout=10).return_value
+    assert seen["model"] == "m7" and seen["job"] == model.id and seen["task"].startswith("rq-")
+    assert ok.id in rq_queue.finished_job_registry.get_job_ids()
+    assert bad.get_status() == "failed" and bad.id in rq_queue.failed_job_registry.get_job_ids()
+    assert "ValueError: out of tokens" in failure_text(bad)
+    assert bad.id not in rq_queue.finished_job_registry.get_job_ids()
+
+
+# an in-process bridge, not slow: it also runs (and shows its skip) in the cluster pass
+def test_jobs_without_gpu_fields_or_with_bad_ones_are_failed_in_rq_with_the_reason(
+        real_queue: Queue, rq_redis: redis.Redis, rq_queue: rq.Queue, redis_server: EmbeddedServer) -> None:
+    from gpuq.rq.bridge import Bridge
+
+    bare = rq_queue.enqueue("tests.rq_jobs.add", 1, 2)
+    negative = rq_queue.enqueue("tests.rq_jobs.add", 1, 2, meta={"gpuq": {**GPU, "vram_gb": -1}})
+    bridge = Bridge(real_queue, rq_redis, redis_server.url, [rq_queue.name], {}, burst=True)
+    assert bridge.run() == 0
+    assert (bridge.delivered, bridge.refused) == (0, 2)
+    assert real_queue.redis.hget(real_queue.keys.stats, "enqueued") is None
+    assert bare.get_status() == "failed" and negative.get_status() == "failed"
+    assert "no model or vram_gb" in failure_text(bare)
+    assert "vram_gb must be a finite number > 0, got -1" in failure_text(negative)
+    assert set(rq_queue.failed_job_registry.get_job_ids()) == {bare.id, negative.id}
+
+
+class Touch:
+    """A forged argument: unpickling it with pickle.loads would create the file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return os.system, (f"touch {self.path}",)
+
+
+@pytest.mark.slow
+def test_functions_outside_the_allowlist_and_forged_pickles_are_refused_and_run_nothing(
+        procs: Procs, rq_queue: rq.Queue, tmp_path: Path) -> None:
+    marker, forged_marker = tmp_path / "system-ran", tmp_path / "forged-ran"
+    system = rq_queue.enqueue("os.system", f"touch {marker}", meta={"gpuq": GPU})
+    forged = rq_queue.enqueue("tests.rq_jobs.add", Touch(forged_marker), 1, meta={"gpuq": GPU})
+    sibling = rq_queue.enqueue("tests.rq_jobs_other.add", 1, 1, meta={"gpuq": GPU})
+    run_bridge(procs, rq_queue)
+    run_worker(procs)
+    assert not marker.exists() and not forged_marker.exists()
+    for job in (system, forged, sibling):
+        assert job.get_status() == "failed", job.id
+    assert "function os.system is not in the worker's rq allowlist" in failure_text(system)
+    assert "names posix.system, which is not in the worker's rq allowlist" in failure_text(forged)
+    assert "tests.rq_jobs_other.add is not in the worker's rq allowlist" in failure_text(sibling)
+    for job in (system, forged, sibling):  # refused once: no retry
+        assert procs.record(f"rq-{job.id}-{int(job.enqueued_at.timestamp() * 1000)}").attempt == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", ["taken", "enqueued"])
+def test_a_bridge_killed_mid_move_loses_nothing_and_delivers_once(
+        procs: Procs, rq_queue: rq.Queue, rq_redis: redis.Redis, step: str) -> None:
+    job = rq_queue.enqueue("tests.rq_jobs.add", 20, 22, meta={"gpuq": GPU})
+    taken = procs.keys.rq_taken(rq_queue.name)
+    first = bridge(procs, rq_queue, env={"GPUQ_RQ_BRIDGE_PAUSE": f"{step}:60"})
+    wait_for(lambda: "rq.paused" in first.log(), 15, message=lambda: first.log())
+    first.signal(signal.SIGKILL)
+    first.wait()
+    assert rq_queue.count == 0 and rq_redis.lrange(taken, 0, -1) == [job.id.encode()]
+    enqueued = int(procs.redis.hget(procs.keys.stats, "enqueued") or 0)
+    assert enqueued == (1 if step == "enqueued" else 0)
+
+    second = run_bridge(procs, rq_queue)
+    assert "rq.recovered" in second.log()
+    assert rq_redis.llen(taken) == 0
+    run_worker(procs)
+    assert job.latest_result(timeout=10).return_value == 42
+    assert len(job.results()) == 1  # ran once
+    assert int(procs.redis.hget(procs.keys.stats, "enqueued") or 0) == 1
+    assert int(procs.redis.hget(procs.keys.stats, "succeeded") or 0) == 1
+
+
+@pytest.mark.slow
+def test_gpuq_retries_an_rq_job_and_rq_sees_only_the_last_failure(
+        procs: Procs, rq_queue: rq.Queue) -> None:
+    job = rq_queue.enqueue("tests.rq_jobs.boom", "again", meta={"gpuq": {**GPU, "max_attempts": 2}})
+    run_bridge(procs, rq_queue)
+    task_id = f"rq-{job.id}-{int(job.enqueued_at.timestamp() * 1000)}"
+    run_worker(procs)  # a burst worker leaves the retry waiting out its backoff
+    assert (procs.record(task_id).state.value, procs.record(task_id).attempt) == ("delayed", 1)
+    assert job.get_status() == "queued" and job.results() == []
+    def backoff_over() -> bool:
+        seconds, micros = procs.redis.time()
+        ready = procs.redis.zscore(procs.keys.delayed, task_id)
+        return ready is not None and ready <= seconds * 1000 + micros // 1000
+
+    wait_for(backoff_over, 5, message="the retry's backoff to pass")
+    run_worker(procs)
+    assert job.get_status() == "failed"
+    assert len(job.results()) == 1 and "ValueError: again" in failure_text(job)
+    assert (procs.record(task_id).state.value, procs.record(task_id).attempt) == ("failed", 2)

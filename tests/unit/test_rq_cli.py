@@ -1,0 +1,46 @@
+"""RQ interop at the CLI boundary: without the rq extra, one clear line and a non-zero exit."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from gpuq.cli import cli
+
+DEAD_REDIS = "redis://127.0.0.1:1/0"  # never reached: the rq check comes first
+MISSING = "Error: configuration: RQ interop needs the rq extra: pip install 'gpuq[rq]' (rq>=2,<3)"
+
+
+@pytest.fixture
+def without_rq(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "rq", None)  # import rq now raises ImportError
+
+
+@pytest.mark.parametrize("args", [
+    ["rq-bridge", "--rq-queue", "gpu"],
+    ["worker", "--app", "workers.sim:app", "--vram-gb", "24", "--rq-allow", "myjobs"],
+])
+def test_rq_options_without_the_extra_fail_with_one_line(without_rq: None, args: list[str]) -> None:
+    result = CliRunner().invoke(cli, ["--redis", DEAD_REDIS, *args])
+    assert result.exit_code == 1
+    assert result.output.strip() == MISSING
+
+
+def test_gpuq_imports_and_the_accessors_answer_without_rq(without_rq: None) -> None:
+    from gpuq.rq import current_model
+    from gpuq.rq.context import NoCurrentJob
+
+    with pytest.raises(NoCurrentJob, match="no RQ job is running"):
+        current_model()
+
+
+def test_an_rq_other_than_2x_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import rq
+
+    monkeypatch.setattr(rq, "__version__", "3.0.0")
+    result = CliRunner().invoke(cli, ["--redis", DEAD_REDIS, "rq-bridge", "--rq-queue", "gpu"])
+    assert result.exit_code == 1
+    assert result.output.strip() == ("Error: configuration: RQ interop supports rq 2.x, found rq "
+                                     "3.0.0: pip install 'gpuq[rq]'")
