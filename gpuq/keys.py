@@ -146,6 +146,12 @@ class Keys:
         return f"{self.base}rq:taken:{rq_queue}"
 
     @property
+    def rq_ended(self) -> str:
+        """Tasks made from RQ jobs that ended other than succeeded, newest first (LPUSH by the
+        scripts' finish), for the rq bridge to write the outcome back to RQ."""
+        return f"{self.base}rq:ended"
+
+    @property
     def reaper_lock(self) -> str:
         return f"{self.base}reaper"
 

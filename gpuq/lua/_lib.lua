@@ -158,6 +158,11 @@ local function finish(id, state, now, ttl, field, value, p)
   redis.call('PEXPIRE', done, ttl)
   redis.call('PEXPIRE', tk, ttl)
   redis.call('HINCRBY', K_STATS, state, 1)
+  -- a task made from an RQ job that ends without its handler's word (canceled, expired, a
+  -- lost last attempt, a handler missing) is listed for the rq bridge to tell RQ
+  if state ~= 'succeeded' and redis.call('HGET', tk, 'handler') == 'rq.job' then
+    redis.call('LPUSH', B .. 'rq:ended', id)
+  end
 end
 
 -- Running task back to its queue (lost lease, shutdown, yield). consume=false gives the

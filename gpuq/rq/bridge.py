@@ -12,6 +12,11 @@ Each move is three steps, each safe to repeat:
 A bridge killed anywhere leaves the id in a list: a (re)started bridge delivers whatever its
 taken list holds before taking more, and the deterministic task id makes that idempotent.
 So the bridge needs no shutdown handling; SIGTERM and SIGKILL are equally safe.
+
+The bridge also closes the loop the other way: a task that ends without its handler's word
+(canceled, expired, failed by the reaper on its last attempt, refused by a worker that has no
+rq handler) is listed in ``rq:ended`` by the scripts, and the bridge marks its RQ job canceled
+or failed, unless RQ already shows an end, so no producer waits on a job gpuq has given up.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from rq.job import Job, JobStatus
 from rq.queue import Queue as RqQueue
 
 from gpuq.client import Queue, redis_errors
-from gpuq.errors import DuplicateTask
+from gpuq.errors import DuplicateTask, TaskNotFound
 from gpuq.rq import outcome
 from gpuq.rq.fields import JobRefused, task_spec
 from gpuq.rq.unpickle import Allowlist, RestrictedSerializer
@@ -38,6 +43,8 @@ log = logging.getLogger(__name__)
 # test hook, documented as such: "<step>:<seconds>" makes the bridge sleep right after a step
 # ("taken" or "enqueued") so a test can kill it at a known point
 PAUSE_ENV = "GPUQ_RQ_BRIDGE_PAUSE"
+ENDED_BATCH = 100  # ended tasks reported per pass
+RQ_ENDED = (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.CANCELED, JobStatus.STOPPED)
 
 
 def text(raw: bytes | str) -> str:
@@ -67,6 +74,7 @@ class Bridge:
                 self.recover()
                 turn = 0
                 while True:
+                    self.report_ended()
                     if any([self.move(name, 0) for name in self.names]):
                         continue
                     if self.burst:
@@ -119,6 +127,34 @@ class Bridge:
             outcome.failed(job, str(exc))
         self.hook("enqueued")
         self.drop(name, job_id)
+
+    def report_ended(self) -> None:
+        """Write to RQ the ends of tasks whose handler never reported (``rq:ended``), oldest
+        first; an id leaves the list only once RQ shows an end, so a killed bridge redoes it."""
+        ended = self.queue.keys.rq_ended
+        for raw in reversed(self.queue.redis.lrange(ended, -ENDED_BATCH, -1)):
+            self.report_end(text(raw))
+            self.queue.redis.lrem(ended, -1, raw)
+
+    def report_end(self, task_id: str) -> None:
+        try:
+            record = self.queue.record(task_id)
+        except TaskNotFound:  # its result TTL ran out: nothing left to say
+            return
+        job_id = record.payload.get("rq_job") if isinstance(record.payload, dict) else None
+        if not isinstance(job_id, str):
+            return
+        try:
+            job = Job.fetch(job_id, connection=self.rq, serializer=self.serializer)
+        except NoSuchJobError:
+            return
+        if job.get_status(refresh=False) in RQ_ENDED:  # the handler (or RQ) already said
+            return
+        if record.state.value == "canceled":
+            job.cancel()
+        else:
+            outcome.failed(job, f"gpuq task {task_id} ended {record.state.value}: {record.error or ''}")
+        log.info("rq.ended job=%s task=%s state=%s", job_id, task_id, record.state.value)
 
     def drop(self, name: str, job_id: str) -> None:
         self.rq.lrem(self.queue.keys.rq_taken(name), 1, job_id)

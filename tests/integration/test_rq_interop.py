@@ -181,3 +181,38 @@ def test_gpuq_retries_an_rq_job_and_rq_sees_only_the_last_failure(
     assert job.get_status() == "failed"
     assert len(job.results()) == 1 and "ValueError: again" in failure_text(job)
     assert (procs.record(task_id).state.value, procs.record(task_id).attempt) == ("failed", 2)
+
+
+def test_tasks_that_end_without_their_handler_end_their_rq_jobs_too(
+        real_queue: Queue, rq_redis: redis.Redis, rq_queue: rq.Queue, redis_server: EmbeddedServer) -> None:
+    """Canceled in gpuq -> canceled in RQ; failed where no handler ran (a worker without
+    --rq-allow) -> failed in RQ with gpuq's reason; an end RQ already shows is left alone."""
+    from gpuq import State, testing
+    from gpuq.rq.bridge import Bridge
+    from gpuq.rq.fields import task_id_for
+    from workers.sim import app as sim_app
+
+    canceled = rq_queue.enqueue("tests.rq_jobs.add", 1, 2, meta={"gpuq": GPU})
+    refused = rq_queue.enqueue("tests.rq_jobs.add", 3, 4, meta={"gpuq": {**GPU, "priority": "batch"}})
+    bridge = Bridge(real_queue, rq_redis, redis_server.url, [rq_queue.name], {}, burst=True)
+    assert bridge.run() == 0 and bridge.delivered == 2
+    tasks = {job.id: task_id_for(job.id, rq.job.Job.fetch(job.id, connection=rq_redis).enqueued_at)
+             for job in (canceled, refused)}
+    real_queue.cancel(tasks[canceled.id])
+    # a worker app without the rq handler: the task fails at once, no handler ran
+    testing.drain(real_queue, sim_app, vram_gb=24)
+    assert real_queue.record(tasks[refused.id]).state is State.FAILED
+    assert refused.get_status() == "queued"  # nobody has told RQ yet
+    assert real_queue.redis.llen(real_queue.keys.rq_ended) == 2
+
+    assert bridge.run() == 0
+    assert canceled.get_status() == "canceled"
+    assert canceled.id in rq_queue.canceled_job_registry.get_job_ids()
+    assert refused.get_status() == "failed" and refused.id in rq_queue.failed_job_registry.get_job_ids()
+    assert "handler 'rq.job' is not registered" in failure_text(refused)
+    assert real_queue.redis.llen(real_queue.keys.rq_ended) == 0
+    # reported once: a second pass finds nothing and changes nothing
+    real_queue.redis.lpush(real_queue.keys.rq_ended, tasks[refused.id])
+    assert bridge.run() == 0
+    assert len(rq_queue.failed_job_registry.get_job_ids()) == 1
+    assert real_queue.redis.llen(real_queue.keys.rq_ended) == 0
