@@ -133,8 +133,9 @@ class Bridge:
         first; an id leaves the list only once RQ shows an end, so a killed bridge redoes it."""
         ended = self.queue.keys.rq_ended
         for raw in reversed(self.queue.redis.lrange(ended, -ENDED_BATCH, -1)):
-            self.report_end(text(raw))
-            self.queue.redis.lrem(ended, -1, raw)
+            task_id = text(raw)
+            self.report_end(task_id)
+            self.queue.redis.lrem(ended, -1, task_id)
 
     def report_end(self, task_id: str) -> None:
         try:
