@@ -48,10 +48,37 @@ class Code(IntEnum):
     FINISHED = 6
 
 
+# a helper in _lib.lua: its comment lines, then "local function <name>" up to the next helper
+_HELPER = re.compile(r"^(?:--[^\n]*\n)*local function (\w+)", re.M)
+
+
+def lib_helpers(lib: str) -> tuple[str, dict[str, str]]:
+    """_lib.lua split into its head (the key constants) and its helpers by name, in order."""
+    found = list(_HELPER.finditer(lib))
+    ends = [m.start() for m in found[1:]] + [len(lib)]
+    return lib[:found[0].start()], {m.group(1): lib[m.start():end] for m, end in zip(found, ends)}
+
+
+def used_helpers(code: str, helpers: dict[str, str]) -> list[str]:
+    """The helpers ``code`` calls, and those they call in turn, in _lib.lua's order."""
+    calls = re.compile(r"\b(" + "|".join(helpers) + r")\s*\(")
+    needed: set[str] = set()
+    todo = set(calls.findall(code))
+    while todo:
+        name = todo.pop()
+        needed.add(name)
+        todo |= set(calls.findall(helpers[name].split("\n", 1)[1])) - needed  # body, not its name
+    return [name for name in helpers if name in needed]
+
+
 def script_source(name: str) -> str:
-    """A script's full source: the shared helpers, then the script itself."""
+    """A script's full source: the head of the shared helpers, the helpers it uses, then the
+    script itself. Each call runs its whole chunk, so helpers it never calls would be defined
+    (a closure each) on every call for nothing."""
     lua = resources.files("gpuq") / "lua"
-    return (lua / "_lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+    head, helpers = lib_helpers((lua / "_lib.lua").read_text())
+    body = (lua / f"{name}.lua").read_text()
+    return head + "".join(helpers[h] for h in used_helpers(body, helpers)) + "\n" + body
 
 
 def header_codes(name: str) -> set[str]:

@@ -162,7 +162,7 @@ if not id then
 end
 
 -- fairness: this level's debt is paid; lower levels with work saw one more higher dispatch
-if p > 0 then redis.call('HSET', B .. 'fair', tostring(p), '0') end
+if p > 0 and tonumber(fair[p] or 0) ~= 0 then redis.call('HSET', B .. 'fair', tostring(p), '0') end
 for q = p + 1, 3 do
   if redis.call('EXISTS', index_key(q)) == 1 and tonumber(fair[q] or 0) < fair_every then
     redis.call('HINCRBY', B .. 'fair', tostring(q), 1)

@@ -7,7 +7,7 @@ from importlib import resources
 
 import pytest
 
-from gpuq.scripts import SCRIPT_NAMES, Code, header_codes, script_source
+from gpuq.scripts import SCRIPT_NAMES, Code, header_codes, lib_helpers, script_source, used_helpers
 
 LUA = resources.files("gpuq") / "lua"
 
@@ -64,11 +64,27 @@ def test_lib_header_code_table_matches_enum() -> None:
 
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
-def test_script_source_is_lib_then_file_unchanged(name: str) -> None:
-    """Scripts are loaded from their files as they are: no Python value is pasted in."""
+def test_script_source_is_lib_helpers_then_file_unchanged(name: str) -> None:
+    """Scripts are loaded from their files as they are (no Python value is pasted in), after
+    _lib.lua's head and the helpers they use, each as it is written there."""
     source = script_source(name)
-    assert source.endswith(lua_text(name))
-    assert source == lua_text("_lib") + "\n" + lua_text(name)
+    assert source.endswith("\n" + lua_text(name))
+    head, helpers = lib_helpers(lua_text("_lib"))
+    lib_part = source[: -len(lua_text(name)) - 1]
+    assert lib_part.startswith(head)
+    assert lib_part[len(head):] == "".join(helpers[h] for h in used_helpers(lua_text(name), helpers))
+
+
+def test_the_helpers_a_script_needs_are_all_there() -> None:
+    """A helper a kept helper calls is kept too; one nothing calls is left out."""
+    head, helpers = lib_helpers(lua_text("_lib"))
+    assert "".join([head, *helpers.values()]) == lua_text("_lib")  # the split loses nothing
+    ack = used_helpers(lua_text("ack"), helpers)
+    assert {"finish", "release", "task_key", "is_json", "clock"} <= set(ack)
+    assert "push" not in ack and "wake" not in ack
+    reap = used_helpers(lua_text("reap"), helpers)
+    assert {"requeue", "push", "index", "wake", "idle_holder", "serves"} <= set(reap)  # transitively
+    assert used_helpers(lua_text("lead"), helpers) == []
 
 
 @pytest.mark.parametrize("name", ["_lib", *SCRIPT_NAMES])
