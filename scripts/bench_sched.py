@@ -57,6 +57,10 @@ def fifo_breaking_point(tasks: list[TraceTask], loads: traces.LoadTimes, server:
     return SPEEDUPS[-1]
 
 
+def pct(report: dict[str, Any], kind: str) -> str:
+    return f"{100 * report[f'gpu_{kind}_fraction']:.1f}%"
+
+
 def targets(gpuq: dict[str, Any], fifo: dict[str, Any]) -> list[tuple[str, str, bool]]:
     p0 = gpuq["priorities"]["P0"]["sla_attainment"]
     p3_done = gpuq["priorities"]["P3"]["tasks"] - gpuq["starved"]
@@ -64,8 +68,10 @@ def targets(gpuq: dict[str, Any], fifo: dict[str, Any]) -> list[tuple[str, str, 
         ("P0 SLA attainment >= 99%", f"{100 * p0:.1f}%", p0 >= 0.99),
         ("model loads <= 1/3 of fifo's", f"{gpuq['model_loads']} vs {fifo['model_loads']}",
          3 * gpuq["model_loads"] <= fifo["model_loads"]),
-        ("GPU busy fraction >= fifo's", f"{100 * gpuq['gpu_busy_fraction']:.1f}% vs "
-         f"{100 * fifo['gpu_busy_fraction']:.1f}%", gpuq["gpu_busy_fraction"] >= fifo["gpu_busy_fraction"]),
+        # busy = loading + running; the split is shown because fewer loads lower busy time
+        ("GPU busy fraction >= fifo's", f"{pct(gpuq, 'busy')} vs {pct(fifo, 'busy')} (running "
+         f"{pct(gpuq, 'running')} vs {pct(fifo, 'running')}, loading {pct(gpuq, 'loading')} vs "
+         f"{pct(fifo, 'loading')})", gpuq["gpu_busy_fraction"] >= fifo["gpu_busy_fraction"]),
         ("every P3 task completes", f"{p3_done} of {gpuq['priorities']['P3']['tasks']}",
          gpuq["starved"] == 0),
         ("15,000 requests replayed in under a minute", f"{gpuq['wall_s']:.0f} s for {gpuq['tasks']}",

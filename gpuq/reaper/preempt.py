@@ -4,11 +4,17 @@ For each such task, the candidates are running, preemptible, lower-priority task
 workers whose GPU is large enough (usable VRAM >= the task's need) and which serve the
 task's priority. The one expected to end soonest (started + estimate) decides:
 
-- it ends within ``max_wait_s``: reserve its worker (the worker's next claim is the waiting
-  task); nothing is interrupted;
+- it ends within ``max_wait_s`` and before the waiting task's start-by time (its queue
+  score: enqueue + SLA): reserve its worker (the worker's next claim is the waiting task);
+  nothing is interrupted;
 - otherwise ask a victim to yield within ``grace_s`` (and reserve its worker): the
   soonest-ending candidate that has run ``preempt_min_runtime_s`` and was preempted fewer
   than ``preempt_max`` times. Past the grace the worker stops it (gpuq.worker.control).
+- no candidate may be asked, or the start-by time has already passed (a yield no longer
+  saves the SLA): wait for the soonest end if it is within ``max_wait_s``.
+
+Waiting up to ``max_wait_s`` (30 s) for a 200 ms SLA would miss it for certain, so the
+start-by time bounds the graceful wait while the SLA can still be met.
 
 A worker and a victim serve one waiting task per round; a task with a live reservation
 is not planned again. ``plan`` is pure; ``Preemptor.step`` reads the pool (bounded: the
@@ -40,6 +46,7 @@ class Waiting:
     id: str
     priority: int
     need_gb: float
+    start_by_ms: int | None = None  # its queue score; None: no SLA bound on the wait
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,7 @@ def plan(waiting: list[Waiting], victims: list[Victim], idle: list[tuple[float, 
     of idle workers; reserved: workers that already have a reservation."""
     used: set[str] = set(reserved)
     out: list[Decision] = []
+    wait_ms = int(config.max_wait_s * 1000)
     for w in sorted(waiting, key=lambda t: t.priority):
         if any(gb >= w.need_gb and str(w.priority) in levels for gb, levels in idle):
             continue  # an idle worker will claim it
@@ -81,16 +89,24 @@ def plan(waiting: list[Waiting], victims: list[Victim], idle: list[tuple[float, 
         if not fits:
             continue
         soonest = min(fits, key=lambda v: v.ends_ms)
-        ends_in = max(0.0, (soonest.ends_ms - now_ms) / 1000)
-        if ends_in <= config.max_wait_s:
-            decision = Decision("reserve", w, soonest, ends_in)
-        else:
-            ran_enough = [v for v in fits if (now_ms - v.started_ms) / 1000 >= config.preempt_min_runtime_s
-                          and v.preemptions < config.preempt_max]
-            if not ran_enough:
-                continue
+        graceful: Victim | None = soonest if soonest.ends_ms <= now_ms + wait_ms else None
+        if w.start_by_ms is not None and w.start_by_ms > now_ms:
+            # the SLA can still be met: wait only for a victim due to end by the start-by
+            # time; an overdue one (its estimate passed: a cold load, a slow run) promises nothing
+            by = min(w.start_by_ms, now_ms + wait_ms)
+            graceful = min((v for v in fits if now_ms < v.ends_ms <= by), key=lambda v: v.ends_ms,
+                           default=None)
+        ran_enough = [v for v in fits if (now_ms - v.started_ms) / 1000 >= config.preempt_min_runtime_s
+                      and v.preemptions < config.preempt_max]
+        if graceful is None and ran_enough:
             victim = min(ran_enough, key=lambda v: v.ends_ms)
             decision = Decision("yield", w, victim, max(0.0, (victim.ends_ms - now_ms) / 1000))
+        elif graceful is not None or soonest.ends_ms <= now_ms + wait_ms:
+            # nothing may be interrupted: the soonest natural end is still the best bet
+            victim = graceful or soonest
+            decision = Decision("reserve", w, victim, max(0.0, (victim.ends_ms - now_ms) / 1000))
+        else:
+            continue
         used.add(decision.victim.worker)
         out.append(decision)
     return out
@@ -150,10 +166,11 @@ class Preemptor:
             return []
         pipe = r.pipeline(transaction=False)
         for p, m in pairs:
-            pipe.zrange(k.queue(p, m), 0, TASKS_PER_QUEUE - 1)
-        ids = [(p, str(i)) for (p, _), head in zip(pairs, pipe.execute()) for i in head]
+            pipe.zrange(k.queue(p, m), 0, TASKS_PER_QUEUE - 1, withscores=True)
+        heads = [(p, str(i), int(score)) for (p, _), head in zip(pairs, pipe.execute())
+                 for i, score in head]
         pipe = r.pipeline(transaction=False)
-        for _, i in ids:
+        for _, i, _ in heads:
             pipe.hmget(k.task(i), "vram_gb", "reserved_for")
         rows = pipe.execute()
         holders = sorted({str(h) for _, h in rows if h})
@@ -161,7 +178,7 @@ class Preemptor:
         for h in holders:
             pipe.get(k.reservation(h))
         live = {h: str(t) for h, t in zip(holders, pipe.execute()) if t}
-        return [Waiting(i, p, float(need)) for (p, i), (need, holder) in zip(ids, rows)
+        return [Waiting(i, p, float(need), score) for (p, i, score), (need, holder) in zip(heads, rows)
                 if need is not None and live.get(str(holder or "")) != i]
 
     def read_workers(self, now_ms: int) -> tuple[list[Victim], list[tuple[float, str]], set[str]]:

@@ -51,6 +51,7 @@ class SimWorker:
     run: Run | None = None
     generation: int = 0  # bumps when a run ends early, so its stale end event is ignored
     busy: list[tuple[float, float]] = field(default_factory=list)
+    loading_s: float = 0.0  # of the busy time, loading models (cut short by a yield)
 
 
 class Engine:
@@ -93,6 +94,8 @@ class Engine:
         started = time.perf_counter()
         for w in self.workers:
             self.scheduler.register(w.id, w.total_gb, w.levels, self.ms(0.0))
+        for w in self.workers:  # a real worker claims once on start, then blocks for wakes
+            self.claim(w)
         for tid, t in self.trace.items():
             self.at(t.arrival_s, "arrive", tid)
         while self.events:
@@ -163,6 +166,7 @@ class Engine:
         assert run is not None
         w.cache.release(run.res)
         w.busy.append((run.claimed, self.now))
+        w.loading_s += min(self.now, run.work_from) - run.claimed
         w.run = None
         w.generation += 1
         return run
@@ -246,6 +250,7 @@ class Engine:
             policy=self.scheduler.name, speedup=1.0, gpus=[(w.id, w.total_gb) for w in self.workers],
             sla_s=[c.sla_p0_s, c.sla_p1_s, c.sla_p2_s, None], tasks=list(self.records.values()),
             busy_s={w.id: sum(b - a for a, b in w.busy) for w in self.workers},
+            loading_s={w.id: w.loading_s for w in self.workers},
             busy_intervals={w.id: w.busy for w in self.workers}, model_loads=self.loads,
             preemptions=dict(self.preemptions), makespan_s=max(ends, default=first) - first,
             wall_s=wall_s, claims=list(self.claims))

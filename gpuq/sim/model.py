@@ -51,6 +51,7 @@ class SimResult:
     sla_s: list[float | None]  # per priority; None: no SLA (P3)
     tasks: list[SimTask]
     busy_s: dict[str, float] = field(default_factory=dict)  # per worker: seconds loading or running
+    loading_s: dict[str, float] = field(default_factory=dict)  # per worker: of busy_s, loading
     busy_intervals: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     model_loads: int = 0
     preemptions: dict[str, int] = field(default_factory=dict)  # kind -> count

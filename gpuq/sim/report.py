@@ -32,17 +32,22 @@ def summarize(result: SimResult) -> dict[str, Any]:
             "wait_p50_s": _round(percentile(waits, 0.50)),
             "wait_p99_s": _round(percentile(waits, 0.99)),
             "expired": sum(1 for t in tasks if t.outcome == "expired"),
+            # claimed in time or not, some attempt of these first waited for a model load
+            "cold_starts": sum(1 for t in tasks if t.cold_load),
         }
     done = [t for t in result.tasks if t.outcome == "succeeded"]
     gpus = len(result.gpus)
-    busy = sum(result.busy_s.values())
+    busy, loading = sum(result.busy_s.values()), sum(result.loading_s.values())
+    capacity = gpus * result.makespan_s
     return {
         "policy": result.policy,
         "speedup": result.speedup,
         "gpus": [gb for _, gb in result.gpus],
         "priorities": priorities,
-        "gpu_busy_fraction": (round(busy / (gpus * result.makespan_s), 4)
-                              if gpus and result.makespan_s else 0.0),
+        # busy = loading + running; the split shows whether busy time was useful work
+        "gpu_busy_fraction": round(busy / capacity, 4) if capacity else 0.0,
+        "gpu_loading_fraction": round(loading / capacity, 4) if capacity else 0.0,
+        "gpu_running_fraction": round((busy - loading) / capacity, 4) if capacity else 0.0,
         "model_loads": result.model_loads,
         "preemptions": {k: result.preemptions.get(k, 0) for k in PREEMPTION_KINDS},
         # tasks that never ran to the end although nothing expired them: starved (or too big)
@@ -67,7 +72,7 @@ def _seconds(x: float | None) -> str:
 def render(reports: list[dict[str, Any]]) -> str:
     """One table for one or more runs (policies side by side)."""
     lines = [f"{'POLICY':<11}{'PRI':<5}{'TASKS':>7}{'SLA':>8}{'WITHIN':>9}{'WAIT P50':>11}"
-             f"{'WAIT P99':>11}{'EXPIRED':>9}"]
+             f"{'WAIT P99':>11}{'EXPIRED':>9}{'COLD':>7}"]
     for r in reports:
         for name, p in r["priorities"].items():
             within = None if p["sla_attainment"] is None else 100 * p["sla_attainment"]
@@ -75,14 +80,15 @@ def render(reports: list[dict[str, Any]]) -> str:
             shown = "-" if within is None else f"{within:.1f}%"
             p50, p99 = (_seconds(p[k]) for k in ("wait_p50_s", "wait_p99_s"))
             lines.append(f"{r['policy']:<11}{name:<5}{p['tasks']:>7}{sla:>8}{shown:>9}"
-                         f"{p50:>11}{p99:>11}{p['expired']:>9}")
+                         f"{p50:>11}{p99:>11}{p['expired']:>9}{p['cold_starts']:>7}")
     lines.append("")
-    lines.append(f"{'POLICY':<11}{'GPU BUSY':>9}{'LOADS':>7}{'PREEMPT R/Y/S':>15}{'STARVED':>9}"
+    lines.append(f"{'POLICY':<11}{'GPU BUSY':>9}{'RUNNING':>9}{'LOADS':>7}{'PREEMPT R/Y/S':>15}{'STARVED':>9}"
                  f"{'TASKS/S':>9}{'MAKESPAN':>11}{'WALL':>8}")
     for r in reports:
         pre = r["preemptions"]
         kinds = f"{pre['reserved']}/{pre['yielded']}/{pre['stopped']}"
-        lines.append(f"{r['policy']:<11}{100 * r['gpu_busy_fraction']:>8.1f}%{r['model_loads']:>7}"
+        lines.append(f"{r['policy']:<11}{100 * r['gpu_busy_fraction']:>8.1f}%"
+                     f"{100 * r['gpu_running_fraction']:>8.1f}%{r['model_loads']:>7}"
                      f"{kinds:>15}{r['starved']:>9}{r['throughput_per_s']:>9.3f}"
                      f"{r['makespan_s']:>10.0f}s{r['wall_s']:>7.1f}s")
     return "\n".join(lines)

@@ -19,7 +19,9 @@ import pytest
 from procs import Procs, est
 
 from gpuq import Queue, State
+from gpuq.client import connect
 from gpuq.embedded import EmbeddedServer
+from gpuq.keys import Keys
 from gpuq.sim import traces
 from gpuq.sim.model import TraceTask
 from gpuq.sim.report import summarize
@@ -109,6 +111,34 @@ def test_a_p0_arrival_preempts_long_batch_work(redis_server: EmbeddedServer) -> 
     assert p3.preemptions == 1 and p3.outcome == "succeeded"
     assert p3.end_s is not None and p3.end_s == pytest.approx(LOAD_S + 600 + 1, abs=3)  # resumed
     assert r.preemptions["yielded"] == 1
+
+
+def test_a_p0_is_not_left_waiting_for_a_natural_end_past_its_sla(redis_server: EmbeddedServer) -> None:
+    # the P3 task is expected to end in 4 s (within max_wait): waiting for it would miss the
+    # 200 ms SLA, so the round at 16 s, 100 ms after the P0 came, asks it to yield
+    tasks = [task(0, "m", 3, service=20), task(15.9, "m", 0, service=1)]
+    r = run(tasks, "1x80", "gpuq", redis_server)
+    p0 = next(t for t in r.tasks if t.priority == 0)
+    assert p0.start_s == pytest.approx(16.0) and r.preemptions["yielded"] == 1
+    assert summarize(r)["priorities"]["P0"]["sla_attainment"] == 1.0
+
+
+def test_every_gpu_claims_once_on_start_and_is_then_idle(redis_server: EmbeddedServer) -> None:
+    # as a real worker does: enqueue wakes only workers in the idle set
+    run([], "2x80", "gpuq", redis_server)
+    client = connect(redis_server.url)
+    try:
+        assert sorted(client.zrange(Keys("sim", "gpuq").idle, 0, -1)) == ["gpu80-0", "gpu80-1"]
+    finally:
+        client.close()
+
+
+def test_report_splits_busy_into_loading_and_running(redis_server: EmbeddedServer) -> None:
+    # one cold task: 10 s loading, then 5 s running, on one GPU over a 15 s makespan
+    r = summarize(run([task(0, "m", 2, service=5)], "1x80", "gpuq", redis_server))
+    split = (r["gpu_busy_fraction"], r["gpu_loading_fraction"], r["gpu_running_fraction"])
+    assert split == (1.0, 0.6667, 0.3333)
+    assert r["priorities"]["P2"]["cold_starts"] == 1
 
 
 # --- fidelity: the same claims as real worker processes ------------------------------------

@@ -65,3 +65,38 @@ def test_each_worker_serves_one_waiting_task_and_reserved_workers_are_skipped() 
     out = plan(waiting, victims, [], {"a"}, CFG, NOW)
     # P0 first; worker a already holds a reservation
     assert [(d.waiting.id, d.victim.worker) for d in out] == [("y", "b"), ("z", "c")]
+
+
+# --- the waiting task's start-by time (its queue score: enqueue + SLA) ----------------------
+
+def test_a_natural_end_after_the_start_by_time_is_not_waited_for_while_the_sla_can_be_met() -> None:
+    # ends in 10 s (within max_wait) but the task must start within 200 ms: only a yield helps
+    w = Waiting("p0", 0, 40, start_by_ms=NOW + 200)
+    out = plan([w], [victim("soon", "a", left_s=10), victim("long", "b", left_s=300)], [], set(), CFG, NOW)
+    assert [(d.kind, d.victim.id) for d in out] == [("yield", "soon")]
+
+
+def test_a_natural_end_before_the_start_by_time_is_waited_for() -> None:
+    w = Waiting("p1", 1, 40, start_by_ms=NOW + 1000)
+    out = plan([w], [victim("now", "a", left_s=0.5), victim("long", "b", left_s=300)], [], set(), CFG, NOW)
+    assert [(d.kind, d.victim.id) for d in out] == [("reserve", "now")]
+
+
+def test_an_overdue_victim_is_no_promise_while_the_sla_can_be_met() -> None:
+    # its estimate has passed (a cold load, a slow run): it may run on for long
+    overdue = victim("overdue", "a", ran_s=40, left_s=-10)
+    out = plan([Waiting("p0", 0, 40, start_by_ms=NOW + 150)], [overdue, victim("b", "b", left_s=60)],
+               [], set(), CFG, NOW)
+    assert [d.kind for d in out] == ["yield"]
+
+
+def test_once_the_start_by_time_has_passed_the_graceful_rule_applies() -> None:
+    w = Waiting("p0", 0, 40, start_by_ms=NOW - 500)  # already late: a yield saves no SLA
+    out = plan([w], [victim("soon", "a", left_s=10), victim("long", "b", left_s=300)], [], set(), CFG, NOW)
+    assert [(d.kind, d.victim.id) for d in out] == [("reserve", "soon")]
+
+
+def test_with_nothing_interruptible_the_soonest_end_is_still_reserved() -> None:
+    young = victim("young", "a", ran_s=1, left_s=10)  # under the minimum runtime
+    out = plan([Waiting("p0", 0, 40, start_by_ms=NOW + 200)], [young], [], set(), CFG, NOW)
+    assert [(d.kind, d.victim.id) for d in out] == [("reserve", "young")]
