@@ -26,6 +26,8 @@ class Config:
     sla_p3_s: float = 86400.0  # P3 has no SLA; a day keeps it ordered after the others
     fair_every: int = 5  # after this many higher-priority dispatches one lower one goes
     defer_s: float = 2.0  # longest a task is left for a better-placed idle worker (capped at SLA/2)
+    holder_wait_s: float = 300.0  # P2/P3: longest a task waits for a busy GPU holding its model
+    #                               rather than load it cold elsewhere (capped at SLA/2)
     kv_reserve_gb: float = 5.0  # VRAM kept for KV cache and allocator slack on every GPU
     scan_per_queue: int = 8  # queued tasks examined per (priority, model) queue in one claim
     # leases and retries
@@ -48,7 +50,7 @@ class Config:
     reaper_lock_s: float = 10.0
     max_wait_s: float = 30.0  # a victim expected to end within this is waited for, not interrupted
     grace_s: float = 10.0  # a victim asked to yield has this long before the worker stops it
-    preempt_min_runtime_s: float = 5.0  # a task runs at least this long before it may be preempted
+    preempt_min_runtime_s: float = 1.0  # a task runs at least this long before it may be preempted
     preempt_max: int = 2  # most times one task is preempted
     min_workers: int = 1  # idle workers retire only while more than this many are live
     on_scale: str = ""  # command run with (class, current, desired) when a class's desired count changes
@@ -60,6 +62,10 @@ class Config:
 
     def defer_ms(self) -> list[int]:
         return [int(min(self.defer_s, s / 1000 / 2) * 1000) for s in self.sla_ms()]
+
+    def holder_wait_ms(self) -> list[int]:
+        """Per priority; online and nearline work never waits for a busy GPU."""
+        return [0, 0] + [int(min(self.holder_wait_s, s / 1000 / 2) * 1000) for s in self.sla_ms()[2:]]
 
     def levels(self) -> str:
         """The priorities this worker serves as claim.lua's level string, e.g. "01"."""

@@ -146,6 +146,12 @@ class Keys:
         return f"{self.base}rq:taken:{rq_queue}"
 
     @property
+    def urgent(self) -> str:
+        """One token while online or nearline work waits that no idle worker was woken for:
+        the active reaper blocks on it between rounds and plans preemption at once."""
+        return f"{self.base}urgent"
+
+    @property
     def rq_ended(self) -> str:
         """Tasks made from RQ jobs that ended other than succeeded, newest first (LPUSH by the
         scripts' finish), for the rq bridge to write the outcome back to RQ."""

@@ -170,7 +170,7 @@ class Calls:
         # arguments fixed by the (frozen) config, formatted once rather than on every call
         self._sla = [str(ms) for ms in config.sla_ms()]
         self._claim_tail = [str(int(config.lease_s * 1000)), str(config.fair_every)]
-        self._defer = [str(ms) for ms in config.defer_ms()]
+        self._defer = [str(ms) for ms in config.defer_ms()] + [str(ms) for ms in config.holder_wait_ms()]
         self._scan = str(config.scan_per_queue)
 
     def enqueue(self, specs: Sequence[TaskSpec], *, check_fit: bool = False,

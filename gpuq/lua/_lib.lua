@@ -93,9 +93,9 @@ end
 -- fit; returns it (the task is then "offered" to it), or nil. A woken worker leaves the
 -- idle set until it finds nothing to claim, so a burst of enqueues spreads over idle
 -- workers. Callers also post a pool-wide wake: if the chosen worker died while idle, another
--- takes the task once the offer's deferral ends.
-local function wake(m, need, p)
-  if redis.call('ZCARD', K_IDLE) == 0 then return nil end
+-- takes the task once the offer's deferral ends. idle_n: the idle set's size, if known.
+local function wake(m, need, p, idle_n)
+  if (idle_n or redis.call('ZCARD', K_IDLE)) == 0 then return nil end
   local w = idle_holder(m, need, nil, p) or tightest(need, '+inf', nil, p)
   if w then wake_worker(w) end
   return w

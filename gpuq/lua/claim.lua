@@ -10,8 +10,11 @@
 -- fits free plus evictable VRAM (model not held). A cold task is left for a better-placed
 -- worker (the one enqueue offered it to and woke, an idle one holding its model with room
 -- for it, or one it fits more tightly) until it has waited defer ms; that worker is woken,
--- and this one told when to look again. A task too big for this worker wakes the tightest
--- idle worker that fits it. Cost: O(levels x models-with-work x scan x log N); no backlog scan.
+-- and this one told when to look again. Batch work (P2/P3) also waits, up to the holder
+-- wait, for busy workers that hold its model while they would start it before a cold load
+-- here would end (a load costs tens of seconds). A task too big for this worker wakes the
+-- tightest idle worker that fits it. Cost: O(levels x models-with-work x scan x log N); no
+-- backlog scan.
 --
 -- KEYS[1]  pool key base
 -- ARGV[1]  worker id
@@ -24,7 +27,9 @@
 -- ARGV[8]  levels this worker serves, e.g. "0123"
 -- ARGV[9]  tasks examined per (priority, model) queue
 -- ARGV[10..13]  defer bound of P0..P3 (ms)
--- ARGV[14..]  pairs: loaded model name, its footprint (GB)
+-- ARGV[14..17]  holder wait of P0..P3 (ms): how long a cold task waits for a busy GPU that
+--               holds its model (0: not at all)
+-- ARGV[18..]  pairs: loaded model name, its footprint (GB)
 -- Returns  {0, "none", retry_ms}            nothing this worker can run; it is marked idle.
 --                                            retry_ms > 0: a task was left for another
 --                                            worker and may be claimed after that long
@@ -40,8 +45,9 @@ local free, evictable, slots = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(AR
 local lease, fair_every, levels = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
 local scan = tonumber(ARGV[9])
 local defer = {tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])}
+local hold = {tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17])}
 local held, held_names = {}, {}
-for i = 14, #ARGV, 2 do
+for i = 18, #ARGV, 2 do
   held[ARGV[i]] = tonumber(ARGV[i + 1])
   held_names[#held_names + 1] = ARGV[i]
 end
@@ -58,23 +64,60 @@ local function better_elsewhere(m, need, p)
   return idle_holder(m, need, worker, p) or tightest(need, '(' .. claimable, worker, p)
 end
 
+-- How many busy workers other than this one hold model m, serve priority p and are large
+-- enough for the task: each claims its held models first once it frees up. (An idle holder
+-- that did not take the task has no room for it.)
+local function busy_holders(m, need, p)
+  local n = 0
+  for _, w in ipairs(redis.call('SMEMBERS', B .. 'holders:' .. m)) do
+    if w ~= worker and not redis.call('ZSCORE', K_IDLE, w) then
+      local g = redis.call('HMGET', B .. 'worker:' .. w, 'vram_total_gb', 'kv_reserve_gb', 'levels')
+      if g[1] and tonumber(g[1]) - tonumber(g[2] or 0) >= need
+          and string.find(g[3] or '0123', tostring(p), 1, true) then
+        n = n + 1
+      end
+    end
+  end
+  return n
+end
+
+-- Whether the k-th task of queue (p, m) is better left for m's busy holders: once they free
+-- up, taking the queue's tasks in turn (each about est_s long, as this one), they would start
+-- it before a cold load here would end, by the model's mean load time in the catalog
+-- (unknown: loads are what to avoid). The holders' running tasks are bounded by the wait.
+local function wait_for_holders(m, need, p, k, est_s)
+  local n = busy_holders(m, need, p)
+  if n == 0 then return false end
+  local c = redis.call('HMGET', B .. 'model:' .. m, 'loads', 'total_load_s')
+  local load_s = tonumber(c[1] or 0) > 0 and tonumber(c[2]) / tonumber(c[1]) or math.huge
+  return math.floor((k - 1) / n) * est_s <= load_s
+end
+
 -- First task of queue (p, m) this worker can run, with the VRAM it will use.
 local function scan_queue(p, m)
   local footprint = held[m]
   local ids = redis.call('ZRANGE', queue_key(p, m), 0, scan - 1)
-  for _, id in ipairs(ids) do
-    local f = redis.call('HMGET', task_key(id), 'vram_gb', 'queued_at', 'offered')
+  for k, id in ipairs(ids) do
+    local f = redis.call('HMGET', task_key(id), 'vram_gb', 'queued_at', 'offered', 'est_s')
     local need = tonumber(f[1])
     if footprint and need - footprint <= free then
       return id, math.max(0, need - footprint)
     elseif not footprint and need <= claimable then
-      local left = defer[p + 1] - (now - tonumber(f[2]))
+      local waited = now - tonumber(f[2])
+      local left = defer[p + 1] - waited
       local offered = f[3] and f[3] ~= '' and f[3] ~= worker  -- a missing field reads false
       local better = left > 0 and (offered or better_elsewhere(m, need, p))
-      if not better then return id, need end
-      if better ~= true then pass_to[better] = true end
+      if better then
+        if better ~= true then pass_to[better] = true end
+        retry = math.min(retry or left, left)
+        return nil
+      end
+      -- batch work waits longer for a busy GPU holding its model than pay a cold load here,
+      -- while the holders would get to it before such a load would end; later tasks of a
+      -- deep backlog are taken here
+      left = hold[p + 1] - waited
+      if not (left > 0 and wait_for_holders(m, need, p, k, tonumber(f[4]))) then return id, need end
       retry = math.min(retry or left, left)
-      return nil
     elseif not unfit_need then
       unfit_need, unfit_p = need, p
     end

@@ -1,7 +1,8 @@
 -- enqueue.lua: validate and enqueue one or many tasks atomically, then wake workers.
 --
 -- All tasks of a call are validated before any is written: one bad task rejects the call
--- and nothing is stored. Each task's queue score is its start-by time: enqueue time plus
+-- and nothing is stored. A P0/P1 task that no idle worker was woken for wakes the reaper
+-- (`urgent`), which plans preemption for it at once. Each task's queue score is its start-by time: enqueue time plus
 -- its priority's SLA, or deadline minus estimate if that is earlier.
 --
 -- KEYS[1]  pool key base, e.g. "gpuq:{default}:"
@@ -73,7 +74,8 @@ for i = 1, n do
   if check_fit and vram > largest then return {3, i, tostring(vram), tostring(largest)} end
 end
 
-local unwoken, targeted, heads = 0, 0, {}
+local unwoken, targeted, heads, urgent = 0, 0, {}, false
+local idle_n = redis.call('ZCARD', K_IDLE)  -- read once: only the wakes below change it
 for i = 1, n do
   local o = 6 + (i - 1) * G
   local id, model, prio, deadline = ARGV[o + 1], ARGV[o + 4], ARGV[o + 6], ARGV[o + 8]
@@ -84,8 +86,13 @@ for i = 1, n do
     score = math.min(score, deadline - math.floor(tonumber(ARGV[o + 7]) * 1000))
     deadline = ms(deadline)
   end
-  local offered = wake(model, vram, prio)
-  if offered then targeted = 1 else unwoken = unwoken + 1 end
+  local offered = wake(model, vram, prio, idle_n)
+  if offered then
+    targeted, idle_n = 1, idle_n - 1
+  else
+    unwoken = unwoken + 1
+    urgent = urgent or prio == '0' or prio == '1'
+  end
   redis.call('HSET', task_key(id), 'id', id, 'handler', ARGV[o + 2], 'payload', ARGV[o + 3],
     'model', model, 'vram_gb', tostring(vram), 'priority', prio,
     'est_s', tostring(tonumber(ARGV[o + 7])),
@@ -101,7 +108,13 @@ end
 for _, h in pairs(heads) do redis.call('ZADD', index_key(h[1]), 'LT', h[3], h[2]) end
 -- pool-wide wakes for the tasks no idle worker was picked for, and, while other workers
 -- idle, one in case a picked worker died idle (its offer lapses after the defer bound)
-if targeted > 0 and redis.call('ZCARD', K_IDLE) == 0 then targeted = 0 end
+if targeted > 0 and idle_n == 0 then targeted = 0 end
 if unwoken + targeted > 0 then wake_pool(unwoken + targeted) end
+-- online or nearline work no idle worker can take: wake the reaper to plan a preemption now
+-- rather than at its next round (one token: it plans for every waiting task at once)
+if urgent then
+  redis.call('LPUSH', B .. 'urgent', '1')
+  redis.call('LTRIM', B .. 'urgent', 0, 0)
+end
 redis.call('HINCRBY', K_STATS, 'enqueued', n)
 return {0, n}

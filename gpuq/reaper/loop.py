@@ -6,6 +6,10 @@ reaper dies. A round: recover dead workers' tasks and due retries (reap.lua), ex
 tasks that can no longer meet their deadline (expire.lua), plan graceful preemption for
 waiting online work (preempt.py), and publish scale signals and warm hints (scale.py).
 Each step is bounded; a failing step is logged and the others still run.
+
+Between rounds the active reaper blocks on the pool's ``urgent`` token, which enqueue posts
+when online or nearline work finds no idle worker: it then plans preemption at once. A P0
+task's 200 ms SLA cannot wait for the next round (half a second away on average).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -135,12 +140,36 @@ class Reaper:
             if once:
                 self.round()
                 return 0
+            next_round = 0.0
             while not self.stopped.is_set():
                 try:
-                    if self.lead():
-                        self.round()
+                    if time.monotonic() >= next_round:
+                        next_round = time.monotonic() + self.config.reap_interval_s
+                        if self.lead():
+                            self.round()
+                    if self.wait_urgent(next_round - time.monotonic()):
+                        self.urgent()
                 except redis.RedisError as exc:
                     log.error("reaper.redis_error pool=%s error=%s", self.config.pool, exc)
-                self.stopped.wait(self.config.reap_interval_s)
+                    self.stopped.wait(self.config.reap_interval_s)
             self.scripts.run(self.calls.lead(self.token, release=True))
         return 0
+
+    def wait_urgent(self, seconds: float) -> bool:
+        """Until the next round: the active reaper blocks on the urgent token (a standby must
+        not take it); True if one came."""
+        if seconds <= 0:
+            return False
+        if not self.active:
+            self.stopped.wait(seconds)
+            return False
+        return self.redis.blpop([self.keys.urgent], timeout=max(0.01, seconds)) is not None
+
+    def urgent(self) -> dict[str, int]:
+        """A preemption pass now, for online work that found no idle worker."""
+        none: dict[str, int] = {}
+        done = self._step("preempt", self.preemptor.step, none)
+        if done:
+            log.info("reaper.urgent pool=%s %s", self.config.pool,
+                     " ".join(f"{k}={v}" for k, v in sorted(done.items())))
+        return done

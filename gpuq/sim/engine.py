@@ -30,6 +30,9 @@ from gpuq.sim.policies import GpuqScheduler, Offer, Scheduler
 from gpuq.worker.models import ModelCache, Reservation
 
 EPOCH_MS = 1_800_000_000_000  # virtual time 0 (any fixed instant: scripts only compare times)
+# an urgent enqueue's preemption pass runs this long after it: the reaper's wake-up from its
+# blocking pop and its read of the pool (milliseconds on a real server)
+URGENT_REACTION_S = 0.005
 LoadTime = Callable[[str], float]  # model -> seconds to load it cold
 
 
@@ -105,6 +108,8 @@ class Engine:
                 self.scheduler.submit(key, self.trace[key], self.ms())
                 self.count_queued(self.trace[key], +1)
                 self.ensure_tick()
+                if self.scheduler.urgent():  # enqueue woke the reaper
+                    self.at(self.now + URGENT_REACTION_S, "plan")
                 if self.events and self.events[0][0] == self.now and self.events[0][2] == "arrive":
                     continue  # simultaneous arrivals are all queued before anyone claims
             elif kind == "end":
@@ -116,6 +121,9 @@ class Engine:
                     self.claim(worker)
             elif kind == "tick":
                 self.tick()
+            elif kind == "plan":
+                assert isinstance(self.scheduler, GpuqScheduler)
+                self.apply(self.scheduler.plan(self.ms()))
             self.dispatch()
         return self.result(time.perf_counter() - started)
 
@@ -216,6 +224,12 @@ class Engine:
                                    deadlines=self.queued_deadlines > 0,
                                    urgent=self.queued[0] + self.queued[1] > 0)
         self.queued_deadlines -= done.get("expired", 0)
+        self.apply(done)
+        self.ensure_tick()
+
+    def apply(self, done: dict[str, int]) -> None:
+        """Count a reaper pass's decisions and hand its yield requests to the workers."""
+        assert isinstance(self.scheduler, GpuqScheduler)
         for kind, n in done.items():  # the planner's "reserved" and "yield" (asked to yield)
             if kind != "expired":
                 name = "yield_requested" if kind == "yield" else kind
@@ -224,7 +238,6 @@ class Engine:
             for wid, messages in self.scheduler.control([w.id for w in self.workers]).items():
                 for message in messages:
                     self.on_control(self.by_id[wid], message)
-        self.ensure_tick()
 
     def on_control(self, w: SimWorker, message: str) -> None:
         verb, *args = message.split()

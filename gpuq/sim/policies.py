@@ -51,6 +51,7 @@ class Scheduler(Protocol):
     def claim(self, worker_id: str, req: ClaimRequest, now_ms: int) -> Offer | float: ...
     def finish(self, worker_id: str, offer: Offer, now_ms: int) -> None: ...
     def woken(self, idle: list[str]) -> list[str]: ...
+    def urgent(self) -> bool: ...
 
 
 class GpuqScheduler:
@@ -114,6 +115,15 @@ class GpuqScheduler:
         chosen = set(rest[:len(shared or [])]) | {w for w, token in zip(idle, own) if token is not None}
         return [w for w in idle if w in chosen]
 
+    def urgent(self) -> bool:
+        """Whether enqueue woke the reaper (online work no idle worker was woken for), as the
+        active reaper's pop of the urgent token."""
+        return self.redis.lpop(self.keys.urgent) is not None
+
+    def plan(self, now_ms: int) -> dict[str, int]:
+        """The reaper's preemption pass on an urgent wake."""
+        return self.reaper.preemptor.step(now_ms)
+
     def control(self, workers: list[str]) -> dict[str, list[str]]:
         """Each worker's control messages, oldest first (what its heartbeat thread would pop)."""
         pipe = self.redis.pipeline(transaction=False)
@@ -163,3 +173,6 @@ class QueueScheduler:
 
     def woken(self, idle: list[str]) -> list[str]:
         return idle if any(self.queues) else []
+
+    def urgent(self) -> bool:
+        return False  # no reaper, no preemption

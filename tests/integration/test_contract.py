@@ -15,6 +15,7 @@ from helpers import (
     T0,
     ack,
     claim,
+    claim_reply,
     enqueue,
     pool_keys,
     raw_enqueue_call,
@@ -154,6 +155,70 @@ def test_cold_task_waits_for_an_idle_holder_of_its_model(queue: Queue) -> None:
     tid = enqueue(queue, T0 + 10, vram_gb=9)  # wakes one holder; the other stays idle
     assert claim(queue, "cold", 70, now_ms=T0 + 11) is None
     c = claim(queue, "cold", 70, now_ms=T0 + 10 + 2000)
+    assert c is not None and c["id"] == tid
+
+
+def hold_model(q: Queue, worker: str, model: str, total_gb: float, levels: str = "0123") -> None:
+    """A registered worker that holds a model and is not idle (busy)."""
+    q.redis.hset(q.keys.worker(worker), mapping={"vram_total_gb": total_gb, "kv_reserve_gb": 5,
+                                                 "levels": levels})
+    q.redis.sadd(q.keys.holders(model), worker)
+
+
+def test_batch_work_waits_for_a_busy_holder_of_its_model_online_work_does_not(
+        make_queue: MakeQueue) -> None:
+    q = make_queue(defer_s=2.0, holder_wait_s=120.0)  # P2: min(120 s, SLA / 2 = 150 s)
+    hold_model(q, "busy", "A", 80)
+    batch = enqueue(q, T0, model="A", vram_gb=30, priority="P2")
+    online = enqueue(q, T0, model="A", vram_gb=30, priority="P0")
+    c = claim(q, "cold", 75, now_ms=T0 + 1)
+    assert c is not None and c["id"] == online  # online work never waits for a busy GPU
+    r = claim_reply(q, "cold", 75, now_ms=T0 + 3000)  # past the 2 s defer bound
+    assert r.task is None and r.retry_s == pytest.approx(117.0)
+    c = claim(q, "busy", 75, loaded=[("A", 20)], now_ms=T0 + 4000)  # the holder frees up
+    assert c is not None and c["id"] == batch
+
+
+def test_a_backlog_deeper_than_its_busy_holders_is_loaded_elsewhere(make_queue: MakeQueue) -> None:
+    q = make_queue(defer_s=2.0, holder_wait_s=120.0)
+    q.redis.hset(q.keys.catalog_model("A"), mapping={"loads": 2, "total_load_s": 60})  # 30 s each
+    hold_model(q, "busy", "A", 80)
+    first = enqueue(q, T0, model="A", vram_gb=30, priority="P2", est_s=40)
+    second = enqueue(q, T0 + 1, model="A", vram_gb=30, priority="P2", est_s=40)
+    # the holder would start the second task only after the first (40 s), later than a 30 s
+    # load here would end: it is taken here; the first waits for the holder
+    c = claim(q, "cold", 75, now_ms=T0 + 3000)
+    assert c is not None and c["id"] == second
+    assert q.record(first).state is State.QUEUED
+    # short tasks: the holder gets to the second one (after 5 s) before a load would end
+    for i in range(2):
+        enqueue(q, T0 + 10 + i, model="B", vram_gb=30, priority="P2", est_s=5)
+    q.redis.hset(q.keys.catalog_model("B"), mapping={"loads": 1, "total_load_s": 30})
+    hold_model(q, "busy", "B", 80)
+    hold_model(q, "busy2", "A", 80)  # and two holders of A: the first A task waits too
+    r = claim_reply(q, "cold2", 75, now_ms=T0 + 3000)
+    assert r.task is None and r.retry_s > 100
+
+
+def test_batch_work_is_taken_cold_once_the_holder_wait_is_over(make_queue: MakeQueue) -> None:
+    q = make_queue(defer_s=2.0, holder_wait_s=120.0)
+    hold_model(q, "busy", "A", 80)
+    tid = enqueue(q, T0, model="A", vram_gb=30, priority="P3")
+    assert claim(q, "cold", 75, now_ms=T0 + 119_999) is None
+    c = claim(q, "cold", 75, now_ms=T0 + 120_000)
+    assert c is not None and c["id"] == tid
+
+
+@pytest.mark.parametrize("holder", ["too small", "idle", "other lane"])
+def test_a_holder_that_could_not_take_the_task_is_not_waited_for(
+        make_queue: MakeQueue, holder: str) -> None:
+    q = make_queue(defer_s=2.0, holder_wait_s=120.0)
+    hold_model(q, "h", "A", 24 if holder == "too small" else 80,
+               levels="01" if holder == "other lane" else "0123")
+    if holder == "idle":  # an idle holder that did not take the task has no room for it
+        q.redis.zadd(q.keys.idle, {"h": 1})
+    tid = enqueue(q, T0, model="A", vram_gb=30, priority="P2")
+    c = claim(q, "cold", 75, now_ms=T0 + 2000)  # past the defer bound only
     assert c is not None and c["id"] == tid
 
 

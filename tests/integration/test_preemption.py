@@ -165,3 +165,22 @@ def test_only_non_preemptible_work_running_means_no_preemption(procs: Procs,
     assert first.finished_at is not None and done.started_at is not None
     assert done.started_at >= first.finished_at
     assert "preempt." not in reaper.log()
+
+
+def test_an_urgent_enqueue_wakes_the_reaper_between_its_rounds(procs: Procs,
+                                                               real_queue: Queue) -> None:
+    # rounds 8 s apart: only the urgent token the P0's enqueue posts can make it act sooner
+    procs.worker("w1", vram_gb=48)
+    victim = p3(real_queue, 20.0)
+    procs.wait_state(victim, State.RUNNING)
+    reaper = procs.reaper(env={"GPUQ_REAP_INTERVAL_S": "8"})
+    wait_for(lambda: "reaper.active" in reaper.log(), 15, message="the reaper to become active")
+    wait_for(lambda: procs.redis.zscore(procs.keys.workers, "w1") is not None, 5)
+    urgent = p0(real_queue)
+    enqueued = procs.record(urgent).enqueued_at
+    done = procs.wait_state(urgent, State.SUCCEEDED, timeout=20)
+    assert done.started_at is not None and enqueued is not None
+    assert done.started_at - enqueued < 4.0, reaper.log()  # well before the next round
+    assert "reaper.urgent" in reaper.log()
+    assert stats(procs)["preempt:yield_requested"] == 1
+    assert procs.redis.llen(procs.keys.urgent) == 0  # the reaper took the token

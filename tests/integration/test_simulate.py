@@ -12,6 +12,7 @@ import gzip
 import json
 import random
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from gpuq.client import connect
 from gpuq.embedded import EmbeddedServer
 from gpuq.keys import Keys
 from gpuq.sim import traces
+from gpuq.sim.engine import URGENT_REACTION_S
 from gpuq.sim.model import TraceTask
 from gpuq.sim.report import summarize
 from gpuq.sim.run import parse_gpus, simulate
@@ -83,8 +85,10 @@ def test_the_same_seed_gives_the_same_report(redis_server: EmbeddedServer, trace
 
 
 def test_fifo_ignores_priority_and_priority_does_not(redis_server: EmbeddedServer) -> None:
-    # one GPU busy with a first task while three more arrive: P3, then P2, then P0
-    tasks = [task(0, "m", 2), task(1, "m", 3), task(2, "m", 2), task(3, "m", 0)]
+    # one GPU busy with a first task, which may not be preempted, while three more arrive:
+    # P3, then P2, then P0
+    tasks = [replace(task(0, "m", 2), preemptible=False), task(1, "m", 3), task(2, "m", 2),
+             task(3, "m", 0)]
     fifo = run(tasks, "1x80", "fifo", redis_server)
     assert fifo.claims == ["t000000", "t000001", "t000002", "t000003"]
     strict = run(tasks, "1x80", "priority", redis_server)
@@ -115,11 +119,12 @@ def test_a_p0_arrival_preempts_long_batch_work(redis_server: EmbeddedServer) -> 
 
 def test_a_p0_is_not_left_waiting_for_a_natural_end_past_its_sla(redis_server: EmbeddedServer) -> None:
     # the P3 task is expected to end in 4 s (within max_wait): waiting for it would miss the
-    # 200 ms SLA, so the round at 16 s, 100 ms after the P0 came, asks it to yield
+    # 200 ms SLA, so the reaper, woken by the P0's enqueue (not its next round at 16 s), asks
+    # it to yield at once
     tasks = [task(0, "m", 3, service=20), task(15.9, "m", 0, service=1)]
     r = run(tasks, "1x80", "gpuq", redis_server)
     p0 = next(t for t in r.tasks if t.priority == 0)
-    assert p0.start_s == pytest.approx(16.0) and r.preemptions["yielded"] == 1
+    assert p0.start_s == pytest.approx(15.9 + URGENT_REACTION_S) and r.preemptions["yielded"] == 1
     assert summarize(r)["priorities"]["P0"]["sla_attainment"] == 1.0
 
 
