@@ -11,8 +11,8 @@
 -- worker (the one enqueue offered it to and woke, an idle one holding its model with room
 -- for it, or one it fits more tightly) until it has waited defer ms; that worker is woken,
 -- and this one told when to look again. Batch work (P2/P3) also waits, up to the holder
--- wait, for busy workers that hold its model while they would start it before a cold load
--- here would end (a load costs tens of seconds). A task too big for this worker wakes the
+-- wait, for busy workers that hold its model when they would get to it within that wait (a
+-- cold load costs tens of seconds). A task too big for this worker wakes the
 -- tightest idle worker that fits it. Cost: O(levels x models-with-work x scan x log N); no
 -- backlog scan.
 --
@@ -64,33 +64,38 @@ local function better_elsewhere(m, need, p)
   return idle_holder(m, need, worker, p) or tightest(need, '(' .. claimable, worker, p)
 end
 
--- How many busy workers other than this one hold model m, serve priority p and are large
--- enough for the task: each claims its held models first once it frees up. (An idle holder
--- that did not take the task has no room for it.)
+-- The busy workers other than this one that hold model m, serve priority p and are large
+-- enough for the task (each claims its held models first once it frees up): how many, and
+-- in how many seconds the first of them expects to free up, by its tasks' estimates (an
+-- overrun one counts as ending now). An idle holder that did not take the task has no room.
 local function busy_holders(m, need, p)
-  local n = 0
+  local n, soonest = 0, math.huge
   for _, w in ipairs(redis.call('SMEMBERS', B .. 'holders:' .. m)) do
     if w ~= worker and not redis.call('ZSCORE', K_IDLE, w) then
       local g = redis.call('HMGET', B .. 'worker:' .. w, 'vram_total_gb', 'kv_reserve_gb', 'levels')
       if g[1] and tonumber(g[1]) - tonumber(g[2] or 0) >= need
           and string.find(g[3] or '0123', tostring(p), 1, true) then
         n = n + 1
+        for _, t in ipairs(redis.call('SMEMBERS', B .. 'worker:' .. w .. ':tasks')) do
+          local r = redis.call('HMGET', task_key(t), 'started_at', 'est_s')
+          if r[1] and r[2] then
+            soonest = math.min(soonest, math.max(0, tonumber(r[1]) + tonumber(r[2]) * 1000 - now) / 1000)
+          end
+        end
       end
     end
   end
-  return n
+  return n, soonest == math.huge and 0 or soonest
 end
 
--- Whether the k-th task of queue (p, m) is better left for m's busy holders: once they free
--- up, taking the queue's tasks in turn (each about est_s long, as this one), they would start
--- it before a cold load here would end, by the model's mean load time in the catalog
--- (unknown: loads are what to avoid). The holders' running tasks are bounded by the wait.
-local function wait_for_holders(m, need, p, k, est_s)
-  local n = busy_holders(m, need, p)
-  if n == 0 then return false end
-  local c = redis.call('HMGET', B .. 'model:' .. m, 'loads', 'total_load_s')
-  local load_s = tonumber(c[1] or 0) > 0 and tonumber(c[2]) / tonumber(c[1]) or math.huge
-  return math.floor((k - 1) / n) * est_s <= load_s
+-- Whether the k-th task of queue (p, m) is better left for m's busy holders: the first of
+-- them frees up, then they take the queue's tasks in turn (each about est_s long, as this
+-- one), and would reach it within the left_s seconds it may still wait. Batch work prefers
+-- waiting within its bound to a cold load; waiting for a holder that frees up only after
+-- the bound is pure loss, since the task would be loaded cold then anyway.
+local function wait_for_holders(m, need, p, k, est_s, left_s)
+  local n, free_in = busy_holders(m, need, p)
+  return n > 0 and free_in + math.floor((k - 1) / n) * est_s <= left_s
 end
 
 -- First task of queue (p, m) this worker can run, with the VRAM it will use.
@@ -113,10 +118,12 @@ local function scan_queue(p, m)
         return nil
       end
       -- batch work waits longer for a busy GPU holding its model than pay a cold load here,
-      -- while the holders would get to it before such a load would end; later tasks of a
-      -- deep backlog are taken here
+      -- while the holders would get to it within its holder wait; later tasks of a deep
+      -- backlog are taken here
       left = hold[p + 1] - waited
-      if not (left > 0 and wait_for_holders(m, need, p, k, tonumber(f[4]))) then return id, need end
+      if not (left > 0 and wait_for_holders(m, need, p, k, tonumber(f[4]), left / 1000)) then
+        return id, need
+      end
       retry = math.min(retry or left, left)
     elseif not unfit_need then
       unfit_need, unfit_p = need, p

@@ -181,23 +181,37 @@ def test_batch_work_waits_for_a_busy_holder_of_its_model_online_work_does_not(
 
 def test_a_backlog_deeper_than_its_busy_holders_is_loaded_elsewhere(make_queue: MakeQueue) -> None:
     q = make_queue(defer_s=2.0, holder_wait_s=120.0)
-    q.redis.hset(q.keys.catalog_model("A"), mapping={"loads": 2, "total_load_s": 60})  # 30 s each
     hold_model(q, "busy", "A", 80)
-    first = enqueue(q, T0, model="A", vram_gb=30, priority="P2", est_s=40)
-    second = enqueue(q, T0 + 1, model="A", vram_gb=30, priority="P2", est_s=40)
-    # the holder would start the second task only after the first (40 s), later than a 30 s
-    # load here would end: it is taken here; the first waits for the holder
+    first = enqueue(q, T0, model="A", vram_gb=30, priority="P2", est_s=200)
+    second = enqueue(q, T0 + 1, model="A", vram_gb=30, priority="P2", est_s=200)
+    # the holder would reach the second task only after the first (200 s), past the 117 s it
+    # may still wait: it is taken here; the first waits for the holder
     c = claim(q, "cold", 75, now_ms=T0 + 3000)
     assert c is not None and c["id"] == second
     assert q.record(first).state is State.QUEUED
-    # short tasks: the holder gets to the second one (after 5 s) before a load would end
+    # short tasks: the holder reaches the second one (after 5 s) within the wait
     for i in range(2):
         enqueue(q, T0 + 10 + i, model="B", vram_gb=30, priority="P2", est_s=5)
-    q.redis.hset(q.keys.catalog_model("B"), mapping={"loads": 1, "total_load_s": 30})
     hold_model(q, "busy", "B", 80)
     hold_model(q, "busy2", "A", 80)  # and two holders of A: the first A task waits too
     r = claim_reply(q, "cold2", 75, now_ms=T0 + 3000)
     assert r.task is None and r.retry_s > 100
+
+
+@pytest.mark.parametrize("holder_task_s, waits", [(100, True), (200, False)])
+def test_batch_work_waits_only_for_a_holder_that_frees_up_within_the_wait(
+        make_queue: MakeQueue, holder_task_s: float, waits: bool) -> None:
+    q = make_queue(defer_s=2.0, holder_wait_s=120.0)
+    hold_model(q, "busy", "A", 80)
+    running = enqueue(q, T0, model="A", vram_gb=30, priority="P2", est_s=holder_task_s)
+    c = claim(q, "busy", 75, loaded=[("A", 20)], now_ms=T0)
+    assert c is not None and c["id"] == running  # the holder runs it from T0
+    tid = enqueue(q, T0 + 1, model="A", vram_gb=30, priority="P2", est_s=5)
+    # at T0 + 3 s the task may wait 117 s more: the holder expects to free up in 97 s (wait)
+    # or in 197 s (it would be loaded cold then anyway: load it here now)
+    c = claim(q, "cold", 75, now_ms=T0 + 3000)
+    assert (c is None) is waits
+    assert waits or (c is not None and c["id"] == tid)
 
 
 def test_batch_work_is_taken_cold_once_the_holder_wait_is_over(make_queue: MakeQueue) -> None:
