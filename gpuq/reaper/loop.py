@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MAX_LOAD_HORIZON_MS = 600_000  # expiry looks ahead at most this far for cold model loads
+# urgent passes come at most this often: under a flood of online work with every GPU busy,
+# tokens posted meanwhile wait for the next pass, which plans for every waiting task at once
+URGENT_GAP_S = 0.05
 EXPIRE_PAGES = 50  # calls of 100 tasks per round: bounds a round's expiry work
 
 
@@ -140,28 +143,32 @@ class Reaper:
             if once:
                 self.round()
                 return 0
-            next_round = 0.0
+            next_round = next_urgent = 0.0
             while not self.stopped.is_set():
                 try:
                     if time.monotonic() >= next_round:
                         next_round = time.monotonic() + self.config.reap_interval_s
                         if self.lead():
                             self.round()
-                    if self.wait_urgent(next_round - time.monotonic()):
+                    if self.wait_urgent(next_urgent, next_round):
                         self.urgent()
+                        next_urgent = time.monotonic() + URGENT_GAP_S
                 except redis.RedisError as exc:
                     log.error("reaper.redis_error pool=%s error=%s", self.config.pool, exc)
                     self.stopped.wait(self.config.reap_interval_s)
             self.scripts.run(self.calls.lead(self.token, release=True))
         return 0
 
-    def wait_urgent(self, seconds: float) -> bool:
-        """Until the next round: the active reaper blocks on the urgent token (a standby must
-        not take it); True if one came."""
-        if seconds <= 0:
-            return False
+    def wait_urgent(self, not_before: float, until: float) -> bool:
+        """Until the next round (monotonic ``until``): the active reaper blocks on the urgent
+        token from ``not_before`` on (a standby must not take it); True if one came."""
         if not self.active:
-            self.stopped.wait(seconds)
+            self.stopped.wait(max(0.0, until - time.monotonic()))
+            return False
+        if not_before > time.monotonic():
+            self.stopped.wait(min(not_before, until) - time.monotonic())
+        seconds = until - time.monotonic()
+        if seconds <= 0:
             return False
         return self.redis.blpop([self.keys.urgent], timeout=max(0.01, seconds)) is not None
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from gpuq.app import App
 from gpuq.config import Config
+from gpuq.reaper.loop import URGENT_GAP_S
 from gpuq.scripts import ClaimRequest
 from gpuq.sim.model import SimResult, SimTask, TraceTask
 from gpuq.sim.policies import GpuqScheduler, Offer, Scheduler
@@ -82,6 +83,7 @@ class Engine:
         self.queued = [0, 0, 0, 0]
         self.queued_deadlines = 0
         self.next_tick: float | None = None
+        self.next_plan = -URGENT_GAP_S  # the last urgent pass
         self.longest_load = 0.0  # expiry looks this far ahead for cold loads
         self.claims: list[str] = []  # task ids in the order GPUs claimed them
 
@@ -108,8 +110,11 @@ class Engine:
                 self.scheduler.submit(key, self.trace[key], self.ms())
                 self.count_queued(self.trace[key], +1)
                 self.ensure_tick()
-                if self.scheduler.urgent():  # enqueue woke the reaper
-                    self.at(self.now + URGENT_REACTION_S, "plan")
+                # enqueue woke the reaper: one pass, unless one is pending (it plans for every
+                # waiting task), and passes at least URGENT_GAP_S apart
+                if self.scheduler.urgent() and self.next_plan < self.now:
+                    self.next_plan = max(self.now + URGENT_REACTION_S, self.next_plan + URGENT_GAP_S)
+                    self.at(self.next_plan, "plan")
                 if self.events and self.events[0][0] == self.now and self.events[0][2] == "arrive":
                     continue  # simultaneous arrivals are all queued before anyone claims
             elif kind == "end":
