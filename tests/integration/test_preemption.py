@@ -174,8 +174,9 @@ def test_an_urgent_enqueue_wakes_the_reaper_between_its_rounds(procs: Procs,
     victim = p3(real_queue, 20.0)
     procs.wait_state(victim, State.RUNNING)
     reaper = procs.reaper(env={"GPUQ_REAP_INTERVAL_S": "8"})
-    wait_for(lambda: "reaper.active" in reaper.log(), 15, message="the reaper to become active")
-    wait_for(lambda: procs.redis.zscore(procs.keys.workers, "w1") is not None, 5)
+    # its first round ends with the scale step (it writes the scale hash): after that only
+    # the urgent wake can make it plan before the next round
+    wait_for(lambda: procs.redis.exists(procs.keys.scale) == 1, 15, message="the reaper's first round")
     urgent = p0(real_queue)
     enqueued = procs.record(urgent).enqueued_at
     done = procs.wait_state(urgent, State.SUCCEEDED, timeout=20)
