@@ -8,6 +8,7 @@ a handler stuck in native code makes its worker exit with EXIT_STUCK, its task r
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -172,11 +173,15 @@ def test_an_urgent_enqueue_wakes_the_reaper_between_its_rounds(procs: Procs,
     # rounds 8 s apart: only the urgent token the P0's enqueue posts can make it act sooner
     procs.worker("w1", vram_gb=48)
     victim = p3(real_queue, 20.0)
-    procs.wait_state(victim, State.RUNNING)
+    started = procs.wait_state(victim, State.RUNNING).started_at
     reaper = procs.reaper(env={"GPUQ_REAP_INTERVAL_S": "8"})
     # its first round ends with the scale step (it writes the scale hash): after that only
     # the urgent wake can make it plan before the next round
     wait_for(lambda: procs.redis.exists(procs.keys.scale) == 1, 15, message="the reaper's first round")
+    # the victim must have run its minimum (0.2 s) when the P0 comes, or the pass finds no one
+    # to ask and the P0 waits for the next round
+    assert started is not None
+    time.sleep(max(0.0, started + 0.5 - time.time()))
     urgent = p0(real_queue)
     enqueued = procs.record(urgent).enqueued_at
     done = procs.wait_state(urgent, State.SUCCEEDED, timeout=20)
