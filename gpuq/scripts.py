@@ -170,7 +170,8 @@ class Calls:
         # arguments fixed by the (frozen) config, formatted once rather than on every call
         self._sla = [str(ms) for ms in config.sla_ms()]
         self._claim_tail = [str(int(config.lease_s * 1000)), str(config.fair_every)]
-        self._defer = [str(ms) for ms in config.defer_ms()] + [str(ms) for ms in config.holder_wait_ms()]
+        self._defer = [str(ms) for ms in config.defer_ms()]
+        self._hold = [str(ms) for ms in config.holder_wait_ms()]
         self._scan = str(config.scan_per_queue)
 
     def enqueue(self, specs: Sequence[TaskSpec], *, check_fit: bool = False,
@@ -193,7 +194,7 @@ class Calls:
 
     def claim(self, req: ClaimRequest, *, now_ms: int = 0) -> Call[Claim]:
         args = [req.worker_id, str(now_ms), _num(req.free_gb), _num(req.evictable_gb), str(req.slots),
-                *self._claim_tail, req.levels, self._scan, *self._defer]
+                *self._claim_tail, req.levels, self._scan, *self._defer, *self._hold]
         for model, footprint in req.loaded:
             args += [model, _num(footprint)]
         return Call("claim", args, Claim.parse)

@@ -121,9 +121,11 @@ local function push(id)
   local f = redis.call('HMGET', task_key(id), 'priority', 'model', 'score', 'vram_gb', 'deadline', 'est_s')
   index(id, f[1], f[2], f[3], f[4])
   watch_deadline(id, f[5], f[6])
-  local offered = wake(f[2], tonumber(f[4]), f[1])
+  local idle_n = redis.call('ZCARD', K_IDLE)
+  local offered = wake(f[2], tonumber(f[4]), f[1], idle_n)
   redis.call('HSET', task_key(id), 'offered', offered or '')
-  if not offered or redis.call('ZCARD', K_IDLE) > 0 then wake_pool(1) end
+  -- a picked worker has left the idle set: a pool-wide wake too while others remain
+  if not offered or idle_n > 1 then wake_pool(1) end
 end
 
 -- Take a queued task out of its queue and the indexes (the deadline index unless the

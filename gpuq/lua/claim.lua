@@ -12,9 +12,8 @@
 -- for it, or one it fits more tightly) until it has waited defer ms; that worker is woken,
 -- and this one told when to look again. Batch work (P2/P3) also waits, up to the holder
 -- wait, for busy workers that hold its model when they would get to it within that wait (a
--- cold load costs tens of seconds). A task too big for this worker wakes the
--- tightest idle worker that fits it. Cost: O(levels x models-with-work x scan x log N); no
--- backlog scan.
+-- cold load costs tens of seconds). A task too big for this worker wakes the tightest idle
+-- worker that fits it. Cost: O(levels x models-with-work x scan x log N); no backlog scan.
 --
 -- KEYS[1]  pool key base
 -- ARGV[1]  worker id

@@ -2,8 +2,9 @@
 --
 -- All tasks of a call are validated before any is written: one bad task rejects the call
 -- and nothing is stored. A P0/P1 task that no idle worker was woken for wakes the reaper
--- (`urgent`), which plans preemption for it at once. Each task's queue score is its start-by time: enqueue time plus
--- its priority's SLA, or deadline minus estimate if that is earlier.
+-- (`urgent`), which plans preemption for it at once. Each task's queue score is its
+-- start-by time: enqueue time plus its priority's SLA, or deadline minus estimate if that
+-- is earlier.
 --
 -- KEYS[1]  pool key base, e.g. "gpuq:{default}:"
 -- ARGV[1]  now (ms; "0" = server clock)

@@ -37,6 +37,7 @@ from gpuq.errors import DuplicateTask, TaskNotFound
 from gpuq.rq import outcome
 from gpuq.rq.fields import JobRefused, task_spec
 from gpuq.rq.unpickle import Allowlist, RestrictedSerializer
+from gpuq.task import State
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ class Bridge:
             return
         if job.get_status(refresh=False) in RQ_ENDED:  # the handler (or RQ) already said
             return
-        if record.state.value == "canceled":
+        if record.state is State.CANCELED:
             job.cancel()
         else:
             outcome.failed(job, f"gpuq task {task_id} ended {record.state.value}: {record.error or ''}")
