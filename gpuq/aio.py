@@ -11,12 +11,21 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 import redis.asyncio as aredis
+import redis.exceptions
 
 from gpuq.client import BULK_CHUNK, CONNECT_OPTIONS, Waiting, outcome, redis_errors, url_checked
 from gpuq.config import Config
 from gpuq.errors import TaskNotFound
 from gpuq.keys import Keys
-from gpuq.scripts import SCRIPT_NAMES, Call, Calls, script_source
+from gpuq.scripts import (
+    SCRIPT_NAMES,
+    Call,
+    Calls,
+    evalsha_args,
+    noscript_indexes,
+    raise_first_error,
+    script_source,
+)
 from gpuq.task import State, TaskRecord, TaskSpec, build_specs
 
 T = TypeVar("T")
@@ -55,13 +64,42 @@ class AsyncQueue:
         calls = [self.calls.enqueue(specs[i:i + BULK_CHUNK], check_fit=check_fit)
                  for i in range(0, len(specs), BULK_CHUNK)]
         with redis_errors(self.url):
-            pipe = self.redis.pipeline(transaction=False)
-            for call in calls:
-                await self._scripts[call.script](keys=[self.keys.base], args=call.args, client=pipe)
-            replies = await pipe.execute()
+            replies = await self.streamed(calls)
         for call, reply in zip(calls, replies):
             call.parse(reply)
         return [AsyncTask(self, s.task_id, exists=True) for s in specs]
+
+    async def streamed(self, calls: list[Call[Any]]) -> list[Any]:
+        """Calls sent one after another on one connection, replies read after the last
+        (gpuq.scripts.Scripts.streamed); a missing script is loaded and its calls sent again."""
+        replies = await self._stream([evalsha_args(self._scripts, self.keys, c) for c in calls])
+        if missing := noscript_indexes(replies):
+            for script in self._scripts.values():
+                await self.redis.script_load(script.script)
+            again = await self._stream([evalsha_args(self._scripts, self.keys, calls[i]) for i in missing])
+            for i, reply in zip(missing, again):
+                replies[i] = reply
+        return raise_first_error(replies)
+
+    async def _stream(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        pool = self.redis.connection_pool
+        conn = await pool.get_connection()  # type: ignore[no-untyped-call]
+        try:
+            for i, args in enumerate(commands):
+                # a health check's PING would read an earlier command's reply as its own
+                await conn.send_packed_command(conn.pack_command(*args), check_health=i == 0)
+            replies: list[Any] = []
+            for _ in commands:
+                try:
+                    replies.append(await conn.read_response())
+                except redis.exceptions.ResponseError as exc:
+                    replies.append(exc)
+            return replies
+        except BaseException:
+            await conn.disconnect()
+            raise
+        finally:
+            await pool.release(conn)
 
     async def record(self, task_id: str) -> TaskRecord:
         return TaskRecord.from_fields(await self._fields(task_id))

@@ -80,7 +80,8 @@ class Queue:
         return Task(self, spec.task_id, exists=True)
 
     def enqueue_many(self, tasks: Iterable[Mapping[str, Any]], *, check_fit: bool = False) -> list[Task]:
-        """Bulk enqueue: every task is validated first; then chunks of tasks per call, pipelined.
+        """Bulk enqueue: every task is validated first; then chunks of tasks per call, streamed
+        on one connection (the server enqueues a chunk while the next is sent).
 
         Each mapping holds ``handler``, ``payload`` and TaskSpec.build's options. A task
         rejected by validation writes nothing at all; the server rejects a chunk whole.
@@ -89,7 +90,7 @@ class Queue:
         calls = [self.calls.enqueue(specs[i:i + BULK_CHUNK], check_fit=check_fit)
                  for i in range(0, len(specs), BULK_CHUNK)]
         with redis_errors(self.url):
-            replies = self.scripts.pipelined(calls)
+            replies = self.scripts.streamed(calls)
         for call, reply in zip(calls, replies):
             call.parse(reply)
         return [Task(self, s.task_id, exists=True) for s in specs]

@@ -9,7 +9,7 @@ and the parser of its reply); ``Scripts`` runs calls on a sync client or pipelin
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from importlib import resources
@@ -275,6 +275,24 @@ class Calls:
         return Call("lead", [token, ttl], lambda r: int(r[1]) == 1)
 
 
+def evalsha_args(scripts: Mapping[str, Any], keys: Keys, call: Call[Any]) -> tuple[Any, ...]:
+    """The EVALSHA command of a call, for a connection streaming them (``streamed``)."""
+    return ("EVALSHA", scripts[call.script].sha, 1, keys.base, *call.args)
+
+
+def noscript_indexes(replies: Sequence[Any]) -> list[int]:
+    """Which streamed calls found their script missing (server restarted or flushed)."""
+    return [i for i, r in enumerate(replies) if isinstance(r, redis.exceptions.NoScriptError)]
+
+
+def raise_first_error(replies: list[Any]) -> list[Any]:
+    """The replies of a stream, once every one has been read; its first error raised."""
+    for reply in replies:
+        if isinstance(reply, redis.exceptions.ResponseError):
+            raise reply
+    return replies
+
+
 class Scripts:
     """Runs calls on a synchronous client, one at a time or many per round trip."""
 
@@ -310,3 +328,40 @@ class Scripts:
                 for script in self._scripts.values():
                     self.client.script_load(script.script)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def streamed(self, calls: Sequence[Call[Any]]) -> list[Any]:
+        """Run many calls on one connection, each sent as soon as it is packed, the replies
+        read after the last: the server runs the first calls while the client packs the
+        later ones (a pipeline packs them all before it sends any). Replies unparsed, in
+        order. Calls the server lacked the script for are sent again once it is loaded."""
+        replies = self._stream([evalsha_args(self._scripts, self.keys, c) for c in calls])
+        if missing := noscript_indexes(replies):
+            for script in self._scripts.values():
+                self.client.script_load(script.script)
+            again = self._stream([evalsha_args(self._scripts, self.keys, calls[i]) for i in missing])
+            for i, reply in zip(missing, again):
+                replies[i] = reply
+        return raise_first_error(replies)
+
+    def _stream(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Send every command, then read every reply (a server error is returned, not raised,
+        so the connection stays in step). A connection left mid-stream is dropped."""
+        pool = self.client.connection_pool
+        conn = pool.get_connection()
+        try:
+            for i, args in enumerate(commands):
+                # a health check's PING would read an earlier command's reply as its own
+                conn.send_packed_command(conn.pack_command(*args),  # type: ignore[no-untyped-call]
+                                          check_health=i == 0)
+            replies: list[Any] = []
+            for _ in commands:
+                try:
+                    replies.append(conn.read_response())
+                except redis.exceptions.ResponseError as exc:
+                    replies.append(exc)
+            return replies
+        except BaseException:
+            conn.disconnect()  # type: ignore[no-untyped-call]
+            raise
+        finally:
+            pool.release(conn)

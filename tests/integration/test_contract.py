@@ -270,6 +270,26 @@ def test_bulk_enqueue_rejected_by_the_server_writes_nothing(queue: Queue) -> Non
     assert pool_keys(queue) == set()
 
 
+def test_bulk_enqueue_streams_its_chunks_and_reloads_lost_scripts(queue: Queue) -> None:
+    queue.redis.script_flush()  # a restarted server: every streamed call finds no script
+    tasks = queue.enqueue_many([task(payload={"i": i}) for i in range(450)])
+    assert len(task_keys(queue)) == 450
+    assert queue.record(tasks[449].id).payload == {"i": 449}
+
+
+def test_a_chunk_rejected_by_the_server_is_not_written_and_the_stream_stays_in_step(
+        queue: Queue) -> None:
+    queue.enqueue("h", model="A", vram_gb=1, task_id="taken")
+    batch = [task(payload={"i": i}) for i in range(450)]
+    batch[250] = task(task_id="taken")  # the second chunk of 200
+    with pytest.raises(DuplicateTask):
+        queue.enqueue_many(batch)
+    # the first and third chunks are written, the second not at all
+    assert queue.redis.zcard(queue.keys.queue(2, "A")) == 1 + 200 + 50
+    assert queue.record("taken").payload is None
+    assert len(queue.enqueue_many([task() for _ in range(3)])) == 3  # the connection is in step
+
+
 def test_duplicate_task_id_is_rejected_and_nothing_overwritten(queue: Queue) -> None:
     queue.enqueue("first", {"v": 1}, model="A", vram_gb=1, task_id="job-1")
     with pytest.raises(DuplicateTask) as err:
