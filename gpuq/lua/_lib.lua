@@ -81,10 +81,14 @@ local function idle_holder(m, need, except, p)
 end
 
 -- The idle worker other than `except` serving priority p with the least claimable VRAM in
--- [need, upper] (among the 8 tightest: lanes are few).
-local function tightest(need, upper, except, p)
+-- [need, upper] (among the 8 tightest: lanes are few); with `unoccupied`, only one running
+-- no task (a worker with free slots stays in `idle` while it runs others).
+local function tightest(need, upper, except, p, unoccupied)
   for _, w in ipairs(redis.call('ZRANGEBYSCORE', K_IDLE, need, upper, 'LIMIT', 0, 8)) do
-    if w ~= except and serves(w, p) then return w end
+    if w ~= except and serves(w, p)
+        and not (unoccupied and redis.call('SCARD', B .. 'worker:' .. w .. ':tasks') > 0) then
+      return w
+    end
   end
   return nil
 end

@@ -58,9 +58,11 @@ promote_due(now, 20)
 -- for is woken (it may be blocked), and so is one that fits a task too big for this one.
 local pass_to, unfit_need, unfit_p, retry = {}, nil, nil, nil
 
--- The idle worker better placed than this one for a cold task, if any.
+-- The idle worker better placed than this one for a cold task, if any: one holding its
+-- model, or one it fits more tightly that runs nothing (a worker with free slots left in
+-- `idle` would be handed a whole burst while it takes one task per free slot).
 local function better_elsewhere(m, need, p)
-  return idle_holder(m, need, worker, p) or tightest(need, '(' .. claimable, worker, p)
+  return idle_holder(m, need, worker, p) or tightest(need, '(' .. claimable, worker, p, true)
 end
 
 -- The busy workers other than this one that hold model m, serve priority p and are large

@@ -148,6 +148,17 @@ def test_the_tighter_idle_worker_takes_a_cold_task_at_once(queue: Queue) -> None
     assert c is not None and c["id"] == tid
 
 
+def test_a_cold_task_is_not_left_for_a_tighter_worker_already_running_tasks(queue: Queue) -> None:
+    first = enqueue(queue, T0, model="B", vram_gb=20)
+    second = enqueue(queue, T0 + 5, vram_gb=25)
+    c = claim(queue, "multi", 50, slots=2, now_ms=T0 + 10)  # runs two at once
+    assert c is not None and c["id"] == first
+    assert queue.redis.zscore(queue.keys.idle, "multi") == 30  # a free slot: still idle
+    # "multi" fits the second task more tightly, but it is running one: "single" takes it
+    c = claim(queue, "single", 80, now_ms=T0 + 11)
+    assert c is not None and c["id"] == second
+
+
 def test_cold_task_waits_for_an_idle_holder_of_its_model(queue: Queue) -> None:
     for worker in ("h1", "h2"):
         assert claim(queue, worker, 10, loaded=[("A", 8)], now_ms=T0) is None
