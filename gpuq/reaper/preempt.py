@@ -20,6 +20,8 @@ A worker and a victim serve one waiting task per round; a task with a live reser
 is not planned again. ``plan`` is pure; ``Preemptor.step`` reads the pool (bounded: the
 running set, then, only if some worker could be a victim's, the heads of the P0/P1
 queues) and commits each decision with preempt.lua, which re-checks it atomically.
+``quiet_until`` says, from the same inputs, how long a plan that decided nothing stays
+empty while the pool does not change (the simulator skips the rounds in between).
 """
 
 from __future__ import annotations
@@ -82,10 +84,7 @@ def plan(waiting: list[Waiting], victims: list[Victim], idle: list[tuple[float, 
     out: list[Decision] = []
     wait_ms = int(config.max_wait_s * 1000)
     for w in sorted(waiting, key=lambda t: t.priority):
-        if any(gb >= w.need_gb and str(w.priority) in levels for gb, levels in idle):
-            continue  # an idle worker will claim it
-        fits = [v for v in victims if v.priority > w.priority and v.worker not in used
-                and v.usable_gb >= w.need_gb and str(w.priority) in v.levels]
+        fits = candidates_for(w, victims, idle, used)
         if not fits:
             continue
         soonest = min(fits, key=lambda v: v.ends_ms)
@@ -96,8 +95,7 @@ def plan(waiting: list[Waiting], victims: list[Victim], idle: list[tuple[float, 
             by = min(w.start_by_ms, now_ms + wait_ms)
             graceful = min((v for v in fits if now_ms < v.ends_ms <= by), key=lambda v: v.ends_ms,
                            default=None)
-        ran_enough = [v for v in fits if (now_ms - v.started_ms) / 1000 >= config.preempt_min_runtime_s
-                      and v.preemptions < config.preempt_max]
+        ran_enough = [v for v in fits if may_be_asked(v, config, now_ms)]
         if graceful is None and ran_enough:
             victim = min(ran_enough, key=lambda v: v.ends_ms)
             decision = Decision("yield", w, victim, max(0.0, (victim.ends_ms - now_ms) / 1000))
@@ -112,6 +110,49 @@ def plan(waiting: list[Waiting], victims: list[Victim], idle: list[tuple[float, 
     return out
 
 
+def candidates_for(w: Waiting, victims: list[Victim], idle: list[tuple[float, str]],
+                   used: set[str]) -> list[Victim]:
+    """The victims that could make room for ``w``; none while an idle worker will claim it."""
+    if any(gb >= w.need_gb and str(w.priority) in levels for gb, levels in idle):
+        return []
+    return [v for v in victims if v.priority > w.priority and v.worker not in used
+            and v.usable_gb >= w.need_gb and str(w.priority) in v.levels]
+
+
+def may_be_asked(v: Victim, config: Config, now_ms: int) -> bool:
+    """Whether ``v`` may be asked to yield: it has run its minimum and was preempted fewer
+    than ``preempt_max`` times."""
+    return ((now_ms - v.started_ms) / 1000 >= config.preempt_min_runtime_s
+            and v.preemptions < config.preempt_max)
+
+
+def quiet_until(waiting: list[Waiting], victims: list[Victim], idle: list[tuple[float, str]],
+                reserved: set[str], config: Config) -> int | None:
+    """For inputs on which ``plan`` decided nothing: the first time (ms) at which it decides
+    something on the same inputs; None: never, until the pool changes.
+
+    With no decision, every task is planned against the same candidates (no worker gets
+    used), and a task with candidates gets none exactly while its soonest natural end is
+    beyond ``max_wait_s`` and none of them may be asked to yield (its start-by time only
+    chooses between decisions). Time alone ends that when the soonest end comes within
+    ``max_wait_s`` or a candidate reaches its minimum runtime."""
+    wait_ms = int(config.max_wait_s * 1000)
+    times: list[int] = []
+    for w in waiting:
+        fits = candidates_for(w, victims, idle, reserved)
+        if not fits:
+            continue
+        times.append(min(v.ends_ms for v in fits) - wait_ms)
+        for v in fits:
+            if v.preemptions < config.preempt_max:
+                # the planner's own test, from just below the minimum runtime (float-safe)
+                t = v.started_ms + int(config.preempt_min_runtime_s * 1000) - 2
+                while not may_be_asked(v, config, t):
+                    t += 1
+                times.append(t)
+    return min(times, default=None)
+
+
 class Preemptor:
     def __init__(self, client: redis.Redis, keys: Keys, config: Config, scripts: Scripts,
                  calls: Calls) -> None:
@@ -121,12 +162,16 @@ class Preemptor:
         self.scripts = scripts
         self.calls = calls
         self.workers: dict[str, tuple[float, str]] = {}  # id -> (usable GB, levels), read once
+        # after a step that decided nothing: the first time (ms) a step could decide anything
+        # with the pool unchanged (None: not before it changes); after one that did, its time
+        self.quiet_until: int | None = None
 
     def step(self, now_ms: int | None = None) -> dict[str, int]:
         """Plan and commit; returns how many decisions of each kind took effect. now_ms: a
         virtual clock (the simulator); None plans on this host's clock and lets the script
         use the server's."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
+        self.quiet_until = None
         victims, idle, reserved = self.read_workers(now)
         # each worker serves one waiting task a round: look at no more heads than that
         candidates = len({v.worker for v in victims} - reserved)
@@ -135,8 +180,10 @@ class Preemptor:
         waiting = self.read_waiting(min(MODELS_LOOKED_AT, candidates))
         if not waiting:
             return {}
+        decisions = plan(waiting, victims, idle, reserved, self.config, now)
+        self.quiet_until = now if decisions else quiet_until(waiting, victims, idle, reserved, self.config)
         done: dict[str, int] = {}
-        for d in plan(waiting, victims, idle, reserved, self.config, now):
+        for d in decisions:
             grace = None if d.kind == "reserve" else int(self.config.grace_s * 1000)
             # long enough for the victim to end (or be stopped) and the claim to follow
             life_s = (d.ends_in_s if d.kind == "reserve" else self.config.grace_s + self.config.stop_s)

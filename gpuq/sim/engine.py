@@ -13,11 +13,18 @@ checkpoint, and the next run resumes from there.
 Simplifications, stated: workers never die (leases are long, so the reaper's recovery has
 nothing to do); a worker announces a model as held when it starts loading it, not when the
 load ends; one task at a time per GPU.
+
+Skip-ahead: a reaper round that decided nothing and woke no GPU left the pool as it was, so
+the rounds after it are skipped up to the first that could decide something, unless an
+event that may change the pool comes first; the polls of a worker whose reserved task does
+not fit it are parked while the pool is unchanged. Neither changes the report
+(docs/SIMULATOR.md says why).
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +35,7 @@ from gpuq.reaper.loop import URGENT_GAP_S
 from gpuq.scripts import ClaimRequest
 from gpuq.sim.model import SimResult, SimTask, TraceTask
 from gpuq.sim.policies import GpuqScheduler, Offer, Scheduler
+from gpuq.sim.polls import last_before
 from gpuq.worker.models import ModelCache, Reservation
 
 EPOCH_MS = 1_800_000_000_000  # virtual time 0 (any fixed instant: scripts only compare times)
@@ -35,6 +43,10 @@ EPOCH_MS = 1_800_000_000_000  # virtual time 0 (any fixed instant: scripts only 
 # blocking pop and its read of the pool (milliseconds on a real server)
 URGENT_REACTION_S = 0.005
 LoadTime = Callable[[str], float]  # model -> seconds to load it cold
+# (time, when it was queued, seq, kind, key, generation): simultaneous events run in the
+# order they were queued, as a queue of seq alone would run them; the time queued lets a
+# round put back after a skip take the place it would have had
+Event = tuple[float, float, int, str, str, int]
 
 
 @dataclass
@@ -56,6 +68,10 @@ class SimWorker:
     generation: int = 0  # bumps when a run ends early, so its stale end event is ignored
     busy: list[tuple[float, float]] = field(default_factory=list)
     loading_s: float = 0.0  # of the busy time, loading models (cut short by a yield)
+    # the pool's version when its claim last found its reserved task too big for it: until
+    # the pool changes, every claim again answers "look again in poll_s" and changes nothing
+    stuck_at: int | None = None
+    poll_s: float = 0.0
 
 
 class Engine:
@@ -72,7 +88,7 @@ class Engine:
         self.trace = {f"t{i:06d}": t for i, t in enumerate(tasks)}
         self.records = {tid: SimTask(tid, t.priority, t.model, t.vram_gb, t.arrival_s, t.est_s,
                                      t.service_s) for tid, t in self.trace.items()}
-        self.events: list[tuple[float, int, str, str, int]] = []
+        self.events: list[Event] = []
         self.seq = 0
         self.now = 0.0
         self.loads = 0
@@ -82,15 +98,32 @@ class Engine:
         # while a deadline can lapse or an urgent task could preempt a running one
         self.queued = [0, 0, 0, 0]
         self.queued_deadlines = 0
-        self.next_tick: float | None = None
+        # the reaper's rounds are numbered on their cadence (round k at k x reap_interval_s)
+        self.next_round: int | None = None  # the scheduled one
+        self.round_seq = 0  # its event's seq; the event of a round moved since is ignored
+        self.last_round = -1
+        # Skip-ahead: rounds and claims that provably change nothing are not run (the
+        # report is the same; see docs/SIMULATOR.md). The pool's version counts the events
+        # that may have changed it; skipping: the scheduled round is the first that may
+        # decide anything while the version stays; parked: polls of workers claiming in vain,
+        # not run while it stays (worker id, time of the poll passed over; a worker polls
+        # once for every claim that told it to look again, so it may have several)
+        self.skip_ahead = True  # False: every round and claim runs (the tests compare)
+        self.version = 0
+        self.skipping = False
+        self.parked: list[tuple[str, float]] = []
         self.next_plan = -URGENT_GAP_S  # the last urgent pass
         self.longest_load = 0.0  # expiry looks this far ahead for cold loads
         self.claims: list[str] = []  # task ids in the order GPUs claimed them
 
     # -- the clock -----------------------------------------------------------------------
-    def at(self, t: float, kind: str, key: str = "", gen: int = 0) -> None:
+    def at(self, t: float, kind: str, key: str = "", gen: int = 0, queued: float | None = None) -> None:
         self.seq += 1
-        heapq.heappush(self.events, (t, self.seq, kind, key, gen))
+        heapq.heappush(self.events, (t, self.now if queued is None else queued, self.seq, kind, key, gen))
+
+    def stale(self, event: Event) -> bool:
+        """A round's event superseded by a skip or by the cadence's return."""
+        return event[3] == "tick" and event[2] != self.round_seq
 
     def ms(self, t: float | None = None) -> int:
         return EPOCH_MS + int(round((self.now if t is None else t) * 1000))
@@ -104,7 +137,17 @@ class Engine:
         for tid, t in self.trace.items():
             self.at(t.arrival_s, "arrive", tid)
         while self.events:
-            self.now, _, kind, key, gen = heapq.heappop(self.events)
+            event = heapq.heappop(self.events)
+            if self.stale(event):
+                continue
+            self.now, queued, _, kind, key, gen = event
+            if kind == "retry" and self.by_id[key].stuck_at == self.version:
+                self.parked.append((key, self.now))  # the pool is as its last claim left it
+                continue
+            if kind != "tick":  # it may change the pool: rounds may decide again, claims succeed
+                self.version += 1
+                self.resume_rounds(queued)
+                self.resume_polls(queued)
             if kind == "arrive":
                 self.arrivals_left -= 1
                 self.scheduler.submit(key, self.trace[key], self.ms())
@@ -115,17 +158,26 @@ class Engine:
                 if self.scheduler.urgent() and self.next_plan < self.now:
                     self.next_plan = max(self.now + URGENT_REACTION_S, self.next_plan + URGENT_GAP_S)
                     self.at(self.next_plan, "plan")
-                if self.events and self.events[0][0] == self.now and self.events[0][2] == "arrive":
+                while self.events and self.stale(self.events[0]):
+                    heapq.heappop(self.events)
+                if self.events and self.events[0][0] == self.now and self.events[0][3] == "arrive":
                     continue  # simultaneous arrivals are all queued before anyone claims
             elif kind == "end":
                 self.end(self.by_id[key], gen)
                 continue  # the ending worker claimed; no new wake tokens
             elif kind == "retry":
                 worker = self.by_id[key]
-                if worker.run is None:
-                    self.claim(worker)
+                retry_s = self.claim(worker) if worker.run is None else None
+                if not self.dispatch() and retry_s:
+                    self.note_stuck(worker, retry_s)
+                continue
             elif kind == "tick":
-                self.tick()
+                changed = self.tick()
+                if self.dispatch() or changed:
+                    self.version += 1
+                else:
+                    self.skip_rounds_ahead()
+                continue
             elif kind == "plan":
                 assert isinstance(self.scheduler, GpuqScheduler)
                 self.apply(self.scheduler.plan(self.ms()))
@@ -133,21 +185,25 @@ class Engine:
         return self.result(time.perf_counter() - started)
 
     # -- workers -------------------------------------------------------------------------
-    def dispatch(self) -> None:
-        """Idle GPUs that were woken claim, in a fixed order (the run is deterministic)."""
-        for wid in self.scheduler.woken([w.id for w in self.workers if w.run is None]):
+    def dispatch(self) -> bool:
+        """Idle GPUs that were woken claim, in a fixed order (the run is deterministic).
+        Whether any was woken."""
+        woken = self.scheduler.woken([w.id for w in self.workers if w.run is None])
+        for wid in woken:
             worker = self.by_id[wid]
             if worker.run is None:
                 self.claim(worker)
+        return bool(woken)
 
-    def claim(self, w: SimWorker) -> None:
+    def claim(self, w: SimWorker) -> float | None:
+        """None if it got a task; else when to look again (0: when woken)."""
         cache = w.cache
         req = ClaimRequest(w.id, cache.free_gb(), cache.evictable_gb(), 1, cache.loaded(), w.levels)
         got = self.scheduler.claim(w.id, req, self.ms())
         if not isinstance(got, Offer):
             if got > 0:  # a task was left for a better-placed GPU until then
                 self.at(self.now + got, "retry", w.id)
-            return
+            return got
         task = self.trace[got.task_id]
         res = cache.reserve(task.model, task.vram_gb)
         if res is None:
@@ -173,6 +229,17 @@ class Engine:
         record.worker = w.id
         self.at(end, "end", w.id, w.generation)
         self.ensure_tick()  # a running lower-priority task may now be worth planning around
+        return None
+
+    def note_stuck(self, w: SimWorker, retry_s: float) -> None:
+        """A worker reserved for a task too big for it (claim.lua then takes nothing else and
+        says to look again shortly) claims in vain until the pool changes: it is parked at
+        its next claim while the version stays. Not with a poll on the rounds' own period,
+        whose skipped rounds could then tie with it (docs/SIMULATOR.md)."""
+        if (self.skip_ahead and isinstance(self.scheduler, GpuqScheduler)
+                and abs(retry_s - self.config.reap_interval_s) > 1e-9
+                and self.scheduler.stuck_on_reservation(w.id)):
+            w.stuck_at, w.poll_s = self.version, retry_s
 
     def stop_run(self, w: SimWorker) -> Run:
         run = w.run
@@ -216,21 +283,78 @@ class Engine:
 
     def ensure_tick(self) -> None:
         """Schedule the reaper's next round, on its cadence, when it has something to do."""
-        if (isinstance(self.scheduler, GpuqScheduler) and self.next_tick is None
+        if (isinstance(self.scheduler, GpuqScheduler) and self.next_round is None
                 and self.reaper_has_work()):
-            every = self.config.reap_interval_s
-            self.next_tick = (int(self.now / every) + 1) * every
-            self.at(self.next_tick, "tick")
+            self.schedule_round(max(self.last_round + 1, int(self.now / self.config.reap_interval_s) + 1))
 
-    def tick(self) -> None:
+    def schedule_round(self, k: int, queued: float | None = None) -> None:
+        self.next_round = k
+        self.at(k * self.config.reap_interval_s, "tick", queued=queued)
+        self.round_seq = self.seq
+
+    def tick(self) -> bool:
+        """One round of the reaper; whether it decided anything."""
         assert isinstance(self.scheduler, GpuqScheduler)
-        self.next_tick = None
+        assert self.next_round is not None
+        self.last_round, self.next_round = self.next_round, None
+        self.skipping = False
         done = self.scheduler.tick(self.ms(), int(self.longest_load * 1000),
                                    deadlines=self.queued_deadlines > 0,
                                    urgent=self.queued[0] + self.queued[1] > 0)
         self.queued_deadlines -= done.get("expired", 0)
         self.apply(done)
         self.ensure_tick()
+        return any(done.values())
+
+    def skip_rounds_ahead(self) -> None:
+        """After a round that decided nothing and woke no GPU the pool is as it was before
+        it, and the next rounds differ only in their time: none decides anything before
+        the first time one could (the scheduler says when). The first round at or after
+        it replaces the next one, until an event that may change the pool."""
+        if not self.skip_ahead or self.next_round is None:
+            return
+        assert isinstance(self.scheduler, GpuqScheduler)
+        quiet = self.scheduler.quiet_until(int(self.longest_load * 1000),
+                                           deadlines=self.queued_deadlines > 0,
+                                           urgent=self.queued[0] + self.queued[1] > 0)
+        # the workers' leases (from their heartbeat at 0) end some day: liveness changes then
+        leases_end = self.ms(0.0) + int(self.config.lease_s * 1000)
+        until = leases_end if quiet is None else min(quiet, leases_end)
+        every = self.config.reap_interval_s
+        k = max(self.next_round, math.floor((until - EPOCH_MS) / 1000 / every) - 2)
+        while self.ms(k * every) < until:
+            k += 1
+        if k > self.next_round:
+            self.skipping = True
+            self.schedule_round(k, queued=(k - 1) * every)
+
+    def resume_rounds(self, queued: float) -> None:
+        """An event that may change the pool ends a skip: the next round is the first of the
+        cadence that would run after this event, queued as the cadence would have queued it
+        (by the round before it), so that it keeps its place among simultaneous events."""
+        if not self.skipping:
+            return
+        self.skipping = False
+        every = self.config.reap_interval_s
+        k = max(self.last_round + 1, math.floor(self.now / every) - 1)
+        while (k * every, (k - 1) * every) < (self.now, queued):
+            k += 1
+        assert self.next_round is not None
+        if k < self.next_round:
+            self.schedule_round(k, queued=(k - 1) * every)
+
+    def resume_polls(self, queued: float) -> None:
+        """An event that may change the pool ends the parked workers' wait: each polls again
+        at the first of its polls that would come after this event, queued by the one before
+        it, in the order they were parked (polls of the same times keep their order)."""
+        for wid, passed in self.parked:
+            step = self.by_id[wid].poll_s
+            before = last_before(passed, step, self.now)
+            at = before + step
+            if (at, before) < (self.now, queued):
+                before, at = at, at + step
+            self.at(at, "retry", wid, queued=before)
+        self.parked.clear()
 
     def apply(self, done: dict[str, int]) -> None:
         """Count a reaper pass's decisions and hand its yield requests to the workers."""

@@ -140,6 +140,34 @@ class GpuqScheduler:
         expired = self.reaper.expire(now_ms, horizon_ms) if deadlines else 0
         return {"expired": expired, **(self.reaper.preemptor.step(now_ms) if urgent else {})}
 
+    def stuck_on_reservation(self, worker_id: str) -> bool:
+        """Whether a worker that claimed nothing holds a reservation for a queued task: the
+        claim then took nothing else and will answer the same while the pool stays as it
+        is (only a delayed retry falling due, which a claim promotes, could change that)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.get(self.keys.reservation(worker_id))
+        pipe.zcard(self.keys.delayed)
+        reserved, delayed = pipe.execute()
+        if not reserved or delayed:
+            return False
+        return self.redis.hget(self.keys.task(reserved), "state") == "queued"
+
+    def quiet_until(self, horizon_ms: int, *, deadlines: bool, urgent: bool) -> int | None:
+        """After a round that decided nothing (its arguments as ``tick``'s): the first time
+        (ms) at which one could decide something, the pool unchanged; None: not before it
+        changes. Expiry looks only at tasks whose latest start (the deadline index's score)
+        is within the horizon, so none expires before the index's first score minus the
+        horizon (entries of tasks no longer queued included: they only make it earlier);
+        the planner says its own."""
+        times = []
+        if deadlines:
+            first = self.redis.zrange(self.keys.deadlines, 0, 0, withscores=True)
+            if first:
+                times.append(int(first[0][1]) - horizon_ms)
+        if urgent and self.reaper.preemptor.quiet_until is not None:
+            times.append(self.reaper.preemptor.quiet_until)
+        return min(times, default=None)
+
 
 class QueueScheduler:
     """The baselines: plain queues in memory, head of line only."""

@@ -65,8 +65,17 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 
 
-def _seconds(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}s"
+def _duration(x: float | None) -> str:
+    """A wait in a few characters (17.5d, not 1512025.85s, which would fill its column)."""
+    if x is None:
+        return "-"
+    if x < 1000:
+        return f"{x:.2f}s"
+    if x < 2 * 3600:
+        return f"{x / 60:.1f}min"
+    if x < 2 * 86400:
+        return f"{x / 3600:.1f}h"
+    return f"{x / 86400:.1f}d"
 
 
 def render(reports: list[dict[str, Any]]) -> str:
@@ -78,7 +87,7 @@ def render(reports: list[dict[str, Any]]) -> str:
             within = None if p["sla_attainment"] is None else 100 * p["sla_attainment"]
             sla = "-" if p["sla_s"] is None else f"{p['sla_s']:g}s"
             shown = "-" if within is None else f"{within:.1f}%"
-            p50, p99 = (_seconds(p[k]) for k in ("wait_p50_s", "wait_p99_s"))
+            p50, p99 = (_duration(p[k]) for k in ("wait_p50_s", "wait_p99_s"))
             lines.append(f"{r['policy']:<11}{name:<5}{p['tasks']:>7}{sla:>8}{shown:>9}"
                          f"{p50:>11}{p99:>11}{p['expired']:>9}{p['cold_starts']:>7}")
     lines.append("")

@@ -54,7 +54,9 @@ def sim_config(base: Config | None = None) -> Config:
 
 def simulate(tasks: list[TraceTask], gpus: list[tuple[str, float]], policy: str, *,
              speedup: float, load_time: LoadSampler, seed: int = 1,
-             config: Config | None = None, server: EmbeddedServer | None = None) -> SimResult:
+             config: Config | None = None, server: EmbeddedServer | None = None,
+             skip_ahead: bool = True) -> SimResult:
+    """skip_ahead=False runs every reaper round and every claim (the same report, slower)."""
     if policy not in POLICIES:
         raise ConfigError(f"--policy {policy!r}: one of {', '.join(POLICIES)}")
     if speedup <= 0:
@@ -77,7 +79,9 @@ def simulate(tasks: list[TraceTask], gpus: list[tuple[str, float]], policy: str,
             scheduler = GpuqScheduler(client, cfg)
         else:
             scheduler = QueueScheduler(policy, {f"t{i:06d}": t for i, t in enumerate(compressed)})
-        result = Engine(scheduler, gpus, compressed, lambda model: load_time(model, rng), cfg).run()
+        engine = Engine(scheduler, gpus, compressed, lambda model: load_time(model, rng), cfg)
+        engine.skip_ahead = skip_ahead
+        result = engine.run()
         if policy == "gpuq":
             client.close()
     finally:

@@ -21,11 +21,13 @@ from procs import Procs, est
 
 from gpuq import Queue, State
 from gpuq.client import connect
+from gpuq.config import Config
 from gpuq.embedded import EmbeddedServer
 from gpuq.keys import Keys
 from gpuq.sim import traces
 from gpuq.sim.engine import URGENT_REACTION_S
 from gpuq.sim.model import TraceTask
+from gpuq.sim.policies import GpuqScheduler
 from gpuq.sim.report import summarize
 from gpuq.sim.run import parse_gpus, simulate
 
@@ -126,6 +128,65 @@ def test_a_p0_is_not_left_waiting_for_a_natural_end_past_its_sla(redis_server: E
     p0 = next(t for t in r.tasks if t.priority == 0)
     assert p0.start_s == pytest.approx(15.9 + URGENT_REACTION_S) and r.preemptions["yielded"] == 1
     assert summarize(r)["priorities"]["P0"]["sla_attainment"] == 1.0
+
+
+# --- skip-ahead: the rounds and claims a replay skips change nothing -------------------------
+
+# one 80 GB GPU, a victim asked after 5 s of running: a long P3 task is asked to yield for a
+# P0 task once it has run 5 s (by the round after another arrival, not by the P0's urgent
+# pass), then for another; then it
+# may not be asked again (preempt_max), so the third P0 waits for its expected end (its
+# estimate is short: reserved 30 s before it); meanwhile a P1 expires at the round after it
+# comes (its deadline is shorter than its estimate), another when its deadline comes near,
+# and a P2 with a far deadline runs at the end
+PREEMPT_MAX = [replace(task(0, "b", 3, service=2000), est_s=1000), task(3, "a", 0, service=20),
+               task(4.5, "c", 3, service=10), task(100, "a", 0, service=20), task(200, "a", 0, service=20),
+               replace(task(250.5, "e", 1, service=10), deadline_s=5),
+               replace(task(400, "d", 1, service=10), deadline_s=100),
+               replace(task(410, "d", 2, service=10), deadline_s=100_000)]
+# a 24 GB GPU (19 GB usable) holds model a (7 GB) and runs a 5 GB P3 task of model b when a
+# 16 GB P0 task of model a comes: the P3 task yields, but with both models resident the P0
+# task does not fit there, so the GPU, reserved for it, takes nothing else until the 48 GB
+# GPU frees up from non-preemptible work and claims it; arrivals meanwhile wake the GPU, and
+# each of its claims makes it poll once more
+STUCK = [replace(task(0, "x", 2, service=400.1, vram=30), preemptible=False),
+         task(1, "a", 0, service=5, vram=7), task(20, "b", 3, service=3000, vram=5),
+         task(100, "a", 0, service=50, vram=16), task(150.05, "b", 3, service=10, vram=5),
+         task(230.17, "b", 3, service=10, vram=5)]
+
+
+@pytest.mark.parametrize("tasks,gpus,config", [
+    (PREEMPT_MAX, "1x80", Config(preempt_min_runtime_s=5)), (STUCK, "1x24,1x48", Config())],
+    ids=["preempt-max-and-deadlines", "reserved-gpu-too-small"])
+def test_skipping_rounds_and_claims_gives_the_same_replay(
+        redis_server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch, tasks: list[TraceTask],
+        gpus: str, config: Config) -> None:
+    calls = {"tick": 0, "claim": 0}
+
+    def counting(name: str) -> Any:
+        original = getattr(GpuqScheduler, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return original(*args, **kwargs)
+        return counted
+
+    for name in calls:
+        monkeypatch.setattr(GpuqScheduler, name, counting(name))
+    replays = []
+    for skip in (False, True):
+        calls.update(tick=0, claim=0)
+        r = simulate(tasks, parse_gpus(gpus), "gpuq", speedup=1.0, load_time=fixed_load,
+                     config=config, server=redis_server, skip_ahead=skip)
+        tasks_seen = [(t.id, t.start_s, t.end_s, t.outcome, t.preemptions, t.worker) for t in r.tasks]
+        replays.append(({k: v for k, v in summarize(r).items() if k != "wall_s"}, tasks_seen, r.claims,
+                        dict(calls)))
+    (every, *every_run, every_calls), (skipped, *skipped_run, skipped_calls) = replays
+    assert skipped == every and skipped_run == every_run
+    assert every["succeeded"] == len(tasks) - every["priorities"]["P1"]["expired"]
+    assert every["preemptions"]["yielded"] >= 1
+    # the replay without skipping ran many idle rounds or claims: those were skipped
+    assert skipped_calls["tick"] + skipped_calls["claim"] < (every_calls["tick"] + every_calls["claim"]) / 10
 
 
 def test_every_gpu_claims_once_on_start_and_is_then_idle(redis_server: EmbeddedServer) -> None:

@@ -56,3 +56,19 @@ def test_report_counts_never_started_tasks_as_sla_misses() -> None:
     assert r["preemptions"] == {"reserved": 0, "yield_requested": 0, "yielded": 2, "stopped": 0}
     text = render([r])
     assert "33.3%" in text and "P1" in text and all(len(line) <= 90 for line in text.splitlines())
+
+
+def test_table_keeps_columns_apart_for_waits_of_days() -> None:
+    # an openb-like replay: P0 waits of weeks
+    tasks = [task("a", 0, 0.0, 1512025.85, 1512100.0, "succeeded"),
+             task("b", 0, 0.0, 5883873.0, 5883900.0, "succeeded"),
+             task("c", 2, 0.0, 12.5, 20.0, "succeeded"),
+             task("d", 3, 0.0, 4000.0, 4100.0, "succeeded")]
+    result = SimResult("gpuq", 1.0, [("g", 80.0)], [0.2, 1.0, 300.0, None], tasks,
+                       busy_s={"g": 100.0}, model_loads=0, preemptions={}, makespan_s=5883900.0)
+    report = summarize(result)
+    rows = render([report]).splitlines()
+    waits = {r.split()[1]: r.split()[5:7] for r in rows[1:5]}
+    assert rows[1].split() == ["gpuq", "P0", "2", "0.2s", "0.0%", "68.1d", "68.1d", "0", "0"]
+    assert waits["P2"] == ["12.50s", "12.50s"] and waits["P3"] == ["66.7min", "66.7min"]
+    assert report["priorities"]["P0"]["wait_p50_s"] == 5883873.0  # the JSON keeps seconds

@@ -1,0 +1,86 @@
+"""What the simulator's skip-ahead relies on, without Redis: the planner's quiet time
+(gpuq.reaper.preempt.quiet_until: after a plan that decided nothing, the first time a plan on
+the same pool decides something) and where a skipped poll falls (gpuq.sim.polls)."""
+
+from __future__ import annotations
+
+import random
+
+from test_preempt import CFG, NOW, victim
+
+from gpuq.reaper.preempt import Victim, Waiting, plan, quiet_until
+from gpuq.sim.polls import last_before
+
+
+def kinds(waiting: list[Waiting], victims: list[Victim], now: int) -> list[str]:
+    return [d.kind for d in plan(waiting, victims, [], set(), CFG, now)]
+
+
+def test_a_young_victim_is_asked_the_moment_it_has_run_its_minimum() -> None:
+    waiting, victims = [Waiting("p0", 0, 40, start_by_ms=NOW + 200)], [victim("v", "a", ran_s=2, left_s=600)]
+    assert kinds(waiting, victims, NOW) == []
+    first = quiet_until(waiting, victims, [], set(), CFG)
+    assert first == NOW + 3000
+    assert kinds(waiting, victims, first - 1) == [] and kinds(waiting, victims, first) == ["yield"]
+
+
+def test_a_victim_that_may_not_be_asked_is_reserved_max_wait_before_its_end() -> None:
+    waiting, victims = [Waiting("p0", 0, 40)], [victim("v", "a", left_s=600, preemptions=2)]
+    first = quiet_until(waiting, victims, [], set(), CFG)
+    assert first == NOW + 570_000
+    assert kinds(waiting, victims, first - 1) == [] and kinds(waiting, victims, first) == ["reserve"]
+
+
+def test_no_candidate_means_nothing_to_wait_for() -> None:
+    waiting = [Waiting("p1", 1, 40)]
+    assert quiet_until(waiting, [victim("same", "a", priority=1), victim("small", "b", usable_gb=30),
+                                 victim("lane", "c", levels="23")], [], set(), CFG) is None
+    young = [victim("v", "a", ran_s=1)]
+    assert quiet_until(waiting, young, [(43.0, "0123")], set(), CFG) is None  # an idle GPU takes it
+    assert quiet_until(waiting, young, [], {"a"}, CFG) is None  # its worker is reserved already
+
+
+def test_the_quiet_time_is_the_planners_first_decision_on_random_pools() -> None:
+    rng = random.Random(5)
+    checked = 0
+    for case in range(2000):
+        victims = [victim(f"v{i}", f"w{i}", priority=rng.choice((1, 2, 3)), ran_s=rng.uniform(0, 8),
+                          left_s=rng.uniform(-5, 200), preemptions=rng.choice((0, 1, 2)),
+                          usable_gb=rng.choice((19, 43, 75)), levels=rng.choice(("0123", "01", "23")))
+                   for i in range(rng.randint(1, 4))]
+        waiting = [Waiting(f"t{i}", rng.choice((0, 1)), rng.choice((10, 30, 60)),
+                           rng.choice((None, NOW - 100, NOW + 200, NOW + 50_000)))
+                   for i in range(rng.randint(1, 3))]
+        if kinds(waiting, victims, NOW):
+            continue
+        first = quiet_until(waiting, victims, [], set(), CFG)
+        later = [NOW + rng.randint(1, 400_000) for _ in range(5)]
+        if first is None:
+            assert all(kinds(waiting, victims, t) == [] for t in later), case
+            continue
+        checked += 1
+        assert first > NOW and kinds(waiting, victims, first) != [], case
+        assert all(kinds(waiting, victims, t) == [] for t in [first - 1] + later if t < first), case
+    assert checked > 200
+
+
+def polled(t: float, step: float, bound: float) -> float:
+    while t + step < bound:
+        t = t + step
+    return t
+
+
+def test_a_skipped_poll_falls_where_one_addition_at_a_time_puts_it() -> None:
+    rng = random.Random(3)
+    for case in range(300):
+        power = 2.0 ** rng.randint(-2, 24)  # some polls cross a power of two, some start near one
+        start = max(0.0, rng.choice((power - rng.uniform(0, 3), rng.uniform(0, 2e7))))
+        step = rng.choice((0.2, 0.1, 0.095, 1.0, rng.uniform(0.01, 5)))
+        bound = start + rng.uniform(0, 20_000) * step
+        assert last_before(start, step, bound) == polled(start, step, bound), (case, start, step, bound)
+    # a step halfway between two doubles rounds to even, alternately up and down: no runs
+    for start, step in ((0.5 + 2**-53, 2**-7 + 2**-54), (1 + 2**-52, 2**-6 + 2**-53)):
+        assert last_before(start, step, start + 0.45) == polled(start, step, start + 0.45)
+    # weeks of 200 ms polls: the sum drifts from start + n x step, and the skip follows it
+    start, bound = 1234.5678, 1234.5678 + 14 * 86400
+    assert last_before(start, 0.2, bound) == polled(start, 0.2, bound) != start + 6_048_000 * 0.2
