@@ -93,16 +93,56 @@ local function tightest(need, upper, except, p, unoccupied)
   return nil
 end
 
--- Wake the idle worker best placed for a task: one holding its model, else the tightest
--- fit; returns it (the task is then "offered" to it), or nil. A woken worker leaves the
--- idle set until it finds nothing to claim, so a burst of enqueues spreads over idle
--- workers. Callers also post a pool-wide wake: if the chosen worker died while idle, another
--- takes the task once the offer's deferral ends. idle_n: the idle set's size, if known.
+-- The busy workers other than `except` that hold model m, serve priority p and are large
+-- enough for need (each claims its held models first once it frees up), in a fixed order.
+local function busy_holders_of(m, need, p, except)
+  local out = {}
+  local holders = redis.call('SMEMBERS', B .. 'holders:' .. m)
+  table.sort(holders)  -- a set's order varies between server runs; decisions must not
+  for _, w in ipairs(holders) do
+    if w ~= except and not redis.call('ZSCORE', K_IDLE, w) then
+      local g = redis.call('HMGET', B .. 'worker:' .. w, 'vram_total_gb', 'kv_reserve_gb', 'levels')
+      if g[1] and tonumber(g[1]) - tonumber(g[2] or 0) >= need
+          and string.find(g[3] or '0123', tostring(p), 1, true) then
+        out[#out + 1] = w
+      end
+    end
+  end
+  return out
+end
+
+-- A busy holder of model m running a preemptible task of lower priority than p: the
+-- reaper's planner may ask that task to yield, so online work starts on a GPU that has
+-- its model instead of loading it cold elsewhere.
+local function yielding_holder(m, need, p)
+  for _, w in ipairs(busy_holders_of(m, need, p, nil)) do
+    for _, t in ipairs(redis.call('SMEMBERS', B .. 'worker:' .. w .. ':tasks')) do
+      local r = redis.call('HMGET', task_key(t), 'priority', 'preemptible')
+      if r[2] == '1' and tonumber(r[1]) > tonumber(p) then return w end
+    end
+  end
+  return nil
+end
+
+-- Offer a task to the worker best placed for it and wake it: an idle worker holding its
+-- model; for online and nearline work, else a busy holder whose lower-priority task may be
+-- asked to yield (not woken: the reaper's planner acts on the offer, and idle workers leave
+-- the task to it until the offer's deferral ends, then load it cold); else the idle worker
+-- it fits most tightly. Returns the worker offered to (or nil) and whether it was woken. A
+-- woken worker leaves the idle set until it finds nothing to claim, so a burst of enqueues
+-- spreads over idle workers. Callers also post a pool-wide wake when no worker was woken,
+-- or (while others idle) in case the woken one died idle. idle_n: the idle set's size.
 local function wake(m, need, p, idle_n)
-  if (idle_n or redis.call('ZCARD', K_IDLE)) == 0 then return nil end
-  local w = idle_holder(m, need, nil, p) or tightest(need, '+inf', nil, p)
-  if w then wake_worker(w) end
-  return w
+  idle_n = idle_n or redis.call('ZCARD', K_IDLE)
+  local w = idle_n > 0 and idle_holder(m, need, nil, p)
+  if not w and (p == '0' or p == '1') then
+    local busy = yielding_holder(m, need, p)
+    if busy then return busy, false end
+  end
+  w = w or (idle_n > 0 and tightest(need, '+inf', nil, p))
+  if not w then return nil, false end
+  wake_worker(w)
+  return w, true
 end
 
 -- A task with a deadline is watched by the reaper's expiry pass from its latest start
@@ -126,10 +166,10 @@ local function push(id)
   index(id, f[1], f[2], f[3], f[4])
   watch_deadline(id, f[5], f[6])
   local idle_n = redis.call('ZCARD', K_IDLE)
-  local offered = wake(f[2], tonumber(f[4]), f[1], idle_n)
+  local offered, woken = wake(f[2], tonumber(f[4]), f[1], idle_n)
   redis.call('HSET', task_key(id), 'offered', offered or '')
-  -- a picked worker has left the idle set: a pool-wide wake too while others remain
-  if not offered or idle_n > 1 then wake_pool(1) end
+  -- a woken worker has left the idle set: a pool-wide wake too while others remain
+  if not woken or idle_n > 1 then wake_pool(1) end
 end
 
 -- Take a queued task out of its queue and the indexes (the deadline index unless the

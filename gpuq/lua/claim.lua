@@ -65,24 +65,17 @@ local function better_elsewhere(m, need, p)
   return idle_holder(m, need, worker, p) or tightest(need, '(' .. claimable, worker, p, true)
 end
 
--- The busy workers other than this one that hold model m, serve priority p and are large
--- enough for the task (each claims its held models first once it frees up): how many, and
--- in how many seconds the first of them expects to free up, by its tasks' estimates (an
--- overrun one counts as ending now). An idle holder that did not take the task has no room.
+-- How many busy holders of model m could take the task (busy_holders_of), and in how many
+-- seconds the first of them expects to free up, by its tasks' estimates (an overrun one
+-- counts as ending now). An idle holder that did not take the task has no room.
 local function busy_holders(m, need, p)
   local n, soonest = 0, math.huge
-  for _, w in ipairs(redis.call('SMEMBERS', B .. 'holders:' .. m)) do
-    if w ~= worker and not redis.call('ZSCORE', K_IDLE, w) then
-      local g = redis.call('HMGET', B .. 'worker:' .. w, 'vram_total_gb', 'kv_reserve_gb', 'levels')
-      if g[1] and tonumber(g[1]) - tonumber(g[2] or 0) >= need
-          and string.find(g[3] or '0123', tostring(p), 1, true) then
-        n = n + 1
-        for _, t in ipairs(redis.call('SMEMBERS', B .. 'worker:' .. w .. ':tasks')) do
-          local r = redis.call('HMGET', task_key(t), 'started_at', 'est_s')
-          if r[1] and r[2] then
-            soonest = math.min(soonest, math.max(0, tonumber(r[1]) + tonumber(r[2]) * 1000 - now) / 1000)
-          end
-        end
+  for _, w in ipairs(busy_holders_of(m, need, p, worker)) do
+    n = n + 1
+    for _, t in ipairs(redis.call('SMEMBERS', B .. 'worker:' .. w .. ':tasks')) do
+      local r = redis.call('HMGET', task_key(t), 'started_at', 'est_s')
+      if r[1] and r[2] then
+        soonest = math.min(soonest, math.max(0, tonumber(r[1]) + tonumber(r[2]) * 1000 - now) / 1000)
       end
     end
   end

@@ -87,8 +87,8 @@ for i = 1, n do
     score = math.min(score, deadline - math.floor(tonumber(ARGV[o + 7]) * 1000))
     deadline = ms(deadline)
   end
-  local offered = wake(model, vram, prio, idle_n)
-  if offered then
+  local offered, woken = wake(model, vram, prio, idle_n)
+  if woken then
     targeted, idle_n = 1, idle_n - 1
   else
     unwoken = unwoken + 1

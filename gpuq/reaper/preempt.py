@@ -1,8 +1,11 @@
-"""Graceful preemption: the reaper's plan for P0/P1 tasks that fit no idle worker.
+"""Graceful preemption: the reaper's plan for P0/P1 tasks that fit no idle worker, or that
+enqueue offered to a busy GPU holding their model.
 
 For each such task, the candidates are running, preemptible, lower-priority tasks on live
 workers whose GPU is large enough (usable VRAM >= the task's need) and which serve the
-task's priority. The one expected to end soonest (started + estimate) decides:
+task's priority; for a task offered to a busy holder of its model, only that holder's
+(an idle worker would load the model cold: 30-60 s, against a yield). The one expected to
+end soonest (started + estimate) decides:
 
 - it ends within ``max_wait_s`` and before the waiting task's start-by time (its queue
   score: enqueue + SLA): reserve its worker (the worker's next claim is the waiting task);
@@ -11,7 +14,8 @@ task's priority. The one expected to end soonest (started + estimate) decides:
   soonest-ending candidate that has run ``preempt_min_runtime_s`` and was preempted fewer
   than ``preempt_max`` times. Past the grace the worker stops it (gpuq.worker.control).
 - no candidate may be asked, or the start-by time has already passed (a yield no longer
-  saves the SLA): wait for the soonest end if it is within ``max_wait_s``.
+  saves the SLA): wait for the soonest end if it is within ``max_wait_s`` (not for a task
+  an idle worker will load cold once the holder's offer lapses).
 
 Waiting up to ``max_wait_s`` (30 s) for a 200 ms SLA would miss it for certain, so the
 start-by time bounds the graceful wait while the SLA can still be met.
@@ -49,6 +53,7 @@ class Waiting:
     priority: int
     need_gb: float
     start_by_ms: int | None = None  # its queue score; None: no SLA bound on the wait
+    offered: str = ""  # the worker enqueue offered it to (maybe a busy holder of its model)
 
 
 @dataclass(frozen=True)
@@ -88,7 +93,10 @@ def plan(waiting: list[Waiting], victims: list[Victim], idle: list[tuple[float, 
         if not fits:
             continue
         soonest = min(fits, key=lambda v: v.ends_ms)
-        graceful: Victim | None = soonest if soonest.ends_ms <= now_ms + wait_ms else None
+        # offered to a busy holder while a GPU idles: waited for only by its start-by time
+        # (the idle GPU loads its model once the offer lapses)
+        may_wait = soonest.ends_ms <= now_ms + wait_ms and not idle_fits(w, idle)
+        graceful: Victim | None = soonest if may_wait else None
         if w.start_by_ms is not None and w.start_by_ms > now_ms:
             # the SLA can still be met: wait only for a victim due to end by the start-by
             # time; an overdue one (its estimate passed: a cold load, a slow run) promises nothing
@@ -99,7 +107,7 @@ def plan(waiting: list[Waiting], victims: list[Victim], idle: list[tuple[float, 
         if graceful is None and ran_enough:
             victim = min(ran_enough, key=lambda v: v.ends_ms)
             decision = Decision("yield", w, victim, max(0.0, (victim.ends_ms - now_ms) / 1000))
-        elif graceful is not None or soonest.ends_ms <= now_ms + wait_ms:
+        elif graceful is not None or may_wait:
             # nothing may be interrupted: the soonest natural end is still the best bet
             victim = graceful or soonest
             decision = Decision("reserve", w, victim, max(0.0, (victim.ends_ms - now_ms) / 1000))
@@ -112,11 +120,19 @@ def plan(waiting: list[Waiting], victims: list[Victim], idle: list[tuple[float, 
 
 def candidates_for(w: Waiting, victims: list[Victim], idle: list[tuple[float, str]],
                    used: set[str]) -> list[Victim]:
-    """The victims that could make room for ``w``; none while an idle worker will claim it."""
-    if any(gb >= w.need_gb and str(w.priority) in levels for gb, levels in idle):
-        return []
-    return [v for v in victims if v.priority > w.priority and v.worker not in used
+    """The victims that could make room for ``w``: those on the busy holder of its model it
+    was offered to, if any; else none while an idle worker will claim it."""
+    fits = [v for v in victims if v.priority > w.priority and v.worker not in used
             and v.usable_gb >= w.need_gb and str(w.priority) in v.levels]
+    on_holder = [v for v in fits if v.worker == w.offered]
+    if on_holder or idle_fits(w, idle):
+        return on_holder
+    return fits
+
+
+def idle_fits(w: Waiting, idle: list[tuple[float, str]]) -> bool:
+    """Whether an idle worker (claimable GB, levels) could claim ``w``, cold if need be."""
+    return any(gb >= w.need_gb and str(w.priority) in levels for gb, levels in idle)
 
 
 def may_be_asked(v: Victim, config: Config, now_ms: int) -> bool:
@@ -135,14 +151,16 @@ def quiet_until(waiting: list[Waiting], victims: list[Victim], idle: list[tuple[
     used), and a task with candidates gets none exactly while its soonest natural end is
     beyond ``max_wait_s`` and none of them may be asked to yield (its start-by time only
     chooses between decisions). Time alone ends that when the soonest end comes within
-    ``max_wait_s`` or a candidate reaches its minimum runtime."""
+    ``max_wait_s`` (not for a task offered to a busy holder while a GPU idles: it is not
+    waited for) or a candidate reaches its minimum runtime."""
     wait_ms = int(config.max_wait_s * 1000)
     times: list[int] = []
     for w in waiting:
         fits = candidates_for(w, victims, idle, reserved)
         if not fits:
             continue
-        times.append(min(v.ends_ms for v in fits) - wait_ms)
+        if not idle_fits(w, idle):
+            times.append(min(v.ends_ms for v in fits) - wait_ms)
         for v in fits:
             if v.preemptions < config.preempt_max:
                 # the planner's own test, from just below the minimum runtime (float-safe)
@@ -218,14 +236,15 @@ class Preemptor:
                  for i, score in head]
         pipe = r.pipeline(transaction=False)
         for _, i, _ in heads:
-            pipe.hmget(k.task(i), "vram_gb", "reserved_for")
+            pipe.hmget(k.task(i), "vram_gb", "reserved_for", "offered")
         rows = pipe.execute()
-        holders = sorted({str(h) for _, h in rows if h})
+        holders = sorted({str(h) for _, h, _ in rows if h})
         pipe = r.pipeline(transaction=False)
         for h in holders:
             pipe.get(k.reservation(h))
         live = {h: str(t) for h, t in zip(holders, pipe.execute()) if t}
-        return [Waiting(i, p, float(need), score) for (p, i, score), (need, holder) in zip(heads, rows)
+        return [Waiting(i, p, float(need), score, str(offered or ""))
+                for (p, i, score), (need, holder, offered) in zip(heads, rows)
                 if need is not None and live.get(str(holder or "")) != i]
 
     def read_workers(self, now_ms: int) -> tuple[list[Victim], list[tuple[float, str]], set[str]]:

@@ -190,6 +190,49 @@ def test_batch_work_waits_for_a_busy_holder_of_its_model_online_work_does_not(
     assert c is not None and c["id"] == batch
 
 
+def busy_with(q: Queue, worker: str, model: str, now_ms: int, **options: object) -> str:
+    """A worker (80 GB) holding ``model`` and running one task of it, started at now_ms."""
+    tid = enqueue(q, now_ms, model=model, vram_gb=20, **options)
+    c = claim(q, worker, 75, loaded=[(model, 15)], now_ms=now_ms)
+    assert c is not None and c["id"] == tid
+    hold_model(q, worker, model, 80)
+    return tid
+
+
+def test_online_work_is_offered_to_a_busy_holder_whose_batch_task_may_yield(queue: Queue) -> None:
+    busy_with(queue, "holder", "A", T0, priority="P3")
+    assert claim(queue, "cold", 70, now_ms=T0 + 1) is None  # idle, without model A
+    online = enqueue(queue, T0 + 10, model="A", vram_gb=20, priority="P0")
+    # offered to the holder (the planner may ask its P3 task to yield), not woken; the
+    # reaper is woken to plan; the idle worker without the model is not woken
+    assert queue.redis.hget(queue.keys.task(online), "offered") == "holder"
+    assert queue.redis.llen(queue.keys.wake("holder")) == 0
+    assert queue.redis.llen(queue.keys.wake("cold")) == 0
+    assert queue.redis.llen(queue.keys.urgent) == 1
+    # the idle worker leaves it to the holder for the P0 defer bound (SLA / 2), then loads it
+    assert claim(queue, "cold", 70, now_ms=T0 + 10 + 99) is None
+    c = claim(queue, "cold", 70, now_ms=T0 + 10 + 100)
+    assert c is not None and c["id"] == online
+
+
+@pytest.mark.parametrize("running", [{"priority": "P3", "preemptible": False},
+                                     {"priority": "P0"}])
+def test_online_work_is_not_offered_to_a_holder_whose_task_may_not_yield(
+        queue: Queue, running: dict[str, object]) -> None:
+    busy_with(queue, "holder", "A", T0, **running)
+    assert claim(queue, "cold", 70, now_ms=T0 + 1) is None
+    online = enqueue(queue, T0 + 10, model="A", vram_gb=20, priority="P1")
+    assert queue.redis.hget(queue.keys.task(online), "offered") == "cold"
+    assert queue.redis.lrange(queue.keys.wake("cold"), 0, -1) == ["1"]
+
+
+def test_batch_work_is_not_offered_to_a_busy_holder(queue: Queue) -> None:
+    busy_with(queue, "holder", "A", T0, priority="P3")
+    assert claim(queue, "cold", 70, now_ms=T0 + 1) is None
+    batch = enqueue(queue, T0 + 10, model="A", vram_gb=20, priority="P2")
+    assert queue.redis.hget(queue.keys.task(batch), "offered") == "cold"
+
+
 def test_a_backlog_deeper_than_its_busy_holders_is_loaded_elsewhere(make_queue: MakeQueue) -> None:
     q = make_queue(defer_s=2.0, holder_wait_s=120.0)
     hold_model(q, "busy", "A", 80)

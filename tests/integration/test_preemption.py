@@ -190,3 +190,24 @@ def test_an_urgent_enqueue_wakes_the_reaper_between_its_rounds(procs: Procs,
     assert "reaper.urgent" in reaper.log()
     assert stats(procs)["preempt:yield_requested"] == 1
     assert procs.redis.llen(procs.keys.urgent) == 0  # the reaper took the token
+
+
+def test_online_work_takes_the_busy_gpu_holding_its_model_rather_than_load_it_cold(
+        procs: Procs, real_queue: Queue) -> None:
+    # a P0 SLA of 5 s (defer bound 2 s) gives the yield time on these shared machines; the
+    # replay (yields at once) shows the 200 ms case
+    env = {"GPUQ_SLA_P0_S": "5"}
+    procs.worker("holder", vram_gb=48, env=env)
+    victim = real_queue.enqueue("sim.run", {}, model="shared", vram_gb=30, priority="P3",
+                                est_s=est(20.0)).id
+    procs.wait_state(victim, State.RUNNING)
+    procs.worker("cold", vram_gb=48, env=env)  # idle, without the model
+    active_reaper(procs, **env)
+    urgent = real_queue.enqueue("sim.run", {}, model="shared", vram_gb=30, priority="P0",
+                                est_s=est(0.3)).id
+    assert procs.redis.hget(procs.keys.task(urgent), "offered") == "holder"
+    done = procs.wait_state(urgent, State.SUCCEEDED, timeout=20)
+    assert done.worker == "holder"  # its model was loaded there: no cold start
+    assert procs.redis.hget(procs.keys.task(victim), "preemptions") == "1"
+    assert stats(procs)["preempt:yield_requested"] == 1
+    assert procs.redis.sismember(procs.keys.holders("shared"), "cold") == 0

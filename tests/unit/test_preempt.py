@@ -100,3 +100,31 @@ def test_with_nothing_interruptible_the_soonest_end_is_still_reserved() -> None:
     young = victim("young", "a", ran_s=1, left_s=10)  # under the minimum runtime
     out = plan([Waiting("p0", 0, 40, start_by_ms=NOW + 200)], [young], [], set(), CFG, NOW)
     assert [(d.kind, d.victim.id) for d in out] == [("reserve", "young")]
+
+
+def test_a_task_offered_to_a_busy_holder_asks_that_holders_victim_though_a_gpu_idles() -> None:
+    # an idle worker would load the model cold; the holder has it: its P3 task is asked
+    victims = [victim("elsewhere", "a", left_s=50), victim("on_holder", "h", left_s=400)]
+    w = Waiting("p0", 0, 40, start_by_ms=NOW + 200, offered="h")
+    out = plan([w], victims, [(43.0, "0123")], set(), CFG, NOW)
+    assert [(d.kind, d.victim.id) for d in out] == [("yield", "on_holder")]
+
+
+def test_a_holder_offer_is_not_waited_for_past_the_sla_while_a_gpu_idles() -> None:
+    # the holder's task is too young to be asked and ends after the start-by time: an idle
+    # worker loads the model cold once the offer lapses, so no reservation is made
+    young = victim("young", "h", ran_s=1, left_s=10)
+    w = Waiting("p0", 0, 40, start_by_ms=NOW + 200, offered="h")
+    assert plan([w], [young], [(43.0, "0123")], set(), CFG, NOW) == []
+    # with no idle worker it is the usual plan: wait for the soonest natural end
+    out = plan([w], [young], [], set(), CFG, NOW)
+    assert [(d.kind, d.victim.id) for d in out] == [("reserve", "young")]
+    # one due by the start-by time is waited for even while a GPU idles
+    due = victim("due", "h", ran_s=1, left_s=0.1)
+    out = plan([w], [due], [(43.0, "0123")], set(), CFG, NOW)
+    assert [(d.kind, d.victim.id) for d in out] == [("reserve", "due")]
+
+
+def test_an_offer_to_a_worker_running_nothing_preemptible_changes_nothing() -> None:
+    w = Waiting("p0", 0, 40, start_by_ms=NOW + 200, offered="idle-one")
+    assert plan([w], [victim("v", "a", left_s=400)], [(43.0, "0123")], set(), CFG, NOW) == []

@@ -12,8 +12,9 @@ from gpuq.reaper.preempt import Victim, Waiting, plan, quiet_until
 from gpuq.sim.polls import last_before
 
 
-def kinds(waiting: list[Waiting], victims: list[Victim], now: int) -> list[str]:
-    return [d.kind for d in plan(waiting, victims, [], set(), CFG, now)]
+def kinds(waiting: list[Waiting], victims: list[Victim], now: int,
+          idle: list[tuple[float, str]] | None = None) -> list[str]:
+    return [d.kind for d in plan(waiting, victims, idle or [], set(), CFG, now)]
 
 
 def test_a_young_victim_is_asked_the_moment_it_has_run_its_minimum() -> None:
@@ -48,19 +49,22 @@ def test_the_quiet_time_is_the_planners_first_decision_on_random_pools() -> None
                           left_s=rng.uniform(-5, 200), preemptions=rng.choice((0, 1, 2)),
                           usable_gb=rng.choice((19, 43, 75)), levels=rng.choice(("0123", "01", "23")))
                    for i in range(rng.randint(1, 4))]
+        # some tasks were offered to a busy holder of their model, some pools have a GPU idle
         waiting = [Waiting(f"t{i}", rng.choice((0, 1)), rng.choice((10, 30, 60)),
-                           rng.choice((None, NOW - 100, NOW + 200, NOW + 50_000)))
+                           rng.choice((None, NOW - 100, NOW + 200, NOW + 50_000)),
+                           rng.choice(("", "", "w0", "w1")))
                    for i in range(rng.randint(1, 3))]
-        if kinds(waiting, victims, NOW):
+        idle = rng.choice(([], [], [(43.0, "0123")]))
+        if kinds(waiting, victims, NOW, idle):
             continue
-        first = quiet_until(waiting, victims, [], set(), CFG)
+        first = quiet_until(waiting, victims, idle, set(), CFG)
         later = [NOW + rng.randint(1, 400_000) for _ in range(5)]
         if first is None:
-            assert all(kinds(waiting, victims, t) == [] for t in later), case
+            assert all(kinds(waiting, victims, t, idle) == [] for t in later), case
             continue
         checked += 1
-        assert first > NOW and kinds(waiting, victims, first) != [], case
-        assert all(kinds(waiting, victims, t) == [] for t in [first - 1] + later if t < first), case
+        assert first > NOW and kinds(waiting, victims, first, idle) != [], case
+        assert all(kinds(waiting, victims, t, idle) == [] for t in [first - 1] + later if t < first), case
     assert checked > 200
 
 
