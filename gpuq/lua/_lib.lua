@@ -124,22 +124,24 @@ local function yielding_holder(m, need, p)
   return nil
 end
 
--- Offer a task to the worker best placed for it and wake it: an idle worker holding its
--- model; for online and nearline work, else a busy holder whose lower-priority task may be
--- asked to yield (not woken: the reaper's planner acts on the offer, and idle workers leave
--- the task to it until the offer's deferral ends, then load it cold); else the idle worker
--- it fits most tightly. Returns the worker offered to (or nil) and whether it was woken. A
+-- Offer a task to the worker best placed for it and wake it, while any worker idles: an
+-- idle worker holding its model; for online and nearline work, else a busy holder whose
+-- lower-priority task may be asked to yield (not woken: the reaper's planner acts on the
+-- offer, and idle workers leave the task to it until the offer's deferral ends, then load
+-- it cold); else the idle worker it fits most tightly. (With no worker idle the planner
+-- weighs every running task, as for any task that fits no idle worker.) Returns the worker offered to (or nil) and whether it was woken. A
 -- woken worker leaves the idle set until it finds nothing to claim, so a burst of enqueues
 -- spreads over idle workers. Callers also post a pool-wide wake when no worker was woken,
 -- or (while others idle) in case the woken one died idle. idle_n: the idle set's size.
 local function wake(m, need, p, idle_n)
   idle_n = idle_n or redis.call('ZCARD', K_IDLE)
-  local w = idle_n > 0 and idle_holder(m, need, nil, p)
+  if idle_n == 0 then return nil, false end
+  local w = idle_holder(m, need, nil, p)
   if not w and (p == '0' or p == '1') then
     local busy = yielding_holder(m, need, p)
     if busy then return busy, false end
   end
-  w = w or (idle_n > 0 and tightest(need, '+inf', nil, p))
+  w = w or tightest(need, '+inf', nil, p)
   if not w then return nil, false end
   wake_worker(w)
   return w, true

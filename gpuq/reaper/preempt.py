@@ -120,13 +120,12 @@ def plan(waiting: list[Waiting], victims: list[Victim], idle: list[tuple[float, 
 
 def candidates_for(w: Waiting, victims: list[Victim], idle: list[tuple[float, str]],
                    used: set[str]) -> list[Victim]:
-    """The victims that could make room for ``w``: those on the busy holder of its model it
-    was offered to, if any; else none while an idle worker will claim it."""
+    """The victims that could make room for ``w``; while an idle worker could claim it (and
+    load its model cold), only those on the busy holder of its model it was offered to."""
     fits = [v for v in victims if v.priority > w.priority and v.worker not in used
             and v.usable_gb >= w.need_gb and str(w.priority) in v.levels]
-    on_holder = [v for v in fits if v.worker == w.offered]
-    if on_holder or idle_fits(w, idle):
-        return on_holder
+    if idle_fits(w, idle):
+        return [v for v in fits if v.worker == w.offered]
     return fits
 
 
