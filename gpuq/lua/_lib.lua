@@ -128,11 +128,12 @@ end
 -- idle worker holding its model; for online and nearline work, else a busy holder whose
 -- lower-priority task may be asked to yield (not woken: the reaper's planner acts on the
 -- offer, and idle workers leave the task to it until the offer's deferral ends, then load
--- it cold); else the idle worker it fits most tightly. (With no worker idle the planner
--- weighs every running task, as for any task that fits no idle worker.) Returns the worker offered to (or nil) and whether it was woken. A
--- woken worker leaves the idle set until it finds nothing to claim, so a burst of enqueues
--- spreads over idle workers. Callers also post a pool-wide wake when no worker was woken,
--- or (while others idle) in case the woken one died idle. idle_n: the idle set's size.
+-- it cold); else the idle worker it fits most tightly. With no worker idle the planner
+-- weighs every running task, as for any task that fits no idle worker. Returns the worker
+-- offered to (or nil) and whether it was woken. A woken worker leaves the idle set until it
+-- finds nothing to claim, so a burst of enqueues spreads over idle workers. Callers also
+-- post a pool-wide wake when no worker was woken, or (while others idle) in case the woken
+-- one died idle. idle_n: the idle set's size.
 local function wake(m, need, p, idle_n)
   idle_n = idle_n or redis.call('ZCARD', K_IDLE)
   if idle_n == 0 then return nil, false end
