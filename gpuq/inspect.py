@@ -10,7 +10,7 @@ from typing import Any
 import redis
 
 from gpuq import catalog
-from gpuq.keys import Keys
+from gpuq.keys import Keys, live_reservation
 from gpuq.task import Priority
 
 
@@ -121,8 +121,9 @@ def _workers(client: redis.Redis, keys: Keys, workers: list[tuple[str, float]],
             # busy/idle from the live task set; the hash's state is as of the last heartbeat
             state="draining" if info.get("state") == "draining" else ("busy" if tasks else "idle"),
             running=sorted(tasks), alive=alive, levels=info.get("levels", "")))
-        if alive and reserved:
-            reservations.append({"worker": wid, "task": reserved})
+        live = live_reservation(reserved, int(now_ms))
+        if alive and live:
+            reservations.append({"worker": wid, "task": live[0]})
     return views, reservations
 
 

@@ -13,6 +13,16 @@ from dataclasses import dataclass
 DEFAULT_PREFIX = "gpuq"
 
 
+def live_reservation(value: str | bytes | None, now_ms: int) -> tuple[str, int] | None:
+    """A reservation's task and expiry (ms), or None when there is none or it has expired.
+    The expiry is in the value, not the key's TTL, so that a replay on a virtual clock sees
+    it end at the same virtual time however fast it runs."""
+    if not value:
+        return None
+    task, _, expires = (value.decode() if isinstance(value, bytes) else value).partition(" ")
+    return (task, int(expires)) if expires.isdigit() and int(expires) > now_ms else None
+
+
 @dataclass(frozen=True)
 class Keys:
     pool: str
@@ -53,7 +63,8 @@ class Keys:
         return f"{self.base}ctl:{worker_id}"
 
     def reservation(self, worker_id: str) -> str:
-        """The queued task the preemption planner reserved this worker for (expires)."""
+        """The queued task the preemption planner reserved this worker for, and until when:
+        "<task> <expires ms>" (read with ``live_reservation``)."""
         return f"{self.base}reserve:{worker_id}"
 
     def holders(self, model: str) -> str:

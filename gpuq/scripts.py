@@ -130,6 +130,14 @@ class ClaimRequest:
     loaded: Sequence[tuple[str, float]] = ()  # (model, footprint GB)
     levels: str = "0123"
 
+    def fits(self, model: str, need_gb: float) -> bool:
+        """claim.lua's fit rule: a held model's task needs room for its working memory (free
+        VRAM plus the other idle models), another task for all of it (free plus idle models)."""
+        footprint = dict(self.loaded).get(model)
+        if footprint is not None:
+            return need_gb - footprint <= self.free_gb + max(0.0, self.evictable_gb - footprint)
+        return need_gb <= self.free_gb + self.evictable_gb
+
 
 @dataclass(frozen=True)
 class Claim:

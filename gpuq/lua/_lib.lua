@@ -47,6 +47,17 @@ local function refresh_head(p, m)
   end
 end
 
+-- The task worker w is reserved for ("<task> <expires ms>" in reserve:<w>), if the
+-- reservation has not expired by now. The expiry is in the value, not the key's TTL, so a
+-- replay on a virtual clock sees it end at the same virtual time however fast it runs.
+local function reserved_task(w, now)
+  local v = redis.call('GET', B .. 'reserve:' .. w)
+  if not v then return nil, false end
+  local id, at = string.match(v, '^(%S+) (%d+)$')
+  if id and tonumber(at) > now then return id, true end
+  return nil, true
+end
+
 local function wake_worker(w)
   redis.call('ZREM', K_IDLE, w)
   redis.call('LPUSH', B .. 'wake:' .. w, '1')

@@ -1,13 +1,14 @@
 -- claim.lua: give a worker the best task it can run now, under a lease, in one atomic call.
 --
--- First, a reservation the preemption planner made for this worker (reserve:<worker>): its
--- task is claimed as soon as it fits; until then the worker takes nothing else. Then, in
+-- First, a reservation the preemption planner made for this worker (reserve:<worker>, until
+-- its expiry): its task is claimed as soon as it fits; until then the worker takes nothing
+-- else. Then, in
 -- order: levels starved by the fairness rule first (a level below P0 that has seen
 -- fair_every dispatches of higher levels since its own last one), then P0..P3. Within a
 -- level: the worker's loaded models first (no cold start), then the other models with work
 -- in head-score order (oldest / earliest start-by first). A task fits when its VRAM need
--- minus the loaded model's footprint fits free VRAM (model held), or when its whole need
--- fits free plus evictable VRAM (model not held). A cold task is left for a better-placed
+-- minus the loaded model's footprint fits free VRAM plus the worker's other idle models
+-- (model held), or when its whole need fits free plus evictable VRAM (model not held). A cold task is left for a better-placed
 -- worker (the one enqueue offered it to and woke, an idle one holding its model with room
 -- for it, or one it fits more tightly) until it has waited defer ms; that worker is woken,
 -- and this one told when to look again. Batch work (P2/P3) also waits, up to the holder
@@ -51,6 +52,14 @@ for i = 18, #ARGV, 2 do
   held_names[#held_names + 1] = ARGV[i]
 end
 local claimable = free + evictable
+
+-- Room for a task of a model this worker holds (footprint GB): free VRAM plus the other idle
+-- models, which the worker evicts for it as for a cold load (its ModelCache does the same).
+-- evictable counts the held model too while it is idle; while a running task uses it, the
+-- difference undercounts, which is safe.
+local function held_room(footprint)
+  return free + math.max(0, evictable - footprint)
+end
 
 promote_due(now, 20)
 
@@ -99,7 +108,7 @@ local function scan_queue(p, m)
   for k, id in ipairs(ids) do
     local f = redis.call('HMGET', task_key(id), 'vram_gb', 'queued_at', 'offered', 'est_s')
     local need = tonumber(f[1])
-    if footprint and need - footprint <= free then
+    if footprint and need - footprint <= held_room(footprint) then
       return id, math.max(0, need - footprint)
     elseif not footprint and need <= claimable then
       local waited = now - tonumber(f[2])
@@ -162,12 +171,12 @@ end
 for p = 0, 3 do order[#order + 1] = p end
 
 local id, p, m, use
-local reserved = redis.call('GET', B .. 'reserve:' .. worker)
+local reserved, has_key = reserved_task(worker, now)
 if reserved then
   local f = redis.call('HMGET', task_key(reserved), 'state', 'priority', 'model', 'vram_gb')
   if f[1] == 'queued' then
     local need, footprint = tonumber(f[4]), held[f[3]]
-    if footprint and need - footprint <= free then
+    if footprint and need - footprint <= held_room(footprint) then
       use = math.max(0, need - footprint)
     elseif not footprint and need <= claimable then
       use = need
@@ -178,7 +187,9 @@ if reserved then
     end
     id, p, m = reserved, tonumber(f[2]), f[3]
   end
-  redis.call('DEL', B .. 'reserve:' .. worker)  -- used, or moot (claimed elsewhere, ended)
+end
+if has_key then  -- used, moot (claimed elsewhere, ended) or expired
+  redis.call('DEL', B .. 'reserve:' .. worker)
 end
 
 local starved = #order - 4

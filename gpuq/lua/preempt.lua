@@ -2,7 +2,7 @@
 --
 -- The planner (gpuq/reaper/preempt.py) chose, for a waiting P0/P1 task that fits no idle
 -- worker, a running lower-priority task (the victim) on a worker large enough. Either way
--- the worker is reserved for the waiting task (reserve:<worker>, with expiry): its next
+-- the worker is reserved for the waiting task (reserve:<worker>, until now + lifetime): its next
 -- claim takes that task. With yield, the victim is also asked to give way: its hash gets
 -- yield_by (deadline, ms) and yield_for, and the worker's control list gets
 -- "yield <victim> <grace_ms>", which its heartbeat thread reads at once.
@@ -31,9 +31,8 @@ if v[1] ~= 'running' or v[2] ~= token or v[3] ~= worker then
   return {0, 'stale', 'victim is no longer running there'}
 end
 if v[4] and v[4] ~= '' then return {0, 'stale', 'victim was already asked to yield'} end
-if not redis.call('SET', B .. 'reserve:' .. worker, waiting, 'NX', 'PX', life) then
-  return {0, 'stale', 'worker is already reserved'}
-end
+if reserved_task(worker, now) then return {0, 'stale', 'worker is already reserved'} end
+redis.call('SET', B .. 'reserve:' .. worker, waiting .. ' ' .. ms(now + life))
 redis.call('HSET', task_key(waiting), 'reserved_for', worker)
 if grace == '' then
   redis.call('HINCRBY', K_STATS, 'preempt:reserved', 1)

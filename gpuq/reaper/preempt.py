@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import redis
 
 from gpuq.config import Config
-from gpuq.keys import Keys
+from gpuq.keys import Keys, live_reservation
 from gpuq.scripts import Calls, Scripts
 
 log = logging.getLogger(__name__)
@@ -182,6 +182,7 @@ class Preemptor:
         # after a step that decided nothing: the first time (ms) a step could decide anything
         # with the pool unchanged (None: not before it changes); after one that did, its time
         self.quiet_until: int | None = None
+        self.reservations_end: int | None = None  # the first live reservation's expiry
 
     def step(self, now_ms: int | None = None) -> dict[str, int]:
         """Plan and commit; returns how many decisions of each kind took effect. now_ms: a
@@ -192,13 +193,16 @@ class Preemptor:
         victims, idle, reserved = self.read_workers(now)
         # each worker serves one waiting task a round: look at no more heads than that
         candidates = len({v.worker for v in victims} - reserved)
+        # the first reservation to expire frees a worker and its task: plans may change then
+        self.quiet_until = self.reservations_end
         if not candidates:
             return {}
-        waiting = self.read_waiting(min(MODELS_LOOKED_AT, candidates))
+        waiting = self.read_waiting(now, min(MODELS_LOOKED_AT, candidates))
         if not waiting:
             return {}
         decisions = plan(waiting, victims, idle, reserved, self.config, now)
-        self.quiet_until = now if decisions else quiet_until(waiting, victims, idle, reserved, self.config)
+        quiet = now if decisions else quiet_until(waiting, victims, idle, reserved, self.config)
+        self.quiet_until = min((t for t in (quiet, self.reservations_end) if t is not None), default=None)
         done: dict[str, int] = {}
         for d in decisions:
             grace = None if d.kind == "reserve" else int(self.config.grace_s * 1000)
@@ -218,7 +222,7 @@ class Preemptor:
             done[outcome] = done.get(outcome, 0) + 1
         return done
 
-    def read_waiting(self, models: int = MODELS_LOOKED_AT) -> list[Waiting]:
+    def read_waiting(self, now_ms: int, models: int = MODELS_LOOKED_AT) -> list[Waiting]:
         """Heads of the P0/P1 queues (of the ``models`` queues with the oldest heads per
         level) without a live reservation."""
         k, r = self.keys, self.redis
@@ -241,7 +245,8 @@ class Preemptor:
         pipe = r.pipeline(transaction=False)
         for h in holders:
             pipe.get(k.reservation(h))
-        live = {h: str(t) for h, t in zip(holders, pipe.execute()) if t}
+        live = {h: got[0] for h, v in zip(holders, pipe.execute())
+                if (got := live_reservation(v, now_ms))}
         return [Waiting(i, p, float(need), score, str(offered or ""))
                 for (p, i, score), (need, holder, offered) in zip(heads, rows)
                 if need is not None and live.get(str(holder or "")) != i]
@@ -256,6 +261,7 @@ class Preemptor:
         pipe.zrange(k.running, 0, -1)
         live_raw, idle_rows, running_raw = pipe.execute()
         live, running = [str(w) for w in live_raw], [str(i) for i in running_raw]
+        self.reservations_end = None
         if not live:
             return [], [], set()
         # forget workers that left: an id that comes back may be another GPU
@@ -273,7 +279,10 @@ class Preemptor:
         for w, f in zip(unknown, rows):
             if f[0] is not None:
                 self.workers[w] = (float(f[0]) - float(f[1] or 0), str(f[2] or "0123"))
-        reserved = {w for w, task in zip(live, held) if task}
+        ends = {w: got[1] for w, v in zip(live, held) if (got := live_reservation(v, now_ms))}
+        reserved = set(ends)
+        # a reservation's end frees its worker for the planner: a quiet time ends there too
+        self.reservations_end = min(ends.values(), default=None)
         info = {w: self.workers[w] for w in live if w in self.workers}
         idle = [(float(gb), info[str(w)][1]) for w, gb in idle_rows if str(w) in info]
         victims = []

@@ -27,7 +27,7 @@ import redis
 from gpuq import catalog
 from gpuq.config import Config
 from gpuq.errors import ConfigError
-from gpuq.keys import Keys
+from gpuq.keys import Keys, live_reservation
 from gpuq.reaper.scale_plan import (
     AWAY,
     HINT_EVERY_MS,
@@ -75,7 +75,7 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int) -> Snapshot:
     pipe = client.pipeline(transaction=False)
     for wid in live:
         pipe.hmget(keys.worker(wid), _WORKER_FIELDS)
-        pipe.exists(keys.reservation(wid))
+        pipe.get(keys.reservation(wid))
     for p, m in pairs:
         pipe.zcard(keys.queue(p, m))
         pipe.zrange(keys.queue(p, m), 0, SAMPLE - 1, withscores=True)
@@ -88,7 +88,8 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int) -> Snapshot:
         (gpu, total, reserve, levels, state), reserved = next(replies), next(replies)
         if gpu is not None and state not in AWAY:  # no hash: being reaped
             workers.append(WorkerState(wid, gpu, _float(total) - _float(reserve),
-                                       levels or "0123", idle_gb.get(wid), bool(reserved)))
+                                       levels or "0123", idle_gb.get(wid),
+                                       live_reservation(reserved, now_ms) is not None))
     queues = [(p, m, int(next(replies)), next(replies)) for p, m in pairs]
     ids = {w.id for w in workers}
     holders = {m: frozenset(next(replies)) & ids for m in models}

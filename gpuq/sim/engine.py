@@ -16,8 +16,7 @@ load ends; one task at a time per GPU.
 
 Skip-ahead: a reaper round that decided nothing and woke no GPU left the pool as it was, so
 the rounds after it are skipped up to the first that could decide something, unless an
-event that may change the pool comes first; the polls of a worker whose reserved task does
-not fit it are parked while the pool is unchanged. Neither changes the report
+event that may change the pool comes first. That does not change the report
 (docs/SIMULATOR.md says why).
 """
 
@@ -35,7 +34,6 @@ from gpuq.reaper.loop import URGENT_GAP_S
 from gpuq.scripts import ClaimRequest
 from gpuq.sim.model import SimResult, SimTask, TraceTask
 from gpuq.sim.policies import GpuqScheduler, Offer, Scheduler
-from gpuq.sim.polls import last_before
 from gpuq.worker.models import ModelCache, Reservation
 
 EPOCH_MS = 1_800_000_000_000  # virtual time 0 (any fixed instant: scripts only compare times)
@@ -68,10 +66,6 @@ class SimWorker:
     generation: int = 0  # bumps when a run ends early, so its stale end event is ignored
     busy: list[tuple[float, float]] = field(default_factory=list)
     loading_s: float = 0.0  # of the busy time, loading models (cut short by a yield)
-    # the pool's version when its claim last found its reserved task too big for it: until
-    # the pool changes, every claim again answers "look again in poll_s" and changes nothing
-    stuck_at: int | None = None
-    poll_s: float = 0.0
 
 
 class Engine:
@@ -102,16 +96,11 @@ class Engine:
         self.next_round: int | None = None  # the scheduled one
         self.round_seq = 0  # its event's seq; the event of a round moved since is ignored
         self.last_round = -1
-        # Skip-ahead: rounds and claims that provably change nothing are not run (the
-        # report is the same; see docs/SIMULATOR.md). The pool's version counts the events
-        # that may have changed it; skipping: the scheduled round is the first that may
-        # decide anything while the version stays; parked: polls of workers claiming in vain,
-        # not run while it stays (worker id, time of the poll passed over; a worker polls
-        # once for every claim that told it to look again, so it may have several)
-        self.skip_ahead = True  # False: every round and claim runs (the tests compare)
-        self.version = 0
+        # Skip-ahead: rounds that provably change nothing are not run (the report is the
+        # same; see docs/SIMULATOR.md). skipping: the scheduled round is the first that may
+        # decide anything until an event that may change the pool
+        self.skip_ahead = True  # False: every round runs (the tests compare)
         self.skipping = False
-        self.parked: list[tuple[str, float]] = []
         self.next_plan = -URGENT_GAP_S  # the last urgent pass
         self.longest_load = 0.0  # expiry looks this far ahead for cold loads
         self.claims: list[str] = []  # task ids in the order GPUs claimed them
@@ -141,13 +130,8 @@ class Engine:
             if self.stale(event):
                 continue
             self.now, queued, _, kind, key, gen = event
-            if kind == "retry" and self.by_id[key].stuck_at == self.version:
-                self.parked.append((key, self.now))  # the pool is as its last claim left it
-                continue
-            if kind != "tick":  # it may change the pool: rounds may decide again, claims succeed
-                self.version += 1
+            if kind != "tick":  # it may change the pool: rounds may decide again
                 self.resume_rounds(queued)
-                self.resume_polls(queued)
             if kind == "arrive":
                 self.arrivals_left -= 1
                 self.scheduler.submit(key, self.trace[key], self.ms())
@@ -167,15 +151,13 @@ class Engine:
                 continue  # the ending worker claimed; no new wake tokens
             elif kind == "retry":
                 worker = self.by_id[key]
-                retry_s = self.claim(worker) if worker.run is None else None
-                if not self.dispatch() and retry_s:
-                    self.note_stuck(worker, retry_s)
+                if worker.run is None:
+                    self.claim(worker)
+                self.dispatch()
                 continue
             elif kind == "tick":
                 changed = self.tick()
-                if self.dispatch() or changed:
-                    self.version += 1
-                else:
+                if not (self.dispatch() or changed):
                     self.skip_rounds_ahead()
                 continue
             elif kind == "plan":
@@ -219,6 +201,8 @@ class Engine:
             if isinstance(self.scheduler, GpuqScheduler):
                 self.scheduler.loaded(w.id, task.model, task.vram_gb, seconds,
                                       [r.spec.name for r in res.evict])
+        elif res.evict and isinstance(self.scheduler, GpuqScheduler):
+            self.scheduler.unhold(w.id, [r.spec.name for r in res.evict])
         end = work_from + max(0.0, task.service_s - got.done_s)
         w.run = Run(got, res, work_from, end, self.now)
         self.count_queued(task, -1)
@@ -230,16 +214,6 @@ class Engine:
         self.at(end, "end", w.id, w.generation)
         self.ensure_tick()  # a running lower-priority task may now be worth planning around
         return None
-
-    def note_stuck(self, w: SimWorker, retry_s: float) -> None:
-        """A worker reserved for a task too big for it (claim.lua then takes nothing else and
-        says to look again shortly) claims in vain until the pool changes: it is parked at
-        its next claim while the version stays. Not with a poll on the rounds' own period,
-        whose skipped rounds could then tie with it (docs/SIMULATOR.md)."""
-        if (self.skip_ahead and isinstance(self.scheduler, GpuqScheduler)
-                and abs(retry_s - self.config.reap_interval_s) > 1e-9
-                and self.scheduler.stuck_on_reservation(w.id)):
-            w.stuck_at, w.poll_s = self.version, retry_s
 
     def stop_run(self, w: SimWorker) -> Run:
         run = w.run
@@ -342,19 +316,6 @@ class Engine:
         assert self.next_round is not None
         if k < self.next_round:
             self.schedule_round(k, queued=(k - 1) * every)
-
-    def resume_polls(self, queued: float) -> None:
-        """An event that may change the pool ends the parked workers' wait: each polls again
-        at the first of its polls that would come after this event, queued by the one before
-        it, in the order they were parked (polls of the same times keep their order)."""
-        for wid, passed in self.parked:
-            step = self.by_id[wid].poll_s
-            before = last_before(passed, step, self.now)
-            at = before + step
-            if (at, before) < (self.now, queued):
-                before, at = at, at + step
-            self.at(at, "retry", wid, queued=before)
-        self.parked.clear()
 
     def apply(self, done: dict[str, int]) -> None:
         """Count a reaper pass's decisions and hand its yield requests to the workers."""

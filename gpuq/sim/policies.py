@@ -101,6 +101,13 @@ class GpuqScheduler:
         presence.hold(pipe, self.keys, worker_id, model, True)
         pipe.execute()
 
+    def unhold(self, worker_id: str, evicted: list[str]) -> None:
+        """Tell the pool a worker evicted these models to make room for a held model's task."""
+        pipe = self.redis.pipeline(transaction=False)
+        for old in evicted:
+            presence.hold(pipe, self.keys, worker_id, old, False)
+        pipe.execute()
+
     def woken(self, idle: list[str]) -> list[str]:
         """The idle workers a wake token reaches, as blocked real workers would pop them: a
         worker's own token first, then pool-wide tokens to the others in order."""
@@ -140,18 +147,6 @@ class GpuqScheduler:
         expired = self.reaper.expire(now_ms, horizon_ms) if deadlines else 0
         return {"expired": expired, **(self.reaper.preemptor.step(now_ms) if urgent else {})}
 
-    def stuck_on_reservation(self, worker_id: str) -> bool:
-        """Whether a worker that claimed nothing holds a reservation for a queued task: the
-        claim then took nothing else and will answer the same while the pool stays as it
-        is (only a delayed retry falling due, which a claim promotes, could change that)."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.get(self.keys.reservation(worker_id))
-        pipe.zcard(self.keys.delayed)
-        reserved, delayed = pipe.execute()
-        if not reserved or delayed:
-            return False
-        return self.redis.hget(self.keys.task(reserved), "state") == "queued"
-
     def quiet_until(self, horizon_ms: int, *, deadlines: bool, urgent: bool) -> int | None:
         """After a round that decided nothing (its arguments as ``tick``'s): the first time
         (ms) at which one could decide something, the pool unchanged; None: not before it
@@ -189,10 +184,7 @@ class QueueScheduler:
         if queue is None:
             return 0.0
         head = self.tasks[queue[0]]
-        held = dict(req.loaded)
-        fits = (head.vram_gb - held[head.model] <= req.free_gb if head.model in held
-                else head.vram_gb <= req.free_gb + req.evictable_gb)
-        if not fits:
+        if not req.fits(head.model, head.vram_gb):
             return 0.0  # head-of-line: nothing behind it goes first
         return Offer(queue.popleft(), 0, 0.0)
 

@@ -69,37 +69,46 @@ class TaskError(Exception):
         self.retry = retry
 
 
+def show_models(worker: Worker, pipe: Any) -> None:
+    """Queue the worker hash's view of its models and free VRAM (for status and top)."""
+    cache = worker.cache
+    with cache.lock:  # other runners may be changing the ledger
+        shown: presence.Fields = {"models": ",".join(cache.model_names()),
+                                  "vram_free_gb": round(cache.free_gb(), 3)}
+    pipe.hset(worker.keys.worker(worker.id), mapping=shown)
+
+
 def prepare_model(worker: Worker, res: Reservation, task_id: str = "") -> Any:
     """Unload what must make room, load the model if this task is the one to, return it."""
     cache = worker.cache
     resident = cache.get(res.model)
-    if res.cold:
+    if res.evict:  # for a cold load, or for the working memory of a held model's task
         pipe = worker.redis.pipeline(transaction=False)
         for old in res.evict:
             cache.unload(old)
             presence.hold(pipe, worker.keys, worker.id, old.spec.name, False)
             log.info("model.evicted worker=%s model=%s", worker.id, old.spec.name)
-        pipe.execute()  # before the load: until then wake-ups would still pick this worker
-        try:
-            seconds = cache.load(resident)
-        except Exception as exc:
-            raise TaskError(f"loading model {res.model} failed: {type(exc).__name__}: {exc}",
-                            True) from None
-        catalog.record_load(pipe, worker.keys, res.model, resident.footprint_gb, seconds)
-        presence.hold(pipe, worker.keys, worker.id, res.model, True)
-        with cache.lock:  # other runners may be changing the ledger
-            shown: presence.Fields = {"models": ",".join(cache.model_names()),
-                                      "vram_free_gb": round(cache.free_gb(), 3)}
-        pipe.hset(worker.keys.worker(worker.id), mapping=shown)
-        pipe.execute()
-        worker.model_loads += 1
-        worker.observe(task_id, phase="load", seconds=seconds)
-        log.info("model.loaded worker=%s model=%s vram_gb=%g load_s=%.3f", worker.id, res.model,
-                 resident.footprint_gb, seconds)
-    else:
+        show_models(worker, pipe)
+        pipe.execute()  # before a load: until then wake-ups would still pick this worker
+    if not res.cold:
         resident.ready.wait()
         if resident.error is not None:
             raise TaskError(f"loading model {res.model} failed: {resident.error}", True)
+        return resident.obj
+    try:
+        seconds = cache.load(resident)
+    except Exception as exc:
+        raise TaskError(f"loading model {res.model} failed: {type(exc).__name__}: {exc}",
+                        True) from None
+    pipe = worker.redis.pipeline(transaction=False)
+    catalog.record_load(pipe, worker.keys, res.model, resident.footprint_gb, seconds)
+    presence.hold(pipe, worker.keys, worker.id, res.model, True)
+    show_models(worker, pipe)
+    pipe.execute()
+    worker.model_loads += 1
+    worker.observe(task_id, phase="load", seconds=seconds)
+    log.info("model.loaded worker=%s model=%s vram_gb=%g load_s=%.3f", worker.id, res.model,
+             resident.footprint_gb, seconds)
     return resident.obj
 
 

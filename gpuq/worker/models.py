@@ -35,7 +35,7 @@ class Reservation:
     model: str
     working_gb: float
     cold: bool  # this task loads the model
-    evict: tuple[Resident, ...]  # idle models to unload first
+    evict: tuple[Resident, ...]  # idle models to unload first (for a held model's task too)
 
 
 class ModelCache:
@@ -65,33 +65,45 @@ class ModelCache:
         with self.lock:
             held = self.resident.get(model)
             if held is not None:
+                # as claim.lua's fit: the other idle models make room for a held model's task
                 working = max(0.0, need_gb - held.footprint_gb)
-                if working > self.free_gb() + 1e-9:
+                evict = self._room_for(working, keep=model)
+                if evict is None:
                     return None
+                self._drop(evict)
                 held.in_use += 1
                 self.resident.move_to_end(model)
                 self.working_gb += working
-                return Reservation(model, working, False, ())
+                return Reservation(model, working, False, tuple(evict))
             spec = self.app.model_spec(model)
             if spec is None:
                 return None
             footprint = spec.footprint(need_gb)
             working = max(0.0, need_gb - footprint)
-            evict: list[Resident] = []
-            free = self.free_gb()
-            for resident in list(self.resident.values()):
-                if free >= footprint + working - 1e-9:
-                    break
-                if resident.in_use == 0 and resident.ready.is_set():
-                    evict.append(resident)
-                    free += resident.footprint_gb
-            if free < footprint + working - 1e-9:
+            evict = self._room_for(footprint + working)
+            if evict is None:
                 return None
-            for resident in evict:
-                del self.resident[resident.spec.name]
+            self._drop(evict)
             self.resident[model] = Resident(spec, footprint, in_use=1)
             self.working_gb += working
             return Reservation(model, working, True, tuple(evict))
+
+    def _room_for(self, need_gb: float, keep: str | None = None) -> list[Resident] | None:
+        """The idle models other than ``keep`` to evict, least recently used first, for
+        need_gb to fit; None if even all of them would not make room."""
+        evict: list[Resident] = []
+        free = self.free_gb()
+        for resident in self.resident.values():
+            if free >= need_gb - 1e-9:
+                break
+            if resident.in_use == 0 and resident.ready.is_set() and resident.spec.name != keep:
+                evict.append(resident)
+                free += resident.footprint_gb
+        return evict if free >= need_gb - 1e-9 else None
+
+    def _drop(self, evict: list[Resident]) -> None:
+        for resident in evict:
+            del self.resident[resident.spec.name]
 
     def get(self, model: str) -> Resident:
         return self.resident[model]

@@ -24,6 +24,7 @@ from helpers import (
 
 from gpuq import Queue
 from gpuq.errors import DuplicateTask, InvalidTask, Unschedulable
+from gpuq.scripts import Claim
 from gpuq.task import Priority, State
 
 MakeQueue = Callable[..., Queue]
@@ -121,6 +122,56 @@ def test_fit_counts_evictable_vram_and_a_held_models_footprint(queue: Queue) -> 
     assert claim(queue, "w2", 9, loaded=[("B", 30)], now_ms=T0 + 3) is None  # 10 extra > 9
     c = claim(queue, "w2", 10, loaded=[("B", 30)], now_ms=T0 + 4)
     assert c is not None and c["id"] == held
+
+
+def test_a_held_models_task_fits_in_the_room_of_the_workers_other_idle_models(
+        queue: Queue) -> None:
+    # 75 GB usable holding A and B (30 GB each, idle): 15 GB free, 60 evictable, idle score
+    # 75. A task of A needing 50 GB (20 beyond A's weights) is offered to it: its claim must
+    # take it, B evicted; refusing it would pass it to another worker, which passes it back
+    held = {"free_gb": 15, "evictable_gb": 60, "loaded": [("A", 30), ("B", 30)]}
+    assert claim(queue, "w1", now_ms=T0, **held) is None
+    queue.redis.sadd(queue.keys.holders("A"), "w1")
+    tid = enqueue(queue, T0 + 1, model="A", vram_gb=50)
+    assert queue.redis.lrange(queue.keys.wake("w1"), 0, -1) == ["1"]
+    c = claim(queue, "w1", now_ms=T0 + 2, **held)
+    assert c is not None and c["id"] == tid
+    # 46 GB beyond A's weights: more than free plus B
+    enqueue(queue, T0 + 3, model="A", vram_gb=76)
+    assert claim(queue, "w1", now_ms=T0 + 4, **held) is None
+    # a reservation for a held model's task is taken by the same rule
+    reserved = enqueue(queue, T0 + 5, model="B", vram_gb=70)
+    queue.redis.set(queue.keys.reservation("w1"), f"{reserved} {T0 + 60_000}")
+    c = claim(queue, "w1", now_ms=T0 + 6, **held)
+    assert c is not None and c["id"] == reserved
+
+
+def test_a_reservation_ends_at_its_expiry_on_the_callers_clock(queue: Queue) -> None:
+    # preempt.lua writes "<task> <expires ms>", so the caller's clock (a replay's virtual
+    # one) decides when it ends, not the server's wall clock
+    victim = enqueue(queue, T0, model="B", vram_gb=10, priority="P3")
+    c = claim(queue, "w1", 75, now_ms=T0)
+    assert c is not None and c["id"] == victim
+    queue.redis.zadd(queue.keys.workers, {"w1": T0 + 10**9})  # live
+    waiting = enqueue(queue, T0 + 1, model="A", vram_gb=60, priority="P0")
+
+    def preempt(now_ms: int) -> tuple[str, str]:
+        return queue.scripts.run(queue.calls.preempt(waiting, "w1", victim, int(c["token"]),
+                                                     reserve_ms=1000, grace_ms=None, now_ms=now_ms))
+
+    assert preempt(T0 + 10) == ("reserved", "")
+    assert queue.redis.get(queue.keys.reservation("w1")) == f"{waiting} {T0 + 1010}"
+    assert preempt(T0 + 1009) == ("stale", "worker is already reserved")
+    assert preempt(T0 + 1010) == ("reserved", "")  # the first one has expired: renewed
+    assert queue.redis.get(queue.keys.reservation("w1")) == f"{waiting} {T0 + 2010}"
+    ack(queue, victim, c["token"], now_ms=T0 + 1500)
+    other = enqueue(queue, T0 + 1500, model="C", vram_gb=10, priority="P1")
+    # while the reservation lives, the worker waits for its task (60 GB: not in 30 free)
+    assert claim_reply(queue, "w1", 30, now_ms=T0 + 2009) == Claim(None, 0.2)
+    # expired by the claim's clock: dropped, and the worker claims as if never reserved
+    c = claim(queue, "w1", 30, now_ms=T0 + 2010)
+    assert c is not None and c["id"] == other
+    assert queue.redis.exists(queue.keys.reservation("w1")) == 0
 
 
 def test_cold_task_waits_for_a_tighter_idle_worker_until_the_defer_bound(

@@ -181,8 +181,9 @@ def test_pool_view_shows_reservations_yield_requests_and_scale(make_real_queue: 
                                                          "yield_for": "t-wait"})
     q.redis.hset(q.keys.task("running-on-w-dead"), mapping={"state": "running",
                                                             "yield_by": now_ms + 5000})
-    q.redis.set(q.keys.reservation("w-1"), "t-wait", px=10_000)
-    q.redis.set(q.keys.reservation("w-dead"), "t-other", px=10_000)
+    q.redis.set(q.keys.reservation("w-1"), f"t-wait {now_ms + 10_000}")
+    q.redis.set(q.keys.reservation("w-2"), f"t-gone {now_ms - 1}")  # expired: not shown
+    q.redis.set(q.keys.reservation("w-dead"), f"t-other {now_ms + 10_000}")
     enqueue(q, 10, "m", 16, est_s=30)
     Scaler(q.redis, q.keys, q.config).step()
 

@@ -144,23 +144,9 @@ PREEMPT_MAX = [replace(task(0, "b", 3, service=2000), est_s=1000), task(3, "a", 
                replace(task(250.5, "e", 1, service=10), deadline_s=5),
                replace(task(400, "d", 1, service=10), deadline_s=100),
                replace(task(410, "d", 2, service=10), deadline_s=100_000)]
-# a 24 GB GPU (19 GB usable) holds model a (7 GB) and runs a 5 GB P3 task of model b when a
-# 16 GB P0 task of model a comes: the P3 task yields, but with both models resident the P0
-# task does not fit there, so the GPU, reserved for it, takes nothing else until the 48 GB
-# GPU frees up from non-preemptible work and claims it; arrivals meanwhile wake the GPU, and
-# each of its claims makes it poll once more
-STUCK = [replace(task(0, "x", 2, service=400.1, vram=30), preemptible=False),
-         task(1, "a", 0, service=5, vram=7), task(20, "b", 3, service=3000, vram=5),
-         task(100, "a", 0, service=50, vram=16), task(150.05, "b", 3, service=10, vram=5),
-         task(230.17, "b", 3, service=10, vram=5)]
-
-
-@pytest.mark.parametrize("tasks,gpus,config", [
-    (PREEMPT_MAX, "1x80", Config(preempt_min_runtime_s=5)), (STUCK, "1x24,1x48", Config())],
-    ids=["preempt-max-and-deadlines", "reserved-gpu-too-small"])
-def test_skipping_rounds_and_claims_gives_the_same_replay(
-        redis_server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch, tasks: list[TraceTask],
-        gpus: str, config: Config) -> None:
+def test_skipping_rounds_gives_the_same_replay(
+        redis_server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    tasks, gpus, config = PREEMPT_MAX, "1x80", Config(preempt_min_runtime_s=5)
     calls = {"tick": 0, "claim": 0}
 
     def counting(name: str) -> Any:
@@ -185,8 +171,27 @@ def test_skipping_rounds_and_claims_gives_the_same_replay(
     assert skipped == every and skipped_run == every_run
     assert every["succeeded"] == len(tasks) - every["priorities"]["P1"]["expired"]
     assert every["preemptions"]["yielded"] >= 1
-    # the replay without skipping ran many idle rounds or claims: those were skipped
-    assert skipped_calls["tick"] + skipped_calls["claim"] < (every_calls["tick"] + every_calls["claim"]) / 10
+    # the replay without skipping ran many idle rounds: those were skipped (not the rounds
+    # that reserve the GPU again, every few seconds, while the long task overruns its estimate)
+    assert skipped_calls["tick"] + skipped_calls["claim"] < (every_calls["tick"] + every_calls["claim"]) / 5
+
+
+def test_a_held_models_task_evicts_the_gpus_other_idle_model(redis_server: EmbeddedServer) -> None:
+    # a 24 GB GPU (19 GB usable) holds model a (7 GB) and runs a 5 GB P3 task of model b when
+    # a 16 GB P0 task of a comes; the 48 GB GPU runs non-preemptible work until 400 s. The P3
+    # task yields, and the P0 task starts there at once: its 9 GB beyond a's weights fit in
+    # the 7 GB free plus b's 5, b evicted (a claim counting free VRAM only left the GPU
+    # reserved and idle until 400 s, while a P0 task of a and a GPU holding a waited)
+    tasks = [replace(task(0, "x", 2, service=400.1, vram=30), preemptible=False),
+             task(1, "a", 0, service=5, vram=7), task(20, "b", 3, service=3000, vram=5),
+             task(100, "a", 0, service=50, vram=16)]
+    r = run(tasks, "1x24,1x48", "gpuq", redis_server)
+    p0 = r.tasks[3]
+    assert (p0.model, p0.priority, p0.worker, p0.cold_load) == ("a", 0, "gpu24-0", False)
+    assert p0.start_s is not None and p0.start_s < 101
+    p3 = r.tasks[2]  # resumed once the P0 task ended, b loaded again
+    assert (p3.preemptions, p3.outcome, p3.worker) == (1, "succeeded", "gpu24-0")
+    assert p3.end_s is not None and p3.end_s < 3000 + 150 + LOAD_S
 
 
 def test_every_gpu_claims_once_on_start_and_is_then_idle(redis_server: EmbeddedServer) -> None:

@@ -109,6 +109,22 @@ def test_held_model_without_room_for_working_memory_is_refused(cache: ModelCache
     assert cache.free_gb() == pytest.approx(15.0)  # a refusal holds nothing
 
 
+def test_held_models_task_evicts_other_idle_models_for_its_working_memory() -> None:
+    unloads: list[str] = []
+    cache = ModelCache(make_app(unloads=unloads), TOTAL, RESERVE)
+    cache.release(loaded(cache, "a", 20.0))
+    cache.release(loaded(cache, "b", 30.0))  # 25 GB free, 50 evictable
+    res = cache.reserve("a", 60.0)  # 40 GB working memory: b makes room, a stays (warm)
+    assert res is not None and not res.cold and res.working_gb == pytest.approx(40.0)
+    assert [r.spec.name for r in res.evict] == ["b"]
+    assert [name for name, _ in cache.loaded()] == ["a"]
+    assert cache.free_gb() == pytest.approx(75 - 20 - 40)
+    assert cache.reserve("a", 36.0) is None  # 16 GB more: nothing idle left to evict
+    for old in res.evict:
+        cache.unload(old)
+    assert unloads == ["weights:b"]
+
+
 def test_lru_eviction_of_idle_models_only(cache: ModelCache) -> None:
     unloads: list[str] = []
     cache = ModelCache(make_app(unloads=unloads), TOTAL, RESERVE)

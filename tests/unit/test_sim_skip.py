@@ -1,6 +1,6 @@
 """What the simulator's skip-ahead relies on, without Redis: the planner's quiet time
 (gpuq.reaper.preempt.quiet_until: after a plan that decided nothing, the first time a plan on
-the same pool decides something) and where a skipped poll falls (gpuq.sim.polls)."""
+the same pool decides something)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import random
 from test_preempt import CFG, NOW, victim
 
 from gpuq.reaper.preempt import Victim, Waiting, plan, quiet_until
-from gpuq.sim.polls import last_before
 
 
 def kinds(waiting: list[Waiting], victims: list[Victim], now: int,
@@ -66,25 +65,3 @@ def test_the_quiet_time_is_the_planners_first_decision_on_random_pools() -> None
         assert first > NOW and kinds(waiting, victims, first, idle) != [], case
         assert all(kinds(waiting, victims, t, idle) == [] for t in [first - 1] + later if t < first), case
     assert checked > 200
-
-
-def polled(t: float, step: float, bound: float) -> float:
-    while t + step < bound:
-        t = t + step
-    return t
-
-
-def test_a_skipped_poll_falls_where_one_addition_at_a_time_puts_it() -> None:
-    rng = random.Random(3)
-    for case in range(300):
-        power = 2.0 ** rng.randint(-2, 24)  # some polls cross a power of two, some start near one
-        start = max(0.0, rng.choice((power - rng.uniform(0, 3), rng.uniform(0, 2e7))))
-        step = rng.choice((0.2, 0.1, 0.095, 1.0, rng.uniform(0.01, 5)))
-        bound = start + rng.uniform(0, 20_000) * step
-        assert last_before(start, step, bound) == polled(start, step, bound), (case, start, step, bound)
-    # a step halfway between two doubles rounds to even, alternately up and down: no runs
-    for start, step in ((0.5 + 2**-53, 2**-7 + 2**-54), (1 + 2**-52, 2**-6 + 2**-53)):
-        assert last_before(start, step, start + 0.45) == polled(start, step, start + 0.45)
-    # weeks of 200 ms polls: the sum drifts from start + n x step, and the skip follows it
-    start, bound = 1234.5678, 1234.5678 + 14 * 86400
-    assert last_before(start, 0.2, bound) == polled(start, 0.2, bound) != start + 6_048_000 * 0.2
