@@ -1,20 +1,19 @@
 -- claim.lua: give a worker the best task it can run now, under a lease, in one atomic call.
 --
--- First, a reservation the preemption planner made for this worker (reserve:<worker>, until
--- its expiry): its task is claimed as soon as it fits; until then the worker takes nothing
--- else. Then, in
--- order: levels starved by the fairness rule first (a level below P0 that has seen
--- fair_every dispatches of higher levels since its own last one), then P0..P3. Within a
--- level: the worker's loaded models first (no cold start), then the other models with work
--- in head-score order (oldest / earliest start-by first). A task fits when its VRAM need
--- minus the loaded model's footprint fits free VRAM plus the worker's other idle models
--- (model held), or when its whole need fits free plus evictable VRAM (model not held). A cold task is left for a better-placed
--- worker (the one enqueue offered it to and woke, an idle one holding its model with room
--- for it, or one it fits more tightly) until it has waited defer ms; that worker is woken,
--- and this one told when to look again. Batch work (P2/P3) also waits, up to the holder
--- wait, for busy workers that hold its model when they would get to it within that wait (a
--- cold load costs tens of seconds). A task too big for this worker wakes the tightest idle
--- worker that fits it. Cost: O(levels x models-with-work x scan x log N); no backlog scan.
+-- First, a reservation the preemption planner made for this worker (reserve:<worker>, until its
+-- expiry): its task is claimed as soon as it fits; until then the worker takes nothing else. Then,
+-- in order: levels starved by the fairness rule first (a level below P0 that has seen fair_every
+-- dispatches of higher levels since its own last one), then P0..P3. Within a level: the worker's
+-- loaded models first (no cold start), then the other models with work in head-score order (oldest
+-- / earliest start-by first). A task fits when its VRAM need minus the loaded model's footprint
+-- fits free VRAM plus the worker's other idle models (model held), or when its whole need fits free
+-- plus evictable VRAM (model not held). A cold task is left for a better-placed worker (the one
+-- enqueue offered it to and woke, an idle one holding its model with room for it, or one it fits
+-- more tightly) until it has waited defer ms; that worker is woken, and this one told when to look
+-- again. Batch work (P2/P3) also waits, up to the holder wait, for busy workers that hold its model
+-- when they would get to it within that wait (a cold load costs tens of seconds). A task too big
+-- for this worker wakes the tightest idle worker that fits it. Cost: O(levels x models-with-work x
+-- scan x log N); no backlog scan.
 --
 -- KEYS[1]  pool key base
 -- ARGV[1]  worker id

@@ -1,11 +1,11 @@
 -- preempt.lua: commit one decision of the reaper's preemption planner, if it still holds.
 --
--- The planner (gpuq/reaper/preempt.py) chose, for a waiting P0/P1 task that fits no idle
--- worker, a running lower-priority task (the victim) on a worker large enough. Either way
--- the worker is reserved for the waiting task (reserve:<worker>, until now + lifetime): its next
--- claim takes that task. With yield, the victim is also asked to give way: its hash gets
--- yield_by (deadline, ms) and yield_for, and the worker's control list gets
--- "yield <victim> <grace_ms>", which its heartbeat thread reads at once.
+-- The planner (gpuq/reaper/preempt.py) chose, for a waiting P0/P1 task that fits no idle worker, a
+-- running lower-priority task (the victim) on a worker large enough. Either way the worker is
+-- reserved for the waiting task (reserve:<worker>, until now + lifetime): its next claim takes that
+-- task. With yield, the victim is also asked to give way: its hash gets yield_by (deadline, ms) and
+-- yield_for, and the worker's control list gets "yield <victim> <grace_ms>", which its heartbeat
+-- thread reads at once.
 --
 -- KEYS[1]  pool key base
 -- ARGV[1]  now (ms; "0" = server clock)

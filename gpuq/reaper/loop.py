@@ -150,14 +150,28 @@ class Reaper:
                         next_round = time.monotonic() + self.config.reap_interval_s
                         if self.lead():
                             self.round()
-                    if self.wait_urgent(next_urgent, next_round):
+                    plan_at = self.planned_pass(next_round)
+                    if self.wait_urgent(next_urgent, plan_at):
                         self.urgent()
                         next_urgent = time.monotonic() + URGENT_GAP_S
+                    elif plan_at < next_round and time.monotonic() >= plan_at:
+                        self.urgent()
                 except redis.RedisError as exc:
                     log.error("reaper.redis_error pool=%s error=%s", self.config.pool, exc)
                     self.stopped.wait(self.config.reap_interval_s)
             self.scripts.run(self.calls.lead(self.token, release=True))
         return 0
+
+    def planned_pass(self, next_round: float) -> float:
+        """When (monotonic) the next preemption pass is due: at the next round, or sooner
+        when the last pass decided nothing and said when one could (a victim coming of age,
+        a reservation ending), so online work does not wait up to a round for it."""
+        quiet = self.preemptor.quiet_until
+        if not self.active or quiet is None:
+            return next_round
+        now = time.monotonic()
+        at = now + (quiet - time.time() * 1000) / 1000
+        return min(next_round, at) if at > now else next_round
 
     def wait_urgent(self, not_before: float, until: float) -> bool:
         """Until the next round (monotonic ``until``): the active reaper blocks on the urgent

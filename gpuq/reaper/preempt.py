@@ -25,7 +25,8 @@ is not planned again. ``plan`` is pure; ``Preemptor.step`` reads the pool (bound
 running set, then, only if some worker could be a victim's, the heads of the P0/P1
 queues) and commits each decision with preempt.lua, which re-checks it atomically.
 ``quiet_until`` says, from the same inputs, how long a plan that decided nothing stays
-empty while the pool does not change (the simulator skips the rounds in between).
+empty while the pool does not change: the reaper plans again then if that comes before its
+next round, and the simulator skips the rounds in between.
 """
 
 from __future__ import annotations

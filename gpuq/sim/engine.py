@@ -102,6 +102,7 @@ class Engine:
         self.skip_ahead = True  # False: every round runs (the tests compare)
         self.skipping = False
         self.next_plan = -URGENT_GAP_S  # the last urgent pass
+        self.timed_plan = -1.0  # the last pass brought forward to a planner's quiet time
         self.longest_load = 0.0  # expiry looks this far ahead for cold loads
         self.claims: list[str] = []  # task ids in the order GPUs claimed them
 
@@ -163,6 +164,7 @@ class Engine:
             elif kind == "plan":
                 assert isinstance(self.scheduler, GpuqScheduler)
                 self.apply(self.scheduler.plan(self.ms()))
+                self.plan_when_quiet_ends()
             self.dispatch()
         return self.result(time.perf_counter() - started)
 
@@ -278,7 +280,22 @@ class Engine:
         self.queued_deadlines -= done.get("expired", 0)
         self.apply(done)
         self.ensure_tick()
+        self.plan_when_quiet_ends()
         return any(done.values())
+
+    def plan_when_quiet_ends(self) -> None:
+        """As the reaper does: a pass that decided nothing but said when one could (a victim
+        coming of age, a reservation ending) before the cadence's next round brings the next
+        pass forward to then (gpuq.reaper.loop.Reaper.planned_pass)."""
+        assert isinstance(self.scheduler, GpuqScheduler)
+        quiet = self.scheduler.reaper.preemptor.quiet_until
+        if quiet is None:
+            return
+        at = (quiet - EPOCH_MS) / 1000
+        every = self.config.reap_interval_s
+        if self.now < at < (math.floor(self.now / every) + 1) * every and at != self.timed_plan:
+            self.timed_plan = at
+            self.at(at, "plan")
 
     def skip_rounds_ahead(self) -> None:
         """After a round that decided nothing and woke no GPU the pool is as it was before

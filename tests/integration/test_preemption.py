@@ -98,6 +98,21 @@ def test_long_victim_yields_with_its_checkpoint_and_keeps_its_attempt(procs: Pro
     assert s.get("preempt:stopped", 0) == 0
 
 
+def test_a_victim_coming_of_age_is_asked_then_not_at_the_next_round(procs: Procs,
+                                                                    real_queue: Queue) -> None:
+    procs.worker("w1", vram_gb=48)
+    # rounds a minute apart: only the planner's own word (when the victim has run its 1.5 s
+    # minimum) can bring the pass that asks it to yield forward
+    active_reaper(procs, GPUQ_REAP_INTERVAL_S="60", GPUQ_PREEMPT_MIN_RUNTIME_S="1.5")
+    victim = p3(real_queue, 20.0)
+    began = procs.wait_state(victim, State.RUNNING).started_at
+    urgent = p0(real_queue)  # its urgent pass finds the victim too young
+    done = procs.wait_state(urgent, State.SUCCEEDED, timeout=20)
+    assert done.worker == "w1" and done.started_at is not None and began is not None
+    assert 1.5 <= done.started_at - began < 4
+    assert stats(procs)["preempt:yielded"] == 1
+
+
 def test_victim_ignoring_the_request_is_stopped_and_requeued_once(procs: Procs,
                                                                   real_queue: Queue) -> None:
     worker = procs.worker("w1", vram_gb=48)

@@ -294,3 +294,15 @@ def test_find_gpus_needs_one_kind(procs: Procs, trace_dir: Path) -> None:
     out = procs.cli("simulate", "--traces-dir", str(trace_dir), "--limit", "10", "--gpus", "1x80,1x48",
                     "--find-gpus")
     assert out.returncode == 1 and "--find-gpus needs one GPU kind" in out.stderr
+
+
+def test_a_victim_coming_of_age_between_rounds_is_asked_then(redis_server: EmbeddedServer) -> None:
+    # a P0 task comes 0.5 s after a P3 task started on the only GPU: the urgent pass finds
+    # the victim too young (0.7 s minimum) and says when it comes of age; the reaper plans
+    # again then, not at the next round (1 s)
+    tasks = [task(0, "b", 3, service=100, vram=40), task(0.5, "a", 0, service=5, vram=40)]
+    r = simulate(tasks, parse_gpus("1x80"), "gpuq", speedup=1.0, load_time=fixed_load,
+                 config=Config(preempt_min_runtime_s=0.7), server=redis_server)
+    p3, p0 = r.tasks
+    assert p0.worker == "gpu80-0" and p0.start_s == pytest.approx(0.7, abs=0.002)
+    assert p3.preemptions == 1 and p3.outcome == "succeeded"
