@@ -285,6 +285,25 @@ def test_small_gpu_evicts_its_idle_model_for_the_next_one(procs: Procs, real_que
     assert loads == {"m-a": 1, "m-b": 1, "m-c": 1}
 
 
+def test_a_held_models_bigger_task_evicts_the_other_idle_model_and_stays_warm(
+        procs: Procs, real_queue: Queue) -> None:
+    procs.worker("w1", vram_gb=24)  # 19 GB usable
+    keys = real_queue.keys
+    real_queue.enqueue("sim.noop", model="m-a", vram_gb=8).result(timeout=15)
+    real_queue.enqueue("sim.noop", model="m-b", vram_gb=8).result(timeout=15)
+    (worker,) = procs.status()["workers"]
+    assert sorted(worker["models"]) == ["m-a", "m-b"]  # 3 GB left free
+    # 14 GB on m-a: 6 GB beyond its weights, which only m-b's room makes
+    task = real_queue.enqueue("sim.noop", model="m-a", vram_gb=14)
+    assert procs.wait_state(task.id, State.SUCCEEDED, timeout=15).worker == "w1"
+    (worker,) = procs.status()["workers"]
+    assert worker["models"] == ["m-a"]
+    assert procs.redis.smembers(keys.holders("m-b")) == set()
+    assert procs.redis.smembers(keys.holders("m-a")) == {"w1"}
+    loads = {e.name: e.loads for e in catalog.read(procs.redis, keys)}
+    assert loads == {"m-a": 1, "m-b": 1}  # m-a stayed loaded: no second load
+
+
 def test_best_fit_sends_a_small_task_to_the_small_gpu(procs: Procs, real_queue: Queue) -> None:
     procs.worker("big", vram_gb=80, gpu_name="H100")
     procs.worker("small", vram_gb=24, gpu_name="L4")
