@@ -32,7 +32,7 @@ scrape; served by ``gpuq exporter``):
 | gpuq_tasks_total | counter | pool, priority, outcome (succeeded, failed, expired, canceled) | `stats` `<outcome>:P<n>` |
 | gpuq_sla_starts_total | counter | pool, priority, result (met, missed) | `stats` `sla_met:P<n>` / `sla_missed:P<n>`, counted by claim on first attempts: started by the task's start-by time or not |
 | gpuq_sla_attainment_ratio | gauge | pool, priority | met / (met + missed) since the pool began |
-| gpuq_preemptions_total | counter | pool, kind (reserved, yield_requested, yielded, stopped), preempted_priority | `stats` `preempt:<kind>:P<n>` |
+| gpuq_preemptions_total | counter | pool, kind (reserved, yield_requested, yielded, stopped, withdrawn), preempted_priority | `stats` `preempt:<kind>:P<n>` |
 | gpuq_fair_dispatches_total | counter | pool, priority | `stats` `fair:P<n>`: claims made by the fairness rule |
 | gpuq_warm_hints_total | counter | pool | `stats` warm_hints |
 | gpuq_model_loads_total / gpuq_model_load_seconds_total | counter | pool, model | the model catalog |
@@ -126,7 +126,7 @@ class PoolFigures:
 
 PRIORITIES = ("P0", "P1", "P2", "P3")
 OUTCOMES = ("succeeded", "failed", "expired", "canceled")
-PREEMPTION_KINDS = ("reserved", "yield_requested", "yielded", "stopped")
+PREEMPTION_KINDS = ("reserved", "yield_requested", "yielded", "stopped", "withdrawn")
 
 # every family either source exports (tests check dashboards and rules against this)
 METRIC_NAMES = {

@@ -227,8 +227,10 @@ local tk = task_key(id)
 -- what a worker needs to run the task (the rest stays readable in the hash), read first so
 -- the attempt is written with the other fields and the deadline index touched only if needed
 local f = redis.call('HMGET', tk, 'handler', 'payload', 'model', 'vram_gb', 'priority', 'est_s',
-  'attempt', 'deadline', 'tenant', 'checkpoint', 'enqueued_at', 'queued_at', 'score')
+  'attempt', 'deadline', 'tenant', 'checkpoint', 'enqueued_at', 'queued_at', 'score', 'reserved_for',
+  'yield_victim')
 unqueue(id, p, m, f[8] ~= nil and f[8] ~= '')
+withdraw_yield(id, f[14], f[15], now)  -- started here: a victim still asked for it keeps running
 f[7] = tostring(tonumber(f[7]) + 1)
 local token = redis.call('INCR', B .. 'token')
 redis.call('HSET', tk, 'state', 'running', 'worker', worker, 'token', token, 'attempt', f[7],

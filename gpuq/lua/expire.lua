@@ -34,7 +34,8 @@ local function cold_load_ms(m)
 end
 
 for _, id in ipairs(ids) do
-  local f = redis.call('HMGET', task_key(id), 'state', 'deadline', 'est_s', 'priority', 'model')
+  local f = redis.call('HMGET', task_key(id), 'state', 'deadline', 'est_s', 'priority', 'model',
+    'reserved_for', 'yield_victim')
   if f[1] ~= 'queued' or not f[2] or f[2] == '' then
     redis.call('ZREM', K_DEADLINES, id)  -- claimed or ended since: nothing to watch
   else
@@ -55,6 +56,7 @@ for _, id in ipairs(ids) do
     end
     if reason then
       unqueue(id, f[4], f[5])
+      withdraw_yield(id, f[6], f[7], now)
       finish(id, 'expired', now, ttl, 'error', reason)  -- counts expired:P<n>
       note_miss(id, f[4], f[5], now - tonumber(redis.call('HGET', task_key(id), 'enqueued_at')),
         now, 'expired')

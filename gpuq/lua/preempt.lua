@@ -40,6 +40,7 @@ if grace == '' then
   return {0, 'reserved'}
 end
 redis.call('HSET', task_key(victim), 'yield_by', ms(now + tonumber(grace)), 'yield_for', waiting)
+redis.call('HSET', task_key(waiting), 'yield_victim', victim)
 redis.call('LPUSH', B .. 'ctl:' .. worker, 'yield ' .. victim .. ' ' .. grace)
 redis.call('HINCRBY', K_STATS, 'preempt:yield_requested', 1)
 redis.call('HINCRBY', K_STATS, 'preempt:yield_requested:P' .. v[5], 1)

@@ -9,6 +9,9 @@ blocks on it between beats, so a request reaches the worker at once:
   its thread. A handler stuck in native code cannot be stopped in-process: after
   ``stop_s`` more the worker requeues its other tasks and exits with EXIT_STUCK, for its
   supervisor to restart it.
+- ``unyield <task>``: the task the yield was for started elsewhere or ended first: the
+  request is withdrawn (``ctx.should_yield()`` is false again, no stop), unless the handler
+  already yielded.
 - ``preload <model> <vram_gb>``: the reaper saw a backlog for a model this idle worker can
   hold; load it now so the tasks find it warm.
 - ``drain``: take no more tasks, finish the running ones, exit 0 (``gpuq drain``).
@@ -46,6 +49,8 @@ class Control:
         try:
             if verb == "yield" and len(args) == 2:
                 self.on_yield(args[0], int(args[1]))
+            elif verb == "unyield" and len(args) == 1:
+                self.on_unyield(args[0])
             elif verb == "preload" and len(args) == 2:
                 self.preload(args[0], float(args[1]))
             elif verb == "drain" and not args:
@@ -62,6 +67,15 @@ class Control:
                 r.ctx.yield_requested = True
                 log.info("preempt.yield_requested task=%s worker=%s grace_s=%.3f", task_id,
                          self.worker.id, grace_ms / 1000)
+
+    def on_unyield(self, task_id: str) -> None:
+        """The task the yield was for started elsewhere or ended: keep running, unless the
+        handler already yielded or the worker already stopped it."""
+        for r in self.worker.running_snapshot():
+            if r.task_id == task_id and r.yield_deadline is not None and not r.stopped:
+                r.yield_deadline = None
+                r.ctx.yield_requested = False
+                log.info("preempt.withdrawn task=%s worker=%s", task_id, self.worker.id)
 
     def watch(self) -> float:
         """Stop tasks past their yield deadline, exit if one will not stop; returns seconds

@@ -174,6 +174,51 @@ def test_a_reservation_ends_at_its_expiry_on_the_callers_clock(queue: Queue) -> 
     assert queue.redis.exists(queue.keys.reservation("w1")) == 0
 
 
+def test_a_yield_request_is_withdrawn_when_its_task_starts_elsewhere_or_ends(queue: Queue) -> None:
+    keys = queue.keys
+    victims = {}
+    for w in ("w1", "w2"):
+        victims[w] = enqueue(queue, T0, model="B", vram_gb=30, priority="P3")
+        c = claim(queue, w, 75, now_ms=T0)
+        assert c is not None and c["id"] == victims[w]
+        victims[w] = (c["id"], int(c["token"]))
+        queue.redis.zadd(keys.workers, {w: T0 + 10**9})  # live
+
+    def ask(waiting: str, w: str, now_ms: int) -> tuple[str, str]:
+        victim, token = victims[w]
+        return queue.scripts.run(queue.calls.preempt(waiting, w, victim, token, reserve_ms=60_000,
+                                                     grace_ms=5000, now_ms=now_ms))
+
+    # the request not yet read by w1 is taken off its control list when the task starts on w3
+    first = enqueue(queue, T0 + 1, model="A", vram_gb=30, priority="P0")
+    assert ask(first, "w1", T0 + 2) == ("yield", "")
+    assert queue.redis.lrange(keys.control("w1"), 0, -1) == [f"yield {victims['w1'][0]} 5000"]
+    c = claim(queue, "w3", 75, now_ms=T0 + 3)
+    assert c is not None and c["id"] == first
+    assert queue.redis.lrange(keys.control("w1"), 0, -1) == []
+    assert queue.redis.exists(keys.reservation("w1")) == 0
+    assert queue.redis.hmget(keys.task(victims["w1"][0]), "yield_by", "yield_for") == [None, None]
+    # one w2 has read already is undone by "unyield" when its task is canceled
+    second = enqueue(queue, T0 + 4, model="A", vram_gb=30, priority="P0")
+    assert ask(second, "w2", T0 + 5) == ("yield", "")
+    assert queue.redis.lpop(keys.control("w2")) == f"yield {victims['w2'][0]} 5000"
+    queue.scripts.run(queue.calls.cancel(second, now_ms=T0 + 6))
+    assert queue.redis.lrange(keys.control("w2"), 0, -1) == [f"unyield {victims['w2'][0]}"]
+    assert queue.redis.exists(keys.reservation("w2")) == 0
+    assert queue.redis.hget(keys.stats, "preempt:withdrawn") == "2"
+    # a victim that has yielded is not told anything
+    third = enqueue(queue, T0 + 7, model="A", vram_gb=30, priority="P0")
+    assert ask(third, "w1", T0 + 8) == ("yield", "")
+    queue.redis.delete(keys.control("w1"))
+    victim, token = victims["w1"]
+    queue.scripts.run(queue.calls.requeue(victim, token, "yielded", preempted="yielded",
+                                          now_ms=T0 + 9))
+    c = claim(queue, "w1", 75, now_ms=T0 + 10)
+    assert c is not None and c["id"] == third
+    assert queue.redis.lrange(keys.control("w1"), 0, -1) == []
+    assert queue.redis.hget(keys.stats, "preempt:withdrawn") == "2"
+
+
 def test_cold_task_waits_for_a_tighter_idle_worker_until_the_defer_bound(
         make_queue: MakeQueue) -> None:
     q = make_queue(defer_s=2.0)  # P2 bound: min(2 s, SLA / 2) = 2000 ms

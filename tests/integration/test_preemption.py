@@ -113,6 +113,30 @@ def test_a_victim_coming_of_age_is_asked_then_not_at_the_next_round(procs: Procs
     assert stats(procs)["preempt:yielded"] == 1
 
 
+def test_a_yield_request_is_withdrawn_when_its_task_starts_elsewhere(procs: Procs,
+                                                                      real_queue: Queue) -> None:
+    procs.worker("w-free", vram_gb=48)
+    procs.wait_idle("w-free")
+    pinned = p3(real_queue, 2.0, preemptible=False)  # ends soon; may not be preempted
+    procs.wait_state(pinned, State.RUNNING)
+    slow = procs.worker("w-slow", vram_gb=48)
+    procs.wait_idle("w-slow")
+    # slow to give way; of another model, so it does not wait for w-free holding batch-model
+    victim = real_queue.enqueue("sim.run", {"ignore_yield": True}, model="other-batch-model",
+                                vram_gb=30, priority="P3", est_s=est(8.0)).id
+    procs.wait_state(victim, State.RUNNING)
+    active_reaper(procs, GPUQ_GRACE_S="5")
+    urgent = p0(real_queue)  # w-slow's task is asked to yield within 5 s
+    done = procs.wait_state(urgent, State.SUCCEEDED, timeout=20)
+    assert done.worker == "w-free"  # it freed up first: the request is withdrawn
+    result = real_queue.task(victim).result(timeout=30)
+    assert result["attempt"] == 1 and result["resumed_from_s"] == 0  # never stopped
+    assert "preempt.withdrawn task=" + victim in slow.log()
+    s = stats(procs)
+    assert s["preempt:yield_requested"] == 1 and s["preempt:withdrawn"] == 1
+    assert s.get("preempt:stopped", 0) == 0
+
+
 def test_victim_ignoring_the_request_is_stopped_and_requeued_once(procs: Procs,
                                                                   real_queue: Queue) -> None:
     worker = procs.worker("w1", vram_gb=48)
