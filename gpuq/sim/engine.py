@@ -135,12 +135,12 @@ class Engine:
                 self.resume_rounds(queued)
             if kind == "arrive":
                 self.arrivals_left -= 1
-                self.scheduler.submit(key, self.trace[key], self.ms())
+                urgent = self.scheduler.submit(key, self.trace[key], self.ms())
                 self.count_queued(self.trace[key], +1)
                 self.ensure_tick()
                 # enqueue woke the reaper: one pass, unless one is pending (it plans for every
                 # waiting task), and passes at least URGENT_GAP_S apart
-                if self.scheduler.urgent() and self.next_plan < self.now:
+                if urgent and self.next_plan < self.now:
                     self.next_plan = max(self.now + URGENT_REACTION_S, self.next_plan + URGENT_GAP_S)
                     self.at(self.next_plan, "plan")
                 while self.events and self.stale(self.events[0]):
@@ -179,11 +179,12 @@ class Engine:
                 self.claim(worker)
         return bool(woken)
 
-    def claim(self, w: SimWorker) -> float | None:
-        """None if it got a task; else when to look again (0: when woken)."""
+    def claim(self, w: SimWorker, finished: Offer | None = None) -> float | None:
+        """None if it got a task; else when to look again (0: when woken). finished: the
+        task the worker just ended, acked with this claim."""
         cache = w.cache
         req = ClaimRequest(w.id, cache.free_gb(), cache.evictable_gb(), 1, cache.loaded(), w.levels)
-        got = self.scheduler.claim(w.id, req, self.ms())
+        got = self.scheduler.claim(w.id, req, self.ms(), finished)
         if not isinstance(got, Offer):
             if got > 0:  # a task was left for a better-placed GPU until then
                 self.at(self.now + got, "retry", w.id)
@@ -231,10 +232,9 @@ class Engine:
         if gen != w.generation or w.run is None:
             return  # it yielded before this end came
         run = self.stop_run(w)
-        self.scheduler.finish(w.id, run.offer, self.ms())
         record = self.records[run.offer.task_id]
         record.end_s, record.outcome = self.now, "succeeded"
-        self.claim(w)  # the worker sends its ack and its next claim together
+        self.claim(w, run.offer)  # the worker sends its ack and its next claim together
 
     # -- the reaper (gpuq only) ----------------------------------------------------------
     def count_queued(self, task: TraceTask, delta: int) -> None:

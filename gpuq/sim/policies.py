@@ -47,11 +47,12 @@ class Scheduler(Protocol):
     name: str
 
     def register(self, worker_id: str, total_gb: float, levels: str, now_ms: int) -> None: ...
-    def submit(self, task_id: str, task: TraceTask, now_ms: int) -> None: ...
-    def claim(self, worker_id: str, req: ClaimRequest, now_ms: int) -> Offer | float: ...
-    def finish(self, worker_id: str, offer: Offer, now_ms: int) -> None: ...
+    # whether the enqueue woke the reaper (online work no idle worker was woken for)
+    def submit(self, task_id: str, task: TraceTask, now_ms: int) -> bool: ...
+    # finished: the task the worker ends before this claim (acked in the same round trip)
+    def claim(self, worker_id: str, req: ClaimRequest, now_ms: int,
+              finished: Offer | None = None) -> Offer | float: ...
     def woken(self, idle: list[str]) -> list[str]: ...
-    def urgent(self) -> bool: ...
 
 
 class GpuqScheduler:
@@ -71,21 +72,31 @@ class GpuqScheduler:
         presence.register(self.redis, self.keys, fields, int(self.config.lease_s * 1000))
         self.scripts.run(self.calls.heartbeat(worker_id, [], now_ms=now_ms))
 
-    def submit(self, task_id: str, task: TraceTask, now_ms: int) -> None:
+    def submit(self, task_id: str, task: TraceTask, now_ms: int) -> bool:
+        """Enqueue, and pop the urgent token as the active reaper would: one round trip."""
         spec = TaskSpec.build("sim.run", None, model=task.model, vram_gb=task.vram_gb,
                               priority=task.priority, est_s=task.est_s, deadline_s=task.deadline_s,
                               preemptible=task.preemptible, tenant=task.tenant, task_id=task_id)
-        self.scripts.run(self.calls.enqueue([spec], now_ms=now_ms))
+        call = self.calls.enqueue([spec], now_ms=now_ms)
+        reply, token = self.scripts.pipelined([call], lambda pipe: pipe.lpop(self.keys.urgent))
+        call.parse(reply)
+        return token is not None
 
-    def claim(self, worker_id: str, req: ClaimRequest, now_ms: int) -> Offer | float:
-        got = self.scripts.run(self.calls.claim(req, now_ms=now_ms))
+    def claim(self, worker_id: str, req: ClaimRequest, now_ms: int,
+              finished: Offer | None = None) -> Offer | float:
+        """As a real worker: the ack of the task it ends, then its claim, in one round trip."""
+        call = self.calls.claim(req, now_ms=now_ms)
+        if finished is None:
+            got = self.scripts.run(call)
+        else:
+            ack = self.calls.ack(finished.task_id, finished.token, "null", now_ms=now_ms)
+            acked, reply = self.scripts.pipelined([ack, call])
+            ack.parse(acked)
+            got = call.parse(reply)
         if got.task is None:
             return got.retry_s
         checkpoint = json.loads(got.task.get("checkpoint") or "{}")
         return Offer(got.task["id"], int(got.task["token"]), float(checkpoint.get("done_s", 0.0)))
-
-    def finish(self, worker_id: str, offer: Offer, now_ms: int) -> None:
-        self.scripts.run(self.calls.ack(offer.task_id, offer.token, "null", now_ms=now_ms))
 
     def yield_task(self, offer: Offer, done_s: float, now_ms: int) -> None:
         self.scripts.run(self.calls.requeue(offer.task_id, offer.token, "yielded", preempted="yielded",
@@ -116,16 +127,12 @@ class GpuqScheduler:
         pipe = self.redis.pipeline(transaction=False)
         for w in idle:
             pipe.lpop(self.keys.wake(w))
-        own = pipe.execute()
+        pipe.llen(self.keys.pool_wake)  # most often none: then no second round trip
+        *own, pooled = pipe.execute()
         rest = [w for w, token in zip(idle, own) if token is None]
-        shared = self.redis.lpop(self.keys.pool_wake, len(rest)) if rest else None
+        shared = self.redis.lpop(self.keys.pool_wake, len(rest)) if rest and pooled else None
         chosen = set(rest[:len(shared or [])]) | {w for w, token in zip(idle, own) if token is not None}
         return [w for w in idle if w in chosen]
-
-    def urgent(self) -> bool:
-        """Whether enqueue woke the reaper (online work no idle worker was woken for), as the
-        active reaper's pop of the urgent token."""
-        return self.redis.lpop(self.keys.urgent) is not None
 
     def plan(self, now_ms: int) -> dict[str, int]:
         """The reaper's preemption pass on an urgent wake."""
@@ -175,10 +182,12 @@ class QueueScheduler:
     def register(self, worker_id: str, total_gb: float, levels: str, now_ms: int) -> None:
         pass
 
-    def submit(self, task_id: str, task: TraceTask, now_ms: int) -> None:
+    def submit(self, task_id: str, task: TraceTask, now_ms: int) -> bool:
         self.queues[task.priority if self.name == "priority" else 0].append(task_id)
+        return False  # no reaper, no preemption
 
-    def claim(self, worker_id: str, req: ClaimRequest, now_ms: int) -> Offer | float:
+    def claim(self, worker_id: str, req: ClaimRequest, now_ms: int,
+              finished: Offer | None = None) -> Offer | float:
         # lanes are gpuq's: a baseline GPU takes whatever head is next
         queue = next((q for q in self.queues if q), None)
         if queue is None:
@@ -188,11 +197,5 @@ class QueueScheduler:
             return 0.0  # head-of-line: nothing behind it goes first
         return Offer(queue.popleft(), 0, 0.0)
 
-    def finish(self, worker_id: str, offer: Offer, now_ms: int) -> None:
-        pass
-
     def woken(self, idle: list[str]) -> list[str]:
         return idle if any(self.queues) else []
-
-    def urgent(self) -> bool:
-        return False  # no reaper, no preemption
