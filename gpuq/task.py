@@ -7,10 +7,12 @@ turns a stored hash back into a typed record.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
 import re
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum, IntEnum
@@ -78,8 +80,16 @@ class State(str, Enum):
 TERMINAL_STATES = frozenset({State.SUCCEEDED, State.FAILED, State.EXPIRED, State.CANCELED})
 
 
+_issued = itertools.count()
+
+
 def new_task_id() -> str:
-    return os.urandom(16).hex()  # 128 random bits, as uuid4 without its formatting cost
+    """32 hex digits: this host's clock in ms (12), a per-process count (6), 56 random bits
+    (14). Tasks of one queue enqueued in the same millisecond share a score, and a sorted set
+    orders equal scores by member: ids that grow in creation order keep a bulk enqueue's
+    tasks, and a producer's same-millisecond enqueues, in the order they were made."""
+    ms = time.time_ns() // 1_000_000
+    return f"{ms & 0xFFFFFFFFFFFF:012x}{next(_issued) & 0xFFFFFF:06x}{os.urandom(7).hex()}"
 
 
 def _positive_number(name: str, value: object, *, allow_zero: bool = False) -> float:

@@ -219,6 +219,13 @@ def test_a_yield_request_is_withdrawn_when_its_task_starts_elsewhere_or_ends(que
     assert queue.redis.hget(keys.stats, "preempt:withdrawn") == "2"
 
 
+def test_a_bulk_enqueue_is_claimed_in_the_order_it_was_made(queue: Queue) -> None:
+    # one call: every task has the same score, and the queue orders equal scores by id
+    made = [t.id for t in queue.enqueue_many([task(payload={"i": i}) for i in range(300)])]
+    got = [c["id"] for c in iter(lambda: claim(queue, "w", 75), None)]
+    assert got == made
+
+
 def test_cold_task_waits_for_a_tighter_idle_worker_until_the_defer_bound(
         make_queue: MakeQueue) -> None:
     q = make_queue(defer_s=2.0)  # P2 bound: min(2 s, SLA / 2) = 2000 ms

@@ -170,3 +170,9 @@ def test_record_round_trip_of_an_ended_task() -> None:
     assert json.loads(json.dumps(d)) == d  # plain JSON-able for --json output
     back = {**d, "priority": Priority.parse(d["priority"]), "state": State(d["state"])}
     assert TaskRecord(**back) == r
+
+
+def test_generated_ids_grow_in_creation_order_and_stay_unique() -> None:
+    ids = [build().task_id for _ in range(5000)]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
