@@ -179,6 +179,25 @@ def test_killing_one_of_two_workers_mid_backlog_loses_nothing(procs: Procs,
     assert all(by_id[i].result["worker"] == "survivor" for i in retried)
 
 
+def test_a_task_offered_to_a_worker_that_died_idle_runs_on_another(procs: Procs,
+                                                                     real_queue: Queue) -> None:
+    dead = procs.worker("w-small", vram_gb=24)  # the tighter fit: enqueue offers it the task
+    procs.worker("w-big", vram_gb=80, env={"GPUQ_IDLE_BLOCK_S": "10"})
+    for name in ("w-small", "w-big"):
+        procs.wait_idle(name)
+    dead.kill()
+    dead.wait()
+    # still in the idle set (its lease has not run out): the task is offered to it, and the
+    # pool-wide token enqueue posts while other workers idle wakes w-big, which takes it
+    # once the offer's deferral (P1: 500 ms) has passed, not at its next idle wake-up (10 s)
+    t = real_queue.enqueue("sim.noop", model="m", vram_gb=10, priority="P1")
+    assert real_queue.redis.hget(real_queue.keys.task(t.id), "offered") == "w-small"
+    done = procs.wait_state(t.id, State.SUCCEEDED, timeout=15)
+    assert done.worker == "w-big"
+    assert done.started_at is not None and done.enqueued_at is not None
+    assert done.started_at - done.enqueued_at < 3
+
+
 def test_paused_worker_loses_its_lease_and_its_late_result_is_rejected(
         procs: Procs, real_queue: Queue) -> None:
     """A worker frozen past its lease (GC pause, partition) comes back to a task that another
