@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import gpuq
-from gpuq.keys import Keys
+from gpuq.keys import Keys, live_reservation
 
 PACKAGE = Path(gpuq.__file__).parent
 
@@ -115,3 +115,11 @@ def test_no_other_module_builds_keys() -> None:
         if found:
             offenders[str(path.relative_to(PACKAGE))] = found
     assert offenders == {}, "key names must be built in gpuq/keys.py only"
+
+
+def test_a_reservation_is_live_until_its_expiry() -> None:
+    assert live_reservation("t-1 1000", 999) == ("t-1", 1000)
+    assert live_reservation(b"t-1 1000", 999) == ("t-1", 1000)
+    assert live_reservation("t-1 1000", 1000) is None  # expired at its expiry
+    for value in (None, "", "t-1", "t-1 soon", "t-1 -5"):
+        assert live_reservation(value, 0) is None, value

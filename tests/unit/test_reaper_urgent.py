@@ -49,3 +49,20 @@ def test_no_token_means_waiting_until_the_next_round() -> None:
     started = time.monotonic()
     assert not r.wait_urgent(0.0, started + 0.2)
     assert time.monotonic() - started >= 0.15
+
+
+def test_a_pass_is_brought_forward_to_when_the_planner_said_it_could_decide() -> None:
+    r = reaper()
+    r.active = True
+    now, next_round = time.monotonic(), time.monotonic() + 1.0
+    wall_ms = time.time() * 1000
+    r.preemptor.quiet_until = None  # nothing said: the next round
+    assert r.planned_pass(next_round) == next_round
+    r.preemptor.quiet_until = int(wall_ms + 300)  # a victim comes of age in 0.3 s
+    assert 0.2 < r.planned_pass(next_round) - now < 0.4
+    r.preemptor.quiet_until = int(wall_ms + 5000)  # after the next round: the round covers it
+    assert r.planned_pass(next_round) == next_round
+    r.preemptor.quiet_until = int(wall_ms - 10)  # a pass that decided (its own time): no repeat
+    assert r.planned_pass(next_round) == next_round
+    r.active, r.preemptor.quiet_until = False, int(wall_ms + 300)  # a standby plans nothing
+    assert r.planned_pass(next_round) == next_round
