@@ -179,16 +179,16 @@ class Engine:
                 self.claim(worker)
         return bool(woken)
 
-    def claim(self, w: SimWorker, finished: Offer | None = None) -> float | None:
-        """None if it got a task; else when to look again (0: when woken). finished: the
-        task the worker just ended, acked with this claim."""
+    def claim(self, w: SimWorker, finished: Offer | None = None) -> None:
+        """The worker claims; a task left for a better-placed GPU is looked at again when
+        its deferral ends. finished: the task the worker just ended, acked with this claim."""
         cache = w.cache
         req = ClaimRequest(w.id, cache.free_gb(), cache.evictable_gb(), 1, cache.loaded(), w.levels)
         got = self.scheduler.claim(w.id, req, self.ms(), finished)
         if not isinstance(got, Offer):
             if got > 0:  # a task was left for a better-placed GPU until then
                 self.at(self.now + got, "retry", w.id)
-            return got
+            return
         task = self.trace[got.task_id]
         res = cache.reserve(task.model, task.vram_gb)
         if res is None:
@@ -216,7 +216,6 @@ class Engine:
         record.worker = w.id
         self.at(end, "end", w.id, w.generation)
         self.ensure_tick()  # a running lower-priority task may now be worth planning around
-        return None
 
     def stop_run(self, w: SimWorker) -> Run:
         run = w.run

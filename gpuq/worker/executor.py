@@ -19,6 +19,8 @@ from gpuq.worker import presence
 from gpuq.worker.models import Reservation
 
 if TYPE_CHECKING:
+    import redis
+
     from gpuq.worker.loop import Worker
 
 log = logging.getLogger(__name__)
@@ -69,7 +71,7 @@ class TaskError(Exception):
         self.retry = retry
 
 
-def show_models(worker: Worker, pipe: Any) -> None:
+def show_models(worker: Worker, pipe: redis.client.Pipeline) -> None:
     """Queue the worker hash's view of its models and free VRAM (for status and top)."""
     cache = worker.cache
     with cache.lock:  # other runners may be changing the ledger
