@@ -10,19 +10,20 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
+import random
 import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum, IntEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuq.errors import DuplicateTask, InvalidTask
 
 MAX_PAYLOAD_BYTES = 1 << 20  # 1 MiB: a task carries parameters, not tensors
 # strict, compact JSON for payloads and results; one encoder (json.dumps with options
-# would build a new one per call, a third of a bulk enqueue's client time)
+# would build a new one per call, a third of a bulk enqueue's client time); it escapes every
+# non-ASCII character, so a text's length is its size in bytes
 JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 MAX_NAME_LEN = 200
 
@@ -87,9 +88,11 @@ def new_task_id() -> str:
     """32 hex digits: this host's clock in ms (12), a per-process count (6), 56 random bits
     (14). Tasks of one queue enqueued in the same millisecond share a score, and a sorted set
     orders equal scores by member: ids that grow in creation order keep a bulk enqueue's
-    tasks, and a producer's same-millisecond enqueues, in the order they were made."""
+    tasks, and a producer's same-millisecond enqueues, in the order they were made. The
+    random bits come from the random module's generator, seeded from the OS and reseeded in
+    a forked child (so two forks of one producer do not repeat each other's ids)."""
     ms = time.time_ns() // 1_000_000
-    return f"{ms & 0xFFFFFFFFFFFF:012x}{next(_issued) & 0xFFFFFF:06x}{os.urandom(7).hex()}"
+    return f"{ms & 0xFFFFFFFFFFFF:012x}{next(_issued) & 0xFFFFFF:06x}{random.getrandbits(56):014x}"
 
 
 def _positive_number(name: str, value: object, *, allow_zero: bool = False) -> float:
@@ -105,11 +108,20 @@ def _positive_number(name: str, value: object, *, allow_zero: bool = False) -> f
 _BAD_NAME = re.compile(r"[{},\s]")  # braces would break the hash tag; commas the model lists
 
 
+_good_names: set[str] = set()  # handler, model and tenant names repeat: check each once
+
+
 def _name(field: str, value: object) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidTask(f"{field} must be a non-empty string")
+    if value in _good_names:
+        return value
     if len(value) > MAX_NAME_LEN or _BAD_NAME.search(value):
         raise InvalidTask(f"{field} {value!r} is too long or holds spaces, commas or braces")
+    if field != "task_id":  # ids are one-off
+        if len(_good_names) >= 4096:
+            _good_names.clear()
+        _good_names.add(value)
     return value
 
 
@@ -121,7 +133,7 @@ def encode_payload(payload: object) -> str:
         text = JSON.encode(payload)
     except (TypeError, ValueError) as exc:
         raise InvalidTask(f"payload is not JSON-serializable: {exc}") from None
-    if len(text.encode()) > MAX_PAYLOAD_BYTES:
+    if len(text) > MAX_PAYLOAD_BYTES:  # JSON escapes non-ASCII: one byte per character
         raise InvalidTask(f"payload is larger than {MAX_PAYLOAD_BYTES} bytes")
     return text
 
@@ -134,9 +146,10 @@ def parse_payload_text(text: str) -> Any:
         raise InvalidTask(f"payload is not valid JSON: {exc.msg} at position {exc.pos}") from None
 
 
-@dataclass(frozen=True)
-class TaskSpec:
-    """What a producer asks for; validated on construction."""
+class TaskSpec(NamedTuple):
+    """What a producer asks for, validated by ``build``. A named tuple rather than a frozen
+    dataclass: as immutable, and built three times faster (a bulk enqueue builds one per
+    task before it sends any)."""
 
     handler: str
     payload: str  # JSON text
@@ -189,9 +202,12 @@ class TaskSpec:
 
 def build_specs(tasks: Iterable[Mapping[str, Any]]) -> list[TaskSpec]:
     """Validate every task of a bulk enqueue before anything is sent."""
-    specs = [TaskSpec.build(t["handler"], t.get("payload"),
-                            **{k: v for k, v in t.items() if k not in ("handler", "payload")})
-             for t in tasks]
+    specs = []
+    for i, t in enumerate(tasks):
+        try:
+            specs.append(TaskSpec.build(**t))
+        except TypeError as exc:  # no handler, or an option build does not know
+            raise InvalidTask(f"task {i} of the batch: {exc}") from None
     seen: set[str] = set()
     for spec in specs:  # one call's chunks are separate scripts: catch repeats before any
         if spec.task_id in seen:

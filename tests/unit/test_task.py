@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 
@@ -14,6 +15,8 @@ from gpuq.task import (
     State,
     TaskRecord,
     TaskSpec,
+    build_specs,
+    new_task_id,
     parse_payload_text,
 )
 
@@ -97,6 +100,30 @@ def test_build_rejects_oversized_payload() -> None:
     build(payload="a" * (MAX_PAYLOAD_BYTES - 10))  # just under the cap: fine
 
 
+def test_payload_size_counts_bytes_of_non_ascii_text() -> None:
+    spec = build(payload={"t": "é漢🙂" * 10})
+    assert len(spec.payload.encode()) == len(spec.payload)  # escaped: the cap counts bytes
+    with pytest.raises(InvalidTask, match="larger than"):
+        build(payload="é" * (MAX_PAYLOAD_BYTES // 6 + 1))  # each one \u00e9: six bytes
+
+
+def test_a_name_seen_valid_does_not_pass_another_kind_of_value() -> None:
+    build(model="m-seen")
+    with pytest.raises(InvalidTask, match="model"):
+        build(model=["m-seen"])
+
+
+@pytest.mark.parametrize("item, match", [
+    ({"model": "m", "vram_gb": 1}, "handler"),
+    ({"handler": "h", "model": "m", "vram_gb": 1, "vram": 2}, "vram"),
+])
+def test_bulk_item_without_handler_or_with_unknown_option_is_invalid(item: dict[str, object],
+                                                                      match: str) -> None:
+    good = {"handler": "h", "model": "m", "vram_gb": 1}
+    with pytest.raises(InvalidTask, match=rf"task 1 of the batch: .*{match}"):
+        build_specs([good, item])
+
+
 @pytest.mark.parametrize("payload", [{1, 2}, b"bytes", bytearray(b"x"), object(), math.nan,
                                      {"x": math.inf}, {"f": print}])
 def test_build_rejects_non_json_payload(payload: object) -> None:
@@ -176,3 +203,20 @@ def test_generated_ids_grow_in_creation_order_and_stay_unique() -> None:
     ids = [build().task_id for _ in range(5000)]
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
     assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+
+
+def test_ids_of_a_forked_child_differ_from_its_parents() -> None:
+    """Both sides draw their next ids at the same count: the random part must differ."""
+    new_task_id()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child writes its next ids and leaves at once
+        os.write(write, " ".join(new_task_id() for _ in range(3)).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child = os.read(read, 4096).decode().split()
+    os.close(read)
+    parent = [new_task_id() for _ in range(3)]
+    assert [c[12:18] for c in child] == [p[12:18] for p in parent]  # same counts
+    assert not {c[18:] for c in child} & {p[18:] for p in parent}
