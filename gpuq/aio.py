@@ -6,7 +6,7 @@ so only the awaiting differs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -61,35 +61,43 @@ class AsyncQueue:
     async def enqueue_many(self, tasks: Iterable[Mapping[str, Any]], *,
                            check_fit: bool = False) -> list[AsyncTask]:
         specs = build_specs(tasks)
-        calls = [self.calls.enqueue(specs[i:i + BULK_CHUNK], check_fit=check_fit)
-                 for i in range(0, len(specs), BULK_CHUNK)]
+        calls = (self.calls.enqueue(specs[i:i + BULK_CHUNK], check_fit=check_fit)
+                 for i in range(0, len(specs), BULK_CHUNK))
         with redis_errors(self.url):
-            replies = await self.streamed(calls)
-        for call, reply in zip(calls, replies):
-            call.parse(reply)
+            await self.streamed(calls)
         return [AsyncTask(self, s.task_id, exists=True) for s in specs]
 
-    async def streamed(self, calls: list[Call[Any]]) -> list[Any]:
-        """Calls sent one after another on one connection, replies read after the last
-        (gpuq.scripts.Scripts.streamed); a missing script is loaded and its calls sent again."""
-        replies = await self._stream([evalsha_args(self._scripts, self.keys, c) for c in calls])
+    async def streamed(self, calls: Iterable[Call[T]]) -> list[T]:
+        """Calls built and sent one after another on one connection, replies read after the
+        last and parsed (gpuq.scripts.Scripts.streamed); a missing script is loaded and its
+        calls sent again."""
+        sent: list[Call[T]] = []
+
+        def commands() -> Iterator[tuple[Any, ...]]:
+            for call in calls:
+                sent.append(call)
+                yield evalsha_args(self._scripts, self.keys, call)
+
+        replies = await self._stream(commands())
         if missing := noscript_indexes(replies):
             for script in self._scripts.values():
                 await self.redis.script_load(script.script)
-            again = await self._stream([evalsha_args(self._scripts, self.keys, calls[i]) for i in missing])
+            again = await self._stream([evalsha_args(self._scripts, self.keys, sent[i]) for i in missing])
             for i, reply in zip(missing, again):
                 replies[i] = reply
-        return raise_first_error(replies)
+        return [c.parse(r) for c, r in zip(sent, raise_first_error(replies))]
 
-    async def _stream(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+    async def _stream(self, commands: Iterable[tuple[Any, ...]]) -> list[Any]:
         pool = self.redis.connection_pool
         conn = await pool.get_connection()  # type: ignore[no-untyped-call]
         try:
-            for i, args in enumerate(commands):
+            n = 0
+            for args in commands:
                 # a health check's PING would read an earlier command's reply as its own
-                await conn.send_packed_command(conn.pack_command(*args), check_health=i == 0)
+                await conn.send_packed_command(conn.pack_command(*args), check_health=n == 0)
+                n += 1
             replies: list[Any] = []
-            for _ in commands:
+            for _ in range(n):
                 try:
                     replies.append(await conn.read_response())
                 except redis.exceptions.ResponseError as exc:

@@ -87,12 +87,10 @@ class Queue:
         rejected by validation writes nothing at all; the server rejects a chunk whole.
         """
         specs = build_specs(tasks)
-        calls = [self.calls.enqueue(specs[i:i + BULK_CHUNK], check_fit=check_fit)
-                 for i in range(0, len(specs), BULK_CHUNK)]
+        calls = (self.calls.enqueue(specs[i:i + BULK_CHUNK], check_fit=check_fit)
+                 for i in range(0, len(specs), BULK_CHUNK))
         with redis_errors(self.url):
-            replies = self.scripts.streamed(calls)
-        for call, reply in zip(calls, replies):
-            call.parse(reply)
+            self.scripts.streamed(calls)
         return [Task(self, s.task_id, exists=True) for s in specs]
 
     def task(self, task_id: str) -> Task:

@@ -9,7 +9,7 @@ and the parser of its reply); ``Scripts`` runs calls on a sync client or pipelin
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from importlib import resources
@@ -337,32 +337,42 @@ class Scripts:
                     self.client.script_load(script.script)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def streamed(self, calls: Sequence[Call[Any]]) -> list[Any]:
-        """Run many calls on one connection, each sent as soon as it is packed, the replies
-        read after the last: the server runs the first calls while the client packs the
-        later ones (a pipeline packs them all before it sends any). Replies unparsed, in
-        order. Calls the server lacked the script for are sent again once it is loaded."""
-        replies = self._stream([evalsha_args(self._scripts, self.keys, c) for c in calls])
+    def streamed(self, calls: Iterable[Call[T]]) -> list[T]:
+        """Run many calls on one connection, each built and sent just before the next (the
+        server runs the first calls while the client builds and packs the later ones; a
+        pipeline packs them all before it sends any), the replies read after the last, then
+        parsed in order; the first error is raised once all are read. Calls the server
+        lacked the script for are sent again once it is loaded."""
+        sent: list[Call[T]] = []
+
+        def commands() -> Iterator[tuple[Any, ...]]:
+            for call in calls:
+                sent.append(call)
+                yield evalsha_args(self._scripts, self.keys, call)
+
+        replies = self._stream(commands())
         if missing := noscript_indexes(replies):
             for script in self._scripts.values():
                 self.client.script_load(script.script)
-            again = self._stream([evalsha_args(self._scripts, self.keys, calls[i]) for i in missing])
+            again = self._stream([evalsha_args(self._scripts, self.keys, sent[i]) for i in missing])
             for i, reply in zip(missing, again):
                 replies[i] = reply
-        return raise_first_error(replies)
+        return [c.parse(r) for c, r in zip(sent, raise_first_error(replies))]
 
-    def _stream(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+    def _stream(self, commands: Iterable[tuple[Any, ...]]) -> list[Any]:
         """Send every command, then read every reply (a server error is returned, not raised,
         so the connection stays in step). A connection left mid-stream is dropped."""
         pool = self.client.connection_pool
         conn = pool.get_connection()
         try:
-            for i, args in enumerate(commands):
+            n = 0
+            for args in commands:
                 # a health check's PING would read an earlier command's reply as its own
                 conn.send_packed_command(conn.pack_command(*args),  # type: ignore[no-untyped-call]
-                                          check_health=i == 0)
+                                          check_health=n == 0)
+                n += 1
             replies: list[Any] = []
-            for _ in commands:
+            for _ in range(n):
                 try:
                     replies.append(conn.read_response())
                 except redis.exceptions.ResponseError as exc:
