@@ -123,7 +123,8 @@ class AsyncQueue:
         while (record := waiting.ended(fields)) is None:
             with redis_errors(self.url):
                 pipe = self.redis.pipeline(transaction=False)
-                waiting.queue_pop_and_read(pipe, self.keys)
+                for command in waiting.pop_and_read(self.keys):
+                    pipe.execute_command(*command)
                 fields = (await pipe.execute())[1]
         return record
 

@@ -18,7 +18,7 @@ import redis
 from gpuq.config import Config
 from gpuq.errors import ConfigError, ConnectionFailed, ResultTimeout, TaskFailed, TaskNotFound, WorkerNotFound
 from gpuq.keys import Keys
-from gpuq.scripts import Calls, Scripts
+from gpuq.scripts import Calls, Scripts, exchange, pairs_to_dict, raise_first_error
 from gpuq.task import State, TaskRecord, TaskSpec, build_specs
 
 BULK_CHUNK = 200  # tasks per enqueue call in a bulk enqueue
@@ -131,9 +131,9 @@ class Queue:
         fields = None if waiting.may_skip_read(exists) else self._fields(task_id)
         while (record := waiting.ended(fields)) is None:
             with redis_errors(self.url):
-                pipe = self.redis.pipeline(transaction=False)
-                waiting.queue_pop_and_read(pipe, self.keys)
-                fields = pipe.execute()[1]
+                _, flat = raise_first_error(exchange(self.redis, waiting.pop_and_read(self.keys),
+                                                     retry=True))
+            fields = flat if isinstance(flat, dict) else pairs_to_dict(flat)  # RESP3 or 2
         return record
 
     def _fields(self, task_id: str) -> dict[str, str]:
@@ -176,12 +176,12 @@ class Waiting:
         record = TaskRecord.from_fields(fields)
         return record if record.state.terminal else None
 
-    def queue_pop_and_read(self, pipe: Any, keys: Keys) -> None:
+    def pop_and_read(self, keys: Keys) -> list[tuple[Any, ...]]:
         """Block until the done list has an element, rotating it in place so every waiter
         sees it (nothing to push back), then read the task: one round trip per wake-up."""
         done = keys.done(self.task_id)
-        pipe.blmove(done, done, self.block_s(), "RIGHT", "LEFT")
-        pipe.hgetall(keys.task(self.task_id))
+        return [("BLMOVE", done, done, "RIGHT", "LEFT", self.block_s()),
+                ("HGETALL", keys.task(self.task_id))]
 
     def block_s(self) -> float:
         """How long the next pop may block; ResultTimeout once the timeout has passed."""

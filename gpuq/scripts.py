@@ -301,6 +301,49 @@ def raise_first_error(replies: list[Any]) -> list[Any]:
     return replies
 
 
+def exchange(client: redis.Redis, commands: Iterable[tuple[Any, ...]], *,
+             retry: bool = False) -> list[Any]:
+    """Send commands on one pooled connection, then read a reply for each (a server error is
+    returned in its place, not raised, so the connection stays in step); a connection left
+    mid-way is dropped. With ``retry``, a lost connection is reconnected and the whole list
+    sent again under the client's retry policy, as the client's own commands are; without,
+    ``commands`` may be built as they are sent. Raw replies: no response callbacks. The
+    client's command and pipeline machinery cost a sixth of an enqueue's or a claim's
+    client time, so the hot paths (scripts, the result wait) come this way."""
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    try:
+        if retry:
+            packed = [conn.pack_command(*args) for args in commands]  # type: ignore[no-untyped-call]
+            return conn.retry.call_with_retry(
+                lambda: exchange_packed(conn, packed),
+                lambda _error: conn.disconnect())  # type: ignore[no-untyped-call]
+        return exchange_packed(conn, (conn.pack_command(*args)  # type: ignore[no-untyped-call]
+                                      for args in commands))
+    except BaseException:
+        conn.disconnect()  # type: ignore[no-untyped-call]
+        raise
+    finally:
+        pool.release(conn)
+
+
+def exchange_packed(conn: Any, packed: Iterable[Any]) -> list[Any]:
+    """Send packed commands on one connection, then read a reply for each; a server error is
+    returned in its place, not raised, so the connection stays in step."""
+    n = 0
+    for command in packed:
+        # a health check's PING would read an earlier command's reply as its own
+        conn.send_packed_command(command, check_health=n == 0)
+        n += 1
+    replies: list[Any] = []
+    for _ in range(n):
+        try:
+            replies.append(conn.read_response())
+        except redis.exceptions.ResponseError as exc:
+            replies.append(exc)
+    return replies
+
+
 class Scripts:
     """Runs calls on a synchronous client, one at a time or many per round trip."""
 
@@ -314,35 +357,19 @@ class Scripts:
 
     def run_raw(self, call: Call[Any]) -> Any:
         """The script's reply, unparsed (EVALSHA, loading the script on NOSCRIPT)."""
-        return self._scripts[call.script](keys=[self.keys.base], args=call.args)
+        return self.pipelined([call])[0]
 
-    def pipelined(self, calls: Sequence[Call[Any]],
-                  extra: Callable[[redis.client.Pipeline], object] | None = None) -> list[Any]:
-        """Run the calls (then whatever ``extra`` adds) in one round trip; replies unparsed,
-        in order. Scripts go as bare EVALSHA: a pipeline of script objects would first ask
-        SCRIPT EXISTS, one more round trip. If the server lost them (restart, SCRIPT FLUSH),
-        every EVALSHA failed: load them and run the pipeline once more."""
-        for attempt in (1, 2):
-            pipe = self.client.pipeline(transaction=False)
-            for call in calls:
-                pipe.evalsha(self._scripts[call.script].sha, 1, self.keys.base, *call.args)
-            if extra is not None:
-                extra(pipe)
-            try:
-                return pipe.execute()
-            except redis.exceptions.NoScriptError:
-                if attempt == 2:
-                    raise
-                for script in self._scripts.values():
-                    self.client.script_load(script.script)
-        raise AssertionError("unreachable")  # pragma: no cover
+    def pipelined(self, calls: Sequence[Call[Any]], extra: Sequence[tuple[Any, ...]] = ()) -> list[Any]:
+        """Run the calls, then the plain commands in ``extra`` (e.g. ``("LPOP", key)``), in
+        one round trip; replies raw, in order, the first error raised once all are read."""
+        commands = [evalsha_args(self._scripts, self.keys, c) for c in calls] + list(extra)
+        return self._loaded(exchange(self.client, commands, retry=True), calls)
 
     def streamed(self, calls: Iterable[Call[T]]) -> list[T]:
         """Run many calls on one connection, each built and sent just before the next (the
         server runs the first calls while the client builds and packs the later ones; a
         pipeline packs them all before it sends any), the replies read after the last, then
-        parsed in order; the first error is raised once all are read. Calls the server
-        lacked the script for are sent again once it is loaded."""
+        parsed in order; the first error is raised once all are read."""
         sent: list[Call[T]] = []
 
         def commands() -> Iterator[tuple[Any, ...]]:
@@ -350,36 +377,18 @@ class Scripts:
                 sent.append(call)
                 yield evalsha_args(self._scripts, self.keys, call)
 
-        replies = self._stream(commands())
+        replies = self._loaded(exchange(self.client, commands()), sent)
+        return [c.parse(r) for c, r in zip(sent, replies)]
+
+    def _loaded(self, replies: list[Any], calls: Sequence[Call[Any]]) -> list[Any]:
+        """The replies, with the calls that found their script missing (server restarted or
+        flushed) sent again once the scripts are loaded; the first error raised. The calls
+        come first in ``replies``; a plain command never finds a script missing."""
         if missing := noscript_indexes(replies):
             for script in self._scripts.values():
                 self.client.script_load(script.script)
-            again = self._stream([evalsha_args(self._scripts, self.keys, sent[i]) for i in missing])
+            again = exchange(self.client, [evalsha_args(self._scripts, self.keys, calls[i])
+                                           for i in missing], retry=True)
             for i, reply in zip(missing, again):
                 replies[i] = reply
-        return [c.parse(r) for c, r in zip(sent, raise_first_error(replies))]
-
-    def _stream(self, commands: Iterable[tuple[Any, ...]]) -> list[Any]:
-        """Send every command, then read every reply (a server error is returned, not raised,
-        so the connection stays in step). A connection left mid-stream is dropped."""
-        pool = self.client.connection_pool
-        conn = pool.get_connection()
-        try:
-            n = 0
-            for args in commands:
-                # a health check's PING would read an earlier command's reply as its own
-                conn.send_packed_command(conn.pack_command(*args),  # type: ignore[no-untyped-call]
-                                          check_health=n == 0)
-                n += 1
-            replies: list[Any] = []
-            for _ in range(n):
-                try:
-                    replies.append(conn.read_response())
-                except redis.exceptions.ResponseError as exc:
-                    replies.append(exc)
-            return replies
-        except BaseException:
-            conn.disconnect()  # type: ignore[no-untyped-call]
-            raise
-        finally:
-            pool.release(conn)
+        return raise_first_error(replies)

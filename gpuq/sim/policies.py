@@ -25,7 +25,7 @@ import redis
 from gpuq import catalog
 from gpuq.config import Config
 from gpuq.reaper.loop import Reaper
-from gpuq.scripts import ClaimRequest
+from gpuq.scripts import ClaimRequest, exchange
 from gpuq.sim.model import TraceTask
 from gpuq.task import TaskSpec
 from gpuq.worker import presence
@@ -78,7 +78,7 @@ class GpuqScheduler:
                               priority=task.priority, est_s=task.est_s, deadline_s=task.deadline_s,
                               preemptible=task.preemptible, tenant=task.tenant, task_id=task_id)
         call = self.calls.enqueue([spec], now_ms=now_ms)
-        reply, token = self.scripts.pipelined([call], lambda pipe: pipe.lpop(self.keys.urgent))
+        reply, token = self.scripts.pipelined([call], [("LPOP", self.keys.urgent)])
         call.parse(reply)
         return token is not None
 
@@ -124,11 +124,9 @@ class GpuqScheduler:
         worker's own token first, then pool-wide tokens to the others in order."""
         if not idle:
             return []
-        pipe = self.redis.pipeline(transaction=False)
-        for w in idle:
-            pipe.lpop(self.keys.wake(w))
-        pipe.llen(self.keys.pool_wake)  # most often none: then no second round trip
-        *own, pooled = pipe.execute()
+        # most often the pool list is empty: then no second round trip
+        *own, pooled = exchange(self.redis, [("LPOP", self.keys.wake(w)) for w in idle]
+                                + [("LLEN", self.keys.pool_wake)], retry=True)
         rest = [w for w, token in zip(idle, own) if token is None]
         shared = self.redis.lpop(self.keys.pool_wake, len(rest)) if rest and pooled else None
         chosen = set(rest[:len(shared or [])]) | {w for w, token in zip(idle, own) if token is not None}

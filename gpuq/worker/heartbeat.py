@@ -5,6 +5,7 @@ control list (gpuq.worker.control), waking early for yield deadlines."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -40,7 +41,8 @@ class Heartbeat(threading.Thread):
         call = w.calls.heartbeat(w.id, [(r.task_id, r.token) for r in running])
         fields: presence.Fields = {**w.static_fields,
                                    **presence.status_fields(free, len(running), models, state, used)}
-        replies = w.scripts.pipelined([call], lambda pipe: pipe.hset(w.keys.worker(w.id), mapping=fields))
+        shown = ("HSET", w.keys.worker(w.id), *itertools.chain.from_iterable(fields.items()))
+        replies = w.scripts.pipelined([call], [shown])
         revived, lost = call.parse(replies[0])
         if w.metrics is not None:
             w.metrics.gpu_state(w.gpu.total_gb, w.gpu.total_gb - free, used, len(running), len(models))
