@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 
 import pytest
+import redis
 from helpers import (
     T0,
     ack,
@@ -21,8 +22,11 @@ from helpers import (
     raw_enqueue_call,
     task_keys,
 )
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from gpuq import Queue
+from gpuq.embedded import EmbeddedServer
 from gpuq.errors import DuplicateTask, InvalidTask, Unschedulable
 from gpuq.scripts import Claim
 from gpuq.task import Priority, State
@@ -432,6 +436,54 @@ def test_bulk_enqueue_streams_its_chunks_and_reloads_lost_scripts(queue: Queue) 
     tasks = queue.enqueue_many([task(payload={"i": i}) for i in range(450)])
     assert len(task_keys(queue)) == 450
     assert queue.record(tasks[449].id).payload == {"i": 449}
+
+
+def test_calls_go_on_over_a_connection_the_server_dropped(real_queue: Queue,
+                                                         redis_server: EmbeddedServer) -> None:
+    """Scripts and the result wait run on bare pooled connections: one the server closed
+    (a restart, a timeout, a failover) is reconnected and the command sent again, as the
+    client does for its own commands."""
+    q = real_queue
+    killer = redis.Redis.from_url(redis_server.url)
+
+    def drop_connections() -> None:
+        assert killer.client_kill_filter(_type="normal", skipme=True) >= 1
+
+    first = q.enqueue("h", model="A", vram_gb=1)
+    drop_connections()
+    second = q.enqueue("h", model="A", vram_gb=1)
+    drop_connections()
+    c = claim(q, "w1", 40)
+    assert c is not None and c["id"] == first.id
+    ack(q, first.id, c["token"], {"ok": 1})
+    drop_connections()
+    assert first.result(timeout=5) == {"ok": 1}
+    assert q.record(second.id).state is State.QUEUED
+    killer.close()
+
+
+def test_a_call_whose_connection_breaks_mid_way_follows_the_clients_retry_policy(
+        real_queue: Queue) -> None:
+    """The pool replaces a connection it finds closed before use; one that breaks while a
+    call is sent is reconnected and the call sent again as the client's retry policy says
+    (none by default with a URL; one retry here)."""
+    q = real_queue
+    q.redis.set_retry(Retry(NoBackoff(), 1))
+    q.enqueue("h", model="A", vram_gb=1)  # the pool now holds one idle connection
+    conn = q.redis.connection_pool.get_connection()
+    q.redis.connection_pool.release(conn)
+    real_send = conn.send_packed_command
+    broken = []
+
+    def send_once_broken(*args: object, **kwargs: object) -> object:
+        if not broken:  # the write fails: nothing reached the server
+            broken.append(1)
+            raise redis.ConnectionError("connection reset by peer")
+        return real_send(*args, **kwargs)
+
+    conn.send_packed_command = send_once_broken  # type: ignore[method-assign]
+    t = q.enqueue("h", model="A", vram_gb=1)
+    assert broken and q.record(t.id).state is State.QUEUED
 
 
 def test_a_chunk_rejected_by_the_server_is_not_written_and_the_stream_stays_in_step(
