@@ -141,14 +141,24 @@ class Worker:
 
     def runner(self) -> None:
         pending: Call[Any] | None = None  # the finished task's ack or fail, not yet sent
+        waited = False  # the last claim found nothing and the runner waited for work
+        from_idle = False  # the task just run was claimed right after such a wait
         while not self.stopping.is_set():
             try:
+                if pending is not None and from_idle:
+                    # a task taken by a worker that was idle: someone may be waiting on it,
+                    # and a claim sent with its ack would hold the waiter's reply back by
+                    # its own server time; in a busy streak the ack rides with the claim
+                    settle(self, pending, self.scripts.run_raw(pending))
+                    pending = None
                 claimed = self.claim(pending)
                 pending = None
                 if isinstance(claimed, tuple):
+                    from_idle, waited = waited, False
                     pending = execute(self, *claimed)
                 else:
                     self.wait_for_work(claimed)
+                    waited = True
             except redis.RedisError as exc:
                 log.error("worker.redis_error worker=%s error=%s", self.id, exc)
                 self.stopping.wait(1.0)
