@@ -90,9 +90,9 @@ end
 
 -- One entry per task left unwoken (up to 16), so as many idle workers can wake.
 local function wake_pool(count)
-  local len = 0
-  for _ = 1, math.min(count or 1, 16) do len = redis.call('LPUSH', K_WAKE, '1') end
-  if len > 16 then redis.call('LTRIM', K_WAKE, 0, 15) end
+  -- the list is full most of the time nobody idles: then nothing is pushed
+  local room = 16 - redis.call('LLEN', K_WAKE)
+  for _ = 1, math.min(count or 1, room) do redis.call('LPUSH', K_WAKE, '1') end
 end
 
 -- Whether worker w serves priority p: only dedicated lanes are listed in `lanes`.
