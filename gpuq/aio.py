@@ -6,7 +6,7 @@ so only the awaiting differs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -23,12 +23,49 @@ from gpuq.scripts import (
     Calls,
     evalsha_args,
     noscript_indexes,
+    pairs_to_dict,
     raise_first_error,
     script_source,
 )
 from gpuq.task import State, TaskRecord, TaskSpec, build_specs
 
 T = TypeVar("T")
+
+
+async def exchange(client: aredis.Redis, commands: Iterable[tuple[Any, ...]], *,
+                   retry: bool = False) -> list[Any]:
+    """gpuq.scripts.exchange on an asyncio client: commands sent on one pooled connection,
+    then a reply read for each (a server error in its place); with ``retry``, sent again on
+    a lost connection under the client's retry policy."""
+    pool = client.connection_pool
+    conn = await pool.get_connection()  # type: ignore[no-untyped-call]
+
+    async def send_and_read(packed: Iterable[Any]) -> list[Any]:
+        n = 0
+        for command in packed:
+            # a health check's PING would read an earlier command's reply as its own
+            await conn.send_packed_command(command, check_health=n == 0)
+            n += 1
+        replies: list[Any] = []
+        for _ in range(n):
+            try:
+                replies.append(await conn.read_response())
+            except redis.exceptions.ResponseError as exc:
+                replies.append(exc)
+        return replies
+
+    try:
+        if retry:
+            packed = [conn.pack_command(*args) for args in commands]
+            replies: list[Any] = await conn.retry.call_with_retry(lambda: send_and_read(packed),
+                                                                  lambda _error: conn.disconnect())
+            return replies
+        return await send_and_read(conn.pack_command(*args) for args in commands)
+    except BaseException:
+        await conn.disconnect()
+        raise
+    finally:
+        await pool.release(conn)
 
 
 class AsyncQueue:
@@ -49,7 +86,9 @@ class AsyncQueue:
 
     async def run(self, call: Call[T]) -> T:
         with redis_errors(self.url):
-            reply = await self._scripts[call.script](keys=[self.keys.base], args=call.args)
+            replies = await exchange(self.redis, [evalsha_args(self._scripts, self.keys, call)],
+                                     retry=True)
+            reply = (await self._loaded(replies, [call]))[0]
         return call.parse(reply)
 
     async def enqueue(self, handler: str, payload: Any = None, *, check_fit: bool = False,
@@ -69,8 +108,7 @@ class AsyncQueue:
 
     async def streamed(self, calls: Iterable[Call[T]]) -> list[T]:
         """Calls built and sent one after another on one connection, replies read after the
-        last and parsed (gpuq.scripts.Scripts.streamed); a missing script is loaded and its
-        calls sent again."""
+        last and parsed (gpuq.scripts.Scripts.streamed)."""
         sent: list[Call[T]] = []
 
         def commands() -> Iterator[tuple[Any, ...]]:
@@ -78,36 +116,20 @@ class AsyncQueue:
                 sent.append(call)
                 yield evalsha_args(self._scripts, self.keys, call)
 
-        replies = await self._stream(commands())
+        replies = await self._loaded(await exchange(self.redis, commands()), sent)
+        return [c.parse(r) for c, r in zip(sent, replies)]
+
+    async def _loaded(self, replies: list[Any], calls: Sequence[Call[Any]]) -> list[Any]:
+        """gpuq.scripts.Scripts._loaded, awaited: calls whose script was missing sent again
+        once the scripts are loaded; the first error raised."""
         if missing := noscript_indexes(replies):
             for script in self._scripts.values():
                 await self.redis.script_load(script.script)
-            again = await self._stream([evalsha_args(self._scripts, self.keys, sent[i]) for i in missing])
+            again = await exchange(self.redis, [evalsha_args(self._scripts, self.keys, calls[i])
+                                                for i in missing], retry=True)
             for i, reply in zip(missing, again):
                 replies[i] = reply
-        return [c.parse(r) for c, r in zip(sent, raise_first_error(replies))]
-
-    async def _stream(self, commands: Iterable[tuple[Any, ...]]) -> list[Any]:
-        pool = self.redis.connection_pool
-        conn = await pool.get_connection()  # type: ignore[no-untyped-call]
-        try:
-            n = 0
-            for args in commands:
-                # a health check's PING would read an earlier command's reply as its own
-                await conn.send_packed_command(conn.pack_command(*args), check_health=n == 0)
-                n += 1
-            replies: list[Any] = []
-            for _ in range(n):
-                try:
-                    replies.append(await conn.read_response())
-                except redis.exceptions.ResponseError as exc:
-                    replies.append(exc)
-            return replies
-        except BaseException:
-            await conn.disconnect()
-            raise
-        finally:
-            await pool.release(conn)
+        return raise_first_error(replies)
 
     async def record(self, task_id: str) -> TaskRecord:
         return TaskRecord.from_fields(await self._fields(task_id))
@@ -122,10 +144,9 @@ class AsyncQueue:
         fields = None if waiting.may_skip_read(exists) else await self._fields(task_id)
         while (record := waiting.ended(fields)) is None:
             with redis_errors(self.url):
-                pipe = self.redis.pipeline(transaction=False)
-                for command in waiting.pop_and_read(self.keys):
-                    pipe.execute_command(*command)
-                fields = (await pipe.execute())[1]
+                _, flat = raise_first_error(await exchange(self.redis, waiting.pop_and_read(self.keys),
+                                                           retry=True))
+            fields = flat if isinstance(flat, dict) else pairs_to_dict(flat)  # RESP3 or 2
         return record
 
     async def _fields(self, task_id: str) -> dict[str, str]:

@@ -59,6 +59,8 @@ def test_bulk_cancel_timeout_and_errors(redis_server: EmbeddedServer, pool: str,
                 await tasks[1].result(timeout=1)
             with pytest.raises(InvalidTask):
                 await q.enqueue("h", model="m", vram_gb=-1)
+            await q.redis.script_flush()  # a single call reloads the scripts and runs again
+            assert await (await q.enqueue("h", model="m", vram_gb=1)).status() is State.QUEUED
             with pytest.raises(TaskNotFound):
                 await q.record("nope")
         finally:
