@@ -35,17 +35,17 @@ T = TypeVar("T")
 async def exchange(client: aredis.Redis, commands: Iterable[tuple[Any, ...]], *,
                    retry: bool = False) -> list[Any]:
     """gpuq.scripts.exchange on an asyncio client: commands sent on one pooled connection,
-    then a reply read for each (a server error in its place); with ``retry``, sent again on
-    a lost connection under the client's retry policy."""
+    then a reply read for each (a server error in its place); with ``retry``, in one write,
+    sent again on a lost connection under the client's retry policy."""
     pool = client.connection_pool
     conn = await pool.get_connection()  # type: ignore[no-untyped-call]
 
-    async def send_and_read(packed: Iterable[Any]) -> list[Any]:
+    async def send_and_read(sends: Iterable[tuple[Any, int]]) -> list[Any]:
         n = 0
-        for command in packed:
+        for chunks, count in sends:
             # a health check's PING would read an earlier command's reply as its own
-            await conn.send_packed_command(command, check_health=n == 0)
-            n += 1
+            await conn.send_packed_command(chunks, check_health=n == 0)
+            n += count
         replies: list[Any] = []
         for _ in range(n):
             try:
@@ -56,11 +56,12 @@ async def exchange(client: aredis.Redis, commands: Iterable[tuple[Any, ...]], *,
 
     try:
         if retry:
-            packed = [conn.pack_command(*args) for args in commands]
-            replies: list[Any] = await conn.retry.call_with_retry(lambda: send_and_read(packed),
-                                                                  lambda _error: conn.disconnect())
+            listed = list(commands)
+            packed = conn.pack_commands(listed)
+            replies: list[Any] = await conn.retry.call_with_retry(
+                lambda: send_and_read([(packed, len(listed))]), lambda _error: conn.disconnect())
             return replies
-        return await send_and_read(conn.pack_command(*args) for args in commands)
+        return await send_and_read((conn.pack_command(*args), 1) for args in commands)
     except BaseException:
         await conn.disconnect()
         raise
