@@ -34,7 +34,7 @@ T = TypeVar("T")
 
 async def exchange(client: aredis.Redis, commands: Iterable[tuple[Any, ...]], *,
                    retry: bool = False) -> list[Any]:
-    """gpuq.scripts.exchange on an asyncio client: commands sent on one pooled connection,
+    """gpuq.wire.exchange on an asyncio client: commands sent on one pooled connection,
     then a reply read for each (a server error in its place); with ``retry``, in one write,
     sent again on a lost connection under the client's retry policy."""
     pool = client.connection_pool

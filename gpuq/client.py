@@ -18,8 +18,9 @@ import redis
 from gpuq.config import Config
 from gpuq.errors import ConfigError, ConnectionFailed, ResultTimeout, TaskFailed, TaskNotFound, WorkerNotFound
 from gpuq.keys import Keys
-from gpuq.scripts import Calls, Scripts, exchange, pairs_to_dict, raise_first_error
+from gpuq.scripts import Calls, Scripts, pairs_to_dict, raise_first_error
 from gpuq.task import State, TaskRecord, TaskSpec, build_specs
+from gpuq.wire import exchange
 
 BULK_CHUNK = 200  # tasks per enqueue call in a bulk enqueue
 

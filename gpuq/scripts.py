@@ -30,6 +30,7 @@ from gpuq.errors import (
 )
 from gpuq.keys import Keys
 from gpuq.task import TaskSpec
+from gpuq.wire import exchange
 
 T = TypeVar("T")
 SCRIPT_NAMES = ("enqueue", "claim", "heartbeat", "ack", "fail", "requeue", "cancel", "reap", "lead",
@@ -298,53 +299,6 @@ def raise_first_error(replies: list[Any]) -> list[Any]:
     for reply in replies:
         if isinstance(reply, redis.exceptions.ResponseError):
             raise reply
-    return replies
-
-
-def exchange(client: redis.Redis, commands: Iterable[tuple[Any, ...]], *,
-             retry: bool = False) -> list[Any]:
-    """Send commands on one pooled connection, then read a reply for each (a server error is
-    returned in its place, not raised, so the connection stays in step); a connection left
-    mid-way is dropped. With ``retry``, the commands go in one write, and a lost connection
-    is reconnected and the whole list sent again under the client's retry policy, as the
-    client's own commands are; without, each command is packed and sent as it is built (a
-    stream: the server runs the first while the client builds the next). Raw replies: no
-    response callbacks. The client's command and pipeline machinery cost a sixth of an
-    enqueue's or a claim's client time, so the hot paths (scripts, the result wait) come
-    this way."""
-    pool = client.connection_pool
-    conn = pool.get_connection()
-    try:
-        if retry:
-            listed = list(commands)
-            packed = conn.pack_commands(listed)  # type: ignore[no-untyped-call]
-            return conn.retry.call_with_retry(
-                lambda: exchange_packed(conn, [(packed, len(listed))]),
-                lambda _error: conn.disconnect())  # type: ignore[no-untyped-call]
-        return exchange_packed(conn, ((conn.pack_command(*args), 1)  # type: ignore[no-untyped-call]
-                                      for args in commands))
-    except BaseException:
-        conn.disconnect()  # type: ignore[no-untyped-call]
-        raise
-    finally:
-        pool.release(conn)
-
-
-def exchange_packed(conn: Any, sends: Iterable[tuple[Any, int]]) -> list[Any]:
-    """Send packed commands (each send: its chunks and how many commands they hold) on one
-    connection, then read a reply for each command; a server error is returned in its
-    place, not raised, so the connection stays in step."""
-    n = 0
-    for chunks, count in sends:
-        # a health check's PING would read an earlier command's reply as its own
-        conn.send_packed_command(chunks, check_health=n == 0)
-        n += count
-    replies: list[Any] = []
-    for _ in range(n):
-        try:
-            replies.append(conn.read_response())
-        except redis.exceptions.ResponseError as exc:
-            replies.append(exc)
     return replies
 
 

@@ -25,9 +25,10 @@ import redis
 from gpuq import catalog
 from gpuq.config import Config
 from gpuq.reaper.loop import Reaper
-from gpuq.scripts import ClaimRequest, exchange
+from gpuq.scripts import ClaimRequest
 from gpuq.sim.model import TraceTask
 from gpuq.task import TaskSpec
+from gpuq.wire import exchange
 from gpuq.worker import presence
 from gpuq.worker.gpu import GpuInfo
 
