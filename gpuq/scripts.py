@@ -1,9 +1,10 @@
 """The Lua scripts of gpuq: one loader, one typed call builder per script, one code table.
 
-Each script in ``gpuq/lua/`` is registered once per Redis client (EVALSHA with a NOSCRIPT
-fallback, by redis-py's Script). ``Calls`` builds a typed ``Call`` per verb (its arguments
-and the parser of its reply); ``Scripts`` runs calls on a sync client or pipeline, and
-``gpuq.aio`` runs the same calls on an asyncio client, so each verb is written once.
+Each script in ``gpuq/lua/`` is registered once per Redis client (its source and SHA; run
+as bare EVALSHA, loaded again on NOSCRIPT). ``Calls`` builds a typed ``Call`` per verb (its
+arguments and the parser of its reply); ``Scripts`` runs calls on a sync client over
+``gpuq.wire``, alone or several per round trip, and ``gpuq.aio`` runs the same calls on an
+asyncio client, so each verb is written once.
 """
 
 from __future__ import annotations
