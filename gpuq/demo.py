@@ -40,9 +40,10 @@ from gpuq.task import TERMINAL_STATES, Priority
 log = logging.getLogger(__name__)
 
 # The 80 GB cards get two slots: they hold several models at once (75 GB usable), so an
-# online request can run beside a long batch job, as a serving stack with two streams would;
-# there is no preemption yet, so with one slot a P0 would wait out the batch job. The 48 and
-# 24 GB cards hold one or two models, and one slot keeps them from thrashing their VRAM.
+# online request can run beside a long batch job, as a serving stack with two streams would,
+# instead of waiting for the batch job to yield (preemption asks a task to yield only after
+# it has run preempt_min_runtime_s, wall time, longer than most of the demo's scaled tasks).
+# The 48 and 24 GB cards hold one or two models, and one slot keeps them from thrashing.
 GPUS = (Gpu("sim-H100-80GB", 80, 2), Gpu("sim-A100-80GB", 80, 2),
         Gpu("sim-L40S-48GB", 48, 1), Gpu("sim-L4-24GB", 24, 1))
 TARGET_BUSY = 0.7  # of the GPUs' time, from estimates; model loads add ~10 points on top
