@@ -6,6 +6,9 @@ import asyncio
 from typing import Any
 
 import pytest
+import redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from gpuq import Config, State
 from gpuq.aio import AsyncQueue
@@ -63,6 +66,35 @@ def test_bulk_cancel_timeout_and_errors(redis_server: EmbeddedServer, pool: str,
             assert await (await q.enqueue("h", model="m", vram_gb=1)).status() is State.QUEUED
             with pytest.raises(TaskNotFound):
                 await q.record("nope")
+        finally:
+            await q.close()
+
+    run(scenario())
+
+
+def test_a_call_whose_connection_breaks_mid_send_follows_the_retry_policy(
+        redis_server: EmbeddedServer, pool: str, prefix: str) -> None:
+    """As the sync client: with a retry policy set, a write that fails is sent again on a
+    fresh connection (a client made from a URL has no retries)."""
+    async def scenario() -> None:
+        q = make(redis_server, pool, prefix)
+        try:
+            q.redis.set_retry(Retry(NoBackoff(), 1))
+            await q.enqueue("h", model="m", vram_gb=1)  # the pool now holds one connection
+            conn = await q.redis.connection_pool.get_connection()
+            await q.redis.connection_pool.release(conn)
+            real_send = conn.send_packed_command
+            broken: list[int] = []
+
+            async def send_once_broken(*args: Any, **kwargs: Any) -> Any:
+                if not broken:  # the write fails: nothing reached the server
+                    broken.append(1)
+                    raise redis.ConnectionError("connection reset by peer")
+                return await real_send(*args, **kwargs)
+
+            conn.send_packed_command = send_once_broken  # type: ignore[method-assign]
+            t = await q.enqueue("h", model="m", vram_gb=1)
+            assert broken and await t.status() is State.QUEUED
         finally:
             await q.close()
 
