@@ -80,6 +80,12 @@ class Keys:
         return f"{self.base}running"
 
     @property
+    def handed(self) -> str:
+        """Tasks handed over at enqueue whose pickup is not confirmed yet, scored by their
+        pickup deadline (ms)."""
+        return f"{self.base}handed"
+
+    @property
     def delayed(self) -> str:
         """Tasks waiting out a retry backoff, scored by ready time (ms)."""
         return f"{self.base}delayed"

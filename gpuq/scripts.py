@@ -314,6 +314,10 @@ class Scripts:
     def run(self, call: Call[T]) -> T:
         return call.parse(self.run_raw(call))
 
+    def command(self, call: Call[Any]) -> tuple[Any, ...]:
+        """The bare EVALSHA of a call, for commands sent now and read later (gpuq.wire.Sent)."""
+        return evalsha_args(self._scripts, self.keys, call)
+
     def run_raw(self, call: Call[Any]) -> Any:
         """The script's reply, unparsed (EVALSHA, loading the script on NOSCRIPT)."""
         return self.pipelined([call])[0]

@@ -227,7 +227,7 @@ class Procs:
 
         def reached() -> TaskRecord | None:
             record = self.record(task_id)
-            return record if record.state in wanted else None
+            return record if record.state in wanted and self.picked_up(record) else None
 
         return wait_for(reached, timeout, message=lambda: (
             f"task {task_id} to reach {sorted(s.value for s in wanted)} "
@@ -255,10 +255,15 @@ class Procs:
         def running() -> TaskRecord | None:
             record = self.record(task_id)
             ok = record.state is State.RUNNING and record.worker == worker_id
-            return record if ok else None
+            return record if ok and self.picked_up(record) else None
 
         return wait_for(running, timeout, message=lambda: (
             f"{worker_id} to run task {task_id}; logs:\n{self.logs()}"))
+
+    def picked_up(self, record: TaskRecord) -> bool:
+        """A running task handed over at enqueue counts as running once its worker has
+        confirmed the pickup (until then it is only leased to it)."""
+        return record.state is not State.RUNNING or self.redis.zscore(self.keys.handed, record.id) is None
 
     def wait_idle(self, worker_id: str, timeout: float = 15.0) -> None:
         """Wait until the worker found nothing to claim and blocks for work."""

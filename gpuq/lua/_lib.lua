@@ -11,6 +11,7 @@ local B = KEYS[1]
 local K_RUNNING, K_DELAYED, K_NEED = B .. 'running', B .. 'delayed', B .. 'need'
 local K_IDLE, K_WAKE, K_WORKERS = B .. 'idle', B .. 'wake', B .. 'workers'
 local K_STATS, K_DEADLINES, K_LANES = B .. 'stats', B .. 'deadlines', B .. 'lanes'
+local K_HANDED = B .. 'handed'
 
 local function task_key(id) return B .. 'task:' .. id end
 local function queue_key(p, m) return B .. 'q:' .. p .. ':' .. m end
@@ -160,17 +161,14 @@ local function yielding_holder(m, need, p)
   return nil
 end
 
--- Offer a task to the worker best placed for it and wake it, while any worker idles: an
--- idle worker holding its model; for online and nearline work, else a busy holder whose
--- lower-priority task may be asked to yield (not woken: the reaper's planner acts on the
--- offer, and idle workers leave the task to it until the offer's deferral ends, then load
--- it cold); else the idle worker it fits most tightly. With no worker idle the planner
--- weighs every running task, as for any task that fits no idle worker. Returns the worker
--- offered to (or nil) and whether it was woken. A woken worker leaves the idle set until it
--- finds nothing to claim, so a burst of enqueues spreads over idle workers. Callers also
--- post a pool-wide wake when no worker was woken, or (while others idle) in case the woken
--- one died idle. idle_n: the idle set's size.
-local function wake(m, need, p, idle_n)
+-- The worker best placed for a task, while any worker idles: an idle worker holding its
+-- model; for online and nearline work, else a busy holder whose lower-priority task may be
+-- asked to yield (not woken: the reaper's planner acts on the offer, and idle workers leave
+-- the task to it until the offer's deferral ends, then load it cold); else the idle worker
+-- it fits most tightly. With no worker idle the planner weighs every running task, as for
+-- any task that fits no idle worker. Returns that worker (or nil) and whether it idles.
+-- idle_n: the idle set's size.
+local function pick(m, need, p, idle_n)
   idle_n = idle_n or redis.call('ZCARD', K_IDLE)
   if idle_n == 0 then return nil, false end
   local w = idle_holder(m, need, nil, p)
@@ -180,8 +178,67 @@ local function wake(m, need, p, idle_n)
   end
   w = w or tightest(need, '+inf', nil, p)
   if not w then return nil, false end
-  wake_worker(w)
   return w, true
+end
+
+-- Offer a task to the worker `pick` finds, and wake it if it idles. Returns the worker
+-- offered to (or nil) and whether it was woken. A woken worker leaves the idle set until it
+-- finds nothing to claim, so a burst of enqueues spreads over idle workers. Callers also
+-- post a pool-wide wake when no worker was woken, or (while others idle) in case the woken
+-- one died idle.
+local function wake(m, need, p, idle_n)
+  local w, idle = pick(m, need, p, idle_n)
+  if idle then wake_worker(w) end
+  return w, idle
+end
+
+-- An idle worker's hand-over settings, from its hash, if it takes tasks handed over at
+-- enqueue (one slot, blocked on its wake list): its lease, defer bound and fair_every.
+-- nil otherwise: a worker with more slots is woken instead (its other runners are reached
+-- only while it is listed idle, which a hand-over ends), and so is a burst worker.
+local function handover(w)
+  local h = redis.call('HMGET', B .. 'worker:' .. w, 'concurrency', 'handover_lease_ms',
+    'handover_defer_ms', 'fair_every')
+  if h[1] ~= '1' or not h[2] or h[2] == '' then return nil end
+  return {lease = tonumber(h[2]), defer = tonumber(h[3]), fair_every = tonumber(h[4])}
+end
+
+-- Remember a missed SLA for `gpuq top` (newest first, the last 100).
+local function note_miss(id, p, m, wait_ms, now, kind)
+  redis.call('LPUSH', B .. 'misses', cjson.encode({id = id, priority = 'P' .. p, model = m,
+    wait_s = wait_ms / 1000, at = now / 1000, kind = kind}))
+  redis.call('LTRIM', B .. 'misses', 0, 99)
+end
+
+-- Start task id on worker w: a fresh fencing token, its lease (until lease_until), the
+-- worker's task set, and for a first attempt the SLA count (started by its start-by score
+-- or not). Claim and enqueue's hand-over share it. Returns the token.
+local function start(id, p, m, w, now, lease_until, attempt, score, enqueued_at)
+  local token = redis.call('INCR', B .. 'token')
+  redis.call('HSET', task_key(id), 'state', 'running', 'worker', w, 'token', token,
+    'attempt', attempt, 'started_at', ms(now), 'error', '')
+  redis.call('ZADD', K_RUNNING, lease_until, id)
+  redis.call('SADD', B .. 'worker:' .. w .. ':tasks', id)
+  if attempt == '1' then
+    if now <= tonumber(score) then
+      redis.call('HINCRBY', K_STATS, 'sla_met:P' .. p, 1)
+    else
+      redis.call('HINCRBY', K_STATS, 'sla_missed:P' .. p, 1)
+      note_miss(id, p, m, now - tonumber(enqueued_at), now, 'late')
+    end
+  end
+  return token
+end
+
+-- Fairness after a dispatch at level p: its debt is paid; each lower level with work saw
+-- one more higher dispatch (fair: the `fair` hash's values for levels 1..3).
+local function count_dispatch(p, fair, fair_every)
+  if p > 0 and tonumber(fair[p] or 0) ~= 0 then redis.call('HSET', B .. 'fair', tostring(p), '0') end
+  for q = p + 1, 3 do
+    if redis.call('EXISTS', index_key(q)) == 1 and tonumber(fair[q] or 0) < fair_every then
+      redis.call('HINCRBY', B .. 'fair', tostring(q), 1)
+    end
+  end
 end
 
 -- A task with a deadline is watched by the reaper's expiry pass from its latest start
@@ -225,13 +282,6 @@ local function release(id, worker)
   if worker and worker ~= '' then redis.call('SREM', B .. 'worker:' .. worker .. ':tasks', id) end
 end
 
--- Remember a missed SLA for `gpuq top` (newest first, the last 100).
-local function note_miss(id, p, m, wait_ms, now, kind)
-  redis.call('LPUSH', B .. 'misses', cjson.encode({id = id, priority = 'P' .. p, model = m,
-    wait_s = wait_ms / 1000, at = now / 1000, kind = kind}))
-  redis.call('LTRIM', B .. 'misses', 0, 99)
-end
-
 -- End a task: terminal state, wake its waiters, keep it readable for ttl ms; counted per
 -- state and per state and priority ("<state>:P<n>"; p read from the task unless given).
 local function finish(id, state, now, ttl, field, value, p)
@@ -266,6 +316,19 @@ local function requeue(id, now, reason, consume, ttl)
     'queued_at', ms(now))
   push(id)
   return 'queued'
+end
+
+-- Tasks handed over at enqueue (`handed`, scored by their pickup deadline) whose worker
+-- has not confirmed the pickup by then (it died idle, or stalls) go back to their queues,
+-- the attempt given back, so a claim can take them (bounded per call). A confirmed,
+-- ended or already requeued task only leaves the set.
+local function reclaim_handed(now, limit)
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', K_HANDED, '-inf', now, 'LIMIT', 0, limit)) do
+    redis.call('ZREM', K_HANDED, id)
+    if redis.call('HGET', task_key(id), 'state') == 'running' then
+      requeue(id, now, 'its worker did not pick it up', false, 0)
+    end
+  end
 end
 
 -- Move retries whose backoff has passed back into their queues (bounded per call).

@@ -61,6 +61,7 @@ local function held_room(footprint)
 end
 
 promote_due(now, 20)
+reclaim_handed(now, 8)
 
 -- Workers a skipped task is passed on to: the better-placed worker a cold task was left
 -- for is woken (it may be blocked), and so is one that fits a task too big for this one.
@@ -212,16 +213,14 @@ if not id then
   redis.call('ZADD', K_IDLE, claimable, worker)
   -- a lane is listed where wake-ups look, so tasks it does not serve are not offered to it
   if levels ~= '0123' then redis.call('HSET', K_LANES, worker, levels) end
+  -- a task handed over at enqueue and not yet picked up: look again at its deadline, when
+  -- a claim takes it back from a worker that died idle
+  local first = redis.call('ZRANGE', K_HANDED, 0, 0, 'WITHSCORES')
+  if first[2] then retry = math.min(retry or math.huge, math.max(1, tonumber(first[2]) - now + 1)) end
   return {0, 'none', retry or 0}
 end
 
--- fairness: this level's debt is paid; lower levels with work saw one more higher dispatch
-if p > 0 and tonumber(fair[p] or 0) ~= 0 then redis.call('HSET', B .. 'fair', tostring(p), '0') end
-for q = p + 1, 3 do
-  if redis.call('EXISTS', index_key(q)) == 1 and tonumber(fair[q] or 0) < fair_every then
-    redis.call('HINCRBY', B .. 'fair', tostring(q), 1)
-  end
-end
+count_dispatch(p, fair, fair_every)
 
 local tk = task_key(id)
 -- what a worker needs to run the task (the rest stays readable in the hash), read first so
@@ -232,24 +231,11 @@ local f = redis.call('HMGET', tk, 'handler', 'payload', 'model', 'vram_gb', 'pri
 unqueue(id, p, m, f[8] ~= nil and f[8] ~= '')
 withdraw_yield(id, f[14], f[15], now)  -- started here: a victim still asked for it keeps running
 f[7] = tostring(tonumber(f[7]) + 1)
-local token = redis.call('INCR', B .. 'token')
-redis.call('HSET', tk, 'state', 'running', 'worker', worker, 'token', token, 'attempt', f[7],
-  'started_at', ms(now), 'error', '')
-redis.call('ZADD', K_RUNNING, now + lease, id)
-redis.call('SADD', B .. 'worker:' .. worker .. ':tasks', id)
+local token = start(id, p, m, worker, now, now + lease, f[7], f[13], f[11])
 if slots > 1 then
   redis.call('ZADD', K_IDLE, claimable - use, worker)
 else
   redis.call('ZREM', K_IDLE, worker)
-end
--- SLA: a first start by the task's start-by time (its queue score) meets it
-if f[7] == '1' then
-  if now <= tonumber(f[13]) then
-    redis.call('HINCRBY', K_STATS, 'sla_met:P' .. p, 1)
-  else
-    redis.call('HINCRBY', K_STATS, 'sla_missed:P' .. p, 1)
-    note_miss(id, p, m, now - tonumber(f[11]), now, 'late')
-  end
 end
 return {0, 'task', 'id', id, 'token', token, 'handler', f[1], 'payload', f[2], 'model', f[3],
   'vram_gb', f[4], 'priority', f[5], 'est_s', f[6], 'attempt', f[7], 'deadline', f[8],

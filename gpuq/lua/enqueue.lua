@@ -4,7 +4,10 @@
 -- and nothing is stored. A P0/P1 task that no idle worker was woken for wakes the reaper
 -- (`urgent`), which plans preemption for it at once. Each task's queue score is its
 -- start-by time: enqueue time plus its priority's SLA, or deadline minus estimate if that
--- is earlier.
+-- is earlier. A call of one task whose picked worker idles with one slot hands the task over
+-- instead: started here for that worker, its fields pushed onto the worker's wake list, and
+-- leased until a pickup deadline that the worker's confirming heartbeat lifts
+-- (docs/PROTOCOL.md, Hand-over).
 --
 -- KEYS[1]  pool key base, e.g. "gpuq:{default}:"
 -- ARGV[1]  now (ms; "0" = server clock)
@@ -87,24 +90,44 @@ for i = 1, n do
     score = math.min(score, deadline - math.floor(tonumber(ARGV[o + 7]) * 1000))
     deadline = ms(deadline)
   end
-  local offered, woken = wake(model, vram, prio, idle_n)
-  if woken then
+  local w, idle = pick(model, vram, prio, idle_n)
+  -- a call of one task may hand it over; a bulk call's tasks are queued and their workers
+  -- woken, so each claim picks the best of the batch (the first task need not be it)
+  local hand = idle and n == 1 and handover(w)
+  if idle then
     targeted, idle_n = 1, idle_n - 1
   else
     unwoken = unwoken + 1
     urgent = urgent or prio == '0' or prio == '1'
   end
+  local est_s = tostring(tonumber(ARGV[o + 7]))
   redis.call('HSET', task_key(id), 'id', id, 'handler', ARGV[o + 2], 'payload', ARGV[o + 3],
-    'model', model, 'vram_gb', tostring(vram), 'priority', prio,
-    'est_s', tostring(tonumber(ARGV[o + 7])),
+    'model', model, 'vram_gb', tostring(vram), 'priority', prio, 'est_s', est_s,
     'deadline', deadline, 'preemptible', ARGV[o + 9], 'tenant', ARGV[o + 10],
     'max_attempts', tostring(tonumber(ARGV[o + 11])), 'attempt', '0', 'state', 'queued', 'score', ms(score),
-    'enqueued_at', ms(now), 'queued_at', ms(now), 'offered', offered or '')
-  redis.call('ZADD', queue_key(prio, model), score, id)
-  redis.call('ZADD', K_NEED, vram, id)
-  watch_deadline(id, deadline, ARGV[o + 7])
-  local qk = prio .. ':' .. model  -- the index needs each queue's lowest new score once
-  if not heads[qk] or score < heads[qk][3] then heads[qk] = {prio, model, score} end
+    'enqueued_at', ms(now), 'queued_at', ms(now), 'offered', w or '')
+  if hand then
+    -- handed over: the idle worker runs it without a claim round trip. It starts here as a
+    -- claim would start it, leased only until its pickup deadline (the offer's defer
+    -- bound): the worker confirms the pickup with a heartbeat, else a claim takes it back
+    local pickup = now + math.min(hand.defer, math.floor(sla[tonumber(prio) + 1] / 2))
+    redis.call('ZREM', K_IDLE, w)
+    local token = start(id, prio, model, w, now, pickup, '1', score, now)
+    redis.call('ZADD', K_HANDED, pickup, id)
+    count_dispatch(tonumber(prio), redis.call('HMGET', B .. 'fair', '1', '2', '3'), hand.fair_every)
+    redis.call('LPUSH', B .. 'wake:' .. w, cjson.encode({id = id, token = tostring(token),
+      handler = ARGV[o + 2], payload = ARGV[o + 3], model = model, vram_gb = tostring(vram),
+      priority = prio, est_s = est_s, attempt = '1', deadline = deadline, tenant = ARGV[o + 10],
+      checkpoint = '', enqueued_at = ms(now), queued_at = ms(now), started_at = ms(now),
+      lease_ms = tostring(hand.lease)}))
+  else
+    if idle then wake_worker(w) end
+    redis.call('ZADD', queue_key(prio, model), score, id)
+    redis.call('ZADD', K_NEED, vram, id)
+    watch_deadline(id, deadline, ARGV[o + 7])
+    local qk = prio .. ':' .. model  -- the index needs each queue's lowest new score once
+    if not heads[qk] or score < heads[qk][3] then heads[qk] = {prio, model, score} end
+  end
 end
 for _, h in pairs(heads) do redis.call('ZADD', index_key(h[1]), 'LT', h[3], h[2]) end
 -- pool-wide wakes for the tasks no idle worker was picked for, and, while other workers

@@ -30,6 +30,7 @@ from gpuq.errors import StaleLease
 from gpuq.keys import Keys
 from gpuq.metrics import WorkerMetrics
 from gpuq.scripts import Call, Calls, ClaimRequest, Scripts
+from gpuq.wire import Sent
 from gpuq.worker import presence
 from gpuq.worker.executor import Running, execute, settle
 from gpuq.worker.gpu import GpuInfo
@@ -106,24 +107,84 @@ class Worker:
                 done, reply = self.scripts.pipelined([pending, call])
                 settle(self, pending, done)
                 claim = call.parse(reply)
-            fields = claim.task
-            if fields is None:
+            if claim.task is None:
                 return claim.retry_s
-            res = self.cache.reserve(fields["model"], float(fields["vram_gb"]))
-            saved = fields.get("checkpoint")
-            ctx = Context(fields["id"], int(fields["attempt"]), self.id, fields["model"],
-                          float(fields["vram_gb"]), float(fields["est_s"]),
-                          json.loads(saved) if saved else None)
-            running = Running(fields["id"], int(fields["token"]), ctx, time.monotonic(),
-                              threading.get_ident())
-            if self.metrics is not None:
-                self.observe_start(fields)
-            self.track(running)  # before the lock is released: the next claim sees one slot fewer
-            return fields, res, running
+            return self.begin(claim.task)
 
-    def wait_for_work(self, retry_s: float) -> None:
+    def begin(self, fields: dict[str, str]) -> Claimed:
+        """Take a task this worker now runs (claimed, or handed over at enqueue): its VRAM,
+        its context, its slot. Called with the cache lock held."""
+        res = self.cache.reserve(fields["model"], float(fields["vram_gb"]))
+        saved = fields.get("checkpoint")
+        ctx = Context(fields["id"], int(fields["attempt"]), self.id, fields["model"],
+                      float(fields["vram_gb"]), float(fields["est_s"]),
+                      json.loads(saved) if saved else None)
+        running = Running(fields["id"], int(fields["token"]), ctx, time.monotonic(),
+                          threading.get_ident())
+        if self.metrics is not None:
+            self.observe_start(fields)
+        self.track(running)  # before the lock is released: the next claim sees one slot fewer
+        return fields, res, running
+
+    def handed(self, message: str) -> Claimed | None:
+        """A wake-up carrying a task enqueue started on this worker (its fields as JSON). It
+        runs unless the worker is stopping (then it goes back to its queue)."""
+        fields = {str(k): str(v) for k, v in json.loads(message).items()}
+        with self.cache.lock:
+            if not self.stopping.is_set():
+                return self.begin(fields)
+        self.give_back(fields["id"], int(fields["token"]))
+        return None
+
+    def confirm(self, running: Running) -> Sent | None:
+        """Confirm a handed-over task's pickup (a heartbeat for it: the full lease) before
+        its handler runs; the reply is read after, so it costs no round trip. Until then the
+        task is leased only to its pickup deadline, after which a claim takes it back. None
+        if Redis could not be reached: the task runs, and its ack tells."""
+        call = self.calls.heartbeat(self.id, [(running.task_id, running.token)])
+        try:
+            return Sent(self.redis, [self.scripts.command(call)])
+        except redis.RedisError as exc:
+            log.error("task.pickup_unconfirmed task=%s worker=%s error=%s", running.task_id,
+                      self.id, exc)
+            return None
+
+    def confirmed(self, running: Running, sent: Sent | None,
+                  pending: Call[Any] | None) -> Call[Any] | None:
+        """Read the pickup confirmation, sending the task's ack or fail (pending) first on the
+        same connection, so the waiter's result does not wait for that read. Returns the call
+        still to send (None once settled here)."""
+        if sent is None:
+            return pending
+        replies = sent.read([self.scripts.command(pending)] if pending is not None else None)
+        if isinstance(replies[0], redis.RedisError):  # e.g. scripts lost: the next beat renews
+            log.warning("task.pickup_unconfirmed task=%s worker=%s error=%s", running.task_id,
+                        self.id, replies[0])
+        elif running.task_id in self.calls.heartbeat(self.id, []).parse(replies[0])[1]:
+            log.warning("lease.lost task=%s worker=%s: picked up after its deadline",
+                        running.task_id, self.id)  # another worker may run it: the ack is fenced
+        if pending is None:
+            return None
+        if isinstance(replies[1], redis.RedisError):
+            return pending  # sent again on its own (NOSCRIPT: once the scripts are loaded)
+        settle(self, pending, replies[1])
+        return None
+
+    def give_back(self, task_id: str, token: int) -> None:
+        """Requeue a task this worker was given but will not run (its attempt given back)."""
+        try:
+            self.scripts.run(self.calls.requeue(task_id, token, "worker shut down", consume=False))
+            log.warning("task.requeued task=%s worker=%s reason=shutdown", task_id, self.id)
+        except StaleLease:
+            pass
+        except redis.RedisError as exc:
+            log.error("task.requeue_failed task=%s error=%s (the reaper will recover it)",
+                      task_id, exc)
+
+    def wait_for_work(self, retry_s: float) -> Claimed | None:
         """Block on this worker's wake list and the pool's (no sleep loop). A task left for a
-        better-placed worker is looked at again once its deferral ends (retry_s)."""
+        better-placed worker is looked at again once its deferral ends (retry_s). Returns a
+        task handed over at enqueue, if the wake-up carried one."""
         if self.burst:
             with self.changed:
                 if not self._running and retry_s <= 0:
@@ -133,11 +194,14 @@ class Worker:
                     self.changed.wait(retry_s or 1.0)
         elif len(self._running) < self.config.concurrency:
             timeout = retry_s if retry_s > 0 else self.config.idle_block_s
-            self.redis.blpop([self.keys.wake(self.id), self.keys.pool_wake],
-                             timeout=max(0.01, timeout))
+            popped = self.redis.blpop([self.keys.wake(self.id), self.keys.pool_wake],
+                                      timeout=max(0.01, timeout))
+            if popped is not None and str(popped[1]).startswith("{"):
+                return self.handed(str(popped[1]))
         else:
             with self.changed:
                 self.changed.wait(1.0)
+        return None
 
     def runner(self) -> None:
         pending: Call[Any] | None = None  # the finished task's ack or fail, not yet sent
@@ -156,9 +220,13 @@ class Worker:
                 if isinstance(claimed, tuple):
                     from_idle, waited = waited, False
                     pending = execute(self, *claimed)
-                else:
-                    self.wait_for_work(claimed)
-                    waited = True
+                    continue
+                handed = self.wait_for_work(claimed)
+                waited = True
+                if handed is not None:
+                    from_idle, waited = True, False
+                    sent = self.confirm(handed[2])
+                    pending = self.confirmed(handed[2], sent, execute(self, *handed))
             except redis.RedisError as exc:
                 log.error("worker.redis_error worker=%s error=%s", self.id, exc)
                 self.stopping.wait(1.0)
@@ -244,9 +312,11 @@ class Worker:
                      self.id, live)
 
     def run(self) -> int:
+        handover = None if self.burst else (
+            int(self.config.lease_s * 1000), int(self.config.defer_s * 1000), self.config.fair_every)
         self.static_fields = presence.identity(
             self.id, self.gpu, self.config.kv_reserve_gb, self.config.concurrency, self.levels,
-            socket.gethostname(), os.getpid())
+            socket.gethostname(), os.getpid(), handover)
         with redis_errors(self.config.redis_url):
             presence.register(self.redis, self.keys, self.static_fields,
                               int(self.config.lease_s * 1000))
@@ -275,6 +345,18 @@ class Worker:
                  self.model_loads)
         return 0
 
+    def give_back_unread(self) -> None:
+        """Tasks handed over at enqueue that no runner read (left behind the stop wake-ups)
+        go back to their queues before leaving deletes the wake list."""
+        try:
+            unread = self.redis.lrange(self.keys.wake(self.id), 0, -1)
+        except redis.RedisError:
+            return  # a claim or the reaper takes them back at their pickup deadline
+        for message in unread:
+            if str(message).startswith("{"):
+                fields = json.loads(message)
+                self.give_back(str(fields["id"]), int(fields["token"]))
+
     def shutdown(self, runners: list[threading.Thread], heartbeat: Heartbeat) -> None:
         self.stopping.set()
         try:
@@ -289,17 +371,9 @@ class Worker:
         for t in runners:
             t.join(None if grace_end is None else max(0.0, grace_end - time.monotonic()))
         for r in self.running_snapshot():
-            if r.stopped:
-                continue  # already requeued when it was stopped
-            try:
-                self.scripts.run(self.calls.requeue(r.task_id, r.token, "worker shut down",
-                                                    consume=False))
-                log.warning("task.requeued task=%s worker=%s reason=shutdown", r.task_id, self.id)
-            except StaleLease:
-                pass
-            except redis.RedisError as exc:
-                log.error("task.requeue_failed task=%s error=%s (the reaper will recover it)",
-                          r.task_id, exc)
+            if not r.stopped:  # a stopped task was requeued when it was stopped
+                self.give_back(r.task_id, r.token)
+        self.give_back_unread()
         heartbeat.stop()  # before leaving: a late beat would list this worker again
         held = self.cache.model_names()
         for resident in self.cache.evict_idle():
