@@ -58,6 +58,24 @@ def test_end_to_end_enqueue_to_result(procs: Procs, real_queue: Queue) -> None:
     assert status["stats"]["succeeded"] == 1
 
 
+def test_a_task_handed_to_an_idle_worker_is_confirmed_with_the_full_lease(
+        procs: Procs, real_queue: Queue) -> None:
+    """An idle one-slot worker is handed the task at enqueue (no claim) and confirms the
+    pickup before its handler runs: the task leaves `handed` and its lease is the full one
+    (2 s in this suite), not the pickup deadline (P0: 100 ms)."""
+    procs.worker("w1")
+    procs.wait_idle("w1")
+    task = real_queue.enqueue("sim.run", model="m-hand", vram_gb=10, priority="online",
+                              est_s=est(2.0))
+    r = real_queue.record(task.id)  # started by the enqueue itself
+    assert r.state is State.RUNNING and r.worker == "w1" and r.attempt == 1
+    procs.wait_state(task.id, State.RUNNING)  # the pickup confirmed
+    lease = real_queue.redis.zscore(real_queue.keys.running, task.id)
+    assert lease is not None and lease - procs.server_ms() > 1_000
+    assert task.result(timeout=15)["worker"] == "w1"
+    assert real_queue.record(task.id).attempt == 1
+
+
 def test_cli_enqueue_wait_prints_the_result(procs: Procs) -> None:
     procs.worker("w1")
     out = procs.cli("enqueue", "sim.noop", "--payload", '{"echo": [1, 2]}', "--model", "m-cli",
