@@ -193,14 +193,13 @@ local function wake(m, need, p, idle_n)
 end
 
 -- An idle worker's hand-over settings, from its hash, if it takes tasks handed over at
--- enqueue (one slot, blocked on its wake list): its lease, defer bound and fair_every.
--- nil otherwise: a worker with more slots is woken instead (its other runners are reached
--- only while it is listed idle, which a hand-over ends), and so is a burst worker.
+-- enqueue (one slot, blocked on its wake list): its defer bound and fair_every. nil
+-- otherwise: a worker with more slots is woken instead (its other runners are reached only
+-- while it is listed idle, which a hand-over ends), and so is a burst worker.
 local function handover(w)
-  local h = redis.call('HMGET', B .. 'worker:' .. w, 'concurrency', 'handover_lease_ms',
-    'handover_defer_ms', 'fair_every')
+  local h = redis.call('HMGET', B .. 'worker:' .. w, 'concurrency', 'handover_defer_ms', 'fair_every')
   if h[1] ~= '1' or not h[2] or h[2] == '' then return nil end
-  return {lease = tonumber(h[2]), defer = tonumber(h[3]), fair_every = tonumber(h[4])}
+  return {defer = tonumber(h[2]), fair_every = tonumber(h[3])}
 end
 
 -- Remember a missed SLA for `gpuq top` (newest first, the last 100).

@@ -118,8 +118,7 @@ for i = 1, n do
     redis.call('LPUSH', B .. 'wake:' .. w, cjson.encode({id = id, token = tostring(token),
       handler = ARGV[o + 2], payload = ARGV[o + 3], model = model, vram_gb = tostring(vram),
       priority = prio, est_s = est_s, attempt = '1', deadline = deadline, tenant = ARGV[o + 10],
-      checkpoint = '', enqueued_at = ms(now), queued_at = ms(now), started_at = ms(now),
-      lease_ms = tostring(hand.lease)}))
+      checkpoint = '', enqueued_at = ms(now), queued_at = ms(now), started_at = ms(now)}))
   else
     if idle then wake_worker(w) end
     redis.call('ZADD', queue_key(prio, model), score, id)

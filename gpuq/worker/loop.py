@@ -312,8 +312,7 @@ class Worker:
                      self.id, live)
 
     def run(self) -> int:
-        handover = None if self.burst else (
-            int(self.config.lease_s * 1000), int(self.config.defer_s * 1000), self.config.fair_every)
+        handover = None if self.burst else (int(self.config.defer_s * 1000), self.config.fair_every)
         self.static_fields = presence.identity(
             self.id, self.gpu, self.config.kv_reserve_gb, self.config.concurrency, self.levels,
             socket.gethostname(), os.getpid(), handover)

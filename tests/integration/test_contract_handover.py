@@ -23,7 +23,7 @@ def register(q: Queue, wid: str, *, slots: int = 1, handover: bool = True) -> No
     """A worker as presence writes it, then idle: its claim found nothing."""
     gpu = GpuInfo("L4", f"uuid-{wid}", 24, None, "declared")
     fields = presence.identity(wid, gpu, 5.0, slots, "0123", "h", 1,
-                               (LEASE_MS, DEFER_MS, FAIR_EVERY) if handover else None)
+                               (DEFER_MS, FAIR_EVERY) if handover else None)
     presence.register(q.redis, q.keys, fields, LEASE_MS)
     assert claim(q, wid, 19, slots=slots, now_ms=T0) is None
 
