@@ -23,7 +23,6 @@ from gpuq.scripts import (
     Calls,
     evalsha_args,
     noscript_indexes,
-    pairs_to_dict,
     raise_first_error,
     script_source,
 )
@@ -145,9 +144,8 @@ class AsyncQueue:
         fields = None if waiting.may_skip_read(exists) else await self._fields(task_id)
         while (record := waiting.ended(fields)) is None:
             with redis_errors(self.url):
-                _, flat = raise_first_error(await exchange(self.redis, waiting.pop_and_read(self.keys),
-                                                           retry=True))
-            fields = flat if isinstance(flat, dict) else pairs_to_dict(flat)  # RESP3 or 2
+                fields = waiting.fields(await exchange(self.redis, waiting.pop_and_read(self.keys),
+                                                       retry=True))
         return record
 
     async def _fields(self, task_id: str) -> dict[str, str]:

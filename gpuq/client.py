@@ -132,9 +132,8 @@ class Queue:
         fields = None if waiting.may_skip_read(exists) else self._fields(task_id)
         while (record := waiting.ended(fields)) is None:
             with redis_errors(self.url):
-                _, flat = raise_first_error(exchange(self.redis, waiting.pop_and_read(self.keys),
-                                                     retry=True))
-            fields = flat if isinstance(flat, dict) else pairs_to_dict(flat)  # RESP3 or 2
+                fields = waiting.fields(exchange(self.redis, waiting.pop_and_read(self.keys),
+                                                 retry=True))
         return record
 
     def _fields(self, task_id: str) -> dict[str, str]:
@@ -183,6 +182,13 @@ class Waiting:
         done = keys.done(self.task_id)
         return [("BLMOVE", done, done, "RIGHT", "LEFT", self.block_s()),
                 ("HGETALL", keys.task(self.task_id))]
+
+    @staticmethod
+    def fields(replies: list[Any]) -> dict[str, str]:
+        """The task hash read by ``pop_and_read``'s replies (a map under RESP3, a flat list
+        under RESP2); a server error raised."""
+        _, read = raise_first_error(replies)
+        return read if isinstance(read, dict) else pairs_to_dict(read)
 
     def block_s(self) -> float:
         """How long the next pop may block; ResultTimeout once the timeout has passed."""

@@ -325,7 +325,7 @@ class Scripts:
     def pipelined(self, calls: Sequence[Call[Any]], extra: Sequence[tuple[Any, ...]] = ()) -> list[Any]:
         """Run the calls, then the plain commands in ``extra`` (e.g. ``("LPOP", key)``), in
         one round trip; replies raw, in order, the first error raised once all are read."""
-        commands = [evalsha_args(self._scripts, self.keys, c) for c in calls] + list(extra)
+        commands = [self.command(c) for c in calls] + list(extra)
         return self._loaded(exchange(self.client, commands, retry=True), calls)
 
     def streamed(self, calls: Iterable[Call[T]]) -> list[T]:
@@ -338,7 +338,7 @@ class Scripts:
         def commands() -> Iterator[tuple[Any, ...]]:
             for call in calls:
                 sent.append(call)
-                yield evalsha_args(self._scripts, self.keys, call)
+                yield self.command(call)
 
         replies = self._loaded(exchange(self.client, commands()), sent)
         return [c.parse(r) for c, r in zip(sent, replies)]
@@ -350,8 +350,7 @@ class Scripts:
         if missing := noscript_indexes(replies):
             for script in self._scripts.values():
                 self.client.script_load(script.script)
-            again = exchange(self.client, [evalsha_args(self._scripts, self.keys, calls[i])
-                                           for i in missing], retry=True)
+            again = exchange(self.client, [self.command(calls[i]) for i in missing], retry=True)
             for i, reply in zip(missing, again):
                 replies[i] = reply
         return raise_first_error(replies)

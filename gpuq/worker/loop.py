@@ -32,7 +32,7 @@ from gpuq.metrics import WorkerMetrics
 from gpuq.scripts import Call, Calls, ClaimRequest, Scripts
 from gpuq.wire import Sent
 from gpuq.worker import presence
-from gpuq.worker.executor import Running, execute, settle
+from gpuq.worker.executor import Running, execute, settle, show_models
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.heartbeat import Heartbeat
 from gpuq.worker.models import ModelCache, Reservation
@@ -40,6 +40,15 @@ from gpuq.worker.presence import Fields
 
 log = logging.getLogger(__name__)
 Claimed = tuple[dict[str, str], Reservation | None, Running]  # task fields, its VRAM, its run
+
+
+def handed_over(message: object) -> dict[str, str] | None:
+    """The fields of a task handed over at enqueue, if a wake list entry is one (a JSON
+    object; the other entries are plain tokens)."""
+    text = str(message)
+    if not text.startswith("{"):
+        return None
+    return {str(k): str(v) for k, v in json.loads(text).items()}
 
 
 class Worker:
@@ -126,10 +135,9 @@ class Worker:
         self.track(running)  # before the lock is released: the next claim sees one slot fewer
         return fields, res, running
 
-    def handed(self, message: str) -> Claimed | None:
-        """A wake-up carrying a task enqueue started on this worker (its fields as JSON). It
-        runs unless the worker is stopping (then it goes back to its queue)."""
-        fields = {str(k): str(v) for k, v in json.loads(message).items()}
+    def handed(self, fields: dict[str, str]) -> Claimed | None:
+        """A task enqueue started on this worker (handed_over). It runs unless the worker is
+        stopping (then it goes back to its queue)."""
         with self.cache.lock:
             if not self.stopping.is_set():
                 return self.begin(fields)
@@ -196,8 +204,9 @@ class Worker:
             timeout = retry_s if retry_s > 0 else self.config.idle_block_s
             popped = self.redis.blpop([self.keys.wake(self.id), self.keys.pool_wake],
                                       timeout=max(0.01, timeout))
-            if popped is not None and str(popped[1]).startswith("{"):
-                return self.handed(str(popped[1]))
+            fields = handed_over(popped[1]) if popped is not None else None
+            if fields is not None:
+                return self.handed(fields)
         else:
             with self.changed:
                 self.changed.wait(1.0)
@@ -299,8 +308,7 @@ class Worker:
             for resident in unloaded:
                 self.cache.unload(resident)
                 presence.hold(pipe, self.keys, self.id, resident.spec.name, False)
-            pipe.hset(self.keys.worker(self.id), mapping={"models": "",
-                                                          "vram_free_gb": round(self.cache.free_gb(), 3)})
+            show_models(self, pipe)
             pipe.execute()
             log.info("worker.idle_unloaded worker=%s models=%s", self.id,
                      ",".join(r.spec.name for r in unloaded))
@@ -351,10 +359,8 @@ class Worker:
             unread = self.redis.lrange(self.keys.wake(self.id), 0, -1)
         except redis.RedisError:
             return  # a claim or the reaper takes them back at their pickup deadline
-        for message in unread:
-            if str(message).startswith("{"):
-                fields = json.loads(message)
-                self.give_back(str(fields["id"]), int(fields["token"]))
+        for fields in filter(None, map(handed_over, unread)):
+            self.give_back(fields["id"], int(fields["token"]))
 
     def shutdown(self, runners: list[threading.Thread], heartbeat: Heartbeat) -> None:
         self.stopping.set()
