@@ -79,6 +79,7 @@ for i = 1, n do
 end
 
 local unwoken, targeted, heads, urgent = 0, 0, {}, false
+local now_ms = ms(now)
 local idle_n = redis.call('ZCARD', K_IDLE)  -- read once: only the wakes below change it
 for i = 1, n do
   local o = 6 + (i - 1) * G
@@ -105,7 +106,7 @@ for i = 1, n do
     'model', model, 'vram_gb', tostring(vram), 'priority', prio, 'est_s', est_s,
     'deadline', deadline, 'preemptible', ARGV[o + 9], 'tenant', ARGV[o + 10],
     'max_attempts', tostring(tonumber(ARGV[o + 11])), 'attempt', '0', 'state', 'queued', 'score', ms(score),
-    'enqueued_at', ms(now), 'queued_at', ms(now), 'offered', w or '')
+    'enqueued_at', now_ms, 'queued_at', now_ms, 'offered', w or '')
   if hand then
     -- handed over: the idle worker runs it without a claim round trip. It starts here as a
     -- claim would start it, leased only until its pickup deadline (the offer's defer
@@ -118,7 +119,7 @@ for i = 1, n do
     redis.call('LPUSH', B .. 'wake:' .. w, cjson.encode({id = id, token = tostring(token),
       handler = ARGV[o + 2], payload = ARGV[o + 3], model = model, vram_gb = tostring(vram),
       priority = prio, est_s = est_s, attempt = '1', deadline = deadline, tenant = ARGV[o + 10],
-      checkpoint = '', enqueued_at = ms(now), queued_at = ms(now), started_at = ms(now)}))
+      checkpoint = '', enqueued_at = now_ms, queued_at = now_ms, started_at = now_ms}))
   else
     if idle then wake_worker(w) end
     redis.call('ZADD', queue_key(prio, model), score, id)
