@@ -315,7 +315,7 @@ class Scripts:
         return call.parse(self.run_raw(call))
 
     def command(self, call: Call[Any]) -> tuple[Any, ...]:
-        """The bare EVALSHA of a call, for commands sent now and read later (gpuq.wire.Sent)."""
+        """The bare EVALSHA of a call."""
         return evalsha_args(self._scripts, self.keys, call)
 
     def run_raw(self, call: Call[Any]) -> Any:

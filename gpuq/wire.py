@@ -63,31 +63,3 @@ def read_replies(conn: Any, n: int) -> list[Any]:
         except redis.exceptions.ResponseError as exc:
             replies.append(exc)
     return replies
-
-
-class Sent:
-    """Commands sent now on a connection held until their replies are read, later, with
-    ``read`` (which releases it): what is done in between costs no round trip."""
-
-    def __init__(self, client: redis.Redis, commands: list[tuple[Any, ...]]) -> None:
-        self.pool = client.connection_pool
-        self.conn = self.pool.get_connection()
-        self.count = len(commands)
-        try:
-            self.conn.send_packed_command(self.conn.pack_commands(commands))  # type: ignore[no-untyped-call]
-        except BaseException:
-            self.conn.disconnect()  # type: ignore[no-untyped-call]
-            self.pool.release(self.conn)
-            raise
-
-    def read(self, then: list[tuple[Any, ...]] | None = None) -> list[Any]:
-        """The replies, after sending ``then`` on the same connection (their replies follow)."""
-        try:
-            if then:
-                self.conn.send_packed_command(self.conn.pack_commands(then), check_health=False)  # type: ignore[no-untyped-call]
-            return read_replies(self.conn, self.count + len(then or ()))
-        except BaseException:
-            self.conn.disconnect()  # type: ignore[no-untyped-call]
-            raise
-        finally:
-            self.pool.release(self.conn)

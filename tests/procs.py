@@ -8,6 +8,7 @@ alive. Waits poll a condition with a deadline; nothing sleeps blindly.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -262,8 +263,11 @@ class Procs:
 
     def picked_up(self, record: TaskRecord) -> bool:
         """A running task handed over at enqueue counts as running once its worker has
-        confirmed the pickup (until then it is only leased to it)."""
-        return record.state is not State.RUNNING or self.redis.zscore(self.keys.handed, record.id) is None
+        popped it off its wake list (until then a claim may take it back)."""
+        if record.state is not State.RUNNING:
+            return True
+        unread = self.redis.lrange(self.keys.wake(record.worker), 0, -1)
+        return not any(m.startswith("{") and json.loads(m)["id"] == record.id for m in unread)
 
     def wait_idle(self, worker_id: str, timeout: float = 15.0) -> None:
         """Wait until the worker found nothing to claim and blocks for work."""

@@ -193,13 +193,14 @@ local function wake(m, need, p, idle_n)
 end
 
 -- An idle worker's hand-over settings, from its hash, if it takes tasks handed over at
--- enqueue (one slot, blocked on its wake list): its defer bound and fair_every. nil
--- otherwise: a worker with more slots is woken instead (its other runners are reached only
--- while it is listed idle, which a hand-over ends), and so is a burst worker.
+-- enqueue (one slot, blocked on its wake list): its defer bound, fair_every and lease (ms).
+-- nil otherwise: a worker with more slots is woken instead (its other runners are reached
+-- only while it is listed idle, which a hand-over ends), and so is a burst worker.
 local function handover(w)
-  local h = redis.call('HMGET', B .. 'worker:' .. w, 'concurrency', 'handover_defer_ms', 'fair_every')
-  if h[1] ~= '1' or not h[2] or h[2] == '' then return nil end
-  return {defer = tonumber(h[2]), fair_every = tonumber(h[3])}
+  local h = redis.call('HMGET', B .. 'worker:' .. w, 'concurrency', 'handover_defer_ms', 'fair_every',
+    'lease_ms')
+  if h[1] ~= '1' or not h[2] or h[2] == '' or not h[4] or h[4] == '' then return nil end
+  return {defer = tonumber(h[2]), fair_every = tonumber(h[3]), lease = tonumber(h[4])}
 end
 
 -- Remember a missed SLA for `gpuq top` (newest first, the last 100).
@@ -211,11 +212,16 @@ end
 
 -- Start task id on worker w: a fresh fencing token, its lease (until lease_until), the
 -- worker's task set, and for a first attempt the SLA count (started by its start-by score
--- or not). Claim and enqueue's hand-over share it. Returns the token.
-local function start(id, p, m, w, now, lease_until, attempt, score, enqueued_at)
+-- or not). Claim and enqueue's hand-over share it; the hand-over's task fields (`fields`, a
+-- flat list) are written in the same HSET. Returns the token.
+local function start(id, p, m, w, now, lease_until, attempt, score, enqueued_at, fields)
   local token = redis.call('INCR', B .. 'token')
-  redis.call('HSET', task_key(id), 'state', 'running', 'worker', w, 'token', token,
-    'attempt', attempt, 'started_at', ms(now), 'error', '')
+  fields = fields or {}
+  for _, v in ipairs({'state', 'running', 'worker', w, 'token', token, 'attempt', attempt,
+      'started_at', ms(now), 'error', ''}) do
+    fields[#fields + 1] = v
+  end
+  redis.call('HSET', task_key(id), unpack(fields))
   redis.call('ZADD', K_RUNNING, lease_until, id)
   redis.call('SADD', B .. 'worker:' .. w .. ':tasks', id)
   if attempt == '1' then
@@ -317,17 +323,42 @@ local function requeue(id, now, reason, consume, ttl)
   return 'queued'
 end
 
--- Tasks handed over at enqueue (`handed`, scored by their pickup deadline) whose worker
--- has not confirmed the pickup by then (it died idle, or stalls) go back to their queues,
--- the attempt given back, so a claim can take them (bounded per call). A confirmed,
--- ended or already requeued task only leaves the set.
-local function reclaim_handed(now, limit)
-  for _, id in ipairs(redis.call('ZRANGEBYSCORE', K_HANDED, '-inf', now, 'LIMIT', 0, limit)) do
-    redis.call('ZREM', K_HANDED, id)
-    if redis.call('HGET', task_key(id), 'state') == 'running' then
-      requeue(id, now, 'its worker did not pick it up', false, 0)
+-- The wake list entry of task id handed over to worker w, while the worker has not popped it.
+local function unread_handover(w, id)
+  for _, msg in ipairs(redis.call('LRANGE', B .. 'wake:' .. w, 0, -1)) do
+    if string.byte(msg, 1) == 123 then  -- '{': a hand-over; the others are plain tokens
+      local ok, f = pcall(cjson.decode, msg)
+      if ok and f.id == id then return msg end
     end
   end
+  return nil
+end
+
+-- Tasks handed over at enqueue (`handed`, scored by their pickup deadline), the earliest
+-- `limit`: one whose worker has popped it off its wake list was picked up (it holds its
+-- full lease) and only leaves the set, as does one that ended or went back to a queue (no
+-- script that ends a task looks at the set: the next claim or reaper round tidies it); one
+-- still unread at its deadline (its worker died idle, or stalls) is taken off the wake list,
+-- so it cannot run there, and requeued with its attempt given back. Returns the earliest
+-- deadline of those still unread in time (nil if none).
+local function reclaim_handed(now, limit)
+  local pending
+  local entries = redis.call('ZRANGE', K_HANDED, 0, limit - 1, 'WITHSCORES')
+  for i = 1, #entries, 2 do
+    local id, at = entries[i], tonumber(entries[i + 1])
+    local f = redis.call('HMGET', task_key(id), 'state', 'worker')
+    local msg = f[1] == 'running' and unread_handover(f[2], id)
+    if msg and at > now then
+      pending = math.min(pending or at, at)
+    else
+      redis.call('ZREM', K_HANDED, id)
+      if msg then
+        redis.call('LREM', B .. 'wake:' .. f[2], 1, msg)
+        requeue(id, now, 'its worker did not pick it up', false, 0)
+      end
+    end
+  end
+  return pending
 end
 
 -- Move retries whose backoff has passed back into their queues (bounded per call).

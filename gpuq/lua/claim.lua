@@ -61,7 +61,7 @@ local function held_room(footprint)
 end
 
 promote_due(now, 20)
-reclaim_handed(now, 8)
+local unread_until = reclaim_handed(now, 8)
 
 -- Workers a skipped task is passed on to: the better-placed worker a cold task was left
 -- for is woken (it may be blocked), and so is one that fits a task too big for this one.
@@ -215,8 +215,7 @@ if not id then
   if levels ~= '0123' then redis.call('HSET', K_LANES, worker, levels) end
   -- a task handed over at enqueue and not yet picked up: look again at its deadline, when
   -- a claim takes it back from a worker that died idle
-  local first = redis.call('ZRANGE', K_HANDED, 0, 0, 'WITHSCORES')
-  if first[2] then retry = math.min(retry or math.huge, math.max(1, tonumber(first[2]) - now + 1)) end
+  if unread_until then retry = math.min(retry or math.huge, math.max(1, unread_until - now + 1)) end
   return {0, 'none', retry or 0}
 end
 

@@ -5,9 +5,8 @@
 -- (`urgent`), which plans preemption for it at once. Each task's queue score is its
 -- start-by time: enqueue time plus its priority's SLA, or deadline minus estimate if that
 -- is earlier. A call of one task whose picked worker idles with one slot hands the task over
--- instead: started here for that worker, its fields pushed onto the worker's wake list, and
--- leased until a pickup deadline that the worker's confirming heartbeat lifts
--- (docs/PROTOCOL.md, Hand-over).
+-- instead: started here for that worker and its fields pushed onto the worker's wake list;
+-- left unread there past a pickup deadline, it is taken back (docs/PROTOCOL.md, Hand-over).
 --
 -- KEYS[1]  pool key base, e.g. "gpuq:{default}:"
 -- ARGV[1]  now (ms; "0" = server clock)
@@ -102,18 +101,18 @@ for i = 1, n do
     urgent = urgent or prio == '0' or prio == '1'
   end
   local est_s = tostring(tonumber(ARGV[o + 7]))
-  redis.call('HSET', task_key(id), 'id', id, 'handler', ARGV[o + 2], 'payload', ARGV[o + 3],
+  local fields = {'id', id, 'handler', ARGV[o + 2], 'payload', ARGV[o + 3],
     'model', model, 'vram_gb', tostring(vram), 'priority', prio, 'est_s', est_s,
     'deadline', deadline, 'preemptible', ARGV[o + 9], 'tenant', ARGV[o + 10],
     'max_attempts', tostring(tonumber(ARGV[o + 11])), 'attempt', '0', 'state', 'queued', 'score', ms(score),
-    'enqueued_at', now_ms, 'queued_at', now_ms, 'offered', w or '')
+    'enqueued_at', now_ms, 'queued_at', now_ms, 'offered', w or ''}
   if hand then
     -- handed over: the idle worker runs it without a claim round trip. It starts here as a
-    -- claim would start it, leased only until its pickup deadline (the offer's defer
-    -- bound): the worker confirms the pickup with a heartbeat, else a claim takes it back
+    -- claim would start it, with the worker's lease; unread on its wake list at its pickup
+    -- deadline (the offer's defer bound), a claim or the reaper takes it back
     local pickup = now + math.min(hand.defer, math.floor(sla[tonumber(prio) + 1] / 2))
     redis.call('ZREM', K_IDLE, w)
-    local token = start(id, prio, model, w, now, pickup, '1', score, now)
+    local token = start(id, prio, model, w, now, now + hand.lease, '1', score, now, fields)
     redis.call('ZADD', K_HANDED, pickup, id)
     count_dispatch(tonumber(prio), redis.call('HMGET', B .. 'fair', '1', '2', '3'), hand.fair_every)
     redis.call('LPUSH', B .. 'wake:' .. w, cjson.encode({id = id, token = tostring(token),
@@ -121,6 +120,7 @@ for i = 1, n do
       priority = prio, est_s = est_s, attempt = '1', deadline = deadline, tenant = ARGV[o + 10],
       checkpoint = '', enqueued_at = now_ms, queued_at = now_ms, started_at = now_ms}))
   else
+    redis.call('HSET', task_key(id), unpack(fields))
     if idle then wake_worker(w) end
     redis.call('ZADD', queue_key(prio, model), score, id)
     redis.call('ZADD', K_NEED, vram, id)

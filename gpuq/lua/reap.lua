@@ -42,6 +42,9 @@ for _, w in ipairs(dead) do
   redis.call('DEL', wk, wk .. ':tasks', B .. 'wake:' .. w, B .. 'ctl:' .. w, B .. 'reserve:' .. w)
 end
 
+-- hand-overs left unread past their pickup deadline, also where no worker claims
+reclaim_handed(now, limit)
+
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', K_RUNNING, '-inf', now, 'LIMIT', 0, limit)) do
   recover(id, 'lease expired')
 end

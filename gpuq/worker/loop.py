@@ -30,7 +30,6 @@ from gpuq.errors import StaleLease
 from gpuq.keys import Keys
 from gpuq.metrics import WorkerMetrics
 from gpuq.scripts import Call, Calls, ClaimRequest, Scripts
-from gpuq.wire import Sent
 from gpuq.worker import presence
 from gpuq.worker.executor import Running, execute, settle, show_models
 from gpuq.worker.gpu import GpuInfo
@@ -136,46 +135,13 @@ class Worker:
         return fields, res, running
 
     def handed(self, fields: dict[str, str]) -> Claimed | None:
-        """A task enqueue started on this worker (handed_over). It runs unless the worker is
-        stopping (then it goes back to its queue)."""
+        """A task enqueue started on this worker (handed_over): popping it off the wake list
+        was the pickup (docs/PROTOCOL.md, Hand-over). It runs unless the worker is stopping
+        (then it goes back to its queue)."""
         with self.cache.lock:
             if not self.stopping.is_set():
                 return self.begin(fields)
         self.give_back(fields["id"], int(fields["token"]))
-        return None
-
-    def confirm(self, running: Running) -> Sent | None:
-        """Confirm a handed-over task's pickup (a heartbeat for it: the full lease) before
-        its handler runs; the reply is read after, so it costs no round trip. Until then the
-        task is leased only to its pickup deadline, after which a claim takes it back. None
-        if Redis could not be reached: the task runs, and its ack tells."""
-        call = self.calls.heartbeat(self.id, [(running.task_id, running.token)])
-        try:
-            return Sent(self.redis, [self.scripts.command(call)])
-        except redis.RedisError as exc:
-            log.error("task.pickup_unconfirmed task=%s worker=%s error=%s", running.task_id,
-                      self.id, exc)
-            return None
-
-    def confirmed(self, running: Running, sent: Sent | None,
-                  pending: Call[Any] | None) -> Call[Any] | None:
-        """Read the pickup confirmation, sending the task's ack or fail (pending) first on the
-        same connection, so the waiter's result does not wait for that read. Returns the call
-        still to send (None once settled here)."""
-        if sent is None:
-            return pending
-        replies = sent.read([self.scripts.command(pending)] if pending is not None else None)
-        if isinstance(replies[0], redis.RedisError):  # e.g. scripts lost: the next beat renews
-            log.warning("task.pickup_unconfirmed task=%s worker=%s error=%s", running.task_id,
-                        self.id, replies[0])
-        elif running.task_id in self.calls.heartbeat(self.id, []).parse(replies[0])[1]:
-            log.warning("lease.lost task=%s worker=%s: picked up after its deadline",
-                        running.task_id, self.id)  # another worker may run it: the ack is fenced
-        if pending is None:
-            return None
-        if isinstance(replies[1], redis.RedisError):
-            return pending  # sent again on its own (NOSCRIPT: once the scripts are loaded)
-        settle(self, pending, replies[1])
         return None
 
     def give_back(self, task_id: str, token: int) -> None:
@@ -234,8 +200,7 @@ class Worker:
                 waited = True
                 if handed is not None:
                     from_idle, waited = True, False
-                    sent = self.confirm(handed[2])
-                    pending = self.confirmed(handed[2], sent, execute(self, *handed))
+                    pending = execute(self, *handed)
             except redis.RedisError as exc:
                 log.error("worker.redis_error worker=%s error=%s", self.id, exc)
                 self.stopping.wait(1.0)
@@ -320,7 +285,8 @@ class Worker:
                      self.id, live)
 
     def run(self) -> int:
-        handover = None if self.burst else (int(self.config.defer_s * 1000), self.config.fair_every)
+        handover = None if self.burst else (int(self.config.defer_s * 1000), self.config.fair_every,
+                                            int(self.config.lease_s * 1000))
         self.static_fields = presence.identity(
             self.id, self.gpu, self.config.kv_reserve_gb, self.config.concurrency, self.levels,
             socket.gethostname(), os.getpid(), handover)

@@ -18,17 +18,17 @@ Fields = dict[Any, Any]  # hash fields; redis-py types mapping keys invariantly
 
 
 def identity(worker_id: str, gpu: GpuInfo, reserve_gb: float, concurrency: int, levels: str,
-             host: str, pid: int, handover: tuple[int, int] | None = None) -> Fields:
+             host: str, pid: int, handover: tuple[int, int, int] | None = None) -> Fields:
     """The worker hash fields that do not change while it runs (rewritten by every
     heartbeat, so a worker the reaper took for dead shows whole again). handover: the defer
-    bound (ms) and fair_every with which enqueue starts a task on this worker while it idles
-    with one slot, blocked on its wake list; None: it takes no hand-overs."""
-    defer_ms, fair_every = handover if handover else ("", "")
+    bound (ms), fair_every and lease (ms) with which enqueue starts a task on this worker
+    while it idles with one slot, blocked on its wake list; None: it takes no hand-overs."""
+    defer_ms, fair_every, lease_ms = handover if handover else ("", "", "")
     return {"id": worker_id, "host": host, "pid": pid, "gpu_name": gpu.name,
             "gpu_uuid": gpu.uuid, "gpu_index": "" if gpu.index is None else gpu.index,
             "gpu_source": gpu.source, "vram_total_gb": gpu.total_gb, "kv_reserve_gb": reserve_gb,
             "concurrency": concurrency, "levels": levels,
-            "handover_defer_ms": defer_ms, "fair_every": fair_every,
+            "handover_defer_ms": defer_ms, "fair_every": fair_every, "lease_ms": lease_ms,
             "started_at": int(time.time() * 1000)}
 
 

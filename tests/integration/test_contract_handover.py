@@ -1,15 +1,15 @@
 """Contract suite, part 3: tasks handed over at enqueue to an idle one-slot worker.
 
 Each test runs on fakeredis and on the real server (the ``backend`` fixture). The worker
-side (reading the hand-over, confirming it before the handler) is tested with real worker
-processes in test_worker.py and test_fault.py.
+side (popping the hand-over off its wake list, which is its pickup) is tested with real
+worker processes in test_worker.py and test_fault.py.
 """
 
 from __future__ import annotations
 
 import json
 
-from helpers import T0, claim, claim_reply, enqueue, heartbeat
+from helpers import T0, ack, claim, claim_reply, enqueue, heartbeat, reap
 
 from gpuq import Queue
 from gpuq.task import State
@@ -23,7 +23,7 @@ def register(q: Queue, wid: str, *, slots: int = 1, handover: bool = True) -> No
     """A worker as presence writes it, then idle: its claim found nothing."""
     gpu = GpuInfo("L4", f"uuid-{wid}", 24, None, "declared")
     fields = presence.identity(wid, gpu, 5.0, slots, "0123", "h", 1,
-                               (DEFER_MS, FAIR_EVERY) if handover else None)
+                               (DEFER_MS, FAIR_EVERY, LEASE_MS) if handover else None)
     presence.register(q.redis, q.keys, fields, LEASE_MS)
     assert claim(q, wid, 19, slots=slots, now_ms=T0) is None
 
@@ -34,8 +34,9 @@ def test_an_idle_one_slot_worker_is_handed_the_task_started(queue: Queue) -> Non
     r = queue.record(tid)
     assert (r.state, r.worker, r.attempt) == (State.RUNNING, "w1", 1)
     assert queue.redis.zscore(queue.keys.idle, "w1") is None
-    # leased only until its pickup deadline: P0's defer bound, min(2 s, SLA / 2)
-    assert queue.redis.zscore(queue.keys.running, tid) == T0 + 10 + 100
+    # the worker's lease; listed in `handed` until its pickup deadline: P0's defer bound,
+    # min(2 s, SLA / 2)
+    assert queue.redis.zscore(queue.keys.running, tid) == T0 + 10 + LEASE_MS
     assert queue.redis.zscore(queue.keys.handed, tid) == T0 + 10 + 100
     assert queue.redis.zcard(queue.keys.queue(0, "m")) == 0
     (message,) = queue.redis.lrange(queue.keys.wake("w1"), 0, -1)
@@ -46,10 +47,55 @@ def test_an_idle_one_slot_worker_is_handed_the_task_started(queue: Queue) -> Non
     assert queue.redis.hget(queue.keys.stats, "sla_met:P0") == "1"
 
 
-def test_a_heartbeat_confirms_the_pickup_with_the_full_lease(queue: Queue) -> None:
+def pop_wake(q: Queue, wid: str) -> dict[str, str]:
+    """What the worker's BLPOP does: take the hand-over off its wake list (the pickup)."""
+    message = q.redis.rpop(q.keys.wake(wid))
+    assert message is not None and message.startswith("{")
+    return dict(json.loads(message))
+
+
+def test_a_popped_hand_over_leaves_handed_at_the_next_claim_and_keeps_its_lease(
+        queue: Queue) -> None:
+    register(queue, "w1")
+    register(queue, "w2")
+    tid = enqueue(queue, T0 + 10, model="m", vram_gb=4)
+    worker = queue.record(tid).worker
+    pop_wake(queue, worker)
+    other = "w2" if worker == "w1" else "w1"
+    c = claim_reply(queue, other, 19, now_ms=T0 + 20)
+    assert c.task is None and c.retry_s == 0  # picked up: nothing to look at again
+    assert queue.redis.zscore(queue.keys.handed, tid) is None
+    assert queue.redis.zscore(queue.keys.running, tid) == T0 + 10 + LEASE_MS
+    assert queue.record(tid).state is State.RUNNING
+
+
+def test_a_popped_hand_over_past_its_deadline_still_runs(queue: Queue) -> None:
+    """A long task: nothing confirms it but the pop, and no claim or reap takes it back."""
+    register(queue, "w1")
+    tid = enqueue(queue, T0 + 10, priority="P0", model="m", vram_gb=4)
+    pop_wake(queue, "w1")
+    assert reap(queue, now_ms=T0 + 5_000).requeued == 0
+    assert claim(queue, "w2", 19, now_ms=T0 + 5_000) is None
+    r = queue.record(tid)
+    assert (r.state, r.worker) == (State.RUNNING, "w1")
+    assert queue.redis.zscore(queue.keys.handed, tid) is None
+
+
+def test_an_ended_hand_over_leaves_handed_at_the_next_claim(queue: Queue) -> None:
     register(queue, "w1")
     tid = enqueue(queue, T0 + 10, model="m", vram_gb=4)
-    token = queue.redis.hget(queue.keys.task(tid), "token")
+    fields = pop_wake(queue, "w1")
+    ack(queue, tid, int(fields["token"]), now_ms=T0 + 20)
+    assert queue.record(tid).state is State.SUCCEEDED
+    c = claim_reply(queue, "w1", 19, now_ms=T0 + 30)
+    assert c.task is None and c.retry_s == 0
+    assert queue.redis.zcard(queue.keys.handed) == 0
+
+
+def test_a_heartbeat_for_a_hand_over_leaves_handed(queue: Queue) -> None:
+    register(queue, "w1")
+    tid = enqueue(queue, T0 + 10, model="m", vram_gb=4)
+    token = pop_wake(queue, "w1")["token"]
     assert heartbeat(queue, "w1", [(tid, token)], now_ms=T0 + 20) == []
     assert queue.redis.zscore(queue.keys.handed, tid) is None
     assert queue.redis.zscore(queue.keys.running, tid) == T0 + 20 + LEASE_MS
@@ -69,9 +115,23 @@ def test_a_pickup_not_confirmed_in_time_goes_to_the_next_claim(queue: Queue) -> 
     c = claim(queue, "w2", 19, now_ms=T0 + 10 + 500 + 1)
     assert c is not None and c["id"] == tid and c["attempt"] == "1"  # the first was given back
     assert queue.redis.zscore(queue.keys.handed, tid) is None
+    # off the dead worker's wake list: were it only slow, it could not run the task twice
+    assert queue.redis.lrange(queue.keys.wake("dead"), 0, -1) == []
     handed_token = "1"  # the first token of the pool
     assert c["token"] != handed_token
     assert tid in heartbeat(queue, "dead", [(tid, handed_token)], now_ms=T0 + 600)  # fenced off
+
+
+def test_the_reaper_takes_back_an_unread_hand_over_where_no_worker_claims(queue: Queue) -> None:
+    register(queue, "dead")
+    tid = enqueue(queue, T0 + 10, priority="P0", model="m", vram_gb=1)
+    assert reap(queue, now_ms=T0 + 10 + 99).requeued == 0  # its deadline is not past yet
+    assert queue.record(tid).state is State.RUNNING
+    reap(queue, now_ms=T0 + 10 + 100)
+    r = queue.record(tid)
+    assert (r.state, r.attempt, r.worker) == (State.QUEUED, 0, None)
+    assert queue.redis.zcard(queue.keys.handed) == 0
+    assert queue.redis.lrange(queue.keys.wake("dead"), 0, -1) == []
 
 
 def test_a_bulk_call_wakes_the_worker_so_its_claim_picks_the_best_of_the_batch(

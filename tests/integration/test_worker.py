@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,20 +59,25 @@ def test_end_to_end_enqueue_to_result(procs: Procs, real_queue: Queue) -> None:
     assert status["stats"]["succeeded"] == 1
 
 
-def test_a_task_handed_to_an_idle_worker_is_confirmed_with_the_full_lease(
+def test_a_task_handed_to_an_idle_worker_runs_there_past_its_pickup_deadline(
         procs: Procs, real_queue: Queue) -> None:
-    """An idle one-slot worker is handed the task at enqueue (no claim) and confirms the
-    pickup before its handler runs: the task leaves `handed` and its lease is the full one
-    (2 s in this suite), not the pickup deadline (P0: 100 ms)."""
+    """An idle one-slot worker is handed the task at enqueue (no claim) and pops it off its
+    wake list: the task keeps its full lease (2 s in this suite) past the pickup deadline
+    (P0: 100 ms), and the reaper's and other claims' look at `handed` leaves it there."""
     procs.worker("w1")
+    procs.reaper()
     procs.wait_idle("w1")
     task = real_queue.enqueue("sim.run", model="m-hand", vram_gb=10, priority="online",
                               est_s=est(2.0))
     r = real_queue.record(task.id)  # started by the enqueue itself
     assert r.state is State.RUNNING and r.worker == "w1" and r.attempt == 1
-    procs.wait_state(task.id, State.RUNNING)  # the pickup confirmed
+    procs.wait_state(task.id, State.RUNNING)  # popped off its wake list: picked up
     lease = real_queue.redis.zscore(real_queue.keys.running, task.id)
     assert lease is not None and lease - procs.server_ms() > 1_000
+    time.sleep(0.5)  # past the pickup deadline and two reaper rounds (every 0.2 s here)
+    assert real_queue.redis.zscore(real_queue.keys.handed, task.id) is None
+    r = real_queue.record(task.id)
+    assert (r.state, r.worker, r.attempt) == (State.RUNNING, "w1", 1)
     assert task.result(timeout=15)["worker"] == "w1"
     assert real_queue.record(task.id).attempt == 1
 
