@@ -1,45 +1,127 @@
-"""Commands on a bare pooled connection: the transport of gpuq's hot paths.
+"""Commands on a bare connection: the transport of gpuq's hot paths.
 
 redis-py's per-command and pipeline layers (response callbacks, observability hooks, the
 pipeline's command stack) cost about a sixth of an enqueue's or a claim's client time. Script
 calls, the worker's ack+claim, the heartbeat, the result wait and the replay's token pops
-instead pack their commands with the connection's own packer, send them and read raw
-replies here, under the client's retry policy.
+instead pack their commands, send them and read raw replies here, under the client's retry
+policy. Taking a connection from the pool and giving it back costs about as much again (the
+pool's lock, fork check and observability hooks), so each client keeps one connection of its
+pool for these calls, used by one thread at a time; a thread that finds it busy takes one
+from the pool as before.
 """
 
 from __future__ import annotations
 
+import os
+import threading
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
 import redis
 
+try:
+    import hiredis
+except ImportError:  # pragma: no cover - a dependency; the connection's packer serves then
+    hiredis = None  # type: ignore[assignment]
+
+
+class _Kept:
+    """The connection a client keeps for ``exchange`` (taken from its pool on first use, so
+    the pool's ``disconnect`` closes it too), the lock of the thread using it, and the
+    process that took it: a forked child takes its own."""
+
+    __slots__ = ("conn", "lock", "pid")
+
+    def __init__(self) -> None:
+        self.conn: Any = None
+        self.lock = threading.Lock()
+        self.pid = os.getpid()
+
+
+_kept: weakref.WeakKeyDictionary[redis.Redis, _Kept] = weakref.WeakKeyDictionary()
+_kept_lock = threading.Lock()
+
+
+def _kept_for(client: redis.Redis) -> _Kept:
+    kept = _kept.get(client)
+    if kept is None or kept.pid != os.getpid():
+        with _kept_lock:
+            kept = _kept.get(client)
+            if kept is None or kept.pid != os.getpid():
+                kept = _kept[client] = _Kept()
+    return kept
+
 
 def exchange(client: redis.Redis, commands: Iterable[tuple[Any, ...]], *,
              retry: bool = False) -> list[Any]:
-    """Send commands on one pooled connection, then read a reply for each (a server error is
-    returned in its place, not raised, so the connection stays in step); a connection left
-    mid-way is dropped. With ``retry``, the commands go in one write, and a lost connection
-    is reconnected and the whole list sent again under the client's retry policy, as the
-    client's own commands are; without, each command is packed and sent as it is built (a
-    stream: the server runs the first while the client builds the next). Raw replies: no
-    response callbacks."""
+    """Send commands on one connection (the client's kept one, else one from its pool), then
+    read a reply for each (a server error is returned in its place, not raised, so the
+    connection stays in step); a connection left mid-way is dropped. With ``retry``, the
+    commands go in one write, and a lost connection is reconnected and the whole list sent
+    again under the client's retry policy, as the client's own commands are; without, each
+    command is packed and sent as it is built (a stream: the server runs the first while the
+    client builds the next). Raw replies: no response callbacks."""
+    kept = _kept_for(client)
+    if kept.lock.acquire(blocking=False):
+        try:
+            if kept.conn is None:
+                kept.conn = client.connection_pool.get_connection()
+            else:
+                _check(kept.conn)
+            return _exchange_on(kept.conn, commands, retry)
+        finally:
+            kept.lock.release()
     pool = client.connection_pool
     conn = pool.get_connection()
     try:
-        if retry:
-            listed = list(commands)
-            packed = conn.pack_commands(listed)  # type: ignore[no-untyped-call]
-            return conn.retry.call_with_retry(
-                lambda: exchange_packed(conn, [(packed, len(listed))]),
-                lambda _error: conn.disconnect())  # type: ignore[no-untyped-call]
-        return exchange_packed(conn, ((conn.pack_command(*args), 1)  # type: ignore[no-untyped-call]
-                                      for args in commands))
-    except BaseException:
-        conn.disconnect()  # type: ignore[no-untyped-call]
-        raise
+        return _exchange_on(conn, commands, retry)
     finally:
         pool.release(conn)
+
+
+def _check(conn: Any) -> None:
+    """What the pool does to a connection it hands out: one the server closed (a restart, a
+    timeout, a failover), or with data left unread, is dropped, to reconnect on its send."""
+    try:
+        if conn.can_read():
+            conn.disconnect()
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        conn.disconnect()
+
+
+def _exchange_on(conn: Any, commands: Iterable[tuple[Any, ...]], retry: bool) -> list[Any]:
+    try:
+        if retry:
+            listed = list(commands)
+            packed = pack(conn, listed)
+            return conn.retry.call_with_retry(  # type: ignore[no-any-return]
+                lambda: exchange_packed(conn, [(packed, len(listed))]),
+                lambda _error: conn.disconnect())
+        return exchange_packed(conn, ((pack(conn, [args]), 1) for args in commands))
+    except BaseException:
+        conn.disconnect()  # reconnected on its next use
+        raise
+
+
+def pack(conn: Any, commands: list[tuple[Any, ...]]) -> Any:
+    """The commands in the wire protocol, as chunks for ``conn.send_packed_command`` (one
+    chunk where hiredis packs them).
+    Where the connection packs with hiredis, hiredis packs them here directly: the same
+    bytes, without the packer's per-argument checks (gpuq's commands are plain names,
+    strings and numbers)."""
+    if hiredis is not None and type(getattr(conn, "_command_packer", None)).__name__ == _HIREDIS:
+        return [b"".join([hiredis.pack_command(args) for args in commands])]
+    return conn.pack_commands(commands)
+
+
+_HIREDIS = "HiredisRespSerializer"
+
+
+def kept_connection(client: redis.Redis) -> Any:
+    """The connection ``client`` keeps for ``exchange`` in this process (None before its
+    first call)."""
+    return _kept_for(client).conn
 
 
 def exchange_packed(conn: Any, sends: Iterable[tuple[Any, int]]) -> list[Any]:

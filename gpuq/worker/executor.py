@@ -72,12 +72,16 @@ class TaskError(Exception):
 
 
 def show_models(worker: Worker, pipe: redis.client.Pipeline) -> None:
-    """Queue the worker hash's view of its models and free VRAM (for status and top)."""
+    """Send the pipe with the worker hash's view of its models and free VRAM added (for
+    status, top and the wake rule). The view is taken and written under ``worker.shown``,
+    as the heartbeat's is, so an older view never overwrites a newer one."""
     cache = worker.cache
-    with cache.lock:  # other runners may be changing the ledger
-        shown: presence.Fields = {"models": ",".join(cache.model_names()),
-                                  "vram_free_gb": round(cache.free_gb(), 3)}
-    pipe.hset(worker.keys.worker(worker.id), mapping=shown)
+    with worker.shown:
+        with cache.lock:  # other runners may be changing the ledger
+            shown: presence.Fields = {"models": ",".join(cache.model_names()),
+                                      "vram_free_gb": round(cache.free_gb(), 3)}
+        pipe.hset(worker.keys.worker(worker.id), mapping=shown)
+        pipe.execute()
 
 
 def prepare_model(worker: Worker, res: Reservation, task_id: str = "") -> Any:
@@ -90,8 +94,7 @@ def prepare_model(worker: Worker, res: Reservation, task_id: str = "") -> Any:
             cache.unload(old)
             presence.hold(pipe, worker.keys, worker.id, old.spec.name, False)
             log.info("model.evicted worker=%s model=%s", worker.id, old.spec.name)
-        show_models(worker, pipe)
-        pipe.execute()  # before a load: until then wake-ups would still pick this worker
+        show_models(worker, pipe)  # before a load: until then wake-ups would still pick this worker
     if not res.cold:
         resident.ready.wait()
         if resident.error is not None:
@@ -106,7 +109,6 @@ def prepare_model(worker: Worker, res: Reservation, task_id: str = "") -> Any:
     catalog.record_load(pipe, worker.keys, res.model, resident.footprint_gb, seconds)
     presence.hold(pipe, worker.keys, worker.id, res.model, True)
     show_models(worker, pipe)
-    pipe.execute()
     worker.model_loads += 1
     worker.observe(task_id, phase="load", seconds=seconds)
     log.info("model.loaded worker=%s model=%s vram_gb=%g load_s=%.3f", worker.id, res.model,

@@ -33,16 +33,17 @@ class Heartbeat(threading.Thread):
     def beat(self) -> None:
         w = self.worker
         running = w.running_snapshot()
-        with w.cache.lock:
-            free = w.cache.free_gb()
-            models = w.cache.model_names()
-        state = "draining" if w.stopping.is_set() else ("busy" if running else "idle")
         used = nvml_used_gb(w.gpu.index) if w.gpu.source == "nvml" and w.gpu.index is not None else None
+        state = "draining" if w.stopping.is_set() else ("busy" if running else "idle")
         call = w.calls.heartbeat(w.id, [(r.task_id, r.token) for r in running])
-        fields: presence.Fields = {**w.static_fields,
-                                   **presence.status_fields(free, len(running), models, state, used)}
-        shown = ("HSET", w.keys.worker(w.id), *itertools.chain.from_iterable(fields.items()))
-        replies = w.scripts.pipelined([call], [shown])
+        with w.shown:  # a runner's newer view of the models must not be overwritten by this one
+            with w.cache.lock:
+                free = w.cache.free_gb()
+                models = w.cache.model_names()
+            fields: presence.Fields = {**w.static_fields,
+                                       **presence.status_fields(free, len(running), models, state, used)}
+            shown = ("HSET", w.keys.worker(w.id), *itertools.chain.from_iterable(fields.items()))
+            replies = w.scripts.pipelined([call], [shown])
         revived, lost = call.parse(replies[0])
         if w.metrics is not None:
             w.metrics.gpu_state(w.gpu.total_gb, w.gpu.total_gb - free, used, len(running), len(models))

@@ -30,6 +30,7 @@ from gpuq.errors import StaleLease
 from gpuq.keys import Keys
 from gpuq.metrics import WorkerMetrics
 from gpuq.scripts import Call, Calls, ClaimRequest, Scripts
+from gpuq.wire import exchange
 from gpuq.worker import presence
 from gpuq.worker.executor import Running, execute, settle, show_models
 from gpuq.worker.gpu import GpuInfo
@@ -68,6 +69,7 @@ class Worker:
         self.stopping = threading.Event()
         self.done = threading.Event()
         self.changed = threading.Condition()
+        self.shown = threading.Lock()  # the hash's view of the models: taken and written in turn
         self._running: dict[str, Running] = {}
         self.model_loads = 0
         self.tasks_run = 0
@@ -168,8 +170,10 @@ class Worker:
                     self.changed.wait(retry_s or 1.0)
         elif len(self._running) < self.config.concurrency:
             timeout = retry_s if retry_s > 0 else self.config.idle_block_s
-            popped = self.redis.blpop([self.keys.wake(self.id), self.keys.pool_wake],
-                                      timeout=max(0.01, timeout))
+            (popped,) = exchange(self.redis, [("BLPOP", self.keys.wake(self.id),
+                                               self.keys.pool_wake, max(0.01, timeout))], retry=True)
+            if isinstance(popped, redis.RedisError):
+                raise popped
             fields = handed_over(popped[1]) if popped is not None else None
             if fields is not None:
                 return self.handed(fields)
@@ -274,7 +278,6 @@ class Worker:
                 self.cache.unload(resident)
                 presence.hold(pipe, self.keys, self.id, resident.spec.name, False)
             show_models(self, pipe)
-            pipe.execute()
             log.info("worker.idle_unloaded worker=%s models=%s", self.id,
                      ",".join(r.spec.name for r in unloaded))
         if retired:

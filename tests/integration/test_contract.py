@@ -7,6 +7,8 @@ test_contract_leases.py.
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections.abc import Callable
 
@@ -30,6 +32,7 @@ from gpuq.embedded import EmbeddedServer
 from gpuq.errors import DuplicateTask, InvalidTask, Unschedulable
 from gpuq.scripts import Claim
 from gpuq.task import Priority, State
+from gpuq.wire import kept_connection
 
 MakeQueue = Callable[..., Queue]
 DOCUMENTED = {"id", "handler", "payload", "model", "vram_gb", "priority", "est_s", "deadline",
@@ -464,14 +467,12 @@ def test_calls_go_on_over_a_connection_the_server_dropped(real_queue: Queue,
 
 def test_a_call_whose_connection_breaks_mid_way_follows_the_clients_retry_policy(
         real_queue: Queue) -> None:
-    """The pool replaces a connection it finds closed before use; one that breaks while a
-    call is sent is reconnected and the call sent again as the client's retry policy says
-    (none by default with a URL; one retry here)."""
+    """A connection that breaks while a call is sent is reconnected and the call sent again
+    as the client's retry policy says (none by default with a URL; one retry here)."""
     q = real_queue
     q.redis.set_retry(Retry(NoBackoff(), 1))
-    q.enqueue("h", model="A", vram_gb=1)  # the pool now holds one idle connection
-    conn = q.redis.connection_pool.get_connection()
-    q.redis.connection_pool.release(conn)
+    q.enqueue("h", model="A", vram_gb=1)  # the client now keeps a connection for its calls
+    conn = kept_connection(q.redis)
     real_send = conn.send_packed_command
     broken = []
 
@@ -484,6 +485,40 @@ def test_a_call_whose_connection_breaks_mid_way_follows_the_clients_retry_policy
     conn.send_packed_command = send_once_broken  # type: ignore[method-assign]
     t = q.enqueue("h", model="A", vram_gb=1)
     assert broken and q.record(t.id).state is State.QUEUED
+
+
+def test_a_call_while_the_kept_connection_is_busy_takes_one_from_the_pool(
+        real_queue: Queue) -> None:
+    """A result wait blocks on the client's kept connection; another thread's calls meanwhile
+    go over a pooled one, and the wait still sees the result."""
+    q = real_queue
+    waited = q.enqueue("h", model="A", vram_gb=1)
+    got: list[object] = []
+    waiter = threading.Thread(target=lambda: got.append(waited.result(timeout=10)))
+    waiter.start()
+    time.sleep(0.2)  # the waiter blocks in its pop, on the kept connection
+    other = q.enqueue("h", model="B", vram_gb=1)
+    c = claim(q, "w1", 40)
+    assert c is not None and c["id"] == waited.id
+    ack(q, waited.id, c["token"], {"ok": 1})
+    waiter.join(10)
+    assert got == [{"ok": 1}]
+    assert q.record(other.id).state is State.QUEUED
+
+
+def test_a_forked_child_does_not_use_its_parents_kept_connection(real_queue: Queue) -> None:
+    q = real_queue
+    q.enqueue("h", model="A", vram_gb=1)
+    parents = kept_connection(q.redis)
+    pid = os.fork()
+    if pid == 0:  # the child: its own connection, replies in step
+        ok = q.enqueue("h", model="A", vram_gb=1).status() is State.QUEUED
+        os._exit(0 if ok and kept_connection(q.redis) is not parents else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert kept_connection(q.redis) is parents
+    assert q.enqueue("h", model="A", vram_gb=1).status() is State.QUEUED
+    assert q.redis.zcard(q.keys.queue(2, "A")) == 3
 
 
 def test_a_chunk_rejected_by_the_server_is_not_written_and_the_stream_stays_in_step(
