@@ -212,16 +212,11 @@ end
 
 -- Start task id on worker w: a fresh fencing token, its lease (until lease_until), the
 -- worker's task set, and for a first attempt the SLA count (started by its start-by score
--- or not). Claim and enqueue's hand-over share it; the hand-over's task fields (`fields`, a
--- flat list) are written in the same HSET. Returns the token.
-local function start(id, p, m, w, now, lease_until, attempt, score, enqueued_at, fields)
+-- or not). Claim and enqueue's hand-over share it. Returns the token.
+local function start(id, p, m, w, now, lease_until, attempt, score, enqueued_at)
   local token = redis.call('INCR', B .. 'token')
-  fields = fields or {}
-  for _, v in ipairs({'state', 'running', 'worker', w, 'token', token, 'attempt', attempt,
-      'started_at', ms(now), 'error', ''}) do
-    fields[#fields + 1] = v
-  end
-  redis.call('HSET', task_key(id), unpack(fields))
+  redis.call('HSET', task_key(id), 'state', 'running', 'worker', w, 'token', token,
+    'attempt', attempt, 'started_at', ms(now), 'error', '')
   redis.call('ZADD', K_RUNNING, lease_until, id)
   redis.call('SADD', B .. 'worker:' .. w .. ':tasks', id)
   if attempt == '1' then

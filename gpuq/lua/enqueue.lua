@@ -28,13 +28,18 @@ local G = 11
 local n = (#ARGV - 6) / G
 if n < 1 or n ~= math.floor(n) then return {1, 0, 'expected groups of 11 task fields'} end
 
-local good = {}  -- names already checked in this call: bulk batches repeat them
-local function bad_name(s)
-  if good[s] then return false end
-  if s == nil or s == '' or #s > 200 or string.find(s, '[%s{},]') ~= nil then return true end
-  good[s] = true
-  return false
+-- A name is non-empty, at most 200 bytes, without whitespace, braces or commas: keys, hash
+-- tags and space- or comma-separated fields carry names. Plain finds and a one-class pattern:
+-- a bracket class costs several times as much per byte.
+local function bad_chars(s)
+  return string.find(s, '%s') or string.find(s, '{', 1, true) or string.find(s, '}', 1, true)
+    or string.find(s, ',', 1, true)
 end
+local function bad_name(s)
+  return s == '' or #s > 200 or bad_chars(s) ~= nil
+end
+
+local good = {}  -- handler, model and tenant checked together: bulk calls repeat them
 
 local largest
 if check_fit then
@@ -51,10 +56,19 @@ for i = 1, n do
   local id, handler, payload, model = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
   local vram, prio, est = tonumber(ARGV[o + 5]), ARGV[o + 6], tonumber(ARGV[o + 7])
   local deadline, pre, tenant, attempts = ARGV[o + 8], ARGV[o + 9], ARGV[o + 10], tonumber(ARGV[o + 11])
-  if bad_name(id) then return {1, i, 'id must be a non-empty name without spaces, commas or braces'} end
-  if bad_name(handler) then return {1, i, 'handler must be a non-empty name'} end
-  if bad_name(model) then return {1, i, 'model must be a non-empty name'} end
-  if bad_name(tenant) then return {1, i, 'tenant must be a non-empty name'} end
+  -- one scan over the four names (only the id once the others passed in this call); the
+  -- names one by one only to say which is bad
+  local names = handler .. '|' .. model .. '|' .. tenant
+  local known = good[names]
+  if id == '' or #id > 200 or bad_chars(known and id or id .. '|' .. names)
+      or not known and (handler == '' or model == '' or tenant == ''
+        or #handler > 200 or #model > 200 or #tenant > 200) then
+    if bad_name(id) then return {1, i, 'id must be a non-empty name without spaces, commas or braces'} end
+    if bad_name(handler) then return {1, i, 'handler must be a non-empty name'} end
+    if bad_name(model) then return {1, i, 'model must be a non-empty name'} end
+    if bad_name(tenant) then return {1, i, 'tenant must be a non-empty name'} end
+  end
+  good[names] = true
   if not vram or vram ~= vram or vram <= 0 or vram == math.huge then
     return {1, i, 'vram_gb must be a number > 0'}
   end
@@ -101,18 +115,18 @@ for i = 1, n do
     urgent = urgent or prio == '0' or prio == '1'
   end
   local est_s = tostring(tonumber(ARGV[o + 7]))
-  local fields = {'id', id, 'handler', ARGV[o + 2], 'payload', ARGV[o + 3],
+  redis.call('HSET', task_key(id), 'id', id, 'handler', ARGV[o + 2], 'payload', ARGV[o + 3],
     'model', model, 'vram_gb', tostring(vram), 'priority', prio, 'est_s', est_s,
     'deadline', deadline, 'preemptible', ARGV[o + 9], 'tenant', ARGV[o + 10],
     'max_attempts', tostring(tonumber(ARGV[o + 11])), 'attempt', '0', 'state', 'queued', 'score', ms(score),
-    'enqueued_at', now_ms, 'queued_at', now_ms, 'offered', w or ''}
+    'enqueued_at', now_ms, 'queued_at', now_ms, 'offered', w or '')
   if hand then
     -- handed over: the idle worker runs it without a claim round trip. It starts here as a
     -- claim would start it, with the worker's lease; unread on its wake list at its pickup
     -- deadline (the offer's defer bound), a claim or the reaper takes it back
     local pickup = now + math.min(hand.defer, math.floor(sla[tonumber(prio) + 1] / 2))
     redis.call('ZREM', K_IDLE, w)
-    local token = start(id, prio, model, w, now, now + hand.lease, '1', score, now, fields)
+    local token = start(id, prio, model, w, now, now + hand.lease, '1', score, now)
     redis.call('ZADD', K_HANDED, pickup, id)
     count_dispatch(tonumber(prio), redis.call('HMGET', B .. 'fair', '1', '2', '3'), hand.fair_every)
     redis.call('LPUSH', B .. 'wake:' .. w, cjson.encode({id = id, token = tostring(token),
@@ -120,7 +134,6 @@ for i = 1, n do
       priority = prio, est_s = est_s, attempt = '1', deadline = deadline, tenant = ARGV[o + 10],
       checkpoint = '', enqueued_at = now_ms, queued_at = now_ms, started_at = now_ms}))
   else
-    redis.call('HSET', task_key(id), unpack(fields))
     if idle then wake_worker(w) end
     redis.call('ZADD', queue_key(prio, model), score, id)
     redis.call('ZADD', K_NEED, vram, id)

@@ -15,6 +15,8 @@ from collections.abc import Callable
 import pytest
 import redis
 from helpers import (
+    ENQUEUE_FIELDS,
+    ENQUEUE_HEAD,
     T0,
     ack,
     claim,
@@ -22,6 +24,7 @@ from helpers import (
     enqueue,
     pool_keys,
     raw_enqueue_call,
+    spec,
     task_keys,
 )
 from redis.backoff import NoBackoff
@@ -30,7 +33,7 @@ from redis.retry import Retry
 from gpuq import Queue
 from gpuq.embedded import EmbeddedServer
 from gpuq.errors import DuplicateTask, InvalidTask, Unschedulable
-from gpuq.scripts import Claim
+from gpuq.scripts import Call, Claim
 from gpuq.task import Priority, State
 from gpuq.wire import kept_connection
 
@@ -578,6 +581,29 @@ def test_bad_raw_input_is_rejected_by_the_enqueue_script(queue: Queue, field: st
     with pytest.raises(InvalidTask):
         queue.scripts.run(call)
     assert pool_keys(queue) == set()
+
+
+@pytest.mark.parametrize("field, raw", [
+    ("id", "a\tb"), ("id", "x" * 201), ("handler", "a,b"), ("handler", "x" * 201),
+    ("model", "m\nx"), ("model", "{m}"), ("tenant", "t}"), ("tenant", "t u"), ("tenant", "x" * 201),
+])
+def test_a_bad_name_is_rejected_with_its_field_named(queue: Queue, field: str, raw: str) -> None:
+    _, call = raw_enqueue_call(queue, **{field: raw})
+    with pytest.raises(InvalidTask, match=f": {field} must be a non-empty name"):
+        queue.scripts.run(call)
+    assert pool_keys(queue) == set()
+
+
+def test_a_bad_name_later_in_a_bulk_call_rejects_the_call(queue: Queue) -> None:
+    """The script checks a call's repeated handler, model and tenant once: a later task with
+    other names is still checked, and the id of every task."""
+    for field, raw in (("model", "b c"), ("id", "x,y")):
+        call = queue.calls.enqueue([spec(), spec(), spec()], now_ms=T0)
+        args = list(call.args)
+        args[ENQUEUE_HEAD + 2 * len(ENQUEUE_FIELDS) + ENQUEUE_FIELDS.index(field)] = raw
+        with pytest.raises(InvalidTask, match=f": {field} must be"):
+            queue.scripts.run(Call(call.script, args, call.parse))
+        assert pool_keys(queue) == set()
 
 
 def test_wrong_argument_count_is_invalid(queue: Queue) -> None:
