@@ -23,7 +23,9 @@
 
 local now = clock(ARGV[1])
 local check_fit = ARGV[2] == '1'
-local sla = {tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])}
+-- by the priority's text as it comes (validated below): a lookup, not a parse per task
+local sla = {['0'] = tonumber(ARGV[3]), ['1'] = tonumber(ARGV[4]), ['2'] = tonumber(ARGV[5]),
+  ['3'] = tonumber(ARGV[6])}
 local G = 11
 local n = (#ARGV - 6) / G
 if n < 1 or n ~= math.floor(n) then return {1, 0, 'expected groups of 11 task fields'} end
@@ -98,7 +100,7 @@ for i = 1, n do
   local o = 6 + (i - 1) * G
   local id, model, prio, deadline = ARGV[o + 1], ARGV[o + 4], ARGV[o + 6], ARGV[o + 8]
   local vram = tonumber(ARGV[o + 5])
-  local score = now + sla[tonumber(prio) + 1]
+  local score = now + sla[prio]
   if deadline ~= '' then
     deadline = now + math.max(1, math.floor(tonumber(deadline)))
     score = math.min(score, deadline - math.floor(tonumber(ARGV[o + 7]) * 1000))
@@ -114,29 +116,31 @@ for i = 1, n do
     unwoken = unwoken + 1
     urgent = urgent or prio == '0' or prio == '1'
   end
-  local est_s = tostring(tonumber(ARGV[o + 7]))
+  -- numbers formatted once (a float's formatting costs as much as a command) and written
+  -- normalized, so readers parse what they expect
+  local est_s, vram_s, score_ms = tostring(tonumber(ARGV[o + 7])), tostring(vram), ms(score)
   redis.call('HSET', task_key(id), 'id', id, 'handler', ARGV[o + 2], 'payload', ARGV[o + 3],
-    'model', model, 'vram_gb', tostring(vram), 'priority', prio, 'est_s', est_s,
+    'model', model, 'vram_gb', vram_s, 'priority', prio, 'est_s', est_s,
     'deadline', deadline, 'preemptible', ARGV[o + 9], 'tenant', ARGV[o + 10],
-    'max_attempts', tostring(tonumber(ARGV[o + 11])), 'attempt', '0', 'state', 'queued', 'score', ms(score),
+    'max_attempts', ms(tonumber(ARGV[o + 11])), 'attempt', '0', 'state', 'queued', 'score', score_ms,
     'enqueued_at', now_ms, 'queued_at', now_ms, 'offered', w or '')
   if hand then
     -- handed over: the idle worker runs it without a claim round trip. It starts here as a
     -- claim would start it, with the worker's lease; unread on its wake list at its pickup
     -- deadline (the offer's defer bound), a claim or the reaper takes it back
-    local pickup = now + math.min(hand.defer, math.floor(sla[tonumber(prio) + 1] / 2))
+    local pickup = now + math.min(hand.defer, math.floor(sla[prio] / 2))
     redis.call('ZREM', K_IDLE, w)
     local token = start(id, prio, model, w, now, now + hand.lease, '1', score, now)
     redis.call('ZADD', K_HANDED, pickup, id)
     count_dispatch(tonumber(prio), redis.call('HMGET', B .. 'fair', '1', '2', '3'), hand.fair_every)
     redis.call('LPUSH', B .. 'wake:' .. w, cjson.encode({id = id, token = tostring(token),
-      handler = ARGV[o + 2], payload = ARGV[o + 3], model = model, vram_gb = tostring(vram),
+      handler = ARGV[o + 2], payload = ARGV[o + 3], model = model, vram_gb = vram_s,
       priority = prio, est_s = est_s, attempt = '1', deadline = deadline, tenant = ARGV[o + 10],
       checkpoint = '', enqueued_at = now_ms, queued_at = now_ms, started_at = now_ms}))
   else
     if idle then wake_worker(w) end
-    redis.call('ZADD', queue_key(prio, model), score, id)
-    redis.call('ZADD', K_NEED, vram, id)
+    redis.call('ZADD', queue_key(prio, model), score_ms, id)
+    redis.call('ZADD', K_NEED, vram_s, id)
     watch_deadline(id, deadline, ARGV[o + 7])
     local qk = prio .. ':' .. model  -- the index needs each queue's lowest new score once
     if not heads[qk] or score < heads[qk][3] then heads[qk] = {prio, model, score} end
