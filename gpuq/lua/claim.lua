@@ -227,7 +227,7 @@ local tk = task_key(id)
 local f = redis.call('HMGET', tk, 'handler', 'payload', 'model', 'vram_gb', 'priority', 'est_s',
   'attempt', 'deadline', 'tenant', 'checkpoint', 'enqueued_at', 'queued_at', 'score', 'reserved_for',
   'yield_victim')
-unqueue(id, p, m, f[8] ~= nil and f[8] ~= '')
+unqueue(id, p, m, f[8] and f[8] ~= '')
 withdraw_yield(id, f[14], f[15], now)  -- started here: a victim still asked for it keeps running
 f[7] = tostring(tonumber(f[7]) + 1)
 local token = start(id, p, m, worker, now, now + lease, f[7], f[13], f[11])
@@ -237,6 +237,6 @@ else
   redis.call('ZREM', K_IDLE, worker)
 end
 return {0, 'task', 'id', id, 'token', token, 'handler', f[1], 'payload', f[2], 'model', f[3],
-  'vram_gb', f[4], 'priority', f[5], 'est_s', f[6], 'attempt', f[7], 'deadline', f[8],
+  'vram_gb', f[4], 'priority', f[5], 'est_s', f[6], 'attempt', f[7], 'deadline', f[8] or '',
   'tenant', f[9], 'checkpoint', f[10] or '', 'enqueued_at', f[11], 'queued_at', f[12],
   'started_at', ms(now)}

@@ -119,11 +119,15 @@ for i = 1, n do
   -- numbers formatted once (a float's formatting costs as much as a command) and written
   -- normalized, so readers parse what they expect
   local est_s, vram_s, score_ms = tostring(tonumber(ARGV[o + 7])), tostring(vram), ms(score)
+  -- `deadline` and `offered` only when there is one: each field written costs about as much
+  -- as a small command (a task hash lists absent fields as empty, PROTOCOL)
   redis.call('HSET', task_key(id), 'id', id, 'handler', ARGV[o + 2], 'payload', ARGV[o + 3],
     'model', model, 'vram_gb', vram_s, 'priority', prio, 'est_s', est_s,
-    'deadline', deadline, 'preemptible', ARGV[o + 9], 'tenant', ARGV[o + 10],
+    'preemptible', ARGV[o + 9], 'tenant', ARGV[o + 10],
     'max_attempts', ms(tonumber(ARGV[o + 11])), 'attempt', '0', 'state', 'queued', 'score', score_ms,
-    'enqueued_at', now_ms, 'queued_at', now_ms, 'offered', w or '')
+    'enqueued_at', now_ms, 'queued_at', now_ms)
+  if deadline ~= '' then redis.call('HSET', task_key(id), 'deadline', deadline) end
+  if w and not hand then redis.call('HSET', task_key(id), 'offered', w) end
   if hand then
     -- handed over: the idle worker runs it without a claim round trip. It starts here as a
     -- claim would start it, with the worker's lease; unread on its wake list at its pickup
