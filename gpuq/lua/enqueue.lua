@@ -53,6 +53,7 @@ end
 
 -- validate every task first
 local seen = {}
+local vrams, ests, tries = {}, {}, {}  -- each task's numbers, parsed once (each parse costs)
 for i = 1, n do
   local o = 6 + (i - 1) * G
   local id, handler, payload, model = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
@@ -91,6 +92,7 @@ for i = 1, n do
   if seen[id] or redis.call('EXISTS', task_key(id)) == 1 then return {2, i, id} end
   seen[id] = true
   if check_fit and vram > largest then return {3, i, tostring(vram), tostring(largest)} end
+  vrams[i], ests[i], tries[i] = vram, est, attempts
 end
 
 local unwoken, targeted, heads, urgent = 0, 0, {}, false
@@ -99,11 +101,11 @@ local idle_n = redis.call('ZCARD', K_IDLE)  -- read once: only the wakes below c
 for i = 1, n do
   local o = 6 + (i - 1) * G
   local id, model, prio, deadline = ARGV[o + 1], ARGV[o + 4], ARGV[o + 6], ARGV[o + 8]
-  local vram = tonumber(ARGV[o + 5])
+  local vram = vrams[i]
   local score = now + sla[prio]
   if deadline ~= '' then
     deadline = now + math.max(1, math.floor(tonumber(deadline)))
-    score = math.min(score, deadline - math.floor(tonumber(ARGV[o + 7]) * 1000))
+    score = math.min(score, deadline - math.floor(ests[i] * 1000))
     deadline = ms(deadline)
   end
   local w, idle = pick(model, vram, prio, idle_n)
@@ -118,13 +120,13 @@ for i = 1, n do
   end
   -- numbers formatted once (a float's formatting costs as much as a command) and written
   -- normalized, so readers parse what they expect
-  local est_s, vram_s, score_ms = tostring(tonumber(ARGV[o + 7])), tostring(vram), ms(score)
-  -- `deadline` and `offered` only when there is one: each field written costs about as much
-  -- as a small command (a task hash lists absent fields as empty, PROTOCOL)
+  local est_s, vram_s, score_ms = tostring(ests[i]), tostring(vram), ms(score)
+  -- no `attempt` before the first start, `deadline` and `offered` only when there is one:
+  -- each field written costs about as much as a small command (PROTOCOL: absent fields)
   redis.call('HSET', task_key(id), 'id', id, 'handler', ARGV[o + 2], 'payload', ARGV[o + 3],
     'model', model, 'vram_gb', vram_s, 'priority', prio, 'est_s', est_s,
     'preemptible', ARGV[o + 9], 'tenant', ARGV[o + 10],
-    'max_attempts', ms(tonumber(ARGV[o + 11])), 'attempt', '0', 'state', 'queued', 'score', score_ms,
+    'max_attempts', ms(tries[i]), 'state', 'queued', 'score', score_ms,
     'enqueued_at', now_ms, 'queued_at', now_ms)
   if deadline ~= '' then redis.call('HSET', task_key(id), 'deadline', deadline) end
   if w and not hand then redis.call('HSET', task_key(id), 'offered', w) end

@@ -187,11 +187,11 @@ def test_a_task_offered_to_a_worker_that_died_idle_runs_on_another(procs: Procs,
         procs.wait_idle(name)
     dead.kill()
     dead.wait()
-    # still in the idle set (its lease has not run out): the task is offered to it, and the
-    # pool-wide token enqueue posts while other workers idle wakes w-big, which takes it
-    # once the offer's deferral (P1: 500 ms) has passed, not at its next idle wake-up (10 s)
+    # still in the idle set (its lease has not run out): the task is handed over to it, and
+    # the pool-wide token enqueue posts while other workers idle wakes w-big, which takes it
+    # back once its pickup deadline (P1: 500 ms) has passed, not at its next idle wake-up (10 s)
     t = real_queue.enqueue("sim.noop", model="m", vram_gb=10, priority="P1")
-    assert real_queue.redis.hget(real_queue.keys.task(t.id), "offered") == "w-small"
+    assert real_queue.record(t.id).worker == "w-small"
     done = procs.wait_state(t.id, State.SUCCEEDED, timeout=15)
     assert done.worker == "w-big"
     assert done.started_at is not None and done.enqueued_at is not None

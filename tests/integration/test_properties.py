@@ -307,7 +307,7 @@ class Sim:
         assert set(running) == set().union(*owned.values())
         for tid, h in hashes.items():
             t = self.tasks[tid]
-            assert h["state"] == t.state and int(h["attempt"]) == t.attempt, tid
+            assert h["state"] == t.state and int(h.get("attempt", 0)) == t.attempt, tid
             in_queues = [cell for cell, z in queues.items() if tid in z]
             places = len(in_queues) + (tid in delayed) + (tid in running)
             owners = [name for name, tasks in owned.items() if tid in tasks]
