@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import redis.asyncio as aredis
 import redis.exceptions
 
-from gpuq.client import BULK_CHUNK, CONNECT_OPTIONS, Waiting, outcome, redis_errors, url_checked
+from gpuq.client import BULK_CHUNK, CONNECT_OPTIONS, PENDING, Waiting, redis_errors, url_checked
 from gpuq.config import Config
 from gpuq.errors import TaskNotFound
 from gpuq.keys import Keys
@@ -148,6 +148,20 @@ class AsyncQueue:
                                                        retry=True))
         return record
 
+    async def result(self, task_id: str, timeout: float | None = None, *,
+                     exists: bool = False) -> Any:
+        """The task's result once it ends (see gpuq.client.Queue.result)."""
+        waiting = Waiting(task_id, timeout, self.redis)
+        values = None
+        if not waiting.may_skip_read(exists):
+            with redis_errors(self.url):
+                values = await self.redis.hmget(self.keys.task(task_id), Waiting.OUTCOME)
+        while (result := waiting.outcome(values)) is PENDING:
+            with redis_errors(self.url):
+                values = waiting.last(await exchange(
+                    self.redis, waiting.pop_and_read(self.keys, Waiting.OUTCOME), retry=True))
+        return result
+
     async def _fields(self, task_id: str) -> dict[str, str]:
         with redis_errors(self.url):
             fields = await self.redis.hgetall(self.keys.task(task_id))
@@ -175,7 +189,7 @@ class AsyncTask:
         return await self.queue.record(self.id)
 
     async def result(self, timeout: float | None = None) -> Any:
-        return outcome(await self.queue.wait(self.id, timeout, exists=self._exists))
+        return await self.queue.result(self.id, timeout, exists=self._exists)
 
     async def cancel(self) -> str:
         return await self.queue.cancel(self.id)

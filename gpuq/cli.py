@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from gpuq import logs
-from gpuq.client import Queue, connect, outcome, redis_errors
+from gpuq.client import Queue, connect, redis_errors
 from gpuq.config import Config
 from gpuq.errors import GpuqError
 from gpuq.inspect import pool_view
@@ -100,7 +100,7 @@ def enqueue(ctx: click.Context, handler: str, payload: str, model: str, vram_gb:
     if not wait:
         click.echo(task.id)
         return
-    click.echo(json.dumps(outcome(queue.wait(task.id, timeout))))
+    click.echo(json.dumps(task.result(timeout)))
 
 
 @cli.command()

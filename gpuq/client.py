@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -136,6 +137,20 @@ class Queue:
                                                  retry=True))
         return record
 
+    def result(self, task_id: str, timeout: float | None = None, *, exists: bool = False) -> Any:
+        """Block until the task ends; its result, or TaskFailed naming how it ended. As
+        ``wait``, reading only the fields that say so (no record to build)."""
+        waiting = Waiting(task_id, timeout, self.redis)
+        values = None
+        if not waiting.may_skip_read(exists):
+            with redis_errors(self.url):
+                values = self.redis.hmget(self.keys.task(task_id), Waiting.OUTCOME)
+        while (result := waiting.outcome(values)) is PENDING:
+            with redis_errors(self.url):
+                values = waiting.last(exchange(
+                    self.redis, waiting.pop_and_read(self.keys, Waiting.OUTCOME), retry=True))
+        return result
+
     def _fields(self, task_id: str) -> dict[str, str]:
         with redis_errors(self.url):
             fields = self.redis.hgetall(self.keys.task(task_id))
@@ -147,10 +162,14 @@ class Queue:
         self.redis.close()
 
 
+PENDING = object()  # Waiting.outcome: the task has not ended yet
+
+
 class Waiting:
     """The bookkeeping of a result wait, shared by the sync and async clients."""
 
     MAX_BLOCK_S = 60.0  # re-read the task at least this often, whatever the timeout
+    OUTCOME = ("state", "result", "error")  # what a result wait reads of the task
 
     def __init__(self, task_id: str, timeout: float | None, client: Any = None) -> None:
         self.task_id = task_id
@@ -176,19 +195,39 @@ class Waiting:
         record = TaskRecord.from_fields(fields)
         return record if record.state.terminal else None
 
-    def pop_and_read(self, keys: Keys) -> list[tuple[Any, ...]]:
+    def outcome(self, values: list[Any] | None) -> Any:
+        """The result once the task has ended (TaskFailed if it did not succeed), from its
+        OUTCOME fields; PENDING to keep waiting (None: not read yet)."""
+        if values is None:
+            return PENDING
+        state, result, error = values
+        if not state:
+            raise TaskNotFound(self.task_id)
+        if state == State.SUCCEEDED.value:
+            return json.loads(result) if result else None
+        if State(state).terminal:
+            raise TaskFailed(self.task_id, state, error or "")
+        return PENDING
+
+    def pop_and_read(self, keys: Keys, fields: tuple[str, ...] = ()) -> list[tuple[Any, ...]]:
         """Block until the done list has an element, rotating it in place so every waiter
-        sees it (nothing to push back), then read the task: one round trip per wake-up."""
+        sees it (nothing to push back), then read the task (those fields, else the whole
+        hash): one round trip per wake-up."""
         done = keys.done(self.task_id)
-        return [("BLMOVE", done, done, "RIGHT", "LEFT", self.block_s()),
-                ("HGETALL", keys.task(self.task_id))]
+        read = ("HMGET", keys.task(self.task_id), *fields) if fields else ("HGETALL", keys.task(self.task_id))
+        return [("BLMOVE", done, done, "RIGHT", "LEFT", self.block_s()), read]
 
     @staticmethod
     def fields(replies: list[Any]) -> dict[str, str]:
         """The task hash read by ``pop_and_read``'s replies (a map under RESP3, a flat list
         under RESP2); a server error raised."""
-        _, read = raise_first_error(replies)
+        read = Waiting.last(replies)
         return read if isinstance(read, dict) else pairs_to_dict(read)
+
+    @staticmethod
+    def last(replies: list[Any]) -> Any:
+        """The read's reply of ``pop_and_read``'s replies; a server error raised."""
+        return raise_first_error(replies)[1]
 
     def block_s(self) -> float:
         """How long the next pop may block; ResultTimeout once the timeout has passed."""
@@ -198,13 +237,6 @@ class Waiting:
         if left <= 0:
             raise ResultTimeout(self.task_id, self.timeout or 0.0)
         return min(left, self.max_block_s)
-
-
-def outcome(record: TaskRecord) -> Any:
-    """The result of an ended task, or TaskFailed naming how it ended."""
-    if record.state is State.SUCCEEDED:
-        return record.result
-    raise TaskFailed(record.id, record.state.value, record.error or "")
 
 
 class Task:
@@ -225,7 +257,7 @@ class Task:
         return self.queue.record(self.id)
 
     def result(self, timeout: float | None = None) -> Any:
-        return outcome(self.queue.wait(self.id, timeout, exists=self._exists))
+        return self.queue.result(self.id, timeout, exists=self._exists)
 
     def cancel(self) -> str:
         return self.queue.cancel(self.id)

@@ -66,6 +66,8 @@ def test_bulk_cancel_timeout_and_errors(redis_server: EmbeddedServer, pool: str,
             assert await (await q.enqueue("h", model="m", vram_gb=1)).status() is State.QUEUED
             with pytest.raises(TaskNotFound):
                 await q.record("nope")
+            with pytest.raises(TaskNotFound):
+                await q.result("nope", timeout=1)
         finally:
             await q.close()
 

@@ -187,6 +187,15 @@ def test_result_of_a_canceled_task_raises(queue: Queue) -> None:
     assert err.value.state == "canceled"
 
 
+def test_result_of_an_unknown_task_raises_and_a_null_result_is_none(queue: Queue) -> None:
+    with pytest.raises(TaskNotFound):
+        queue.task("no-such-task").result(timeout=1)
+    tid = enqueue(queue, T0)
+    c = claimed(queue)
+    ack(queue, tid, c["token"], None)
+    assert queue.task(tid).result(timeout=1) is None
+
+
 def test_result_times_out(queue: Queue) -> None:
     t = queue.enqueue("h", model="A", vram_gb=1)
     start = time.monotonic()
