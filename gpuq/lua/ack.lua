@@ -17,5 +17,6 @@ if not f[1] then return {4} end
 if f[1] ~= 'running' or f[2] ~= token then return {5, f[1]} end
 if not is_json(ARGV[4]) then return {1, 0, 'result is not valid JSON'} end
 release(id, f[3])
-finish(id, 'succeeded', now, ARGV[5], 'result', ARGV[4], f[4])  -- the TTL as sent: a number would be formatted back
+-- the TTL as sent: a number would be formatted back into text for PEXPIRE
+finish(id, 'succeeded', now, ARGV[5], 'result', ARGV[4], f[4])
 return {0}
