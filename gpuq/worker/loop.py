@@ -30,7 +30,6 @@ from gpuq.errors import StaleLease
 from gpuq.keys import Keys
 from gpuq.metrics import WorkerMetrics
 from gpuq.scripts import Call, Calls, ClaimRequest, Scripts
-from gpuq.wire import exchange
 from gpuq.worker import presence
 from gpuq.worker.executor import Running, execute, settle, show_models
 from gpuq.worker.gpu import GpuInfo
@@ -170,10 +169,10 @@ class Worker:
                     self.changed.wait(retry_s or 1.0)
         elif len(self._running) < self.config.concurrency:
             timeout = retry_s if retry_s > 0 else self.config.idle_block_s
-            (popped,) = exchange(self.redis, [("BLPOP", self.keys.wake(self.id),
-                                               self.keys.pool_wake, max(0.01, timeout))], retry=True)
-            if isinstance(popped, redis.RedisError):
-                raise popped
+            # redis-py's own BLPOP: over gpuq.wire.exchange, the demo's P0 attainment dropped
+            # (docs/DECISIONS.md, the demo's P0 shift)
+            popped = self.redis.blpop([self.keys.wake(self.id), self.keys.pool_wake],
+                                      timeout=max(0.01, timeout))
             fields = handed_over(popped[1]) if popped is not None else None
             if fields is not None:
                 return self.handed(fields)
