@@ -81,8 +81,8 @@ class Keys:
 
     @property
     def handed(self) -> str:
-        """Tasks handed over at enqueue whose pickup is not confirmed yet, scored by their
-        pickup deadline (ms)."""
+        """Tasks handed over at enqueue, scored by their pickup deadline (ms), until a claim or
+        the reaper finds them picked up (popped off the worker's wake list) or ended."""
         return f"{self.base}handed"
 
     @property

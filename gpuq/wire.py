@@ -104,18 +104,17 @@ def _exchange_on(conn: Any, commands: Iterable[tuple[Any, ...]], retry: bool) ->
         raise
 
 
+_HIREDIS = "HiredisRespSerializer"  # redis-py's packer class when it packs with hiredis
+
+
 def pack(conn: Any, commands: list[tuple[Any, ...]]) -> Any:
-    """The commands in the wire protocol, as chunks for ``conn.send_packed_command`` (one
-    chunk where hiredis packs them).
-    Where the connection packs with hiredis, hiredis packs them here directly: the same
-    bytes, without the packer's per-argument checks (gpuq's commands are plain names,
+    """The commands in the wire protocol, as chunks for ``conn.send_packed_command``. Where
+    the connection packs with hiredis, hiredis packs them here directly, in one chunk: the
+    same bytes, without the packer's per-argument checks (gpuq's commands are plain names,
     strings and numbers)."""
     if hiredis is not None and type(getattr(conn, "_command_packer", None)).__name__ == _HIREDIS:
         return [b"".join([hiredis.pack_command(args) for args in commands])]
     return conn.pack_commands(commands)
-
-
-_HIREDIS = "HiredisRespSerializer"
 
 
 def kept_connection(client: redis.Redis) -> Any:

@@ -8,7 +8,6 @@ alive. Waits poll a condition with a deadline; nothing sleeps blindly.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -22,6 +21,7 @@ import redis
 
 from gpuq.keys import Keys
 from gpuq.task import State, TaskRecord
+from gpuq.worker.loop import handed_over
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_APP = "workers.sim:app"
@@ -266,8 +266,8 @@ class Procs:
         popped it off its wake list (until then a claim may take it back)."""
         if record.state is not State.RUNNING:
             return True
-        unread = self.redis.lrange(self.keys.wake(record.worker), 0, -1)
-        return not any(m.startswith("{") and json.loads(m)["id"] == record.id for m in unread)
+        unread = filter(None, map(handed_over, self.redis.lrange(self.keys.wake(record.worker), 0, -1)))
+        return all(fields["id"] != record.id for fields in unread)
 
     def wait_idle(self, worker_id: str, timeout: float = 15.0) -> None:
         """Wait until the worker found nothing to claim and blocks for work."""

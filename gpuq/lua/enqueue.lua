@@ -147,7 +147,7 @@ for i = 1, n do
     if idle then wake_worker(w) end
     redis.call('ZADD', queue_key(prio, model), score_ms, id)
     redis.call('ZADD', K_NEED, vram_s, id)
-    watch_deadline(id, deadline, ARGV[o + 7])
+    watch_deadline(id, deadline, ests[i])
     local qk = prio .. ':' .. model  -- the index needs each queue's lowest new score once
     if not heads[qk] or score < heads[qk][3] then heads[qk] = {prio, model, score} end
   end
