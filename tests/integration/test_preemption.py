@@ -55,8 +55,11 @@ def test_victim_ending_within_max_wait_is_waited_for(procs: Procs, real_queue: Q
     procs.worker("w-short", vram_gb=48)
     procs.worker("w-long", vram_gb=48)
     # the planner reads estimates in simulated seconds (est_s, before GPUQ_SIM_TIME_SCALE):
-    # the short task's 2.5 s of wall time is est(2.5) = 25 s to it
-    active_reaper(procs, GPUQ_MAX_WAIT_S=str(est(5.0)))
+    # the short task's 2.5 s of wall time is est(2.5) = 25 s to it. While the P0's start-by
+    # time lies ahead, a victim that has run its minimum would be asked to yield (that saves
+    # the SLA); a minimum no victim reaches here leaves waiting as the only decision, however
+    # slowly the host brings the victims up
+    active_reaper(procs, GPUQ_MAX_WAIT_S=str(est(5.0)), GPUQ_PREEMPT_MIN_RUNTIME_S="60")
     short = p3(real_queue, 2.5)
     procs.wait_state(short, State.RUNNING)
     long = p3(real_queue, 20.0)
