@@ -166,19 +166,21 @@ end
 -- asked to yield (not woken: the reaper's planner acts on the offer, and idle workers leave
 -- the task to it until the offer's deferral ends, then load it cold); else the idle worker
 -- it fits most tightly. With no worker idle the planner weighs every running task, as for
--- any task that fits no idle worker. Returns that worker (or nil) and whether it idles.
+-- any task that fits no idle worker. Returns that worker (or nil), whether it idles and
+-- whether it holds the model (only an idle holder with room is picked for holding it).
 -- idle_n: the idle set's size.
 local function pick(m, need, p, idle_n)
   idle_n = idle_n or redis.call('ZCARD', K_IDLE)
-  if idle_n == 0 then return nil, false end
+  if idle_n == 0 then return nil, false, false end
   local w = idle_holder(m, need, nil, p)
-  if not w and (p == '0' or p == '1') then
+  if w then return w, true, true end
+  if p == '0' or p == '1' then
     local busy = yielding_holder(m, need, p)
-    if busy then return busy, false end
+    if busy then return busy, false, true end
   end
-  w = w or tightest(need, '+inf', nil, p)
-  if not w then return nil, false end
-  return w, true
+  w = tightest(need, '+inf', nil, p)
+  if not w then return nil, false, false end
+  return w, true, false
 end
 
 -- Offer a task to the worker `pick` finds, and wake it if it idles. Returns the worker
@@ -228,6 +230,18 @@ local function start(id, p, m, w, now, lease_until, attempt, score, enqueued_at)
     end
   end
   return token
+end
+
+-- A cold start (the worker loads the task's model first): note when the model should be
+-- loaded, by the catalog's mean measured load of it (nothing before its first load). The
+-- preemption planner counts a victim's runtime and end from there: asking a task to yield
+-- while it loads would throw the load away (it yields only once its handler runs).
+local function note_cold_start(id, m, now)
+  local c = redis.call('HMGET', B .. 'model:' .. m, 'total_load_s', 'loads')
+  local loads = tonumber(c[2])
+  if loads and loads > 0 then
+    redis.call('HSET', task_key(id), 'ready_at', ms(now + math.floor(tonumber(c[1]) / loads * 1000)))
+  end
 end
 
 -- Fairness after a dispatch at level p: its debt is paid; each lower level with work saw
@@ -313,7 +327,7 @@ local function requeue(id, now, reason, consume, ttl)
   end
   if not consume then redis.call('HINCRBY', tk, 'attempt', -1) end
   redis.call('HSET', tk, 'state', 'queued', 'worker', '', 'token', '', 'error', reason,
-    'queued_at', ms(now))
+    'queued_at', ms(now), 'ready_at', '')
   push(id)
   return 'queued'
 end

@@ -231,6 +231,7 @@ unqueue(id, p, m, f[8] and f[8] ~= '')
 withdraw_yield(id, f[14], f[15], now)  -- started here: a victim still asked for it keeps running
 f[7] = tostring(tonumber(f[7] or 0) + 1)  -- absent before the first start
 local token = start(id, p, m, worker, now, now + lease, f[7], f[13], f[11])
+if not held[m] then note_cold_start(id, m, now) end
 if slots > 1 then
   redis.call('ZADD', K_IDLE, claimable - use, worker)
 else

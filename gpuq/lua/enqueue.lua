@@ -108,7 +108,7 @@ for i = 1, n do
     score = math.min(score, deadline - math.floor(ests[i] * 1000))
     deadline = ms(deadline)
   end
-  local w, idle = pick(model, vram, prio, idle_n)
+  local w, idle, warm = pick(model, vram, prio, idle_n)
   -- a call of one task may hand it over; a bulk call's tasks are queued and their workers
   -- woken, so each claim picks the best of the batch (the first task need not be it)
   local hand = idle and n == 1 and handover(w)
@@ -137,6 +137,7 @@ for i = 1, n do
     local pickup = now + math.min(hand.defer, math.floor(sla[prio] / 2))
     redis.call('ZREM', K_IDLE, w)
     local token = start(id, prio, model, w, now, now + hand.lease, '1', score, now)
+    if not warm then note_cold_start(id, model, now) end
     redis.call('ZADD', K_HANDED, pickup, id)
     count_dispatch(tonumber(prio), redis.call('HMGET', B .. 'fair', '1', '2', '3'), hand.fair_every)
     redis.call('LPUSH', B .. 'wake:' .. w, cjson.encode({id = id, token = tostring(token),

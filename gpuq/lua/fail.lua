@@ -22,7 +22,8 @@ release(id, f[3])
 local attempt, max_attempts = tonumber(f[4]), tonumber(f[5])
 if ARGV[5] == '1' and attempt < max_attempts then
   local wait = math.min(tonumber(ARGV[6]) * 2 ^ (attempt - 1), tonumber(ARGV[7]))
-  redis.call('HSET', tk, 'state', 'delayed', 'error', err, 'worker', '', 'token', '')
+  redis.call('HSET', tk, 'state', 'delayed', 'error', err, 'worker', '', 'token', '',
+    'ready_at', '')
   redis.call('ZADD', K_DELAYED, now + wait, id)
   return {0, 'delayed', ms(wait)}
 end

@@ -1,6 +1,10 @@
 """Graceful preemption: the reaper's plan for P0/P1 tasks that fit no idle worker, or that
 enqueue offered to a busy GPU holding their model.
 
+A victim's runtime and end count from when its work began: for a cold start, once its
+model is loaded (the claim's ready_at, from the catalog's mean load), since a task asked to
+yield while it loads yields only after the load, which is then thrown away.
+
 For each such task, the candidates are running, preemptible, lower-priority tasks on live
 workers whose GPU is large enough (usable VRAM >= the task's need) and which serve the
 task's priority; for a task offered to a busy holder of its model, only that holder's
@@ -63,7 +67,7 @@ class Victim:
     token: int
     worker: str
     priority: int
-    started_ms: int
+    started_ms: int  # when its work began: its start, or for a cold start its model's load end
     est_s: float
     preemptions: int
     usable_gb: float  # the worker's VRAM total - KV reserve
@@ -275,7 +279,7 @@ class Preemptor:
             pipe.hmget(k.worker(w), "vram_total_gb", "kv_reserve_gb", "levels")
         for i in running:
             pipe.hmget(k.task(i), "state", "token", "worker", "priority", "started_at", "est_s",
-                       "preemptible", "preemptions", "yield_by")
+                       "preemptible", "preemptions", "yield_by", "ready_at")
         held, *rows = pipe.execute()
         for w, f in zip(unknown, rows):
             if f[0] is not None:
@@ -288,10 +292,12 @@ class Preemptor:
         idle = [(float(gb), info[str(w)][1]) for w, gb in idle_rows if str(w) in info]
         victims = []
         for i, f in zip(running, rows[len(unknown):]):
-            state, token, worker, prio, started, est, pre, count, asked = f
+            state, token, worker, prio, started, est, pre, count, asked, ready = f
             if state != "running" or pre != "1" or asked or worker not in info or not started:
                 continue
             usable, levels = info[worker]
-            victims.append(Victim(i, int(token), worker, int(prio), int(started), float(est),
+            # a cold start's work begins once its model is loaded (claim.lua: ready_at)
+            began = max(int(started), int(ready or 0))
+            victims.append(Victim(i, int(token), worker, int(prio), began, float(est),
                                   int(count or 0), usable, levels))
         return victims, idle, reserved

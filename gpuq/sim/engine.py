@@ -7,8 +7,10 @@ takes a load time drawn from the measured load trace, then the task runs for its
 time. An idle GPU claims when the scheduler woke it (for gpuq: a token on its own or the
 pool's wake list, exactly what a real worker blocks on), when a run ends (the worker's
 ack-then-claim), or when a deferred task's bound has passed. A yield request (the reaper's
-preemption plan) is honoured at once: the run stops, its progress goes back as the
-checkpoint, and the next run resumes from there.
+preemption plan) is honoured at once while the task runs: the run stops, its progress goes
+back as the checkpoint, and the next run resumes from there. One that comes while the task
+loads its model is honoured when the load ends (the handler's first check), unless it was
+withdrawn by then; if the grace passes first, the worker stops the task and the load is lost.
 
 Simplifications, stated: workers never die (leases are long, so the reaper's recovery has
 nothing to do); a worker announces a model as held when it starts loading it, not when the
@@ -150,6 +152,8 @@ class Engine:
             elif kind == "end":
                 self.end(self.by_id[key], gen)
                 continue  # the ending worker claimed; no new wake tokens
+            elif kind == "yield":
+                self.deferred_yield(self.by_id[key], gen)
             elif kind == "retry":
                 worker = self.by_id[key]
                 if worker.run is None:
@@ -299,8 +303,10 @@ class Engine:
     def skip_rounds_ahead(self) -> None:
         """After a round that decided nothing and woke no GPU the pool is as it was before
         it, and the next rounds differ only in their time: none decides anything before
-        the first time one could (the scheduler says when). The first round at or after
-        it replaces the next one, until an event that may change the pool."""
+        the first time one could (the scheduler says when). The last round before it
+        replaces the next one, until an event that may change the pool: that round brings
+        the planner's pass forward to that time, as the reaper's would (a round at or after
+        it would plan later than production)."""
         if not self.skip_ahead or self.next_round is None:
             return
         assert isinstance(self.scheduler, GpuqScheduler)
@@ -314,6 +320,7 @@ class Engine:
         k = max(self.next_round, math.floor((until - EPOCH_MS) / 1000 / every) - 2)
         while self.ms(k * every) < until:
             k += 1
+        k -= 1  # the last round before it (it decides nothing, then plans at that time)
         if k > self.next_round:
             self.skipping = True
             self.schedule_round(k, queued=(k - 1) * every)
@@ -349,13 +356,36 @@ class Engine:
         verb, *args = message.split()
         if verb != "yield" or w.run is None or w.run.offer.task_id != args[0]:
             return
+        if self.now < w.run.work_from:
+            # still loading its model: a handler sees the request only once it runs, and the
+            # worker stops the task if the grace passes first
+            grace_s = int(args[1]) / 1000 if len(args) > 1 else self.config.grace_s
+            self.at(min(w.run.work_from, self.now + grace_s), "yield", w.id, w.generation)
+            return
+        self.give_way(w, "yielded")
+
+    def deferred_yield(self, w: SimWorker, gen: int) -> None:
+        """A yield request that came during a load, at the load's end or at its grace."""
+        assert isinstance(self.scheduler, GpuqScheduler)
+        if gen != w.generation or w.run is None:
+            return  # the run ended first
+        if not self.scheduler.asked_to_yield(w.run.offer.task_id):
+            return  # withdrawn: the task it was for started elsewhere or ended
+        self.give_way(w, "yielded" if self.now >= w.run.work_from else "stopped")
+
+    def give_way(self, w: SimWorker, how: str) -> None:
+        """The run yields (its progress kept as its checkpoint) or is stopped mid-load (the
+        worker's own enforcement of the grace; the load is lost); the GPU claims again."""
         assert isinstance(self.scheduler, GpuqScheduler)
         run = self.stop_run(w)
-        done = run.offer.done_s + max(0.0, self.now - run.work_from)
-        self.scheduler.yield_task(run.offer, done, self.ms())
+        if how == "yielded":
+            done = run.offer.done_s + max(0.0, self.now - run.work_from)
+            self.scheduler.yield_task(run.offer, done, self.ms())
+        else:
+            self.scheduler.stop_task(run.offer, self.ms())
         self.count_queued(self.trace[run.offer.task_id], +1)
         self.records[run.offer.task_id].preemptions += 1
-        self.preemptions["yielded"] = self.preemptions.get("yielded", 0) + 1
+        self.preemptions[how] = self.preemptions.get(how, 0) + 1
         self.claim(w)
 
     # -- the result ----------------------------------------------------------------------

@@ -103,6 +103,15 @@ class GpuqScheduler:
         self.scripts.run(self.calls.requeue(offer.task_id, offer.token, "yielded", preempted="yielded",
                                             checkpoint=f'{{"done_s":{done_s:.6f}}}', now_ms=now_ms))
 
+    def stop_task(self, offer: Offer, now_ms: int) -> None:
+        """The worker's stop of a task past its yield grace (gpuq.worker.control)."""
+        self.scripts.run(self.calls.requeue(offer.task_id, offer.token, "stopped: did not yield in time",
+                                            preempted="stopped", now_ms=now_ms))
+
+    def asked_to_yield(self, task_id: str) -> bool:
+        """Whether a yield request for the task still stands (withdraw_yield clears it)."""
+        return bool(self.redis.hget(self.keys.task(task_id), "yield_for"))
+
     def loaded(self, worker_id: str, model: str, footprint_gb: float, seconds: float,
                evicted: list[str]) -> None:
         """Tell the pool what a worker now holds (affinity and expiry read it)."""

@@ -30,9 +30,10 @@ from helpers import (
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from gpuq import Queue
+from gpuq import Queue, catalog
 from gpuq.embedded import EmbeddedServer
 from gpuq.errors import DuplicateTask, InvalidTask, Unschedulable
+from gpuq.reaper.preempt import Preemptor, may_be_asked
 from gpuq.scripts import Call, Claim
 from gpuq.task import Priority, State
 from gpuq.wire import kept_connection
@@ -634,3 +635,42 @@ def test_the_script_accepts_only_what_the_reader_can_read(queue: Queue, field: s
         return
     r = queue.record(tid)  # must not raise
     assert r.deadline is None or r.deadline > r.enqueued_at
+
+
+def record_loads(q: Queue, model: str, *seconds: float) -> None:
+    pipe = q.redis.pipeline(transaction=False)
+    for s in seconds:
+        catalog.record_load(pipe, q.keys, model, 1, s)
+    pipe.execute()
+
+
+def test_a_cold_claim_notes_when_its_model_should_be_loaded(queue: Queue) -> None:
+    record_loads(queue, "A", 2.0, 4.0)  # the catalog's mean: 3 s
+    cold, warm, unknown = (enqueue(queue, T0, model=m) for m in ("A", "A", "B"))
+    c = claim(queue, "w1", 40, now_ms=T0 + 10)
+    assert c is not None and c["id"] == cold
+    assert queue.redis.hget(queue.keys.task(cold), "ready_at") == str(T0 + 10 + 3000)
+    c = claim(queue, "w2", 40, loaded=[("A", 1)], now_ms=T0 + 20)  # held: no load
+    assert c is not None and c["id"] == warm
+    c = claim(queue, "w3", 40, now_ms=T0 + 30)  # never loaded in this pool: no estimate
+    assert c is not None and c["id"] == unknown
+    assert queue.redis.hmget(queue.keys.task(warm), "ready_at") == [None]
+    assert queue.redis.hmget(queue.keys.task(unknown), "ready_at") == [None]
+    queue.requeue(cold)  # its next start may be warm: the estimate goes with this one
+    assert queue.redis.hget(queue.keys.task(cold), "ready_at") == ""
+
+
+def test_the_planner_counts_a_cold_victims_runtime_from_its_models_load(queue: Queue) -> None:
+    """A victim asked to yield while its model loads would yield after the load, throwing it
+    away: its runtime (preempt_min_runtime_s) and end count from the load's expected end."""
+    record_loads(queue, "batch", 20.0)
+    now = int(time.time() * 1000)
+    queue.redis.hset(queue.keys.worker("w1"), mapping={"vram_total_gb": 80, "kv_reserve_gb": 5})
+    queue.redis.zadd(queue.keys.workers, {"w1": now + 60_000})
+    victim = enqueue(queue, now - 5_000, model="batch", vram_gb=30, priority="P3", est_s=100)
+    assert claim(queue, "w1", 75, slots=2, now_ms=now - 5_000) is not None  # loading for 20 s
+    planner = Preemptor(queue.redis, queue.keys, queue.config, queue.scripts, queue.calls)
+    (v,) = planner.read_workers(now)[0]
+    assert v.id == victim and v.started_ms == now - 5_000 + 20_000
+    assert v.ends_ms == now + 115_000
+    assert not may_be_asked(v, queue.config, now)

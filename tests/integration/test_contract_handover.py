@@ -11,7 +11,7 @@ import json
 
 from helpers import T0, ack, claim, claim_reply, enqueue, heartbeat, reap
 
-from gpuq import Queue
+from gpuq import Queue, catalog
 from gpuq.task import State
 from gpuq.worker import presence
 from gpuq.worker.gpu import GpuInfo
@@ -155,3 +155,12 @@ def test_workers_with_more_slots_or_no_hand_overs_are_woken_instead(queue: Queue
     tid = enqueue(queue, T0 + 20, model="m", vram_gb=4)
     assert queue.record(tid).state is State.QUEUED
     assert queue.redis.lrange(queue.keys.wake("burst"), 0, -1) == ["1"]
+
+
+def test_a_cold_hand_over_notes_when_its_model_should_be_loaded(queue: Queue) -> None:
+    pipe = queue.redis.pipeline(transaction=False)
+    catalog.record_load(pipe, queue.keys, "m", 4, 1.5)
+    pipe.execute()
+    register(queue, "w1")  # holds nothing: it loads "m" first
+    tid = enqueue(queue, T0 + 10, priority="P0", model="m", vram_gb=4)
+    assert queue.redis.hget(queue.keys.task(tid), "ready_at") == str(T0 + 10 + 1500)

@@ -300,9 +300,42 @@ def test_a_victim_coming_of_age_between_rounds_is_asked_then(redis_server: Embed
     # a P0 task comes 0.5 s after a P3 task started on the only GPU: the urgent pass finds
     # the victim too young (0.7 s minimum) and says when it comes of age; the reaper plans
     # again then, not at the next round (1 s)
+    # (loads take no time here: a victim still loading yields only when its load ends)
     tasks = [task(0, "b", 3, service=100, vram=40), task(0.5, "a", 0, service=5, vram=40)]
-    r = simulate(tasks, parse_gpus("1x80"), "gpuq", speedup=1.0, load_time=fixed_load,
+    r = simulate(tasks, parse_gpus("1x80"), "gpuq", speedup=1.0, load_time=lambda m, rng: 0.0,
                  config=Config(preempt_min_runtime_s=0.7), server=redis_server)
     p3, p0 = r.tasks
     assert p0.worker == "gpu80-0" and p0.start_s == pytest.approx(0.7, abs=0.002)
     assert p3.preemptions == 1 and p3.outcome == "succeeded"
+
+
+@pytest.mark.parametrize(("grace_s", "how", "gives_way_at"), [(30.0, "yielded", LOAD_S),
+                                                             (2.0, "stopped", 0.7 + 2.0)])
+def test_a_victim_asked_while_it_loads_gives_way_when_the_load_ends_or_the_grace_does(
+        redis_server: EmbeddedServer, grace_s: float, how: str, gives_way_at: float) -> None:
+    # the P3 task loads its model for 10 s and is asked to yield at 0.7 s (its model's load
+    # time is not known yet: the planner counts its runtime from its claim); its handler
+    # sees the request when the load ends, unless the worker stopped it at the grace first
+    tasks = [task(0, "b", 3, service=100, vram=40), task(0.5, "a", 0, service=5, vram=40)]
+    r = simulate(tasks, parse_gpus("1x80"), "gpuq", speedup=1.0, load_time=fixed_load,
+                 config=Config(preempt_min_runtime_s=0.7, grace_s=grace_s), server=redis_server)
+    p3, p0 = r.tasks
+    assert p0.start_s == pytest.approx(gives_way_at, abs=0.002)
+    assert p3.preemptions == 1 and p3.outcome == "succeeded"
+    assert r.preemptions.get(how) == 1 and r.preemptions.get("yield_requested") == 1
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_victim_loading_a_model_of_known_load_time_is_not_asked_until_it_runs(
+        redis_server: EmbeddedServer, skip: bool) -> None:
+    # "b" was loaded once (10 s) and evicted; the long P3 task loads it again from 30 s: the
+    # claim notes its expected load end (40 s) and the P0 at 31 s waits for that, plus the
+    # minimum runtime, instead of throwing the load away
+    tasks = [task(0, "b", 2, service=5, vram=60), task(15, "c", 2, service=5, vram=60),
+             task(30, "b", 3, service=100, vram=40), task(31, "a", 0, service=5, vram=40)]
+    r = simulate(tasks, parse_gpus("1x80"), "gpuq", speedup=1.0, load_time=fixed_load,
+                 config=Config(preempt_min_runtime_s=0.7), server=redis_server, skip_ahead=skip)
+    p3, p0 = r.tasks[2], r.tasks[3]
+    assert p3.start_s == pytest.approx(30, abs=0.01)
+    assert p0.start_s == pytest.approx(30 + LOAD_S + 0.7, abs=0.01)
+    assert r.preemptions.get("yielded") == 1 and r.preemptions.get("stopped", 0) == 0
