@@ -4,7 +4,8 @@ The reaper and the CLI push messages onto the worker's control list; the heartbe
 blocks on it between beats, so a request reaches the worker at once:
 
 - ``yield <task> <grace_ms>``: a higher-priority task waits for this GPU. The handler sees
-  ``ctx.should_yield()``; past the grace the worker stops it itself: it requeues the task
+  ``ctx.should_yield()`` (a task still loading its model yields when the load ends, before
+  its handler starts); past the grace the worker stops it itself: it requeues the task
   (fenced by its token, so exactly once), tells the handler to stop and raises StopTask in
   its thread. A handler stuck in native code cannot be stopped in-process: after
   ``stop_s`` more the worker requeues its other tasks and exits with EXIT_STUCK, for its

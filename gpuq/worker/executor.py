@@ -130,6 +130,10 @@ def execute(worker: Worker, fields: dict[str, str], res: Reservation | None,
             raise TaskError(f"task needs {fields['vram_gb']} GB with model {fields['model']}, "
                             f"more than this GPU can free", True)
         model = prepare_model(worker, res, task_id)
+        if ctx.yield_requested or running.stopped:
+            # asked to yield (or stopped) while its model loaded: give way before the handler
+            # starts, whether or not the handler would check soon; its checkpoint stays
+            raise Yielded(task_id)
         fn = worker.app.handlers[fields["handler"]].fn
         payload = json.loads(fields["payload"])
         running.enter()

@@ -159,6 +159,27 @@ def test_victim_ignoring_the_request_is_stopped_and_requeued_once(procs: Procs,
     assert worker.log().count("preempt.stopped task=") == 1
 
 
+def test_a_victim_asked_while_its_model_loads_yields_before_its_handler_starts(
+        procs: Procs, real_queue: Queue) -> None:
+    # the 70B model loads for 5.5 s (workers/sim.py, scaled); its load time is not in the
+    # catalog yet, so the planner asks at the minimum runtime, mid-load. The handler would
+    # ignore the request: the worker gives way for it once the load ends, within the grace
+    worker = procs.worker("w1", vram_gb=80)
+    active_reaper(procs, GPUQ_GRACE_S="10")
+    victim = real_queue.enqueue("sim.run", {"ignore_yield": True}, model="llama3-70b", vram_gb=70,
+                                priority="P3", est_s=est(20.0)).id
+    began = procs.wait_state(victim, State.RUNNING).started_at
+    urgent = p0(real_queue)
+    done = procs.wait_state(urgent, State.SUCCEEDED, timeout=20)
+    assert done.worker == "w1" and worker.alive() and began is not None
+    assert done.started_at is not None and 5.5 <= done.started_at - began < 8
+    wait_for(lambda: "preempt.yielded task=" + victim in worker.log(), 5, message="the yield")
+    record = procs.record(victim)
+    assert record.attempt in (0, 1) and record.preemptions == 1  # given back, maybe running again
+    s = stats(procs)
+    assert s["preempt:yielded"] == 1 and s.get("preempt:stopped", 0) == 0
+
+
 def test_handler_stuck_in_native_code_makes_the_worker_exit_and_requeues_once(
         procs: Procs, real_queue: Queue) -> None:
     worker = procs.worker("w1", vram_gb=48)
