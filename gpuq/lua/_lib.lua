@@ -232,16 +232,21 @@ local function start(id, p, m, w, now, lease_until, attempt, score, enqueued_at)
   return token
 end
 
+-- The catalog's mean measured load time of model m (ms; 0 before its first load).
+local function mean_load_ms(m)
+  local c = redis.call('HMGET', B .. 'model:' .. m, 'loads', 'total_load_s')
+  local loads = tonumber(c[1] or 0) or 0
+  if loads < 1 then return 0 end
+  return math.floor(tonumber(c[2]) / loads * 1000)
+end
+
 -- A cold start (the worker loads the task's model first): note when the model should be
--- loaded, by the catalog's mean measured load of it (nothing before its first load). The
--- preemption planner counts a victim's runtime and end from there: asking a task to yield
--- while it loads would throw the load away (it yields only once its handler runs).
+-- loaded, by its mean measured load (nothing before its first load). The preemption
+-- planner counts a victim's runtime and end from there: asking a task to yield while it
+-- loads would throw the load away (it yields only once its handler runs).
 local function note_cold_start(id, m, now)
-  local c = redis.call('HMGET', B .. 'model:' .. m, 'total_load_s', 'loads')
-  local loads = tonumber(c[2])
-  if loads and loads > 0 then
-    redis.call('HSET', task_key(id), 'ready_at', ms(now + math.floor(tonumber(c[1]) / loads * 1000)))
-  end
+  local load = mean_load_ms(m)
+  if load > 0 then redis.call('HSET', task_key(id), 'ready_at', ms(now + load)) end
 end
 
 -- Fairness after a dispatch at level p: its debt is paid; each lower level with work saw

@@ -27,10 +27,7 @@ local function cold_load_ms(m)
     local alive = redis.call('ZSCORE', K_WORKERS, w)
     if alive and tonumber(alive) >= now then return 0 end
   end
-  local c = redis.call('HMGET', B .. 'model:' .. m, 'loads', 'total_load_s')
-  local loads = tonumber(c[1] or 0) or 0
-  if loads < 1 then return 0 end
-  return math.floor(tonumber(c[2]) / loads * 1000)
+  return mean_load_ms(m)
 end
 
 for _, id in ipairs(ids) do

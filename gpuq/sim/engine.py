@@ -359,7 +359,7 @@ class Engine:
         if self.now < w.run.work_from:
             # still loading its model: a handler sees the request only once it runs, and the
             # worker stops the task if the grace passes first
-            grace_s = int(args[1]) / 1000 if len(args) > 1 else self.config.grace_s
+            grace_s = int(args[1]) / 1000  # "yield <task> <grace_ms>" (preempt.lua)
             self.at(min(w.run.work_from, self.now + grace_s), "yield", w.id, w.generation)
             return
         self.give_way(w, "yielded")

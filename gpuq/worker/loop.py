@@ -169,8 +169,9 @@ class Worker:
                     self.changed.wait(retry_s or 1.0)
         elif len(self._running) < self.config.concurrency:
             timeout = retry_s if retry_s > 0 else self.config.idle_block_s
-            # redis-py's own BLPOP, not gpuq.wire.exchange: the raw one is a suspect in the
-            # demo's lower P0 attainment (docs/DECISIONS.md, Known issues)
+            # redis-py's own BLPOP, not gpuq.wire.exchange: a blocking wait would hold the
+            # client's kept connection for its whole timeout (the demo's lower P0 attainment
+            # once blamed on it came from a yield asked mid-load: docs/DECISIONS.md)
             popped = self.redis.blpop([self.keys.wake(self.id), self.keys.pool_wake],
                                       timeout=max(0.01, timeout))
             fields = handed_over(popped[1]) if popped is not None else None
