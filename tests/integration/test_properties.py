@@ -10,7 +10,8 @@ stored state must match it and these must hold:
 - a running task has exactly one owner and token: in the running set once, in exactly one
   worker's task set, and in that worker's ledger under the same token;
 - no claim overcommits VRAM: the claimed need fits what the worker offered (free + evictable
-  for a cold model, need minus footprint within free for a held one);
+  for a cold model; need minus footprint within free plus the other idle models for a held
+  one, which the worker evicts for it) and the worker's ledger never goes negative;
 - every task is in exactly one place: its queue, the delayed set, the running set, or a
   terminal state; each queue index scores its queue's head;
 - at the end, after reaping and acking everything claimable, every task is terminal, and each
@@ -127,8 +128,17 @@ class Sim:
         assert token > self.last_token, "fencing tokens must only grow"
         self.last_token = token
         if model in w.loaded:
+            # the worker's other idle models make room for a held model's task (claim.lua's
+            # held_room; ModelCache.reserve evicts them, least recently used first)
             extra = max(0.0, need - w.loaded[model])
-            assert extra <= free, f"held {model}: {extra} GB extra offered {free} free"
+            room = free + max(0.0, evictable - w.loaded[model])
+            assert extra <= room, f"held {model}: {extra} GB extra offered {free} free + {room - free} idle"
+            busy = {lease.model for lease in w.running.values()}
+            for old in list(w.loaded):
+                if w.free() >= extra:
+                    break
+                if old != model and old not in busy:
+                    del w.loaded[old]
         else:
             assert need <= free + evictable, f"cold {need} GB > {free} free + {evictable}"
             busy = {lease.model for lease in w.running.values()}
