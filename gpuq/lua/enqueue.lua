@@ -60,10 +60,12 @@ for i = 1, n do
   local vram, prio, est = tonumber(ARGV[o + 5]), ARGV[o + 6], tonumber(ARGV[o + 7])
   local deadline, pre, tenant, attempts = ARGV[o + 8], ARGV[o + 9], ARGV[o + 10], tonumber(ARGV[o + 11])
   -- one scan over the four names (only the id once the others passed in this call); the
-  -- names one by one only to say which is bad
-  local names = handler .. '|' .. model .. '|' .. tenant
+  -- names one by one only to say which is bad. The cache key joins them with a comma, which
+  -- no good name holds, so two different triples never share a key ('|' may be in a name)
+  local names = handler .. ',' .. model .. ',' .. tenant
   local known = good[names]
-  if id == '' or #id > 200 or bad_chars(known and id or id .. '|' .. names)
+  if id == '' or #id > 200
+      or bad_chars(known and id or id .. '|' .. handler .. '|' .. model .. '|' .. tenant)
       or not known and (handler == '' or model == '' or tenant == ''
         or #handler > 200 or #model > 200 or #tenant > 200) then
     if bad_name(id) then return {1, i, 'id must be a non-empty name without spaces, commas or braces'} end

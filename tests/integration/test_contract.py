@@ -607,6 +607,22 @@ def test_a_bad_name_later_in_a_bulk_call_rejects_the_call(queue: Queue) -> None:
         assert pool_keys(queue) == set()
 
 
+def test_names_checked_once_per_call_cannot_be_confused_across_tasks(queue: Queue) -> None:
+    """Regression: the once-per-call check keyed (handler, model, tenant) by joining them with
+    '|', a legal name character, so ("a", "|", "d") then ("a|", "", "d") shared a key and the
+    second task's empty model was stored. A producer in another language relies on the script."""
+    call = queue.calls.enqueue([spec(), spec()], now_ms=T0)
+    args = list(call.args)
+    for index, (handler, model) in enumerate((("a", "|"), ("a|", ""))):
+        base = ENQUEUE_HEAD + index * len(ENQUEUE_FIELDS)
+        args[base + ENQUEUE_FIELDS.index("handler")] = handler
+        args[base + ENQUEUE_FIELDS.index("model")] = model
+        args[base + ENQUEUE_FIELDS.index("tenant")] = "d"
+    with pytest.raises(InvalidTask, match=": model must be a non-empty name"):
+        queue.scripts.run(Call(call.script, args, call.parse))
+    assert pool_keys(queue) == set()
+
+
 def test_wrong_argument_count_is_invalid(queue: Queue) -> None:
     _, call = raw_enqueue_call(queue)
     with pytest.raises(InvalidTask, match="groups of 11"):
