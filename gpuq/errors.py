@@ -31,6 +31,16 @@ class Unschedulable(GpuqError):
         super().__init__(f"unschedulable: task needs {vram_gb:g} GB of VRAM, {offer}")
 
 
+class UnregisteredHandler(Unschedulable):
+    """check_fit: no worker of the pool has ever registered the task's handler (a typo, or
+    an app that was never started here)."""
+
+    def __init__(self, handler: str) -> None:
+        self.handler = handler
+        self.vram_gb = self.largest_gb = 0.0
+        GpuqError.__init__(self, f"unschedulable: no worker in this pool registers handler {handler!r}")
+
+
 class TaskNotFound(GpuqError):
     def __init__(self, task_id: str) -> None:
         self.task_id = task_id

@@ -13,6 +13,8 @@ from gpuq import catalog
 from gpuq.keys import Keys, live_reservation
 from gpuq.task import Priority
 
+HEADS = 20  # head tasks read per queue: the oldest wait, and handlers no live worker runs
+
 
 @dataclass(frozen=True)
 class QueueView:
@@ -33,6 +35,7 @@ class WorkerView:
     running: list[str]
     alive: bool
     levels: str = ""  # priorities served, e.g. "0123"
+    handlers: list[str] = field(default_factory=list)  # what its app runs
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,9 @@ class PoolView:
     # "for" (the waiting task)}
     yield_requests: list[dict[str, Any]] = field(default_factory=list)
     scale: dict[str, dict[str, Any]] = field(default_factory=dict)  # the scale hash, parsed
+    # handler -> queued task ids (among each queue's first HEADS) that name a handler no live
+    # worker's app registers: no worker will run them until one that does joins
+    unregistered: dict[str, list[str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,29 +82,40 @@ def pool_view(client: redis.Redis, keys: Keys) -> PoolView:
     pairs = [(p, m) for p, models in zip(Priority, per_level) for m in models]
     for p, m in pairs:
         pipe.zcard(keys.queue(p, m))
-        pipe.zrange(keys.queue(p, m), 0, 0)
+        pipe.zrange(keys.queue(p, m), 0, HEADS - 1)
     replies = pipe.execute()
-    heads = [replies[i + 1][0] if replies[i + 1] else "" for i in range(0, len(replies), 2)]
+    heads: list[list[str]] = replies[1::2]
     pipe = client.pipeline(transaction=False)
-    for head in heads:
-        pipe.hget(keys.task(head), "enqueued_at")
-    enqueued = pipe.execute()
-    for (p, m), depth, at in zip(pairs, replies[0::2], enqueued):
+    for ids in heads:
+        for tid in ids:
+            pipe.hmget(keys.task(tid), "enqueued_at", "handler")
+    read = iter(pipe.execute())
+    named: list[tuple[str, str]] = []  # (task id, handler) of the head tasks
+    for (p, m), depth, ids in zip(pairs, replies[0::2], heads):
+        fields = [next(read) for _ in ids]
+        at = fields[0][0] if fields else None
         wait = max(0.0, now - int(at) / 1000) if at else 0.0
         queues.append(QueueView(p.label, m, int(depth), round(wait, 3)))
+        named += [(tid, h) for tid, (_, h) in zip(ids, fields) if h]
 
     largest = max((float(v) for v in classes), default=0.0)
     unschedulable_ids = client.zrangebyscore(keys.need, f"({largest}", "+inf", start=0, num=20)
     unschedulable = client.zcount(keys.need, f"({largest}", "+inf")
 
     views, reservations = _workers(client, keys, workers, now * 1000)
+    runnable = {h for w in views if w.alive for h in w.handlers}
+    unregistered: dict[str, list[str]] = {}
+    for tid, handler in named:
+        if handler not in runnable:
+            unregistered.setdefault(handler, []).append(tid)
     return PoolView(
         pool=keys.pool, queues=queues, workers=views, running=int(running), delayed=int(delayed),
         unschedulable=int(unschedulable), unschedulable_ids=[str(i) for i in unschedulable_ids],
         largest_gpu_gb=largest, stats={k: int(v) for k, v in stats.items()},
         models=[asdict(e) for e in catalog.read(client, keys)], reservations=reservations,
         yield_requests=_yield_requests(client, keys, [w for w in views if w.alive], now * 1000),
-        scale={k: _parse_signal(v) for k, v in sorted(scale.items())})
+        scale={k: _parse_signal(v) for k, v in sorted(scale.items())},
+        unregistered=dict(sorted(unregistered.items())))
 
 
 def _workers(client: redis.Redis, keys: Keys, workers: list[tuple[str, float]],
@@ -120,7 +137,8 @@ def _workers(client: redis.Redis, keys: Keys, workers: list[tuple[str, float]],
             models=[m for m in info.get("models", "").split(",") if m],
             # busy/idle from the live task set; the hash's state is as of the last heartbeat
             state="draining" if info.get("state") == "draining" else ("busy" if tasks else "idle"),
-            running=sorted(tasks), alive=alive, levels=info.get("levels", "")))
+            running=sorted(tasks), alive=alive, levels=info.get("levels", ""),
+            handlers=[h for h in info.get("handlers", "").split(",") if h]))
         live = live_reservation(reserved, int(now_ms))
         if alive and live:
             reservations.append({"worker": wid, "task": live[0]})

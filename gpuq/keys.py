@@ -141,6 +141,11 @@ class Keys:
         return f"{self.base}classes"
 
     @property
+    def handlers(self) -> str:
+        """Handler names ever registered by a worker of the pool (a set; enqueue's check_fit)."""
+        return f"{self.base}handlers"
+
+    @property
     def catalog(self) -> str:
         """Set of model names the catalog knows."""
         return f"{self.base}catalog"

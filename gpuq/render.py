@@ -21,6 +21,9 @@ def render_status(view: PoolView) -> str:
         lines.append(f"unschedulable: {view.unschedulable} queued task(s) need more VRAM than the "
                      f"largest registered GPU class ({view.largest_gpu_gb:g} GB usable): "
                      + ", ".join(view.unschedulable_ids[:5]))
+    for handler, ids in view.unregistered.items():
+        lines.append(f"no live worker runs handler {handler!r}: {len(ids)} queued task(s) near the "
+                     f"queue heads: " + ", ".join(ids[:5]))
     lines.append("")
     lines.append(f"{'WORKER':<28}{'GPU':<18}{'VRAM FREE/TOTAL':>16}  {'STATE':<9}{'RUN':>4}  "
                  f"{'LEVELS':<7}MODELS")
@@ -67,4 +70,7 @@ def _scale(scale: dict[str, dict[str, Any]]) -> list[str]:
         lines.append(f"  unschedulable: {u.get('tasks', '?')} task(s), the largest needs "
                      f"{gb:g} GB" if isinstance(gb, (int, float)) else
                      f"  unschedulable: {u.get('tasks', '?')} task(s)")
+    if "unregistered" in scale:
+        named = ", ".join(f"{h} ({n})" for h, n in scale["unregistered"].items())
+        lines.append(f"  handlers no live worker runs (sampled tasks): {named}")
     return lines

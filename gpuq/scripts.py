@@ -27,6 +27,7 @@ from gpuq.errors import (
     StaleLease,
     TaskAlreadyFinished,
     TaskNotFound,
+    UnregisteredHandler,
     Unschedulable,
 )
 from gpuq.keys import Keys
@@ -48,6 +49,7 @@ class Code(IntEnum):
     NOT_FOUND = 4
     STALE_LEASE = 5
     FINISHED = 6
+    UNREGISTERED = 7
 
 
 # a helper in _lib.lua: its comment lines, then "local function <name>" up to the next helper
@@ -101,6 +103,8 @@ def raise_for(reply: Sequence[Any], task_id: str | None = None, worker_id: str |
         raise DuplicateTask(str(reply[2]))
     if code is Code.UNSCHEDULABLE:
         raise Unschedulable(float(reply[2]), float(reply[3]))
+    if code is Code.UNREGISTERED:
+        raise UnregisteredHandler(str(reply[2]))
     if code is Code.NOT_FOUND:
         raise TaskNotFound(tid)
     if code is Code.STALE_LEASE:

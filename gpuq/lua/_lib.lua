@@ -5,7 +5,7 @@
 -- tag, so a script touches one Cluster slot. Key suffixes are tabled in docs/PROTOCOL.md.
 -- Times are integer epoch milliseconds. Return values are arrays whose first element is a
 -- code: 0 OK, 1 INVALID, 2 DUPLICATE, 3 UNSCHEDULABLE, 4 NOT_FOUND, 5 STALE_LEASE,
--- 6 FINISHED (gpuq/scripts.py: Code).
+-- 6 FINISHED, 7 UNREGISTERED (gpuq/scripts.py: Code).
 
 local B = KEYS[1]
 local K_RUNNING, K_DELAYED, K_NEED = B .. 'running', B .. 'delayed', B .. 'need'

@@ -10,7 +10,8 @@
 --
 -- KEYS[1]  pool key base, e.g. "gpuq:{default}:"
 -- ARGV[1]  now (ms; "0" = server clock)
--- ARGV[2]  check_fit: "1" rejects a task no registered GPU class could fit
+-- ARGV[2]  check_fit: "1" rejects a task no registered GPU class could fit, or whose
+--          handler no worker of the pool has registered
 -- ARGV[3..6]  SLA of P0..P3 (ms)
 -- ARGV[7..]  groups of 11 per task: id, handler, payload (JSON text), model, vram_gb,
 --            priority (0..3), est_s, deadline_ms (relative to now, "" = none; stored
@@ -20,6 +21,8 @@
 --          {1, index, reason}                  INVALID: task at 1-based index is malformed
 --          {2, index, id}                      DUPLICATE: a task with this id exists
 --          {3, index, vram_gb, largest_gb}     UNSCHEDULABLE (only with check_fit)
+--          {7, index, handler}                 UNREGISTERED: no worker registers the handler
+--                                              (only with check_fit)
 
 local now = clock(ARGV[1])
 local check_fit = ARGV[2] == '1'
@@ -44,6 +47,7 @@ end
 local good = {}  -- handler, model and tenant checked together: bulk calls repeat them
 
 local largest
+local registered = {}  -- check_fit: handler -> ever registered by a worker of the pool
 if check_fit then
   largest = 0
   for _, v in ipairs(redis.call('HVALS', B .. 'classes')) do
@@ -93,7 +97,13 @@ for i = 1, n do
   if not is_json(payload) then return {1, i, 'payload is not valid JSON'} end
   if seen[id] or redis.call('EXISTS', task_key(id)) == 1 then return {2, i, id} end
   seen[id] = true
-  if check_fit and vram > largest then return {3, i, tostring(vram), tostring(largest)} end
+  if check_fit then
+    if vram > largest then return {3, i, tostring(vram), tostring(largest)} end
+    if registered[handler] == nil then
+      registered[handler] = redis.call('SISMEMBER', B .. 'handlers', handler) == 1
+    end
+    if not registered[handler] then return {7, i, handler} end
+  end
   vrams[i], ests[i], tries[i] = vram, est, attempts
 end
 

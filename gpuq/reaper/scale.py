@@ -7,7 +7,9 @@ about classes whose desired count changed.
 
 The ``scale`` hash: ``class:<gpu>`` and ``model:<name>`` -> JSON {current, desired, reason, at};
 ``unschedulable`` -> JSON {tasks, largest_gb (the largest need), class_gb (the largest class)}
-while queued tasks exceed every class. The hook gets (class, current, desired) when a class's
+while queued tasks exceed every class; ``unregistered`` -> JSON {handler: tasks} while sampled
+queued tasks name a handler that no live worker's app registers (no GPU class fixes those:
+a worker running that app does). The hook gets (class, current, desired) when a class's
 desired differs from what it was last told (first sight: from current).
 """
 
@@ -18,7 +20,7 @@ import logging
 import math
 import shlex
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -48,7 +50,7 @@ Hook = Callable[[str, int, int], None]  # (GPU class, current, desired)
 SAMPLE = 50  # head tasks read per queue; their est_s and vram_gb stand for the whole queue
 MODELS_PER_LEVEL = 500  # bounds the read even if producers invent models without end
 HOOK_TIMEOUT_S = 30.0
-_WORKER_FIELDS = ("gpu_name", "vram_total_gb", "kv_reserve_gb", "levels", "state")
+_WORKER_FIELDS = ("gpu_name", "vram_total_gb", "kv_reserve_gb", "levels", "state", "handlers")
 
 
 def _float(value: object) -> float:
@@ -84,8 +86,10 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int) -> Snapshot:
     replies = iter(pipe.execute())
     idle_gb = {str(w): float(score) for w, score in idle}
     workers = []
+    runnable: set[str] = set()  # handlers the live workers' apps register
     for wid in live:
-        (gpu, total, reserve, levels, state), reserved = next(replies), next(replies)
+        (gpu, total, reserve, levels, state, handlers), reserved = next(replies), next(replies)
+        runnable.update(h for h in (handlers or "").split(",") if h)
         if gpu is not None and state not in AWAY:  # no hash: being reaped
             workers.append(WorkerState(wid, gpu, _float(total) - _float(reserve),
                                        levels or "0123", idle_gb.get(wid),
@@ -95,32 +99,38 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int) -> Snapshot:
     holders = {m: frozenset(next(replies)) & ids for m in models}
     sizes = {str(c): _float(v) for c, v in classes.items()}
     bounds = [*sorted(set(sizes.values()) | {w.usable_gb for w in workers}), math.inf]
-    backlogs, bands = _sample(client, keys, queues, bounds)
+    backlogs, bands, named = _sample(client, keys, queues, bounds)
     entries = catalog.read(client, keys)
+    unregistered: dict[str, int] = {}
+    for handler in named:
+        if handler not in runnable:
+            unregistered[handler] = unregistered.get(handler, 0) + 1
     return Snapshot(tuple(workers), backlogs, sizes, holders,
                     {e.name: e.mean_load_s for e in entries if e.loads},
                     {e.name: e.vram_gb for e in entries if e.vram_gb > 0}, bands,
-                    float(top[0][1]) if top else 0.0)
+                    float(top[0][1]) if top else 0.0, unregistered)
 
 
 def _sample(client: redis.Redis, keys: Keys, queues: list[tuple[int, str, int, list[tuple[str, float]]]],
-            bounds: list[float]) -> tuple[tuple[Backlog, ...], tuple[tuple[float, int], ...]]:
+            bounds: list[float]) -> tuple[tuple[Backlog, ...], tuple[tuple[float, int], ...], list[str]]:
+    """Each queue's backlog from its head tasks, the need bands, and the sampled tasks' handlers."""
     pipe = client.pipeline(transaction=False)
     for *_, head in queues:
         for tid, _ in head:
-            pipe.hmget(keys.task(tid), "vram_gb", "est_s")
+            pipe.hmget(keys.task(tid), "vram_gb", "est_s", "handler")
     lower = "-inf"
     for bound in bounds:
         pipe.zcount(keys.need, lower, "+inf" if math.isinf(bound) else bound)
         lower = f"({bound}"
     replies = iter(pipe.execute())
-    backlogs = []
+    backlogs, named = [], []
     for p, m, depth, head in queues:
         got = [next(replies) for _ in head]
         # a task that ended between the reads has no hash left: it is just not sampled
-        sample = tuple((_float(v), _float(e)) for v, e in got if v is not None)
+        sample = tuple((_float(v), _float(e)) for v, e, _ in got if v is not None)
+        named += [str(h) for v, _, h in got if v is not None and h]
         backlogs.append(Backlog(p, m, depth, float(head[0][1]) if head else math.inf, sample))
-    return tuple(backlogs), tuple(zip(bounds, (int(n) for n in replies)))
+    return tuple(backlogs), tuple(zip(bounds, (int(n) for n in replies))), named
 
 
 class CommandHook:
@@ -184,8 +194,9 @@ class Scaler:
 
     def step(self, now_ms: int | None = None) -> ScalePlan:
         now = _server_ms(self.redis) if now_ms is None else now_ms
-        result = plan(read_snapshot(self.redis, self.keys, now), self.config, now, self.hinted)
-        self._write(result, now)
+        snapshot = read_snapshot(self.redis, self.keys, now)
+        result = plan(snapshot, self.config, now, self.hinted)
+        self._write(result, now, snapshot.unregistered)
         self.hinted = {m: t for m, t in self.hinted.items() if now - t < HINT_EVERY_MS}
         self.hinted.update((h.model, now) for h in result.hints)
         for s in result.signals:
@@ -193,7 +204,7 @@ class Scaler:
                 self._tell(s)
         return result
 
-    def _write(self, result: ScalePlan, now_ms: int) -> None:
+    def _write(self, result: ScalePlan, now_ms: int, unregistered: Mapping[str, int]) -> None:
         fields: dict[Any, Any] = {  # redis-py types a mapping's keys invariantly
             s.hash_field: json.dumps({"current": s.current, "desired": s.desired,
                                       "reason": s.reason, "at": now_ms})
@@ -202,6 +213,8 @@ class Scaler:
             fields["unschedulable"] = json.dumps({"tasks": result.unschedulable,
                                                   "largest_gb": result.largest_need_gb,
                                                   "class_gb": result.largest_class_gb})
+        if unregistered:
+            fields["unregistered"] = json.dumps(dict(sorted(unregistered.items())))
         pipe = self.redis.pipeline(transaction=True)
         pipe.delete(self.keys.scale)
         if fields:

@@ -84,6 +84,8 @@ class Snapshot:
     # live worker or does not, and the smallest class >= its bound is its smallest fit.
     need_bands: tuple[tuple[float, int], ...] = ()
     largest_need_gb: float = 0.0
+    # handler -> sampled queued tasks that name it while no live worker's app registers it
+    unregistered: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,10 @@ class Worker:
     def begin(self, fields: dict[str, str]) -> Claimed:
         """Take a task this worker now runs (claimed, or handed over at enqueue): its VRAM,
         its context, its slot. Called with the cache lock held."""
-        res = self.cache.reserve(fields["model"], float(fields["vram_gb"]))
+        # a task this app cannot run reserves nothing: execute fails it, and a reservation
+        # would have evicted held models and left a placeholder that never loads
+        runnable = self.app.check(fields["handler"], fields["model"]) is None
+        res = self.cache.reserve(fields["model"], float(fields["vram_gb"])) if runnable else None
         saved = fields.get("checkpoint")
         ctx = Context(fields["id"], int(fields["attempt"]), self.id, fields["model"],
                       float(fields["vram_gb"]), float(fields["est_s"]),
@@ -292,7 +295,7 @@ class Worker:
                                             int(self.config.lease_s * 1000))
         self.static_fields = presence.identity(
             self.id, self.gpu, self.config.kv_reserve_gb, self.config.concurrency, self.levels,
-            socket.gethostname(), os.getpid(), handover)
+            socket.gethostname(), os.getpid(), handover, self.app.handlers)
         with redis_errors(self.config.redis_url):
             presence.register(self.redis, self.keys, self.static_fields,
                               int(self.config.lease_s * 1000))

@@ -112,10 +112,16 @@ class ModelCache:
         with self.lock:
             self.working_gb -= reservation.working_gb
             resident = self.resident.get(reservation.model)
-            if resident is not None:
-                resident.in_use -= 1
-                if resident.error is not None and resident.in_use == 0:
-                    del self.resident[reservation.model]  # a failed load holds nothing
+            if resident is None:
+                return
+            if reservation.cold and not resident.ready.is_set():
+                # the task that was to load the model ended before loading it: the model is
+                # not coming, so tasks waiting for it must not wait forever
+                resident.error = RuntimeError("the task loading it ended before the load")
+                resident.ready.set()
+            resident.in_use -= 1
+            if resident.error is not None and resident.in_use == 0:
+                del self.resident[reservation.model]  # a failed or abandoned load holds nothing
 
     def load(self, resident: Resident) -> float:
         """Run the app's loader (outside the lock); returns seconds taken. Waiters block on ready."""

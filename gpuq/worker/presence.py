@@ -7,6 +7,7 @@ worker hash fields are read by ``gpuq status`` and the reaper; docs/PROTOCOL.md 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import redis
@@ -18,18 +19,21 @@ Fields = dict[Any, Any]  # hash fields; redis-py types mapping keys invariantly
 
 
 def identity(worker_id: str, gpu: GpuInfo, reserve_gb: float, concurrency: int, levels: str,
-             host: str, pid: int, handover: tuple[int, int, int] | None = None) -> Fields:
+             host: str, pid: int, handover: tuple[int, int, int] | None = None,
+             handlers: Iterable[str] = ()) -> Fields:
     """The worker hash fields that do not change while it runs (rewritten by every
     heartbeat, so a worker the reaper took for dead shows whole again). handover: the defer
     bound (ms), fair_every and lease (ms) with which enqueue starts a task on this worker
-    while it idles with one slot, blocked on its wake list; None: it takes no hand-overs."""
+    while it idles with one slot, blocked on its wake list; None: it takes no hand-overs.
+    handlers: the handler names its app runs (shown, so tasks no live worker can run are
+    flagged by status and the scale signals)."""
     defer_ms, fair_every, lease_ms = handover if handover else ("", "", "")
     return {"id": worker_id, "host": host, "pid": pid, "gpu_name": gpu.name,
             "gpu_uuid": gpu.uuid, "gpu_index": "" if gpu.index is None else gpu.index,
             "gpu_source": gpu.source, "vram_total_gb": gpu.total_gb, "kv_reserve_gb": reserve_gb,
             "concurrency": concurrency, "levels": levels,
             "handover_defer_ms": defer_ms, "fair_every": fair_every, "lease_ms": lease_ms,
-            "started_at": int(time.time() * 1000)}
+            "handlers": ",".join(sorted(handlers)), "started_at": int(time.time() * 1000)}
 
 
 def register(client: redis.Redis, keys: Keys, fields: Fields, lease_ms: int) -> None:
@@ -42,6 +46,8 @@ def register(client: redis.Redis, keys: Keys, fields: Fields, lease_ms: int) -> 
     pipe.hset(keys.worker(worker_id), mapping={
         **fields, **status_fields(usable, 0, [], "idle", None), "seen_at": now_ms})
     pipe.hset(keys.classes, fields["gpu_name"], usable)
+    if fields["handlers"]:
+        pipe.sadd(keys.handlers, *fields["handlers"].split(","))
     if fields["levels"] == "0123":
         pipe.hdel(keys.lanes, worker_id)
     else:  # wake-ups and offers skip a lane worker for the priorities it does not serve

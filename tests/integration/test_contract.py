@@ -32,7 +32,7 @@ from redis.retry import Retry
 
 from gpuq import Queue, catalog
 from gpuq.embedded import EmbeddedServer
-from gpuq.errors import DuplicateTask, InvalidTask, Unschedulable
+from gpuq.errors import DuplicateTask, InvalidTask, UnregisteredHandler, Unschedulable
 from gpuq.reaper.preempt import Preemptor, may_be_asked
 from gpuq.scripts import Call, Claim
 from gpuq.task import Priority, State
@@ -562,8 +562,22 @@ def test_check_fit_with_a_class_too_small_is_unschedulable(queue: Queue) -> None
     assert (err.value.vram_gb, err.value.largest_gb) == (40, 19)
     assert pool_keys(queue) == {queue.keys.classes}
     queue.redis.hset(queue.keys.classes, "H100", 75)
+    queue.redis.sadd(queue.keys.handlers, "h")
     t = queue.enqueue("h", model="A", vram_gb=40, check_fit=True)
     assert t.status() is State.QUEUED
+
+
+def test_check_fit_refuses_a_handler_no_worker_registered(queue: Queue) -> None:
+    """A producer's typo is refused at the boundary, like a task no GPU class fits; each
+    task of a bulk call is checked."""
+    queue.redis.hset(queue.keys.classes, "L4", 19)
+    queue.redis.sadd(queue.keys.handlers, "sim.run")
+    with pytest.raises(UnregisteredHandler, match="registers handler 'nope.x'") as err:
+        queue.enqueue_many([{"handler": "sim.run", "model": "A", "vram_gb": 4},
+                            {"handler": "nope.x", "model": "A", "vram_gb": 4}], check_fit=True)
+    assert isinstance(err.value, Unschedulable) and err.value.handler == "nope.x"
+    assert pool_keys(queue) == {queue.keys.classes, queue.keys.handlers}
+    assert queue.enqueue("nope.x", model="A", vram_gb=4).status() is State.QUEUED  # unchecked
 
 
 @pytest.mark.parametrize("field, raw", [

@@ -29,8 +29,8 @@ def register(q: Queue, wid: str, gpu: str, total_gb: float, *, idle: bool = Fals
     """A worker as presence writes it; idle puts it in ``idle`` with all its usable VRAM
     (after enqueuing: the enqueue's wake rule takes the worker it wakes out of ``idle``)."""
     info = GpuInfo(gpu, f"uuid-{wid}", total_gb, None, "declared")
-    presence.register(q.redis, q.keys, presence.identity(wid, info, RESERVE_GB, 1, levels, "h", 1),
-                      30_000)
+    fields = presence.identity(wid, info, RESERVE_GB, 1, levels, "h", 1, handlers=["h"])
+    presence.register(q.redis, q.keys, fields, 30_000)
     for model in holds:
         q.redis.sadd(q.keys.holders(model), wid)
     if idle:
@@ -120,6 +120,18 @@ def test_task_too_big_for_live_workers_raises_the_smallest_fitting_class(make_re
     assert "2 tasks fit no live worker" in got["class:A100-80"]["reason"]
     assert (got["class:H200"]["desired"], got["class:L4"]["desired"]) == (0, 1)
     assert got["unschedulable"] == {"tasks": 1, "largest_gb": 200.0, "class_gb": 136.0}
+
+
+def test_tasks_whose_handler_no_live_worker_registers_are_named(make_real_queue: MakeQueue) -> None:
+    q = make_real_queue(min_workers=0)
+    register(q, "w-l4", "L4", 24)
+    q.enqueue_many([{"handler": h, "model": "m", "vram_gb": 4} for h in ("h", "nope.x", "nope.x", "asr")])
+    Scaler(q.redis, q.keys, q.config).step()
+    assert scale_hash(q)["unregistered"] == {"asr": 1, "nope.x": 2}
+    register(q, "w-asr", "L4", 24)  # registers "h" only
+    q.redis.hset(q.keys.worker("w-asr"), "handlers", "asr,h")
+    Scaler(q.redis, q.keys, q.config).step()
+    assert scale_hash(q)["unregistered"] == {"nope.x": 2}
 
 
 def test_warm_hint_goes_to_the_right_worker_once(make_real_queue: MakeQueue) -> None:

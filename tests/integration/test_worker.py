@@ -171,6 +171,34 @@ def test_failures_retry_with_backoff_then_fail(procs: Procs, real_queue: Queue) 
     assert procs.redis.zscore(real_queue.keys.delayed, task.id) is None
 
 
+def test_a_task_for_an_unregistered_handler_leaves_the_gpu_whole(procs: Procs, real_queue: Queue) -> None:
+    """Regression: the model cache reserved the task's model (evicting idle ones) before the
+    handler was looked up, and the failure path left a placeholder that never loaded: one
+    producer's typo cut the GPU's free VRAM until the worker restarted, and the evicted
+    models stayed listed as held."""
+    procs.worker("w1", vram_gb=24, gpu_name="L4")  # 19 GB usable
+    typo = real_queue.enqueue("nope.x", model="bge-m3", vram_gb=4)
+    with pytest.raises(TaskFailed, match="not registered"):
+        typo.result(timeout=15)
+
+    def free_gb() -> float:
+        return float(procs.redis.hget(real_queue.keys.worker("w1"), "vram_free_gb") or -1)
+
+    wait_for(lambda: free_gb() == 19, 5, message=lambda: f"free VRAM back to 19 (is {free_gb()})")
+    big = real_queue.enqueue("sim.run", model="llama3-8b", vram_gb=16, est_s=est(0.05))
+    assert big.result(timeout=15)["model"] == "llama3-8b"
+    # with llama3-8b held (3 GB free), a typo for another model must not evict it
+    typo = real_queue.enqueue("nope.x", model="bge-m3", vram_gb=4)
+    with pytest.raises(TaskFailed, match="not registered"):
+        typo.result(timeout=15)
+    again = real_queue.enqueue("sim.run", model="llama3-8b", vram_gb=16, est_s=est(0.05))
+    assert again.result(timeout=15)["model"] == "llama3-8b"
+    wait_for(lambda: free_gb() == 3, 5, message=lambda: f"free VRAM 3 (is {free_gb()})")
+    assert procs.redis.smembers(real_queue.keys.holders("llama3-8b")) == {"w1"}
+    assert procs.redis.hget(real_queue.keys.worker("w1"), "models") == "llama3-8b"
+    assert procs.procs[0].log().count("model.loaded") == 1  # the second run found it warm
+
+
 def test_concurrency_two_runs_two_tasks_at_once(procs: Procs, real_queue: Queue) -> None:
     procs.worker("w1", concurrency=2)
     tasks = [real_queue.enqueue("sim.run", model="m", vram_gb=10, est_s=est(0.8))

@@ -53,7 +53,7 @@ class Pool:
 
     def register_gpu(self, worker_id: str, name: str, total_gb: float) -> None:
         gpu = GpuInfo(name, f"uuid-{worker_id}", total_gb, None, "declared")
-        fields = presence.identity(worker_id, gpu, 5.0, 1, "0123", "host", 1)
+        fields = presence.identity(worker_id, gpu, 5.0, 1, "0123", "host", 1, handlers=["sim.run"])
         presence.register(self.redis, self.keys, fields, 30_000)
 
 
@@ -135,23 +135,26 @@ def test_status_json_shape(cli_pool: Pool) -> None:
     assert empty == {"pool": cli_pool.name, "queues": [], "workers": [], "running": 0,
                      "delayed": 0, "unschedulable": 0, "unschedulable_ids": [],
                      "largest_gpu_gb": 0.0, "stats": {}, "models": [], "reservations": [],
-                     "yield_requests": [], "scale": {}}
+                     "yield_requests": [], "scale": {}, "unregistered": {}}
 
     cli_pool.register_gpu("w-a100", "A100-40", 40)
     ids = [cli_pool.ok("enqueue", *BASE, "--priority", "P0").strip() for _ in range(2)]
     big = cli_pool.ok("enqueue", "sim.run", "--model", "llama3-70b", "--vram-gb", "60").strip()
+    typo = cli_pool.ok("enqueue", "nope.x", "--model", "llama3-8b", "--vram-gb", "4").strip()
     view = json.loads(cli_pool.ok("status", "--json"))
     assert view["pool"] == cli_pool.name
     queues = {(q["priority"], q["model"]): q for q in view["queues"]}
-    assert set(queues) == {("P0", "llama3-8b"), ("P2", "llama3-70b")}
+    assert set(queues) == {("P0", "llama3-8b"), ("P2", "llama3-8b"), ("P2", "llama3-70b")}
     assert queues[("P0", "llama3-8b")]["depth"] == 2
+    assert view["unregistered"] == {"nope.x": [typo]}  # the live worker's app runs sim.run only
     assert queues[("P0", "llama3-8b")]["oldest_wait_s"] >= 0
     assert view["unschedulable"] == 1 and view["unschedulable_ids"] == [big]
     assert view["largest_gpu_gb"] == 35.0
-    assert view["stats"] == {"enqueued": 3}
+    assert view["stats"] == {"enqueued": 4}
     (worker,) = view["workers"]
     assert set(worker) == {"id", "gpu", "vram_total_gb", "vram_free_gb", "models", "state",
-                           "running", "alive", "levels"}
+                           "running", "alive", "levels", "handlers"}
+    assert worker["handlers"] == ["sim.run"]
     assert worker["levels"] == "0123"
     assert worker["id"] == "w-a100" and worker["gpu"] == "A100-40"
     assert worker["vram_total_gb"] == 40 and worker["vram_free_gb"] == 35
@@ -330,6 +333,16 @@ def test_check_fit_with_no_registered_class(cli_pool: Pool) -> None:
                        "unschedulable: task needs 16 GB of VRAM",
                        "no GPU class is registered in this pool yet")
     assert cli_pool.all_keys() == set()
+
+
+def test_check_fit_rejects_a_handler_no_worker_registers(cli_pool: Pool) -> None:
+    cli_pool.register_gpu("w-l4", "L4", 24)
+    before = cli_pool.all_keys()
+    assert_clean_error(cli_pool.invoke("enqueue", "nope.x", "--model", "bge-m3", "--vram-gb", "4",
+                                       "--check-fit"),
+                       "unschedulable: no worker in this pool registers handler 'nope.x'")
+    assert cli_pool.all_keys() == before  # nothing written
+    cli_pool.ok("enqueue", "sim.run", "--model", "bge-m3", "--vram-gb", "4", "--check-fit")
 
 
 def test_check_fit_rejects_a_task_larger_than_every_class(cli_pool: Pool) -> None:

@@ -169,11 +169,13 @@ def test_model_in_use_is_never_evicted(cache: ModelCache) -> None:
 
 
 def test_model_still_loading_is_not_evicted(cache: ModelCache) -> None:
-    loading = cache.reserve("c", 40.0)  # reserved, load not finished
+    loading = cache.reserve("c", 40.0)  # reserved, its task is loading it
     assert loading is not None
-    cache.release(loading)  # even with no task on it, a model that is not ready stays
     assert cache.reserve("other", 60.0) is None
     assert [name for name, _ in cache.loaded()] == ["c"]
+    cache.load(cache.get("c"))
+    cache.release(loading)
+    assert cache.reserve("other", 60.0) is not None  # loaded and idle: evictable now
 
 
 def test_task_larger_than_the_gpu_is_refused(cache: ModelCache) -> None:
@@ -245,3 +247,19 @@ def test_evict_idle_drops_idle_models_only(cache: ModelCache) -> None:
     assert [r.spec.name for r in idle] == ["b"]
     assert [name for name, _ in cache.loaded()] == ["a"]
     cache.release(busy)
+
+
+def test_a_cold_reservation_released_before_its_load_frees_the_ledger(cache: ModelCache) -> None:
+    """Regression: a task that reserved a model to load, then ended before loading it, left
+    a placeholder that never became ready, so it was never evicted and the GPU's free VRAM
+    stayed lower until the worker restarted. A task that waited on it sees the load fail."""
+    first = cache.reserve("d", 10.0)
+    waiter = cache.reserve("d", 10.0)  # claimed while the first was to load it
+    assert first is not None and first.cold and waiter is not None and not waiter.cold
+    cache.release(first)
+    resident = cache.get("d")
+    assert resident.ready.is_set() and resident.error is not None  # the waiter does not hang
+    cache.release(waiter)
+    assert cache.loaded() == [] and cache.free_gb() == pytest.approx(75.0)
+    again = cache.reserve("d", 10.0)
+    assert again is not None and again.cold  # a later task loads it afresh

@@ -46,6 +46,14 @@ def test_reservations_yields_and_scale_signals() -> None:
     assert len(signal_lines) == 3
 
 
+def test_tasks_no_live_worker_runs_are_named() -> None:
+    text = render_status(view(unregistered={"nope.x": ["t-1", "t-2"]},
+                              scale={"unregistered": {"nope.x": 2}}))
+    lines = text.splitlines()
+    assert "no live worker runs handler 'nope.x': 2 queued task(s) near the queue heads: t-1, t-2" in lines
+    assert "  handlers no live worker runs (sampled tasks): nope.x (2)" in lines
+
+
 def test_view_with_new_fields_stays_json() -> None:
     v = view(reservations=[{"worker": "w-1", "task": "t"}], scale={"class:x": {"current": 0}})
     data = json.loads(json.dumps(v.to_dict()))
