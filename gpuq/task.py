@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 from gpuq.errors import DuplicateTask, InvalidTask
 
 MAX_PAYLOAD_BYTES = 1 << 20  # 1 MiB: a task carries parameters, not tensors
+MAX_RESULT_BYTES = 1 << 20  # 1 MiB: results too (ack.lua refuses larger); outputs go to storage
 # strict, compact JSON for payloads and results; one encoder (json.dumps with options
 # would build a new one per call, a third of a bulk enqueue's client time); it escapes every
 # non-ASCII character, so a text's length is its size in bytes

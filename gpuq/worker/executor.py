@@ -14,7 +14,7 @@ from gpuq import catalog
 from gpuq.app import Context, Yielded
 from gpuq.errors import GpuqError, StaleLease
 from gpuq.scripts import Call
-from gpuq.task import JSON
+from gpuq.task import JSON, MAX_RESULT_BYTES
 from gpuq.worker import presence
 from gpuq.worker.models import Reservation
 
@@ -149,6 +149,10 @@ def execute(worker: Worker, fields: dict[str, str], res: Reservation | None,
             text = JSON.encode(result)
         except (TypeError, ValueError) as exc:
             raise TaskError(f"handler returned a result that is not JSON: {exc}", False) from None
+        if len(text) > MAX_RESULT_BYTES:  # the ack would be refused and the lease run out
+            raise TaskError(f"handler returned a result of {len(text)} bytes, more than the "
+                            f"{MAX_RESULT_BYTES} allowed: store large outputs elsewhere and "
+                            f"return a reference", False)
         return worker.calls.ack(task_id, token, text)
     except Yielded:
         if running.stopped:

@@ -1,0 +1,45 @@
+"""The executor's own checks on a task's outcome (gpuq.worker.executor.execute), run on a
+worker built over fakeredis without starting it: the call it returns is what the runner sends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import fakeredis
+
+from gpuq import Config
+from gpuq.app import App, Context
+from gpuq.task import MAX_RESULT_BYTES
+from gpuq.worker.executor import Running, execute
+from gpuq.worker.gpu import GpuInfo
+from gpuq.worker.loop import Worker
+
+
+def run_once(result_size: int) -> tuple[str, list[str]]:
+    app = App("executor-test")
+    app.any_model()(lambda name: name)
+
+    @app.handler("big")
+    def big(model: Any, payload: Any, ctx: Context) -> str:
+        return "x" * payload
+
+    worker = Worker(fakeredis.FakeRedis(decode_responses=True), Config(pool="p"), app,
+                    GpuInfo("L4", "uuid", 24, None, "declared"), worker_id="w")
+    fields = {"id": "t1", "handler": "big", "model": "m", "payload": str(result_size),
+              "vram_gb": "4", "attempt": "1", "est_s": "1", "token": "7"}
+    with worker.cache.lock:
+        _, res, running = worker.begin(fields)
+    assert isinstance(running, Running)
+    call = execute(worker, fields, res, running)
+    assert call is not None
+    return call.script, call.args
+
+
+def test_a_result_past_the_limit_fails_the_task_without_retry() -> None:
+    """The ack script refuses a result past the limit; the worker says why in the task's
+    error instead of sending an ack that would be refused and letting the lease run out."""
+    script, args = run_once(MAX_RESULT_BYTES)  # two quotes make it 2 bytes too long
+    assert script == "fail"
+    assert f"more than the {MAX_RESULT_BYTES} allowed" in args[3] and args[4] == "0"
+    script, args = run_once(MAX_RESULT_BYTES - 2)
+    assert script == "ack" and len(args[3]) == MAX_RESULT_BYTES
