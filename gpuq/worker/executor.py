@@ -41,6 +41,7 @@ class Running:
     stop_deadline: float | None = None  # monotonic: stopped, the worker exits after this
     stopped: bool = False  # requeued by the worker: whatever the handler does is moot
     in_handler: bool = False
+    rejected: str | None = None  # why this worker will not run it (execute fails it)
     guard: threading.Lock = field(default_factory=threading.Lock)
 
     def enter(self) -> None:
@@ -123,9 +124,8 @@ def execute(worker: Worker, fields: dict[str, str], res: Reservation | None,
     (stopped past its yield deadline). The task's VRAM and slot are released first."""
     task_id, token, ctx = running.task_id, running.token, running.ctx
     try:
-        problem = worker.app.check(fields["handler"], fields["model"])
-        if problem:
-            raise TaskError(problem, False)
+        if running.rejected:
+            raise TaskError(running.rejected, False)
         if res is None:
             raise TaskError(f"task needs {fields['vram_gb']} GB with model {fields['model']}, "
                             f"more than this GPU can free", True)

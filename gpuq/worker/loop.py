@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -123,20 +124,31 @@ class Worker:
     def begin(self, fields: dict[str, str]) -> Claimed:
         """Take a task this worker now runs (claimed, or handed over at enqueue): its VRAM,
         its context, its slot. Called with the cache lock held."""
-        # a task this app cannot run reserves nothing: execute fails it, and a reservation
+        ctx, problem = self.context_of(fields)
+        # a task this worker cannot run reserves nothing: execute fails it, and a reservation
         # would have evicted held models and left a placeholder that never loads
-        runnable = self.app.check(fields["handler"], fields["model"]) is None
-        res = self.cache.reserve(fields["model"], float(fields["vram_gb"])) if runnable else None
-        saved = fields.get("checkpoint")
-        ctx = Context(fields["id"], int(fields["attempt"]), self.id, fields["model"],
-                      float(fields["vram_gb"]), float(fields["est_s"]),
-                      json.loads(saved) if saved else None)
+        res = None if problem else self.cache.reserve(ctx.model, ctx.vram_gb)
         running = Running(fields["id"], int(fields["token"]), ctx, time.monotonic(),
-                          threading.get_ident())
+                          threading.get_ident(), rejected=problem)
         if self.metrics is not None:
             self.observe_start(fields)
         self.track(running)  # before the lock is released: the next claim sees one slot fewer
         return fields, res, running
+
+    def context_of(self, fields: dict[str, str]) -> tuple[Context, str | None]:
+        """The task's context, and why this worker cannot run it (None: it can). A hash
+        written or damaged by hand fails its task with the reason rather than the runner."""
+        try:
+            saved = fields.get("checkpoint")
+            ctx = Context(fields["id"], int(fields["attempt"]), self.id, fields["model"],
+                          float(fields["vram_gb"]), float(fields["est_s"]),
+                          json.loads(saved) if saved else None)
+            if not 0 < ctx.vram_gb < math.inf or not 0 <= ctx.est_s < math.inf:
+                raise ValueError(f"vram_gb {fields['vram_gb']!r}, est_s {fields['est_s']!r}")
+            return ctx, self.app.check(fields["handler"], fields["model"])
+        except (KeyError, ValueError) as exc:
+            stand_in = Context(fields["id"], 0, self.id, fields.get("model", ""), 0.0, 0.0)
+            return stand_in, f"task fields cannot be read: {type(exc).__name__}: {exc}"
 
     def handed(self, fields: dict[str, str]) -> Claimed | None:
         """A task enqueue started on this worker (handed_over): popping it off the wake list

@@ -15,7 +15,9 @@ from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.loop import Worker
 
 
-def run_once(result_size: int) -> tuple[str, list[str]]:
+def run_once(result_size: int, **damage: str | None) -> tuple[str, list[str]]:
+    """Claim and run one "big" task returning ``result_size`` bytes of JSON; ``damage``
+    overwrites (or, with None, removes) fields as a damaged task hash would."""
     app = App("executor-test")
     app.any_model()(lambda name: name)
 
@@ -27,11 +29,19 @@ def run_once(result_size: int) -> tuple[str, list[str]]:
                     GpuInfo("L4", "uuid", 24, None, "declared"), worker_id="w")
     fields = {"id": "t1", "handler": "big", "model": "m", "payload": str(result_size),
               "vram_gb": "4", "attempt": "1", "est_s": "1", "token": "7"}
+    for name, value in damage.items():
+        if value is None:
+            del fields[name]
+        else:
+            fields[name] = value
     with worker.cache.lock:
         _, res, running = worker.begin(fields)
     assert isinstance(running, Running)
     call = execute(worker, fields, res, running)
     assert call is not None
+    # nothing stays reserved; a model stays loaded only if the handler ran
+    assert worker.cache.working_gb == 0
+    assert worker.cache.free_gb() == (19 if running.rejected else 15)
     return call.script, call.args
 
 
@@ -43,3 +53,14 @@ def test_a_result_past_the_limit_fails_the_task_without_retry() -> None:
     assert f"more than the {MAX_RESULT_BYTES} allowed" in args[3] and args[4] == "0"
     script, args = run_once(MAX_RESULT_BYTES - 2)
     assert script == "ack" and len(args[3]) == MAX_RESULT_BYTES
+
+
+def test_a_damaged_task_hash_fails_that_task_with_the_reason() -> None:
+    for damage in ({"vram_gb": "abc"}, {"vram_gb": "nan"}, {"vram_gb": "-1"}, {"est_s": "inf"},
+                   {"attempt": "x"}, {"handler": None}, {"checkpoint": "{not json"}):
+        script, args = run_once(10, **damage)
+        assert (script, args[4]) == ("fail", "0"), damage
+        assert args[3].startswith("task fields cannot be read:"), (damage, args[3])
+    script, args = run_once(10, handler="nope.x")
+    assert (script, args[3], args[4]) == ("fail", "handler 'nope.x' is not registered in app "
+                                          "'executor-test'", "0")
