@@ -84,7 +84,8 @@ def priority_type(value: str) -> Priority:
 @click.option("--tenant", default="default", show_default=True)
 @click.option("--no-preempt", is_flag=True, help="Never preempt this task.")
 @click.option("--max-attempts", type=int, default=3, show_default=True)
-@click.option("--check-fit", is_flag=True, help="Reject the task if no registered GPU class fits it.")
+@click.option("--check-fit", is_flag=True,
+              help="Reject the task if no registered GPU class fits it or no worker registers its handler.")
 @click.option("--wait", is_flag=True, help="Wait for the result and print it.")
 @click.option("--timeout", type=float, default=None, help="With --wait: seconds to wait.")
 @click.pass_context
