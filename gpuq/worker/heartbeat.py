@@ -49,8 +49,9 @@ class Heartbeat(threading.Thread):
             w.metrics.gpu_state(w.gpu.total_gb, w.gpu.total_gb - free, used, len(running), len(models))
         if revived:
             self.restore_holdings()
+        still = {r.task_id for r in w.running_snapshot()}  # a task acked since the snapshot is not lost
         for r in running:
-            if r.task_id in lost and not r.ctx.lost:
+            if r.task_id in lost and not r.ctx.lost and r.task_id in still:
                 r.ctx.lost = True
                 log.warning("lease.lost task=%s worker=%s", r.task_id, w.id)
 
