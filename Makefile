@@ -22,12 +22,16 @@ demo: $(BIN)/gpuq
 WITH_PROMTOOL = GPUQ_PROMTOOL="$$(scripts/promtool.sh)" GPUQ_PROMETHEUS="$$(scripts/promtool.sh prometheus)"
 
 # the whole suite on a real server the fixtures start, then the integration contract suite
-# again on a one-node Redis Cluster (any key outside the pool's hash slot fails there)
+# again on a one-node Redis Cluster (any key outside the pool's hash slot fails there), then
+# the contract files on a three-master Cluster (pools spread over the masters)
+CONTRACT = tests/integration/test_contract.py tests/integration/test_contract_handover.py \
+	tests/integration/test_contract_leases.py
 test: $(BIN)/gpuq
 	scripts/promtool.sh >/dev/null
 	scripts/promtool.sh prometheus >/dev/null
 	$(WITH_PROMTOOL) $(BIN)/pytest
 	$(WITH_PROMTOOL) GPUQ_TEST_CLUSTER=1 GPUQ_TEST_PREFIX=ci $(BIN)/pytest -m "not slow" tests/integration
+	GPUQ_TEST_CLUSTER3=1 GPUQ_TEST_PREFIX=ci $(BIN)/pytest -m "not slow" $(CONTRACT)
 
 bench: $(BIN)/gpuq
 	$(BIN)/python scripts/bench_throughput.py

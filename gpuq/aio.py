@@ -13,18 +13,21 @@ from typing import Any, TypeVar
 import redis.asyncio as aredis
 import redis.exceptions
 
-from gpuq.client import BULK_CHUNK, CONNECT_OPTIONS, PENDING, Waiting, redis_errors, url_checked
+from gpuq.client import BULK_CHUNK, PENDING, Waiting, redis_errors
 from gpuq.config import Config
+from gpuq.connection import Tls, connect_async
 from gpuq.errors import TaskNotFound
 from gpuq.keys import Keys
 from gpuq.scripts import (
     SCRIPT_NAMES,
     Call,
     Calls,
+    check_replicas,
     evalsha_args,
     noscript_indexes,
     raise_first_error,
     script_source,
+    wait_command,
 )
 from gpuq.task import State, TaskRecord, TaskSpec, build_specs
 
@@ -80,15 +83,14 @@ class AsyncQueue:
     @classmethod
     def from_url(cls, url: str, pool: str = "default", config: Config | None = None) -> AsyncQueue:
         cfg = replace(config or Config(), redis_url=url, pool=pool).validate()
-        with url_checked(url):
-            client = aredis.Redis.from_url(url, **CONNECT_OPTIONS)
-        return cls(client, cfg, url=url)
+        return cls(connect_async(url, tls=Tls.of(cfg)), cfg, url=url)
 
     async def run(self, call: Call[T]) -> T:
         with redis_errors(self.url):
-            replies = await exchange(self.redis, [evalsha_args(self._scripts, self.keys, call)],
-                                     retry=True)
-            reply = (await self._loaded(replies, [call]))[0]
+            wait = wait_command([call])
+            commands = [evalsha_args(self._scripts, self.keys, call)] + ([wait] if wait else [])
+            replies = await exchange(self.redis, commands, retry=True)
+            reply = (await self._loaded(replies, [call], wait))[0]
         return call.parse(reply)
 
     async def enqueue(self, handler: str, payload: Any = None, *, check_fit: bool = False,
@@ -115,21 +117,31 @@ class AsyncQueue:
             for call in calls:
                 sent.append(call)
                 yield evalsha_args(self._scripts, self.keys, call)
+            if (wait := wait_command(sent)) is not None:
+                yield wait
 
-        replies = await self._loaded(await exchange(self.redis, commands()), sent)
+        replies = await self._loaded(await exchange(self.redis, commands()), sent, wait_command(sent))
         return [c.parse(r) for c, r in zip(sent, replies)]
 
-    async def _loaded(self, replies: list[Any], calls: Sequence[Call[Any]]) -> list[Any]:
+    async def _loaded(self, replies: list[Any], calls: Sequence[Call[Any]],
+                      wait: tuple[Any, ...] | None = None) -> list[Any]:
         """gpuq.scripts.Scripts._loaded, awaited: calls whose script was missing sent again
-        once the scripts are loaded; the first error raised."""
+        once the scripts are loaded (and the WAIT after them); the first error raised, then
+        WAIT's count checked."""
+        acked = replies.pop() if wait is not None else None
         if missing := noscript_indexes(replies):
             for script in self._scripts.values():
                 await self.redis.script_load(script.script)
-            again = await exchange(self.redis, [evalsha_args(self._scripts, self.keys, calls[i])
-                                                for i in missing], retry=True)
+            resend = [evalsha_args(self._scripts, self.keys, calls[i]) for i in missing]
+            again = await exchange(self.redis, resend + ([wait] if wait else []), retry=True)
+            if wait is not None:
+                acked = again.pop()
             for i, reply in zip(missing, again):
                 replies[i] = reply
-        return raise_first_error(replies)
+        raise_first_error(replies)
+        if wait is not None:
+            check_replicas(calls, replies, acked)
+        return replies
 
     async def record(self, task_id: str) -> TaskRecord:
         return TaskRecord.from_fields(await self._fields(task_id))

@@ -7,16 +7,19 @@ non-zero exit (no stack traces at the boundary).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from typing import Any
 
 import click
 
 from gpuq import logs
-from gpuq.client import Queue, connect, redis_errors
+from gpuq.client import Queue
 from gpuq.config import Config
+from gpuq.connection import Tls, connect, redis_errors
 from gpuq.errors import GpuqError
 from gpuq.inspect import pool_view
+from gpuq.redact import redact
 from gpuq.task import Priority, parse_payload_text
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
@@ -27,7 +30,14 @@ class Cli(click.Group):
         try:
             return super().invoke(ctx)
         except GpuqError as exc:
-            raise click.ClickException(str(exc)) from None
+            raise click.ClickException(one_line(redact(str(exc)))) from None
+        except UnicodeEncodeError as exc:  # a lone surrogate: bytes given that were not UTF-8
+            raise click.ClickException(f"{exc.object[:80]!r} is not valid UTF-8 text") from None
+
+
+def one_line(message: str) -> str:
+    """A message that names user input stays one line: control characters escaped."""
+    return re.sub(r"[\x00-\x1f\x7f\x85\u2028\u2029]", lambda m: repr(m.group())[1:-1], message)
 
 
 def config_of(ctx: click.Context) -> Config:
@@ -39,14 +49,19 @@ def open_queue(ctx: click.Context) -> Queue:
     cfg = config_of(ctx)
     url = cfg.redis_url or DEFAULT_URL
     with redis_errors(url):
-        client = connect(url)
+        client = connect(url, tls=Tls.of(cfg), pool=cfg.pool)
         client.ping()
     return Queue(client, replace(cfg, redis_url=url), url=url)
 
 
 @click.group(cls=Cli)
 @click.option("--redis", "redis_url", envvar="GPUQ_REDIS_URL", default="",
-              help=f"Redis URL (env GPUQ_REDIS_URL; default {DEFAULT_URL}, the demo embeds one).")
+              help=f"Redis URL (env GPUQ_REDIS_URL; default {DEFAULT_URL}, the demo embeds one): "
+                   "redis://, rediss:// (TLS), unix://, redis+sentinel://HOST:PORT[,...]/MASTER[/DB].")
+@click.option("--tls-ca", envvar="GPUQ_TLS_CA", help="rediss://: CA file (PEM) the server's certificate "
+              "must chain to (env GPUQ_TLS_CA; default: the system's CAs).")
+@click.option("--tls-cert", envvar="GPUQ_TLS_CERT", help="rediss://: client certificate (env GPUQ_TLS_CERT).")
+@click.option("--tls-key", envvar="GPUQ_TLS_KEY", help="rediss://: its private key (PEM) (env GPUQ_TLS_KEY).")
 @click.option("--pool", envvar="GPUQ_POOL", default="default", show_default=True,
               help="Pool name (env GPUQ_POOL).")
 @click.option("--log-level", envvar="GPUQ_LOG_LEVEL", default="INFO", show_default=True,
@@ -55,11 +70,13 @@ def open_queue(ctx: click.Context) -> Queue:
               type=click.Choice(["text", "json"]),
               help="json: one object per line with the event name and fields (env GPUQ_LOG_FORMAT).")
 @click.pass_context
-def cli(ctx: click.Context, redis_url: str, pool: str, log_level: str, log_format: str) -> None:
+def cli(ctx: click.Context, redis_url: str, tls_ca: str | None, tls_cert: str | None,
+        tls_key: str | None, pool: str, log_level: str, log_format: str) -> None:
     """gpuq: a Redis-backed task queue that schedules AI inference work onto GPUs."""
     logs.configure(log_level, log_format)
     try:
-        cfg = Config.from_env().with_options(redis_url=redis_url, pool=pool)
+        cfg = Config.from_env().with_options(redis_url=redis_url, pool=pool, tls_ca=tls_ca,
+                                             tls_cert=tls_cert, tls_key=tls_key)
     except GpuqError as exc:
         raise click.ClickException(str(exc)) from None
     ctx.obj = {"config": cfg}
@@ -119,6 +136,8 @@ def enqueue(ctx: click.Context, handler: str, payload: str, model: str, vram_gb:
               help="Serve only these priorities, e.g. P0,P1: a dedicated lane (env GPUQ_PRIORITIES).")
 @click.option("--metrics-port", type=int, default=None,
               help="Serve this worker's Prometheus metrics on this port (env GPUQ_METRICS_PORT).")
+@click.option("--metrics-host", help="Address of the metrics port (default 127.0.0.1; 0.0.0.0: every "
+              "interface, e.g. in a container; env GPUQ_METRICS_HOST).")
 @click.option("--rq-allow", multiple=True,
               help="Run RQ jobs whose function lives under this module (repeatable; needs gpuq[rq]).")
 @click.option("--rq-redis", "rq_url", default=None, help="RQ's Redis URL (default: --redis).")
@@ -126,7 +145,7 @@ def enqueue(ctx: click.Context, handler: str, payload: str, model: str, vram_gb:
 def worker(ctx: click.Context, app_path: str, gpu_index: int | None, vram_gb: float | None,
            gpu_name: str | None, concurrency: int | None, worker_id: str | None, burst: bool,
            idle_timeout_s: float | None, priorities: str | None, metrics_port: int | None,
-           rq_allow: tuple[str, ...], rq_url: str | None) -> None:
+           metrics_host: str | None, rq_allow: tuple[str, ...], rq_url: str | None) -> None:
     """Run one worker process on one GPU."""
     from gpuq.app import load_app
     from gpuq.rq.support import enable_worker, require
@@ -137,7 +156,8 @@ def worker(ctx: click.Context, app_path: str, gpu_index: int | None, vram_gb: fl
         require()  # before anything else: the rq extra is missing
     queue = open_queue(ctx)
     cfg = queue.config.with_options(concurrency=concurrency, idle_timeout_s=idle_timeout_s,
-                                    priorities=priorities, metrics_port=metrics_port)
+                                    priorities=priorities, metrics_port=metrics_port,
+                                    metrics_host=metrics_host)
     app = load_app(app_path)
     enable_worker(app, rq_allow, rq_url or queue.url, queue)
     gpu = probe(gpu_index, vram_gb, gpu_name, worker_id or "worker")
@@ -207,7 +227,7 @@ def rq_bridge(ctx: click.Context, rq_queues: tuple[str, ...], rq_url: str | None
                 "deadline_s": deadline_s, "tenant": tenant, "max_attempts": max_attempts,
                 "preemptible": None if not no_preempt else False}
     url = rq_url or queue.url
-    bridge = Bridge(queue, rq_client(url), url, list(rq_queues), defaults, burst=burst)
+    bridge = Bridge(queue, rq_client(url, Tls.of(queue.config)), url, list(rq_queues), defaults, burst=burst)
     code = bridge.run()
     click.echo(f"rq-bridge: {bridge.delivered} delivered, {bridge.refused} refused", err=True)
     ctx.exit(code)
@@ -215,7 +235,8 @@ def rq_bridge(ctx: click.Context, rq_queues: tuple[str, ...], rq_url: str | None
 
 @cli.command()
 @click.option("--port", type=int, default=9108, show_default=True, help="HTTP port of /metrics.")
-@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option("--host", envvar="GPUQ_EXPORTER_HOST", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0: every interface; env GPUQ_EXPORTER_HOST).")
 @click.pass_context
 def exporter(ctx: click.Context, port: int, host: str) -> None:
     """Serve the pool's metrics (queues, outcomes, SLA attainment, preemptions, model loads,
@@ -366,6 +387,22 @@ def demo(ctx: click.Context, seconds: float, time_scale: float, seed: int, as_js
 
     ctx.exit(run_demo(config_of(ctx), seconds=seconds, time_scale=time_scale, as_json=as_json,
                       seed=seed))
+
+
+@cli.command()
+@click.option("--role", type=click.Choice(["producer", "worker", "reaper", "observer"]), required=True,
+              help="observer: status, top and exporter only.")
+@click.option("--user", help="ACL user name (default gpuq-ROLE-POOL).")
+@click.option("--password-env", metavar="VAR", required=True,
+              help="Variable holding the user's password (printed as its SHA-256 only).")
+@click.pass_context
+def acl(ctx: click.Context, role: str, user: str | None, password_env: str) -> None:
+    """Print the ACL SETUSER line giving a role the least it needs on this pool: its keys
+    only, and only the commands its code and Lua scripts send."""
+    from gpuq.acl import setuser_from_env
+
+    cfg = config_of(ctx)
+    click.echo(setuser_from_env(role, cfg.pool, user or f"gpuq-{role}-{cfg.pool}", password_env, cfg.prefix))
 
 
 def main() -> None:

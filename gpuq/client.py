@@ -10,49 +10,26 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import redis
 
 from gpuq.config import Config
-from gpuq.errors import ConfigError, ConnectionFailed, ResultTimeout, TaskFailed, TaskNotFound, WorkerNotFound
+
+# re-exported ("as"): the connection helpers lived here first, and callers import them from here
+from gpuq.connection import CONNECT_OPTIONS as CONNECT_OPTIONS
+from gpuq.connection import Tls
+from gpuq.connection import connect as connect
+from gpuq.connection import redis_errors as redis_errors
+from gpuq.connection import url_checked as url_checked
+from gpuq.errors import ResultTimeout, TaskFailed, TaskNotFound, WorkerNotFound
 from gpuq.keys import Keys
 from gpuq.scripts import Calls, Scripts, pairs_to_dict, raise_first_error
 from gpuq.task import State, TaskRecord, TaskSpec, build_specs
 from gpuq.wire import exchange
 
 BULK_CHUNK = 200  # tasks per enqueue call in a bulk enqueue
-
-
-@contextmanager
-def redis_errors(url: str) -> Iterator[None]:
-    """Turn a dead or unreachable Redis into one clear GpuqError."""
-    try:
-        yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise ConnectionFailed(url, str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
-
-
-# no read timeout: workers and result waiters block on list pops for seconds at a time;
-# keepalive and the connect timeout still catch a dead server
-CONNECT_OPTIONS: dict[str, Any] = {"decode_responses": True, "socket_timeout": None,
-                                   "socket_connect_timeout": 5, "socket_keepalive": True}
-
-
-@contextmanager
-def url_checked(url: str) -> Iterator[None]:
-    """A Redis URL that cannot be parsed is a configuration error, not a stack trace."""
-    try:
-        yield
-    except ValueError as exc:
-        raise ConfigError(f"Redis URL {url!r} is malformed: {exc}") from None
-
-
-def connect(url: str) -> redis.Redis:
-    with url_checked(url):
-        return redis.Redis.from_url(url, health_check_interval=30, **CONNECT_OPTIONS)
 
 
 class Queue:
@@ -71,7 +48,7 @@ class Queue:
         from dataclasses import replace
 
         cfg = replace(config or Config(), redis_url=url, pool=pool).validate()
-        return cls(connect(url), cfg, url=url)
+        return cls(connect(url, tls=Tls.of(cfg), pool=pool), cfg, url=url)
 
     def enqueue(self, handler: str, payload: Any = None, *, check_fit: bool = False,
                 **options: Any) -> Task:

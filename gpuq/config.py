@@ -19,6 +19,9 @@ class Config:
     redis_url: str = ""  # empty: commands that can, start an embedded server
     pool: str = "default"
     prefix: str = "gpuq"
+    tls_ca: str = ""  # rediss://: CA file (PEM) the server's certificate is checked against
+    tls_cert: str = ""  # client certificate (PEM), for servers with tls-auth-clients
+    tls_key: str = ""  # the client certificate's private key (PEM)
     # scheduling
     sla_p0_s: float = 0.2  # start-within targets; a task's queue score is enqueue time + SLA
     sla_p1_s: float = 1.0
@@ -43,6 +46,7 @@ class Config:
     idle_timeout_s: float = 300.0  # idle this long: unload models, retire above min_workers (0: never)
     priorities: str = "P0,P1,P2,P3"  # levels a worker serves (a dedicated lane: "P0,P1")
     metrics_port: int = 0  # a worker serves its own metrics on this port (0: none)
+    metrics_host: str = "127.0.0.1"  # address it listens on ("0.0.0.0": every interface)
     stop_s: float = 5.0  # a task past its yield deadline that will not stop in-process this
     #                      long after being told makes the worker exit (EXIT_STUCK)
     # reaper
@@ -56,6 +60,10 @@ class Config:
     on_scale: str = ""  # command run with (class, current, desired) when a class's desired count changes
     scale_target_s: float = 60.0  # desired workers would drain a model's backlog within this
     warm_backlog: int = 4  # queued tasks of a model, all holders busy, before an idle worker preloads it
+    # durability: enqueue, ack, fail and requeue send WAIT replica_acks replica_wait_ms after the
+    # script (same round trip); an enqueue fewer replicas took in time raises ReplicaTimeout
+    replica_acks: int = 0  # 0: no WAIT (a failover may lose the last acknowledged writes)
+    replica_wait_ms: int = 1000  # must be > 0 with replica_acks (WAIT 0 would block forever)
 
     def sla_ms(self) -> list[int]:
         return [int(s * 1000) for s in (self.sla_p0_s, self.sla_p1_s, self.sla_p2_s, self.sla_p3_s)]
@@ -91,6 +99,8 @@ class Config:
             raise ConfigError("preempt_max must be >= 0")
         if self.concurrency < 1:
             raise ConfigError("concurrency must be >= 1")
+        if self.replica_acks and not self.replica_wait_ms:
+            raise ConfigError("replica_wait_ms must be > 0 when replica_acks is set")
         if not 0 < self.heartbeat_s < self.lease_s:
             raise ConfigError(f"heartbeat_s ({self.heartbeat_s}) must be > 0 and < lease_s ({self.lease_s})")
         return self

@@ -34,7 +34,8 @@ from gpuq.client import Queue, connect, redis_errors
 from gpuq.config import Config
 from gpuq.embedded import EmbeddedServer, free_port
 from gpuq.errors import ConfigError, GpuqError
-from gpuq.report import Gpu, fetch_records, redact, render, summarize
+from gpuq.redact import redact
+from gpuq.report import Gpu, fetch_records, render, summarize
 from gpuq.task import TERMINAL_STATES, Priority
 
 log = logging.getLogger(__name__)

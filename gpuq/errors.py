@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from gpuq.redact import redact
+
 
 class GpuqError(Exception):
     """Base of every gpuq error."""
@@ -39,6 +41,15 @@ class UnregisteredHandler(Unschedulable):
         self.handler = handler
         self.vram_gb = self.largest_gb = 0.0
         GpuqError.__init__(self, f"unschedulable: no worker in this pool registers handler {handler!r}")
+
+
+class CorruptTask(GpuqError):
+    """A stored task hash that cannot be read back (damaged, or written by hand)."""
+
+    def __init__(self, task_id: str, reason: str) -> None:
+        self.task_id = task_id
+        self.reason = reason
+        super().__init__(f"task {task_id} is stored corrupt: {reason}")
 
 
 class TaskNotFound(GpuqError):
@@ -87,9 +98,44 @@ class ConfigError(GpuqError):
 
 
 class ConnectionFailed(GpuqError):
+    """Redis could not be used at all. The URL in the message (and in ``url``) has its
+    password masked; subclasses say why when the reason is known."""
+
+    what = "cannot reach Redis at {url}"
+
     def __init__(self, url: str, cause: str) -> None:
-        self.url = url
-        super().__init__(f"cannot reach Redis at {url}: {cause}")
+        self.url = redact(url)
+        self.cause = redact(cause)
+        super().__init__(f"{self.what.format(url=self.url)}: {self.cause}")
+
+
+class AuthenticationFailed(ConnectionFailed):
+    """Wrong user name or password, or a server that wants one (WRONGPASS, NOAUTH)."""
+
+    what = "authentication failed for Redis at {url}"
+
+
+class TlsFailed(ConnectionFailed):
+    """The TLS handshake failed: an unknown CA, a wrong host name, a missing client
+    certificate, or TLS spoken to a plain port."""
+
+    what = "TLS handshake with Redis at {url} failed"
+
+
+class NoMaster(ConnectionFailed):
+    """No Sentinel answered with a master for the URL's master name."""
+
+    what = "no master from the Sentinels at {url}"
+
+
+class PermissionDenied(GpuqError):
+    """The server's ACL refused a command or a key to this connection's user (NOPERM)."""
+
+    def __init__(self, url: str, cause: str) -> None:
+        self.url = redact(url)
+        self.cause = redact(cause)
+        super().__init__(f"Redis at {self.url} refused a command to this user: {self.cause} "
+                         "(the ACL rules each role needs: gpuq acl --help)")
 
 
 class AppError(GpuqError):

@@ -15,6 +15,7 @@ import threading
 import redis
 from prometheus_client import CollectorRegistry, start_http_server
 
+from gpuq.errors import ConfigError
 from gpuq.inspect import pool_view
 from gpuq.keys import Keys
 from gpuq.metrics import PoolCollector, PoolFigures
@@ -52,10 +53,13 @@ class Exporter:
         self.keys = keys
         self.stopped = threading.Event()
 
-    def serve(self, port: int, host: str = "0.0.0.0") -> int:
+    def serve(self, port: int, host: str = "127.0.0.1") -> int:
         """Serve /metrics until SIGTERM or SIGINT; exits 0."""
-        start_http_server(port, addr=host, registry=self.registry)
-        log.info("exporter.started pool=%s port=%d", self.keys.pool, port)
+        try:
+            start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:  # port taken, address not on this host: one line, not a traceback
+            raise ConfigError(f"exporter port {host}:{port}: {exc.strerror or exc}") from None
+        log.info("exporter.started pool=%s host=%s port=%d", self.keys.pool, host, port)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda *_: self.stopped.set())
             signal.signal(signal.SIGINT, lambda *_: self.stopped.set())

@@ -11,7 +11,6 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
@@ -123,15 +122,6 @@ def summarize(records: Sequence[TaskRecord], expected: int, config: Config, gpus
         "models": [{"model": e.name, "vram_gb": e.vram_gb, "loads": e.loads,
                     "mean_load_s": round(e.mean_load_s, 3)} for e in catalog],
     }
-
-
-def redact(url: str) -> str:
-    """A Redis URL fit to print: its password, if any, replaced by ***."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _cell(value: float | None, fmt: str) -> str:

@@ -9,6 +9,7 @@ asyncio client, so each verb is written once.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from gpuq.keys import Keys
 from gpuq.task import TaskSpec
 from gpuq.wire import exchange
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 SCRIPT_NAMES = ("enqueue", "claim", "heartbeat", "ack", "fail", "requeue", "cancel", "reap", "lead",
                 "expire", "preempt", "retire")
@@ -114,8 +116,41 @@ def raise_for(reply: Sequence[Any], task_id: str | None = None, worker_id: str |
     raise GpuqError(f"unexpected script reply {reply!r}")  # pragma: no cover
 
 
+def checked(reply: list[Any]) -> list[Any]:
+    """The reply of a script whose callers expect OK: a coded error (a malformed argument,
+    INVALID) raised instead of misread."""
+    raise_for(reply)
+    return reply
+
+
 def pairs_to_dict(flat: Sequence[Any]) -> dict[str, str]:
     return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+class ReplicaTimeout(GpuqError):
+    """A write the master made, acknowledged by fewer replicas than ``replica_acks`` asks
+    within ``replica_wait_ms``: it stands on the master, but a failover before the master
+    replicates it would lose it."""
+
+    def __init__(self, what: str, acked: int, wanted: int, timeout_ms: int) -> None:
+        self.what = what
+        self.acked = acked
+        self.wanted = wanted
+        super().__init__(f"{what} is written on the master, but only {acked} of {wanted} replicas "
+                         f"acknowledged it within {timeout_ms} ms: it may be lost in a failover")
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """A write's WAIT: the replicas that must acknowledge it and for how long to wait; a
+    strict one (a producer's enqueue) raises ReplicaTimeout when fewer do, another (a
+    worker's ack, fail or requeue) is logged: it is on the master, and were it lost, the
+    task's lease would run out and the task run again."""
+
+    count: int
+    timeout_ms: int
+    strict: bool
+    what: str
 
 
 @dataclass(frozen=True)
@@ -123,6 +158,7 @@ class Call(Generic[T]):
     script: str
     args: list[str]
     parse: Callable[[list[Any]], T]
+    replicas: Replicas | None = None  # send WAIT after it (Config.replica_acks)
 
 
 @dataclass(frozen=True)
@@ -154,7 +190,7 @@ class Claim:
 
     @classmethod
     def parse(cls, reply: list[Any]) -> Claim:
-        if str(reply[1]) == "task":
+        if str(checked(reply)[1]) == "task":
             return cls(pairs_to_dict(reply[2:]))
         return cls(None, int(reply[2]) / 1000.0)
 
@@ -188,6 +224,10 @@ class Calls:
         self._hold = [str(ms) for ms in config.holder_wait_ms()]
         self._scan = str(config.scan_per_queue)
 
+    def _replicas(self, strict: bool, what: str) -> Replicas | None:
+        c = self.config
+        return Replicas(c.replica_acks, c.replica_wait_ms, strict, what) if c.replica_acks else None
+
     def enqueue(self, specs: Sequence[TaskSpec], *, check_fit: bool = False,
                 now_ms: int = 0) -> Call[int]:
         args = [str(now_ms), "1" if check_fit else "0", *self._sla]
@@ -204,7 +244,8 @@ class Calls:
             raise_for(reply)
             return int(reply[1])
 
-        return Call("enqueue", args, parse)
+        what = f"task {specs[0].task_id}" if len(specs) == 1 else f"a call of {len(specs)} tasks"
+        return Call("enqueue", args, parse, self._replicas(True, what))
 
     def claim(self, req: ClaimRequest, *, now_ms: int = 0) -> Call[Claim]:
         args = [req.worker_id, str(now_ms), _num(req.free_gb), _num(req.evictable_gb), str(req.slots),
@@ -219,11 +260,11 @@ class Calls:
         args = [worker_id, str(now_ms), str(int(self.config.lease_s * 1000))]
         for task_id, token in leases:
             args += [task_id, str(token)]
-        return Call("heartbeat", args, lambda r: (int(r[1]) == 1, [str(x) for x in r[2:]]))
+        return Call("heartbeat", args, lambda r: (int(checked(r)[1]) == 1, [str(x) for x in r[2:]]))
 
     def ack(self, task_id: str, token: int, result_json: str, *, now_ms: int = 0) -> Call[None]:
         return Call("ack", [task_id, str(token), str(now_ms), result_json, self._ttl],
-                    lambda r: raise_for(r, task_id))
+                    lambda r: raise_for(r, task_id), self._replicas(False, f"ack of task {task_id}"))
 
     def fail(self, task_id: str, token: int, error: str, *, retry: bool = True,
              now_ms: int = 0) -> Call[str]:
@@ -236,7 +277,7 @@ class Calls:
             raise_for(r, task_id)
             return str(r[1])
 
-        return Call("fail", args, parse)
+        return Call("fail", args, parse, self._replicas(False, f"fail of task {task_id}"))
 
     def requeue(self, task_id: str, token: int | None, reason: str, *, consume: bool = False,
                 preempted: str = "", checkpoint: str = "", now_ms: int = 0) -> Call[str]:
@@ -251,7 +292,7 @@ class Calls:
             raise_for(r, task_id)
             return str(r[1])
 
-        return Call("requeue", args, parse)
+        return Call("requeue", args, parse, self._replicas(False, f"requeue of task {task_id}"))
 
     def cancel(self, task_id: str, *, now_ms: int = 0) -> Call[str]:
         def parse(r: list[Any]) -> str:
@@ -262,14 +303,14 @@ class Calls:
 
     def reap(self, *, limit: int = 100, now_ms: int = 0) -> Call[ReapResult]:
         return Call("reap", [str(now_ms), str(limit), self._ttl],
-                    lambda r: ReapResult(*(int(x) for x in r[1:5])))
+                    lambda r: ReapResult(*(int(x) for x in checked(r)[1:5])))
 
     def expire(self, *, limit: int = 100, horizon_ms: int = 0, offset: int = 0,
                now_ms: int = 0) -> Call[tuple[int, int]]:
         """(expired, looked at) of one bounded expiry call; offset skips the tasks at the
         front of the window that earlier calls of the same pass kept."""
         return Call("expire", [str(now_ms), str(limit), self._ttl, str(horizon_ms), str(offset)],
-                    lambda r: (int(r[1]), int(r[2])))
+                    lambda r: (int(checked(r)[1]), int(r[2])))
 
     def preempt(self, waiting_id: str, worker_id: str, victim_id: str, victim_token: int, *,
                 reserve_ms: int, grace_ms: int | None, now_ms: int = 0) -> Call[tuple[str, str]]:
@@ -277,16 +318,16 @@ class Calls:
         yield within grace_ms. Replies ("reserved" | "yield" | "stale", why)."""
         args = [str(now_ms), waiting_id, worker_id, victim_id, str(victim_token), str(reserve_ms),
                 "" if grace_ms is None else str(grace_ms)]
-        return Call("preempt", args, lambda r: (str(r[1]), str(r[2]) if len(r) > 2 else ""))
+        return Call("preempt", args, lambda r: (str(checked(r)[1]), str(r[2]) if len(r) > 2 else ""))
 
     def retire(self, worker_id: str, *, now_ms: int = 0) -> Call[tuple[bool, int]]:
         """(retired, live workers before) for an idle worker past its idle timeout."""
         return Call("retire", [worker_id, str(now_ms), str(self.config.min_workers)],
-                    lambda r: (int(r[1]) == 1, int(r[2])))
+                    lambda r: (int(checked(r)[1]) == 1, int(r[2])))
 
     def lead(self, token: str, *, release: bool = False) -> Call[bool]:
         ttl = "0" if release else str(int(self.config.reaper_lock_s * 1000))
-        return Call("lead", [token, ttl], lambda r: int(r[1]) == 1)
+        return Call("lead", [token, ttl], lambda r: int(checked(r)[1]) == 1)
 
 
 def evalsha_args(scripts: Mapping[str, Any], keys: Keys, call: Call[Any]) -> tuple[Any, ...]:
@@ -297,6 +338,32 @@ def evalsha_args(scripts: Mapping[str, Any], keys: Keys, call: Call[Any]) -> tup
 def noscript_indexes(replies: Sequence[Any]) -> list[int]:
     """Which streamed calls found their script missing (server restarted or flushed)."""
     return [i for i, r in enumerate(replies) if isinstance(r, redis.exceptions.NoScriptError)]
+
+
+def wait_command(calls: Sequence[Call[Any]]) -> tuple[Any, ...] | None:
+    """The WAIT sent after the calls on their connection (same round trip), if one asks for
+    replicas: WAIT counts every write made on that connection before it."""
+    asked = [c.replicas for c in calls if c.replicas is not None]
+    if not asked:
+        return None
+    return ("WAIT", max(r.count for r in asked), max(r.timeout_ms for r in asked))
+
+
+def check_replicas(calls: Sequence[Call[Any]], replies: Sequence[Any], acked: Any) -> None:
+    """WAIT's reply against what each call asked: a call the script rejected wrote nothing;
+    a strict one that wrote raises ReplicaTimeout, the others are logged."""
+    if isinstance(acked, Exception):
+        raise acked
+    for call, reply in zip(calls, replies):
+        asked = call.replicas
+        if asked is None or int(acked) >= asked.count:
+            continue
+        if not (isinstance(reply, list) and reply and int(reply[0]) == Code.OK):
+            continue
+        if asked.strict:
+            raise ReplicaTimeout(asked.what, int(acked), asked.count, asked.timeout_ms)
+        log.warning("write.unreplicated what=%r acked=%d wanted=%d timeout_ms=%d", asked.what,
+                    int(acked), asked.count, asked.timeout_ms)
 
 
 def raise_first_error(replies: list[Any]) -> list[Any]:
@@ -330,7 +397,10 @@ class Scripts:
         """Run the calls, then the plain commands in ``extra`` (e.g. ``("LPOP", key)``), in
         one round trip; replies raw, in order, the first error raised once all are read."""
         commands = [self.command(c) for c in calls] + list(extra)
-        return self._loaded(exchange(self.client, commands, retry=True), calls)
+        wait = wait_command(calls)
+        if wait is not None:
+            commands.append(wait)
+        return self._loaded(exchange(self.client, commands, retry=True), calls, wait)
 
     def streamed(self, calls: Iterable[Call[T]]) -> list[T]:
         """Run many calls on one connection, each built and sent just before the next (the
@@ -343,18 +413,29 @@ class Scripts:
             for call in calls:
                 sent.append(call)
                 yield self.command(call)
+            if (wait := wait_command(sent)) is not None:
+                yield wait
 
-        replies = self._loaded(exchange(self.client, commands()), sent)
+        replies = self._loaded(exchange(self.client, commands()), sent, wait_command(sent))
         return [c.parse(r) for c, r in zip(sent, replies)]
 
-    def _loaded(self, replies: list[Any], calls: Sequence[Call[Any]]) -> list[Any]:
+    def _loaded(self, replies: list[Any], calls: Sequence[Call[Any]],
+                wait: tuple[Any, ...] | None = None) -> list[Any]:
         """The replies, with the calls that found their script missing (server restarted or
-        flushed) sent again once the scripts are loaded; the first error raised. The calls
-        come first in ``replies``; a plain command never finds a script missing."""
+        flushed) sent again once the scripts are loaded (and the WAIT after them); the first
+        error raised, then WAIT's count checked. The calls come first in ``replies``, the
+        WAIT last; a plain command never finds a script missing."""
+        acked = replies.pop() if wait is not None else None
         if missing := noscript_indexes(replies):
             for script in self._scripts.values():
                 self.client.script_load(script.script)
-            again = exchange(self.client, [self.command(calls[i]) for i in missing], retry=True)
+            resend = [self.command(calls[i]) for i in missing] + ([wait] if wait is not None else [])
+            again = exchange(self.client, resend, retry=True)
+            if wait is not None:
+                acked = again.pop()
             for i, reply in zip(missing, again):
                 replies[i] = reply
-        return raise_first_error(replies)
+        raise_first_error(replies)
+        if wait is not None:
+            check_replicas(calls, replies, acked)
+        return replies

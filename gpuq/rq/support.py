@@ -7,7 +7,8 @@ from collections.abc import Iterable
 import redis
 
 from gpuq.app import App
-from gpuq.client import Queue, url_checked
+from gpuq.client import Queue
+from gpuq.connection import Tls, connect
 from gpuq.errors import ConfigError
 
 HANDLER = "rq.job"  # the gpuq handler name of every task made from an RQ job
@@ -24,12 +25,12 @@ def require() -> None:
         raise ConfigError(f"RQ interop supports rq 2.x, found rq {version}: pip install 'gpuq[rq]'")
 
 
-def rq_client(url: str) -> redis.Redis:
+def rq_client(url: str, tls: Tls | None = None) -> redis.Redis:
     """A client for RQ's Redis: RQ reads bytes (no decode_responses), and blocking pops set
-    their own timeouts."""
-    with url_checked(url):
-        return redis.Redis.from_url(url, health_check_interval=30, socket_connect_timeout=5,
-                                    socket_keepalive=True)
+    their own timeouts. The TLS files apply when its URL is a TLS one (it may be a plain
+    one while gpuq's is not)."""
+    secure = url.lower().startswith("rediss")
+    return connect(url, tls=tls if secure else None, decode_responses=False)
 
 
 def enable_worker(app: App, extra_allow: Iterable[str], rq_url: str, queue: Queue) -> None:
@@ -42,4 +43,4 @@ def enable_worker(app: App, extra_allow: Iterable[str], rq_url: str, queue: Queu
     require()
     from gpuq.rq.handler import install
 
-    install(app, allow, rq_client(rq_url), queue.redis, queue.keys)
+    install(app, allow, rq_client(rq_url, Tls.of(queue.config)), queue.redis, queue.keys)

@@ -38,3 +38,27 @@ def test_text_format_is_the_default_layout(capsys: pytest.CaptureFixture[str]) -
     logging.getLogger("gpuq.test").info("task.claimed task=t-2")
     err = capsys.readouterr().err
     assert " INFO gpuq.test task.claimed task=t-2" in err
+
+
+def test_passwords_are_masked_in_every_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """Message text, %-arguments and tracebacks, in both formats."""
+    url = "redis://gpuq-worker:s3cret@10.0.0.5:6379/0"
+    for fmt in ("text", "json"):
+        logs.configure("INFO", fmt)
+        try:
+            log = logging.getLogger("gpuq.test")
+            log.info("worker.connecting url=%s", url)
+            log.warning(f"worker.redis_error error=cannot reach {url}")
+            log.info("sentinel url=%s", "redis+sentinel://h:1/m?sentinel_password=s3cret")
+            try:
+                raise RuntimeError(f"boom at {url}")
+            except RuntimeError:
+                log.exception("worker.runner_error worker=%s", "w-1")
+        finally:
+            logs.configure("INFO", "text")
+        err = capsys.readouterr().err
+        assert "s3cret" not in err, err
+        assert err.count("redis://gpuq-worker:***@10.0.0.5:6379/0") >= 3, err  # json repeats fields
+        assert "sentinel_password=***" in err and "RuntimeError: boom at" in err
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "plain %s", ("text",), None)
+    assert logs.Redact().filter(record) and record.getMessage() == "plain text" and record.args

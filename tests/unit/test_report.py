@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from gpuq.config import Config
-from gpuq.report import busy_seconds, percentile, priority_rows, redact
+from gpuq.redact import redact
+from gpuq.report import busy_seconds, percentile, priority_rows
 from gpuq.task import TaskRecord
 
 

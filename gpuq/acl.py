@@ -1,0 +1,108 @@
+"""Least-privilege Redis ACL rules for the roles that use a pool (``gpuq acl`` prints them).
+
+Each role gets its pool's keys only (``~gpuq:{pool}:*``), no Pub/Sub channel, and only the
+commands it sends: those its Python code sends (listed here) and those of every Lua script it
+runs, read from the scripts themselves, so a script that starts using a command grants it here.
+
+What ACLs cannot do: they check commands and keys, not which script runs. A user allowed
+EVALSHA and SCRIPT LOAD may run any script made of its own commands on its own pool's keys,
+so the rules keep pools apart and keep every role off admin commands (FLUSHALL, CONFIG,
+KEYS, ...) and off every other key, but a leaked producer password can still disturb that
+producer's own pool.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+
+from gpuq.errors import ConfigError
+from gpuq.keys import Keys
+from gpuq.scripts import script_source
+
+# every role: health checks, SELECT of a non-zero db, scripts (loaded again after a server
+# restart or flush), WAIT after writes when replica_acks is set
+CONNECTION = ("ping", "select", "evalsha", "script|load", "wait")
+_CALL = re.compile(r"""redis\.p?call\(\s*['"](\w+)['"]""")
+
+
+@dataclass(frozen=True)
+class Role:
+    summary: str
+    scripts: tuple[str, ...]  # the Lua scripts it runs
+    commands: tuple[str, ...]  # what its Python code sends besides scripts
+
+
+OBSERVER_READS = ("time", "exists", "get", "hget", "hmget", "hgetall", "hvals", "lrange", "smembers",
+                  "zcard", "zcount", "zrange", "zrangebyscore", "zscore")
+
+ROLES: dict[str, Role] = {
+    "producer": Role(
+        "enqueue, wait for results, cancel, requeue, drain a worker, read status",
+        ("enqueue", "cancel", "requeue"),
+        # result waits (BLMOVE on the done list), drain (LPUSH), the rq bridge's ended list
+        (*OBSERVER_READS, "blmove", "lpush", "lrem")),
+    "worker": Role(
+        "claim, run, heartbeat, ack, fail, give back, retire",
+        ("claim", "heartbeat", "ack", "fail", "requeue", "retire"),
+        # registration and leaving (MULTI/EXEC), wake and control lists, the model catalog
+        ("multi", "exec", "blpop", "lpush", "lrange", "del", "hget", "hset", "hdel", "hincrby",
+         "hincrbyfloat", "sadd", "srem", "zadd", "zrem", "time")),
+    "reaper": Role(
+        "recover, expire, preempt, publish scale signals (one active per pool)",
+        ("lead", "reap", "expire", "preempt", "requeue"),
+        # planning reads, scale signals (MULTI/EXEC), the urgent list, settings, warm hints
+        (*OBSERVER_READS, "mget", "multi", "exec", "blpop", "del", "hset", "hincrby", "lpush")),
+    "observer": Role("read only: gpuq status, gpuq top, gpuq exporter", (), OBSERVER_READS),
+}
+
+
+def script_commands(name: str) -> set[str]:
+    """The commands a script (with the helpers it pulls in) may call."""
+    return {c.lower() for c in _CALL.findall(script_source(name))}
+
+
+def commands(role: str) -> list[str]:
+    """Every command the role needs, sorted (observers run no script)."""
+    spec = _role(role)
+    needed = set(spec.commands) | {c for name in spec.scripts for c in script_commands(name)}
+    base = CONNECTION if spec.scripts else tuple(c for c in CONNECTION if c not in
+                                                 ("evalsha", "script|load", "wait"))
+    return sorted(needed | set(base))
+
+
+def key_pattern(pool: str, prefix: str = "gpuq") -> str:
+    """The ACL key glob of a pool, its glob characters escaped."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", Keys(pool, prefix).base) + "*"
+
+
+def rules(role: str, pool: str, prefix: str = "gpuq") -> list[str]:
+    """ACL SETUSER rules after the password: keys, channels and commands."""
+    return [f"~{key_pattern(pool, prefix)}", "resetchannels", "-@all", *(f"+{c}" for c in commands(role))]
+
+
+def setuser(role: str, pool: str, user: str, password: str, prefix: str = "gpuq") -> str:
+    """One ``ACL SETUSER`` line; the password goes in as its SHA-256 (``#<hex>``), so the line
+    can be stored or shown without revealing it."""
+    if not password:
+        raise ConfigError("the ACL user needs a password")
+    digest = hashlib.sha256(password.encode()).hexdigest()
+    return " ".join(["ACL SETUSER", user, "reset", "on", f"#{digest}", *rules(role, pool, prefix)])
+
+
+def setuser_from_env(role: str, pool: str, user: str, variable: str, prefix: str = "gpuq") -> str:
+    """``setuser`` with the password read from an environment variable (kept out of shell
+    history and process lists)."""
+    password = os.environ.get(variable, "")
+    if not password:
+        raise ConfigError(f"--password-env {variable}: the variable is unset or empty")
+    return setuser(role, pool, user, password, prefix)
+
+
+def _role(role: str) -> Role:
+    try:
+        return ROLES[role]
+    except KeyError:
+        raise ConfigError(f"unknown role {role!r}: one of {', '.join(ROLES)}") from None

@@ -1,0 +1,290 @@
+"""The one place a Redis URL (and TLS files) becomes a client, and Redis faults become errors.
+
+URL forms (every command and ``Queue.from_url`` take them):
+
+- ``redis://[user:password@]host:port/db``; ``unix:///path/redis.sock?db=0``
+- ``rediss://...``: TLS, the server's certificate verified (against the ``ca`` file, else the
+  system's CAs), with a client certificate when ``cert``/``key`` are given
+- ``redis+sentinel://[user:password@]host:port[,host:port...]/master-name[/db]``: the master
+  a Sentinel names, followed across failovers. ``user:password`` log in to the master; the
+  Sentinels themselves are asked without a password unless the query gives one
+  (``?sentinel_password=...&sentinel_username=...``). ``rediss+sentinel://``: TLS to both.
+- ``redis+cluster://[user:password@]host:port[,host:port...]`` (``rediss+cluster://``): a
+  Redis Cluster, through ``gpuq.cluster.cluster_client``.
+
+Errors and log lines show URLs with the password masked (``gpuq.redact``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import ssl
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import redis
+import redis.asyncio as aredis
+import redis.asyncio.sentinel
+import redis.sentinel
+
+from gpuq.config import Config
+from gpuq.errors import (
+    AuthenticationFailed,
+    ConfigError,
+    ConnectionFailed,
+    NoMaster,
+    PermissionDenied,
+    TlsFailed,
+)
+from gpuq.redact import redact
+
+# no read timeout: workers and result waiters block on list pops for seconds at a time;
+# keepalive and the connect timeout still catch a dead server
+CONNECT_OPTIONS: dict[str, Any] = {"decode_responses": True, "socket_timeout": None,
+                                   "socket_connect_timeout": 5, "socket_keepalive": True}
+SENTINEL_TIMEOUT_S = 5.0  # a Sentinel answers at once; one that hangs must not hang us
+SENTINEL_QUERY = ("sentinel_username", "sentinel_password")
+_DENIED = ("NOPERM", "can't run this command", "no permissions")
+_SENTINEL_ERROR = re.compile(r"\)> - (?:\w+:)?(\w+)")  # "<client repr> - [network:]ConnectionError..."
+
+
+@dataclass(frozen=True)
+class Tls:
+    """TLS files: the CA that signed the server's certificate, and the client's own
+    certificate and key when the server asks for one (``tls-auth-clients yes``)."""
+
+    ca: str = ""
+    cert: str = ""
+    key: str = ""
+
+    @classmethod
+    def of(cls, config: Config) -> Tls:
+        return cls(config.tls_ca, config.tls_cert, config.tls_key)
+
+    def __bool__(self) -> bool:
+        return bool(self.ca or self.cert or self.key)
+
+    def options(self) -> dict[str, Any]:
+        """redis-py's ssl_* arguments, files checked first (a missing file is a
+        configuration error, not a failed handshake)."""
+        for flag, path in (("--tls-ca", self.ca), ("--tls-cert", self.cert), ("--tls-key", self.key)):
+            if path and not os.access(path, os.R_OK):
+                raise ConfigError(f"{flag} {path!r}: no such readable file")
+        if self.key and not self.cert:
+            raise ConfigError("--tls-key needs --tls-cert (the client certificate it belongs to)")
+        return {"ssl_ca_certs": self.ca or None, "ssl_certfile": self.cert or None,
+                "ssl_keyfile": self.key or None, "ssl_cert_reqs": "required"}
+
+
+class _BoundedHandshake:
+    """For redis-py's TLS connections: the handshake is part of connecting, so it gets the
+    connect timeout. redis-py runs it under the read timeout, which gpuq leaves unset (for
+    blocking pops), so rediss:// to a plain port would hang forever."""
+
+    socket_timeout: float | None
+    socket_connect_timeout: float | None
+
+    def _connect(self) -> socket.socket:
+        kept = self.socket_timeout
+        self.socket_timeout = self.socket_connect_timeout
+        try:
+            sock: socket.socket = super()._connect()  # type: ignore[misc]
+        finally:
+            self.socket_timeout = kept
+        sock.settimeout(kept)
+        return sock
+
+
+class TlsConnection(_BoundedHandshake, redis.SSLConnection):
+    pass
+
+
+class SentinelTlsConnection(_BoundedHandshake, redis.sentinel.SentinelManagedSSLConnection):
+    pass
+
+
+@contextmanager
+def url_checked(url: str) -> Iterator[None]:
+    """A Redis URL that cannot be parsed is a configuration error, not a stack trace."""
+    try:
+        yield
+    except ValueError as exc:
+        raise ConfigError(f"Redis URL {redact(url)!r} is malformed: {redact(str(exc))}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _tls_cause(exc: BaseException) -> str | None:
+    """Why a TLS handshake failed, if an ssl error lies under ``exc``."""
+    seen: BaseException | None = exc
+    for _ in range(5):  # redis-py wraps the ssl error once or twice
+        if seen is None:
+            return None
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            detail = getattr(seen, "verify_message", None)  # set by the ssl module's own raise
+            return "certificate verify failed" + (f": {detail}" if detail else "")
+        if isinstance(seen, ssl.SSLError):
+            return str(seen.reason or _first_line(seen)).lower().replace("_", " ")
+        if isinstance(seen, TimeoutError) and "handshake" in str(seen):
+            return "no TLS handshake within the connect timeout (is the port a TLS port?)"
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _no_master_cause(exc: BaseException) -> str:
+    """redis-py's message without the long client reprs it lists: "No master found for 'm'",
+    and the kinds of error of the Sentinels that could not be asked."""
+    head, _, errors = _first_line(exc).partition(" : ")
+    kinds = _SENTINEL_ERROR.findall(errors)
+    return f"{head} (Sentinels that failed: {', '.join(kinds)})" if kinds else head
+
+
+@contextmanager
+def redis_errors(url: str) -> Iterator[None]:
+    """Turn a dead, unreachable or refusing Redis into one clear GpuqError (URL redacted)."""
+    try:
+        yield
+    except (redis.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError) as exc:
+        raise AuthenticationFailed(url, _first_line(exc)) from None
+    except (redis.sentinel.MasterNotFoundError, redis.asyncio.sentinel.MasterNotFoundError) as exc:
+        raise NoMaster(url, _no_master_cause(exc)) from None
+    except (redis.exceptions.NoPermissionError, redis.exceptions.AuthorizationError) as exc:
+        raise PermissionDenied(url, _first_line(exc)) from None
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        cause = _tls_cause(exc)
+        if cause is not None:
+            raise TlsFailed(url, cause) from None
+        raise ConnectionFailed(url, _first_line(exc)) from None
+    except redis.ResponseError as exc:
+        # inside a script the ACL refusal comes back as "ERR The user executing the script
+        # can't run this command" (Redis 7.0) or "... NOPERM ..."
+        if any(sign in str(exc) for sign in _DENIED):
+            raise PermissionDenied(url, _first_line(exc)) from None
+        raise
+
+
+@dataclass(frozen=True)
+class Hosts:
+    """A URL that names several hosts (Sentinel, Cluster), which urllib cannot split."""
+
+    tls: bool
+    username: str | None
+    password: str | None
+    nodes: list[tuple[str, int]]
+    path: list[str]
+    query: dict[str, str]
+
+    @classmethod
+    def parse(cls, url: str, default_port: int) -> Hosts:
+        parts = urlsplit(url)
+        userinfo, _, hostlist = parts.netloc.rpartition("@")
+        user, colon, password = userinfo.partition(":")
+        nodes = [_node(h, default_port) for h in hostlist.split(",") if h]
+        if not nodes:
+            raise ValueError("no host:port")
+        return cls(parts.scheme.startswith("rediss"), unquote(user) or None,
+                   unquote(password) if colon else None, nodes,
+                   [unquote(p) for p in parts.path.split("/") if p], dict(parse_qsl(parts.query)))
+
+
+def _node(text: str, default_port: int) -> tuple[str, int]:
+    if text.startswith("["):  # [IPv6]:port
+        host, _, rest = text[1:].partition("]")
+        port = rest.removeprefix(":")
+    else:
+        host, _, port = text.partition(":")
+    if not host:
+        raise ValueError(f"empty host in {text!r}")
+    return host, int(port) if port else default_port
+
+
+def _sentinel_args(url: str, tls: Tls) -> tuple[list[tuple[str, int]], str, dict[str, Any], dict[str, Any]]:
+    """The Sentinels, the master name, the master's connection arguments and the Sentinels'."""
+    hosts = Hosts.parse(url, 26379)
+    if not 1 <= len(hosts.path) <= 2:
+        raise ValueError("the path must be /master-name or /master-name/db")
+    unknown = set(hosts.query) - set(SENTINEL_QUERY)
+    if unknown:
+        raise ValueError(f"unknown parameters {sorted(unknown)}; known: {', '.join(SENTINEL_QUERY)}")
+    secure = {"ssl": True, **tls.options()} if hosts.tls else {}
+    db = int(hosts.path[1]) if len(hosts.path) == 2 else 0
+    master: dict[str, Any] = {"db": db, "username": hosts.username, "password": hosts.password, **secure}
+    # no retry per Sentinel: the lookup moves on to the next one (a dead first Sentinel would
+    # otherwise cost seconds of backoff on every master lookup)
+    sentinels = {"socket_connect_timeout": SENTINEL_TIMEOUT_S, "socket_timeout": SENTINEL_TIMEOUT_S,
+                 "retry": None, "username": hosts.query.get("sentinel_username"),
+                 "password": hosts.query.get("sentinel_password"), **secure}
+    return hosts.nodes, hosts.path[0], master, sentinels
+
+
+def _scheme(url: str) -> str:
+    return url.partition("://")[0].lower() if "://" in url else ""
+
+
+def _plain_tls(url: str, tls: Tls) -> dict[str, Any]:
+    """TLS arguments for a single-host URL; TLS files with a plain URL are a mistake worth
+    stopping for (the connection would silently go unencrypted)."""
+    scheme = _scheme(url)
+    if tls and scheme not in ("rediss", "rediss+sentinel", "rediss+cluster"):
+        raise ConfigError(f"TLS files were given but the Redis URL {redact(url)!r} is not TLS: "
+                          "use rediss://")
+    return {**tls.options(), "connection_class": TlsConnection} if scheme == "rediss" else {}
+
+
+def connect(url: str, *, tls: Tls | None = None, pool: str = "default", **options: Any) -> redis.Redis:
+    """A client for ``url`` (see the module docstring); ``options`` override CONNECT_OPTIONS.
+    Nothing is sent until the first command: callers ping inside ``redis_errors``."""
+    tls = tls or Tls()
+    kwargs = {**CONNECT_OPTIONS, "health_check_interval": 30, **options}
+    with url_checked(url):
+        secure = _plain_tls(url, tls)
+        scheme = _scheme(url)
+        if scheme.endswith("+sentinel"):
+            nodes, name, master, sentinels = _sentinel_args(url, tls)
+            if master.pop("ssl", False):
+                master["connection_class"] = SentinelTlsConnection
+            found = redis.sentinel.Sentinel(nodes, sentinel_kwargs=sentinels)  # type: ignore[no-untyped-call]
+            client: redis.Redis = found.master_for(  # type: ignore[no-untyped-call]
+                name, redis_class=redis.Redis, **master, **kwargs)
+            return client
+        if scheme.endswith("+cluster"):
+            return _cluster(url, tls, pool, kwargs)
+        return redis.Redis.from_url(url, **kwargs, **secure)
+
+
+def connect_async(url: str, *, tls: Tls | None = None, **options: Any) -> aredis.Redis:
+    """The asyncio client for ``url`` (Sentinel included; Cluster is sync only)."""
+    tls = tls or Tls()
+    kwargs = {**CONNECT_OPTIONS, **options}
+    with url_checked(url):
+        secure = _plain_tls(url, tls)
+        scheme = _scheme(url)
+        if scheme.endswith("+sentinel"):
+            nodes, name, master, sentinels = _sentinel_args(url, tls)
+            found = redis.asyncio.sentinel.Sentinel(nodes, sentinel_kwargs=sentinels)  # type: ignore[no-untyped-call]
+            client: aredis.Redis = found.master_for(name, redis_class=aredis.Redis, **master, **kwargs)
+            return client
+        if scheme.endswith("+cluster"):
+            raise ConfigError("the asyncio client does not support redis+cluster:// URLs")
+        secure.pop("connection_class", None)  # asyncio bounds the handshake itself
+        return aredis.Redis.from_url(url, **kwargs, **secure)
+
+
+def _cluster(url: str, tls: Tls, pool: str, options: dict[str, Any]) -> redis.Redis:
+    from gpuq.cluster import cluster_client  # only Cluster URLs need it
+
+    hosts = Hosts.parse(url, 6379)
+    if hosts.path or hosts.query:
+        raise ValueError("a cluster URL has no database or parameters")
+    secure = {"ssl": True, **tls.options()} if hosts.tls else {}
+    client: redis.Redis = cluster_client(hosts.nodes, pool, username=hosts.username,
+                                         password=hosts.password, **options, **secure)
+    return client

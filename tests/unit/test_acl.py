@@ -1,0 +1,53 @@
+"""ACL rules per role: every command of the role's scripts granted, no admin command, the
+password only as its hash, and ``gpuq acl`` printing the line."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from click.testing import CliRunner
+
+from gpuq import acl
+from gpuq.cli import cli
+from gpuq.errors import ConfigError
+from gpuq.scripts import SCRIPT_NAMES
+
+SECRET = "s3cret"
+
+
+def test_every_script_belongs_to_a_role_and_no_role_gets_an_admin_command() -> None:
+    """A new script must be given to a role (its commands then join that role's rules)."""
+    ran = {name for spec in acl.ROLES.values() for name in spec.scripts}
+    assert ran == set(SCRIPT_NAMES)
+    assert {"set", "hvals", "zcount"} <= acl.script_commands("lead") | acl.script_commands("enqueue") | \
+        acl.script_commands("retire")  # read from the Lua source, helpers included
+    for role in acl.ROLES:
+        granted = set(acl.commands(role))
+        assert not {"flushall", "flushdb", "config", "keys", "eval", "script|flush", "debug", "acl",
+                    "shutdown", "subscribe", "publish"} & granted, role
+        assert {"ping", "select"} <= granted
+    assert "evalsha" not in acl.commands("observer") and "set" not in acl.commands("producer")
+    assert "blmove" not in acl.commands("worker") and "hincrbyfloat" not in acl.commands("reaper")
+
+
+def test_acl_line_holds_the_hash_not_the_password() -> None:
+    line = acl.setuser("worker", "p[1]", "gpuq-w", SECRET)
+    assert SECRET not in line and "#" in line
+    assert " ~gpuq:{p\\[1\\]}:* resetchannels -@all " in line
+    with pytest.raises(ConfigError, match="unknown role"):
+        acl.setuser("admin", "p", "u", "pw")
+
+
+def test_gpuq_acl_prints_the_line_for_this_pool() -> None:
+    env = {"GPUQ_ACL_PW": SECRET, "GPUQ_PREFIX": "gq"}
+    result = CliRunner().invoke(cli, ["--pool", "batch", "acl", "--role", "reaper", "--password-env",
+                                      "GPUQ_ACL_PW"], env=env)
+    assert result.exit_code == 0, result.output
+    digest = hashlib.sha256(SECRET.encode()).hexdigest()
+    assert result.stdout.startswith(f"ACL SETUSER gpuq-reaper-batch reset on #{digest} ~gq:{{batch}}:* ")
+    assert SECRET not in result.output and "+set" in result.stdout.split()
+    missing = CliRunner().invoke(cli, ["acl", "--role", "worker", "--password-env", "GPUQ_ACL_UNSET"])
+    assert missing.exit_code == 1
+    assert missing.stderr == ("Error: configuration: --password-env GPUQ_ACL_UNSET: the variable is "
+                              "unset or empty\n")

@@ -1,0 +1,233 @@
+"""URLs to clients, Redis faults to one-line errors, credentials masked (no server needed)."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio.sentinel
+import redis.sentinel
+
+from gpuq.client import Queue
+from gpuq.client import connect as client_connect
+from gpuq.config import Config
+from gpuq.connection import (
+    Hosts,
+    SentinelTlsConnection,
+    Tls,
+    TlsConnection,
+    connect,
+    connect_async,
+    redis_errors,
+)
+from gpuq.errors import (
+    AuthenticationFailed,
+    ConfigError,
+    ConnectionFailed,
+    NoMaster,
+    PermissionDenied,
+    TlsFailed,
+)
+from gpuq.redact import redact
+
+SECRET = "s3cret"
+
+
+@pytest.mark.parametrize(("text", "shown"), [
+    ("redis://:s3cret@host:6380/0", "redis://:***@host:6380/0"),
+    ("rediss://user:s3cret@host/1", "rediss://user:***@host/1"),
+    ("error at redis://u:s3cret@h:1/0: boom", "error at redis://u:***@h:1/0: boom"),
+    ("redis+sentinel://:s3cret@a:26379,b:26380/mymaster/2",
+     "redis+sentinel://:***@a:26379,b:26380/mymaster/2"),
+    ("redis://:p@ss/w0rd@host:6379/0", "redis://:***@host:6379/0"),  # unencoded @ and /
+    ("redis+sentinel://h:1/m?sentinel_password=s3cret&x=1", "redis+sentinel://h:1/m?sentinel_password=***&x=1"),
+    ("redis://h:1/0?password=s3cret", "redis://h:1/0?password=***"),
+    ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+    ("redis://name@host:6379/0", "redis://name@host:6379/0"),  # a user name alone is not secret
+    ("mail me at a@b.c, ratio 3:4", "mail me at a@b.c, ratio 3:4"),
+])
+def test_redact_masks_passwords_only(text: str, shown: str) -> None:
+    assert redact(text) == shown
+    assert redact(shown) == shown
+
+
+def test_errors_carry_the_masked_url() -> None:
+    for error in (ConnectionFailed, AuthenticationFailed, TlsFailed, NoMaster, PermissionDenied):
+        exc = error("redis://u:s3cret@h:1/0", "cause with redis://:s3cret@other/0")
+        assert SECRET not in str(exc) and SECRET not in exc.url and SECRET not in exc.cause, error
+    assert str(AuthenticationFailed("redis://:s3cret@h:1/0", "WRONGPASS")) == \
+        "authentication failed for Redis at redis://:***@h:1/0: WRONGPASS"
+
+
+def _raised_by(exc: BaseException, url: str = "redis://:s3cret@h:1/0") -> BaseException:
+    with pytest.raises(Exception) as info:
+        with redis_errors(url):
+            raise exc
+    return info.value
+
+
+def _ssl_wrapped(inner: BaseException) -> redis.ConnectionError:
+    """What redis-py raises: a ConnectionError while handling the ssl error."""
+    try:
+        raise inner
+    except OSError:
+        try:
+            raise redis.ConnectionError("Error 1 connecting to h:1. [SSL] ...")
+        except redis.ConnectionError as exc:
+            return exc
+    raise AssertionError("unreachable")
+
+
+def test_redis_errors_name_the_fault() -> None:
+    cases: list[tuple[BaseException, type[BaseException], str]] = [
+        (redis.AuthenticationError("invalid username-password pair or user is disabled."),
+         AuthenticationFailed, "authentication failed for Redis at redis://:***@h:1/0: invalid"),
+        (redis.AuthenticationError("Authentication required."), AuthenticationFailed,
+         "Authentication required"),
+        (redis.sentinel.MasterNotFoundError(  # redis-py 8, and 5's repr
+            "No master found for 'm' : <Redis<Conn(host=h,port=1)>)> - network:ConnectionError, "
+            "<Redis<Conn(host=h,port=2)>)> - TimeoutError('Timeout connecting')"),
+         NoMaster, "No master found for 'm' (Sentinels that failed: ConnectionError, TimeoutError)"),
+        (redis.asyncio.sentinel.MasterNotFoundError("No master found for 'm'"), NoMaster, "for 'm'"),
+        (redis.exceptions.NoPermissionError("NOPERM this user has no permissions to run the 'get' command"),
+         PermissionDenied, "refused a command to this user: NOPERM"),
+        (redis.ResponseError("The user executing the script can't run this command or subcommand"),
+         PermissionDenied, "can't run this command"),
+        (redis.ConnectionError("Error 111 connecting to h:1. Connection refused."), ConnectionFailed,
+         "cannot reach Redis at redis://:***@h:1/0: Error 111"),
+        (redis.TimeoutError("Timeout connecting to server"), ConnectionFailed, "Timeout connecting"),
+        (_ssl_wrapped(ssl.SSLCertVerificationError(1, "certificate verify failed")), TlsFailed,
+         "TLS handshake with Redis at redis://:***@h:1/0 failed: certificate verify failed"),
+    ]
+    for exc, kind, fragment in cases:
+        raised = _raised_by(exc)
+        assert type(raised) is kind, (exc, raised)
+        assert fragment in str(raised), str(raised)
+        assert SECRET not in str(raised)
+        assert raised.__cause__ is None and raised.__suppress_context__
+
+
+def test_other_server_errors_pass_through() -> None:
+    error = redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value")
+    assert _raised_by(error) is error
+
+
+def test_hosts_of_a_sentinel_url() -> None:
+    hosts = Hosts.parse("rediss+sentinel://us%40r:p%3Aw@a:1,[::1]:2,b/master/3?sentinel_password=x", 26379)
+    assert hosts.tls and hosts.username == "us@r" and hosts.password == "p:w"
+    assert hosts.nodes == [("a", 1), ("::1", 2), ("b", 26379)]
+    assert hosts.path == ["master", "3"] and hosts.query == {"sentinel_password": "x"}
+
+
+def test_sentinel_url_gives_a_master_client() -> None:
+    client = connect("redis+sentinel://:pw@127.0.0.1:1,127.0.0.1:2/mymaster/2?sentinel_password=sp")
+    pool: Any = client.connection_pool
+    assert isinstance(pool, redis.sentinel.SentinelConnectionPool)
+    assert pool.service_name == "mymaster" and pool.is_master
+    kwargs = pool.connection_kwargs
+    assert kwargs["db"] == 2 and kwargs["password"] == "pw" and kwargs["decode_responses"]
+    sentinels = pool.sentinel_manager.sentinels
+    assert [s.connection_pool.connection_kwargs["port"] for s in sentinels] == [1, 2]
+    assert sentinels[0].connection_pool.connection_kwargs["password"] == "sp"
+    assert sentinels[0].connection_pool.connection_kwargs["retry"] is None  # next Sentinel at once
+    client.close()
+
+
+def test_tls_sentinel_url_uses_tls_to_master_and_sentinels(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not read before a connection is made")
+    client = connect("rediss+sentinel://h:1/m", tls=Tls(ca=str(ca)))
+    pool: Any = client.connection_pool
+    assert pool.connection_class is SentinelTlsConnection
+    assert pool.connection_kwargs["ssl_ca_certs"] == str(ca)
+    sentinel_kwargs = pool.sentinel_manager.sentinels[0].connection_pool.connection_kwargs
+    assert sentinel_kwargs["ssl_ca_certs"] == str(ca)
+    client.close()
+
+
+@pytest.mark.parametrize(("url", "fragment"), [
+    ("redis+sentinel://h:1", "master-name"),
+    ("redis+sentinel://h:1/m/0/extra", "master-name"),
+    ("redis+sentinel://h:1/m?sentinel_pasword=x", "unknown parameters"),
+    ("redis+sentinel://:s3cret@/m", "no host"),
+    ("redis+sentinel://:s3cret@h:port/m", "invalid literal"),
+    ("redis://:s3cret@h:port/0", "Port could not be cast"),
+])
+def test_malformed_urls_are_configuration_errors(url: str, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment) as info:
+        connect(url)
+    assert SECRET not in str(info.value)
+
+
+def test_tls_files_are_checked_and_need_rediss(tmp_path: Path) -> None:
+    pem = tmp_path / "x.pem"
+    pem.write_text("x")
+    with pytest.raises(ConfigError, match="--tls-ca '/nonexistent/ca.pem': no such readable file"):
+        connect("rediss://h:1/0", tls=Tls(ca="/nonexistent/ca.pem"))
+    with pytest.raises(ConfigError, match="--tls-key needs --tls-cert"):
+        connect("rediss://h:1/0", tls=Tls(key=str(pem)))
+    with pytest.raises(ConfigError, match="is not TLS: use rediss://") as info:
+        connect("redis://:s3cret@h:1/0", tls=Tls(ca=str(pem)))
+    assert SECRET not in str(info.value)
+    client = connect("rediss://h:1/0", tls=Tls(ca=str(pem), cert=str(pem), key=str(pem)))
+    kwargs = client.connection_pool.connection_kwargs
+    assert client.connection_pool.connection_class is TlsConnection
+    assert (kwargs["ssl_ca_certs"], kwargs["ssl_certfile"], kwargs["ssl_keyfile"]) == (str(pem),) * 3
+    assert kwargs["ssl_cert_reqs"] == "required"
+    client.close()
+
+
+def test_queue_from_url_takes_tls_from_its_config(tmp_path: Path) -> None:
+    pem = tmp_path / "ca.pem"
+    pem.write_text("x")
+    queue = Queue.from_url("rediss://h:1/0", pool="p", config=Config(tls_ca=str(pem)))
+    assert queue.redis.connection_pool.connection_kwargs["ssl_ca_certs"] == str(pem)
+    queue.close()
+    assert client_connect is connect  # still importable from gpuq.client
+
+
+def test_async_client_of_each_url_kind() -> None:
+    sentinel: Any = connect_async("redis+sentinel://h:1/m").connection_pool
+    assert isinstance(sentinel, redis.asyncio.sentinel.SentinelConnectionPool)
+    secure: Any = connect_async("rediss+sentinel://h:1/m").connection_pool
+    assert secure.connection_class is redis.asyncio.sentinel.SentinelManagedSSLConnection
+    plain = connect_async("rediss://h:1/0")
+    assert plain.connection_pool.connection_kwargs["ssl_cert_reqs"] == "required"
+    with pytest.raises(ConfigError, match="does not support redis\\+cluster"):
+        connect_async("redis+cluster://h:1")
+
+
+def test_cluster_urls_go_to_gpuq_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+
+    def fake(nodes: list[tuple[str, int]], pool: str, **options: Any) -> str:
+        seen.update(nodes=nodes, pool=pool, **options)
+        return "cluster client"
+
+    import gpuq.cluster
+
+    monkeypatch.setattr(gpuq.cluster, "cluster_client", fake)
+    assert connect("redis+cluster://u:pw@a:7000,b:7001", pool="p") == "cluster client"  # type: ignore[comparison-overlap]
+    assert seen["nodes"] == [("a", 7000), ("b", 7001)] and seen["pool"] == "p"
+    assert seen["username"] == "u" and seen["password"] == "pw" and "ssl" not in seen
+
+
+def test_tls_handshake_with_a_silent_port_times_out() -> None:
+    """rediss:// to a port that never speaks TLS fails after the connect timeout instead
+    of waiting forever (gpuq clients have no read timeout)."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        port = silent.getsockname()[1]
+        client = connect(f"rediss://127.0.0.1:{port}/0", socket_connect_timeout=0.3, retry=None)
+        started = time.monotonic()
+        with pytest.raises(TlsFailed, match="no TLS handshake within the connect timeout"):
+            with redis_errors(f"rediss://127.0.0.1:{port}/0"):
+                client.ping()
+        assert time.monotonic() - started < 3
+        client.close()
