@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from enum import Enum, IntEnum
 from typing import Any, NamedTuple
 
-from gpuq.errors import DuplicateTask, InvalidTask
+from gpuq.errors import CorruptTask, DuplicateTask, InvalidTask
 
 MAX_PAYLOAD_BYTES = 1 << 20  # 1 MiB: a task carries parameters, not tensors
 MAX_RESULT_BYTES = 1 << 20  # 1 MiB: results too (ack.lua refuses larger); outputs go to storage
@@ -132,7 +132,7 @@ def encode_payload(payload: object) -> str:
         raise InvalidTask("payload must be JSON-serializable data, not bytes")
     try:
         text = JSON.encode(payload)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidTask(f"payload is not JSON-serializable: {exc}") from None
     if len(text) > MAX_PAYLOAD_BYTES:  # JSON escapes non-ASCII: one byte per character
         raise InvalidTask(f"payload is larger than {MAX_PAYLOAD_BYTES} bytes")
@@ -145,6 +145,8 @@ def parse_payload_text(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidTask(f"payload is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    except (ValueError, RecursionError) as exc:  # an integer past 4300 digits; nested too deep
+        raise InvalidTask(f"payload is not usable JSON: {exc}") from None
 
 
 class TaskSpec(NamedTuple):
@@ -252,6 +254,17 @@ class TaskRecord:
 
     @classmethod
     def from_fields(cls, fields: dict[str, str]) -> TaskRecord:
+        """The record of a stored hash; CorruptTask names the field a hash damaged or
+        written by hand gets wrong, rather than a stack trace."""
+        try:
+            return cls._read(fields)
+        except KeyError as exc:
+            raise CorruptTask(fields.get("id", "?"), f"field {exc.args[0]} is missing") from None
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise CorruptTask(fields.get("id", "?"), f"{type(exc).__name__}: {exc}") from None
+
+    @classmethod
+    def _read(cls, fields: dict[str, str]) -> TaskRecord:
         result = fields.get("result", "")
         return cls(
             id=fields["id"],

@@ -17,15 +17,66 @@ local function task_key(id) return B .. 'task:' .. id end
 local function queue_key(p, m) return B .. 'q:' .. p .. ':' .. m end
 local function index_key(p) return B .. 'models:' .. p end
 
--- ARGV "0" or "" means: use the server's clock, so hosts with skewed clocks agree.
+-- A text as a finite number, or nil: tonumber also reads "nan", "inf" and "1e309".
+local function finite(text)
+  local n = tonumber(text)
+  if n and n > -math.huge and n < math.huge then return n end  -- nan fails both
+  return nil
+end
+
+-- ARGV[i] as a number in [lo, hi] (an integer with int), or nil. Scripts check every
+-- argument before they write: a malformed call is answered {1, 0, reason} (INVALID) and
+-- changes nothing, rather than stopping on a Lua error halfway through its writes.
+local function arg_num(i, lo, hi, int)
+  local n = tonumber(ARGV[i])  -- finite bounds: nan, inf and 1e309 fail them
+  if n and n >= lo and n <= hi and (not int or n == math.floor(n)) then return n end
+  return nil
+end
+
+-- ARGV[i] as a result TTL (ms): up to 13 digits (317 years) without a leading zero, kept as
+-- text as PEXPIRE takes it (it refuses "0123"); nil for anything else.
+local function ttl_arg(i)
+  local t = ARGV[i]
+  if t and #t <= 13 and (t == '0' or string.find(t, '^[1-9]%d*$')) then return t end
+  return nil
+end
+
+-- A priority as its level's text ("0".."3"; from text or a number), or nil.
+local function level(p)
+  p = tostring(p)
+  if p == '0' or p == '1' or p == '2' or p == '3' then return p end
+  return nil
+end
+
+-- ARGV "0" or "" means: use the server's clock, so hosts with skewed clocks agree; else an
+-- integer ms up to 1e15 (the year 33658). nil for anything else (callers answer INVALID).
 local function clock(arg)
-  local n = tonumber(arg)
-  if n and n > 0 then return n end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local n = arg == '' and 0 or finite(arg)
+  if n == 0 then
+    local t = redis.call('TIME')
+    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  if n and n > 0 and n <= 1e15 and n == math.floor(n) then return n end
+  return nil
 end
 
 local function ms(n) return string.format('%d', n) end
+
+-- Which field of a stored task keeps it from being queued (missing or malformed: a hash
+-- corrupted by hand or by a foreign client), or nil. Scripts end such a task "failed" with
+-- the field in its error rather than stop on it, so it wedges no queue and reaches no worker.
+local function defect(p, m, vram, est, score, deadline)
+  if not level(p) then return 'priority' end
+  if not m or m == '' then return 'model' end
+  local v, e = finite(vram), finite(est)
+  if not v or v <= 0 then return 'vram_gb' end
+  if not e or e < 0 or e > 1e10 then return 'est_s' end
+  if not finite(score) then return 'score' end
+  if deadline and deadline ~= '' and not finite(deadline) then return 'deadline' end
+  return nil
+end
+
+local function corrupt(field) return 'corrupt task: field ' .. field .. ' is missing or malformed' end
 
 -- Strict JSON check: the server's cjson also accepts hex numbers, nan and inf, which JSON
 -- readers reject. Its leniency is a VM-wide setting, so it is restored afterwards.
@@ -73,7 +124,7 @@ local function withdraw_yield(id, w, victim, now)
   if v[1] ~= 'running' or v[2] ~= id then return end
   redis.call('HDEL', task_key(victim), 'yield_by', 'yield_for')
   redis.call('HINCRBY', K_STATS, 'preempt:withdrawn', 1)
-  redis.call('HINCRBY', K_STATS, 'preempt:withdrawn:P' .. v[4], 1)
+  if level(v[4]) then redis.call('HINCRBY', K_STATS, 'preempt:withdrawn:P' .. v[4], 1) end
   local ctl = B .. 'ctl:' .. v[3]
   for _, msg in ipairs(redis.call('LRANGE', ctl, 0, -1)) do
     if string.sub(msg, 1, 7 + #victim) == 'yield ' .. victim .. ' ' then
@@ -139,7 +190,7 @@ local function busy_holders_of(m, need, p, except)
   for _, w in ipairs(holders) do
     if w ~= except and not redis.call('ZSCORE', K_IDLE, w) then
       local g = redis.call('HMGET', B .. 'worker:' .. w, 'vram_total_gb', 'kv_reserve_gb', 'levels')
-      if g[1] and tonumber(g[1]) - tonumber(g[2] or 0) >= need
+      if finite(g[1]) and finite(g[1]) - (finite(g[2]) or 0) >= need
           and string.find(g[3] or '0123', tostring(p), 1, true) then
         out[#out + 1] = w
       end
@@ -155,7 +206,7 @@ local function yielding_holder(m, need, p)
   for _, w in ipairs(busy_holders_of(m, need, p, nil)) do
     for _, t in ipairs(redis.call('SMEMBERS', B .. 'worker:' .. w .. ':tasks')) do
       local r = redis.call('HMGET', task_key(t), 'priority', 'preemptible')
-      if r[2] == '1' and tonumber(r[1]) > tonumber(p) then return w end
+      if r[2] == '1' and level(r[1]) and tonumber(r[1]) > tonumber(p) then return w end
     end
   end
   return nil
@@ -201,8 +252,9 @@ end
 local function handover(w)
   local h = redis.call('HMGET', B .. 'worker:' .. w, 'concurrency', 'handover_defer_ms', 'fair_every',
     'lease_ms')
-  if h[1] ~= '1' or not h[2] or h[2] == '' or not h[4] or h[4] == '' then return nil end
-  return {defer = tonumber(h[2]), fair_every = tonumber(h[3]), lease = tonumber(h[4])}
+  local defer, fair_every, lease = finite(h[2]), finite(h[3]), finite(h[4])
+  if h[1] ~= '1' or not (defer and fair_every and lease) then return nil end
+  return {defer = defer, fair_every = fair_every, lease = lease}
 end
 
 -- Remember a missed SLA for `gpuq top` (newest first, the last 100).
@@ -235,9 +287,9 @@ end
 -- The catalog's mean measured load time of model m (ms; 0 before its first load).
 local function mean_load_ms(m)
   local c = redis.call('HMGET', B .. 'model:' .. m, 'loads', 'total_load_s')
-  local loads = tonumber(c[1] or 0) or 0
-  if loads < 1 then return 0 end
-  return math.floor(tonumber(c[2]) / loads * 1000)
+  local loads, total = finite(c[1]) or 0, finite(c[2]) or 0
+  if loads < 1 or total < 0 then return 0 end
+  return math.floor(total / loads * 1000)
 end
 
 -- A cold start (the worker loads the task's model first): note when the model should be
@@ -252,9 +304,9 @@ end
 -- Fairness after a dispatch at level p: its debt is paid; each lower level with work saw
 -- one more higher dispatch (fair: the `fair` hash's values for levels 1..3).
 local function count_dispatch(p, fair, fair_every)
-  if p > 0 and tonumber(fair[p] or 0) ~= 0 then redis.call('HSET', B .. 'fair', tostring(p), '0') end
+  if p > 0 and finite(fair[p]) ~= 0 then redis.call('HSET', B .. 'fair', tostring(p), '0') end
   for q = p + 1, 3 do
-    if redis.call('EXISTS', index_key(q)) == 1 and tonumber(fair[q] or 0) < fair_every then
+    if redis.call('EXISTS', index_key(q)) == 1 and (finite(fair[q]) or 0) < fair_every then
       redis.call('HINCRBY', B .. 'fair', tostring(q), 1)
     end
   end
@@ -273,18 +325,6 @@ local function index(id, p, m, score, need)
   redis.call('ZADD', queue_key(p, m), score, id)
   redis.call('ZADD', index_key(p), 'LT', score, m)
   redis.call('ZADD', K_NEED, need, id)
-end
-
--- Put a stored task back into its queue at its stored score, and wake a worker for it.
-local function push(id)
-  local f = redis.call('HMGET', task_key(id), 'priority', 'model', 'score', 'vram_gb', 'deadline', 'est_s')
-  index(id, f[1], f[2], f[3], f[4])
-  watch_deadline(id, f[5], f[6])
-  local idle_n = redis.call('ZCARD', K_IDLE)
-  local offered, woken = wake(f[2], tonumber(f[4]), f[1], idle_n)
-  redis.call('HSET', task_key(id), 'offered', offered or '')
-  -- a woken worker has left the idle set: a pool-wide wake too while others remain
-  if not woken or idle_n > 1 then wake_pool(1) end
 end
 
 -- Take a queued task out of its queue and the indexes (the deadline index unless the
@@ -306,7 +346,8 @@ end
 local function finish(id, state, now, ttl, field, value, p)
   local tk = task_key(id)
   redis.call('HSET', tk, 'state', state, 'finished_at', ms(now), field, value)
-  redis.call('HINCRBY', K_STATS, state .. ':P' .. (p or redis.call('HGET', tk, 'priority')), 1)
+  p = level(p or redis.call('HGET', tk, 'priority'))  -- none in a corrupt hash
+  if p then redis.call('HINCRBY', K_STATS, state .. ':P' .. p, 1) end
   local done = B .. 'done:' .. id
   redis.call('LPUSH', done, state)
   redis.call('PEXPIRE', done, ttl)
@@ -319,22 +360,58 @@ local function finish(id, state, now, ttl, field, value, p)
   end
 end
 
+-- End a task whose hash is corrupt (`defect`): failed, with the field in its error, and out
+-- of its queue (when its priority and model name one) and the indexes.
+local function fail_corrupt(id, field, p, m, now, ttl)
+  if type(p) == 'string' and type(m) == 'string' then
+    unqueue(id, p, m)
+  else
+    redis.call('ZREM', K_NEED, id)
+    redis.call('ZREM', K_DEADLINES, id)
+  end
+  finish(id, 'failed', now, ttl, 'error', corrupt(field))
+end
+
+-- Put a stored task back into its queue at its stored score, and wake a worker for it.
+-- Returns "queued", or "failed" for a corrupt hash (`fail_corrupt`, kept for ttl ms).
+local function push(id, now, ttl)
+  local f = redis.call('HMGET', task_key(id), 'priority', 'model', 'score', 'vram_gb', 'deadline', 'est_s')
+  local bad = defect(f[1], f[2], f[4], f[6], f[3], f[5])
+  if bad then
+    fail_corrupt(id, bad, f[1], f[2], now, ttl)
+    return 'failed'
+  end
+  index(id, f[1], f[2], f[3], f[4])
+  watch_deadline(id, f[5], f[6])
+  local idle_n = redis.call('ZCARD', K_IDLE)
+  local offered, woken = wake(f[2], tonumber(f[4]), f[1], idle_n)
+  redis.call('HSET', task_key(id), 'offered', offered or '')
+  -- a woken worker has left the idle set: a pool-wide wake too while others remain
+  if not woken or idle_n > 1 then wake_pool(1) end
+  return 'queued'
+end
+
 -- Running task back to its queue (lost lease, shutdown, yield). consume=false gives the
--- attempt back. Fails it for good once a lost lease has used its last attempt.
+-- attempt back. Fails it for good once a lost lease has used its last attempt, or when its
+-- attempt counts are corrupt.
 local function requeue(id, now, reason, consume, ttl)
   local tk = task_key(id)
-  local f = redis.call('HMGET', tk, 'worker', 'attempt', 'max_attempts')
+  local f = redis.call('HMGET', tk, 'worker', 'attempt', 'max_attempts', 'priority', 'model')
   release(id, f[1])
   redis.call('HDEL', tk, 'yield_by', 'yield_for')
-  if consume and tonumber(f[2]) >= tonumber(f[3]) then
+  local attempt, tries = finite(f[2]), finite(f[3])
+  if not (attempt and attempt == math.floor(attempt) and tries) then
+    fail_corrupt(id, attempt and 'max_attempts' or 'attempt', f[4], f[5], now, ttl)
+    return 'failed'
+  end
+  if consume and attempt >= tries then
     finish(id, 'failed', now, ttl, 'error', reason .. ' (after ' .. f[2] .. ' attempts)')
     return 'failed'
   end
-  if not consume then redis.call('HINCRBY', tk, 'attempt', -1) end
+  if not consume then attempt = attempt - 1 end
   redis.call('HSET', tk, 'state', 'queued', 'worker', '', 'token', '', 'error', reason,
-    'queued_at', ms(now), 'ready_at', '')
-  push(id)
-  return 'queued'
+    'queued_at', ms(now), 'ready_at', '', 'attempt', ms(attempt))
+  return push(id, now, ttl)
 end
 
 -- The wake list entry of task id handed over to worker w, while the worker has not popped it.
@@ -355,33 +432,36 @@ end
 -- still unread at its deadline (its worker died idle, or stalls) is taken off the wake list,
 -- so it cannot run there, and requeued with its attempt given back. Returns the earliest
 -- deadline of those still unread in time (nil if none).
-local function reclaim_handed(now, limit)
+local function reclaim_handed(now, limit, ttl)
   local pending
   local entries = redis.call('ZRANGE', K_HANDED, 0, limit - 1, 'WITHSCORES')
   for i = 1, #entries, 2 do
     local id, at = entries[i], tonumber(entries[i + 1])
     local f = redis.call('HMGET', task_key(id), 'state', 'worker')
-    local msg = f[1] == 'running' and unread_handover(f[2], id)
+    local msg = f[1] == 'running' and f[2] and unread_handover(f[2], id)
     if msg and at > now then
       pending = math.min(pending or at, at)
     else
       redis.call('ZREM', K_HANDED, id)
       if msg then
         redis.call('LREM', B .. 'wake:' .. f[2], 1, msg)
-        requeue(id, now, 'its worker did not pick it up', false, 0)
+        requeue(id, now, 'its worker did not pick it up', false, ttl)
       end
     end
   end
   return pending
 end
 
--- Move retries whose backoff has passed back into their queues (bounded per call).
-local function promote_due(now, limit)
+-- Move retries whose backoff has passed back into their queues (bounded per call; ttl: how
+-- long one failed for a corrupt hash stays readable).
+local function promote_due(now, limit, ttl)
   local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, limit)
   for _, id in ipairs(due) do
     redis.call('ZREM', K_DELAYED, id)
-    redis.call('HSET', task_key(id), 'state', 'queued', 'queued_at', ms(now))
-    push(id)
+    if redis.call('EXISTS', task_key(id)) == 1 then  -- a hash deleted meanwhile: nothing to run
+      redis.call('HSET', task_key(id), 'state', 'queued', 'queued_at', ms(now))
+      push(id, now, ttl)
+    end
   end
   return #due
 end

@@ -7,16 +7,19 @@
 -- ARGV[4]  result (JSON text)
 -- ARGV[5]  result TTL (ms): how long the ended task stays readable
 -- Returns  {0}        succeeded
---          {1, 0, reason} INVALID: the result is not JSON text
+--          {1, 0, reason} INVALID: a malformed argument, or the result is larger than
+--                     1048576 bytes or not JSON text (nothing written; the task keeps running)
 --          {4}        NOT_FOUND
 --          {5, state} STALE_LEASE: the task is no longer running under this token
 
-local id, token, now = ARGV[1], ARGV[2], clock(ARGV[3])
+if #ARGV ~= 5 then return {1, 0, 'expected 5 arguments'} end
+local id, token, now, ttl = ARGV[1], ARGV[2], clock(ARGV[3]), ttl_arg(5)
+if not (now and ttl) then return {1, 0, 'now and ttl must be ms >= 0'} end
 local f = redis.call('HMGET', task_key(id), 'state', 'token', 'worker', 'priority')
 if not f[1] then return {4} end
 if f[1] ~= 'running' or f[2] ~= token then return {5, f[1]} end
+if #ARGV[4] > 1048576 then return {1, 0, 'result is larger than 1048576 bytes'} end
 if not is_json(ARGV[4]) then return {1, 0, 'result is not valid JSON'} end
 release(id, f[3])
--- the TTL as sent: a number would be formatted back into text for PEXPIRE
-finish(id, 'succeeded', now, ARGV[5], 'result', ARGV[4], f[4])
+finish(id, 'succeeded', now, ttl, 'result', ARGV[4], f[4])
 return {0}

@@ -6,14 +6,23 @@
 -- ARGV[2]  now (ms; "0" = server clock)
 -- ARGV[3]  result TTL (ms)
 -- Returns  {0, previous_state} | {4} NOT_FOUND | {6, state} FINISHED (already ended)
+--          {1, 0, reason} INVALID: a malformed argument (nothing written)
+-- A hash corrupt in its state (none of the above) counts as ended: FINISHED.
 
-local id, now = ARGV[1], clock(ARGV[2])
+if #ARGV ~= 3 then return {1, 0, 'expected 3 arguments'} end
+local id, now, ttl = ARGV[1], clock(ARGV[2]), ttl_arg(3)
+if not (now and ttl) then return {1, 0, 'now and ttl must be ms >= 0'} end
 local f = redis.call('HMGET', task_key(id), 'state', 'priority', 'model', 'worker', 'reserved_for',
   'yield_victim')
 local state = f[1]
 if not state then return {4} end
 if state == 'queued' then
-  unqueue(id, f[2], f[3])
+  if f[2] and f[3] then
+    unqueue(id, f[2], f[3])
+  else  -- a corrupt hash: its queue's entry goes at the next claim that meets it
+    redis.call('ZREM', K_NEED, id)
+    redis.call('ZREM', K_DEADLINES, id)
+  end
   withdraw_yield(id, f[5], f[6], now)
 elseif state == 'delayed' then
   redis.call('ZREM', K_DELAYED, id)
@@ -22,5 +31,5 @@ elseif state == 'running' then
 else
   return {6, state}
 end
-finish(id, 'canceled', now, tonumber(ARGV[3]), 'error', 'canceled')
+finish(id, 'canceled', now, ttl, 'error', 'canceled')
 return {0, state}

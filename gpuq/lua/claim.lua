@@ -36,21 +36,39 @@
 --                                            model, vram_gb, priority, est_s, attempt,
 --                                            deadline, tenant, checkpoint, enqueued_at,
 --                                            queued_at, started_at (ms)
+--          {1, 0, reason}                   INVALID: a malformed argument (nothing written)
+-- A queued task no claim could run wedges nothing: an id whose hash is gone (or is no longer
+-- queued) leaves its queue; one whose hash has a field missing or malformed (see `readable`)
+-- ends failed with "corrupt task: field <name> is missing or malformed" in its error.
 -- A first attempt counts in stats as sla_met:P<n> or sla_missed:P<n> (started by its queue
 -- score, the start-by time, or not); a miss is also noted in `misses` for gpuq top.
 
+if #ARGV < 17 or #ARGV % 2 == 0 then return {1, 0, 'expected 17 arguments, then model, footprint pairs'} end
 local worker, now = ARGV[1], clock(ARGV[2])
-local free, evictable, slots = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local lease, fair_every, levels = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
-local scan = tonumber(ARGV[9])
-local defer = {tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])}
-local hold = {tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17])}
+local free, evictable, slots = arg_num(3, -1e9, 1e9), arg_num(4, 0, 1e9), arg_num(5, 1, 1e6, true)
+local lease, fair_every, levels = arg_num(6, 0, 1e12, true), arg_num(7, 1, 1e9, true), ARGV[8]
+local scan = arg_num(9, 0, 1e4, true)
+if worker == '' then return {1, 0, 'worker id must not be empty'} end
+if not now then return {1, 0, 'now must be ms >= 0'} end
+if not (free and evictable and slots and lease and fair_every and scan) then
+  return {1, 0, 'free and evictable GB, slots, lease, fair_every and scan must be numbers in range'}
+end
+if not string.find(levels, '^[0-3]+$') then return {1, 0, 'levels must be digits 0..3'} end
+local defer, hold = {}, {}
+for p = 1, 4 do
+  defer[p], hold[p] = arg_num(9 + p, 0, 1e13), arg_num(13 + p, 0, 1e13)
+  if not (defer[p] and hold[p]) then return {1, 0, 'defer bounds and holder waits must be ms >= 0'} end
+end
 local held, held_names = {}, {}
 for i = 18, #ARGV, 2 do
-  held[ARGV[i]] = tonumber(ARGV[i + 1])
+  held[ARGV[i]] = arg_num(i + 1, 0, 1e9)
+  if ARGV[i] == '' or not held[ARGV[i]] then return {1, 0, 'loaded models must be name, GB pairs'} end
   held_names[#held_names + 1] = ARGV[i]
 end
 local claimable = free + evictable
+-- claim takes no result TTL: a task it fails for a corrupt hash stays readable for the
+-- default one (7 days)
+local TTL = '604800000'
 
 -- Room for a task of a model this worker holds (footprint GB): free VRAM plus the other idle
 -- models, which the worker evicts for it as for a cold load (its ModelCache does the same).
@@ -60,8 +78,8 @@ local function held_room(footprint)
   return free + math.max(0, evictable - footprint)
 end
 
-promote_due(now, 20)
-local unread_until = reclaim_handed(now, 8)
+promote_due(now, 20, TTL)
+local unread_until = reclaim_handed(now, 8, TTL)
 
 -- Workers a skipped task is passed on to: the better-placed worker a cold task was left
 -- for is woken (it may be blocked), and so is one that fits a task too big for this one.
@@ -83,8 +101,9 @@ local function busy_holders(m, need, p)
     n = n + 1
     for _, t in ipairs(redis.call('SMEMBERS', B .. 'worker:' .. w .. ':tasks')) do
       local r = redis.call('HMGET', task_key(t), 'started_at', 'est_s')
-      if r[1] and r[2] then
-        soonest = math.min(soonest, math.max(0, tonumber(r[1]) + tonumber(r[2]) * 1000 - now) / 1000)
+      local started, est = finite(r[1]), finite(r[2])
+      if started and est then
+        soonest = math.min(soonest, math.max(0, started + est * 1000 - now) / 1000)
       end
     end
   end
@@ -101,17 +120,69 @@ local function wait_for_holders(m, need, p, k, est_s, left_s)
   return n > 0 and free_in + math.floor((k - 1) / n) * est_s <= left_s
 end
 
--- First task of queue (p, m) this worker can run, with the VRAM it will use.
+-- Whether a number's text is hex, which tonumber reads and a worker's float() does not.
+local function hex(v) return string.find(v, '[xX]') ~= nil end
+
+-- An epoch ms field as an integer (0..1e15), or nil: its reply text is that integer.
+local function epoch(v)
+  local n = finite(v)
+  if n and n >= 0 and n <= 1e15 and n == math.floor(n) then return n end
+  return nil
+end
+
+-- The fields of task id of queue (p, m) that the claim reply and later scripts rely on, the
+-- attempt and times in the reply's form; or nil when one is missing or malformed: the task
+-- is then failed with that field in its error, so a corrupt hash reaches no worker.
+local function readable(id, p, m)
+  local f = redis.call('HMGET', task_key(id), 'handler', 'payload', 'model', 'vram_gb', 'priority',
+    'est_s', 'attempt', 'deadline', 'tenant', 'checkpoint', 'enqueued_at', 'queued_at', 'score',
+    'reserved_for', 'yield_victim', 'max_attempts')
+  local attempt, tries = finite(f[7] ~= '' and f[7] or 0), finite(f[16])
+  local has_deadline = f[8] and f[8] ~= ''
+  local bad = f[5] ~= tostring(p) and 'priority' or f[3] ~= m and 'model'
+    or defect(f[5], f[3], f[4], f[6], f[13], f[8])
+    or hex(f[4]) and 'vram_gb' or hex(f[6]) and 'est_s'  -- the reply passes both on as stored
+  if bad then
+  elseif not f[1] or f[1] == '' then bad = 'handler'
+  elseif not f[2] then bad = 'payload'
+  elseif not f[9] then bad = 'tenant'
+  elseif not (attempt and attempt >= 0 and attempt < 1e6 and attempt == math.floor(attempt)) then
+    bad = 'attempt'
+  elseif not (tries and tries >= 1 and tries == math.floor(tries)) then bad = 'max_attempts'
+  elseif has_deadline and not epoch(f[8]) then bad = 'deadline'
+  elseif not epoch(f[11]) then bad = 'enqueued_at'
+  elseif not epoch(f[12]) then bad = 'queued_at'
+  elseif f[10] and f[10] ~= '' and not is_json(f[10]) then bad = 'checkpoint'
+  end
+  if bad then
+    fail_corrupt(id, bad, tostring(p), m, now, TTL)
+    return nil
+  end
+  f[7], f[11], f[12] = ms(attempt + 1), ms(epoch(f[11])), ms(epoch(f[12]))
+  f[8] = has_deadline and ms(epoch(f[8])) or ''
+  return f
+end
+
+-- First task of queue (p, m) this worker can run: its id, the VRAM it will use and its
+-- fields (readable). An id whose hash is gone, or no longer queued, leaves the queue; one
+-- whose scheduling fields are corrupt is failed (defect).
 local function scan_queue(p, m)
   local footprint = held[m]
   local ids = redis.call('ZRANGE', queue_key(p, m), 0, scan - 1)
   for k, id in ipairs(ids) do
-    local f = redis.call('HMGET', task_key(id), 'vram_gb', 'queued_at', 'offered', 'est_s')
-    local need = tonumber(f[1])
-    if footprint and need - footprint <= held_room(footprint) then
-      return id, math.max(0, need - footprint)
+    local f = redis.call('HMGET', task_key(id), 'vram_gb', 'queued_at', 'offered', 'est_s', 'state')
+    local need, queued_at, est = finite(f[1]), finite(f[2]), finite(f[4])
+    local bad = not (need and need > 0) and 'vram_gb' or not queued_at and 'queued_at'
+      or not (est and est >= 0) and 'est_s'
+    if f[5] ~= 'queued' then
+      unqueue(id, p, m)  -- a stale entry: nothing to run
+    elseif bad then
+      fail_corrupt(id, bad, tostring(p), m, now, TTL)
+    elseif footprint and need - footprint <= held_room(footprint) then
+      local fields = readable(id, p, m)
+      if fields then return id, math.max(0, need - footprint), fields end
     elseif not footprint and need <= claimable then
-      local waited = now - tonumber(f[2])
+      local waited = now - queued_at
       local left = defer[p + 1] - waited
       local offered = f[3] and f[3] ~= '' and f[3] ~= worker  -- a missing field reads false
       local better = left > 0 and (offered or better_elsewhere(m, need, p))
@@ -124,10 +195,12 @@ local function scan_queue(p, m)
       -- while the holders would get to it within its holder wait; later tasks of a deep
       -- backlog are taken here
       left = hold[p + 1] - waited
-      if not (left > 0 and wait_for_holders(m, need, p, k, tonumber(f[4]), left / 1000)) then
-        return id, need
+      if not (left > 0 and wait_for_holders(m, need, p, k, est, left / 1000)) then
+        local fields = readable(id, p, m)
+        if fields then return id, need, fields end
+      else
+        retry = math.min(retry or left, left)
       end
-      retry = math.min(retry or left, left)
     elseif not unfit_need then
       unfit_need, unfit_p = need, p
     end
@@ -143,16 +216,16 @@ local function find(p)
   if not page[1] then return nil end
   for _, m in ipairs(held_names) do
     if redis.call('ZSCORE', idx, m) then
-      local id, use = scan_queue(p, m)
-      if id then return id, m, use end
+      local id, use, f = scan_queue(p, m)
+      if id then return id, m, use, f end
     end
   end
   local start = 0
   while page[1] do
     for _, m in ipairs(page) do
       if not held[m] then
-        local id, use = scan_queue(p, m)
-        if id then return id, m, use end
+        local id, use, f = scan_queue(p, m)
+        if id then return id, m, use, f end
       end
     end
     start = start + PAGE
@@ -166,16 +239,17 @@ for p = 0, 3 do serves[p] = string.find(levels, tostring(p), 1, true) ~= nil end
 local fair = redis.call('HMGET', B .. 'fair', '1', '2', '3')
 local order = {}
 for p = 1, 3 do
-  if tonumber(fair[p] or 0) >= fair_every then order[#order + 1] = p end
+  if (finite(fair[p]) or 0) >= fair_every then order[#order + 1] = p end
 end
 for p = 0, 3 do order[#order + 1] = p end
 
-local id, p, m, use
+local id, p, m, use, f
 local reserved, has_key = reserved_task(worker, now)
 if reserved then
-  local f = redis.call('HMGET', task_key(reserved), 'state', 'priority', 'model', 'vram_gb')
-  if f[1] == 'queued' then
-    local need, footprint = tonumber(f[4]), held[f[3]]
+  local r = redis.call('HMGET', task_key(reserved), 'state', 'priority', 'model', 'vram_gb')
+  local need, footprint = finite(r[4]), r[3] and held[r[3]]
+  -- a corrupt one is left to the scan of its queue, which fails it
+  if r[1] == 'queued' and level(r[2]) and r[3] and need and need > 0 then
     if footprint and need - footprint <= held_room(footprint) then
       use = math.max(0, need - footprint)
     elseif not footprint and need <= claimable then
@@ -185,7 +259,8 @@ if reserved then
       redis.call('ZREM', K_IDLE, worker)
       return {0, 'none', 200}
     end
-    id, p, m = reserved, tonumber(f[2]), f[3]
+    f = readable(reserved, r[2], r[3])
+    if f then id, p, m = reserved, tonumber(r[2]), r[3] end
   end
 end
 if has_key then  -- used, moot (claimed elsewhere, ended) or expired
@@ -196,7 +271,7 @@ local starved = #order - 4
 for i, level in ipairs(order) do
   if id then break end
   if serves[level] then
-    id, m, use = find(level)
+    id, m, use, f = find(level)
     if id then
       p = level
       if i <= starved then redis.call('HINCRBY', K_STATS, 'fair:P' .. p, 1) end
@@ -221,15 +296,10 @@ end
 
 count_dispatch(p, fair, fair_every)
 
-local tk = task_key(id)
--- what a worker needs to run the task (the rest stays readable in the hash), read first so
--- the attempt is written with the other fields and the deadline index touched only if needed
-local f = redis.call('HMGET', tk, 'handler', 'payload', 'model', 'vram_gb', 'priority', 'est_s',
-  'attempt', 'deadline', 'tenant', 'checkpoint', 'enqueued_at', 'queued_at', 'score', 'reserved_for',
-  'yield_victim')
-unqueue(id, p, m, f[8] and f[8] ~= '')
+-- f: what a worker needs to run the task (readable; the rest stays in the hash), read before
+-- the attempt is written with the other fields, and the deadline index touched only if needed
+unqueue(id, p, m, f[8] ~= '')
 withdraw_yield(id, f[14], f[15], now)  -- started here: a victim still asked for it keeps running
-f[7] = tostring(tonumber(f[7] or 0) + 1)  -- absent before the first start
 local token = start(id, p, m, worker, now, now + lease, f[7], f[13], f[11])
 if not held[m] then note_cold_start(id, m, now) end
 if slots > 1 then
@@ -238,6 +308,6 @@ else
   redis.call('ZREM', K_IDLE, worker)
 end
 return {0, 'task', 'id', id, 'token', token, 'handler', f[1], 'payload', f[2], 'model', f[3],
-  'vram_gb', f[4], 'priority', f[5], 'est_s', f[6], 'attempt', f[7], 'deadline', f[8] or '',
+  'vram_gb', f[4], 'priority', f[5], 'est_s', f[6], 'attempt', f[7], 'deadline', f[8],
   'tenant', f[9], 'checkpoint', f[10] or '', 'enqueued_at', f[11], 'queued_at', f[12],
   'started_at', ms(now)}

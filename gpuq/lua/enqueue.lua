@@ -19,6 +19,7 @@
 --            tenant, max_attempts
 -- Returns  {0, n}                              all n tasks enqueued
 --          {1, index, reason}                  INVALID: task at 1-based index is malformed
+--                                              (index 0: the call's own arguments)
 --          {2, index, id}                      DUPLICATE: a task with this id exists
 --          {3, index, vram_gb, largest_gb}     UNSCHEDULABLE (only with check_fit)
 --          {7, index, handler}                 UNREGISTERED: no worker registers the handler
@@ -27,11 +28,13 @@
 local now = clock(ARGV[1])
 local check_fit = ARGV[2] == '1'
 -- by the priority's text as it comes (validated below): a lookup, not a parse per task
-local sla = {['0'] = tonumber(ARGV[3]), ['1'] = tonumber(ARGV[4]), ['2'] = tonumber(ARGV[5]),
-  ['3'] = tonumber(ARGV[6])}
+local sla = {['0'] = arg_num(3, 0, 1e13, true), ['1'] = arg_num(4, 0, 1e13, true),
+  ['2'] = arg_num(5, 0, 1e13, true), ['3'] = arg_num(6, 0, 1e13, true)}
 local G = 11
 local n = (#ARGV - 6) / G
 if n < 1 or n ~= math.floor(n) then return {1, 0, 'expected groups of 11 task fields'} end
+if not now then return {1, 0, 'now must be ms >= 0'} end
+if not (sla['0'] and sla['1'] and sla['2'] and sla['3']) then return {1, 0, 'SLAs must be ms >= 0'} end
 
 -- A name is non-empty, at most 200 bytes, without whitespace, braces or commas: keys, hash
 -- tags and space- or comma-separated fields carry names. Plain finds and a one-class pattern:
@@ -51,7 +54,7 @@ local registered = {}  -- check_fit: handler -> ever registered by a worker of t
 if check_fit then
   largest = 0
   for _, v in ipairs(redis.call('HVALS', B .. 'classes')) do
-    largest = math.max(largest, tonumber(v))
+    largest = math.max(largest, finite(v) or 0)
   end
 end
 
@@ -84,7 +87,7 @@ for i = 1, n do
   if prio ~= '0' and prio ~= '1' and prio ~= '2' and prio ~= '3' then
     return {1, i, 'priority must be 0..3'}
   end
-  if not est or est ~= est or est < 0 or est == math.huge then return {1, i, 'est_s must be >= 0'} end
+  if not est or est ~= est or est < 0 or est > 1e10 then return {1, i, 'est_s must be 0..1e10'} end
   local d = tonumber(deadline)
   if deadline ~= '' and not (d and d > 0 and d < 1e13) then  -- 1e13 ms: about 300 years
     return {1, i, 'deadline must be ms > 0 or empty'}

@@ -13,13 +13,18 @@
 -- ARGV[4]  horizon (ms): the longest model load time worth looking ahead for
 -- ARGV[5]  offset: tasks at the front of the window to skip (kept by earlier calls of
 --          this pass: they can still start in time)
--- Returns  {0, expired, looked_at}
+-- Returns  {0, expired, looked_at} (a queued task whose hash is corrupt is failed, with the
+--          field in its error, and not counted as expired)
+--          {1, 0, reason} INVALID: a malformed argument (nothing written)
 
-local now, limit, ttl = clock(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local horizon = tonumber(ARGV[4])
+if #ARGV < 4 or #ARGV > 5 then return {1, 0, 'expected 5 arguments'} end
+local now, limit, ttl = clock(ARGV[1]), arg_num(2, 1, 1e6, true), ttl_arg(3)
+local horizon, offset = arg_num(4, 0, 1e13, true), arg_num(5, 0, 1e9, true) or not ARGV[5] and 0
+if not (now and limit and ttl and horizon and offset) then
+  return {1, 0, 'now, ttl and horizon must be ms >= 0, limit 1..1e6, offset >= 0'}
+end
 local expired = 0
-local ids = redis.call('ZRANGEBYSCORE', K_DEADLINES, '-inf', now + horizon, 'LIMIT',
-  tonumber(ARGV[5] or 0), limit)
+local ids = redis.call('ZRANGEBYSCORE', K_DEADLINES, '-inf', now + horizon, 'LIMIT', offset, limit)
 
 -- mean measured load time of a model no live worker holds (0 when one holds it)
 local function cold_load_ms(m)
@@ -33,8 +38,12 @@ end
 for _, id in ipairs(ids) do
   local f = redis.call('HMGET', task_key(id), 'state', 'deadline', 'est_s', 'priority', 'model',
     'reserved_for', 'yield_victim')
+  local bad = f[1] == 'queued' and f[2] and f[2] ~= ''
+    and defect(f[4], f[5], 1, f[3], 0, f[2])  -- the fields read here (vram and score: claim's)
   if f[1] ~= 'queued' or not f[2] or f[2] == '' then
     redis.call('ZREM', K_DEADLINES, id)  -- claimed or ended since: nothing to watch
+  elseif bad then
+    fail_corrupt(id, bad, f[4], f[5], now, ttl)
   else
     local deadline, run = tonumber(f[2]), math.floor(tonumber(f[3]) * 1000)
     local reason
@@ -55,8 +64,8 @@ for _, id in ipairs(ids) do
       unqueue(id, f[4], f[5])
       withdraw_yield(id, f[6], f[7], now)
       finish(id, 'expired', now, ttl, 'error', reason)  -- counts expired:P<n>
-      note_miss(id, f[4], f[5], now - tonumber(redis.call('HGET', task_key(id), 'enqueued_at')),
-        now, 'expired')
+      local enqueued = finite(redis.call('HGET', task_key(id), 'enqueued_at')) or now
+      note_miss(id, f[4], f[5], now - enqueued, now, 'expired')
       expired = expired + 1
     end
   end

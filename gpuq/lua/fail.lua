@@ -10,22 +10,29 @@
 -- ARGV[6]  backoff base (ms): the wait after attempt a is base * 2^(a-1)
 -- ARGV[7]  backoff cap (ms)
 -- ARGV[8]  result TTL (ms)
--- Returns  {0, "delayed", wait_ms} | {0, "failed"}
+-- Returns  {0, "delayed", wait_ms} | {0, "failed"} (also when the task's attempt counts
+--          are corrupt: it is not retried)
+--          {1, 0, reason} INVALID: a malformed argument (nothing written)
 --          {4} NOT_FOUND | {5, state} STALE_LEASE
 
+if #ARGV ~= 8 then return {1, 0, 'expected 8 arguments'} end
 local id, token, now, err = ARGV[1], ARGV[2], clock(ARGV[3]), ARGV[4]
+local base, cap, ttl = arg_num(6, 0, 1e12, true), arg_num(7, 0, 1e12, true), ttl_arg(8)
+if not (now and base and cap and ttl) then
+  return {1, 0, 'now, backoff base and cap and ttl must be ms >= 0'}
+end
 local tk = task_key(id)
 local f = redis.call('HMGET', tk, 'state', 'token', 'worker', 'attempt', 'max_attempts')
 if not f[1] then return {4} end
 if f[1] ~= 'running' or f[2] ~= token then return {5, f[1]} end
 release(id, f[3])
-local attempt, max_attempts = tonumber(f[4]), tonumber(f[5])
-if ARGV[5] == '1' and attempt < max_attempts then
-  local wait = math.min(tonumber(ARGV[6]) * 2 ^ (attempt - 1), tonumber(ARGV[7]))
+local attempt, max_attempts = finite(f[4]), finite(f[5])
+if ARGV[5] == '1' and attempt and max_attempts and attempt < max_attempts then
+  local wait = math.floor(math.min(base * 2 ^ math.max(0, attempt - 1), cap))
   redis.call('HSET', tk, 'state', 'delayed', 'error', err, 'worker', '', 'token', '',
     'ready_at', '')
   redis.call('ZADD', K_DELAYED, now + wait, id)
   return {0, 'delayed', ms(wait)}
 end
-finish(id, 'failed', now, tonumber(ARGV[8]), 'error', err)
+finish(id, 'failed', now, ttl, 'error', err)
 return {0, 'failed'}

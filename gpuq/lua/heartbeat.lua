@@ -11,8 +11,13 @@
 -- ARGV[4..]  pairs: task id, fencing token
 -- Returns  {0, revived, lost_id, ...}: revived is 1 when the worker was not registered as
 --          live (the reaper took it for dead), so it must restore its model holdings
+--          {1, 0, reason} INVALID: a malformed argument (nothing written)
 
-local worker, now, lease = ARGV[1], clock(ARGV[2]), tonumber(ARGV[3])
+if #ARGV < 3 or #ARGV % 2 == 0 then return {1, 0, 'expected 3 arguments, then task id, token pairs'} end
+local worker, now, lease = ARGV[1], clock(ARGV[2]), arg_num(3, 0, 1e12, true)
+if worker == '' or not now or not lease then
+  return {1, 0, 'worker id must not be empty, now and lease must be ms >= 0'}
+end
 -- a retired worker is on its way out: a late beat must not list it as live again, or
 -- another idle worker could count it and retire below min_workers
 if redis.call('HGET', B .. 'worker:' .. worker, 'state') == 'retiring' then return {0, 0} end

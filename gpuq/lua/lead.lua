@@ -4,8 +4,14 @@
 -- ARGV[1]  candidate's token (unique per reaper process)
 -- ARGV[2]  lock TTL (ms); "0" releases the lock if the caller holds it
 -- Returns  {0, 1} the caller holds the lock (taken or renewed) | {0, 0} another reaper does
+--          {1, 0, reason} INVALID: a malformed argument (nothing written)
 
+if #ARGV ~= 2 then return {1, 0, 'expected 2 arguments'} end
 local lock, token, ttl = B .. 'reaper', ARGV[1], tonumber(ARGV[2])
+-- checked inline: lead uses none of _lib's helpers
+if token == '' or not ttl or ttl < 0 or ttl > 1e12 or ttl ~= math.floor(ttl) then  -- nan fails the last
+  return {1, 0, 'token must not be empty and ttl must be ms >= 0'}
+end
 local holder = redis.call('GET', lock)
 if ttl == 0 then
   if holder == token then redis.call('DEL', lock) end

@@ -18,9 +18,16 @@
 -- Counts   stats preempt:<reserved|yield_requested> and the same per victim priority (:P<n>)
 -- Returns  {0, "reserved" | "yield"}
 --          {0, "stale", why}   the pool changed since the plan: nothing was written
+--          {1, 0, reason}      INVALID: a malformed argument (nothing written)
 
+if #ARGV ~= 7 then return {1, 0, 'expected 7 arguments'} end
 local now, waiting, worker, victim = clock(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
-local token, life, grace = ARGV[5], tonumber(ARGV[6]), ARGV[7]
+local token, life, grace = ARGV[5], arg_num(6, 0, 1e12, true), ARGV[7]
+if grace ~= '' then grace = arg_num(7, 0, 1e12, true) end
+if not (now and life and grace) then return {1, 0, 'now, lifetime and grace must be ms >= 0'} end
+if worker == '' or string.find(waiting, '[%s{},]') or waiting == '' then
+  return {1, 0, 'worker and waiting task must be names'}
+end
 if redis.call('HGET', task_key(waiting), 'state') ~= 'queued' then
   return {0, 'stale', 'waiting task is no longer queued'}
 end
@@ -36,12 +43,12 @@ redis.call('SET', B .. 'reserve:' .. worker, waiting .. ' ' .. ms(now + life))
 redis.call('HSET', task_key(waiting), 'reserved_for', worker)
 if grace == '' then
   redis.call('HINCRBY', K_STATS, 'preempt:reserved', 1)
-  redis.call('HINCRBY', K_STATS, 'preempt:reserved:P' .. v[5], 1)
+  if level(v[5]) then redis.call('HINCRBY', K_STATS, 'preempt:reserved:P' .. v[5], 1) end
   return {0, 'reserved'}
 end
-redis.call('HSET', task_key(victim), 'yield_by', ms(now + tonumber(grace)), 'yield_for', waiting)
+redis.call('HSET', task_key(victim), 'yield_by', ms(now + grace), 'yield_for', waiting)
 redis.call('HSET', task_key(waiting), 'yield_victim', victim)
-redis.call('LPUSH', B .. 'ctl:' .. worker, 'yield ' .. victim .. ' ' .. grace)
+redis.call('LPUSH', B .. 'ctl:' .. worker, 'yield ' .. victim .. ' ' .. ms(grace))
 redis.call('HINCRBY', K_STATS, 'preempt:yield_requested', 1)
-redis.call('HINCRBY', K_STATS, 'preempt:yield_requested:P' .. v[5], 1)
+if level(v[5]) then redis.call('HINCRBY', K_STATS, 'preempt:yield_requested:P' .. v[5], 1) end
 return {0, 'yield'}

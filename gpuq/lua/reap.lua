@@ -10,9 +10,13 @@
 -- ARGV[1]  now (ms; "0" = server clock)
 -- ARGV[2]  limit: most leases, workers and retries handled per call
 -- ARGV[3]  result TTL (ms)
--- Returns  {0, requeued, failed, dead_workers, promoted}
+-- Returns  {0, requeued, failed, dead_workers, promoted} (failed also counts tasks whose
+--          hash was corrupt: they end failed with the field in their error)
+--          {1, 0, reason} INVALID: a malformed argument (nothing written)
 
-local now, limit, ttl = clock(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+if #ARGV ~= 3 then return {1, 0, 'expected 3 arguments'} end
+local now, limit, ttl = clock(ARGV[1]), arg_num(2, 1, 1e6, true), ttl_arg(3)
+if not (now and limit and ttl) then return {1, 0, 'now and ttl must be ms >= 0, limit 1..1e6'} end
 local requeued, failed = 0, 0
 
 local function recover(id, reason)
@@ -43,11 +47,11 @@ for _, w in ipairs(dead) do
 end
 
 -- hand-overs left unread past their pickup deadline, also where no worker claims
-reclaim_handed(now, limit)
+reclaim_handed(now, limit, ttl)
 
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', K_RUNNING, '-inf', now, 'LIMIT', 0, limit)) do
   recover(id, 'lease expired')
 end
 
-local promoted = promote_due(now, limit)
+local promoted = promote_due(now, limit, ttl)
 return {0, requeued, failed, #dead, promoted}

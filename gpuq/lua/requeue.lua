@@ -17,12 +17,19 @@
 -- ARGV[6]  result TTL (ms), used if a consumed attempt was the last
 -- ARGV[7]  preemption kind: "" (none), "yielded" or "stopped"
 -- ARGV[8]  checkpoint (JSON text; "" keeps the one stored)
--- Returns  {0, "queued" | "failed"}
---          {1, 0, reason} INVALID: the checkpoint is not JSON text, or (operator) the
---                         task is queued or succeeded
+-- Returns  {0, "queued" | "failed"} ("failed" also for a task whose hash is corrupt: it
+--          ends failed with the field in its error)
+--          {1, 0, reason} INVALID: a malformed argument, the checkpoint is not JSON text,
+--                         or (operator) the task is queued or succeeded
 --          {4} NOT_FOUND | {5, state} STALE_LEASE
 
-local id, token, now = ARGV[1], ARGV[2], clock(ARGV[3])
+if #ARGV < 6 or #ARGV > 8 then return {1, 0, 'expected 8 arguments'} end
+local id, token, now, ttl = ARGV[1], ARGV[2], clock(ARGV[3]), ttl_arg(6)
+local kind, checkpoint = ARGV[7] or '', ARGV[8] or ''
+if not (now and ttl) then return {1, 0, 'now and ttl must be ms >= 0'} end
+if kind ~= '' and kind ~= 'yielded' and kind ~= 'stopped' then
+  return {1, 0, 'preemption kind must be "", "yielded" or "stopped"'}
+end
 local tk = task_key(id)
 local f = redis.call('HMGET', tk, 'state', 'token')
 if not f[1] then return {4} end
@@ -41,11 +48,9 @@ if token == '' and f[1] ~= 'running' then
     return {1, 0, 'task is ' .. f[1] .. ': there is nothing to requeue'}
   end
   redis.call('HSET', tk, 'state', 'queued', 'queued_at', ms(now), 'error', ARGV[4])
-  push(id)
-  return {0, 'queued'}
+  return {0, push(id, now, ttl)}
 end
 if f[1] ~= 'running' or (token ~= '' and f[2] ~= token) then return {5, f[1]} end
-local kind, checkpoint = ARGV[7] or '', ARGV[8] or ''
 if checkpoint ~= '' then
   if #checkpoint > 1048576 or not is_json(checkpoint) then
     return {1, 0, 'checkpoint is not valid JSON of at most 1048576 bytes'}
@@ -55,6 +60,7 @@ end
 if kind ~= '' then
   redis.call('HINCRBY', tk, 'preemptions', 1)
   redis.call('HINCRBY', K_STATS, 'preempt:' .. kind, 1)
-  redis.call('HINCRBY', K_STATS, 'preempt:' .. kind .. ':P' .. redis.call('HGET', tk, 'priority'), 1)
+  local p = level(redis.call('HGET', tk, 'priority'))
+  if p then redis.call('HINCRBY', K_STATS, 'preempt:' .. kind .. ':P' .. p, 1) end
 end
-return {0, requeue(id, now, ARGV[4], ARGV[5] == '1', tonumber(ARGV[6]))}
+return {0, requeue(id, now, ARGV[4], ARGV[5] == '1', ttl)}

@@ -103,6 +103,14 @@ def test_enqueue_prints_an_id_and_task_json_shows_every_field(cli_pool: Pool) ->
     assert record["deadline"] == pytest.approx(record["enqueued_at"] + 30, abs=0.01)
 
 
+def test_task_with_a_damaged_hash_is_one_line(cli_pool: Pool) -> None:
+    task_id = cli_pool.ok("enqueue", *BASE).strip()
+    cli_pool.redis.hset(cli_pool.keys.task(task_id), "vram_gb", "abc")
+    assert_clean_error(cli_pool.invoke("task", task_id), f"task {task_id} is stored corrupt: ValueError")
+    cli_pool.redis.hdel(cli_pool.keys.task(task_id), "handler")
+    assert_clean_error(cli_pool.invoke("task", task_id, "--json"), "field handler is missing")
+
+
 def test_task_text_lists_every_field(cli_pool: Pool) -> None:
     task_id = cli_pool.ok("enqueue", *BASE, "--payload", '{"a": 1}').strip()
     lines = cli_pool.ok("task", task_id).splitlines()
