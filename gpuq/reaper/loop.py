@@ -25,7 +25,7 @@ from typing import TypeVar
 
 import redis
 
-from gpuq import catalog
+from gpuq import backoff, catalog
 from gpuq.client import redis_errors
 from gpuq.config import Config
 from gpuq.keys import Keys
@@ -144,21 +144,27 @@ class Reaper:
                 self.round()
                 return 0
             next_round = next_urgent = 0.0
+            outage = backoff.outage(f"reaper={self.token[:8]} pool={self.config.pool}", log)
+            retry = backoff.Backoff()
             while not self.stopped.is_set():
+                started = time.monotonic()
                 try:
-                    if time.monotonic() >= next_round:
+                    if started >= next_round:
                         next_round = time.monotonic() + self.config.reap_interval_s
                         if self.lead():
                             self.round()
+                        outage.up(started)
+                        retry.reset()
                     plan_at = self.planned_pass(next_round)
                     if self.wait_urgent(next_urgent, plan_at):
                         self.urgent()
                         next_urgent = time.monotonic() + URGENT_GAP_S
                     elif plan_at < next_round and time.monotonic() >= plan_at:
                         self.urgent()
-                except redis.RedisError as exc:
-                    log.error("reaper.redis_error pool=%s error=%s", self.config.pool, exc)
-                    self.stopped.wait(self.config.reap_interval_s)
+                except redis.RedisError as exc:  # down or restarting: said once, retried with backoff
+                    outage.down(exc)
+                    next_round = 0.0  # the round that failed runs again once Redis answers
+                    self.stopped.wait(retry.delay())
             self.scripts.run(self.calls.lead(self.token, release=True))
         return 0
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
+from gpuq import backoff
 from gpuq.worker import presence
 from gpuq.worker.control import Control
 from gpuq.worker.gpu import nvml_used_gb
@@ -68,19 +69,24 @@ class Heartbeat(threading.Thread):
     def run(self) -> None:
         w = self.worker
         next_beat = 0.0
+        # retried at least once a heartbeat period: leases run out while Redis is away
+        outage = backoff.outage(f"worker={w.id}", log)
+        retry = backoff.Backoff(cap=min(backoff.CAP_S, w.config.heartbeat_s))
         while not self.stopped.is_set():
             try:
                 now = time.monotonic()
                 if now >= next_beat and not w.retired:
                     self.beat()
+                    outage.up(now)
+                    retry.reset()
                     next_beat = now + w.config.heartbeat_s
                 wait = min(next_beat - time.monotonic(), self.control.watch())
                 message = w.redis.blpop([w.keys.control(w.id)], timeout=max(0.01, wait))
                 if message is not None and not self.stopped.is_set():
                     self.control.handle(str(message[1]))
-            except redis.RedisError as exc:
-                log.error("heartbeat.failed worker=%s error=%s", w.id, exc)
-                self.stopped.wait(min(1.0, w.config.heartbeat_s))
+            except redis.RedisError as exc:  # down or restarting: said once, retried with backoff
+                outage.down(exc)
+                self.stopped.wait(retry.delay())
             except Exception:  # a bad control message must not end the heartbeat
                 log.exception("heartbeat.error worker=%s", w.id)
 

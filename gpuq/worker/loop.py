@@ -24,6 +24,7 @@ from typing import Any
 
 import redis
 
+from gpuq import backoff as backoff_mod
 from gpuq.app import App, Context
 from gpuq.client import redis_errors
 from gpuq.config import Config
@@ -201,7 +202,9 @@ class Worker:
         pending: Call[Any] | None = None  # the finished task's ack or fail, not yet sent
         waited = False  # the last claim found nothing and the runner waited for work
         from_idle = False  # the task just run was claimed right after such a wait
+        outage, backoff = backoff_mod.outage(f"worker={self.id}", log), backoff_mod.Backoff()
         while not self.stopping.is_set():
+            started = time.monotonic()
             try:
                 if pending is not None and from_idle:
                     # a task taken by a worker that was idle: someone may be waiting on it,
@@ -211,6 +214,8 @@ class Worker:
                     pending = None
                 claimed = self.claim(pending)
                 pending = None
+                outage.up(started)
+                backoff.reset()
                 if isinstance(claimed, tuple):
                     from_idle, waited = waited, False
                     pending = execute(self, *claimed)
@@ -220,9 +225,9 @@ class Worker:
                 if handed is not None:
                     from_idle, waited = True, False
                     pending = execute(self, *handed)
-            except redis.RedisError as exc:
-                log.error("worker.redis_error worker=%s error=%s", self.id, exc)
-                self.stopping.wait(1.0)
+            except redis.RedisError as exc:  # down or restarting: said once, retried with backoff
+                outage.down(exc)
+                self.stopping.wait(backoff.delay())
             except Exception:  # a runner must outlive any one task's surprise
                 log.exception("worker.runner_error worker=%s", self.id)
                 self.stopping.wait(1.0)
@@ -261,9 +266,15 @@ class Worker:
     def serve_metrics(self, port: int) -> None:
         from prometheus_client import start_http_server
 
+        from gpuq.errors import ConfigError
+
         self.metrics = WorkerMetrics(self.config.pool, self.id, self.gpu.name)
-        start_http_server(port, registry=self.metrics.registry)
-        log.info("worker.metrics worker=%s port=%d", self.id, port)
+        host = self.config.metrics_host  # loopback unless told: the endpoint has no authentication
+        try:
+            start_http_server(port, addr=host, registry=self.metrics.registry)
+        except OSError as exc:  # port taken, address not on this host: one line, not a traceback
+            raise ConfigError(f"metrics port {host}:{port}: {exc.strerror or exc}") from None
+        log.info("worker.metrics worker=%s host=%s port=%d", self.id, host, port)
 
     def drain(self) -> None:
         """Take no more tasks; finish the running ones however long they take; exit 0."""
@@ -308,16 +319,17 @@ class Worker:
         self.static_fields = presence.identity(
             self.id, self.gpu, self.config.kv_reserve_gb, self.config.concurrency, self.levels,
             socket.gethostname(), os.getpid(), handover, self.app.handlers)
+        if self.config.metrics_port:  # first: a port it cannot bind must not leave it registered
+            self.serve_metrics(self.config.metrics_port)
         with redis_errors(self.config.redis_url):
             presence.register(self.redis, self.keys, self.static_fields,
                               int(self.config.lease_s * 1000))
-        if self.config.metrics_port:
-            self.serve_metrics(self.config.metrics_port)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)
         heartbeat = Heartbeat(self)
-        heartbeat.beat()
+        with redis_errors(self.config.redis_url):  # gone since it registered: give up, one line
+            heartbeat.beat()
         heartbeat.start()
         log.info("worker.started worker=%s pool=%s gpu=%s vram_gb=%g concurrency=%d levels=%s",
                  self.id, self.config.pool, self.gpu.name, self.gpu.total_gb,
@@ -326,11 +338,12 @@ class Worker:
                    for i in range(self.config.concurrency)]
         for t in runners:
             t.start()
+        outage = backoff_mod.outage(f"worker={self.id}", log)
         while not self.done.wait(0.5):
             try:
                 self.check_idle()
-            except redis.RedisError as exc:
-                log.error("worker.redis_error worker=%s error=%s", self.id, exc)
+            except redis.RedisError as exc:  # the runners and the heartbeat retry meanwhile
+                outage.down(exc)
         self.shutdown(runners, heartbeat)
         log.info("worker.stopped worker=%s tasks=%d model_loads=%d", self.id, self.tasks_run,
                  self.model_loads)

@@ -1,0 +1,1 @@
+"""The chaos soak behind scripts/chaos.py: cluster, faults, producers, observer, checker, report."""

@@ -1,0 +1,195 @@
+"""Producers (sync one by one, asyncio, bulk) and a canceler, each in its own thread.
+
+A producer records a task as acknowledged only when its enqueue call returned success. A call
+that failed (Redis down or restarting) is retried with the same task id until it succeeds; a
+retry answered "already exists" means an earlier try did reach the server, and is counted as
+acknowledged too (and as such a retry). Each producer spreads its tasks evenly over the
+enqueue window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from gpuq.aio import AsyncQueue
+from gpuq.client import Queue
+from gpuq.errors import DuplicateTask, GpuqError, TaskAlreadyFinished
+
+RETRY_FOR_S = 120.0  # a producer gives one task up after retrying this long
+
+
+class Ledger:
+    """What the producers were told, shared by their threads."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.acked: dict[str, str] = {}  # task id -> producer
+        self.acked_at: dict[str, float] = {}  # task id -> time.time() of the acknowledgement
+        self.given_up: list[str] = []
+        self.errors: Counter[str] = Counter()  # failed tries by error type
+        self.duplicate_retries = 0
+        self.duplicate_first_tries = 0
+        self.canceled: dict[str, str] = {}  # task id -> state cancel found it in
+
+    def ack(self, task_id: str, producer: str) -> None:
+        with self.lock:
+            self.acked[task_id] = producer
+            self.acked_at[task_id] = time.time()
+
+    def duplicate(self, retried: bool) -> bool:
+        """An enqueue answered "already exists": after a failed try, the server had taken
+        that try (acknowledged now); on a first try, the client itself sent the call twice
+        (not acknowledged: the producer was told it failed). True if acknowledged."""
+        with self.lock:
+            if retried:
+                self.duplicate_retries += 1
+            else:
+                self.duplicate_first_tries += 1
+        return retried
+
+    def error(self, exc: BaseException) -> None:
+        with self.lock:
+            self.errors[type(exc).__name__] += 1
+
+
+def paced(n: int, index: int, start: float, window_s: float) -> float:
+    """Seconds to wait before item ``index`` of ``n`` spread over the window."""
+    return max(0.0, start + window_s * index / max(1, n) - time.monotonic())
+
+
+def retrying(ledger: Ledger, stop: threading.Event, task_id: str, producer: str,
+             send: Callable[[], Any]) -> None:
+    """Send until the server acknowledges the task (or says it has it already)."""
+    give_up = time.monotonic() + RETRY_FOR_S
+    delay, tried = 0.05, False
+    while not stop.is_set() and time.monotonic() < give_up:
+        try:
+            send()
+        except DuplicateTask:
+            if not ledger.duplicate(tried):
+                return
+        except GpuqError as exc:
+            ledger.error(exc)
+            tried = True
+            stop.wait(delay)
+            delay = min(2.0, delay * 2)
+            continue
+        ledger.ack(task_id, producer)
+        return
+    with ledger.lock:
+        ledger.given_up.append(task_id)
+
+
+def sync_producer(url: str, pool: str, items: list[dict[str, Any]], ledger: Ledger,
+                  stop: threading.Event, window_s: float) -> None:
+    queue = Queue.from_url(url, pool)
+    start = time.monotonic()
+    try:
+        for i, item in enumerate(items):
+            if stop.wait(paced(len(items), i, start, window_s)):
+                return
+            retrying(ledger, stop, item["task_id"], "sync",
+                     lambda item=item: queue.enqueue(**item))  # type: ignore[misc]
+    finally:
+        queue.close()
+
+
+def bulk_producer(url: str, pool: str, items: list[dict[str, Any]], ledger: Ledger,
+                  stop: threading.Event, window_s: float, batch: int = 25) -> None:
+    """Batches through enqueue_many; a batch whose call failed is sent again task by task
+    (the server may have taken some of its chunks)."""
+    queue = Queue.from_url(url, pool)
+    batches = [items[i:i + batch] for i in range(0, len(items), batch)]
+    start = time.monotonic()
+    try:
+        for i, chunk in enumerate(batches):
+            if stop.wait(paced(len(batches), i, start, window_s)):
+                return
+            try:
+                queue.enqueue_many(chunk)
+            except GpuqError as exc:
+                ledger.error(exc)
+                for item in chunk:
+                    retrying(ledger, stop, item["task_id"], "bulk", _resend(queue, item))
+                continue
+            for item in chunk:
+                ledger.ack(item["task_id"], "bulk")
+    finally:
+        queue.close()
+
+
+def _resend(queue: Queue, item: dict[str, Any]) -> Callable[[], Any]:
+    def send() -> None:
+        try:
+            queue.enqueue(**item)
+        except DuplicateTask:
+            return  # this one was in a chunk the server took before the failure
+    return send
+
+
+def async_producer(url: str, pool: str, items: list[dict[str, Any]], ledger: Ledger,
+                   stop: threading.Event, window_s: float) -> None:
+    asyncio.run(_async_produce(url, pool, items, ledger, stop, window_s))
+
+
+async def _async_produce(url: str, pool: str, items: list[dict[str, Any]], ledger: Ledger,
+                         stop: threading.Event, window_s: float) -> None:
+    queue = AsyncQueue.from_url(url, pool)
+    start = time.monotonic()
+    try:
+        for i, item in enumerate(items):
+            await asyncio.sleep(paced(len(items), i, start, window_s))
+            if stop.is_set():
+                return
+            delay, tried = 0.05, False
+            while not stop.is_set():
+                try:
+                    await queue.enqueue(**item)
+                except DuplicateTask:
+                    if not ledger.duplicate(tried):
+                        break
+                except GpuqError as exc:
+                    ledger.error(exc)
+                    tried = True
+                    await asyncio.sleep(delay)
+                    delay = min(2.0, delay * 2)
+                    continue
+                ledger.ack(item["task_id"], "async")
+                break
+    finally:
+        await queue.close()
+
+
+def canceler(url: str, pool: str, ledger: Ledger, stop: threading.Event, share: float,
+             seed: int) -> None:
+    """Cancel about ``share`` of the acknowledged tasks, a random while after their enqueue
+    (some still queued, some running, some already ended)."""
+    rng = random.Random(seed + 7)
+    queue = Queue.from_url(url, pool)
+    seen = 0
+    try:
+        while not stop.wait(0.25):
+            with ledger.lock:
+                fresh = list(ledger.acked)[seen:]
+            seen += len(fresh)
+            for task_id in fresh:
+                if rng.random() >= share or stop.is_set():
+                    continue
+                stop.wait(rng.uniform(0, 0.3))
+                try:
+                    state = queue.cancel(task_id)
+                except TaskAlreadyFinished as exc:
+                    state = f"already {exc.state}"
+                except GpuqError as exc:
+                    ledger.error(exc)
+                    continue
+                with ledger.lock:
+                    ledger.canceled[task_id] = state
+    finally:
+        queue.close()

@@ -1,0 +1,53 @@
+"""The soak's tasks, drawn from its seed: mixed priorities, models, durations and kinds."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from gpuq.task import new_task_id
+from workers.chaos import MODELS
+
+PRIORITIES = ((0, 0.10), (1, 0.20), (2, 0.40), (3, 0.30))
+MODEL_SHARES = (("m-small", 0.40), ("m-mid", 0.30), ("m-large", 0.20), ("m-xl", 0.10))
+# run: plain work; yield_once: resumes from its own checkpoint; fail_once: retried once
+KINDS = (("run", 0.80), ("yield_once", 0.10), ("fail_once", 0.08), ("fail_always", 0.02))
+PRODUCERS = (("sync", 0.40), ("async", 0.30), ("bulk", 0.30))
+
+
+def pick(rng: random.Random, shares: tuple[tuple[Any, float], ...]) -> Any:
+    values, weights = zip(*shares)
+    return rng.choices(values, weights)[0]
+
+
+def duration(rng: random.Random) -> float:
+    """Seconds of work: mostly short, some long enough to meet a kill or a stop."""
+    r = rng.random()
+    if r < 0.6:
+        return round(rng.uniform(0.02, 0.2), 3)
+    if r < 0.9:
+        return round(rng.uniform(0.2, 1.0), 3)
+    return round(rng.uniform(1.0, 3.0), 3)
+
+
+def task(rng: random.Random) -> dict[str, Any]:
+    model = pick(rng, MODEL_SHARES)
+    seconds = duration(rng)
+    out: dict[str, Any] = {
+        "handler": "chaos.run", "payload": {"kind": pick(rng, KINDS), "s": seconds},
+        "model": model, "vram_gb": MODELS[model][0] + round(rng.uniform(0, 2), 1),
+        "priority": pick(rng, PRIORITIES), "est_s": seconds, "max_attempts": 6,
+        "task_id": new_task_id(),
+    }
+    if rng.random() < 0.15:  # some carry deadlines; the tight ones may expire under load
+        out["deadline_s"] = round(rng.uniform(2.0, 30.0), 1)
+    return out
+
+
+def tasks(n: int, seed: int) -> dict[str, list[dict[str, Any]]]:
+    """n tasks split among the sync, async and bulk producers."""
+    rng = random.Random(seed)
+    out: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in PRODUCERS}
+    for _ in range(n):
+        out[pick(rng, PRODUCERS)].append(task(rng))
+    return out

@@ -1,0 +1,94 @@
+"""Redis going away under real worker and reaper processes, and the chaos soak (--quick).
+
+A worker and a reaper wait out a Redis restart with backoff and say so once each (one
+``redis.unavailable``, one ``redis.recovered``), not once per retry, and work on afterwards; a
+worker or reaper that cannot reach Redis at start gives up with one line. The soak runs as
+``scripts/chaos.py --quick --json`` and every invariant figure must be 0.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from procs import ROOT, Procs, wait_for
+
+from gpuq.client import Queue
+from gpuq.config import Config
+from gpuq.embedded import EmbeddedServer, free_port
+
+pytestmark = pytest.mark.slow
+
+DOWN_S = 3.0  # long enough for several retries: the old loops logged once a second per thread
+
+
+@pytest.fixture
+def server() -> Iterator[EmbeddedServer]:
+    with EmbeddedServer(appendonly=True, extra=["--appendfsync", "always"]) as s:
+        yield s
+
+
+def restart(server: EmbeddedServer, down_s: float) -> None:
+    """kill -9, stay down, start again on the same port and directory (its append-only file)."""
+    assert server.proc is not None
+    server.proc.kill()
+    server.proc.wait()
+    server.proc = None
+    time.sleep(down_s)
+    server.start()
+
+
+def test_worker_and_reaper_say_a_restart_once_and_recover(server: EmbeddedServer, pool: str, prefix: str,
+                                                          tmp_path: Path) -> None:
+    queue = Queue.from_url(server.url, pool, Config(prefix=prefix))
+    with Procs(server.url, pool, prefix, tmp_path) as procs:
+        worker = procs.worker("w1", concurrency=2)
+        reaper = procs.reaper()
+        wait_for(lambda: "reaper.active" in reaper.log(), 20, message=reaper.log)
+        before = queue.enqueue("sim.noop", model="m", vram_gb=1)
+        assert before.result(timeout=20) is None
+        restart(server, DOWN_S)
+        for proc in (worker, reaper):
+            wait_for(lambda p=proc: "redis.recovered" in p.log(), 20,
+                     message=lambda p=proc: f"{p.name} to recover; log:\n{p.log()[-3000:]}")
+        after = queue.enqueue("sim.noop", {"n": 2}, model="m", vram_gb=1)
+        assert after.result(timeout=20) == {"n": 2}
+        for proc in (worker, reaper):
+            log = proc.log()
+            assert log.count("redis.unavailable") == 1, log
+            assert log.count("redis.recovered") == 1, log
+            assert "Traceback" not in log
+            assert "redis_error" not in log and "heartbeat.failed" not in log
+    queue.close()
+
+
+@pytest.mark.parametrize("command", [["reaper"], ["worker", "--app", "workers.sim:app", "--vram-gb", "8"]])
+def test_no_redis_at_start_is_one_line_and_a_non_zero_exit(command: list[str]) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    out = subprocess.run([sys.executable, "-m", "gpuq", "--redis", url, *command], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()], out.stderr
+    assert out.stderr.startswith("Error: cannot reach Redis"), out.stderr
+
+
+@pytest.mark.timeout(300)
+def test_quick_soak_loses_nothing_and_writes_nothing_twice() -> None:
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "chaos.py"), "--quick", "--json"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=280, check=False)
+    assert out.stdout.strip(), out.stderr[-4000:]
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    for key in ("lost_acked_enqueues", "results_written_twice", "results_without_run",
+                "runs_beyond_claims", "stuck_queued_with_idle_fit", "vram_drift_workers", "leftover_keys"):
+        assert figures[key] == 0, (key, figures["examples"], out.stderr[-2000:])
+    for key in ("worker_kills", "reaper_kills", "worker_stops", "handler_runs"):
+        assert figures[key] > 0, (key, figures)
+    assert figures["redis_restarts"] >= 2 and figures["redis_kills"] >= 1
+    assert figures["tasks"] == 1000 and figures["ok"] and out.returncode == 0
+    assert time.monotonic() - started < 180

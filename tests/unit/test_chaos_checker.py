@@ -1,0 +1,157 @@
+"""The chaos soak's checker on fabricated snapshots: it passes a sound run and fails each
+invariant when the data shows it broken (a lost task, a double write seen by each witness,
+a stuck task, ledger drift, leftover keys)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+from chaos.checker import Run, Snapshot, check, parse_runs  # noqa: E402
+from chaos.report import invariants_ok, table  # noqa: E402
+
+IDLE_WORKER = {"id": "w1", "state": "idle", "running": "0", "vram_total_gb": "48",
+               "kv_reserve_gb": "5", "models": "m-small", "vram_free_gb": "39", "levels": "0123"}
+
+
+def succeeded(run: str, attempt: int = 1) -> dict[str, str]:
+    return {"state": "succeeded", "result": json.dumps({"run": run}), "vram_gb": "4", "priority": "2",
+            "attempt": str(attempt)}
+
+
+def sound() -> Snapshot:
+    """Two tasks: t1 ran once; t2 ran on w1, lost its lease (rejected late ack), ran on w2."""
+    return Snapshot(
+        acked={"t1": "sync", "t2": "bulk"},
+        tasks={"t1": succeeded("r1"), "t2": succeeded("r3", attempt=2)},
+        done_len={"t1": 1, "t2": 1},
+        observed={"t1": ("succeeded", "r1"), "t2": ("succeeded", "r3")},
+        runs=[Run("t1", 1, "w1", "r1", "ok"), Run("t2", 1, "w1", "r2", "ok", lost=True),
+              Run("t2", 2, "w2", "r3", "ok")],
+        rejected=Counter({("t2", "w1"): 1}),
+        workers=[IDLE_WORKER], idle_scores={"w1": 43.0}, footprints={"m-small": 4.0},
+        leftovers={"running": 0, "leases": 0})
+
+
+def test_a_sound_run_passes() -> None:
+    figures = check(sound())
+    assert figures["lost_acked_enqueues"] == 0
+    assert figures["results_written_twice"] == 0
+    assert figures["vram_drift_workers"] == 0
+    assert invariants_ok(figures)
+    assert "all hold" in table({**figures, "seed": 1, "fsync": "always"})
+
+
+def test_a_lost_task_fails() -> None:
+    snap = sound()
+    del snap.tasks["t2"]  # acknowledged, gone from Redis
+    snap.acked["t3"] = "async"
+    snap.tasks["t3"] = {"state": "running", "vram_gb": "4", "priority": "2"}  # never ended
+    figures = check(snap)
+    assert figures["lost_acked_enqueues"] == 2
+    assert not invariants_ok(figures)
+    assert "VIOLATED" in table({**figures, "seed": 1, "fsync": "always"})
+
+
+def test_a_task_ended_twice_in_redis_fails() -> None:
+    snap = sound()
+    snap.done_len["t1"] = 2
+    figures = check(snap)
+    assert figures["results_written_twice"] == 1
+    assert figures["examples"]["twice"] == {"t1": ["redis"]}
+
+
+def test_an_ending_a_client_read_that_changed_fails() -> None:
+    snap = sound()
+    snap.observed["t2"] = ("succeeded", "r2")  # a client read r2's result; r3's is final
+    assert check(snap)["examples"]["twice"] == {"t2": ["client"]}
+
+
+@pytest.mark.parametrize("explained", [False, True])
+def test_a_second_accepted_result_in_the_run_logs_fails_unless_rejected(explained: bool) -> None:
+    snap = sound()
+    snap.rejected = Counter({("t2", "w1"): 1}) if explained else Counter()
+    figures = check(snap)
+    assert figures["results_written_twice"] == (0 if explained else 1)
+
+
+def test_a_killed_worker_s_result_is_not_counted() -> None:
+    snap = sound()
+    snap.rejected = Counter()
+    snap.killed = {"w1"}  # its ack may or may not have gone out before the kill
+    assert check(snap)["results_written_twice"] == 0
+
+
+def test_one_rejection_explains_one_run_only() -> None:
+    snap = sound()
+    snap.runs.append(Run("t2", 2, "w1", "r4", "ok"))  # a second success on w1, one rejection
+    assert check(snap)["results_written_twice"] == 1
+
+
+def test_a_result_from_no_logged_run_fails() -> None:
+    snap = sound()
+    snap.tasks["t1"] = succeeded("nowhere")
+    snap.observed["t1"] = ("succeeded", "nowhere")
+    assert check(snap)["results_without_run"] == 1
+
+
+def test_a_task_queued_while_an_idle_worker_fits_it_is_stuck() -> None:
+    snap = sound()
+    snap.acked["t3"] = "sync"
+    snap.tasks["t3"] = {"state": "queued", "vram_gb": "40", "priority": "2"}
+    assert check(snap)["stuck_queued_with_idle_fit"] == 1
+    snap.tasks["t3"]["vram_gb"] = "60"  # fits no worker: lost, not stuck
+    figures = check(snap)
+    assert (figures["stuck_queued_with_idle_fit"], figures["lost_acked_enqueues"]) == (0, 1)
+
+
+def test_ledger_drift_on_an_idle_worker_fails() -> None:
+    snap = sound()
+    snap.workers = [{**IDLE_WORKER, "vram_free_gb": "35"}]  # 4 GB missing from the ledger
+    assert check(snap)["vram_drift_workers"] == 1
+    assert check(snap)["vram_drift_max_gb"] == 4.0
+    snap.workers = [IDLE_WORKER]
+    snap.idle_scores = {"w1": 40.0}  # claims see less than the idle GPU has
+    assert check(snap)["vram_drift_workers"] == 1
+
+
+def test_leftover_keys_fail() -> None:
+    snap = sound()
+    snap.leftovers["holders"] = 2
+    figures = check(snap)
+    assert figures["leftover_keys"] == 2
+    assert not invariants_ok(figures)
+
+
+def test_run_logs_join_starts_and_ends() -> None:
+    runs = parse_runs(["start t1 1 w1 r1", "ok t1 1 w1 r1 0", "start t2 1 w2 r2",
+                       "start t3 2 w2 r3", "yield t3 2 w2 r3 1", "ok t4 1"])
+    assert sorted((r.run, r.end, r.lost) for r in runs) == [
+        ("r1", "ok", False), ("r2", "", False), ("r3", "yield", True)]
+
+
+def test_a_task_noted_stuck_during_the_run_fails_once() -> None:
+    snap = sound()
+    snap.stuck_seen = {"t1"}  # it ended later, but waited with an idle worker fitting it
+    assert check(snap)["stuck_queued_with_idle_fit"] == 1
+
+
+def test_a_run_without_a_claim_of_its_own_fails() -> None:
+    snap = sound()
+    snap.runs.append(Run("t1", 1, "w2", "r9", "yield"))  # a second run of attempt 1 ...
+    assert check(snap)["runs_beyond_claims"] == 1
+    snap.tasks["t1"]["preemptions"] = "1"  # ... is sound when the first gave its attempt back
+    assert check(snap)["runs_beyond_claims"] == 0
+
+
+def test_an_ending_read_of_a_task_since_gone_is_a_lost_enqueue() -> None:
+    snap = sound()
+    del snap.tasks["t1"]
+    figures = check(snap)
+    assert (figures["lost_acked_enqueues"], figures["results_written_twice"]) == (1, 0)

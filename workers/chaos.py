@@ -1,0 +1,111 @@
+"""The chaos soak's app (scripts/chaos.py): simulated models and handlers that log every run.
+
+Each handler run appends lines to a log of its own worker process, outside Redis, so the
+soak's checker can count runs across Redis restarts and worker kills::
+
+    start <task> <attempt> <worker> <run>
+    <end> <task> <attempt> <worker> <run> <lost>
+
+``end`` is ``ok`` (returned a result, which names the run), ``yield`` (gave way with a
+checkpoint), ``fail`` (raised) or ``stop`` (interrupted by the worker); ``lost`` is 1 when the
+worker had already been told the lease was lost. A run killed with its worker has a start line
+only. The log lives in ``GPUQ_CHAOS_RUN_DIR`` (runs-<pid>.log); lines are single appends, so
+threads and processes never interleave within a line.
+
+Payload: ``{"kind": k, "s": seconds}`` with k one of ``run`` (works ``s`` seconds, yielding
+with a checkpoint when asked), ``yield_once`` (yields itself halfway through its first run and
+resumes from the checkpoint), ``fail_once`` (raises on its first attempt), ``fail_always``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from typing import Any
+
+from gpuq.app import App, Context, Yielded
+
+# name -> (VRAM footprint GB, load seconds)
+MODELS = {"m-small": (4.0, 0.05), "m-mid": (10.0, 0.1), "m-large": (18.0, 0.2), "m-xl": (30.0, 0.3)}
+
+app = App("chaos")
+_log_fd: int | None = None
+_log_lock = threading.Lock()
+
+
+def log_dir() -> str:
+    return os.environ.get("GPUQ_CHAOS_RUN_DIR", "")
+
+
+def note(*fields: object) -> None:
+    """Append one line to this process's run log (opened on first use)."""
+    global _log_fd
+    directory = log_dir()
+    if not directory:
+        return
+    with _log_lock:
+        if _log_fd is None:
+            path = os.path.join(directory, f"runs-{os.getpid()}.log")
+            _log_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(_log_fd, (" ".join(str(f) for f in fields) + "\n").encode())
+
+
+class ChaosModel:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def _register(name: str, vram_gb: float, load_s: float) -> None:
+    @app.model(name, vram_gb=vram_gb)
+    def load(model_name: str) -> ChaosModel:
+        time.sleep(load_s)
+        return ChaosModel(model_name)
+
+
+for _name, (_vram, _load) in MODELS.items():
+    _register(_name, _vram, _load)
+
+
+def work(ctx: Context, seconds: float, done_before: float) -> float:
+    """Work until ``seconds`` are done in all (counting ``done_before``); give way with a
+    checkpoint when asked to yield; stop early once the lease is lost. Returns seconds done."""
+    started = time.monotonic()
+    while True:
+        done = done_before + time.monotonic() - started
+        if done >= seconds or ctx.should_stop():
+            return done
+        if ctx.should_yield():
+            ctx.yield_now({"done_s": round(done, 4)})
+        time.sleep(min(seconds - done, 0.02))
+
+
+@app.handler("chaos.run")
+def run(model: ChaosModel, payload: Any, ctx: Context) -> dict[str, Any]:
+    kind = str(payload.get("kind", "run"))
+    seconds = float(payload.get("s", 0.1))
+    run_id = uuid.uuid4().hex[:12]
+    head = (ctx.task_id, ctx.attempt, ctx.worker_id, run_id)
+    note("start", *head)
+    end = "stop"
+    try:
+        done_before = float((ctx.checkpoint or {}).get("done_s", 0.0))
+        if kind == "yield_once" and ctx.checkpoint is None:
+            work(ctx, seconds / 2, 0.0)
+            ctx.yield_now({"done_s": round(seconds / 2, 4)})
+        if kind == "fail_always" or (kind == "fail_once" and ctx.attempt == 1):
+            work(ctx, seconds / 2, 0.0)
+            raise RuntimeError(f"chaos: {kind} on attempt {ctx.attempt}")
+        work(ctx, seconds, done_before)
+        end = "ok"
+        return {"run": run_id, "worker": ctx.worker_id, "attempt": ctx.attempt,
+                "model": model.name, "resumed_from_s": done_before}
+    except Yielded:
+        end = "yield"
+        raise
+    except RuntimeError:
+        end = "fail"
+        raise
+    finally:  # StopTask (a stop past the yield deadline) leaves end at "stop"
+        note(end, *head, int(ctx.lost))
