@@ -57,7 +57,8 @@ def open_queue(ctx: click.Context) -> Queue:
 @click.group(cls=Cli)
 @click.option("--redis", "redis_url", envvar="GPUQ_REDIS_URL", default="",
               help=f"Redis URL (env GPUQ_REDIS_URL; default {DEFAULT_URL}, the demo embeds one): "
-                   "redis://, rediss:// (TLS), unix://, redis+sentinel://HOST:PORT[,...]/MASTER[/DB].")
+                   "redis://, rediss:// (TLS), unix://, redis+sentinel://HOST:PORT[,...]/MASTER[/DB], "
+                   "redis+cluster://HOST:PORT[,...].")
 @click.option("--tls-ca", envvar="GPUQ_TLS_CA", help="rediss://: CA file (PEM) the server's certificate "
               "must chain to (env GPUQ_TLS_CA; default: the system's CAs).")
 @click.option("--tls-cert", envvar="GPUQ_TLS_CERT", help="rediss://: client certificate (env GPUQ_TLS_CERT).")
