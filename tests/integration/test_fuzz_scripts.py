@@ -87,6 +87,9 @@ def build_state(q: Queue) -> None:
     r.hset(k.catalog_model("A"), mapping={"loads": 2, "total_load_s": 30})
     r.hset(k.fairness, mapping={"1": 5, "2": 3})
     assert q.scripts.run(q.calls.lead("r1"))
+    # the lock's TTL runs on the server's clock: a slow run must not see it lapse between the
+    # snapshots a test compares (copies of this pool keep its absolute expiry)
+    r.pexpire(k.reaper_lock, 3_600_000)
 
 
 # ARGV that reach each script's main path in that state (several per script: its branches)
