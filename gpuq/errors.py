@@ -128,6 +128,19 @@ class NoMaster(ConnectionFailed):
     what = "no master from the Sentinels at {url}"
 
 
+class ReplicaTimeout(GpuqError):
+    """A write the master made, acknowledged by fewer replicas than ``replica_acks`` asks
+    within ``replica_wait_ms``: it stands on the master, but a failover before the master
+    replicates it would lose it."""
+
+    def __init__(self, what: str, acked: int, wanted: int, timeout_ms: int) -> None:
+        self.what = what
+        self.acked = acked
+        self.wanted = wanted
+        super().__init__(f"{what} is written on the master, but only {acked} of {wanted} replicas "
+                         f"acknowledged it within {timeout_ms} ms: it may be lost in a failover")
+
+
 class PermissionDenied(GpuqError):
     """The server's ACL refused a command or a key to this connection's user (NOPERM)."""
 

@@ -25,6 +25,7 @@ from gpuq.errors import (
     GpuqError,
     InvalidTask,
     NotRequeueable,
+    ReplicaTimeout,
     StaleLease,
     TaskAlreadyFinished,
     TaskNotFound,
@@ -125,19 +126,6 @@ def checked(reply: list[Any]) -> list[Any]:
 
 def pairs_to_dict(flat: Sequence[Any]) -> dict[str, str]:
     return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
-
-
-class ReplicaTimeout(GpuqError):
-    """A write the master made, acknowledged by fewer replicas than ``replica_acks`` asks
-    within ``replica_wait_ms``: it stands on the master, but a failover before the master
-    replicates it would lose it."""
-
-    def __init__(self, what: str, acked: int, wanted: int, timeout_ms: int) -> None:
-        self.what = what
-        self.acked = acked
-        self.wanted = wanted
-        super().__init__(f"{what} is written on the master, but only {acked} of {wanted} replicas "
-                         f"acknowledged it within {timeout_ms} ms: it may be lost in a failover")
 
 
 @dataclass(frozen=True)
