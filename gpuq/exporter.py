@@ -13,12 +13,11 @@ import signal
 import threading
 
 import redis
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
-from gpuq.errors import ConfigError
 from gpuq.inspect import pool_view
 from gpuq.keys import Keys
-from gpuq.metrics import PoolCollector, PoolFigures
+from gpuq.metrics import PoolCollector, PoolFigures, serve_http
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +54,7 @@ class Exporter:
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
         """Serve /metrics until SIGTERM or SIGINT; exits 0."""
-        try:
-            start_http_server(port, addr=host, registry=self.registry)
-        except OSError as exc:  # port taken, address not on this host: one line, not a traceback
-            raise ConfigError(f"exporter port {host}:{port}: {exc.strerror or exc}") from None
+        serve_http(self.registry, host, port, "exporter")
         log.info("exporter.started pool=%s host=%s port=%d", self.keys.pool, host, port)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda *_: self.stopped.set())

@@ -47,9 +47,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from gpuq.errors import ConfigError
 
 # fine below a second (P0's 200 ms SLA, P1's 1 s), then wide enough for P2's 5 minutes
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0,
@@ -57,6 +59,15 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0,
 PHASES = ("queue", "load", "run")
 WORKER_OUTCOMES = ("succeeded", "failed", "retried", "yielded", "stopped", "lost")
 
+
+
+def serve_http(registry: CollectorRegistry, host: str, port: int, what: str) -> None:
+    """Serve ``registry`` on http://host:port/metrics from a daemon thread; a port taken or an
+    address not on this host is one ConfigError line, not a traceback."""
+    try:
+        start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise ConfigError(f"{what} port {host}:{port}: {exc.strerror or exc}") from None
 
 class WorkerMetrics:
     """The metrics one worker process serves about its own GPU and the tasks it runs."""

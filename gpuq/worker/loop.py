@@ -30,7 +30,7 @@ from gpuq.client import redis_errors
 from gpuq.config import Config
 from gpuq.errors import StaleLease
 from gpuq.keys import Keys
-from gpuq.metrics import WorkerMetrics
+from gpuq.metrics import WorkerMetrics, serve_http
 from gpuq.scripts import Call, Calls, ClaimRequest, Scripts
 from gpuq.worker import presence
 from gpuq.worker.executor import Running, execute, settle, show_models
@@ -264,16 +264,9 @@ class Worker:
         self.done.set()
 
     def serve_metrics(self, port: int) -> None:
-        from prometheus_client import start_http_server
-
-        from gpuq.errors import ConfigError
-
         self.metrics = WorkerMetrics(self.config.pool, self.id, self.gpu.name)
         host = self.config.metrics_host  # loopback unless told: the endpoint has no authentication
-        try:
-            start_http_server(port, addr=host, registry=self.metrics.registry)
-        except OSError as exc:  # port taken, address not on this host: one line, not a traceback
-            raise ConfigError(f"metrics port {host}:{port}: {exc.strerror or exc}") from None
+        serve_http(self.metrics.registry, host, port, "metrics")
         log.info("worker.metrics worker=%s host=%s port=%d", self.id, host, port)
 
     def drain(self) -> None:
