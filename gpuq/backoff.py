@@ -2,9 +2,10 @@
 
 A worker's runners and heartbeat, and a reaper, keep running while Redis is down or
 restarting. Each loop retries with its own ``Backoff`` (0.1 s doubling to a cap), and all the
-loops of one process share one ``Outage``, which logs ``redis.unavailable`` when the first of
-them fails and ``redis.recovered`` when one succeeds again, instead of a line per loop per
-retry (a worker with four runners would otherwise log several lines a second).
+loops of one process share one ``Outage`` (a worker's is its ``outage``), which logs
+``redis.unavailable`` when the first of them fails and ``redis.recovered`` when one succeeds
+again, instead of a line per loop per retry (a worker with four runners would otherwise log
+several lines a second).
 """
 
 from __future__ import annotations
@@ -73,16 +74,3 @@ class Outage:
             self.since = None
         self.log.warning("redis.recovered %s after %.1f s", self.who, seconds)
 
-
-_shared: dict[str, Outage] = {}
-_shared_lock = threading.Lock()
-
-
-def outage(who: str, log: logging.Logger, cap: float = CAP_S) -> Outage:
-    """The Outage of ``who`` in this process, made on first use (a worker's runner threads and
-    its heartbeat thread share it)."""
-    with _shared_lock:
-        found = _shared.get(who)
-        if found is None:
-            found = _shared[who] = Outage(who, log, cap)
-        return found

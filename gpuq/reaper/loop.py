@@ -144,7 +144,7 @@ class Reaper:
                 self.round()
                 return 0
             next_round = next_urgent = 0.0
-            outage = backoff.outage(f"reaper={self.token[:8]} pool={self.config.pool}", log)
+            outage = backoff.Outage(f"reaper={self.token[:8]} pool={self.config.pool}", log)
             retry = backoff.Backoff()
             while not self.stopped.is_set():
                 started = time.monotonic()

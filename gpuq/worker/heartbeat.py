@@ -70,7 +70,7 @@ class Heartbeat(threading.Thread):
         w = self.worker
         next_beat = 0.0
         # retried at least once a heartbeat period: leases run out while Redis is away
-        outage = backoff.outage(f"worker={w.id}", log)
+        outage = w.outage
         retry = backoff.Backoff(cap=min(backoff.CAP_S, w.config.heartbeat_s))
         while not self.stopped.is_set():
             try:

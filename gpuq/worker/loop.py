@@ -24,8 +24,8 @@ from typing import Any
 
 import redis
 
-from gpuq import backoff as backoff_mod
 from gpuq.app import App, Context
+from gpuq.backoff import Backoff, Outage
 from gpuq.client import redis_errors
 from gpuq.config import Config
 from gpuq.errors import StaleLease
@@ -81,6 +81,7 @@ class Worker:
         self.metrics: WorkerMetrics | None = None
         self.labels: dict[str, str] = {}
         self.last_active = time.monotonic()  # a task started or ended (idle timeout)
+        self.outage = Outage(f"worker={self.id}", log)  # Redis down: said once by all its loops
 
     # bookkeeping shared with the executor and the heartbeat
     def track(self, running: Running) -> None:
@@ -202,7 +203,7 @@ class Worker:
         pending: Call[Any] | None = None  # the finished task's ack or fail, not yet sent
         waited = False  # the last claim found nothing and the runner waited for work
         from_idle = False  # the task just run was claimed right after such a wait
-        outage, backoff = backoff_mod.outage(f"worker={self.id}", log), backoff_mod.Backoff()
+        outage, backoff = self.outage, Backoff()
         while not self.stopping.is_set():
             started = time.monotonic()
             try:
@@ -331,12 +332,11 @@ class Worker:
                    for i in range(self.config.concurrency)]
         for t in runners:
             t.start()
-        outage = backoff_mod.outage(f"worker={self.id}", log)
         while not self.done.wait(0.5):
             try:
                 self.check_idle()
             except redis.RedisError as exc:  # the runners and the heartbeat retry meanwhile
-                outage.down(exc)
+                self.outage.down(exc)
         self.shutdown(runners, heartbeat)
         log.info("worker.stopped worker=%s tasks=%d model_loads=%d", self.id, self.tasks_run,
                  self.model_loads)

@@ -8,8 +8,15 @@ import time
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-from gpuq import backoff
+from gpuq import Config, backoff
+from gpuq.app import App
+from gpuq.embedded import free_port
+from gpuq.worker.gpu import GpuInfo
+from gpuq.worker.heartbeat import Heartbeat
+from gpuq.worker.loop import Worker
 
 
 def test_delays_double_up_to_the_cap_and_reset() -> None:
@@ -51,7 +58,22 @@ def test_a_reply_to_a_call_sent_before_the_outage_is_no_recovery(caplog: pytest.
     assert [r.getMessage().split()[0] for r in caplog.records] == ["redis.unavailable"]
 
 
-def test_one_outage_per_process_name() -> None:
-    log = logging.getLogger("t")
-    assert backoff.outage("worker=shared-x", log) is backoff.outage("worker=shared-x", log)
-    assert backoff.outage("worker=shared-x", log) is not backoff.outage("worker=shared-y", log)
+def test_a_workers_runner_and_heartbeat_share_its_outage(caplog: pytest.LogCaptureFixture) -> None:
+    """Both loops of a worker fail on a server that is gone: the worker's one Outage says so
+    once, not once per loop."""
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=0.2, decode_responses=True,
+                       retry=Retry(NoBackoff(), 0))  # each call fails at once
+    worker = Worker(dead, Config(pool="p").validate(), App("a"),
+                    GpuInfo("L4", "uuid", 24, None, "declared"), worker_id="w1")
+    heartbeat = Heartbeat(worker)
+    runner = threading.Thread(target=worker.runner, daemon=True)
+    with caplog.at_level(logging.WARNING):
+        heartbeat.start()
+        runner.start()
+        time.sleep(0.6)  # both loops fail, back off and fail again meanwhile
+        worker.stopping.set()
+        heartbeat.stop()
+        runner.join(2)
+    said = [r for r in caplog.records if r.getMessage().startswith("redis.unavailable")]
+    assert len(said) == 1 and "worker=w1" in said[0].getMessage()
+    assert worker.outage.outages == 1 and not runner.is_alive()
