@@ -18,7 +18,7 @@ from gpuq.client import Queue
 from gpuq.config import Config
 from gpuq.connection import Tls, connect, redis_errors
 from gpuq.errors import GpuqError
-from gpuq.inspect import pool_view
+from gpuq.views.inspect import pool_view
 from gpuq.redact import redact
 from gpuq.task import Priority, parse_payload_text
 
@@ -242,7 +242,7 @@ def rq_bridge(ctx: click.Context, rq_queues: tuple[str, ...], rq_url: str | None
 def exporter(ctx: click.Context, port: int, host: str) -> None:
     """Serve the pool's metrics (queues, outcomes, SLA attainment, preemptions, model loads,
     workers, scale signals) for Prometheus, read from Redis on every scrape."""
-    from gpuq.exporter import Exporter
+    from gpuq.views.exporter import Exporter
 
     queue = open_queue(ctx)
     ctx.exit(Exporter(queue.redis, queue.keys).serve(port, host))
@@ -255,7 +255,7 @@ def exporter(ctx: click.Context, port: int, host: str) -> None:
 @click.pass_context
 def top(ctx: click.Context, interval_s: float, once: bool) -> None:
     """Live view of the pool: queues, workers and their GPUs, SLA attainment, recent misses."""
-    from gpuq.top import run_top
+    from gpuq.views.top import run_top
 
     queue = open_queue(ctx)
     with redis_errors(queue.url):
@@ -291,7 +291,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(view.to_dict(), indent=2))
         return
-    from gpuq.render import render_status
+    from gpuq.views.render import render_status
 
     click.echo(render_status(view))
 

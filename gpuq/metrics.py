@@ -20,7 +20,7 @@ Worker (``WorkerMetrics``, one registry per worker process):
 | gpuq_worker_running_tasks | gauge | pool, gpu | every heartbeat |
 | gpuq_worker_loaded_models | gauge | pool, gpu | every heartbeat |
 
-Pool (``PoolCollector`` over ``PoolFigures``, which ``gpuq.exporter`` reads from Redis on each
+Pool (``PoolCollector`` over ``PoolFigures``, which ``gpuq.views.exporter`` reads from Redis on each
 scrape; served by ``gpuq exporter``):
 
 | metric | type | labels | source |
@@ -121,7 +121,7 @@ class WorkerMetrics:
 
 @dataclass
 class PoolFigures:
-    """What the exporter read from Redis for one scrape (gpuq.exporter.read_figures)."""
+    """What the exporter read from Redis for one scrape (gpuq.views.exporter.read_figures)."""
 
     pool: str
     queues: list[tuple[str, str, int, float]] = field(default_factory=list)  # priority, model, depth, oldest wait s

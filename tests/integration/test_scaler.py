@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from gpuq import Config, Queue, catalog
-from gpuq.inspect import pool_view
+from gpuq.views.inspect import pool_view
 from gpuq.reaper.scale import CommandHook, Scaler
-from gpuq.render import render_status
+from gpuq.views.render import render_status
 from gpuq.worker import presence
 from gpuq.worker.gpu import GpuInfo
 

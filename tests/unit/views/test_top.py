@@ -1,4 +1,4 @@
-"""gpuq.top: frames rendered from hand-built views, and run_top against the suite's real Redis."""
+"""gpuq.views.top: frames rendered from hand-built views, and run_top against the suite's real Redis."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ import pytest
 import redis
 from helpers import claim
 
-from gpuq import Queue, top
-from gpuq.inspect import PoolView, QueueView, WorkerView, recent_misses
+from gpuq import Queue
+from gpuq.views import top
+from gpuq.views.inspect import PoolView, QueueView, WorkerView, recent_misses
 from gpuq.keys import Keys
-from gpuq.top import render_top, run_top
+from gpuq.views.top import render_top, run_top
 from gpuq.worker import presence
 from gpuq.worker.gpu import GpuInfo
 

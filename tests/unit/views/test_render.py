@@ -1,12 +1,12 @@
-"""gpuq.render.render_status over hand-built pool views (no Redis)."""
+"""gpuq.views.render.render_status over hand-built pool views (no Redis)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from gpuq.inspect import PoolView, QueueView, WorkerView
-from gpuq.render import render_status
+from gpuq.views.inspect import PoolView, QueueView, WorkerView
+from gpuq.views.render import render_status
 
 
 def view(**extra: Any) -> PoolView:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuq.inspect import PoolView
+from gpuq.views.inspect import PoolView
 
 
 def render_status(view: PoolView) -> str:

@@ -17,9 +17,9 @@ from typing import Any, TextIO
 
 import redis
 
-from gpuq.inspect import PoolView, QueueView, WorkerView, pool_view, recent_misses
+from gpuq.views.inspect import PoolView, QueueView, WorkerView, pool_view, recent_misses
 from gpuq.keys import Keys
-from gpuq.render import levels_label
+from gpuq.views.render import levels_label
 from gpuq.task import Priority
 
 MIN_WIDTH = 60

@@ -15,7 +15,7 @@ import threading
 import redis
 from prometheus_client import CollectorRegistry
 
-from gpuq.inspect import pool_view
+from gpuq.views.inspect import pool_view
 from gpuq.keys import Keys
 from gpuq.metrics import PoolCollector, PoolFigures, serve_http
 
