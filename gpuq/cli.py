@@ -18,9 +18,9 @@ from gpuq.client import Queue
 from gpuq.config import Config
 from gpuq.connection import Tls, connect, redis_errors
 from gpuq.errors import GpuqError
-from gpuq.views.inspect import pool_view
 from gpuq.redact import redact
 from gpuq.task import Priority, parse_payload_text
+from gpuq.views.inspect import pool_view
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 

@@ -22,7 +22,7 @@ from typing import Protocol
 
 import redis
 
-from gpuq import catalog
+from gpuq import catalog, worker_record
 from gpuq.config import Config
 from gpuq.reaper.loop import Reaper
 from gpuq.scripts import ClaimRequest
@@ -69,7 +69,7 @@ class GpuqScheduler:
 
     def register(self, worker_id: str, total_gb: float, levels: str, now_ms: int) -> None:
         gpu = GpuInfo(f"sim-{total_gb:g}GB", "", total_gb, None, "declared")
-        fields = presence.identity(worker_id, gpu, self.config.kv_reserve_gb, 1, levels, "sim", 0)
+        fields = worker_record.identity(worker_id, gpu, self.config.kv_reserve_gb, 1, levels, "sim", 0)
         presence.register(self.redis, self.keys, fields, int(self.config.lease_s * 1000))
         self.scripts.run(self.calls.heartbeat(worker_id, [], now_ms=now_ms))
 

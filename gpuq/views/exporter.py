@@ -15,9 +15,9 @@ import threading
 import redis
 from prometheus_client import CollectorRegistry
 
-from gpuq.views.inspect import pool_view
 from gpuq.keys import Keys
 from gpuq.metrics import PoolCollector, PoolFigures, serve_http
+from gpuq.views.inspect import pool_view
 
 log = logging.getLogger(__name__)
 

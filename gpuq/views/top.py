@@ -17,10 +17,10 @@ from typing import Any, TextIO
 
 import redis
 
-from gpuq.views.inspect import PoolView, QueueView, WorkerView, pool_view, recent_misses
 from gpuq.keys import Keys
-from gpuq.views.render import levels_label
 from gpuq.task import Priority
+from gpuq.views.inspect import PoolView, QueueView, WorkerView, pool_view, recent_misses
+from gpuq.views.render import levels_label
 
 MIN_WIDTH = 60
 MISS_LINES = 8

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpuq import catalog
+from gpuq import catalog, worker_record
 from gpuq.app import Context, Yielded
 from gpuq.errors import GpuqError, StaleLease
 from gpuq.scripts import Call
@@ -79,7 +79,7 @@ def show_models(worker: Worker, pipe: redis.client.Pipeline) -> None:
     cache = worker.cache
     with worker.shown:
         with cache.lock:  # other runners may be changing the ledger
-            shown: presence.Fields = {"models": ",".join(cache.model_names()),
+            shown: worker_record.Fields = {"models": ",".join(cache.model_names()),
                                       "vram_free_gb": round(cache.free_gb(), 3)}
         pipe.hset(worker.keys.worker(worker.id), mapping=shown)
         pipe.execute()

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from gpuq import backoff
+from gpuq import backoff, worker_record
 from gpuq.worker import presence
 from gpuq.worker.control import Control
 from gpuq.worker.gpu import nvml_used_gb
@@ -41,8 +41,8 @@ class Heartbeat(threading.Thread):
             with w.cache.lock:
                 free = w.cache.free_gb()
                 models = w.cache.model_names()
-            fields: presence.Fields = {**w.static_fields,
-                                       **presence.status_fields(free, len(running), models, state, used)}
+            fields: worker_record.Fields = {**w.static_fields,
+                                       **worker_record.status_fields(free, len(running), models, state, used)}
             shown = ("HSET", w.keys.worker(w.id), *itertools.chain.from_iterable(fields.items()))
             replies = w.scripts.pipelined([call], [shown])
         revived, lost = call.parse(replies[0])

@@ -24,6 +24,7 @@ from typing import Any
 
 import redis
 
+from gpuq import worker_record
 from gpuq.app import App, Context
 from gpuq.backoff import Backoff, Outage
 from gpuq.client import redis_errors
@@ -37,7 +38,7 @@ from gpuq.worker.executor import Running, execute, settle, show_models
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.heartbeat import Heartbeat
 from gpuq.worker.models import ModelCache, Reservation
-from gpuq.worker.presence import Fields
+from gpuq.worker_record import Fields
 
 log = logging.getLogger(__name__)
 Claimed = tuple[dict[str, str], Reservation | None, Running]  # task fields, its VRAM, its run
@@ -310,7 +311,7 @@ class Worker:
     def run(self) -> int:
         handover = None if self.burst else (int(self.config.defer_s * 1000), self.config.fair_every,
                                             int(self.config.lease_s * 1000))
-        self.static_fields = presence.identity(
+        self.static_fields = worker_record.identity(
             self.id, self.gpu, self.config.kv_reserve_gb, self.config.concurrency, self.levels,
             socket.gethostname(), os.getpid(), handover, self.app.handlers)
         if self.config.metrics_port:  # first: a port it cannot bind must not leave it registered

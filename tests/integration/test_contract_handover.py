@@ -11,7 +11,7 @@ import json
 
 from helpers import T0, ack, claim, claim_reply, enqueue, heartbeat, reap
 
-from gpuq import Queue, catalog
+from gpuq import Queue, catalog, worker_record
 from gpuq.task import State
 from gpuq.worker import presence
 from gpuq.worker.gpu import GpuInfo
@@ -22,7 +22,7 @@ LEASE_MS, DEFER_MS, FAIR_EVERY = 30_000, 2_000, 5
 def register(q: Queue, wid: str, *, slots: int = 1, handover: bool = True) -> None:
     """A worker as presence writes it, then idle: its claim found nothing."""
     gpu = GpuInfo("L4", f"uuid-{wid}", 24, None, "declared")
-    fields = presence.identity(wid, gpu, 5.0, slots, "0123", "h", 1,
+    fields = worker_record.identity(wid, gpu, 5.0, slots, "0123", "h", 1,
                                (DEFER_MS, FAIR_EVERY, LEASE_MS) if handover else None)
     presence.register(q.redis, q.keys, fields, LEASE_MS)
     assert claim(q, wid, 19, slots=slots, now_ms=T0) is None

@@ -31,7 +31,7 @@ from helpers import T0, claim, enqueue_specs, heartbeat, spec
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from gpuq import Config, Queue
+from gpuq import Config, Queue, worker_record
 from gpuq.embedded import EmbeddedServer
 from gpuq.errors import GpuqError
 from gpuq.keys import Keys
@@ -52,7 +52,7 @@ RAN: dict[str, int] = {}  # examples run per test kind (printed at the end with 
 def register(client: redis.Redis, keys: Keys, worker_id: str, total_gb: float, concurrency: int,
              handover: tuple[int, int, int] | None = None) -> None:
     gpu = GpuInfo(f"gpu{total_gb:g}", f"uuid-{worker_id}", total_gb, None, "declared")
-    fields = presence.identity(worker_id, gpu, 4.0, concurrency, "0123", "host", 1, handover)
+    fields = worker_record.identity(worker_id, gpu, 4.0, concurrency, "0123", "host", 1, handover)
     presence.register(client, keys, fields, 30_000)
 
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from gpuq import Config, Queue, catalog
-from gpuq.views.inspect import pool_view
+from gpuq import Config, Queue, catalog, worker_record
 from gpuq.reaper.scale import CommandHook, Scaler
+from gpuq.views.inspect import pool_view
 from gpuq.views.render import render_status
 from gpuq.worker import presence
 from gpuq.worker.gpu import GpuInfo
@@ -29,7 +29,7 @@ def register(q: Queue, wid: str, gpu: str, total_gb: float, *, idle: bool = Fals
     """A worker as presence writes it; idle puts it in ``idle`` with all its usable VRAM
     (after enqueuing: the enqueue's wake rule takes the worker it wakes out of ``idle``)."""
     info = GpuInfo(gpu, f"uuid-{wid}", total_gb, None, "declared")
-    fields = presence.identity(wid, info, RESERVE_GB, 1, levels, "h", 1, handlers=["h"])
+    fields = worker_record.identity(wid, info, RESERVE_GB, 1, levels, "h", 1, handlers=["h"])
     presence.register(q.redis, q.keys, fields, 30_000)
     for model in holds:
         q.redis.sadd(q.keys.holders(model), wid)

@@ -17,6 +17,7 @@ import pytest
 import redis
 from click.testing import CliRunner, Result
 
+from gpuq import worker_record
 from gpuq.cli import cli
 from gpuq.embedded import EmbeddedServer
 from gpuq.keys import Keys
@@ -53,7 +54,7 @@ class Pool:
 
     def register_gpu(self, worker_id: str, name: str, total_gb: float) -> None:
         gpu = GpuInfo(name, f"uuid-{worker_id}", total_gb, None, "declared")
-        fields = presence.identity(worker_id, gpu, 5.0, 1, "0123", "host", 1, handlers=["sim.run"])
+        fields = worker_record.identity(worker_id, gpu, 5.0, 1, "0123", "host", 1, handlers=["sim.run"])
         presence.register(self.redis, self.keys, fields, 30_000)
 
 

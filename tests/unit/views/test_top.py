@@ -12,10 +12,10 @@ import pytest
 import redis
 from helpers import claim
 
-from gpuq import Queue
+from gpuq import Queue, worker_record
+from gpuq.keys import Keys
 from gpuq.views import top
 from gpuq.views.inspect import PoolView, QueueView, WorkerView, recent_misses
-from gpuq.keys import Keys
 from gpuq.views.top import render_top, run_top
 from gpuq.worker import presence
 from gpuq.worker.gpu import GpuInfo
@@ -148,7 +148,7 @@ class FakeTty(io.StringIO):
 def seeded(real_queue: Queue) -> Queue:
     q = real_queue
     gpu = GpuInfo("A100-80", "uuid-w", 80, None, "declared")
-    presence.register(q.redis, q.keys, presence.identity("w-a100", gpu, 5.0, 1, "0123", "h", 1),
+    presence.register(q.redis, q.keys, worker_record.identity("w-a100", gpu, 5.0, 1, "0123", "h", 1),
                       30_000)
     for priority, model in (("P0", "llama3-8b"), ("P0", "llama3-8b"), ("P2", "mistral-7b")):
         q.enqueue("sim.run", None, model=model, vram_gb=16, priority=priority)

@@ -7,7 +7,7 @@ import logging
 import fakeredis
 import pytest
 
-from gpuq import Config, Queue
+from gpuq import Config, Queue, worker_record
 from gpuq.worker import presence
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.heartbeat import Heartbeat
@@ -23,7 +23,7 @@ def test_a_task_acked_during_the_beat_is_not_reported_lost(caplog: pytest.LogCap
     config = Config(pool="hb").validate()
     queue = Queue(client, config)
     worker = Worker(client, config, app, GpuInfo("sim", "x", 80, None, "declared"), worker_id="w")
-    worker.static_fields = presence.identity("w", worker.gpu, 5, 1, "0123", "h", 1)
+    worker.static_fields = worker_record.identity("w", worker.gpu, 5, 1, "0123", "h", 1)
     presence.register(client, worker.keys, worker.static_fields, 30_000)
     task = queue.enqueue("sim.noop", 1, model="m", vram_gb=1)
     claimed = worker.claim(None)
