@@ -23,33 +23,26 @@ import redis
 from bench.common import dumps
 from gpuq.client import connect
 
-MQ_CLAIM = """
+_NOW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local popped = redis.call('ZPOPMIN', KEYS[1] .. 'queue')
-if not popped[1] then return false end
-local id = popped[1]
+"""
+# mark task `id` running under a lease and return its fields (both claim paths end so)
+_RUN = """
 local tk = KEYS[1] .. 'task:' .. id
 redis.call('HSET', tk, 'state', 'running', 'worker', ARGV[1], 'started_at', string.format('%d', now))
 redis.call('ZADD', KEYS[1] .. 'running', now + tonumber(ARGV[2]), id)
 return redis.call('HGETALL', tk)
 """
+
+MQ_CLAIM = _NOW + """local popped = redis.call('ZPOPMIN', KEYS[1] .. 'queue')
+if not popped[1] then return false end
+local id = popped[1]""" + _RUN
 
 # the idle path: BZPOPMIN already took the id off the queue; mark it running the same way
-MQ_CLAIM_POPPED = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local id = ARGV[3]
-local tk = KEYS[1] .. 'task:' .. id
-redis.call('HSET', tk, 'state', 'running', 'worker', ARGV[1], 'started_at', string.format('%d', now))
-redis.call('ZADD', KEYS[1] .. 'running', now + tonumber(ARGV[2]), id)
-return redis.call('HGETALL', tk)
-"""
+MQ_CLAIM_POPPED = _NOW + "local id = ARGV[3]" + _RUN
 
-MQ_ACK = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local id, ttl = ARGV[1], ARGV[3]
+MQ_ACK = _NOW + """local id, ttl = ARGV[1], ARGV[3]
 local tk = KEYS[1] .. 'task:' .. id
 redis.call('ZREM', KEYS[1] .. 'running', id)
 redis.call('HSET', tk, 'state', 'succeeded', 'result', ARGV[2], 'finished_at', string.format('%d', now))
