@@ -6,6 +6,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,22 @@ def dumps(value: Any) -> str:
 
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
+
+
+def round_trips(side: str, send: Callable[[int], Any], n: int, warm: int) -> list[float]:
+    """Seconds from just before ``send(i)`` (enqueue no-op task i and wait for its result) to
+    its return, after warm-up; each sample starts with the worker idle, blocked."""
+    out = []
+    for i in range(warm + n):
+        time.sleep(IDLE_GAP_S)
+        t0 = time.perf_counter()
+        result = send(i)
+        dt = time.perf_counter() - t0
+        if result != {"i": i}:
+            raise RuntimeError(f"{side} latency: wrong result {result!r}")
+        if i >= warm:
+            out.append(dt)
+    return out
 
 
 def noop_tasks(start: int, end: int, model: str = MODEL) -> list[dict[str, Any]]:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from bench.common import IDLE_GAP_S, MODEL, VRAM_GB, Bench, noop_tasks
+from bench.common import MODEL, VRAM_GB, Bench, noop_tasks, round_trips
 from bench.procs import GPUQ_SIM_ENV, children_cpu, finish, gpuq_worker_args, spawn, stop, wait_until
 from bench.stats import Drain, Window, make_drain, maybe_window, ms_to_s, read_times, timed_rate, window
 from gpuq.client import Queue
@@ -96,18 +95,8 @@ def idle_worker(b: Bench) -> Iterator[Queue]:
 
 def samples(q: Queue, n: int, warm: int) -> list[float]:
     """Seconds from just before ``enqueue`` to the return of ``result``, after warm-up."""
-    out = []
-    for i in range(warm + n):
-        time.sleep(IDLE_GAP_S)  # let the worker go back to blocking on its wake list
-        t0 = time.perf_counter()
-        t = q.enqueue("sim.noop", {"i": i}, model=MODEL, vram_gb=VRAM_GB)
-        result = t.result(timeout=30)
-        dt = time.perf_counter() - t0
-        if result != {"i": i}:
-            raise RuntimeError(f"gpuq latency: wrong result {result!r}")
-        if i >= warm:
-            out.append(dt)
-    return out
+    return round_trips("gpuq", lambda i: q.enqueue("sim.noop", {"i": i}, model=MODEL,
+                                                   vram_gb=VRAM_GB).result(timeout=30), n, warm)
 
 
 def latency(b: Bench, n: int, warm: int) -> list[float]:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from bench.common import IDLE_GAP_S, Bench
+from bench.common import Bench, round_trips
 from bench.minimal import Minimal
 from bench.procs import children_cpu, finish, minimal_worker_args, spawn, stop, wait_until
 from bench.stats import Drain, Window, make_drain, maybe_window, ms_to_s, read_times, timed_rate, window
@@ -83,18 +82,7 @@ def idle_worker(b: Bench) -> Iterator[Minimal]:
 
 def samples(mq: Minimal, n: int, warm: int) -> list[float]:
     """Seconds from just before ``enqueue`` to the return of ``wait``, after warm-up."""
-    out = []
-    for i in range(warm + n):
-        time.sleep(IDLE_GAP_S)  # let the worker go back to blocking on BZPOPMIN
-        t0 = time.perf_counter()
-        tid = mq.enqueue("noop", {"i": i})
-        result = mq.wait(tid, 30)
-        dt = time.perf_counter() - t0
-        if result != {"i": i}:
-            raise RuntimeError(f"minimal latency: wrong result {result!r}")
-        if i >= warm:
-            out.append(dt)
-    return out
+    return round_trips("minimal", lambda i: mq.wait(mq.enqueue("noop", {"i": i}), 30), n, warm)
 
 
 def latency(b: Bench, n: int, warm: int) -> list[float]:
