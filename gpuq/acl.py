@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from gpuq.errors import ConfigError
 from gpuq.keys import Keys
-from gpuq.scripts import script_source
+from gpuq.lua_source import script_source
 
 # every role: health checks, SELECT of a non-zero db, scripts (loaded again after a server
 # restart or flush), WAIT after writes when replica_acks is set

@@ -1,14 +1,17 @@
 """Every Redis key name of a pool, built in one place.
 
 All keys of a pool share the hash tag ``{pool}`` so every Lua script touches a single
-Redis Cluster slot. Scripts receive the pool's base (``gpuq:{pool}:``) as a key and build
-per-task and per-queue names from it with the same suffixes as below; docs/PROTOCOL.md
-tables them. No other module holds a key literal.
+Redis Cluster slot. ``SUFFIXES`` names each key after the pool's base (``gpuq:{pool}:``):
+``Keys`` builds the names from it, and so do the Lua scripts, which receive the base as
+their one key and get their key names generated from the same table (gpuq/lua_source.py);
+docs/PROTOCOL.md tables them. No other module holds a key literal.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+from string import Formatter
 
 DEFAULT_PREFIX = "gpuq"
 
@@ -23,167 +26,218 @@ def live_reservation(value: str | bytes | None, now_ms: int) -> tuple[str, int] 
     return (task, int(expires)) if expires.isdigit() and int(expires) > now_ms else None
 
 
+# Each key's name after the pool's base; "{arg}" stands for an argument of its builder.
+SUFFIXES: dict[str, str] = {
+    "task": "task:{task_id}",
+    "queue": "q:{priority}:{model}",
+    "models_with_work": "models:{priority}",
+    "done": "done:{task_id}",
+    "worker": "worker:{worker_id}",
+    "worker_tasks": "worker:{worker_id}:tasks",
+    "wake": "wake:{worker_id}",
+    "control": "ctl:{worker_id}",
+    "reservation": "reserve:{worker_id}",
+    "holders": "holders:{model}",
+    "catalog_model": "model:{model}",
+    "rq_taken": "rq:taken:{rq_queue}",
+    "running": "running",
+    "handed": "handed",
+    "delayed": "delayed",
+    "need": "need",
+    "sla_misses": "misses",
+    "lanes": "lanes",
+    "deadlines": "deadlines",
+    "scale": "scale",
+    "settings": "settings",
+    "workers": "workers",
+    "idle": "idle",
+    "pool_wake": "wake",
+    "classes": "classes",
+    "handlers": "handlers",
+    "catalog": "catalog",
+    "fairness": "fair",
+    "token": "token",
+    "stats": "stats",
+    "urgent": "urgent",
+    "ended": "ended",
+    "reaper_lock": "reaper",
+}
+
+
+def suffix_parts(name: str) -> list[tuple[str, str | None]]:
+    """A suffix as (literal text, argument name or None) pieces, in order."""
+    return [(text, arg) for text, arg, _, _ in Formatter().parse(SUFFIXES[name])]
+
+
+# the suffixes with their arguments by position, as Keys fills them in
+_FORMATS = {name: "".join(text + ("{}" if arg else "") for text, arg in suffix_parts(name))
+            for name in SUFFIXES}
+
+
 @dataclass(frozen=True)
 class Keys:
     pool: str
     prefix: str = DEFAULT_PREFIX
 
-    @property
+    @cached_property
     def base(self) -> str:
-        """The pool's key base; scripts append the suffixes below to it."""
+        """The pool's key base; every key is it plus a suffix of ``SUFFIXES``."""
         return f"{self.prefix}:{{{self.pool}}}:"
 
+    def _key(self, name: str, *args: object) -> str:
+        return self.base + _FORMATS[name].format(*args)
+
     def task(self, task_id: str) -> str:
-        return f"{self.base}task:{task_id}"
+        return self._key("task", task_id)
 
     def queue(self, priority: int, model: str) -> str:
         """Queued task ids of one (priority, model), scored by start-by time in ms."""
-        return f"{self.base}q:{priority}:{model}"
+        return self._key("queue", priority, model)
 
     def models_with_work(self, priority: int) -> str:
         """Index: models with queued work at a priority, scored by their queue's head score."""
-        return f"{self.base}models:{priority}"
+        return self._key("models_with_work", priority)
 
     def done(self, task_id: str) -> str:
         """List a result waiter blocks on; pushed once when the task ends."""
-        return f"{self.base}done:{task_id}"
+        return self._key("done", task_id)
 
     def worker(self, worker_id: str) -> str:
-        return f"{self.base}worker:{worker_id}"
+        return self._key("worker", worker_id)
 
     def worker_tasks(self, worker_id: str) -> str:
-        return f"{self.base}worker:{worker_id}:tasks"
+        return self._key("worker_tasks", worker_id)
 
     def wake(self, worker_id: str) -> str:
-        return f"{self.base}wake:{worker_id}"
+        return self._key("wake", worker_id)
 
     def control(self, worker_id: str) -> str:
         """Control messages to a worker, read by its heartbeat thread: "yield <task>",
         "preload <model> <vram_gb>", "drain"."""
-        return f"{self.base}ctl:{worker_id}"
+        return self._key("control", worker_id)
 
     def reservation(self, worker_id: str) -> str:
         """The queued task the preemption planner reserved this worker for, and until when:
         "<task> <expires ms>" (read with ``live_reservation``)."""
-        return f"{self.base}reserve:{worker_id}"
+        return self._key("reservation", worker_id)
 
     def holders(self, model: str) -> str:
         """Workers that hold a model loaded."""
-        return f"{self.base}holders:{model}"
+        return self._key("holders", model)
 
     def catalog_model(self, model: str) -> str:
-        return f"{self.base}model:{model}"
+        return self._key("catalog_model", model)
+
+    def rq_taken(self, rq_queue: str) -> str:
+        """RQ job ids an rq bridge took from an RQ queue and has not yet handed to gpuq. It
+        lives on RQ's Redis (LMOVE needs both lists on one server), never in a script."""
+        return self._key("rq_taken", rq_queue)
 
     @property
     def running(self) -> str:
         """Running task ids scored by lease expiry (ms)."""
-        return f"{self.base}running"
+        return self._key("running")
 
     @property
     def handed(self) -> str:
         """Tasks handed over at enqueue, scored by their pickup deadline (ms), until a claim or
         the reaper finds them picked up (popped off the worker's wake list) or ended."""
-        return f"{self.base}handed"
+        return self._key("handed")
 
     @property
     def delayed(self) -> str:
         """Tasks waiting out a retry backoff, scored by ready time (ms)."""
-        return f"{self.base}delayed"
+        return self._key("delayed")
 
     @property
     def need(self) -> str:
         """Queued task ids scored by VRAM need (GB): finds tasks no GPU can fit."""
-        return f"{self.base}need"
+        return self._key("need")
 
     @property
     def sla_misses(self) -> str:
         """The latest SLA misses, newest first (capped): JSON {id, priority, model, wait_s,
         at, kind: "late" (started after its start-by time) | "expired"}."""
-        return f"{self.base}misses"
+        return self._key("sla_misses")
 
     @property
     def lanes(self) -> str:
         """Workers serving only some priorities (dedicated lanes): id -> levels, e.g. "01"."""
-        return f"{self.base}lanes"
+        return self._key("lanes")
 
     @property
     def deadlines(self) -> str:
         """Queued task ids that have a deadline, scored by their latest start (deadline - est, ms)."""
-        return f"{self.base}deadlines"
+        return self._key("deadlines")
 
     @property
     def scale(self) -> str:
         """Scale signals: "class:<gpu>" / "model:<name>" -> JSON {current, desired, reason}."""
-        return f"{self.base}scale"
+        return self._key("scale")
 
     @property
     def settings(self) -> str:
         """Pool-wide settings the reaper publishes for workers (min_workers)."""
-        return f"{self.base}settings"
+        return self._key("settings")
 
     @property
     def workers(self) -> str:
         """Live workers scored by heartbeat expiry (ms)."""
-        return f"{self.base}workers"
+        return self._key("workers")
 
     @property
     def idle(self) -> str:
         """Workers with a free slot, scored by claimable VRAM (GB)."""
-        return f"{self.base}idle"
+        return self._key("idle")
 
     @property
     def pool_wake(self) -> str:
-        return f"{self.base}wake"
+        return self._key("pool_wake")
 
     @property
     def classes(self) -> str:
         """GPU classes ever registered: name -> usable VRAM (GB)."""
-        return f"{self.base}classes"
+        return self._key("classes")
 
     @property
     def handlers(self) -> str:
         """Handler names ever registered by a worker of the pool (a set; enqueue's check_fit)."""
-        return f"{self.base}handlers"
+        return self._key("handlers")
 
     @property
     def catalog(self) -> str:
         """Set of model names the catalog knows."""
-        return f"{self.base}catalog"
+        return self._key("catalog")
 
     @property
     def fairness(self) -> str:
-        return f"{self.base}fair"
+        return self._key("fairness")
 
     @property
     def token(self) -> str:
-        return f"{self.base}token"
+        return self._key("token")
 
     @property
     def stats(self) -> str:
-        return f"{self.base}stats"
-
-    def rq_taken(self, rq_queue: str) -> str:
-        """RQ job ids an rq bridge took from an RQ queue and has not yet handed to gpuq. It
-        lives on RQ's Redis (LMOVE needs both lists on one server), never in a script."""
-        return f"{self.base}rq:taken:{rq_queue}"
+        return self._key("stats")
 
     @property
     def urgent(self) -> str:
         """One token while online or nearline work waits that no idle worker was woken for:
         the active reaper blocks on it between rounds and plans preemption at once."""
-        return f"{self.base}urgent"
+        return self._key("urgent")
 
     @property
-    def rq_ended(self) -> str:
-        """Tasks made from RQ jobs that ended other than succeeded, newest first (LPUSH by the
-        scripts' finish), for the rq bridge to write the outcome back to RQ."""
-        return f"{self.base}rq:ended"
+    def ended(self) -> str:
+        """Tasks enqueued with report_end that ended other than succeeded, newest first
+        (LPUSH by the scripts' finish): their producer (the rq bridge) reports the end."""
+        return self._key("ended")
 
     @property
     def reaper_lock(self) -> str:
-        return f"{self.base}reaper"
+        return self._key("reaper_lock")
 
     @property
     def pattern(self) -> str:
         """SCAN pattern matching every key of the pool (inspection and tests only)."""
-        return f"{self.prefix}:{{{self.pool}}}:*"
+        return self.base + "*"

@@ -1,38 +1,26 @@
-"""The Lua scripts of gpuq: one loader, one typed call builder per script, one code table.
+"""The Lua scripts of gpuq: one loader, one typed call builder per script.
 
-Each script in ``gpuq/lua/`` is registered once per Redis client (its source and SHA; run
-as bare EVALSHA, loaded again on NOSCRIPT). ``Calls`` builds a typed ``Call`` per verb (its
-arguments and the parser of its reply); ``Scripts`` runs calls on a sync client over
-``gpuq.wire``, alone or several per round trip, and ``gpuq.aio`` runs the same calls on an
-asyncio client, so each verb is written once.
+Each script in ``gpuq/lua/`` is registered once per Redis client (its source from
+``gpuq.lua_source`` and its SHA; run as bare EVALSHA, loaded again on NOSCRIPT). ``Calls``
+builds a typed ``Call`` per verb (its arguments and the parser of its reply); ``Scripts``
+runs calls on a sync client over ``gpuq.wire``, alone or several per round trip, and
+``gpuq.aio`` runs the same calls on an asyncio client, so each verb is written once.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from enum import IntEnum
-from importlib import resources
 from typing import Any, Generic, TypeVar
 
 import redis
 
 from gpuq.config import Config
-from gpuq.errors import (
-    DuplicateTask,
-    GpuqError,
-    InvalidTask,
-    NotRequeueable,
-    ReplicaTimeout,
-    StaleLease,
-    TaskAlreadyFinished,
-    TaskNotFound,
-    UnregisteredHandler,
-    Unschedulable,
-)
+from gpuq.errors import NotRequeueable, ReplicaTimeout
 from gpuq.keys import Keys
+from gpuq.lua_source import script_source
+from gpuq.replies import Code, checked, pairs_to_dict, raise_for
 from gpuq.task import TaskSpec
 from gpuq.wire import exchange
 
@@ -40,92 +28,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 SCRIPT_NAMES = ("enqueue", "claim", "heartbeat", "ack", "fail", "requeue", "cancel", "reap", "lead",
                 "expire", "preempt", "retire")
-
-
-class Code(IntEnum):
-    """First element of every script reply (documented in each script's header)."""
-
-    OK = 0
-    INVALID = 1
-    DUPLICATE = 2
-    UNSCHEDULABLE = 3
-    NOT_FOUND = 4
-    STALE_LEASE = 5
-    FINISHED = 6
-    UNREGISTERED = 7
-
-
-# a helper in _lib.lua: its comment lines, then "local function <name>" up to the next helper
-_HELPER = re.compile(r"^(?:--[^\n]*\n)*local function (\w+)", re.M)
-
-
-def lib_helpers(lib: str) -> tuple[str, dict[str, str]]:
-    """_lib.lua split into its head (the key constants) and its helpers by name, in order."""
-    found = list(_HELPER.finditer(lib))
-    ends = [m.start() for m in found[1:]] + [len(lib)]
-    return lib[:found[0].start()], {m.group(1): lib[m.start():end] for m, end in zip(found, ends)}
-
-
-def used_helpers(code: str, helpers: dict[str, str]) -> list[str]:
-    """The helpers ``code`` calls, and those they call in turn, in _lib.lua's order."""
-    calls = re.compile(r"\b(" + "|".join(helpers) + r")\s*\(")
-    needed: set[str] = set()
-    todo = set(calls.findall(code))
-    while todo:
-        name = todo.pop()
-        needed.add(name)
-        todo |= set(calls.findall(helpers[name].split("\n", 1)[1])) - needed  # body, not its name
-    return [name for name in helpers if name in needed]
-
-
-def script_source(name: str) -> str:
-    """A script's full source: the head of the shared helpers, the helpers it uses, then the
-    script itself. Each call runs its whole chunk, so helpers it never calls would be defined
-    (a closure each) on every call for nothing."""
-    lua = resources.files("gpuq") / "lua"
-    head, helpers = lib_helpers((lua / "_lib.lua").read_text())
-    body = (lua / f"{name}.lua").read_text()
-    return head + "".join(helpers[h] for h in used_helpers(body, helpers)) + "\n" + body
-
-
-def header_codes(name: str) -> set[str]:
-    """Error-code names a script's header promises (checked against Code by the tests)."""
-    text = (resources.files("gpuq") / "lua" / f"{name}.lua").read_text()
-    return set(re.findall(r"\b(INVALID|DUPLICATE|UNSCHEDULABLE|NOT_FOUND|STALE_LEASE|FINISHED)\b", text))
-
-
-def raise_for(reply: Sequence[Any], task_id: str | None = None, worker_id: str | None = None) -> None:
-    """Map a non-OK reply to its exception: the one place codes become errors."""
-    code = Code(int(reply[0]))
-    tid = task_id or ""
-    if code is Code.OK:
-        return
-    if code is Code.INVALID:
-        raise InvalidTask(str(reply[2]), task_id)
-    if code is Code.DUPLICATE:
-        raise DuplicateTask(str(reply[2]))
-    if code is Code.UNSCHEDULABLE:
-        raise Unschedulable(float(reply[2]), float(reply[3]))
-    if code is Code.UNREGISTERED:
-        raise UnregisteredHandler(str(reply[2]))
-    if code is Code.NOT_FOUND:
-        raise TaskNotFound(tid)
-    if code is Code.STALE_LEASE:
-        raise StaleLease(tid, worker_id)
-    if code is Code.FINISHED:
-        raise TaskAlreadyFinished(tid, str(reply[1]))
-    raise GpuqError(f"unexpected script reply {reply!r}")  # pragma: no cover
-
-
-def checked(reply: list[Any]) -> list[Any]:
-    """The reply of a script whose callers expect OK: a coded error (a malformed argument,
-    INVALID) raised instead of misread."""
-    raise_for(reply)
-    return reply
-
-
-def pairs_to_dict(flat: Sequence[Any]) -> dict[str, str]:
-    return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
 @dataclass(frozen=True)
@@ -223,7 +125,7 @@ class Calls:
             deadline = "" if s.deadline_s is None else str(max(1, int(s.deadline_s * 1000)))
             args += [s.task_id, s.handler, s.payload, s.model, _num(s.vram_gb), str(int(s.priority)),
                      _num(s.est_s), deadline, "1" if s.preemptible else "0", s.tenant,
-                     str(s.max_attempts)]
+                     str(s.max_attempts), "1" if s.report_end else "0"]
 
         def parse(reply: list[Any]) -> int:
             if int(reply[0]) != Code.OK and len(reply) > 1 and int(reply[1]) > 0:
@@ -354,6 +256,35 @@ def check_replicas(calls: Sequence[Call[Any]], replies: Sequence[Any], acked: An
                     int(acked), asked.count, asked.timeout_ms)
 
 
+class Resend:
+    """A stream's replies (the calls first, the WAIT last): the calls that found their
+    script missing (server restarted or flushed) are sent again, and the WAIT after them,
+    once the caller has loaded the scripts; then the first error is raised and WAIT's count
+    checked. A plain command never finds a script missing. The sync and async clients do
+    the I/O between these steps."""
+
+    def __init__(self, replies: list[Any], calls: Sequence[Call[Any]],
+                 wait: tuple[Any, ...] | None) -> None:
+        self.calls, self.wait, self.replies = calls, wait, replies
+        self.acked = replies.pop() if wait is not None else None
+        self.missing = noscript_indexes(replies)
+
+    def commands(self, command: Callable[[Call[Any]], tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        return [command(self.calls[i]) for i in self.missing] + ([self.wait] if self.wait is not None else [])
+
+    def merge(self, again: list[Any]) -> None:
+        if self.wait is not None:
+            self.acked = again.pop()
+        for i, reply in zip(self.missing, again):
+            self.replies[i] = reply
+
+    def checked(self) -> list[Any]:
+        raise_first_error(self.replies)
+        if self.wait is not None:
+            check_replicas(self.calls, self.replies, self.acked)
+        return self.replies
+
+
 def raise_first_error(replies: list[Any]) -> list[Any]:
     """The replies of a stream, once every one has been read; its first error raised."""
     for reply in replies:
@@ -409,21 +340,11 @@ class Scripts:
 
     def _loaded(self, replies: list[Any], calls: Sequence[Call[Any]],
                 wait: tuple[Any, ...] | None = None) -> list[Any]:
-        """The replies, with the calls that found their script missing (server restarted or
-        flushed) sent again once the scripts are loaded (and the WAIT after them); the first
-        error raised, then WAIT's count checked. The calls come first in ``replies``, the
-        WAIT last; a plain command never finds a script missing."""
-        acked = replies.pop() if wait is not None else None
-        if missing := noscript_indexes(replies):
+        """The replies, with the calls that found their script missing sent again once the
+        scripts are loaded (``Resend``)."""
+        resend = Resend(replies, calls, wait)
+        if resend.missing:
             for script in self._scripts.values():
                 self.client.script_load(script.script)
-            resend = [self.command(calls[i]) for i in missing] + ([wait] if wait is not None else [])
-            again = exchange(self.client, resend, retry=True)
-            if wait is not None:
-                acked = again.pop()
-            for i, reply in zip(missing, again):
-                replies[i] = reply
-        raise_first_error(replies)
-        if wait is not None:
-            check_replicas(calls, replies, acked)
-        return replies
+            resend.merge(exchange(self.client, resend.commands(self.command), retry=True))
+        return resend.checked()

@@ -165,6 +165,7 @@ class TaskSpec(NamedTuple):
     tenant: str = "default"
     max_attempts: int = 3
     task_id: str = ""
+    report_end: bool = False  # list it in `ended` if it ends other than succeeded (rq bridge)
 
     @classmethod
     def build(
@@ -181,6 +182,7 @@ class TaskSpec(NamedTuple):
         tenant: str = "default",
         max_attempts: int = 3,
         task_id: str | None = None,
+        report_end: bool = False,
     ) -> TaskSpec:
         if deadline_s is not None:
             _positive_number("deadline_s", deadline_s)
@@ -200,6 +202,7 @@ class TaskSpec(NamedTuple):
             tenant=_name("tenant", tenant),
             max_attempts=max_attempts,
             task_id=_name("task_id", task_id) if task_id is not None else new_task_id(),
+            report_end=bool(report_end),
         )
 
 

@@ -12,6 +12,10 @@
 --          {4}        NOT_FOUND
 --          {5, state} STALE_LEASE: the task is no longer running under this token
 
+--@include args
+--@include json
+--@include finish
+
 if #ARGV ~= 5 then return {1, 0, 'expected 5 arguments'} end
 local id, token, now, ttl = ARGV[1], ARGV[2], clock(ARGV[3]), ttl_arg(5)
 if not (now and ttl) then return {1, 0, 'now and ttl must be ms >= 0'} end

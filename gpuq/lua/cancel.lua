@@ -9,6 +9,11 @@
 --          {1, 0, reason} INVALID: a malformed argument (nothing written)
 -- A hash corrupt in its state (none of the above) counts as ended: FINISHED.
 
+--@include args
+--@include queue
+--@include reserve
+--@include finish
+
 if #ARGV ~= 3 then return {1, 0, 'expected 3 arguments'} end
 local id, now, ttl = ARGV[1], clock(ARGV[2]), ttl_arg(3)
 if not (now and ttl) then return {1, 0, 'now and ttl must be ms >= 0'} end

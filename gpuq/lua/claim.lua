@@ -43,6 +43,15 @@
 -- A first attempt counts in stats as sla_met:P<n> or sla_missed:P<n> (started by its queue
 -- score, the start-by time, or not); a miss is also noted in `misses` for gpuq top.
 
+--@include args
+--@include json
+--@include queue
+--@include corrupt
+--@include reserve
+--@include wake
+--@include start
+--@include due
+
 if #ARGV < 17 or #ARGV % 2 == 0 then return {1, 0, 'expected 17 arguments, then model, footprint pairs'} end
 local worker, now = ARGV[1], clock(ARGV[2])
 local free, evictable, slots = arg_num(3, -1e9, 1e9), arg_num(4, 0, 1e9), arg_num(5, 1, 1e6, true)
@@ -99,7 +108,7 @@ local function busy_holders(m, need, p)
   local n, soonest = 0, math.huge
   for _, w in ipairs(busy_holders_of(m, need, p, worker)) do
     n = n + 1
-    for _, t in ipairs(redis.call('SMEMBERS', B .. 'worker:' .. w .. ':tasks')) do
+    for _, t in ipairs(redis.call('SMEMBERS', worker_tasks_key(w))) do
       local r = redis.call('HMGET', task_key(t), 'started_at', 'est_s')
       local started, est = finite(r[1]), finite(r[2])
       if started and est then
@@ -211,7 +220,7 @@ end
 local PAGE = 16
 -- Held models first, then the others in head-score order, a page of the index at a time.
 local function find(p)
-  local idx = index_key(p)
+  local idx = models_with_work_key(p)
   local page = redis.call('ZRANGE', idx, 0, PAGE - 1)
   if not page[1] then return nil end
   for _, m in ipairs(held_names) do
@@ -236,7 +245,7 @@ end
 
 local serves = {}
 for p = 0, 3 do serves[p] = string.find(levels, tostring(p), 1, true) ~= nil end
-local fair = redis.call('HMGET', B .. 'fair', '1', '2', '3')
+local fair = redis.call('HMGET', K_FAIRNESS, '1', '2', '3')
 local order = {}
 for p = 1, 3 do
   if (finite(fair[p]) or 0) >= fair_every then order[#order + 1] = p end
@@ -264,7 +273,7 @@ if reserved then
   end
 end
 if has_key then  -- used, moot (claimed elsewhere, ended) or expired
-  redis.call('DEL', B .. 'reserve:' .. worker)
+  redis.call('DEL', reservation_key(worker))
 end
 
 local starved = #order - 4

@@ -13,10 +13,10 @@
 -- ARGV[2]  check_fit: "1" rejects a task no registered GPU class could fit, or whose
 --          handler no worker of the pool has registered
 -- ARGV[3..6]  SLA of P0..P3 (ms)
--- ARGV[7..]  groups of 11 per task: id, handler, payload (JSON text), model, vram_gb,
+-- ARGV[7..]  groups of 12 per task: id, handler, payload (JSON text), model, vram_gb,
 --            priority (0..3), est_s, deadline_ms (relative to now, "" = none; stored
---            absolute), preemptible ("1"/"0"),
---            tenant, max_attempts
+--            absolute), preemptible ("1"/"0"), tenant, max_attempts, report_end ("1": list
+--            the task in `ended` if it ends other than succeeded, for its producer; "0")
 -- Returns  {0, n}                              all n tasks enqueued
 --          {1, index, reason}                  INVALID: task at 1-based index is malformed
 --                                              (index 0: the call's own arguments)
@@ -25,14 +25,20 @@
 --          {7, index, handler}                 UNREGISTERED: no worker registers the handler
 --                                              (only with check_fit)
 
+--@include args
+--@include json
+--@include queue
+--@include wake
+--@include start
+
 local now = clock(ARGV[1])
 local check_fit = ARGV[2] == '1'
 -- by the priority's text as it comes (validated below): a lookup, not a parse per task
 local sla = {['0'] = arg_num(3, 0, 1e13, true), ['1'] = arg_num(4, 0, 1e13, true),
   ['2'] = arg_num(5, 0, 1e13, true), ['3'] = arg_num(6, 0, 1e13, true)}
-local G = 11
+local G = 12
 local n = (#ARGV - 6) / G
-if n < 1 or n ~= math.floor(n) then return {1, 0, 'expected groups of 11 task fields'} end
+if n < 1 or n ~= math.floor(n) then return {1, 0, 'expected groups of 12 task fields'} end
 if not now then return {1, 0, 'now must be ms >= 0'} end
 if not (sla['0'] and sla['1'] and sla['2'] and sla['3']) then return {1, 0, 'SLAs must be ms >= 0'} end
 
@@ -47,13 +53,25 @@ local function bad_name(s)
   return s == '' or #s > 200 or bad_chars(s) ~= nil
 end
 
+-- An idle worker's hand-over settings, from its hash, if it takes tasks handed over at
+-- enqueue (one slot, blocked on its wake list): its defer bound, fair_every and lease (ms).
+-- nil otherwise: a worker with more slots is woken instead (its other runners are reached
+-- only while it is listed idle, which a hand-over ends), and so is a burst worker.
+local function handover(w)
+  local h = redis.call('HMGET', worker_key(w), 'concurrency', 'handover_defer_ms', 'fair_every',
+    'lease_ms')
+  local defer, fair_every, lease = finite(h[2]), finite(h[3]), finite(h[4])
+  if h[1] ~= '1' or not (defer and fair_every and lease) then return nil end
+  return {defer = defer, fair_every = fair_every, lease = lease}
+end
+
 local good = {}  -- handler, model and tenant checked together: bulk calls repeat them
 
 local largest
 local registered = {}  -- check_fit: handler -> ever registered by a worker of the pool
 if check_fit then
   largest = 0
-  for _, v in ipairs(redis.call('HVALS', B .. 'classes')) do
+  for _, v in ipairs(redis.call('HVALS', K_CLASSES)) do
     largest = math.max(largest, finite(v) or 0)
   end
 end
@@ -93,6 +111,8 @@ for i = 1, n do
     return {1, i, 'deadline must be ms > 0 or empty'}
   end
   if pre ~= '0' and pre ~= '1' then return {1, i, 'preemptible must be 0 or 1'} end
+  local report = ARGV[o + 12]
+  if report ~= '0' and report ~= '1' then return {1, i, 'report_end must be 0 or 1'} end
   if not attempts or attempts < 1 or attempts > 100 or attempts ~= math.floor(attempts) then
     return {1, i, 'max_attempts must be an integer in 1..100'}
   end
@@ -103,7 +123,7 @@ for i = 1, n do
   if check_fit then
     if vram > largest then return {3, i, tostring(vram), tostring(largest)} end
     if registered[handler] == nil then
-      registered[handler] = redis.call('SISMEMBER', B .. 'handlers', handler) == 1
+      registered[handler] = redis.call('SISMEMBER', K_HANDLERS, handler) == 1
     end
     if not registered[handler] then return {7, i, handler} end
   end
@@ -144,6 +164,7 @@ for i = 1, n do
     'max_attempts', ms(tries[i]), 'state', 'queued', 'score', score_ms,
     'enqueued_at', now_ms, 'queued_at', now_ms)
   if deadline ~= '' then redis.call('HSET', task_key(id), 'deadline', deadline) end
+  if ARGV[o + 12] == '1' then redis.call('HSET', task_key(id), 'report_end', '1') end
   if w and not hand then redis.call('HSET', task_key(id), 'offered', w) end
   if hand then
     -- handed over: the idle worker runs it without a claim round trip. It starts here as a
@@ -154,8 +175,8 @@ for i = 1, n do
     local token = start(id, prio, model, w, now, now + hand.lease, '1', score, now)
     if not warm then note_cold_start(id, model, now) end
     redis.call('ZADD', K_HANDED, pickup, id)
-    count_dispatch(tonumber(prio), redis.call('HMGET', B .. 'fair', '1', '2', '3'), hand.fair_every)
-    redis.call('LPUSH', B .. 'wake:' .. w, cjson.encode({id = id, token = tostring(token),
+    count_dispatch(tonumber(prio), redis.call('HMGET', K_FAIRNESS, '1', '2', '3'), hand.fair_every)
+    redis.call('LPUSH', wake_key(w), cjson.encode({id = id, token = tostring(token),
       handler = ARGV[o + 2], payload = ARGV[o + 3], model = model, vram_gb = vram_s,
       priority = prio, est_s = est_s, attempt = '1', deadline = deadline, tenant = ARGV[o + 10],
       checkpoint = '', enqueued_at = now_ms, queued_at = now_ms, started_at = now_ms}))
@@ -168,7 +189,7 @@ for i = 1, n do
     if not heads[qk] or score < heads[qk][3] then heads[qk] = {prio, model, score} end
   end
 end
-for _, h in pairs(heads) do redis.call('ZADD', index_key(h[1]), 'LT', h[3], h[2]) end
+for _, h in pairs(heads) do redis.call('ZADD', models_with_work_key(h[1]), 'LT', h[3], h[2]) end
 -- pool-wide wakes for the tasks no idle worker was picked for, and, while other workers
 -- idle, one in case a picked worker died idle (its offer lapses after the defer bound)
 if targeted > 0 and idle_n == 0 then targeted = 0 end
@@ -176,8 +197,8 @@ if unwoken + targeted > 0 then wake_pool(unwoken + targeted) end
 -- online or nearline work no idle worker can take: wake the reaper to plan a preemption now
 -- rather than at its next round (one token: it plans for every waiting task at once)
 if urgent then
-  redis.call('LPUSH', B .. 'urgent', '1')
-  redis.call('LTRIM', B .. 'urgent', 0, 0)
+  redis.call('LPUSH', K_URGENT, '1')
+  redis.call('LTRIM', K_URGENT, 0, 0)
 end
 redis.call('HINCRBY', K_STATS, 'enqueued', n)
 return {0, n}

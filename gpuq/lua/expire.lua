@@ -17,6 +17,13 @@
 --          field in its error, and not counted as expired)
 --          {1, 0, reason} INVALID: a malformed argument (nothing written)
 
+--@include args
+--@include queue
+--@include corrupt
+--@include reserve
+--@include start
+--@include finish
+
 if #ARGV < 4 or #ARGV > 5 then return {1, 0, 'expected 5 arguments'} end
 local now, limit, ttl = clock(ARGV[1]), arg_num(2, 1, 1e6, true), ttl_arg(3)
 local horizon, offset = arg_num(4, 0, 1e13, true), arg_num(5, 0, 1e9, true) or not ARGV[5] and 0
@@ -28,7 +35,7 @@ local ids = redis.call('ZRANGEBYSCORE', K_DEADLINES, '-inf', now + horizon, 'LIM
 
 -- mean measured load time of a model no live worker holds (0 when one holds it)
 local function cold_load_ms(m)
-  for _, w in ipairs(redis.call('SMEMBERS', B .. 'holders:' .. m)) do
+  for _, w in ipairs(redis.call('SMEMBERS', holders_key(m))) do
     local alive = redis.call('ZSCORE', K_WORKERS, w)
     if alive and tonumber(alive) >= now then return 0 end
   end

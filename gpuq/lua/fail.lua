@@ -15,6 +15,9 @@
 --          {1, 0, reason} INVALID: a malformed argument (nothing written)
 --          {4} NOT_FOUND | {5, state} STALE_LEASE
 
+--@include args
+--@include finish
+
 if #ARGV ~= 8 then return {1, 0, 'expected 8 arguments'} end
 local id, token, now, err = ARGV[1], ARGV[2], clock(ARGV[3]), ARGV[4]
 local base, cap, ttl = arg_num(6, 0, 1e12, true), arg_num(7, 0, 1e12, true), ttl_arg(8)

@@ -13,6 +13,8 @@
 --          live (the reaper took it for dead), so it must restore its model holdings
 --          {1, 0, reason} INVALID: a malformed argument (nothing written)
 
+--@include args
+
 if #ARGV < 3 or #ARGV % 2 == 0 then return {1, 0, 'expected 3 arguments, then task id, token pairs'} end
 local worker, now, lease = ARGV[1], clock(ARGV[2]), arg_num(3, 0, 1e12, true)
 if worker == '' or not now or not lease then
@@ -20,9 +22,9 @@ if worker == '' or not now or not lease then
 end
 -- a retired worker is on its way out: a late beat must not list it as live again, or
 -- another idle worker could count it and retire below min_workers
-if redis.call('HGET', B .. 'worker:' .. worker, 'state') == 'retiring' then return {0, 0} end
+if redis.call('HGET', worker_key(worker), 'state') == 'retiring' then return {0, 0} end
 local revived = redis.call('ZADD', K_WORKERS, now + lease, worker)
-redis.call('HSET', B .. 'worker:' .. worker, 'seen_at', ms(now))
+redis.call('HSET', worker_key(worker), 'seen_at', ms(now))
 local out = {0, revived}
 for i = 4, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]

@@ -7,8 +7,8 @@
 --          {1, 0, reason} INVALID: a malformed argument (nothing written)
 
 if #ARGV ~= 2 then return {1, 0, 'expected 2 arguments'} end
-local lock, token, ttl = B .. 'reaper', ARGV[1], tonumber(ARGV[2])
--- checked inline: lead uses none of _lib's helpers
+local lock, token, ttl = K_REAPER_LOCK, ARGV[1], tonumber(ARGV[2])
+-- checked inline: lead includes no helper group
 if token == '' or not ttl or ttl < 0 or ttl > 1e12 or ttl ~= math.floor(ttl) then  -- nan fails the last
   return {1, 0, 'token must not be empty and ttl must be ms >= 0'}
 end

@@ -20,6 +20,9 @@
 --          {0, "stale", why}   the pool changed since the plan: nothing was written
 --          {1, 0, reason}      INVALID: a malformed argument (nothing written)
 
+--@include args
+--@include reserve
+
 if #ARGV ~= 7 then return {1, 0, 'expected 7 arguments'} end
 local now, waiting, worker, victim = clock(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
 local token, life, grace = ARGV[5], arg_num(6, 0, 1e12, true), ARGV[7]
@@ -39,7 +42,7 @@ if v[1] ~= 'running' or v[2] ~= token or v[3] ~= worker then
 end
 if v[4] and v[4] ~= '' then return {0, 'stale', 'victim was already asked to yield'} end
 if reserved_task(worker, now) then return {0, 'stale', 'worker is already reserved'} end
-redis.call('SET', B .. 'reserve:' .. worker, waiting .. ' ' .. ms(now + life))
+redis.call('SET', reservation_key(worker), waiting .. ' ' .. ms(now + life))
 redis.call('HSET', task_key(waiting), 'reserved_for', worker)
 if grace == '' then
   redis.call('HINCRBY', K_STATS, 'preempt:reserved', 1)
@@ -48,7 +51,7 @@ if grace == '' then
 end
 redis.call('HSET', task_key(victim), 'yield_by', ms(now + grace), 'yield_for', waiting)
 redis.call('HSET', task_key(waiting), 'yield_victim', victim)
-redis.call('LPUSH', B .. 'ctl:' .. worker, 'yield ' .. victim .. ' ' .. ms(grace))
+redis.call('LPUSH', control_key(worker), 'yield ' .. victim .. ' ' .. ms(grace))
 redis.call('HINCRBY', K_STATS, 'preempt:yield_requested', 1)
 if level(v[5]) then redis.call('HINCRBY', K_STATS, 'preempt:yield_requested:P' .. v[5], 1) end
 return {0, 'yield'}

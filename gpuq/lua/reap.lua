@@ -14,6 +14,11 @@
 --          hash was corrupt: they end failed with the field in their error)
 --          {1, 0, reason} INVALID: a malformed argument (nothing written)
 
+--@include args
+--@include finish
+--@include push
+--@include due
+
 if #ARGV ~= 3 then return {1, 0, 'expected 3 arguments'} end
 local now, limit, ttl = clock(ARGV[1]), arg_num(2, 1, 1e6, true), ttl_arg(3)
 if not (now and limit and ttl) then return {1, 0, 'now and ttl must be ms >= 0, limit 1..1e6'} end
@@ -33,17 +38,17 @@ end
 
 local dead = redis.call('ZRANGEBYSCORE', K_WORKERS, '-inf', now, 'LIMIT', 0, limit)
 for _, w in ipairs(dead) do
-  local wk = B .. 'worker:' .. w
+  local wk = worker_key(w)
   -- forget the worker first, so its requeued tasks are not offered back to it
   local models = redis.call('HGET', wk, 'models') or ''
-  for m in string.gmatch(models, '[^,]+') do redis.call('SREM', B .. 'holders:' .. m, w) end
+  for m in string.gmatch(models, '[^,]+') do redis.call('SREM', holders_key(m), w) end
   redis.call('ZREM', K_IDLE, w)
   redis.call('ZREM', K_WORKERS, w)
   redis.call('HDEL', K_LANES, w)
-  for _, id in ipairs(redis.call('SMEMBERS', wk .. ':tasks')) do
+  for _, id in ipairs(redis.call('SMEMBERS', worker_tasks_key(w))) do
     recover(id, 'worker ' .. w .. ' died')
   end
-  redis.call('DEL', wk, wk .. ':tasks', B .. 'wake:' .. w, B .. 'ctl:' .. w, B .. 'reserve:' .. w)
+  redis.call('DEL', wk, worker_tasks_key(w), wake_key(w), control_key(w), reservation_key(w))
 end
 
 -- hand-overs left unread past their pickup deadline, also where no worker claims

@@ -23,6 +23,10 @@
 --                         or (operator) the task is queued or succeeded
 --          {4} NOT_FOUND | {5, state} STALE_LEASE
 
+--@include args
+--@include json
+--@include push
+
 if #ARGV < 6 or #ARGV > 8 then return {1, 0, 'expected 8 arguments'} end
 local id, token, now, ttl = ARGV[1], ARGV[2], clock(ARGV[3]), ttl_arg(6)
 local kind, checkpoint = ARGV[7] or '', ARGV[8] or ''
@@ -41,7 +45,7 @@ if token == '' and f[1] ~= 'running' then
     redis.call('ZREM', K_DELAYED, id)
   elseif f[1] == 'failed' or f[1] == 'expired' or f[1] == 'canceled' then
     redis.call('PERSIST', tk)
-    redis.call('DEL', B .. 'done:' .. id)
+    redis.call('DEL', done_key(id))
     redis.call('HSET', tk, 'attempt', '0', 'deadline', '', 'finished_at', '', 'worker', '',
       'token', '')
   else

@@ -12,17 +12,19 @@
 --          {0, 0, live}   stays: at the minimum, or it runs tasks
 --          {1, 0, reason} INVALID: a malformed argument (nothing written)
 
+--@include args
+
 if #ARGV ~= 3 then return {1, 0, 'expected 3 arguments'} end
 local worker, now, min = ARGV[1], clock(ARGV[2]), arg_num(3, 0, 1e9, true)
 if worker == '' or not now or not min then
   return {1, 0, 'worker id must not be empty, now ms >= 0 and min_workers an integer >= 0'}
 end
-min = finite(redis.call('HGET', B .. 'settings', 'min_workers')) or min
+min = finite(redis.call('HGET', K_SETTINGS, 'min_workers')) or min
 local live = redis.call('ZCOUNT', K_WORKERS, now, '+inf')
-if live <= min or redis.call('SCARD', B .. 'worker:' .. worker .. ':tasks') > 0 then
+if live <= min or redis.call('SCARD', worker_tasks_key(worker)) > 0 then
   return {0, 0, live}
 end
 redis.call('ZREM', K_WORKERS, worker)
 redis.call('ZREM', K_IDLE, worker)
-redis.call('HSET', B .. 'worker:' .. worker, 'state', 'retiring')
+redis.call('HSET', worker_key(worker), 'state', 'retiring')
 return {0, 1, live}

@@ -639,9 +639,22 @@ def test_names_checked_once_per_call_cannot_be_confused_across_tasks(queue: Queu
 
 def test_wrong_argument_count_is_invalid(queue: Queue) -> None:
     _, call = raw_enqueue_call(queue)
-    with pytest.raises(InvalidTask, match="groups of 11"):
+    with pytest.raises(InvalidTask, match="groups of 12"):
         queue.scripts.run(type(call)(call.script, call.args[:-1], call.parse))
     assert pool_keys(queue) == set()
+
+
+def test_a_task_enqueued_with_report_end_is_listed_when_it_ends_unsucceeded(queue: Queue) -> None:
+    listed, quiet = enqueue(queue, T0, report_end=True), enqueue(queue, T0)
+    assert queue.redis.hget(queue.keys.task(listed), "report_end") == "1"
+    assert queue.redis.hget(queue.keys.task(quiet), "report_end") is None  # written when asked
+    for task_id in (listed, quiet):
+        queue.scripts.run(queue.calls.cancel(task_id, now_ms=T0 + 1))
+    succeeded = enqueue(queue, T0 + 2, report_end=True)
+    task = claim(queue, "w1", 80, now_ms=T0 + 3)
+    assert task is not None and task["id"] == succeeded
+    ack(queue, succeeded, task["token"], now_ms=T0 + 4)
+    assert queue.redis.lrange(queue.keys.ended, 0, -1) == [listed]
 
 
 # Regression: the script once accepted values the Python reader could not read back, so a

@@ -21,7 +21,7 @@ import redis
 from helpers import T0, claim, claim_reply, enqueue, reap
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from test_fuzz_scripts import Bench, as_bytes, valid_calls
+from test_fuzz_scripts import Bench, as_bytes, open_bench, valid_calls
 
 from gpuq import Queue
 from gpuq.embedded import EmbeddedServer
@@ -252,9 +252,7 @@ def well_formed(task: dict[str, str]) -> None:
 @pytest.fixture(scope="module")
 def bench(redis_server: EmbeddedServer, connect: Callable[[str], redis.Redis],
           prefix: str) -> Iterator[Bench]:
-    b = Bench(redis_server.url, type(connect("real")), prefix)
-    yield b
-    b.close()
+    yield from open_bench(redis_server, connect, prefix)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,

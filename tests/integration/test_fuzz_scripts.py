@@ -35,10 +35,12 @@ from gpuq import Config, Queue, worker_record
 from gpuq.embedded import EmbeddedServer
 from gpuq.errors import GpuqError
 from gpuq.keys import Keys
-from gpuq.scripts import SCRIPT_NAMES, Call, Calls, ClaimRequest, Code, raise_for, script_source
+from gpuq.lua_source import script_source
+from gpuq.replies import Code, raise_for
+from gpuq.scripts import SCRIPT_NAMES, Call, Calls, ClaimRequest
 from gpuq.task import MAX_PAYLOAD_BYTES
-from gpuq.worker import presence
 from gpuq.worker.gpu import GpuInfo
+from gpuq.worker.presence import Presence
 
 EXAMPLES = int(os.environ.get("GPUQ_FUZZ_EXAMPLES", "0"))
 MUTATED = EXAMPLES or 60   # per script: a valid call with fields mutated
@@ -53,7 +55,7 @@ def register(client: redis.Redis, keys: Keys, worker_id: str, total_gb: float, c
              handover: tuple[int, int, int] | None = None) -> None:
     gpu = GpuInfo(f"gpu{total_gb:g}", f"uuid-{worker_id}", total_gb, None, "declared")
     fields = worker_record.identity(worker_id, gpu, 4.0, concurrency, "0123", "host", 1, handover)
-    presence.register(client, keys, fields, 30_000)
+    Presence(client, keys, worker_id).register(fields, 30_000)
 
 
 def build_state(q: Queue) -> None:
@@ -343,12 +345,19 @@ def shown(argv: Sequence[bytes]) -> str:
     return repr([a if len(a) <= 60 else a[:20] + b"...(%d bytes)" % len(a) for a in argv])
 
 
-@pytest.fixture(scope="module")
-def bench(redis_server: EmbeddedServer, connect: Callable[[str], redis.Redis],
-          prefix: str) -> Iterator[Bench]:
+def open_bench(redis_server: EmbeddedServer, connect: Callable[[str], redis.Redis],
+               prefix: str) -> Iterator[Bench]:
+    """A bench on the test server (the real client's type: Redis or RedisCluster), closed
+    when the module's tests are done (the body of this module's fixture and of others')."""
     b = Bench(redis_server.url, type(connect("real")), prefix)
     yield b
     b.close()
+
+
+@pytest.fixture(scope="module")
+def bench(redis_server: EmbeddedServer, connect: Callable[[str], redis.Redis],
+          prefix: str) -> Iterator[Bench]:
+    yield from open_bench(redis_server, connect, prefix)
     print(f"\nfuzzed script calls: {sum(RAN.values())} ({RAN})")
 
 
@@ -356,7 +365,7 @@ def bench(redis_server: EmbeddedServer, connect: Callable[[str], redis.Redis],
 # smallest of its kind (several after part of the script's writes: marked "half-written"),
 # or were taken when they should not be (noted), and the reply code each gets now.
 N, TTL = str(NOW), "604800000"
-TASK = ["h", "null", "A", "1", "2", "1", "", "1", "default", "3"]  # after the id, priority 2
+TASK = ["h", "null", "A", "1", "2", "1", "", "1", "default", "3", "0"]  # after the id, priority 2
 CLAIM = ["w1", N, "50", "10", "2", "30000", "5", "0123", "8", "100", "500", "2000", "2000", "0", "0",
          "150000", "300000"]
 JSON_OVER = '"' + "a" * MAX_PAYLOAD_BYTES + '"'  # a JSON text one byte past 1 MiB
@@ -368,6 +377,7 @@ REGRESSIONS: list[tuple[str, list[str], int]] = [
     # est_s 1e300 with a deadline: its score and deadline watch became -inf
     ("enqueue", [N, "0", "200", "1000", "300000", "86400000", "n1", *TASK[:5], "1e300", "5000",
                  *TASK[7:]], 1),
+    ("enqueue", [N, "0", "200", "1000", "300000", "86400000", "n1", *TASK[:10], "2"], 1),  # report_end
     ("claim", [], 1),
     ("claim", CLAIM[:9], 1),
     ("claim", [CLAIM[0], CLAIM[1], "nan", *CLAIM[3:]], 1),

@@ -203,16 +203,16 @@ def test_tasks_that_end_without_their_handler_end_their_rq_jobs_too(
     testing.drain(real_queue, sim_app, vram_gb=24)
     assert real_queue.record(tasks[refused.id]).state is State.FAILED
     assert refused.get_status() == "queued"  # nobody has told RQ yet
-    assert real_queue.redis.llen(real_queue.keys.rq_ended) == 2
+    assert real_queue.redis.llen(real_queue.keys.ended) == 2
 
     assert bridge.run() == 0
     assert canceled.get_status() == "canceled"
     assert canceled.id in rq_queue.canceled_job_registry.get_job_ids()
     assert refused.get_status() == "failed" and refused.id in rq_queue.failed_job_registry.get_job_ids()
     assert "handler 'rq.job' is not registered" in failure_text(refused)
-    assert real_queue.redis.llen(real_queue.keys.rq_ended) == 0
+    assert real_queue.redis.llen(real_queue.keys.ended) == 0
     # reported once: a second pass finds nothing and changes nothing
-    real_queue.redis.lpush(real_queue.keys.rq_ended, tasks[refused.id])
+    real_queue.redis.lpush(real_queue.keys.ended, tasks[refused.id])
     assert bridge.run() == 0
     assert len(rq_queue.failed_job_registry.get_job_ids()) == 1
-    assert real_queue.redis.llen(real_queue.keys.rq_ended) == 0
+    assert real_queue.redis.llen(real_queue.keys.ended) == 0

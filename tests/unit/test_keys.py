@@ -1,15 +1,20 @@
-"""gpuq.keys: one hash tag per pool, and no key literal anywhere else in the package."""
+"""gpuq.keys: one hash tag per pool, and no key literal anywhere else in the package, its
+Lua scripts included: their key names are generated from the same table."""
 
 from __future__ import annotations
 
 import ast
 import inspect
+import re
+from collections.abc import Callable
 from pathlib import Path
 
+import fakeredis
 import pytest
 
 import gpuq
-from gpuq.keys import Keys, live_reservation
+from gpuq.keys import SUFFIXES, Keys, live_reservation, suffix_parts
+from gpuq.lua_source import key_prelude, lua_name
 
 PACKAGE = Path(gpuq.__file__).parent
 
@@ -24,10 +29,11 @@ def all_keys(k: Keys) -> list[str]:
             out.append(getattr(k, name))
         elif callable(member):
             params = list(inspect.signature(member).parameters)[1:]
-            sample = {"priority": 2, "model": "llama3-8b", "task_id": "t1", "worker_id": "w1",
-                      "rq_queue": "gpu"}
-            out.append(getattr(k, name)(*(sample[p] for p in params)))
+            out.append(getattr(k, name)(*(SAMPLE[p] for p in params)))
     return out
+
+
+SAMPLE = {"priority": 2, "model": "llama3-8b", "task_id": "t1", "worker_id": "w1", "rq_queue": "gpu"}
 
 
 @pytest.mark.parametrize("prefix", ["gpuq", "ci"])
@@ -106,15 +112,14 @@ def test_the_detector_finds_key_building() -> None:
     assert key_literals(ok) == []
 
 
+def offenders(pattern: str, detect: Callable[[str], list[str]]) -> dict[str, list[str]]:
+    """The package's files matching ``pattern`` in which ``detect`` finds key building."""
+    found = {str(p.relative_to(PACKAGE)): detect(p.read_text()) for p in sorted(PACKAGE.rglob(pattern))}
+    return {path: pieces for path, pieces in found.items() if pieces and path != "keys.py"}
+
+
 def test_no_other_module_builds_keys() -> None:
-    offenders = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if path.name == "keys.py" and path.parent == PACKAGE:
-            continue
-        found = key_literals(path.read_text())
-        if found:
-            offenders[str(path.relative_to(PACKAGE))] = found
-    assert offenders == {}, "key names must be built in gpuq/keys.py only"
+    assert offenders("*.py", key_literals) == {}, "key names must be built in gpuq/keys.py only"
 
 
 def test_a_reservation_is_live_until_its_expiry() -> None:
@@ -123,3 +128,54 @@ def test_a_reservation_is_live_until_its_expiry() -> None:
     assert live_reservation("t-1 1000", 1000) is None  # expired at its expiry
     for value in (None, "", "t-1", "t-1 soon", "t-1 -5"):
         assert live_reservation(value, 0) is None, value
+
+
+def test_keys_builds_every_suffix_and_nothing_else() -> None:
+    members = {n for n, _ in inspect.getmembers(Keys) if not n.startswith("_")}
+    assert members - {"pool", "prefix", "base", "pattern"} == set(SUFFIXES)
+
+
+def test_suffixes_are_plain_text_lua_can_quote() -> None:
+    for name in SUFFIXES:
+        for text, arg in suffix_parts(name):
+            assert re.fullmatch(r"[a-z_:]*", text), name
+            assert arg is None or arg in SAMPLE, name
+
+
+@pytest.mark.parametrize("prefix", ["gpuq", "ci"])
+def test_every_lua_key_name_is_the_python_key(prefix: str) -> None:
+    """Each generated Lua name, run on a server for sample arguments, builds the same key as
+    Keys (a priority comes in as a number, as the scripts pass it)."""
+    k = Keys("default", prefix)
+    lua, want = [], []
+    for name in SUFFIXES:
+        args = [a for _, a in suffix_parts(name) if a]
+        if args:
+            lua.append(f"{lua_name(name)}({', '.join(repr(SAMPLE[a]) for a in args)})")
+            want.append(getattr(k, name)(*(SAMPLE[a] for a in args)))
+        else:
+            lua.append(lua_name(name))
+            want.append(getattr(k, name))
+    body = f"return {{{', '.join(lua)}}}"
+    got = fakeredis.FakeRedis(decode_responses=True).eval(key_prelude(body) + body, 1, k.base)
+    assert got == want
+
+
+def lua_key_building(source: str) -> list[str]:
+    """Key building in Lua code (not comments): the base (B, KEYS) or a suffix's text quoted."""
+    code = re.sub(r"--[^\n]*", "", source)
+    builders = [suffix_parts(n) for n in SUFFIXES if any(arg for _, arg in suffix_parts(n))]
+    pieces = {text for parts in builders for text, _ in parts if len(text) > 1}  # 'task:', ':tasks'...
+    found = re.findall(r"\bB\b|\bKEYS\b", code)
+    return found + [q for q in re.findall(r"'([^']*)'|\"([^\"]*)\"", code) for q in q if q in pieces]
+
+
+def test_the_lua_detector_finds_key_building() -> None:
+    bad = "local k = B .. 'running'\nlocal w = 'worker:' .. w .. ':tasks'\nlocal x = KEYS[1]\n"
+    assert len(lua_key_building(bad)) == 4
+    ok = "-- B .. 'task:' in a comment\nlocal state = 'running'\nlocal t = task_key(id)\n"
+    assert lua_key_building(ok) == []
+
+
+def test_no_lua_file_builds_keys() -> None:
+    assert offenders("*.lua", lua_key_building) == {}, "Lua key names come from gpuq/keys.py"

@@ -1,0 +1,54 @@
+-- lib/args.lua: reading arguments and numbers; the conventions every script follows.
+--
+-- gpuq/lua_source.py puts before each script the key names it uses, defined over the pool's
+-- key base (e.g. "gpuq:{default}:"), the script's one key, KEYS[1]: all of them carry the
+-- pool's hash tag, so a script touches one Cluster slot (gpuq/keys.py; docs/PROTOCOL.md).
+-- Then come the helper groups it includes (this directory), each once, then the script.
+-- Times are integer epoch milliseconds. Return values are arrays whose first element is a
+-- code: 0 OK, 1 INVALID, 2 DUPLICATE, 3 UNSCHEDULABLE, 4 NOT_FOUND, 5 STALE_LEASE,
+-- 6 FINISHED, 7 UNREGISTERED (gpuq/replies.py: Code).
+
+-- A text as a finite number, or nil: tonumber also reads "nan", "inf" and "1e309".
+local function finite(text)
+  local n = tonumber(text)
+  if n and n > -math.huge and n < math.huge then return n end  -- nan fails both
+  return nil
+end
+
+-- ARGV[i] as a number in [lo, hi] (an integer with int), or nil. Scripts check every
+-- argument before they write: a malformed call is answered {1, 0, reason} (INVALID) and
+-- changes nothing, rather than stopping on a Lua error halfway through its writes.
+local function arg_num(i, lo, hi, int)
+  local n = tonumber(ARGV[i])  -- finite bounds: nan, inf and 1e309 fail them
+  if n and n >= lo and n <= hi and (not int or n == math.floor(n)) then return n end
+  return nil
+end
+
+-- ARGV[i] as a result TTL (ms): up to 13 digits (317 years) without a leading zero, kept as
+-- text as PEXPIRE takes it (it refuses "0123"); nil for anything else.
+local function ttl_arg(i)
+  local t = ARGV[i]
+  if t and #t <= 13 and (t == '0' or string.find(t, '^[1-9]%d*$')) then return t end
+  return nil
+end
+
+-- A priority as its level's text ("0".."3"; from text or a number), or nil.
+local function level(p)
+  p = tostring(p)
+  if p == '0' or p == '1' or p == '2' or p == '3' then return p end
+  return nil
+end
+
+-- ARGV "0" or "" means: use the server's clock, so hosts with skewed clocks agree; else an
+-- integer ms up to 1e15 (the year 33658). nil for anything else (callers answer INVALID).
+local function clock(arg)
+  local n = arg == '' and 0 or finite(arg)
+  if n == 0 then
+    local t = redis.call('TIME')
+    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  if n and n > 0 and n <= 1e15 and n == math.floor(n) then return n end
+  return nil
+end
+
+local function ms(n) return string.format('%d', n) end

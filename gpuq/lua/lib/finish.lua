@@ -1,0 +1,28 @@
+-- lib/finish.lua: a task leaves the running set, or ends.
+
+--@include args
+
+local function release(id, worker)
+  redis.call('ZREM', K_RUNNING, id)
+  if worker and worker ~= '' then redis.call('SREM', worker_tasks_key(worker), id) end
+end
+
+-- End a task: terminal state, wake its waiters, keep it readable for ttl ms; counted per
+-- state and per state and priority ("<state>:P<n>"; p read from the task unless given).
+local function finish(id, state, now, ttl, field, value, p)
+  local tk = task_key(id)
+  redis.call('HSET', tk, 'state', state, 'finished_at', ms(now), field, value)
+  p = level(p or redis.call('HGET', tk, 'priority'))  -- none in a corrupt hash
+  if p then redis.call('HINCRBY', K_STATS, state .. ':P' .. p, 1) end
+  local done = done_key(id)
+  redis.call('LPUSH', done, state)
+  redis.call('PEXPIRE', done, ttl)
+  redis.call('PEXPIRE', tk, ttl)
+  redis.call('HINCRBY', K_STATS, state, 1)
+  -- a task whose producer asked for it (report_end, e.g. the rq bridge) and that ends other
+  -- than succeeded (canceled, expired, a lost last attempt, a handler missing) is listed for
+  -- that producer to report the end
+  if state ~= 'succeeded' and redis.call('HGET', tk, 'report_end') == '1' then
+    redis.call('LPUSH', K_ENDED, id)
+  end
+end

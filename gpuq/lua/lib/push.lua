@@ -1,0 +1,49 @@
+-- lib/push.lua: a task goes back to its queue (requeue, retry promotion).
+
+--@include args
+--@include queue
+--@include corrupt
+--@include wake
+--@include finish
+
+-- Put a stored task back into its queue at its stored score, and wake a worker for it.
+-- Returns "queued", or "failed" for a corrupt hash (`fail_corrupt`, kept for ttl ms).
+local function push(id, now, ttl)
+  local f = redis.call('HMGET', task_key(id), 'priority', 'model', 'score', 'vram_gb', 'deadline', 'est_s')
+  local bad = defect(f[1], f[2], f[4], f[6], f[3], f[5])
+  if bad then
+    fail_corrupt(id, bad, f[1], f[2], now, ttl)
+    return 'failed'
+  end
+  index(id, f[1], f[2], f[3], f[4])
+  watch_deadline(id, f[5], f[6])
+  local idle_n = redis.call('ZCARD', K_IDLE)
+  local offered, woken = wake(f[2], tonumber(f[4]), f[1], idle_n)
+  redis.call('HSET', task_key(id), 'offered', offered or '')
+  -- a woken worker has left the idle set: a pool-wide wake too while others remain
+  if not woken or idle_n > 1 then wake_pool(1) end
+  return 'queued'
+end
+
+-- Running task back to its queue (lost lease, shutdown, yield). consume=false gives the
+-- attempt back. Fails it for good once a lost lease has used its last attempt, or when its
+-- attempt counts are corrupt.
+local function requeue(id, now, reason, consume, ttl)
+  local tk = task_key(id)
+  local f = redis.call('HMGET', tk, 'worker', 'attempt', 'max_attempts', 'priority', 'model')
+  release(id, f[1])
+  redis.call('HDEL', tk, 'yield_by', 'yield_for')
+  local attempt, tries = finite(f[2]), finite(f[3])
+  if not (attempt and attempt == math.floor(attempt) and tries) then
+    fail_corrupt(id, attempt and 'max_attempts' or 'attempt', f[4], f[5], now, ttl)
+    return 'failed'
+  end
+  if consume and attempt >= tries then
+    finish(id, 'failed', now, ttl, 'error', reason .. ' (after ' .. f[2] .. ' attempts)')
+    return 'failed'
+  end
+  if not consume then attempt = attempt - 1 end
+  redis.call('HSET', tk, 'state', 'queued', 'worker', '', 'token', '', 'error', reason,
+    'queued_at', ms(now), 'ready_at', '', 'attempt', ms(attempt))
+  return push(id, now, ttl)
+end

@@ -1,0 +1,58 @@
+-- lib/start.lua: a task starts on a worker (a claim, or a hand-over at enqueue).
+
+--@include args
+
+-- Remember a missed SLA for `gpuq top` (newest first, the last 100).
+local function note_miss(id, p, m, wait_ms, now, kind)
+  redis.call('LPUSH', K_SLA_MISSES, cjson.encode({id = id, priority = 'P' .. p, model = m,
+    wait_s = wait_ms / 1000, at = now / 1000, kind = kind}))
+  redis.call('LTRIM', K_SLA_MISSES, 0, 99)
+end
+
+-- Start task id on worker w: a fresh fencing token, its lease (until lease_until), the
+-- worker's task set, and for a first attempt the SLA count (started by its start-by score
+-- or not). Claim and enqueue's hand-over share it. Returns the token.
+local function start(id, p, m, w, now, lease_until, attempt, score, enqueued_at)
+  local token = redis.call('INCR', K_TOKEN)
+  redis.call('HSET', task_key(id), 'state', 'running', 'worker', w, 'token', token,
+    'attempt', attempt, 'started_at', ms(now), 'error', '')
+  redis.call('ZADD', K_RUNNING, lease_until, id)
+  redis.call('SADD', worker_tasks_key(w), id)
+  if attempt == '1' then
+    if now <= tonumber(score) then
+      redis.call('HINCRBY', K_STATS, 'sla_met:P' .. p, 1)
+    else
+      redis.call('HINCRBY', K_STATS, 'sla_missed:P' .. p, 1)
+      note_miss(id, p, m, now - tonumber(enqueued_at), now, 'late')
+    end
+  end
+  return token
+end
+
+-- The catalog's mean measured load time of model m (ms; 0 before its first load).
+local function mean_load_ms(m)
+  local c = redis.call('HMGET', catalog_model_key(m), 'loads', 'total_load_s')
+  local loads, total = finite(c[1]) or 0, finite(c[2]) or 0
+  if loads < 1 or total < 0 then return 0 end
+  return math.floor(total / loads * 1000)
+end
+
+-- A cold start (the worker loads the task's model first): note when the model should be
+-- loaded, by its mean measured load (nothing before its first load). The preemption
+-- planner counts a victim's runtime and end from there: asking a task to yield while it
+-- loads would throw the load away (it yields only once its handler runs).
+local function note_cold_start(id, m, now)
+  local load = mean_load_ms(m)
+  if load > 0 then redis.call('HSET', task_key(id), 'ready_at', ms(now + load)) end
+end
+
+-- Fairness after a dispatch at level p: its debt is paid; each lower level with work saw
+-- one more higher dispatch (fair: the `fair` hash's values for levels 1..3).
+local function count_dispatch(p, fair, fair_every)
+  if p > 0 and finite(fair[p]) ~= 0 then redis.call('HSET', K_FAIRNESS, tostring(p), '0') end
+  for q = p + 1, 3 do
+    if redis.call('EXISTS', models_with_work_key(q)) == 1 and (finite(fair[q]) or 0) < fair_every then
+      redis.call('HINCRBY', K_FAIRNESS, tostring(q), 1)
+    end
+  end
+end

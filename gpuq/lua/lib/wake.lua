@@ -1,0 +1,113 @@
+-- lib/wake.lua: the wake rule: which worker a task is offered to, and wake-ups.
+
+--@include args
+
+local function wake_worker(w)
+  redis.call('ZREM', K_IDLE, w)
+  redis.call('LPUSH', wake_key(w), '1')
+end
+
+-- One entry per task left unwoken (up to 16), so as many idle workers can wake.
+local function wake_pool(count)
+  -- the list is full most of the time nobody idles: then nothing is pushed
+  local room = 16 - redis.call('LLEN', K_POOL_WAKE)
+  for _ = 1, math.min(count or 1, room) do redis.call('LPUSH', K_POOL_WAKE, '1') end
+end
+
+-- Whether worker w serves priority p: only dedicated lanes are listed in `lanes`.
+local function serves(w, p)
+  local levels = redis.call('HGET', K_LANES, w)
+  return not levels or string.find(levels, tostring(p), 1, true) ~= nil
+end
+
+-- An idle worker other than `except` that holds model m, serves priority p and whose
+-- claimable VRAM (its idle score) covers the need; a holder without room would wake only
+-- to find nothing.
+local function idle_holder(m, need, except, p)
+  local holders = redis.call('SMEMBERS', holders_key(m))
+  table.sort(holders)  -- a set's order varies between server runs; decisions must not
+  for _, w in ipairs(holders) do
+    if w ~= except then
+      local score = redis.call('ZSCORE', K_IDLE, w)
+      if score and tonumber(score) >= need and serves(w, p) then return w end
+    end
+  end
+  return nil
+end
+
+-- The idle worker other than `except` serving priority p with the least claimable VRAM in
+-- [need, upper] (among the 8 tightest: lanes are few); with `unoccupied`, only one running
+-- no task (a worker with free slots stays in `idle` while it runs others).
+local function tightest(need, upper, except, p, unoccupied)
+  for _, w in ipairs(redis.call('ZRANGEBYSCORE', K_IDLE, need, upper, 'LIMIT', 0, 8)) do
+    if w ~= except and serves(w, p)
+        and not (unoccupied and redis.call('SCARD', worker_tasks_key(w)) > 0) then
+      return w
+    end
+  end
+  return nil
+end
+
+-- The busy workers other than `except` that hold model m, serve priority p and are large
+-- enough for need (each claims its held models first once it frees up), in a fixed order.
+local function busy_holders_of(m, need, p, except)
+  local out = {}
+  local holders = redis.call('SMEMBERS', holders_key(m))
+  table.sort(holders)  -- a set's order varies between server runs; decisions must not
+  for _, w in ipairs(holders) do
+    if w ~= except and not redis.call('ZSCORE', K_IDLE, w) then
+      local g = redis.call('HMGET', worker_key(w), 'vram_total_gb', 'kv_reserve_gb', 'levels')
+      if finite(g[1]) and finite(g[1]) - (finite(g[2]) or 0) >= need
+          and string.find(g[3] or '0123', tostring(p), 1, true) then
+        out[#out + 1] = w
+      end
+    end
+  end
+  return out
+end
+
+-- A busy holder of model m running a preemptible task of lower priority than p: the
+-- reaper's planner may ask that task to yield, so online work starts on a GPU that has
+-- its model instead of loading it cold elsewhere.
+local function yielding_holder(m, need, p)
+  for _, w in ipairs(busy_holders_of(m, need, p, nil)) do
+    for _, t in ipairs(redis.call('SMEMBERS', worker_tasks_key(w))) do
+      local r = redis.call('HMGET', task_key(t), 'priority', 'preemptible')
+      if r[2] == '1' and level(r[1]) and tonumber(r[1]) > tonumber(p) then return w end
+    end
+  end
+  return nil
+end
+
+-- The worker best placed for a task, while any worker idles: an idle worker holding its
+-- model; for online and nearline work, else a busy holder whose lower-priority task may be
+-- asked to yield (not woken: the reaper's planner acts on the offer, and idle workers leave
+-- the task to it until the offer's deferral ends, then load it cold); else the idle worker
+-- it fits most tightly. With no worker idle the planner weighs every running task, as for
+-- any task that fits no idle worker. Returns that worker (or nil), whether it idles and
+-- whether it holds the model (only an idle holder with room is picked for holding it).
+-- idle_n: the idle set's size.
+local function pick(m, need, p, idle_n)
+  idle_n = idle_n or redis.call('ZCARD', K_IDLE)
+  if idle_n == 0 then return nil, false, false end
+  local w = idle_holder(m, need, nil, p)
+  if w then return w, true, true end
+  if p == '0' or p == '1' then
+    local busy = yielding_holder(m, need, p)
+    if busy then return busy, false, true end
+  end
+  w = tightest(need, '+inf', nil, p)
+  if not w then return nil, false, false end
+  return w, true, false
+end
+
+-- Offer a task to the worker `pick` finds, and wake it if it idles. Returns the worker
+-- offered to (or nil) and whether it was woken. A woken worker leaves the idle set until it
+-- finds nothing to claim, so a burst of enqueues spreads over idle workers. Callers also
+-- post a pool-wide wake when no worker was woken, or (while others idle) in case the woken
+-- one died idle.
+local function wake(m, need, p, idle_n)
+  local w, idle = pick(m, need, p, idle_n)
+  if idle then wake_worker(w) end
+  return w, idle
+end

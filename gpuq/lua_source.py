@@ -1,0 +1,118 @@
+"""The Lua source of each script: the key names it uses, its helper groups, then itself.
+
+A script (``gpuq/lua/<verb>.lua``) names the helper groups it calls at its top, one
+``--@include <group>`` line each; a group (``gpuq/lua/lib/<group>.lua``) names the groups it
+calls in turn. A script's source is the key names it uses, defined over the pool's base
+(``KEYS[1]``) from ``gpuq.keys.SUFFIXES`` (``K_<NAME>`` for a fixed key, ``<name>_key(...)``
+for a builder), then each group it needs once (a group after those it includes), then the
+script as written. Each call runs the whole chunk, so a key builder or an included helper
+the script never reaches (a closure made on every call) is left out.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from importlib import resources
+
+from gpuq.keys import SUFFIXES, suffix_parts
+
+_INCLUDE = re.compile(r"^--@include\b[ \t]*(\S*)[ \t]*$", re.M)
+_GROUP = re.compile(r"\w+")
+
+
+def lua_name(key: str) -> str:
+    """The Lua name of a key of ``SUFFIXES``."""
+    if any(arg for _, arg in suffix_parts(key)):
+        return f"{key}_key"
+    return f"K_{key.upper()}"
+
+
+def lua_definition(key: str) -> str:
+    """The Lua line defining a key's name from the base ``B``."""
+    pieces, args = ["B"], []
+    for text, arg in suffix_parts(key):
+        if text:
+            pieces.append(f"'{text}'")  # suffixes are [a-z_:] (tests/unit/test_keys.py)
+        if arg:
+            pieces.append(arg)
+            args.append(arg)
+    if args:
+        return f"local function {lua_name(key)}({', '.join(args)}) return {' .. '.join(pieces)} end\n"
+    return f"local {lua_name(key)} = {' .. '.join(pieces)}\n"
+
+
+def key_prelude(code: str) -> str:
+    """The definitions of the key names ``code`` uses."""
+    words = set(re.findall(r"\w+", code))
+    return "local B = KEYS[1]\n" + "".join(lua_definition(k) for k in SUFFIXES if lua_name(k) in words)
+
+
+def _lua_file(*path: str) -> str:
+    return resources.files("gpuq").joinpath("lua", *path).read_text()
+
+
+def _include(text: str, where: str, out: dict[str, str], open_groups: tuple[str, ...]) -> None:
+    """Add to ``out`` the groups ``text`` includes, each after the groups it includes."""
+    for group in _INCLUDE.findall(text):
+        if group in out:
+            continue
+        if group in open_groups:
+            raise ValueError(f"{where}: include cycle {' -> '.join((*open_groups, group))}")
+        if not _GROUP.fullmatch(group) or not resources.files("gpuq").joinpath(
+                "lua", "lib", f"{group}.lua").is_file():
+            raise ValueError(f"{where}: unknown include {group!r} (no gpuq/lua/lib/{group}.lua)")
+        source = _lua_file("lib", f"{group}.lua")
+        _include(source, f"lib/{group}.lua", out, (*open_groups, group))
+        out[group] = source
+
+
+def included(text: str, where: str) -> dict[str, str]:
+    """The helper groups ``text`` needs, by name, in the order they are defined."""
+    out: dict[str, str] = {}
+    _include(text, where, out, ())
+    return out
+
+
+# a helper of a group: the comment lines above it, then "local function <name>" up to the next
+_HELPER = re.compile(r"^(?:--[^\n]*\n)*local function (\w+)", re.M)
+
+
+def helpers(group: str) -> tuple[str, dict[str, str]]:
+    """A group's text split into its head (comments, include lines) and its helpers by name."""
+    found = list(_HELPER.finditer(group))
+    if not found:
+        return group, {}
+    ends = [m.start() for m in found[1:]] + [len(group)]
+    return group[:found[0].start()], {m.group(1): group[m.start():end] for m, end in zip(found, ends)}
+
+
+def reached(body: str, defined: dict[str, str]) -> set[str]:
+    """The helpers ``body`` calls, and those they call in turn."""
+    if not defined:
+        return set()
+    calls = re.compile(r"\b(" + "|".join(defined) + r")\s*\(")
+    needed: set[str] = set()
+    todo = set(calls.findall(body))
+    while todo:
+        name = todo.pop()
+        needed.add(name)
+        todo |= set(calls.findall(defined[name].split("\n", 1)[1])) - needed  # body, not its name
+    return needed
+
+
+def assemble(body: str, where: str) -> str:
+    """A script's full source from its text: key names, groups, then the text unchanged. An
+    included group's helpers that the script never reaches are left out: the includes say
+    what a script may call, and each definition would be a closure made on every call."""
+    groups = [helpers(source) for source in included(body, where).values()]
+    reach = reached(body, {name: text for _, defined in groups for name, text in defined.items()})
+    code = "".join(head + "".join(text for name, text in defined.items() if name in reach) + "\n"
+                   for head, defined in groups) + body
+    return key_prelude(code) + "\n" + code
+
+
+@functools.cache
+def script_source(name: str) -> str:
+    """The source of script ``name`` (gpuq/lua/<name>.lua) as it is loaded into Redis."""
+    return assemble(_lua_file(f"{name}.lua"), f"{name}.lua")

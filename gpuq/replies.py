@@ -1,0 +1,75 @@
+"""Script replies: the code table every script's first element uses, and the one place a
+code becomes an exception."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from enum import IntEnum
+from importlib import resources
+from typing import Any
+
+from gpuq.errors import (
+    DuplicateTask,
+    GpuqError,
+    InvalidTask,
+    StaleLease,
+    TaskAlreadyFinished,
+    TaskNotFound,
+    UnregisteredHandler,
+    Unschedulable,
+)
+
+
+class Code(IntEnum):
+    """First element of every script reply (documented in each script's header)."""
+
+    OK = 0
+    INVALID = 1
+    DUPLICATE = 2
+    UNSCHEDULABLE = 3
+    NOT_FOUND = 4
+    STALE_LEASE = 5
+    FINISHED = 6
+    UNREGISTERED = 7
+
+
+def header_codes(name: str) -> set[str]:
+    """Error-code names a script's header promises (checked against Code by the tests)."""
+    text = (resources.files("gpuq") / "lua" / f"{name}.lua").read_text()
+    errors = "|".join(c.name for c in Code if c is not Code.OK)
+    return set(re.findall(rf"\b({errors})\b", text))
+
+
+def raise_for(reply: Sequence[Any], task_id: str | None = None, worker_id: str | None = None) -> None:
+    """Map a non-OK reply to its exception: the one place codes become errors."""
+    code = Code(int(reply[0]))
+    tid = task_id or ""
+    if code is Code.OK:
+        return
+    if code is Code.INVALID:
+        raise InvalidTask(str(reply[2]), task_id)
+    if code is Code.DUPLICATE:
+        raise DuplicateTask(str(reply[2]))
+    if code is Code.UNSCHEDULABLE:
+        raise Unschedulable(float(reply[2]), float(reply[3]))
+    if code is Code.UNREGISTERED:
+        raise UnregisteredHandler(str(reply[2]))
+    if code is Code.NOT_FOUND:
+        raise TaskNotFound(tid)
+    if code is Code.STALE_LEASE:
+        raise StaleLease(tid, worker_id)
+    if code is Code.FINISHED:
+        raise TaskAlreadyFinished(tid, str(reply[1]))
+    raise GpuqError(f"unexpected script reply {reply!r}")  # pragma: no cover
+
+
+def checked(reply: list[Any]) -> list[Any]:
+    """The reply of a script whose callers expect OK: a coded error (a malformed argument,
+    INVALID) raised instead of misread."""
+    raise_for(reply)
+    return reply
+
+
+def pairs_to_dict(flat: Sequence[Any]) -> dict[str, str]:
+    return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
