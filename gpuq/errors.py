@@ -151,6 +151,22 @@ class PermissionDenied(GpuqError):
                          "(the ACL rules each role needs: gpuq acl --help)")
 
 
+class TaskError(GpuqError):
+    """Raised by a handler (or by the worker about a task) to fail the task with this
+    message; ``retry=False`` fails it at once, without another attempt:
+    ``raise TaskError("bad input", retry=False)``."""
+
+    def __init__(self, message: str, retry: bool = True) -> None:
+        self.retry = retry
+        super().__init__(message)
+
+
+class StopTask(Exception):
+    """Raised inside a handler's thread when it ran past its yield deadline. Not a
+    GpuqError: a handler's ``except GpuqError`` around its own queue calls must not
+    swallow it."""
+
+
 class AppError(GpuqError):
     """An app (handlers and model loaders) is missing, malformed or lacks a handler."""
 

@@ -6,12 +6,17 @@
     drain(q, app, vram_gb=80)                # claims and runs every task it can, in-process
     assert t.result(timeout=0) == {...}
 
+``drain`` runs each task through the worker's own executor (model loads and evictions,
+the handler, its ack or fail), as one worker with one slot. Its presence writes only what
+those model changes write (the holders sets, the models and free VRAM of its hash) and it
+leaves the pool when done; it registers nothing, so no GPU class or handler name it brings
+changes what enqueue's fit check says afterwards.
+
 Needs the test extra (``pip install gpuq[test]``) for fakeredis.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from gpuq.app import App, Context
@@ -19,8 +24,11 @@ from gpuq.client import Queue
 from gpuq.config import Config
 from gpuq.errors import AppError
 from gpuq.scripts import ClaimRequest
-from gpuq.task import JSON
+from gpuq.worker.executor import Executor
 from gpuq.worker.models import ModelCache
+from gpuq.worker.observer import Observer
+from gpuq.worker.presence import Presence
+from gpuq.worker.running import RunningSet
 
 
 def memory_queue(pool: str = "test", config: Config | None = None) -> Queue:
@@ -46,35 +54,24 @@ def drain(queue: Queue, app: App, *, vram_gb: float = 80.0, worker_id: str = "te
           limit: int = 10_000) -> int:
     """Claim and run tasks in-process through the real scripts until none fits; returns count."""
     cache = ModelCache(app, vram_gb, queue.config.kv_reserve_gb)
-    loaded: dict[str, Any] = {}
+    presence = Presence(queue.redis, queue.keys, worker_id)
+    executor = Executor(app, cache, presence, RunningSet(), queue.scripts, queue.calls, Observer())
     ran = 0
-    while ran < limit:
-        req = ClaimRequest(worker_id, cache.free_gb(), cache.evictable_gb(), 1, cache.loaded())
-        fields = queue.scripts.run(queue.calls.claim(req)).task
-        if fields is None:
-            return ran
-        task_id, token, model = fields["id"], int(fields["token"]), fields["model"]
-        ran += 1
-        try:
-            problem = app.check(fields["handler"], model)
-            if problem:
-                raise AppError(problem)
-            res = cache.reserve(model, float(fields["vram_gb"]))
-            if res is None:
-                raise AppError(f"task needs more VRAM than {vram_gb:g} GB can free")
-            for old in res.evict:
-                loaded.pop(old.spec.name, None)
-            if res.cold:
-                cache.load(cache.get(model))
-            ctx = Context(task_id, int(fields["attempt"]), worker_id, model,
-                          float(fields["vram_gb"]), float(fields["est_s"]))
-            try:
-                result = app.handlers[fields["handler"]].fn(cache.get(model).obj,
-                                                            json.loads(fields["payload"]), ctx)
-            finally:
-                cache.release(res)
-            queue.scripts.run(queue.calls.ack(task_id, token, JSON.encode(result)))
-        except Exception as exc:
-            queue.scripts.run(queue.calls.fail(task_id, token, f"{type(exc).__name__}: {exc}",
-                                               retry=not isinstance(exc, AppError)))
+    try:
+        while ran < limit:
+            req = ClaimRequest(worker_id, cache.free_gb(), cache.evictable_gb(), 1, cache.loaded())
+            fields = queue.scripts.run(queue.calls.claim(req)).task
+            if fields is None:
+                break
+            ran += 1
+            with cache.lock:
+                res, running = executor.begin(fields)
+            if res is None and running.rejected is None:
+                # a model larger than this GPU: in-process there is no other GPU to retry on
+                running.rejected = f"task needs more VRAM than {vram_gb:g} GB can free"
+            call = executor.execute(fields, res, running)
+            if call is not None:
+                executor.settle(call, queue.scripts.run_raw(call))
+    finally:
+        presence.leave(cache.model_names())
     return ran

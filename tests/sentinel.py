@@ -289,4 +289,4 @@ def soak(connect: Callable[[], redis.Redis], config: Config, kill: Callable[[], 
             errors[name] = errors.get(name, 0) + n
     return SoakResult(len(acked), lost, sum(errors.values()), written_at - killed_at,
                       acked_at - killed_at, statistics.median(before) * 1000,
-                      statistics.quantiles(before, n=100)[98] * 1000, worker.tasks_run, errors)
+                      statistics.quantiles(before, n=100)[98] * 1000, worker.running.tasks_run, errors)

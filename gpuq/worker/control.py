@@ -24,17 +24,15 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import redis
 
 from gpuq.errors import GpuqError
-from gpuq.worker import presence
-from gpuq.worker.executor import Running, prepare_model
+from gpuq.keys import Keys
+from gpuq.worker.executor import Executor
 from gpuq.worker.models import Reservation
-
-if TYPE_CHECKING:
-    from gpuq.worker.loop import Worker
+from gpuq.worker.running import Running, RunningSet
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +40,25 @@ EXIT_STUCK = 75  # a handler could not be stopped in-process; restart this worke
 
 
 class Control:
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
+    def __init__(self, client: redis.Redis, keys: Keys, executor: Executor, running: RunningSet,
+                 *, stop_s: float, stopping: threading.Event, drain: Callable[[], None]) -> None:
+        self.redis = client
+        self.executor = executor
+        self.running = running
+        self.stop_s = stop_s
+        self.stopping = stopping  # the worker takes no more tasks: no preload either
+        self.drain = drain
+        self.id = executor.id
+        self.key = keys.control(self.id)
+
+    def receive(self, timeout: float) -> str | None:
+        """The next message on the control list, waiting up to ``timeout`` seconds."""
+        message = self.redis.blpop([self.key], timeout=max(0.01, timeout))
+        return None if message is None else str(message[1])
+
+    def wake(self) -> None:
+        """Unblock a ``receive`` (shutdown)."""
+        self.redis.lpush(self.key, "wake")
 
     def handle(self, message: str) -> None:
         verb, *args = message.split() or [""]
@@ -55,35 +70,35 @@ class Control:
             elif verb == "preload" and len(args) == 2:
                 self.preload(args[0], float(args[1]))
             elif verb == "drain" and not args:
-                self.worker.drain()
+                self.drain()
             elif verb != "wake":  # "wake": only unblocks the thread (shutdown)
-                log.warning("control.unknown worker=%s message=%r", self.worker.id, message)
+                log.warning("control.unknown worker=%s message=%r", self.id, message)
         except ValueError:
-            log.warning("control.malformed worker=%s message=%r", self.worker.id, message)
+            log.warning("control.malformed worker=%s message=%r", self.id, message)
 
     def on_yield(self, task_id: str, grace_ms: int) -> None:
-        for r in self.worker.running_snapshot():
+        for r in self.running.snapshot():
             if r.task_id == task_id and r.yield_deadline is None:
                 r.yield_deadline = time.monotonic() + grace_ms / 1000
                 r.ctx.yield_requested = True
                 log.info("preempt.yield_requested task=%s worker=%s grace_s=%.3f", task_id,
-                         self.worker.id, grace_ms / 1000)
+                         self.id, grace_ms / 1000)
 
     def on_unyield(self, task_id: str) -> None:
         """The task the yield was for started elsewhere or ended: keep running, unless the
         handler already yielded or the worker already stopped it."""
-        for r in self.worker.running_snapshot():
+        for r in self.running.snapshot():
             if r.task_id == task_id and r.yield_deadline is not None and not r.stopped:
                 r.yield_deadline = None
                 r.ctx.yield_requested = False
-                log.info("preempt.withdrawn task=%s worker=%s", task_id, self.worker.id)
+                log.info("preempt.withdrawn task=%s worker=%s", task_id, self.id)
 
     def watch(self) -> float:
         """Stop tasks past their yield deadline, exit if one will not stop; returns seconds
         until the next deadline (inf: none)."""
         now = time.monotonic()
         nearest = float("inf")
-        for r in self.worker.running_snapshot():
+        for r in self.running.snapshot():
             if r.yield_deadline is None:
                 continue
             if not r.stopped:
@@ -98,57 +113,57 @@ class Control:
         return nearest
 
     def stop(self, r: Running) -> None:
-        w = self.worker
+        ex = self.executor
         r.stopped = True  # before the requeue: the handler's result, if any, is moot now
         r.ctx.lost = True
         try:
-            w.scripts.run(w.calls.requeue(r.task_id, r.token, "stopped: did not yield in time",
-                                          preempted="stopped"))
+            ex.scripts.run(ex.calls.requeue(r.task_id, r.token, "stopped: did not yield in time",
+                                            preempted="stopped"))
         except GpuqError as exc:  # it ended or was requeued meanwhile: nothing to stop
-            log.info("preempt.stop_skipped task=%s worker=%s: %s", r.task_id, w.id, exc)
+            log.info("preempt.stop_skipped task=%s worker=%s: %s", r.task_id, self.id, exc)
             return
-        log.warning("preempt.stopped task=%s worker=%s: past its yield deadline", r.task_id, w.id)
-        w.observe(r.task_id, "stopped")
-        r.stop_deadline = time.monotonic() + w.config.stop_s
+        log.warning("preempt.stopped task=%s worker=%s: past its yield deadline", r.task_id,
+                    self.id)
+        ex.observer.observe(r.task_id, "stopped")
+        r.stop_deadline = time.monotonic() + self.stop_s
         r.interrupt()
 
     def exit_stuck(self, r: Running) -> None:
-        w = self.worker
+        ex = self.executor
         log.error("worker.stuck worker=%s task=%s: the handler did not stop within %.1f s; "
-                  "exiting with code %d for the supervisor to restart this worker", w.id,
-                  r.task_id, w.config.stop_s, EXIT_STUCK)
-        for other in w.running_snapshot():
+                  "exiting with code %d for the supervisor to restart this worker", self.id,
+                  r.task_id, self.stop_s, EXIT_STUCK)
+        for other in self.running.snapshot():
             if other.stopped:
                 continue
             try:
-                w.scripts.run(w.calls.requeue(other.task_id, other.token, "worker restarted"))
+                ex.scripts.run(ex.calls.requeue(other.task_id, other.token, "worker restarted"))
             except (GpuqError, redis.RedisError) as exc:
                 log.error("task.requeue_failed task=%s error=%s (the reaper will recover it)",
                           other.task_id, exc)
         try:
-            presence.leave(w.redis, w.keys, w.id, w.cache.model_names())
+            ex.presence.leave(ex.cache.model_names())
         except redis.RedisError as exc:
-            log.error("worker.leave_failed worker=%s error=%s", w.id, exc)
+            log.error("worker.leave_failed worker=%s error=%s", self.id, exc)
         logging.shutdown()
         os._exit(EXIT_STUCK)
 
     def preload(self, model: str, vram_gb: float) -> None:
-        w = self.worker
-        with w.cache.lock:
-            if w.stopping.is_set() or model in w.cache.resident:
+        cache = self.executor.cache
+        with cache.lock:
+            if self.stopping.is_set() or model in cache.resident:
                 return
-            res = w.cache.reserve(model, vram_gb)
+            res = cache.reserve(model, vram_gb)
         if res is None:
-            log.info("model.preload_skipped worker=%s model=%s: no room", w.id, model)
+            log.info("model.preload_skipped worker=%s model=%s: no room", self.id, model)
             return
         threading.Thread(target=self._load, args=(res,), name=f"preload-{model}", daemon=True).start()
 
     def _load(self, res: Reservation) -> None:
         try:
-            prepare_model(self.worker, res)
-            log.info("model.preloaded worker=%s model=%s", self.worker.id, res.model)
+            self.executor.prepare_model(res)
+            log.info("model.preloaded worker=%s model=%s", self.id, res.model)
         except Exception as exc:  # the next task for it retries the load
-            log.error("model.preload_failed worker=%s model=%s error=%s", self.worker.id,
-                      res.model, exc)
+            log.error("model.preload_failed worker=%s model=%s error=%s", self.id, res.model, exc)
         finally:
-            self.worker.cache.release(res)
+            self.executor.cache.release(res)

@@ -2,149 +2,151 @@
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
+import math
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from gpuq import catalog, worker_record
-from gpuq.app import Context, Yielded
-from gpuq.errors import GpuqError, StaleLease
-from gpuq.scripts import Call
+from gpuq import catalog
+from gpuq.app import App, Context, Yielded
+from gpuq.errors import GpuqError, StaleLease, TaskError
+from gpuq.scripts import Call, Calls, Scripts
 from gpuq.task import JSON, MAX_RESULT_BYTES
-from gpuq.worker import presence
-from gpuq.worker.models import Reservation
-
-if TYPE_CHECKING:
-    import redis
-
-    from gpuq.worker.loop import Worker
+from gpuq.worker.models import ModelCache, Reservation
+from gpuq.worker.observer import Observer
+from gpuq.worker.presence import Presence
+from gpuq.worker.running import Running, RunningSet
 
 log = logging.getLogger(__name__)
 
-
-class StopTask(Exception):
-    """Raised inside a handler's thread when it ran past its yield deadline."""
+SETTLED = {"ack": "succeeded", "requeue": "yielded"}  # fail: "delayed" is a retry
 
 
-@dataclass
-class Running:
-    task_id: str
-    token: int
-    ctx: Context
-    started: float
-    thread_id: int = 0  # the runner thread calling the handler
-    yield_deadline: float | None = None  # monotonic: asked to yield, stopped after this
-    stop_deadline: float | None = None  # monotonic: stopped, the worker exits after this
-    stopped: bool = False  # requeued by the worker: whatever the handler does is moot
-    in_handler: bool = False
-    rejected: str | None = None  # why this worker will not run it (execute fails it)
-    guard: threading.Lock = field(default_factory=threading.Lock)
+class Executor:
+    def __init__(self, app: App, cache: ModelCache, presence: Presence, running: RunningSet,
+                 scripts: Scripts, calls: Calls, observer: Observer) -> None:
+        self.app = app
+        self.cache = cache
+        self.presence = presence
+        self.running = running
+        self.scripts = scripts
+        self.calls = calls
+        self.observer = observer
+        self.id = presence.worker_id
+        self.model_loads = 0
 
-    def enter(self) -> None:
-        with self.guard:
-            self.in_handler = True
+    def begin(self, fields: dict[str, str]) -> tuple[Reservation | None, Running]:
+        """Take a task this worker now runs (claimed, or handed over at enqueue): its VRAM,
+        its context, its slot. Called with the cache lock held."""
+        ctx, problem = self.context_of(fields)
+        # a task this worker cannot run reserves nothing: execute fails it, and a reservation
+        # would have evicted held models and left a placeholder that never loads
+        res = None if problem else self.cache.reserve(ctx.model, ctx.vram_gb)
+        running = Running(fields["id"], int(fields["token"]), ctx, time.monotonic(),
+                          threading.get_ident(), rejected=problem)
+        self.observer.started(fields)
+        self.running.track(running)  # before the lock is released: the next claim sees one slot fewer
+        return res, running
 
-    def leave(self) -> None:
-        with self.guard:
-            self.in_handler = False
-
-    def interrupt(self) -> bool:
-        """Raise StopTask in the handler's thread, only while it is inside the handler (the
-        guard keeps it out of the worker's own code). It lands at the handler's next Python
-        step; a handler blocked in native code does not see it."""
-        with self.guard:
-            if not self.in_handler:
-                return False
-            done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread_id),
-                                                              ctypes.py_object(StopTask))
-            return bool(done)
-
-
-class TaskError(Exception):
-    """A failure the worker diagnoses itself; retry says whether another attempt may help."""
-
-    def __init__(self, message: str, retry: bool) -> None:
-        super().__init__(message)
-        self.retry = retry
-
-
-def show_models(worker: Worker, pipe: redis.client.Pipeline) -> None:
-    """Send the pipe with the worker hash's view of its models and free VRAM added (for
-    status, top and the wake rule). The view is taken and written under ``worker.shown``,
-    as the heartbeat's is, so an older view never overwrites a newer one."""
-    cache = worker.cache
-    with worker.shown:
-        with cache.lock:  # other runners may be changing the ledger
-            shown: worker_record.Fields = {"models": ",".join(cache.model_names()),
-                                      "vram_free_gb": round(cache.free_gb(), 3)}
-        pipe.hset(worker.keys.worker(worker.id), mapping=shown)
-        pipe.execute()
-
-
-def prepare_model(worker: Worker, res: Reservation, task_id: str = "") -> Any:
-    """Unload what must make room, load the model if this task is the one to, return it."""
-    cache = worker.cache
-    resident = cache.get(res.model)
-    if res.evict:  # for a cold load, or for the working memory of a held model's task
-        pipe = worker.redis.pipeline(transaction=False)
-        for old in res.evict:
-            cache.unload(old)
-            presence.hold(pipe, worker.keys, worker.id, old.spec.name, False)
-            log.info("model.evicted worker=%s model=%s", worker.id, old.spec.name)
-        show_models(worker, pipe)  # before a load: until then wake-ups would still pick this worker
-    if not res.cold:
-        resident.ready.wait()
-        if resident.error is not None:
-            raise TaskError(f"loading model {res.model} failed: {resident.error}", True)
-        return resident.obj
-    try:
-        seconds = cache.load(resident)
-    except Exception as exc:
-        raise TaskError(f"loading model {res.model} failed: {type(exc).__name__}: {exc}",
-                        True) from None
-    pipe = worker.redis.pipeline(transaction=False)
-    catalog.record_load(pipe, worker.keys, res.model, resident.footprint_gb, seconds)
-    presence.hold(pipe, worker.keys, worker.id, res.model, True)
-    show_models(worker, pipe)
-    worker.model_loads += 1
-    worker.observe(task_id, phase="load", seconds=seconds)
-    log.info("model.loaded worker=%s model=%s vram_gb=%g load_s=%.3f", worker.id, res.model,
-             resident.footprint_gb, seconds)
-    return resident.obj
-
-
-def execute(worker: Worker, fields: dict[str, str], res: Reservation | None,
-            running: Running) -> Call[Any] | None:
-    """Run the task; return its ack, fail or yield call, which the runner sends together with
-    its next claim (one round trip per task), or None when the worker already requeued it
-    (stopped past its yield deadline). The task's VRAM and slot are released first."""
-    task_id, token, ctx = running.task_id, running.token, running.ctx
-    try:
-        if running.rejected:
-            raise TaskError(running.rejected, False)
-        if res is None:
-            raise TaskError(f"task needs {fields['vram_gb']} GB with model {fields['model']}, "
-                            f"more than this GPU can free", True)
-        model = prepare_model(worker, res, task_id)
-        if ctx.yield_requested or running.stopped:
-            # asked to yield (or stopped) while its model loaded: give way before the handler
-            # starts, whether or not the handler would check soon; its checkpoint stays
-            raise Yielded(task_id)
-        fn = worker.app.handlers[fields["handler"]].fn
-        payload = json.loads(fields["payload"])
-        running.enter()
-        began = time.monotonic()
+    def context_of(self, fields: dict[str, str]) -> tuple[Context, str | None]:
+        """The task's context, and why this worker cannot run it (None: it can). A hash
+        written or damaged by hand fails its task with the reason rather than the runner."""
         try:
-            result = fn(model, payload, ctx)
+            saved = fields.get("checkpoint")
+            ctx = Context(fields["id"], int(fields["attempt"]), self.id, fields["model"],
+                          float(fields["vram_gb"]), float(fields["est_s"]),
+                          json.loads(saved) if saved else None)
+            if not 0 < ctx.vram_gb < math.inf or not 0 <= ctx.est_s < math.inf:
+                raise ValueError(f"vram_gb {fields['vram_gb']!r}, est_s {fields['est_s']!r}")
+            return ctx, self.app.check(fields["handler"], fields["model"])
+        except (KeyError, ValueError) as exc:
+            stand_in = Context(fields["id"], 0, self.id, fields.get("model", ""), 0.0, 0.0)
+            return stand_in, f"task fields cannot be read: {type(exc).__name__}: {exc}"
+
+    def prepare_model(self, res: Reservation, task_id: str = "") -> Any:
+        """Unload what must make room, load the model if this task is the one to, return it."""
+        cache = self.cache
+        resident = cache.get(res.model)
+        if res.evict:  # for a cold load, or for the working memory of a held model's task
+            for old in res.evict:
+                cache.unload(old)
+                log.info("model.evicted worker=%s model=%s", self.id, old.spec.name)
+            # before a load: until then wake-ups would still pick this worker
+            self.presence.show(cache, dropped=[old.spec.name for old in res.evict])
+        if not res.cold:
+            resident.ready.wait()
+            if resident.error is not None:
+                raise TaskError(f"loading model {res.model} failed: {resident.error}", True)
+            return resident.obj
+        try:
+            seconds = cache.load(resident)
+        except Exception as exc:
+            raise TaskError(f"loading model {res.model} failed: {type(exc).__name__}: {exc}",
+                            True) from None
+        pipe = self.presence.pipeline()
+        catalog.record_load(pipe, self.presence.keys, res.model, resident.footprint_gb, seconds)
+        self.presence.show(cache, pipe, held=[res.model])
+        self.model_loads += 1
+        self.observer.observe(task_id, phase="load", seconds=seconds)
+        log.info("model.loaded worker=%s model=%s vram_gb=%g load_s=%.3f", self.id, res.model,
+                 resident.footprint_gb, seconds)
+        return resident.obj
+
+    def execute(self, fields: dict[str, str], res: Reservation | None,
+                running: Running) -> Call[Any] | None:
+        """Run the task; return its ack, fail or yield call, which the runner sends together
+        with its next claim (one round trip per task), or None when the worker already
+        requeued it (stopped past its yield deadline). The task's VRAM and slot are released
+        first."""
+        task_id, token, ctx = running.task_id, running.token, running.ctx
+        try:
+            if running.rejected:
+                raise TaskError(running.rejected, False)
+            if res is None:
+                raise TaskError(f"task needs {fields['vram_gb']} GB with model {fields['model']}, "
+                                f"more than this GPU can free", True)
+            model = self.prepare_model(res, task_id)
+            if ctx.yield_requested or running.stopped:
+                # asked to yield (or stopped) while its model loaded: give way before the
+                # handler starts, whether or not the handler would check soon; its checkpoint stays
+                raise Yielded(task_id)
+            fn = self.app.handlers[fields["handler"]].fn
+            payload = json.loads(fields["payload"])
+            running.enter()
+            began = time.monotonic()
+            try:
+                result = fn(model, payload, ctx)
+            finally:
+                running.leave()
+            self.observer.observe(task_id, phase="run", seconds=time.monotonic() - began)
+            if running.stopped:
+                return None
+            return self.calls.ack(task_id, token, self.encode(result))
+        except Yielded:
+            if running.stopped:
+                return None
+            log.info("preempt.yielded task=%s worker=%s checkpoint=%s", task_id, self.id,
+                     "saved" if ctx.saved else "none")
+            return self.calls.requeue(task_id, token, "yielded to a higher-priority task",
+                                      preempted="yielded", checkpoint=ctx.saved or "")
+        except Exception as exc:
+            if running.stopped:  # StopTask, or whatever the stop broke: the task is requeued
+                return None
+            retry = exc.retry if isinstance(exc, TaskError) else True
+            message = str(exc) if isinstance(exc, TaskError) else f"{type(exc).__name__}: {exc}"
+            log.info("task.failed task=%s worker=%s retry=%s error=%s", task_id, self.id, retry,
+                     message)
+            return self.calls.fail(task_id, token, message, retry=retry)
         finally:
-            running.leave()
-        worker.observe(task_id, phase="run", seconds=time.monotonic() - began)
-        if running.stopped:
-            return None
+            if res is not None:
+                self.cache.release(res)
+            self.running.untrack(task_id)
+
+    @staticmethod
+    def encode(result: Any) -> str:
+        """The handler's result as the ack sends it; one the ack would refuse fails the task."""
         try:
             text = JSON.encode(result)
         except (TypeError, ValueError) as exc:
@@ -153,43 +155,21 @@ def execute(worker: Worker, fields: dict[str, str], res: Reservation | None,
             raise TaskError(f"handler returned a result of {len(text)} bytes, more than the "
                             f"{MAX_RESULT_BYTES} allowed: store large outputs elsewhere and "
                             f"return a reference", False)
-        return worker.calls.ack(task_id, token, text)
-    except Yielded:
-        if running.stopped:
-            return None
-        log.info("preempt.yielded task=%s worker=%s checkpoint=%s", task_id, worker.id,
-                 "saved" if ctx.saved else "none")
-        return worker.calls.requeue(task_id, token, "yielded to a higher-priority task",
-                                    preempted="yielded", checkpoint=ctx.saved or "")
-    except Exception as exc:
-        if running.stopped:  # StopTask, or whatever the stop broke: the task is requeued
-            return None
-        retry = exc.retry if isinstance(exc, TaskError) else True
-        message = str(exc) if isinstance(exc, TaskError) else f"{type(exc).__name__}: {exc}"
-        log.info("task.failed task=%s worker=%s retry=%s error=%s", task_id, worker.id, retry, message)
-        return worker.calls.fail(task_id, token, message, retry=retry)
-    finally:
-        if res is not None:
-            worker.cache.release(res)
-        worker.untrack(task_id)
+        return text
 
-
-SETTLED = {"ack": "succeeded", "requeue": "yielded"}  # fail: "delayed" is a retry
-
-
-def settle(worker: Worker, call: Call[Any], reply: Any) -> None:
-    """Check the reply of an ack, fail or yield; a stale token means another attempt owns
-    the task."""
-    task_id = call.args[0]
-    try:
-        done = call.parse(reply)
-    except StaleLease:
-        worker.observe(task_id, "lost")
-        log.warning("lease.lost task=%s worker=%s: %s discarded", task_id, worker.id,
-                    "result" if call.script == "ack" else "failure")
-    except GpuqError as exc:  # e.g. a result the server would not take: the lease runs out
-        worker.observe(task_id, "lost")
-        log.error("task.settle_failed task=%s worker=%s error=%s", task_id, worker.id, exc)
-    else:
-        outcome = SETTLED.get(call.script) or ("retried" if done == "delayed" else "failed")
-        worker.observe(task_id, outcome)
+    def settle(self, call: Call[Any], reply: Any) -> None:
+        """Check the reply of an ack, fail or yield; a stale token means another attempt
+        owns the task."""
+        task_id = call.args[0]
+        try:
+            done = call.parse(reply)
+        except StaleLease:
+            self.observer.observe(task_id, "lost")
+            log.warning("lease.lost task=%s worker=%s: %s discarded", task_id, self.id,
+                        "result" if call.script == "ack" else "failure")
+        except GpuqError as exc:  # e.g. a result the server would not take: the lease runs out
+            self.observer.observe(task_id, "lost")
+            log.error("task.settle_failed task=%s worker=%s error=%s", task_id, self.id, exc)
+        else:
+            outcome = SETTLED.get(call.script) or ("retried" if done == "delayed" else "failed")
+            self.observer.observe(task_id, outcome)

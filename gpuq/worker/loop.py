@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import signal
 import socket
@@ -25,20 +24,22 @@ from typing import Any
 import redis
 
 from gpuq import worker_record
-from gpuq.app import App, Context
+from gpuq.app import App
 from gpuq.backoff import Backoff, Outage
-from gpuq.client import redis_errors
 from gpuq.config import Config
+from gpuq.connection import redis_errors
 from gpuq.errors import StaleLease
 from gpuq.keys import Keys
 from gpuq.metrics import WorkerMetrics, serve_http
 from gpuq.scripts import Call, Calls, ClaimRequest, Scripts
-from gpuq.worker import presence
-from gpuq.worker.executor import Running, execute, settle, show_models
+from gpuq.worker.control import Control
+from gpuq.worker.executor import Executor
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.heartbeat import Heartbeat
 from gpuq.worker.models import ModelCache, Reservation
-from gpuq.worker_record import Fields
+from gpuq.worker.observer import Observer
+from gpuq.worker.presence import Presence
+from gpuq.worker.running import Running, RunningSet
 
 log = logging.getLogger(__name__)
 Claimed = tuple[dict[str, str], Reservation | None, Running]  # task fields, its VRAM, its run
@@ -70,46 +71,24 @@ class Worker:
         self.cache = ModelCache(app, gpu.total_gb, config.kv_reserve_gb)
         self.stopping = threading.Event()
         self.done = threading.Event()
-        self.changed = threading.Condition()
-        self.shown = threading.Lock()  # the hash's view of the models: taken and written in turn
-        self._running: dict[str, Running] = {}
-        self.model_loads = 0
-        self.tasks_run = 0
-        self.static_fields: Fields = {}
         self.draining = False  # drain: finish running tasks however long they take
-        self.retired = False  # left the pool after its idle timeout
-        # opt-in (--metrics-port): with it, task id -> priority label until the task settles
-        self.metrics: WorkerMetrics | None = None
-        self.labels: dict[str, str] = {}
-        self.last_active = time.monotonic()  # a task started or ended (idle timeout)
+        self.retired = threading.Event()  # left the pool after its idle timeout
+        self.running = RunningSet()
+        self.presence = Presence(client, self.keys, self.id)
+        self.observer = Observer()  # metrics opt-in: --metrics-port
+        self.executor = Executor(app, self.cache, self.presence, self.running, self.scripts,
+                                 self.calls, self.observer)
         self.outage = Outage(f"worker={self.id}", log)  # Redis down: said once by all its loops
-
-    # bookkeeping shared with the executor and the heartbeat
-    def track(self, running: Running) -> None:
-        with self.changed:
-            self._running[running.task_id] = running
-            self.last_active = time.monotonic()
-
-    def untrack(self, task_id: str) -> None:
-        with self.changed:
-            self._running.pop(task_id, None)
-            self.tasks_run += 1
-            self.last_active = time.monotonic()
-            self.changed.notify_all()
-
-    def running_snapshot(self) -> list[Running]:
-        with self.changed:
-            return list(self._running.values())
 
     def claim(self, pending: Call[Any] | None) -> Claimed | float:
         """Send the previous task's ack or fail (if any) and claim the next task, in one
         round trip. Claims hold the cache lock so the VRAM reported is what is free. With
         nothing to claim, returns when to look again (0: when woken)."""
         with self.cache.lock:
-            slots = self.config.concurrency - len(self._running)
+            slots = self.config.concurrency - len(self.running)
             if slots <= 0 or self.stopping.is_set():  # stopping: retired or draining, claim none
                 if pending is not None:
-                    settle(self, pending, self.scripts.run_raw(pending))
+                    self.executor.settle(pending, self.scripts.run_raw(pending))
                 return 0.0
             req = ClaimRequest(self.id, self.cache.free_gb(), self.cache.evictable_gb(), slots,
                                self.cache.loaded(), self.levels)
@@ -118,40 +97,11 @@ class Worker:
                 claim = self.scripts.run(call)
             else:
                 done, reply = self.scripts.pipelined([pending, call])
-                settle(self, pending, done)
+                self.executor.settle(pending, done)
                 claim = call.parse(reply)
             if claim.task is None:
                 return claim.retry_s
-            return self.begin(claim.task)
-
-    def begin(self, fields: dict[str, str]) -> Claimed:
-        """Take a task this worker now runs (claimed, or handed over at enqueue): its VRAM,
-        its context, its slot. Called with the cache lock held."""
-        ctx, problem = self.context_of(fields)
-        # a task this worker cannot run reserves nothing: execute fails it, and a reservation
-        # would have evicted held models and left a placeholder that never loads
-        res = None if problem else self.cache.reserve(ctx.model, ctx.vram_gb)
-        running = Running(fields["id"], int(fields["token"]), ctx, time.monotonic(),
-                          threading.get_ident(), rejected=problem)
-        if self.metrics is not None:
-            self.observe_start(fields)
-        self.track(running)  # before the lock is released: the next claim sees one slot fewer
-        return fields, res, running
-
-    def context_of(self, fields: dict[str, str]) -> tuple[Context, str | None]:
-        """The task's context, and why this worker cannot run it (None: it can). A hash
-        written or damaged by hand fails its task with the reason rather than the runner."""
-        try:
-            saved = fields.get("checkpoint")
-            ctx = Context(fields["id"], int(fields["attempt"]), self.id, fields["model"],
-                          float(fields["vram_gb"]), float(fields["est_s"]),
-                          json.loads(saved) if saved else None)
-            if not 0 < ctx.vram_gb < math.inf or not 0 <= ctx.est_s < math.inf:
-                raise ValueError(f"vram_gb {fields['vram_gb']!r}, est_s {fields['est_s']!r}")
-            return ctx, self.app.check(fields["handler"], fields["model"])
-        except (KeyError, ValueError) as exc:
-            stand_in = Context(fields["id"], 0, self.id, fields.get("model", ""), 0.0, 0.0)
-            return stand_in, f"task fields cannot be read: {type(exc).__name__}: {exc}"
+            return (claim.task, *self.executor.begin(claim.task))
 
     def handed(self, fields: dict[str, str]) -> Claimed | None:
         """A task enqueue started on this worker (handed_over): popping it off the wake list
@@ -159,7 +109,7 @@ class Worker:
         (then it goes back to its queue)."""
         with self.cache.lock:
             if not self.stopping.is_set():
-                return self.begin(fields)
+                return (fields, *self.executor.begin(fields))
         self.give_back(fields["id"], int(fields["token"]))
         return None
 
@@ -179,13 +129,10 @@ class Worker:
         better-placed worker is looked at again once its deferral ends (retry_s). Returns a
         task handed over at enqueue, if the wake-up carried one."""
         if self.burst:
-            with self.changed:
-                if not self._running and retry_s <= 0:
-                    self.stopping.set()  # burst: nothing left that this worker can run
-                    self.done.set()
-                else:
-                    self.changed.wait(retry_s or 1.0)
-        elif len(self._running) < self.config.concurrency:
+            if not self.running.wait(retry_s or 1.0, unless_empty=retry_s <= 0):
+                self.stopping.set()  # burst: nothing left that this worker can run
+                self.done.set()
+        elif len(self.running) < self.config.concurrency:
             timeout = retry_s if retry_s > 0 else self.config.idle_block_s
             # redis-py's own BLPOP, not gpuq.wire.exchange: a blocking wait would hold the
             # client's kept connection for its whole timeout (the demo's lower P0 attainment
@@ -196,8 +143,7 @@ class Worker:
             if fields is not None:
                 return self.handed(fields)
         else:
-            with self.changed:
-                self.changed.wait(1.0)
+            self.running.wait(1.0)
         return None
 
     def runner(self) -> None:
@@ -212,7 +158,7 @@ class Worker:
                     # a task taken by a worker that was idle: someone may be waiting on it,
                     # and a claim sent with its ack would hold the waiter's reply back by
                     # its own server time; in a busy streak the ack rides with the claim
-                    settle(self, pending, self.scripts.run_raw(pending))
+                    self.executor.settle(pending, self.scripts.run_raw(pending))
                     pending = None
                 claimed = self.claim(pending)
                 pending = None
@@ -220,13 +166,13 @@ class Worker:
                 backoff.reset()
                 if isinstance(claimed, tuple):
                     from_idle, waited = waited, False
-                    pending = execute(self, *claimed)
+                    pending = self.executor.execute(*claimed)
                     continue
                 handed = self.wait_for_work(claimed)
                 waited = True
                 if handed is not None:
                     from_idle, waited = True, False
-                    pending = execute(self, *handed)
+                    pending = self.executor.execute(*handed)
             except redis.RedisError as exc:  # down or restarting: said once, retried with backoff
                 outage.down(exc)
                 self.stopping.wait(backoff.delay())
@@ -235,45 +181,26 @@ class Worker:
                 self.stopping.wait(1.0)
         if pending is not None:  # stopping: the last result still goes out
             try:
-                settle(self, pending, self.scripts.run_raw(pending))
+                self.executor.settle(pending, self.scripts.run_raw(pending))
             except redis.RedisError as exc:
                 log.error("task.ack_failed task=%s error=%s (the reaper will recover it)",
                           pending.args[0], exc)
 
-    def observe_start(self, fields: dict[str, str]) -> None:
-        assert self.metrics is not None
-        label = f"P{fields['priority']}"
-        self.labels[fields["id"]] = label
-        started = int(fields["started_at"])
-        self.metrics.started(label, fields["attempt"] == "1",
-                             (started - int(fields["enqueued_at"])) / 1000,
-                             (started - int(fields["queued_at"])) / 1000)
-
-    def observe(self, task_id: str, outcome: str | None = None, phase: str = "",
-                seconds: float = 0.0) -> None:
-        """Record a task's phase time or its outcome (the last word on it) when metrics are on."""
-        if self.metrics is None or task_id not in self.labels:
-            return
-        if phase:
-            self.metrics.phase_done(self.labels[task_id], phase, seconds)
-        if outcome:
-            self.metrics.settled(self.labels.pop(task_id), outcome)
-
     def request_stop(self, *_: object) -> None:
         if not self.stopping.is_set():
-            log.info("worker.stopping worker=%s running=%d", self.id, len(self._running))
+            log.info("worker.stopping worker=%s running=%d", self.id, len(self.running))
         self.stopping.set()
         self.done.set()
 
     def serve_metrics(self, port: int) -> None:
-        self.metrics = WorkerMetrics(self.config.pool, self.id, self.gpu.name)
+        metrics = self.observer.metrics = WorkerMetrics(self.config.pool, self.id, self.gpu.name)
         host = self.config.metrics_host  # loopback unless told: the endpoint has no authentication
-        serve_http(self.metrics.registry, host, port, "metrics")
+        serve_http(metrics.registry, host, port, "metrics")
         log.info("worker.metrics worker=%s host=%s port=%d", self.id, host, port)
 
     def drain(self) -> None:
         """Take no more tasks; finish the running ones however long they take; exit 0."""
-        log.info("worker.draining worker=%s running=%d", self.id, len(self._running))
+        log.info("worker.draining worker=%s running=%d", self.id, len(self.running))
         self.draining = True
         self.request_stop()
 
@@ -284,21 +211,19 @@ class Worker:
         if timeout <= 0 or self.burst or self.stopping.is_set():
             return
         with self.cache.lock:  # claims hold it too: none can start while this decides
-            if self._running or time.monotonic() - self.last_active < timeout:
+            if len(self.running) or self.running.idle_s() < timeout:
                 return
             unloaded = self.cache.evict_idle()
             retired, live = self.scripts.run(self.calls.retire(self.id))
             if retired:
-                self.retired = True  # the heartbeat stops beating: it would list us again
+                self.retired.set()  # the heartbeat stops beating: it would list us again
                 self.stopping.set()
             else:
-                self.last_active = time.monotonic()
+                self.running.touch()
         if unloaded:
-            pipe = self.redis.pipeline(transaction=False)
             for resident in unloaded:
                 self.cache.unload(resident)
-                presence.hold(pipe, self.keys, self.id, resident.spec.name, False)
-            show_models(self, pipe)
+            self.presence.show(self.cache, dropped=[r.spec.name for r in unloaded])
             log.info("worker.idle_unloaded worker=%s models=%s", self.id,
                      ",".join(r.spec.name for r in unloaded))
         if retired:
@@ -311,18 +236,17 @@ class Worker:
     def run(self) -> int:
         handover = None if self.burst else (int(self.config.defer_s * 1000), self.config.fair_every,
                                             int(self.config.lease_s * 1000))
-        self.static_fields = worker_record.identity(
+        identity = worker_record.identity(
             self.id, self.gpu, self.config.kv_reserve_gb, self.config.concurrency, self.levels,
             socket.gethostname(), os.getpid(), handover, self.app.handlers)
         if self.config.metrics_port:  # first: a port it cannot bind must not leave it registered
             self.serve_metrics(self.config.metrics_port)
         with redis_errors(self.config.redis_url):
-            presence.register(self.redis, self.keys, self.static_fields,
-                              int(self.config.lease_s * 1000))
+            self.presence.register(identity, int(self.config.lease_s * 1000))
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)
-        heartbeat = Heartbeat(self)
+        heartbeat = self.heartbeat()
         with redis_errors(self.config.redis_url):  # gone since it registered: give up, one line
             heartbeat.beat()
         heartbeat.start()
@@ -339,9 +263,18 @@ class Worker:
             except redis.RedisError as exc:  # the runners and the heartbeat retry meanwhile
                 self.outage.down(exc)
         self.shutdown(runners, heartbeat)
-        log.info("worker.stopped worker=%s tasks=%d model_loads=%d", self.id, self.tasks_run,
-                 self.model_loads)
+        log.info("worker.stopped worker=%s tasks=%d model_loads=%d", self.id,
+                 self.running.tasks_run, self.executor.model_loads)
         return 0
+
+    def heartbeat(self) -> Heartbeat:
+        """The heartbeat thread (not started), with the control of this worker it serves."""
+        control = Control(self.redis, self.keys, self.executor, self.running,
+                          stop_s=self.config.stop_s, stopping=self.stopping, drain=self.drain)
+        return Heartbeat(self.running, self.presence, self.cache, self.scripts, self.calls,
+                         control, self.gpu, period_s=self.config.heartbeat_s, outage=self.outage,
+                         stopping=self.stopping, retired=self.retired,
+                         metrics=self.observer.metrics)
 
     def give_back_unread(self) -> None:
         """Tasks handed over at enqueue that no runner read (left behind the stop wake-ups)
@@ -366,7 +299,7 @@ class Worker:
         # the heartbeat keeps their leases meanwhile
         for t in runners:
             t.join(None if grace_end is None else max(0.0, grace_end - time.monotonic()))
-        for r in self.running_snapshot():
+        for r in self.running.snapshot():
             if not r.stopped:  # a stopped task was requeued when it was stopped
                 self.give_back(r.task_id, r.token)
         self.give_back_unread()
@@ -375,6 +308,6 @@ class Worker:
         for resident in self.cache.evict_idle():
             self.cache.unload(resident)
         try:
-            presence.leave(self.redis, self.keys, self.id, held)
+            self.presence.leave(held)
         except redis.RedisError as exc:
             log.error("worker.leave_failed worker=%s error=%s", self.id, exc)

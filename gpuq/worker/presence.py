@@ -1,55 +1,126 @@
 """How a worker shows itself to the pool: its hash, its GPU class, the models it holds.
 
-These are plain writes (no reads), so they go in one pipeline rather than a script. The
-worker hash fields are read by ``gpuq status`` and the reaper; docs/PROTOCOL.md tables them.
+``Presence`` is the only writer of a worker's hash (``keys.worker(id)``), of its place in
+the holders sets, the GPU classes, handler names and lanes, and of its liveness until the
+first heartbeat. These are plain writes (no reads), so they go in pipelines rather than
+scripts. The hash's fields are ``gpuq.worker_record``'s; docs/PROTOCOL.md tables them.
 """
 
 from __future__ import annotations
 
-import time
+import itertools
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 import redis
 
+from gpuq.clock import server_ms
 from gpuq.keys import Keys
+from gpuq.worker.models import ModelCache
 from gpuq.worker_record import Fields, status_fields, usable_gb
 
 
-def register(client: redis.Redis, keys: Keys, fields: Fields, lease_ms: int) -> None:
-    worker_id = fields["id"]
-    usable = usable_gb(fields["vram_total_gb"], fields["kv_reserve_gb"])
-    now_ms = int(time.time() * 1000)
-    pipe = client.pipeline(transaction=True)
-    pipe.delete(keys.worker(worker_id), keys.worker_tasks(worker_id), keys.wake(worker_id),
-                keys.control(worker_id), keys.reservation(worker_id))
-    pipe.hset(keys.worker(worker_id), mapping={
-        **fields, **status_fields(usable, 0, [], "idle", None), "seen_at": now_ms})
-    pipe.hset(keys.classes, fields["gpu_name"], usable)
-    if fields["handlers"]:
-        pipe.sadd(keys.handlers, *fields["handlers"].split(","))
-    if fields["levels"] == "0123":
-        pipe.hdel(keys.lanes, worker_id)
-    else:  # wake-ups and offers skip a lane worker for the priorities it does not serve
-        pipe.hset(keys.lanes, worker_id, fields["levels"])
-    # liveness comes from the server clock at the first heartbeat; this bridges until then
-    pipe.zadd(keys.workers, {worker_id: now_ms + lease_ms})
-    pipe.execute()
+@dataclass(frozen=True)
+class Shown:
+    """A heartbeat's view of the worker, and the HSET that writes it."""
+
+    free_gb: float
+    models: list[str]
+    command: tuple[Any, ...]
 
 
-def hold(pipe: redis.client.Pipeline, keys: Keys, worker_id: str, model: str, held: bool) -> None:
-    if held:
-        pipe.sadd(keys.holders(model), worker_id)
-    else:
-        pipe.srem(keys.holders(model), worker_id)
+class Presence:
+    def __init__(self, client: redis.Redis, keys: Keys, worker_id: str) -> None:
+        self.redis = client
+        self.keys = keys
+        self.worker_id = worker_id
+        self.identity: Fields = {}  # the fields that do not change: rewritten by every beat
+        self._shown = threading.Lock()  # the hash's view of the models: taken and written in turn
 
+    def register(self, identity: Fields, lease_ms: int) -> None:
+        """Appear in the pool: a fresh hash, the GPU class, handlers, lane and liveness."""
+        wid, keys = self.worker_id, self.keys
+        self.identity = identity
+        usable = usable_gb(identity["vram_total_gb"], identity["kv_reserve_gb"])
+        now_ms = server_ms(self.redis)  # the clock liveness is judged by
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.delete(keys.worker(wid), keys.worker_tasks(wid), keys.wake(wid), keys.control(wid),
+                    keys.reservation(wid))
+        pipe.hset(keys.worker(wid), mapping={
+            **identity, **status_fields(usable, 0, [], "idle", None), "seen_at": now_ms})
+        pipe.hset(keys.classes, identity["gpu_name"], usable)
+        if identity["handlers"]:
+            pipe.sadd(keys.handlers, *identity["handlers"].split(","))
+        if identity["levels"] == "0123":
+            pipe.hdel(keys.lanes, wid)
+        else:  # wake-ups and offers skip a lane worker for the priorities it does not serve
+            pipe.hset(keys.lanes, wid, identity["levels"])
+        # the heartbeat's script renews it from here on; this bridges until the first beat
+        pipe.zadd(keys.workers, {wid: now_ms + lease_ms})
+        pipe.execute()
 
-def leave(client: redis.Redis, keys: Keys, worker_id: str, models: list[str]) -> None:
-    """Clean exit: nothing of this worker is left for the reaper to recover."""
-    pipe = client.pipeline(transaction=True)
-    for model in models:
-        hold(pipe, keys, worker_id, model, False)
-    pipe.zrem(keys.idle, worker_id)
-    pipe.zrem(keys.workers, worker_id)
-    pipe.hdel(keys.lanes, worker_id)
-    pipe.delete(keys.worker(worker_id), keys.worker_tasks(worker_id), keys.wake(worker_id),
-                keys.control(worker_id), keys.reservation(worker_id))
-    pipe.execute()
+    @contextmanager
+    def beat(self, cache: ModelCache, running: int, state: str,
+             nvml_used_gb: float | None) -> Iterator[Shown]:
+        """The whole hash as the heartbeat rewrites it; the caller sends ``command`` inside
+        the block, so a runner's newer view of the models is not overwritten by this one."""
+        with self._shown:
+            with cache.lock:
+                free, models = cache.free_gb(), cache.model_names()
+            fields: Fields = {**self.identity,
+                              **status_fields(free, running, models, state, nvml_used_gb)}
+            command = ("HSET", self.keys.worker(self.worker_id),
+                       *itertools.chain.from_iterable(fields.items()))
+            yield Shown(free, models, command)
+
+    def show(self, cache: ModelCache, pipe: redis.client.Pipeline | None = None, *,
+             held: Iterable[str] = (), dropped: Iterable[str] = ()) -> None:
+        """Send ``pipe`` (or a new one) with the models held and dropped, and the hash's
+        view of the models and free VRAM (for status, top and the wake rule), taken and
+        written in turn with the heartbeat's."""
+        pipe = pipe if pipe is not None else self.pipeline()
+        for model in dropped:
+            self.hold(pipe, model, False)
+        for model in held:
+            self.hold(pipe, model, True)
+        with self._shown:
+            with cache.lock:  # other runners may be changing the ledger
+                shown: Fields = {"models": ",".join(cache.model_names()),
+                                 "vram_free_gb": round(cache.free_gb(), 3)}
+            pipe.hset(self.keys.worker(self.worker_id), mapping=shown)
+            pipe.execute()
+
+    def pipeline(self) -> redis.client.Pipeline:
+        return self.redis.pipeline(transaction=False)
+
+    def hold(self, pipe: redis.client.Pipeline, model: str, held: bool) -> None:
+        """Add to ``pipe`` this worker's entry in (or out of) the model's holders."""
+        if held:
+            pipe.sadd(self.keys.holders(model), self.worker_id)
+        else:
+            pipe.srem(self.keys.holders(model), self.worker_id)
+
+    def restore(self, cache: ModelCache) -> None:
+        """Hold again what the cache holds, after the reaper took this worker for dead and
+        dropped its holdings; under the cache's lock, so no eviction slips in between."""
+        with cache.lock:
+            pipe = self.pipeline()
+            for model in cache.model_names():
+                self.hold(pipe, model, True)
+            pipe.execute()
+
+    def leave(self, models: list[str]) -> None:
+        """Clean exit: nothing of this worker is left for the reaper to recover."""
+        wid, keys = self.worker_id, self.keys
+        pipe = self.redis.pipeline(transaction=True)
+        for model in models:
+            self.hold(pipe, model, False)
+        pipe.zrem(keys.idle, wid)
+        pipe.zrem(keys.workers, wid)
+        pipe.hdel(keys.lanes, wid)
+        pipe.delete(keys.worker(wid), keys.worker_tasks(wid), keys.wake(wid), keys.control(wid),
+                    keys.reservation(wid))
+        pipe.execute()

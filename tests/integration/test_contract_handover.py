@@ -13,8 +13,8 @@ from helpers import T0, ack, claim, claim_reply, enqueue, heartbeat, reap
 
 from gpuq import Queue, catalog, worker_record
 from gpuq.task import State
-from gpuq.worker import presence
 from gpuq.worker.gpu import GpuInfo
+from gpuq.worker.presence import Presence
 
 LEASE_MS, DEFER_MS, FAIR_EVERY = 30_000, 2_000, 5
 
@@ -24,7 +24,7 @@ def register(q: Queue, wid: str, *, slots: int = 1, handover: bool = True) -> No
     gpu = GpuInfo("L4", f"uuid-{wid}", 24, None, "declared")
     fields = worker_record.identity(wid, gpu, 5.0, slots, "0123", "h", 1,
                                (DEFER_MS, FAIR_EVERY, LEASE_MS) if handover else None)
-    presence.register(q.redis, q.keys, fields, LEASE_MS)
+    Presence(q.redis, q.keys, wid).register(fields, LEASE_MS)
     assert claim(q, wid, 19, slots=slots, now_ms=T0) is None
 
 

@@ -15,7 +15,6 @@ from gpuq import Config, backoff
 from gpuq.app import App
 from gpuq.embedded import free_port
 from gpuq.worker.gpu import GpuInfo
-from gpuq.worker.heartbeat import Heartbeat
 from gpuq.worker.loop import Worker
 
 
@@ -65,7 +64,7 @@ def test_a_workers_runner_and_heartbeat_share_its_outage(caplog: pytest.LogCaptu
                        retry=Retry(NoBackoff(), 0))  # each call fails at once
     worker = Worker(dead, Config(pool="p").validate(), App("a"),
                     GpuInfo("L4", "uuid", 24, None, "declared"), worker_id="w1")
-    heartbeat = Heartbeat(worker)
+    heartbeat = worker.heartbeat()
     runner = threading.Thread(target=worker.runner, daemon=True)
     with caplog.at_level(logging.WARNING):
         heartbeat.start()

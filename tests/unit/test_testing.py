@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuq import App, State
+from gpuq import App, State, TaskError
 from gpuq.errors import AppError, TaskFailed
 from gpuq.testing import call_handler, drain, memory_queue
 
@@ -24,6 +24,10 @@ def make_app() -> App:
     def boom(model: str, payload: object, ctx: object) -> None:
         raise ValueError("bad input")
 
+    @app.handler("refuse", model="small")
+    def refuse(model: str, payload: object, ctx: object) -> None:
+        raise TaskError("bad input", retry=False)
+
     return app
 
 
@@ -41,6 +45,36 @@ def test_drain_runs_what_fits_and_records_results() -> None:
         bad.result(timeout=0)
     with pytest.raises(TaskFailed, match="not registered"):
         unknown.result(timeout=0)
+
+
+def test_a_handler_raising_task_error_without_retry_fails_at_once() -> None:
+    app = make_app()
+    q = memory_queue()
+    refused = q.enqueue("refuse", None, model="small", vram_gb=6, max_attempts=3)
+    retried = q.enqueue("boom", None, model="small", vram_gb=6, max_attempts=3)
+    assert drain(q, app, vram_gb=24) == 2
+    with pytest.raises(TaskFailed, match="failed: bad input$"):
+        refused.result(timeout=0)
+    assert refused.record().attempt == 1
+    assert retried.status() is State.DELAYED  # any other exception: retried after its backoff
+
+
+def test_drain_fails_a_task_whose_model_no_gpu_of_its_size_holds_without_retry() -> None:
+    app = make_app()
+
+    @app.model("huge", vram_gb=100)  # the claim sees the task's 6 GB, the load needs 100
+    def load_huge(name: str) -> str:
+        return name
+
+    @app.handler("any")
+    def run_any(model: str, payload: object, ctx: object) -> None:
+        return None
+
+    q = memory_queue()
+    task = q.enqueue("any", None, model="huge", vram_gb=6, max_attempts=3)
+    assert drain(q, app, vram_gb=24) == 1
+    with pytest.raises(TaskFailed, match="more VRAM than 24 GB"):
+        task.result(timeout=0)
 
 
 def test_call_handler_runs_one_handler_directly() -> None:

@@ -1,4 +1,4 @@
-"""The executor's own checks on a task's outcome (gpuq.worker.executor.execute), run on a
+"""The executor's own checks on a task's outcome (gpuq.worker.executor.Executor), run on a
 worker built over fakeredis without starting it: the call it returns is what the runner sends."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import fakeredis
 from gpuq import Config
 from gpuq.app import App, Context
 from gpuq.task import MAX_RESULT_BYTES
-from gpuq.worker.executor import Running, execute
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.loop import Worker
+from gpuq.worker.running import Running
 
 
 def run_once(result_size: int, **damage: str | None) -> tuple[str, list[str]]:
@@ -35,9 +35,9 @@ def run_once(result_size: int, **damage: str | None) -> tuple[str, list[str]]:
         else:
             fields[name] = value
     with worker.cache.lock:
-        _, res, running = worker.begin(fields)
+        res, running = worker.executor.begin(fields)
     assert isinstance(running, Running)
-    call = execute(worker, fields, res, running)
+    call = worker.executor.execute(fields, res, running)
     assert call is not None
     # nothing stays reserved; a model stays loaded only if the handler ran
     assert worker.cache.working_gb == 0

@@ -8,9 +8,7 @@ import fakeredis
 import pytest
 
 from gpuq import Config, Queue, worker_record
-from gpuq.worker import presence
 from gpuq.worker.gpu import GpuInfo
-from gpuq.worker.heartbeat import Heartbeat
 from gpuq.worker.loop import Worker
 from workers.sim import app
 
@@ -23,8 +21,7 @@ def test_a_task_acked_during_the_beat_is_not_reported_lost(caplog: pytest.LogCap
     config = Config(pool="hb").validate()
     queue = Queue(client, config)
     worker = Worker(client, config, app, GpuInfo("sim", "x", 80, None, "declared"), worker_id="w")
-    worker.static_fields = worker_record.identity("w", worker.gpu, 5, 1, "0123", "h", 1)
-    presence.register(client, worker.keys, worker.static_fields, 30_000)
+    worker.presence.register(worker_record.identity("w", worker.gpu, 5, 1, "0123", "h", 1), 30_000)
     task = queue.enqueue("sim.noop", 1, model="m", vram_gb=1)
     claimed = worker.claim(None)
     assert isinstance(claimed, tuple)
@@ -32,13 +29,13 @@ def test_a_task_acked_during_the_beat_is_not_reported_lost(caplog: pytest.LogCap
     beat_call = worker.calls.heartbeat
 
     def ack_lands_first(*args: object, **kwargs: object) -> object:
-        worker.untrack(running.task_id)
+        worker.running.untrack(running.task_id)
         worker.scripts.run(worker.calls.ack(running.task_id, running.token, "1"))
         return beat_call(*args, **kwargs)  # type: ignore[arg-type]
 
     worker.calls.heartbeat = ack_lands_first  # type: ignore[method-assign]
     with caplog.at_level(logging.WARNING):
-        Heartbeat(worker).beat()
+        worker.heartbeat().beat()
     assert task.status().value == "succeeded"
     assert not running.ctx.lost
     assert "lease.lost" not in caplog.text

@@ -1,0 +1,35 @@
+"""A worker's per-task metrics: what it records when a task starts, ends a phase, settles.
+
+Off unless the worker serves metrics (``--metrics-port``); then each running task's
+priority label is kept from its start until it settles (labels never carry a task id).
+"""
+
+from __future__ import annotations
+
+from gpuq.metrics import WorkerMetrics
+
+
+class Observer:
+    def __init__(self) -> None:
+        self.metrics: WorkerMetrics | None = None
+        self._labels: dict[str, str] = {}  # task id -> priority label until the task settles
+
+    def started(self, fields: dict[str, str]) -> None:
+        if self.metrics is None:
+            return
+        label = f"P{fields['priority']}"
+        self._labels[fields["id"]] = label
+        started = int(fields["started_at"])
+        self.metrics.started(label, fields["attempt"] == "1",
+                             (started - int(fields["enqueued_at"])) / 1000,
+                             (started - int(fields["queued_at"])) / 1000)
+
+    def observe(self, task_id: str, outcome: str | None = None, phase: str = "",
+                seconds: float = 0.0) -> None:
+        """Record a task's phase time or its outcome (the last word on it) when metrics are on."""
+        if self.metrics is None or task_id not in self._labels:
+            return
+        if phase:
+            self.metrics.phase_done(self._labels[task_id], phase, seconds)
+        if outcome:
+            self.metrics.settled(self._labels.pop(task_id), outcome)

@@ -1,0 +1,94 @@
+"""The tasks a worker is running: one ``Running`` per task, in one ``RunningSet``.
+
+The set is shared by the runners (track, untrack), the heartbeat (renews their leases) and
+control (yield deadlines); it also keeps when a task last started or ended (the idle
+timeout) and how many tasks ran.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from dataclasses import dataclass, field
+
+from gpuq.app import Context
+from gpuq.errors import StopTask
+
+
+@dataclass
+class Running:
+    task_id: str
+    token: int
+    ctx: Context
+    started: float
+    thread_id: int = 0  # the runner thread calling the handler
+    yield_deadline: float | None = None  # monotonic: asked to yield, stopped after this
+    stop_deadline: float | None = None  # monotonic: stopped, the worker exits after this
+    stopped: bool = False  # requeued by the worker: whatever the handler does is moot
+    in_handler: bool = False
+    rejected: str | None = None  # why this worker will not run it (execute fails it)
+    guard: threading.Lock = field(default_factory=threading.Lock)
+
+    def enter(self) -> None:
+        with self.guard:
+            self.in_handler = True
+
+    def leave(self) -> None:
+        with self.guard:
+            self.in_handler = False
+
+    def interrupt(self) -> bool:
+        """Raise StopTask in the handler's thread, only while it is inside the handler (the
+        guard keeps it out of the worker's own code). It lands at the handler's next Python
+        step; a handler blocked in native code does not see it."""
+        with self.guard:
+            if not self.in_handler:
+                return False
+            done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread_id),
+                                                              ctypes.py_object(StopTask))
+            return bool(done)
+
+
+class RunningSet:
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._running: dict[str, Running] = {}
+        self._last_active = time.monotonic()  # a task started or ended
+        self.tasks_run = 0
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+    def track(self, running: Running) -> None:
+        with self._changed:
+            self._running[running.task_id] = running
+            self._last_active = time.monotonic()
+
+    def untrack(self, task_id: str) -> None:
+        with self._changed:
+            self._running.pop(task_id, None)
+            self.tasks_run += 1
+            self._last_active = time.monotonic()
+            self._changed.notify_all()
+
+    def snapshot(self) -> list[Running]:
+        with self._changed:
+            return list(self._running.values())
+
+    def wait(self, timeout: float, *, unless_empty: bool = False) -> bool:
+        """Wait up to ``timeout`` for a task to end. With ``unless_empty``, return False at
+        once, without waiting, when none runs."""
+        with self._changed:
+            if unless_empty and not self._running:
+                return False
+            self._changed.wait(timeout)
+            return True
+
+    def idle_s(self) -> float:
+        """Seconds since a task last started or ended."""
+        return time.monotonic() - self._last_active
+
+    def touch(self) -> None:
+        """Count as active now: the idle timeout starts again."""
+        self._last_active = time.monotonic()
