@@ -25,7 +25,7 @@ scrape; served by ``gpuq exporter``):
 
 | metric | type | labels | source |
 |---|---|---|---|
-| gpuq_queue_depth | gauge | pool, priority, model | `q:<p>:<model>` sizes |
+| gpuq_queue_depth | gauge | pool, priority, model | `q:<p>:<model>` sizes; 0 with model "" for a priority whose queues are all empty, so no priority's series goes missing |
 | gpuq_queue_oldest_wait_seconds | gauge | pool, priority, model | the queue head's enqueue time |
 | gpuq_tasks_running / gpuq_tasks_delayed / gpuq_tasks_unschedulable | gauge | pool | running set, delayed set, tasks larger than every GPU class |
 | gpuq_tasks_enqueued_total | counter | pool | `stats` enqueued |
@@ -137,6 +137,9 @@ class PoolFigures:
 
 PRIORITIES = ("P0", "P1", "P2", "P3")
 OUTCOMES = ("succeeded", "failed", "expired", "canceled")
+# how preemption went, as the scripts count it (stats "preempt:<kind>"): the planner
+# reserved a worker or asked a task to yield; the task yielded, was stopped past its grace,
+# or the request was withdrawn (the task it was for started or ended first)
 PREEMPTION_KINDS = ("reserved", "yield_requested", "yielded", "stopped", "withdrawn")
 
 # every family either source exports (tests check dashboards and rules against this)
@@ -172,6 +175,9 @@ class PoolCollector(Collector):
         for priority, model, n, wait in f.queues:
             depth.add_metric([pool, priority, model], n)
             oldest.add_metric([pool, priority, model], wait)
+        # a series that vanishes when a priority drains breaks alerts and graphs on it
+        for priority in sorted(set(PRIORITIES) - {q[0] for q in f.queues}):
+            depth.add_metric([pool, priority, ""], 0)
         yield depth
         yield oldest
         for name, text, value in (("gpuq_tasks_running", "Tasks running.", f.running),

@@ -30,11 +30,12 @@ class Gpu:
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile (no interpolation: every figure is a wait that happened)."""
+    """The q-quantile (0 <= q <= 1): the sorted values' element at index floor(q x n), the
+    last for q = 1. No interpolation: every figure is a wait that happened."""
     if not values:
         return None
     ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def fetch_records(client: redis.Redis, keys: Keys, ids: Sequence[str]) -> dict[str, TaskRecord]:
@@ -68,8 +69,8 @@ def priority_rows(records: Sequence[TaskRecord], config: Config) -> list[dict[st
         met = sum(r.state is State.SUCCEEDED and r.finished_at is not None
                   and r.finished_at <= (r.deadline or 0) for r in timed)
         rows.append({"priority": p.label, "tasks": len(mine),
-                     "p50_wait_ms": _ms(percentile(waits, 50)),
-                     "p99_wait_ms": _ms(percentile(waits, 99)),
+                     "p50_wait_ms": _ms(percentile(waits, 0.50)),
+                     "p99_wait_ms": _ms(percentile(waits, 0.99)),
                      "sla_s": limit, "sla_attained": within,
                      "with_deadline": len(timed), "deadline_met": met})
     return rows

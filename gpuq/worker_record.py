@@ -1,17 +1,23 @@
 """The worker record: the hash a worker keeps about itself (``keys.worker(id)``).
 
 Its schema lives here: the fields a worker writes (``identity``, ``status_fields``; the
-writes themselves are ``gpuq.worker.presence``'s alone) and how VRAM a task may use is
-derived from them (``usable_gb``). docs/PROTOCOL.md tables the fields.
+writes themselves are ``gpuq.worker.presence``'s alone), how VRAM a task may use is
+derived from them (``usable_gb``), and how readers parse them (``WorkerRecord``, read
+through ``WorkerFields``). docs/PROTOCOL.md tables the fields.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import redis
+
+    from gpuq.keys import Keys
     from gpuq.worker.gpu import GpuInfo
 
 Fields = dict[Any, Any]  # hash fields; redis-py types mapping keys invariantly
@@ -48,3 +54,70 @@ def status_fields(free_gb: float, running: int, models: list[str], state: str,
     if nvml_used_gb is not None:
         fields["nvml_used_gb"] = nvml_used_gb
     return fields
+
+
+ALL_LEVELS = "0123"  # a worker that names no priorities serves them all
+
+
+@dataclass(frozen=True)
+class WorkerRecord:
+    """A worker hash as readers see it. Every field has one default and one bound, so a
+    hash a person damaged by hand (a field missing, a number that is not one) reads as a
+    worker with less capacity rather than crashing ``gpuq status`` or the reaper."""
+
+    id: str
+    gpu_name: str = "?"
+    vram_total_gb: float = 0.0
+    kv_reserve_gb: float = 0.0
+    vram_free_gb: float = 0.0  # as of the last heartbeat
+    models: tuple[str, ...] = ()  # held, as of the last heartbeat
+    state: str = ""  # as of the last heartbeat: idle, busy, draining, retiring
+    levels: str = ALL_LEVELS  # priorities served, e.g. "01" for a lane
+    handlers: tuple[str, ...] = ()  # what its app runs
+    concurrency: int = 1
+
+    @property
+    def usable_gb(self) -> float:
+        return usable_gb(self.vram_total_gb, self.kv_reserve_gb)
+
+    @classmethod
+    def parse(cls, worker_id: str, fields: Mapping[str, Any]) -> WorkerRecord | None:
+        """The record from the hash's fields (all or some; absent ones are None or left
+        out); None when no field is there: the hash is gone (the worker is being reaped)."""
+        if all(v is None for v in fields.values()):
+            return None
+        levels = "".join(c for c in str(fields.get("levels") or "") if c in ALL_LEVELS)
+        return cls(id=worker_id, gpu_name=str(fields.get("gpu_name") or "?"),
+                   vram_total_gb=_number(fields.get("vram_total_gb")),
+                   kv_reserve_gb=_number(fields.get("kv_reserve_gb")),
+                   vram_free_gb=_number(fields.get("vram_free_gb")),
+                   models=_names(fields.get("models")), state=str(fields.get("state") or ""),
+                   levels=levels or ALL_LEVELS, handlers=_names(fields.get("handlers")),
+                   concurrency=max(1, int(_number(fields.get("concurrency")))))
+
+
+@dataclass(frozen=True)
+class WorkerFields:
+    """The fields of worker hashes one reader needs, read with HMGET on the reader's own
+    pipeline (alongside its other reads: no round trip of its own) and parsed into records."""
+
+    names: tuple[str, ...]
+
+    def read(self, pipe: redis.client.Pipeline, keys: Keys, worker_id: str) -> None:
+        pipe.hmget(keys.worker(worker_id), self.names)
+
+    def record(self, worker_id: str, reply: Sequence[Any]) -> WorkerRecord | None:
+        return WorkerRecord.parse(worker_id, dict(zip(self.names, reply)))
+
+
+def _number(value: object) -> float:
+    """A non-negative finite number from a field, else 0."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0.0
+    return number if math.isfinite(number) and number > 0 else 0.0
+
+
+def _names(value: object) -> tuple[str, ...]:
+    return tuple(n for n in str(value or "").split(",") if n)

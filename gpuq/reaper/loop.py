@@ -26,8 +26,9 @@ from typing import TypeVar
 import redis
 
 from gpuq import backoff, catalog
-from gpuq.client import redis_errors
+from gpuq.clock import server_ms
 from gpuq.config import Config
+from gpuq.connection import redis_errors
 from gpuq.keys import Keys
 from gpuq.reaper.preempt import Preemptor
 from gpuq.reaper.scale import Scaler
@@ -171,12 +172,13 @@ class Reaper:
     def planned_pass(self, next_round: float) -> float:
         """When (monotonic) the next preemption pass is due: at the next round, or sooner
         when the last pass decided nothing and said when one could (a victim coming of age,
-        a reservation ending), so online work does not wait up to a round for it."""
+        a reservation ending), so online work does not wait up to a round for it. That time
+        is on the server's clock, which the planner reads."""
         quiet = self.preemptor.quiet_until
         if not self.active or quiet is None:
             return next_round
         now = time.monotonic()
-        at = now + (quiet - time.time() * 1000) / 1000
+        at = now + (quiet - server_ms(self.redis)) / 1000
         return min(next_round, at) if at > now else next_round
 
     def wait_urgent(self, not_before: float, until: float) -> bool:

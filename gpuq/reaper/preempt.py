@@ -36,20 +36,22 @@ next round, and the simulator skips the rounds in between.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 import redis
 
+from gpuq.clock import server_ms
 from gpuq.config import Config
 from gpuq.keys import Keys, live_reservation
 from gpuq.scripts import Calls, Scripts
+from gpuq.worker_record import WorkerFields
 
 log = logging.getLogger(__name__)
 
 URGENT_LEVELS = (0, 1)  # priorities preemption is planned for
 MODELS_LOOKED_AT = 32  # per level, in head-score order (at most one per candidate worker)
 TASKS_PER_QUEUE = 2
+GPU_FIELDS = WorkerFields(("vram_total_gb", "kv_reserve_gb", "levels"))  # fixed while it lives
 
 
 @dataclass(frozen=True)
@@ -191,9 +193,8 @@ class Preemptor:
 
     def step(self, now_ms: int | None = None) -> dict[str, int]:
         """Plan and commit; returns how many decisions of each kind took effect. now_ms: a
-        virtual clock (the simulator); None plans on this host's clock and lets the script
-        use the server's."""
-        now = int(time.time() * 1000) if now_ms is None else now_ms
+        virtual clock (the simulator); None plans on the server's clock, as the script runs."""
+        now = server_ms(self.redis) if now_ms is None else now_ms
         self.quiet_until = None
         victims, idle, reserved = self.read_workers(now)
         # each worker serves one waiting task a round: look at no more heads than that
@@ -276,14 +277,14 @@ class Preemptor:
         pipe = r.pipeline(transaction=False)
         pipe.mget([k.reservation(w) for w in live])
         for w in unknown:  # a worker's GPU and lanes do not change while it lives
-            pipe.hmget(k.worker(w), "vram_total_gb", "kv_reserve_gb", "levels")
+            GPU_FIELDS.read(pipe, k, w)
         for i in running:
             pipe.hmget(k.task(i), "state", "token", "worker", "priority", "started_at", "est_s",
                        "preemptible", "preemptions", "yield_by", "ready_at")
         held, *rows = pipe.execute()
         for w, f in zip(unknown, rows):
-            if f[0] is not None:
-                self.workers[w] = (float(f[0]) - float(f[1] or 0), str(f[2] or "0123"))
+            if (record := GPU_FIELDS.record(w, f)) is not None:
+                self.workers[w] = (record.usable_gb, record.levels)
         ends = {w: got[1] for w, v in zip(live, held) if (got := live_reservation(v, now_ms))}
         reserved = set(ends)
         # a reservation's end frees its worker for the planner: a quiet time ends there too

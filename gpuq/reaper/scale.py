@@ -27,6 +27,7 @@ from typing import Any
 import redis
 
 from gpuq import catalog
+from gpuq.clock import server_ms
 from gpuq.config import Config
 from gpuq.errors import ConfigError
 from gpuq.keys import Keys, live_reservation
@@ -42,6 +43,7 @@ from gpuq.reaper.scale_plan import (
     plan,
 )
 from gpuq.task import Priority
+from gpuq.worker_record import WorkerFields
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,7 @@ Hook = Callable[[str, int, int], None]  # (GPU class, current, desired)
 SAMPLE = 50  # head tasks read per queue; their est_s and vram_gb stand for the whole queue
 MODELS_PER_LEVEL = 500  # bounds the read even if producers invent models without end
 HOOK_TIMEOUT_S = 30.0
-_WORKER_FIELDS = ("gpu_name", "vram_total_gb", "kv_reserve_gb", "levels", "state", "handlers")
+PLANNED = WorkerFields(("gpu_name", "vram_total_gb", "kv_reserve_gb", "levels", "state", "handlers"))
 
 
 def _float(value: object) -> float:
@@ -76,7 +78,7 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int) -> Snapshot:
     models = sorted({m for _, m in pairs})
     pipe = client.pipeline(transaction=False)
     for wid in live:
-        pipe.hmget(keys.worker(wid), _WORKER_FIELDS)
+        PLANNED.read(pipe, keys, wid)
         pipe.get(keys.reservation(wid))
     for p, m in pairs:
         pipe.zcard(keys.queue(p, m))
@@ -88,12 +90,13 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int) -> Snapshot:
     workers = []
     runnable: set[str] = set()  # handlers the live workers' apps register
     for wid in live:
-        (gpu, total, reserve, levels, state, handlers), reserved = next(replies), next(replies)
-        runnable.update(h for h in (handlers or "").split(",") if h)
-        if gpu is not None and state not in AWAY:  # no hash: being reaped
-            workers.append(WorkerState(wid, gpu, _float(total) - _float(reserve),
-                                       levels or "0123", idle_gb.get(wid),
-                                       live_reservation(reserved, now_ms) is not None))
+        record, reserved = PLANNED.record(wid, next(replies)), next(replies)
+        if record is None:  # no hash: being reaped
+            continue
+        runnable.update(record.handlers)
+        if record.state not in AWAY:
+            workers.append(WorkerState(wid, record.gpu_name, record.usable_gb, record.levels,
+                                       idle_gb.get(wid), live_reservation(reserved, now_ms) is not None))
     queues = [(p, m, int(next(replies)), next(replies)) for p, m in pairs]
     ids = {w.id for w in workers}
     holders = {m: frozenset(next(replies)) & ids for m in models}
@@ -171,12 +174,6 @@ class CommandHook:
         return done.returncode == 0
 
 
-def _server_ms(client: redis.Redis) -> int:
-    # the server's clock, as the scripts use it for liveness and start-by scores
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
 class Scaler:
     """Plans each round; remembers what the hook was told per class and when each model
     was last hinted (in memory: a new active reaper starts afresh)."""
@@ -193,7 +190,7 @@ class Scaler:
         self.hinted: dict[str, int] = {}
 
     def step(self, now_ms: int | None = None) -> ScalePlan:
-        now = _server_ms(self.redis) if now_ms is None else now_ms
+        now = server_ms(self.redis) if now_ms is None else now_ms
         snapshot = read_snapshot(self.redis, self.keys, now)
         result = plan(snapshot, self.config, now, self.hinted)
         self._write(result, now, snapshot.unregistered)

@@ -11,37 +11,29 @@ preemption plan) is honoured at once while the task runs: the run stops, its pro
 back as the checkpoint, and the next run resumes from there. One that comes while the task
 loads its model is honoured when the load ends (the handler's first check), unless it was
 withdrawn by then; if the grace passes first, the worker stops the task and the load is lost.
+When the reaper's rounds and passes run is ``gpuq.sim.rounds``'s.
 
 Simplifications, stated: workers never die (leases are long, so the reaper's recovery has
 nothing to do); a worker announces a model as held when it starts loading it, not when the
 load ends; one task at a time per GPU.
-
-Skip-ahead: a reaper round that decided nothing and woke no GPU left the pool as it was, so
-the rounds after it are skipped up to the first that could decide something, unless an
-event that may change the pool comes first. That does not change the report
-(docs/SIMULATOR.md says why).
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from gpuq.app import App
 from gpuq.config import Config
-from gpuq.reaper.loop import URGENT_GAP_S
 from gpuq.scripts import ClaimRequest
 from gpuq.sim.model import SimResult, SimTask, TraceTask
 from gpuq.sim.policies import GpuqScheduler, Offer, Scheduler
+from gpuq.sim.rounds import Rounds
 from gpuq.worker.models import ModelCache, Reservation
 
 EPOCH_MS = 1_800_000_000_000  # virtual time 0 (any fixed instant: scripts only compare times)
-# an urgent enqueue's preemption pass runs this long after it: the reaper's wake-up from its
-# blocking pop and its read of the pool (milliseconds on a real server)
-URGENT_REACTION_S = 0.005
 LoadTime = Callable[[str], float]  # model -> seconds to load it cold
 # (time, when it was queued, seq, kind, key, generation): simultaneous events run in the
 # order they were queued, as a queue of seq alone would run them; the time queued lets a
@@ -90,21 +82,7 @@ class Engine:
         self.loads = 0
         self.preemptions: dict[str, int] = {}
         self.arrivals_left = len(tasks)
-        # waiting tasks per priority, and those with a deadline: the reaper has work only
-        # while a deadline can lapse or an urgent task could preempt a running one
-        self.queued = [0, 0, 0, 0]
-        self.queued_deadlines = 0
-        # the reaper's rounds are numbered on their cadence (round k at k x reap_interval_s)
-        self.next_round: int | None = None  # the scheduled one
-        self.round_seq = 0  # its event's seq; the event of a round moved since is ignored
-        self.last_round = -1
-        # Skip-ahead: rounds that provably change nothing are not run (the report is the
-        # same; see docs/SIMULATOR.md). skipping: the scheduled round is the first that may
-        # decide anything until an event that may change the pool
-        self.skip_ahead = True  # False: every round runs (the tests compare)
-        self.skipping = False
-        self.next_plan = -URGENT_GAP_S  # the last urgent pass
-        self.timed_plan = -1.0  # the last pass brought forward to a planner's quiet time
+        self.rounds = Rounds(self)
         self.longest_load = 0.0  # expiry looks this far ahead for cold loads
         self.claims: list[str] = []  # task ids in the order GPUs claimed them
 
@@ -115,10 +93,14 @@ class Engine:
 
     def stale(self, event: Event) -> bool:
         """A round's event superseded by a skip or by the cadence's return."""
-        return event[3] == "tick" and event[2] != self.round_seq
+        return event[3] == "tick" and event[2] != self.rounds.seq
 
     def ms(self, t: float | None = None) -> int:
         return EPOCH_MS + int(round((self.now if t is None else t) * 1000))
+
+    def seconds(self, ms: int) -> float:
+        """The virtual time of a time the scripts wrote (``ms``'s inverse)."""
+        return (ms - EPOCH_MS) / 1000
 
     def run(self) -> SimResult:
         started = time.perf_counter()
@@ -134,17 +116,14 @@ class Engine:
                 continue
             self.now, queued, _, kind, key, gen = event
             if kind != "tick":  # it may change the pool: rounds may decide again
-                self.resume_rounds(queued)
+                self.rounds.resume(queued)
             if kind == "arrive":
                 self.arrivals_left -= 1
                 urgent = self.scheduler.submit(key, self.trace[key], self.ms())
-                self.count_queued(self.trace[key], +1)
-                self.ensure_tick()
-                # enqueue woke the reaper: one pass, unless one is pending (it plans for every
-                # waiting task), and passes at least URGENT_GAP_S apart
-                if urgent and self.next_plan < self.now:
-                    self.next_plan = max(self.now + URGENT_REACTION_S, self.next_plan + URGENT_GAP_S)
-                    self.at(self.next_plan, "plan")
+                self.rounds.count_queued(self.trace[key], +1)
+                self.rounds.ensure()
+                if urgent:
+                    self.rounds.urgent()
                 while self.events and self.stale(self.events[0]):
                     heapq.heappop(self.events)
                 if self.events and self.events[0][0] == self.now and self.events[0][3] == "arrive":
@@ -161,14 +140,14 @@ class Engine:
                 self.dispatch()
                 continue
             elif kind == "tick":
-                changed = self.tick()
+                changed = self.rounds.tick()
                 if not (self.dispatch() or changed):
-                    self.skip_rounds_ahead()
+                    self.rounds.skip()
                 continue
             elif kind == "plan":
                 assert isinstance(self.scheduler, GpuqScheduler)
                 self.apply(self.scheduler.plan(self.ms()))
-                self.plan_when_quiet_ends()
+                self.rounds.plan_when_quiet_ends()
             self.dispatch()
         return self.result(time.perf_counter() - started)
 
@@ -212,14 +191,17 @@ class Engine:
             self.scheduler.unhold(w.id, [r.spec.name for r in res.evict])
         end = work_from + max(0.0, task.service_s - got.done_s)
         w.run = Run(got, res, work_from, end, self.now)
-        self.count_queued(task, -1)
+        self.rounds.count_queued(task, -1)
         self.claims.append(got.task_id)
         record = self.records[got.task_id]
         if record.start_s is None:
             record.start_s = self.now
         record.worker = w.id
         self.at(end, "end", w.id, w.generation)
-        self.ensure_tick()  # a running lower-priority task may now be worth planning around
+        self.rounds.ensure()  # a running lower-priority task may now be worth planning around
+
+    def running(self) -> Iterator[TraceTask]:
+        return (self.trace[w.run.offer.task_id] for w in self.workers if w.run is not None)
 
     def stop_run(self, w: SimWorker) -> Run:
         run = w.run
@@ -239,107 +221,7 @@ class Engine:
         record.end_s, record.outcome = self.now, "succeeded"
         self.claim(w, run.offer)  # the worker sends its ack and its next claim together
 
-    # -- the reaper (gpuq only) ----------------------------------------------------------
-    def count_queued(self, task: TraceTask, delta: int) -> None:
-        self.queued[task.priority] += delta
-        if task.deadline_s is not None:
-            self.queued_deadlines += delta
-
-    def reaper_has_work(self) -> bool:
-        """Whether a round could change anything: a queued deadline may lapse, or a queued
-        P0/P1 task has a running, preemptible, lower-priority task to plan around."""
-        if self.queued_deadlines > 0:
-            return True
-        urgent = next((p for p in (0, 1) if self.queued[p] > 0), None)
-        if urgent is None:
-            return False
-        for w in self.workers:
-            if w.run is not None:
-                task = self.trace[w.run.offer.task_id]
-                if task.preemptible and task.priority > urgent:
-                    return True
-        return False
-
-    def ensure_tick(self) -> None:
-        """Schedule the reaper's next round, on its cadence, when it has something to do."""
-        if (isinstance(self.scheduler, GpuqScheduler) and self.next_round is None
-                and self.reaper_has_work()):
-            self.schedule_round(max(self.last_round + 1, int(self.now / self.config.reap_interval_s) + 1))
-
-    def schedule_round(self, k: int, queued: float | None = None) -> None:
-        self.next_round = k
-        self.at(k * self.config.reap_interval_s, "tick", queued=queued)
-        self.round_seq = self.seq
-
-    def tick(self) -> bool:
-        """One round of the reaper; whether it decided anything."""
-        assert isinstance(self.scheduler, GpuqScheduler)
-        assert self.next_round is not None
-        self.last_round, self.next_round = self.next_round, None
-        self.skipping = False
-        done = self.scheduler.tick(self.ms(), int(self.longest_load * 1000),
-                                   deadlines=self.queued_deadlines > 0,
-                                   urgent=self.queued[0] + self.queued[1] > 0)
-        self.queued_deadlines -= done.get("expired", 0)
-        self.apply(done)
-        self.ensure_tick()
-        self.plan_when_quiet_ends()
-        return any(done.values())
-
-    def plan_when_quiet_ends(self) -> None:
-        """As the reaper does: a pass that decided nothing but said when one could (a victim
-        coming of age, a reservation ending) before the cadence's next round brings the next
-        pass forward to then (gpuq.reaper.loop.Reaper.planned_pass)."""
-        assert isinstance(self.scheduler, GpuqScheduler)
-        quiet = self.scheduler.reaper.preemptor.quiet_until
-        if quiet is None:
-            return
-        at = (quiet - EPOCH_MS) / 1000
-        every = self.config.reap_interval_s
-        if self.now < at < (math.floor(self.now / every) + 1) * every and at != self.timed_plan:
-            self.timed_plan = at
-            self.at(at, "plan")
-
-    def skip_rounds_ahead(self) -> None:
-        """After a round that decided nothing and woke no GPU the pool is as it was before
-        it, and the next rounds differ only in their time: none decides anything before
-        the first time one could (the scheduler says when). The last round before it
-        replaces the next one, until an event that may change the pool: that round brings
-        the planner's pass forward to that time, as the reaper's would (a round at or after
-        it would plan later than production)."""
-        if not self.skip_ahead or self.next_round is None:
-            return
-        assert isinstance(self.scheduler, GpuqScheduler)
-        quiet = self.scheduler.quiet_until(int(self.longest_load * 1000),
-                                           deadlines=self.queued_deadlines > 0,
-                                           urgent=self.queued[0] + self.queued[1] > 0)
-        # the workers' leases (from their heartbeat at 0) end some day: liveness changes then
-        leases_end = self.ms(0.0) + int(self.config.lease_s * 1000)
-        until = leases_end if quiet is None else min(quiet, leases_end)
-        every = self.config.reap_interval_s
-        k = max(self.next_round, math.floor((until - EPOCH_MS) / 1000 / every) - 2)
-        while self.ms(k * every) < until:
-            k += 1
-        k -= 1  # the last round before it (it decides nothing, then plans at that time)
-        if k > self.next_round:
-            self.skipping = True
-            self.schedule_round(k, queued=(k - 1) * every)
-
-    def resume_rounds(self, queued: float) -> None:
-        """An event that may change the pool ends a skip: the next round is the first of the
-        cadence that would run after this event, queued as the cadence would have queued it
-        (by the round before it), so that it keeps its place among simultaneous events."""
-        if not self.skipping:
-            return
-        self.skipping = False
-        every = self.config.reap_interval_s
-        k = max(self.last_round + 1, math.floor(self.now / every) - 1)
-        while (k * every, (k - 1) * every) < (self.now, queued):
-            k += 1
-        assert self.next_round is not None
-        if k < self.next_round:
-            self.schedule_round(k, queued=(k - 1) * every)
-
+    # -- the reaper's decisions (gpuq only) ----------------------------------------------
     def apply(self, done: dict[str, int]) -> None:
         """Count a reaper pass's decisions and hand its yield requests to the workers."""
         assert isinstance(self.scheduler, GpuqScheduler)
@@ -383,7 +265,7 @@ class Engine:
             self.scheduler.yield_task(run.offer, done, self.ms())
         else:
             self.scheduler.stop_task(run.offer, self.ms())
-        self.count_queued(self.trace[run.offer.task_id], +1)
+        self.rounds.count_queued(self.trace[run.offer.task_id], +1)
         self.records[run.offer.task_id].preemptions += 1
         self.preemptions[how] = self.preemptions.get(how, 0) + 1
         self.claim(w)

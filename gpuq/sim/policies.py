@@ -29,8 +29,8 @@ from gpuq.scripts import ClaimRequest
 from gpuq.sim.model import TraceTask
 from gpuq.task import TaskSpec
 from gpuq.wire import exchange
-from gpuq.worker import presence
 from gpuq.worker.gpu import GpuInfo
+from gpuq.worker.presence import Presence
 
 POLICIES = ("gpuq", "fifo", "priority")
 
@@ -70,7 +70,7 @@ class GpuqScheduler:
     def register(self, worker_id: str, total_gb: float, levels: str, now_ms: int) -> None:
         gpu = GpuInfo(f"sim-{total_gb:g}GB", "", total_gb, None, "declared")
         fields = worker_record.identity(worker_id, gpu, self.config.kv_reserve_gb, 1, levels, "sim", 0)
-        presence.register(self.redis, self.keys, fields, int(self.config.lease_s * 1000))
+        Presence(self.redis, self.keys, worker_id).register(fields, int(self.config.lease_s * 1000))
         self.scripts.run(self.calls.heartbeat(worker_id, [], now_ms=now_ms))
 
     def submit(self, task_id: str, task: TraceTask, now_ms: int) -> bool:
@@ -115,18 +115,20 @@ class GpuqScheduler:
     def loaded(self, worker_id: str, model: str, footprint_gb: float, seconds: float,
                evicted: list[str]) -> None:
         """Tell the pool what a worker now holds (affinity and expiry read it)."""
-        pipe = self.redis.pipeline(transaction=False)
+        presence = Presence(self.redis, self.keys, worker_id)
+        pipe = presence.pipeline()
         for old in evicted:
-            presence.hold(pipe, self.keys, worker_id, old, False)
+            presence.hold(pipe, old, False)
         catalog.record_load(pipe, self.keys, model, footprint_gb, seconds)
-        presence.hold(pipe, self.keys, worker_id, model, True)
+        presence.hold(pipe, model, True)
         pipe.execute()
 
     def unhold(self, worker_id: str, evicted: list[str]) -> None:
         """Tell the pool a worker evicted these models to make room for a held model's task."""
-        pipe = self.redis.pipeline(transaction=False)
+        presence = Presence(self.redis, self.keys, worker_id)
+        pipe = presence.pipeline()
         for old in evicted:
-            presence.hold(pipe, self.keys, worker_id, old, False)
+            presence.hold(pipe, old, False)
         pipe.execute()
 
     def woken(self, idle: list[str]) -> list[str]:

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuq.metrics import PREEMPTION_KINDS
+from gpuq.report import percentile
 from gpuq.sim.model import SimResult
 
-PREEMPTION_KINDS = ("reserved", "yield_requested", "yielded", "stopped")
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+# the engine counts what the planner decided and what the GPUs did; a yield request
+# withdrawn before it was honoured is not counted, so not reported
+COUNTED_KINDS = tuple(k for k in PREEMPTION_KINDS if k != "withdrawn")
 
 
 def summarize(result: SimResult) -> dict[str, Any]:
@@ -49,7 +46,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "gpu_loading_fraction": round(loading / capacity, 4) if capacity else 0.0,
         "gpu_running_fraction": round((busy - loading) / capacity, 4) if capacity else 0.0,
         "model_loads": result.model_loads,
-        "preemptions": {k: result.preemptions.get(k, 0) for k in PREEMPTION_KINDS},
+        "preemptions": {k: result.preemptions.get(k, 0) for k in COUNTED_KINDS},
         # tasks that never ran to the end although nothing expired them: starved (or too big)
         "starved": sum(1 for t in result.tasks if t.outcome == "unfinished"),
         "tasks": len(result.tasks),

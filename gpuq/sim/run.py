@@ -8,8 +8,8 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 
-from gpuq.client import connect
 from gpuq.config import Config
+from gpuq.connection import connect
 from gpuq.embedded import EmbeddedServer
 from gpuq.errors import ConfigError
 from gpuq.sim.engine import Engine
@@ -80,7 +80,7 @@ def simulate(tasks: list[TraceTask], gpus: list[tuple[str, float]], policy: str,
         else:
             scheduler = QueueScheduler(policy, {f"t{i:06d}": t for i, t in enumerate(compressed)})
         engine = Engine(scheduler, gpus, compressed, lambda model: load_time(model, rng), cfg)
-        engine.skip_ahead = skip_ahead
+        engine.rounds.skip_ahead = skip_ahead
         result = engine.run()
         if policy == "gpuq":
             client.close()

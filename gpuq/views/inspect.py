@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import redis
 
 from gpuq import catalog
+from gpuq.clock import from_time_reply
 from gpuq.keys import Keys, live_reservation
 from gpuq.task import Priority
+from gpuq.worker_record import WorkerFields, WorkerRecord
 
 HEADS = 20  # head tasks read per queue: the oldest wait, and handlers no live worker runs
+SHOWN = WorkerFields(("gpu_name", "vram_total_gb", "vram_free_gb", "models", "state", "levels",
+                      "handlers"))
 
 
 @dataclass(frozen=True)
@@ -65,8 +68,8 @@ class PoolView:
 
 
 def pool_view(client: redis.Redis, keys: Keys) -> PoolView:
-    now = time.time()
     pipe = client.pipeline(transaction=False)
+    pipe.time()  # the server's clock: the scripts wrote the scores and times read here
     for p in Priority:
         pipe.zrange(keys.models_with_work(p), 0, -1)
     pipe.zrange(keys.workers, 0, -1, withscores=True)
@@ -75,7 +78,8 @@ def pool_view(client: redis.Redis, keys: Keys) -> PoolView:
     pipe.hvals(keys.classes)
     pipe.hgetall(keys.stats)
     pipe.hgetall(keys.scale)
-    *per_level, workers, running, delayed, classes, stats, scale = pipe.execute()
+    clock, *per_level, workers, running, delayed, classes, stats, scale = pipe.execute()
+    now = from_time_reply(clock) / 1000
 
     queues: list[QueueView] = []
     pipe = client.pipeline(transaction=False)
@@ -123,22 +127,22 @@ def _workers(client: redis.Redis, keys: Keys, workers: list[tuple[str, float]],
     """Each worker's view, and the reservations of the live ones."""
     pipe = client.pipeline(transaction=False)
     for wid, _ in workers:
-        pipe.hgetall(keys.worker(wid))
+        SHOWN.read(pipe, keys, wid)
         pipe.smembers(keys.worker_tasks(wid))
         pipe.get(keys.reservation(wid))
     replies = pipe.execute()
     views, reservations = [], []
     for (wid, expiry), info, tasks, reserved in zip(workers, *(replies[i::3] for i in range(3))):
         alive = expiry >= now_ms
+        record = SHOWN.record(wid, info)
+        w = record or WorkerRecord(wid)  # no hash (being reaped): nothing known but its id
         views.append(WorkerView(
-            id=wid, gpu=info.get("gpu_name", "?"),
-            vram_total_gb=float(info.get("vram_total_gb", 0)),
-            vram_free_gb=float(info.get("vram_free_gb", 0)),
-            models=[m for m in info.get("models", "").split(",") if m],
+            id=wid, gpu=w.gpu_name, vram_total_gb=w.vram_total_gb, vram_free_gb=w.vram_free_gb,
+            models=list(w.models),
             # busy/idle from the live task set; the hash's state is as of the last heartbeat
-            state="draining" if info.get("state") == "draining" else ("busy" if tasks else "idle"),
-            running=sorted(tasks), alive=alive, levels=info.get("levels", ""),
-            handlers=[h for h in info.get("handlers", "").split(",") if h]))
+            state="draining" if w.state == "draining" else ("busy" if tasks else "idle"),
+            running=sorted(tasks), alive=alive, levels=w.levels if record else "",
+            handlers=list(w.handlers)))
         live = live_reservation(reserved, int(now_ms))
         if alive and live:
             reservations.append({"worker": wid, "task": live[0]})

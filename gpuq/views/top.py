@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 import redis
 
+from gpuq.clock import server_ms
 from gpuq.keys import Keys
 from gpuq.task import Priority
 from gpuq.views.inspect import PoolView, QueueView, WorkerView, pool_view, recent_misses
@@ -30,10 +31,10 @@ CLEAR, HOME, EOL, EOS = "\x1b[2J", "\x1b[H", "\x1b[K", "\x1b[J"
 HIDE_CURSOR, SHOW_CURSOR = "\x1b[?25l", "\x1b[?25h"
 
 
-def render_top(view: PoolView, misses: list[dict[str, Any]], width: int = 80,
-               now: float | None = None) -> str:
-    """One frame; no line is longer than ``width``."""
-    now = time.time() if now is None else now
+def render_top(view: PoolView, misses: list[dict[str, Any]], width: int = 80, *,
+               now: float) -> str:
+    """One frame; no line is longer than ``width``. now: the frame's time (epoch seconds)
+    on the server's clock, which stamped the misses."""
     lines = (_header(view, now) + _queues(view, width) + _signals(view)
              + _misses(misses, now) + _workers(view.workers, width))
     return "\n".join(clip(line, width) for line in lines)
@@ -52,7 +53,7 @@ def run_top(client: redis.Redis, keys: Keys, *, interval_s: float = 1.0, once: b
         while True:
             size = shutil.get_terminal_size()
             text = render_top(pool_view(client, keys), recent_misses(client, keys),
-                              width=max(MIN_WIDTH, size.columns))
+                              width=max(MIN_WIDTH, size.columns), now=server_ms(client) / 1000)
             if not live:
                 out.write(text + "\n")
                 return 0

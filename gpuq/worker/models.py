@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuq.app import App, ModelSpec
+from gpuq.worker_record import usable_gb
 
 
 @dataclass
@@ -49,7 +50,7 @@ class ModelCache:
 
     def free_gb(self) -> float:
         used = sum(r.footprint_gb for r in self.resident.values()) + self.working_gb
-        return self.total_gb - self.reserve_gb - used
+        return usable_gb(self.total_gb, self.reserve_gb) - used
 
     def evictable_gb(self) -> float:
         return sum(r.footprint_gb for r in self.resident.values() if r.in_use == 0)

@@ -24,6 +24,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuq.worker_record import usable_gb
+
 TERMINAL = frozenset({"succeeded", "failed", "expired", "canceled"})
 DRIFT_GB = 0.01  # rounding of the worker hash's free VRAM (3 decimals) and float sums
 
@@ -154,7 +156,7 @@ def _idle(worker: dict[str, str]) -> bool:
 
 
 def _usable(worker: dict[str, str]) -> float:
-    return float(worker["vram_total_gb"]) - float(worker.get("kv_reserve_gb") or 0)
+    return usable_gb(worker["vram_total_gb"], worker.get("kv_reserve_gb"))
 
 
 def stuck_queued(s: Snapshot) -> list[str]:

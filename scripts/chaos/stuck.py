@@ -17,6 +17,7 @@ from collections.abc import Callable
 import redis
 
 from gpuq.keys import Keys
+from gpuq.worker_record import usable_gb
 from workers.chaos import MODELS
 
 STUCK_S = 10.0
@@ -53,7 +54,7 @@ class StuckWatch:
         for i, name in enumerate(names):
             (total, reserve, running, levels), alive_until = replies[2 * i], replies[2 * i + 1]
             if total and running == "0" and alive_until and alive_until > now_ms and name not in paused:
-                out.append((float(total) - float(reserve or 0), levels or "0123"))
+                out.append((usable_gb(total, reserve), levels or "0123"))
         return out
 
     def sample(self) -> None:

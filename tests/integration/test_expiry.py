@@ -21,7 +21,7 @@ from gpuq import Queue, catalog
 from gpuq.embedded import EmbeddedServer
 from gpuq.errors import TaskFailed
 from gpuq.reaper import Reaper
-from gpuq.task import State
+from gpuq.task import State, TaskRecord
 
 LEASE_MS = 30_000  # Config.lease_s default
 MakeQueue = Callable[..., Queue]
@@ -30,6 +30,20 @@ MakeQueue = Callable[..., Queue]
 def expire(queue: Queue, now_ms: int, limit: int = 100, horizon_ms: int = 0) -> tuple[int, int]:
     """One expiry pass at a virtual time: (expired, looked at)."""
     return queue.scripts.run(queue.calls.expire(limit=limit, horizon_ms=horizon_ms, now_ms=now_ms))
+
+
+def kept(queue: Queue, tid: str, now_ms: int, horizon_ms: int = 0, looked: int = 1) -> None:
+    """An expiry pass at ``now_ms`` leaves ``tid`` queued (having looked at ``looked`` tasks)."""
+    assert expire(queue, now_ms, horizon_ms=horizon_ms) == (0, looked)
+    assert queue.record(tid).state is State.QUEUED
+
+
+def expires(queue: Queue, tid: str, now_ms: int, horizon_ms: int = 0) -> TaskRecord:
+    """An expiry pass at ``now_ms`` expires ``tid``, the one task it looks at; its record."""
+    assert expire(queue, now_ms, horizon_ms=horizon_ms) == (1, 1)
+    r = queue.record(tid)
+    assert r.state is State.EXPIRED
+    return r
 
 
 def measured_loads(queue: Queue, model: str, *seconds: float) -> None:
@@ -53,12 +67,9 @@ def test_a_deadline_passed_while_queued_expires_the_task_and_wakes_its_waiters(
         queue: Queue) -> None:
     tid = enqueue(queue, T0, deadline_s=10, est_s=0)
     assert queue.redis.zscore(queue.keys.deadlines, tid) == T0 + 10_000
-    assert expire(queue, T0 + 9_999) == (0, 0)  # not due: not even looked at
-    assert queue.record(tid).state is State.QUEUED
+    kept(queue, tid, T0 + 9_999, looked=0)  # not due: not even looked at
 
-    assert expire(queue, T0 + 10_000) == (1, 1)
-    r = queue.record(tid)
-    assert r.state is State.EXPIRED
+    r = expires(queue, tid, T0 + 10_000)
     assert r.error == "deadline passed while queued"
     assert r.finished_at == (T0 + 10_000) / 1000 and r.deadline == (T0 + 10_000) / 1000
     assert r.attempt == 0 and r.worker is None
@@ -82,12 +93,9 @@ def test_a_deadline_passed_while_queued_expires_the_task_and_wakes_its_waiters(
 def test_a_deadline_the_estimate_cannot_meet_expires_before_it_passes(queue: Queue) -> None:
     tid = enqueue(queue, T0, deadline_s=10, est_s=4)
     assert queue.redis.zscore(queue.keys.deadlines, tid) == T0 + 6_000  # latest start
-    assert expire(queue, T0 + 6_000) == (0, 1)  # now + 4 s ends right at the deadline: fine
-    assert queue.record(tid).state is State.QUEUED
+    kept(queue, tid, T0 + 6_000)  # now + 4 s ends right at the deadline: fine
 
-    assert expire(queue, T0 + 6_001) == (1, 1)
-    r = queue.record(tid)
-    assert r.state is State.EXPIRED
+    r = expires(queue, tid, T0 + 6_001)
     assert r.error == "deadline cannot be met: 3.999 s left, task needs 4.000 s"
     assert r.finished_at == (T0 + 6_001) / 1000
     assert_unqueued(queue, tid)
@@ -100,12 +108,9 @@ def test_a_cold_model_load_alone_makes_the_deadline_unmeetable(queue: Queue) -> 
     # without looking ahead for loads the task is not due yet (latest start T0 + 6 s)
     assert expire(queue, T0 + 3_001, horizon_ms=0) == (0, 0)
     # T0 + 3 s + 4 s run + 3 s load ends right at the deadline
-    assert expire(queue, T0 + 3_000, horizon_ms=3_000) == (0, 1)
-    assert queue.record(tid).state is State.QUEUED
+    kept(queue, tid, T0 + 3_000, horizon_ms=3_000)
 
-    assert expire(queue, T0 + 3_001, horizon_ms=3_000) == (1, 1)
-    r = queue.record(tid)
-    assert r.state is State.EXPIRED
+    r = expires(queue, tid, T0 + 3_001, horizon_ms=3_000)
     assert r.error == ("deadline cannot be met: 6.999 s left, task needs 4.000 s plus 3.000 s "
                        "to load model A (no live worker holds it)")
     assert_unqueued(queue, tid)
@@ -120,23 +125,18 @@ def test_a_live_holder_of_the_model_keeps_the_task_but_a_dead_one_does_not(
     assert heartbeat(queue, "w1", [], now_ms=T0 + 5_000) == []
     queue.redis.sadd(queue.keys.holders("A"), "w1")
     assert expire(queue, T0 + 33_001, horizon_ms=3_000) == (0, 1)
-    assert expire(queue, T0 + 35_000, horizon_ms=3_000) == (0, 1)
-    assert queue.record(tid).state is State.QUEUED
+    kept(queue, tid, T0 + 35_000, horizon_ms=3_000)
 
     # w1's liveness lapsed (not reaped yet: it is still listed as a holder)
-    assert expire(queue, T0 + 35_001, horizon_ms=3_000) == (1, 1)
-    r = queue.record(tid)
-    assert r.state is State.EXPIRED
+    r = expires(queue, tid, T0 + 35_001, horizon_ms=3_000)
     assert r.error is not None and "plus 3.000 s to load model A (no live worker holds it)" in r.error
 
 
 def test_a_model_never_loaded_adds_no_load_time(queue: Queue) -> None:
     """No catalog entry: nothing is known about the load, so only the estimate counts."""
     tid = enqueue(queue, T0, model="fresh", deadline_s=10, est_s=4)
-    assert expire(queue, T0 + 6_000, horizon_ms=600_000) == (0, 1)
-    assert queue.record(tid).state is State.QUEUED
-    assert expire(queue, T0 + 6_001, horizon_ms=600_000) == (1, 1)
-    assert queue.record(tid).state is State.EXPIRED
+    kept(queue, tid, T0 + 6_000, horizon_ms=600_000)
+    expires(queue, tid, T0 + 6_001, horizon_ms=600_000)
 
 
 def test_a_task_without_a_deadline_never_expires(queue: Queue) -> None:
@@ -169,9 +169,8 @@ def test_claimed_tasks_are_not_expired_and_a_retry_is_watched_again(
     # back in its queue, it is watched again and expires at the next pass
     assert reap(q, now_ms=T0 + 21_001).promoted == 1
     assert q.redis.zscore(q.keys.deadlines, tid) == T0 + 9_000
-    assert expire(q, T0 + 21_002) == (1, 1)
-    r = q.record(tid)
-    assert r.state is State.EXPIRED and r.error == "deadline passed while queued"
+    r = expires(q, tid, T0 + 21_002)
+    assert r.error == "deadline passed while queued"
     assert r.attempt == 1  # the failed attempt still counts
 
 
@@ -181,8 +180,7 @@ def test_a_lost_lease_past_the_deadline_expires_once_requeued(queue: Queue) -> N
     assert c is not None
     assert reap(queue, now_ms=T0 + LEASE_MS + 1).requeued == 1
     assert queue.record(tid).state is State.QUEUED
-    assert expire(queue, T0 + LEASE_MS + 2) == (1, 1)
-    assert queue.record(tid).state is State.EXPIRED
+    expires(queue, tid, T0 + LEASE_MS + 2)
 
 
 def test_stats_count_expired_tasks_per_priority(queue: Queue) -> None:

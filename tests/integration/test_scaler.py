@@ -17,8 +17,8 @@ from gpuq import Config, Queue, catalog, worker_record
 from gpuq.reaper.scale import CommandHook, Scaler
 from gpuq.views.inspect import pool_view
 from gpuq.views.render import render_status
-from gpuq.worker import presence
 from gpuq.worker.gpu import GpuInfo
+from gpuq.worker.presence import Presence
 
 MakeQueue = Callable[..., Queue]
 RESERVE_GB = 5.0
@@ -30,7 +30,7 @@ def register(q: Queue, wid: str, gpu: str, total_gb: float, *, idle: bool = Fals
     (after enqueuing: the enqueue's wake rule takes the worker it wakes out of ``idle``)."""
     info = GpuInfo(gpu, f"uuid-{wid}", total_gb, None, "declared")
     fields = worker_record.identity(wid, info, RESERVE_GB, 1, levels, "h", 1, handlers=["h"])
-    presence.register(q.redis, q.keys, fields, 30_000)
+    Presence(q.redis, q.keys, wid).register(fields, 30_000)
     for model in holds:
         q.redis.sadd(q.keys.holders(model), wid)
     if idle:

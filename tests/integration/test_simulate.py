@@ -20,15 +20,15 @@ import pytest
 from procs import Procs, est
 
 from gpuq import Queue, State
-from gpuq.client import connect
 from gpuq.config import Config
+from gpuq.connection import connect
 from gpuq.embedded import EmbeddedServer
 from gpuq.keys import Keys
 from gpuq.sim import traces
-from gpuq.sim.engine import URGENT_REACTION_S
 from gpuq.sim.model import TraceTask
 from gpuq.sim.policies import GpuqScheduler
 from gpuq.sim.report import summarize
+from gpuq.sim.rounds import URGENT_REACTION_S
 from gpuq.sim.run import parse_gpus, simulate
 
 LOAD_S = 10.0

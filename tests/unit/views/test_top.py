@@ -17,8 +17,8 @@ from gpuq.keys import Keys
 from gpuq.views import top
 from gpuq.views.inspect import PoolView, QueueView, WorkerView, recent_misses
 from gpuq.views.top import render_top, run_top
-from gpuq.worker import presence
 from gpuq.worker.gpu import GpuInfo
+from gpuq.worker.presence import Presence
 
 NOW = 1_700_000_000.0
 ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -148,8 +148,8 @@ class FakeTty(io.StringIO):
 def seeded(real_queue: Queue) -> Queue:
     q = real_queue
     gpu = GpuInfo("A100-80", "uuid-w", 80, None, "declared")
-    presence.register(q.redis, q.keys, worker_record.identity("w-a100", gpu, 5.0, 1, "0123", "h", 1),
-                      30_000)
+    fields = worker_record.identity("w-a100", gpu, 5.0, 1, "0123", "h", 1)
+    Presence(q.redis, q.keys, "w-a100").register(fields, 30_000)
     for priority, model in (("P0", "llama3-8b"), ("P0", "llama3-8b"), ("P2", "mistral-7b")):
         q.enqueue("sim.run", None, model=model, vram_gb=16, priority=priority)
     running = claim(q, "w-a100", 75)

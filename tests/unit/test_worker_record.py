@@ -1,0 +1,84 @@
+"""The worker record's reader: what the hash says, one default and bound per field, and a
+hand-damaged hash that neither ``gpuq status`` nor the reaper's planners trip over."""
+
+from __future__ import annotations
+
+import fakeredis
+import pytest
+
+from gpuq import Config
+from gpuq.clock import server_ms
+from gpuq.keys import Keys
+from gpuq.reaper.preempt import Preemptor
+from gpuq.reaper.scale import Scaler
+from gpuq.scripts import Calls, Scripts
+from gpuq.views.inspect import pool_view
+from gpuq.worker.gpu import GpuInfo
+from gpuq.worker_record import WorkerFields, WorkerRecord, identity, status_fields, usable_gb
+
+GPU = GpuInfo("A100-80", "uuid-1", 80.0, 0, "nvml")
+
+
+def written(**changed: object) -> dict[str, str]:
+    """The hash as a worker writes it (as strings, as Redis returns it), fields changed."""
+    fields = {**identity("w1", GPU, 5.0, 2, "01", "host", 7, handlers=["b", "a"]),
+              **status_fields(60.5, 1, ["m1", "m2"], "busy", None), **changed}
+    return {k: str(v) for k, v in fields.items()}
+
+
+def test_a_written_hash_reads_back_whole() -> None:
+    r = WorkerRecord.parse("w1", written())
+    assert r == WorkerRecord("w1", "A100-80", 80.0, 5.0, 60.5, ("m1", "m2"), "busy", "01",
+                             ("a", "b"), 2)
+    assert r.usable_gb == usable_gb(80, 5) == 75.0
+
+
+def test_no_field_at_all_is_no_record() -> None:
+    assert WorkerRecord.parse("w1", {}) is None
+    assert WorkerRecord.parse("w1", {"vram_total_gb": None, "levels": None}) is None
+
+
+@pytest.mark.parametrize("bad", ["lots", "nan", "inf", "-3", ""])
+def test_a_damaged_number_reads_as_zero(bad: str) -> None:
+    r = WorkerRecord.parse("w1", written(vram_total_gb=bad, kv_reserve_gb=bad, vram_free_gb=bad,
+                                         concurrency=bad))
+    assert r is not None
+    assert (r.vram_total_gb, r.kv_reserve_gb, r.vram_free_gb, r.concurrency) == (0.0, 0.0, 0.0, 1)
+
+
+def test_missing_or_damaged_text_fields_take_the_defaults() -> None:
+    r = WorkerRecord.parse("w1", {"vram_total_gb": "24", "levels": "x9", "models": ",a,,b,"})
+    assert r == WorkerRecord("w1", "?", 24.0, 0.0, 0.0, ("a", "b"), "", "0123", (), 1)
+
+
+def test_fields_are_read_on_the_callers_pipeline() -> None:
+    client = fakeredis.FakeRedis(decode_responses=True)
+    keys = Keys("p")
+    client.hset(keys.worker("w1"), mapping=written())
+    wanted = WorkerFields(("vram_total_gb", "kv_reserve_gb", "levels"))
+    pipe = client.pipeline(transaction=False)
+    wanted.read(pipe, keys, "w1")
+    wanted.read(pipe, keys, "gone")
+    one, gone = pipe.execute()
+    r = wanted.record("w1", one)
+    assert r is not None and (r.usable_gb, r.levels, r.gpu_name) == (75.0, "01", "?")
+    assert wanted.record("gone", gone) is None
+
+
+def test_a_hand_damaged_hash_breaks_neither_status_nor_the_planners() -> None:
+    client = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    config = Config(pool="p")
+    keys = Keys("p")
+    client.hset(keys.worker("w1"), mapping={"vram_total_gb": "80GB", "vram_free_gb": "{}",
+                                            "levels": "all", "handlers": ",", "state": "busy"})
+    client.zadd(keys.workers, {"w1": server_ms(client) + 30_000})
+    client.sadd(keys.worker_tasks("w1"), "t1")
+
+    (w,) = pool_view(client, keys).workers
+    assert (w.alive, w.vram_total_gb, w.vram_free_gb, w.levels, w.handlers) == (
+        True, 0.0, 0.0, "0123", [])
+    signals = Scaler(client, keys, config).step().signals
+    assert [(s.name, s.current) for s in signals if s.kind == "class"] == [("?", 1)]
+    preemptor = Preemptor(client, keys, config, Scripts(client, keys), Calls(config))
+    assert preemptor.step() == {}
+    assert preemptor.workers == {"w1": (0.0, "0123")}
