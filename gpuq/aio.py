@@ -1,35 +1,29 @@
 """The asyncio producer API: the same surface as gpuq.client on ``redis.asyncio``.
 
-Arguments and replies of every script come from the same ``Calls`` as the sync client,
-so only the awaiting differs.
+    async with AsyncQueue.from_url("redis://localhost:6379/0") as q:
+        t = await q.enqueue("llm.generate", {"prompt": "hi"}, model="llama3-8b", vram_gb=16)
+        await t.result(timeout=5)
+
+Arguments and replies of every script come from the same ``Calls`` as the sync client, and
+validation and waiting from the same ``gpuq.producer``, so only the awaiting differs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
 import redis.asyncio as aredis
 import redis.exceptions
 
-from gpuq.client import BULK_CHUNK, PENDING, Waiting, redis_errors
 from gpuq.config import Config
-from gpuq.connection import Tls, connect_async
-from gpuq.errors import TaskNotFound
+from gpuq.connection import Tls, connect_async, redis_errors
 from gpuq.keys import Keys
-from gpuq.scripts import (
-    SCRIPT_NAMES,
-    Call,
-    Calls,
-    check_replicas,
-    evalsha_args,
-    noscript_indexes,
-    raise_first_error,
-    script_source,
-    wait_command,
-)
-from gpuq.task import State, TaskRecord, TaskSpec, build_specs
+from gpuq.lua_source import script_source
+from gpuq.producer import PENDING, Producer, Waiting, stored
+from gpuq.scripts import SCRIPT_NAMES, Call, Resend, evalsha_args, wait_command
+from gpuq.task import State, TaskRecord, TaskSpec
 
 T = TypeVar("T")
 
@@ -71,42 +65,22 @@ async def exchange(client: aredis.Redis, commands: Iterable[tuple[Any, ...]], *,
         await pool.release(conn)
 
 
-class AsyncQueue:
-    def __init__(self, client: aredis.Redis, config: Config | None = None, *, url: str = "") -> None:
-        self.config = config or Config()
-        self.url = url or self.config.redis_url or "redis"
-        self.redis = client
-        self.keys = Keys(self.config.pool, self.config.prefix)
-        self.calls = Calls(self.config)
-        self._scripts = {n: client.register_script(script_source(n)) for n in SCRIPT_NAMES}
+class AsyncScripts:
+    """gpuq.scripts.Scripts on an asyncio client: the same calls, awaited."""
 
-    @classmethod
-    def from_url(cls, url: str, pool: str = "default", config: Config | None = None) -> AsyncQueue:
-        cfg = replace(config or Config(), redis_url=url, pool=pool).validate()
-        return cls(connect_async(url, tls=Tls.of(cfg)), cfg, url=url)
+    def __init__(self, client: aredis.Redis, keys: Keys, url: str) -> None:
+        self.client = client
+        self.keys = keys
+        self.url = url
+        self._scripts = {n: client.register_script(script_source(n)) for n in SCRIPT_NAMES}
 
     async def run(self, call: Call[T]) -> T:
         with redis_errors(self.url):
             wait = wait_command([call])
             commands = [evalsha_args(self._scripts, self.keys, call)] + ([wait] if wait else [])
-            replies = await exchange(self.redis, commands, retry=True)
+            replies = await exchange(self.client, commands, retry=True)
             reply = (await self._loaded(replies, [call], wait))[0]
         return call.parse(reply)
-
-    async def enqueue(self, handler: str, payload: Any = None, *, check_fit: bool = False,
-                      **options: Any) -> AsyncTask:
-        spec = TaskSpec.build(handler, payload, **options)
-        await self.run(self.calls.enqueue([spec], check_fit=check_fit))
-        return AsyncTask(self, spec.task_id, exists=True)
-
-    async def enqueue_many(self, tasks: Iterable[Mapping[str, Any]], *,
-                           check_fit: bool = False) -> list[AsyncTask]:
-        specs = build_specs(tasks)
-        calls = (self.calls.enqueue(specs[i:i + BULK_CHUNK], check_fit=check_fit)
-                 for i in range(0, len(specs), BULK_CHUNK))
-        with redis_errors(self.url):
-            await self.streamed(calls)
-        return [AsyncTask(self, s.task_id, exists=True) for s in specs]
 
     async def streamed(self, calls: Iterable[Call[T]]) -> list[T]:
         """Calls built and sent one after another on one connection, replies read after the
@@ -120,34 +94,80 @@ class AsyncQueue:
             if (wait := wait_command(sent)) is not None:
                 yield wait
 
-        replies = await self._loaded(await exchange(self.redis, commands()), sent, wait_command(sent))
+        replies = await self._loaded(await exchange(self.client, commands()), sent, wait_command(sent))
         return [c.parse(r) for c, r in zip(sent, replies)]
 
     async def _loaded(self, replies: list[Any], calls: Sequence[Call[Any]],
                       wait: tuple[Any, ...] | None = None) -> list[Any]:
-        """gpuq.scripts.Scripts._loaded, awaited: calls whose script was missing sent again
-        once the scripts are loaded (and the WAIT after them); the first error raised, then
-        WAIT's count checked."""
-        acked = replies.pop() if wait is not None else None
-        if missing := noscript_indexes(replies):
+        """gpuq.scripts.Scripts._loaded, awaited."""
+        resend = Resend(replies, calls, wait)
+        if resend.missing:
             for script in self._scripts.values():
-                await self.redis.script_load(script.script)
-            resend = [evalsha_args(self._scripts, self.keys, calls[i]) for i in missing]
-            again = await exchange(self.redis, resend + ([wait] if wait else []), retry=True)
-            if wait is not None:
-                acked = again.pop()
-            for i, reply in zip(missing, again):
-                replies[i] = reply
-        raise_first_error(replies)
-        if wait is not None:
-            check_replicas(calls, replies, acked)
-        return replies
+                await self.client.script_load(script.script)
+            again = resend.commands(lambda call: evalsha_args(self._scripts, self.keys, call))
+            resend.merge(await exchange(self.client, again, retry=True))
+        return resend.checked()
+
+
+class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
+    """gpuq.client.Queue on ``redis.asyncio``; ``enqueue`` validates at once and returns the
+    awaitable that sends. An async context manager: leaving the block closes the client when
+    ``from_url`` made it."""
+
+    def __init__(self, client: aredis.Redis, config: Config | None = None, *, url: str = "") -> None:
+        super().__init__(client, config, url=url)
+        self.scripts = AsyncScripts(client, self.keys, self.url)
+
+    @classmethod
+    def from_url(cls, url: str, pool: str = "default", config: Config | None = None) -> AsyncQueue:
+        cfg = replace(config or Config(), redis_url=url, pool=pool).validate()
+        queue = cls(connect_async(url, tls=Tls.of(cfg)), cfg, url=url)
+        queue.owns_client = True
+        return queue
+
+    async def __aenter__(self) -> AsyncQueue:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.owns_client:
+            await self.close()
+
+    async def _submit(self, spec: TaskSpec, check_fit: bool) -> AsyncTask:
+        await self.scripts.run(self.calls.enqueue([spec], check_fit=check_fit))
+        return AsyncTask(self, spec.task_id, exists=True)
+
+    async def enqueue_many(self, tasks: Iterable[Mapping[str, Any]], *,
+                           check_fit: bool = False) -> list[AsyncTask]:
+        """Bulk enqueue (see gpuq.client.Queue.enqueue_many)."""
+        specs, calls = self._bulk(tasks, check_fit)
+        with redis_errors(self.url):
+            await self.scripts.streamed(calls)
+        return [AsyncTask(self, s.task_id, exists=True) for s in specs]
+
+    def task(self, task_id: str) -> AsyncTask:
+        return AsyncTask(self, task_id)
 
     async def record(self, task_id: str) -> TaskRecord:
         return TaskRecord.from_fields(await self._fields(task_id))
 
-    async def cancel(self, task_id: str) -> str:
-        return await self.run(self.calls.cancel(task_id))
+    async def cancel(self, task_id: str) -> State:
+        """Cancel a task; returns the state it was in."""
+        previous = await self.scripts.run(self.calls.cancel(task_id))
+        return State(previous)
+
+    async def requeue(self, task_id: str, reason: str = "requeued by operator") -> State:
+        """Put a task back in its queue (see gpuq.client.Queue.requeue)."""
+        state = await self.scripts.run(self.calls.requeue(task_id, None, reason))
+        return State(state)
+
+    async def drain_worker(self, worker_id: str) -> None:
+        """Tell a live worker to take no more tasks, finish its running ones and exit 0."""
+        with redis_errors(self.url):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.zscore(self.keys.workers, worker_id)
+                pipe.time()
+                self._check_live(worker_id, *await pipe.execute())
+            await self.redis.lpush(self.keys.control(worker_id), "drain")
 
     async def wait(self, task_id: str, timeout: float | None = None, *,
                    exists: bool = False) -> TaskRecord:
@@ -176,10 +196,7 @@ class AsyncQueue:
 
     async def _fields(self, task_id: str) -> dict[str, str]:
         with redis_errors(self.url):
-            fields = await self.redis.hgetall(self.keys.task(task_id))
-        if not fields:
-            raise TaskNotFound(task_id)
-        return {str(k): str(v) for k, v in fields.items()}
+            return stored(await self.redis.hgetall(self.keys.task(task_id)), task_id)
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -203,7 +220,7 @@ class AsyncTask:
     async def result(self, timeout: float | None = None) -> Any:
         return await self.queue.result(self.id, timeout, exists=self._exists)
 
-    async def cancel(self) -> str:
+    async def cancel(self) -> State:
         return await self.queue.cancel(self.id)
 
 

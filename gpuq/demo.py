@@ -30,8 +30,9 @@ import click
 import redis
 
 from gpuq import catalog
-from gpuq.client import Queue, connect, redis_errors
+from gpuq.client import Queue
 from gpuq.config import Config
+from gpuq.connection import connect, redis_errors
 from gpuq.embedded import EmbeddedServer, free_port
 from gpuq.errors import ConfigError, GpuqError
 from gpuq.redact import redact

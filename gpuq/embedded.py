@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -23,6 +24,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``timeout`` seconds; reaped either way."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def server_binary(prefer: str = "redis") -> tuple[str, str]:
@@ -89,13 +101,8 @@ class EmbeddedServer:
         return self
 
     def stop(self, *, keep_dir: bool = False) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc:
+            stop_process(self.proc)
         self.proc = None
         if not keep_dir and self.dir:
             shutil.rmtree(self.dir, ignore_errors=True)

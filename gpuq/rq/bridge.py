@@ -13,10 +13,11 @@ A bridge killed anywhere leaves the id in a list: a (re)started bridge delivers 
 taken list holds before taking more, and the deterministic task id makes that idempotent.
 So the bridge needs no shutdown handling; SIGTERM and SIGKILL are equally safe.
 
-The bridge also closes the loop the other way: a task that ends without its handler's word
-(canceled, expired, failed by the reaper on its last attempt, refused by a worker that has no
-rq handler) is listed in ``rq:ended`` by the scripts, and the bridge marks its RQ job canceled
-or failed, unless RQ already shows an end, so no producer waits on a job gpuq has given up.
+The bridge also closes the loop the other way: its tasks are enqueued with ``report_end``, so
+one that ends without its handler's word (canceled, expired, failed by the reaper on its last
+attempt, refused by a worker that has no rq handler) is listed in ``ended`` by the scripts, and
+the bridge marks its RQ job canceled or failed, unless RQ already shows an end, so no producer
+waits on a job gpuq has given up.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.queue import Queue as RqQueue
 
-from gpuq.client import Queue, redis_errors
+from gpuq.client import Queue
+from gpuq.connection import redis_errors
 from gpuq.errors import DuplicateTask, TaskNotFound
 from gpuq.rq import outcome
 from gpuq.rq.fields import JobRefused, task_spec
@@ -130,9 +132,9 @@ class Bridge:
         self.drop(name, job_id)
 
     def report_ended(self) -> None:
-        """Write to RQ the ends of tasks whose handler never reported (``rq:ended``), oldest
+        """Write to RQ the ends of tasks whose handler never reported (``ended``), oldest
         first; an id leaves the list only once RQ shows an end, so a killed bridge redoes it."""
-        ended = self.queue.keys.rq_ended
+        ended = self.queue.keys.ended
         for raw in reversed(self.queue.redis.lrange(ended, -ENDED_BATCH, -1)):
             task_id = text(raw)
             self.report_end(task_id)

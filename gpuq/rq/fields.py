@@ -15,9 +15,9 @@ from datetime import datetime
 from typing import Any
 
 from gpuq.errors import GpuqError, InvalidTask
-from gpuq.rq.support import HANDLER
 from gpuq.task import MAX_NAME_LEN, TaskSpec
 
+HANDLER = "rq.job"  # the gpuq handler name of every task made from an RQ job
 GPU_FIELDS = ("model", "vram_gb", "priority", "est_s", "deadline_s", "preemptible", "tenant",
               "max_attempts")
 _PLAIN_ID = re.compile(r"[A-Za-z0-9_.:-]+")
@@ -70,7 +70,7 @@ def task_spec(job_id: str, rq_queue: str, enqueued_at: datetime | None, meta: An
     options = task_options(job_id, meta, defaults, retries_left)
     try:
         return TaskSpec.build(HANDLER, {"rq_job": job_id, "rq_queue": rq_queue},
-                              task_id=task_id_for(job_id, enqueued_at), **options)
+                              task_id=task_id_for(job_id, enqueued_at), report_end=True, **options)
     except InvalidTask as exc:
         raise JobRefused(job_id, exc.reason) from None
     except TypeError as exc:  # e.g. a field of the wrong kind TaskSpec.build cannot take

@@ -22,13 +22,12 @@ from rq.job import Job
 from rq.utils import import_attribute
 
 from gpuq.app import App, Context, HandlerSpec, Yielded
+from gpuq.errors import StopTask, TaskError
 from gpuq.keys import Keys
 from gpuq.rq import outcome
 from gpuq.rq.context import RqContext, running
-from gpuq.rq.fields import JobRefused
-from gpuq.rq.support import HANDLER
+from gpuq.rq.fields import HANDLER, JobRefused
 from gpuq.rq.unpickle import Allowlist, ForbiddenGlobal, RestrictedSerializer
-from gpuq.worker.executor import StopTask, TaskError
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,6 @@ from gpuq.client import Queue
 from gpuq.connection import Tls, connect
 from gpuq.errors import ConfigError
 
-HANDLER = "rq.job"  # the gpuq handler name of every task made from an RQ job
-
 
 def require() -> None:
     """ConfigError (one line, non-zero exit in the CLI) when rq is not installed."""

@@ -13,7 +13,8 @@ from typing import Any
 
 import redis
 
-from gpuq.client import Queue, connect
+from gpuq.client import Queue
+from gpuq.connection import connect
 from gpuq.embedded import EmbeddedServer
 
 MODEL = "bench-model"

@@ -21,7 +21,7 @@ from typing import Any
 import redis
 
 from bench.common import dumps
-from gpuq.client import connect
+from gpuq.connection import connect
 
 _NOW = """
 local t = redis.call('TIME')

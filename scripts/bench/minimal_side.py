@@ -9,7 +9,7 @@ from bench.common import Bench, round_trips
 from bench.minimal import Minimal
 from bench.procs import children_cpu, finish, minimal_worker_args, spawn, stop, wait_until
 from bench.stats import Drain, Window, make_drain, maybe_window, ms_to_s, read_times, timed_rate, window
-from gpuq.client import connect
+from gpuq.connection import connect
 
 
 def queue(b: Bench, tag: str) -> Minimal:

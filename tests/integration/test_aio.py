@@ -13,7 +13,15 @@ from redis.backoff import NoBackoff
 from gpuq import Config, State
 from gpuq.aio import AsyncQueue
 from gpuq.embedded import EmbeddedServer
-from gpuq.errors import ConfigError, InvalidTask, ResultTimeout, TaskFailed, TaskNotFound
+from gpuq.errors import (
+    ConfigError,
+    InvalidTask,
+    NotRequeueable,
+    ResultTimeout,
+    TaskFailed,
+    TaskNotFound,
+    WorkerNotFound,
+)
 from gpuq.scripts import ClaimRequest
 
 
@@ -34,9 +42,9 @@ def test_enqueue_result_and_status(redis_server: EmbeddedServer, pool: str, pref
 
             async def worker() -> None:
                 await asyncio.sleep(0.1)
-                claim = await q.run(q.calls.claim(ClaimRequest("w", 10, 0, 1)))
+                claim = await q.scripts.run(q.calls.claim(ClaimRequest("w", 10, 0, 1)))
                 assert claim.task is not None and claim.task["id"] == t.id
-                await q.run(q.calls.ack(t.id, int(claim.task["token"]), '{"y":2}'))
+                await q.scripts.run(q.calls.ack(t.id, int(claim.task["token"]), '{"y":2}'))
 
             acker = asyncio.ensure_future(worker())
             assert await t.result(timeout=5) == {"y": 2}
@@ -106,3 +114,21 @@ def test_a_call_whose_connection_breaks_mid_send_follows_the_retry_policy(
 def test_malformed_url_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="malformed"):
         AsyncQueue.from_url("redis://h:abc/0")
+
+
+def test_task_requeue_and_drain(redis_server: EmbeddedServer, pool: str, prefix: str) -> None:
+    async def scenario() -> None:
+        async with make(redis_server, pool, prefix) as q:
+            t = await q.enqueue("h", model="m", vram_gb=1)
+            assert await q.task(t.id).cancel() is State.QUEUED
+            assert await q.requeue(t.id) is State.QUEUED
+            with pytest.raises(NotRequeueable):
+                await q.requeue(t.id)
+            with pytest.raises(WorkerNotFound):
+                await q.drain_worker("w1")
+            seconds, _ = await q.redis.time()
+            await q.redis.zadd(q.keys.workers, {"w1": (seconds + 30) * 1000})
+            await q.drain_worker("w1")
+            assert await q.redis.lrange(q.keys.control("w1"), 0, -1) == ["drain"]
+
+    run(scenario())

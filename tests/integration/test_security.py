@@ -23,7 +23,7 @@ from gpuq import State
 from gpuq.acl import setuser
 from gpuq.client import Queue
 from gpuq.config import Config
-from gpuq.embedded import EmbeddedServer, free_port
+from gpuq.embedded import EmbeddedServer, free_port, stop_process
 from gpuq.keys import Keys
 
 pytestmark = pytest.mark.slow
@@ -61,13 +61,7 @@ class Server:
         return client
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
 
 @pytest.fixture

@@ -22,8 +22,8 @@ from gpuq.cli import cli
 from gpuq.embedded import EmbeddedServer
 from gpuq.keys import Keys
 from gpuq.task import TaskRecord
-from gpuq.worker import presence
 from gpuq.worker.gpu import GpuInfo
+from gpuq.worker.presence import Presence
 
 DEAD_REDIS = "redis://127.0.0.1:1/0"
 TASK_FIELDS = {f.name for f in dataclass_fields(TaskRecord)}
@@ -55,7 +55,7 @@ class Pool:
     def register_gpu(self, worker_id: str, name: str, total_gb: float) -> None:
         gpu = GpuInfo(name, f"uuid-{worker_id}", total_gb, None, "declared")
         fields = worker_record.identity(worker_id, gpu, 5.0, 1, "0123", "host", 1, handlers=["sim.run"])
-        presence.register(self.redis, self.keys, fields, 30_000)
+        Presence(self.redis, self.keys, worker_id).register(fields, 30_000)
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ import redis.asyncio.sentinel
 import redis.sentinel
 
 from gpuq.client import Queue
-from gpuq.client import connect as client_connect
 from gpuq.config import Config
 from gpuq.connection import (
     Hosts,
@@ -185,10 +184,8 @@ def test_tls_files_are_checked_and_need_rediss(tmp_path: Path) -> None:
 def test_queue_from_url_takes_tls_from_its_config(tmp_path: Path) -> None:
     pem = tmp_path / "ca.pem"
     pem.write_text("x")
-    queue = Queue.from_url("rediss://h:1/0", pool="p", config=Config(tls_ca=str(pem)))
-    assert queue.redis.connection_pool.connection_kwargs["ssl_ca_certs"] == str(pem)
-    queue.close()
-    assert client_connect is connect  # still importable from gpuq.client
+    with Queue.from_url("rediss://h:1/0", pool="p", config=Config(tls_ca=str(pem))) as queue:
+        assert queue.redis.connection_pool.connection_kwargs["ssl_ca_certs"] == str(pem)
 
 
 def test_async_client_of_each_url_kind() -> None:

@@ -1,144 +1,45 @@
-"""The gpuq command line: a thin click group over the library.
-
-Shared options read ``GPUQ_*`` variables; every GpuqError becomes a one-line message and a
-non-zero exit (no stack traces at the boundary).
-"""
+"""Commands that run or watch a pool's processes: worker, reaper, rq-bridge, exporter,
+status, top, demo; and its tools: simulate (trace replay), acl (least-privilege users)."""
 
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import replace
 from typing import Any
 
 import click
 
-from gpuq import logs
-from gpuq.client import Queue
-from gpuq.config import Config
-from gpuq.connection import Tls, connect, redis_errors
-from gpuq.errors import GpuqError
-from gpuq.redact import redact
-from gpuq.task import Priority, parse_payload_text
+from gpuq.cli.base import (
+    DEFAULTS,
+    PRIORITY_HELP,
+    config_of,
+    no_preempt_option,
+    open_queue,
+    priority_type,
+    task_option,
+)
+from gpuq.connection import Tls, redis_errors
+from gpuq.task import Priority
 from gpuq.views.inspect import pool_view
 
-DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
-
-class Cli(click.Group):
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except GpuqError as exc:
-            raise click.ClickException(one_line(redact(str(exc)))) from None
-        except UnicodeEncodeError as exc:  # a lone surrogate: bytes given that were not UTF-8
-            raise click.ClickException(f"{exc.object[:80]!r} is not valid UTF-8 text") from None
-
-
-def one_line(message: str) -> str:
-    """A message that names user input stays one line: control characters escaped."""
-    return re.sub(r"[\x00-\x1f\x7f\x85\u2028\u2029]", lambda m: repr(m.group())[1:-1], message)
-
-
-def config_of(ctx: click.Context) -> Config:
-    cfg: Config = ctx.obj["config"]
-    return cfg
-
-
-def open_queue(ctx: click.Context) -> Queue:
-    cfg = config_of(ctx)
-    url = cfg.redis_url or DEFAULT_URL
-    with redis_errors(url):
-        client = connect(url, tls=Tls.of(cfg), pool=cfg.pool)
-        client.ping()
-    return Queue(client, replace(cfg, redis_url=url), url=url)
-
-
-@click.group(cls=Cli)
-@click.option("--redis", "redis_url", envvar="GPUQ_REDIS_URL", default="",
-              help=f"Redis URL (env GPUQ_REDIS_URL; default {DEFAULT_URL}, the demo embeds one): "
-                   "redis://, rediss:// (TLS), unix://, redis+sentinel://HOST:PORT[,...]/MASTER[/DB], "
-                   "redis+cluster://HOST:PORT[,...].")
-@click.option("--tls-ca", envvar="GPUQ_TLS_CA", help="rediss://: CA file (PEM) the server's certificate "
-              "must chain to (env GPUQ_TLS_CA; default: the system's CAs).")
-@click.option("--tls-cert", envvar="GPUQ_TLS_CERT", help="rediss://: client certificate (env GPUQ_TLS_CERT).")
-@click.option("--tls-key", envvar="GPUQ_TLS_KEY", help="rediss://: its private key (PEM) (env GPUQ_TLS_KEY).")
-@click.option("--pool", envvar="GPUQ_POOL", default="default", show_default=True,
-              help="Pool name (env GPUQ_POOL).")
-@click.option("--log-level", envvar="GPUQ_LOG_LEVEL", default="INFO", show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-@click.option("--log-format", envvar="GPUQ_LOG_FORMAT", default="text", show_default=True,
-              type=click.Choice(["text", "json"]),
-              help="json: one object per line with the event name and fields (env GPUQ_LOG_FORMAT).")
-@click.pass_context
-def cli(ctx: click.Context, redis_url: str, tls_ca: str | None, tls_cert: str | None,
-        tls_key: str | None, pool: str, log_level: str, log_format: str) -> None:
-    """gpuq: a Redis-backed task queue that schedules AI inference work onto GPUs."""
-    logs.configure(log_level, log_format)
-    try:
-        cfg = Config.from_env().with_options(redis_url=redis_url, pool=pool, tls_ca=tls_ca,
-                                             tls_cert=tls_cert, tls_key=tls_key)
-    except GpuqError as exc:
-        raise click.ClickException(str(exc)) from None
-    ctx.obj = {"config": cfg}
-
-
-def priority_type(value: str) -> Priority:
-    try:
-        return Priority.parse(value)
-    except GpuqError as exc:
-        raise click.BadParameter(exc.args[0]) from None
-
-
-@cli.command()
-@click.argument("handler")
-@click.option("--payload", default="null", help="JSON payload.", show_default=True)
-@click.option("--model", required=True, help="Model the task runs on.")
-@click.option("--vram-gb", type=float, required=True, help="VRAM the task needs (GB), weights included.")
-@click.option("--priority", default="P2", show_default=True,
-              help="P0..P3, 0..3 or online/nearline/batch/offline.")
-@click.option("--est-s", type=float, default=1.0, show_default=True, help="Estimated run seconds.")
-@click.option("--deadline-s", type=float, default=None, help="Seconds from now the task must end by.")
-@click.option("--tenant", default="default", show_default=True)
-@click.option("--no-preempt", is_flag=True, help="Never preempt this task.")
-@click.option("--max-attempts", type=int, default=3, show_default=True)
-@click.option("--check-fit", is_flag=True,
-              help="Reject the task if no registered GPU class fits it or no worker registers its handler.")
-@click.option("--wait", is_flag=True, help="Wait for the result and print it.")
-@click.option("--timeout", type=float, default=None, help="With --wait: seconds to wait.")
-@click.pass_context
-def enqueue(ctx: click.Context, handler: str, payload: str, model: str, vram_gb: float,
-            priority: str, est_s: float, deadline_s: float | None, tenant: str, no_preempt: bool,
-            max_attempts: int, check_fit: bool, wait: bool, timeout: float | None) -> None:
-    """Enqueue a task; print its id (or its result with --wait)."""
-    data = parse_payload_text(payload)
-    queue = open_queue(ctx)
-    task = queue.enqueue(handler, data, model=model, vram_gb=vram_gb, priority=priority,
-                         est_s=est_s, deadline_s=deadline_s, tenant=tenant,
-                         preemptible=not no_preempt, max_attempts=max_attempts, check_fit=check_fit)
-    if not wait:
-        click.echo(task.id)
-        return
-    click.echo(json.dumps(task.result(timeout)))
-
-
-@cli.command()
+@click.command()
 @click.option("--app", "app_path", required=True, help="module:attr of a gpuq.App.")
 @click.option("--gpu", "gpu_index", type=int, default=None, help="GPU index (NVML).")
 @click.option("--vram-gb", type=float, default=None, help="Declare a GPU of this size instead of NVML.")
 @click.option("--gpu-name", default=None, help="Name of the declared GPU class.")
-@click.option("--concurrency", type=int, default=None, help="Tasks run at once (default 1).")
+@click.option("--concurrency", type=int, default=None,
+              help=f"Tasks run at once (default {DEFAULTS.concurrency}).")
 @click.option("--name", "worker_id", default=None, help="Worker id (default host-gpu-random).")
 @click.option("--burst", is_flag=True, help="Exit when nothing is left that this worker can run.")
 @click.option("--idle-timeout", "idle_timeout_s", type=float, default=None,
               help="Idle seconds before unloading models and retiring above the pool's "
-                   "min_workers (default 300; 0: never; env GPUQ_IDLE_TIMEOUT_S).")
+                   f"min_workers (default {DEFAULTS.idle_timeout_s:g}; 0: never; env GPUQ_IDLE_TIMEOUT_S).")
 @click.option("--priorities", default=None,
               help="Serve only these priorities, e.g. P0,P1: a dedicated lane (env GPUQ_PRIORITIES).")
 @click.option("--metrics-port", type=int, default=None,
               help="Serve this worker's Prometheus metrics on this port (env GPUQ_METRICS_PORT).")
-@click.option("--metrics-host", help="Address of the metrics port (default 127.0.0.1; 0.0.0.0: every "
-              "interface, e.g. in a container; env GPUQ_METRICS_HOST).")
+@click.option("--metrics-host", help=f"Address of the metrics port (default {DEFAULTS.metrics_host}; "
+              "0.0.0.0: every interface, e.g. in a container; env GPUQ_METRICS_HOST).")
 @click.option("--rq-allow", multiple=True,
               help="Run RQ jobs whose function lives under this module (repeatable; needs gpuq[rq]).")
 @click.option("--rq-redis", "rq_url", default=None, help="RQ's Redis URL (default: --redis).")
@@ -165,16 +66,17 @@ def worker(ctx: click.Context, app_path: str, gpu_index: int | None, vram_gb: fl
     ctx.exit(Worker(queue.redis, cfg, app, gpu, worker_id=worker_id, burst=burst).run())
 
 
-@cli.command()
+@click.command()
 @click.option("--once", is_flag=True, help="One round (recovery, expiry, preemption, scaling), then exit.")
 @click.option("--max-wait", "max_wait_s", type=float, default=None,
               help="Wait for a victim ending within this many seconds instead of interrupting "
-                   "one (default 30; env GPUQ_MAX_WAIT_S).")
+                   f"one (default {DEFAULTS.max_wait_s:g}; env GPUQ_MAX_WAIT_S).")
 @click.option("--grace", "grace_s", type=float, default=None,
-              help="Seconds a task asked to yield has before it is stopped (default 10; env GPUQ_GRACE_S).")
+              help=f"Seconds a task asked to yield has before it is stopped (default {DEFAULTS.grace_s:g}; "
+                   "env GPUQ_GRACE_S).")
 @click.option("--min-workers", type=int, default=None,
-              help="Idle workers retire only while more than this many are live (default 1; "
-                   "env GPUQ_MIN_WORKERS).")
+              help="Idle workers retire only while more than this many are live "
+                   f"(default {DEFAULTS.min_workers}; env GPUQ_MIN_WORKERS).")
 @click.option("--on-scale", default=None,
               help="Command run with CLASS CURRENT DESIRED when a GPU class's desired worker "
                    "count changes (env GPUQ_ON_SCALE).")
@@ -196,27 +98,22 @@ def reaper(ctx: click.Context, once: bool, max_wait_s: float | None, grace_s: fl
     ctx.exit(r.run())
 
 
-@cli.command("rq-bridge")
+@click.command("rq-bridge")
 @click.option("--rq-queue", "rq_queues", multiple=True, required=True,
               help="RQ queue to take jobs from (repeatable).")
 @click.option("--rq-redis", "rq_url", default=None, help="RQ's Redis URL (default: --redis).")
-@click.option("--model", default=None, help="Default model for jobs without meta['gpuq']['model'].")
-@click.option("--vram-gb", type=float, default=None, help="Default VRAM need (GB), weights included.")
-@click.option("--priority", type=priority_type, default=None,
-              help="Default priority: P0..P3, 0..3 or online/nearline/batch/offline.")
-@click.option("--est-s", type=float, default=None, help="Default estimated run seconds.")
-@click.option("--deadline-s", type=float, default=None,
-              help="Default seconds from enqueue the task must end by.")
-@click.option("--tenant", default=None, help="Default tenant.")
-@click.option("--no-preempt", is_flag=True, help="By default, never preempt these tasks.")
-@click.option("--max-attempts", type=int, default=None,
-              help="Default attempts (else RQ's Retry(max=n) + 1, else 1, as RQ).")
+@task_option("model", "Default model for jobs without meta['gpuq']['model'].", given_only=True)
+@task_option("vram_gb", "Default VRAM need (GB), weights included.", given_only=True)
+@task_option("priority", f"Default priority: {PRIORITY_HELP}", given_only=True, type=priority_type)
+@task_option("est_s", "Default estimated run seconds.", given_only=True)
+@task_option("deadline_s", "Default seconds from enqueue the task must end by.", given_only=True)
+@task_option("tenant", "Default tenant.", given_only=True)
+@no_preempt_option("By default, never preempt these tasks.")
+@task_option("max_attempts", "Default attempts (else RQ's Retry(max=n) + 1, else 1, as RQ).", given_only=True)
 @click.option("--burst", "--once", "burst", is_flag=True, help="Exit once every RQ queue is empty.")
 @click.pass_context
-def rq_bridge(ctx: click.Context, rq_queues: tuple[str, ...], rq_url: str | None,
-              model: str | None, vram_gb: float | None, priority: Priority | None,
-              est_s: float | None, deadline_s: float | None, tenant: str | None,
-              no_preempt: bool, max_attempts: int | None, burst: bool) -> None:
+def rq_bridge(ctx: click.Context, /, rq_queues: tuple[str, ...], rq_url: str | None, no_preempt: bool,
+              burst: bool, **defaults: Any) -> None:
     """Move jobs from RQ queues into gpuq tasks (reliably; needs gpuq[rq])."""
     from gpuq.rq.support import require, rq_client
 
@@ -224,9 +121,7 @@ def rq_bridge(ctx: click.Context, rq_queues: tuple[str, ...], rq_url: str | None
     from gpuq.rq.bridge import Bridge
 
     queue = open_queue(ctx)
-    defaults = {"model": model, "vram_gb": vram_gb, "priority": priority, "est_s": est_s,
-                "deadline_s": deadline_s, "tenant": tenant, "max_attempts": max_attempts,
-                "preemptible": None if not no_preempt else False}
+    defaults["preemptible"] = None if not no_preempt else False  # None: not given
     url = rq_url or queue.url
     bridge = Bridge(queue, rq_client(url, Tls.of(queue.config)), url, list(rq_queues), defaults, burst=burst)
     code = bridge.run()
@@ -234,7 +129,7 @@ def rq_bridge(ctx: click.Context, rq_queues: tuple[str, ...], rq_url: str | None
     ctx.exit(code)
 
 
-@cli.command()
+@click.command()
 @click.option("--port", type=int, default=9108, show_default=True, help="HTTP port of /metrics.")
 @click.option("--host", envvar="GPUQ_EXPORTER_HOST", default="127.0.0.1", show_default=True,
               help="Address to listen on (0.0.0.0: every interface; env GPUQ_EXPORTER_HOST).")
@@ -248,7 +143,7 @@ def exporter(ctx: click.Context, port: int, host: str) -> None:
     ctx.exit(Exporter(queue.redis, queue.keys).serve(port, host))
 
 
-@cli.command()
+@click.command()
 @click.option("--interval", "interval_s", type=float, default=1.0, show_default=True,
               help="Seconds between refreshes.")
 @click.option("--once", is_flag=True, help="Print one frame and exit (also when not a terminal).")
@@ -262,25 +157,7 @@ def top(ctx: click.Context, interval_s: float, once: bool) -> None:
         ctx.exit(run_top(queue.redis, queue.keys, interval_s=interval_s, once=once))
 
 
-@cli.command()
-@click.argument("worker_id")
-@click.pass_context
-def drain(ctx: click.Context, worker_id: str) -> None:
-    """Tell a worker to finish its running tasks, take no more, and exit."""
-    open_queue(ctx).drain_worker(worker_id)
-    click.echo(f"draining {worker_id}")
-
-
-@cli.command()
-@click.argument("task_id")
-@click.pass_context
-def requeue(ctx: click.Context, task_id: str) -> None:
-    """Put a task back in its queue (running, waiting to retry, failed, expired or canceled)."""
-    state = open_queue(ctx).requeue(task_id)
-    click.echo(f"requeued {task_id} ({state})")
-
-
-@cli.command()
+@click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
@@ -296,31 +173,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     click.echo(render_status(view))
 
 
-@cli.command()
-@click.argument("task_id")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.pass_context
-def task(ctx: click.Context, task_id: str, as_json: bool) -> None:
-    """Every field of one task (timestamps as epoch seconds)."""
-    record = open_queue(ctx).record(task_id).to_dict()
-    if as_json:
-        click.echo(json.dumps(record, indent=2))
-        return
-    for key, value in record.items():
-        shown = json.dumps(value) if isinstance(value, (dict, list)) else value
-        click.echo(f"{key:<13} {'' if value is None else shown}")
-
-
-@cli.command()
-@click.argument("task_id")
-@click.pass_context
-def cancel(ctx: click.Context, task_id: str) -> None:
-    """Cancel a queued, delayed or running task."""
-    previous = open_queue(ctx).cancel(task_id)
-    click.echo(f"canceled {task_id} (was {previous})")
-
-
-@cli.command()
+@click.command()
 @click.option("--trace", "trace_name", default="genai", show_default=True,
               help="genai, openb, azure or mooncake (files in --traces-dir).")
 @click.option("--traces-dir", default=None, help="Folder of the shared traces (env GPUQ_TRACES).")
@@ -375,7 +228,7 @@ def simulate(ctx: click.Context, trace_name: str, traces_dir: str | None, gpus: 
     click.echo(render(reports))
 
 
-@cli.command()
+@click.command()
 @click.option("--seconds", type=float, default=20.0, show_default=True, help="Producer run time.")
 @click.option("--time-scale", type=float, default=0.05, show_default=True,
               help="Multiplier on simulated load and run times.")
@@ -390,7 +243,7 @@ def demo(ctx: click.Context, seconds: float, time_scale: float, seed: int, as_js
                       seed=seed))
 
 
-@cli.command()
+@click.command()
 @click.option("--role", type=click.Choice(["producer", "worker", "reaper", "observer"]), required=True,
               help="observer: status, top and exporter only.")
 @click.option("--user", help="ACL user name (default gpuq-ROLE-POOL).")
@@ -406,5 +259,4 @@ def acl(ctx: click.Context, role: str, user: str | None, password_env: str) -> N
     click.echo(setuser_from_env(role, cfg.pool, user or f"gpuq-{role}-{cfg.pool}", password_env, cfg.prefix))
 
 
-def main() -> None:
-    cli(prog_name="gpuq")
+COMMANDS = (worker, reaper, rq_bridge, exporter, top, status, simulate, demo, acl)

@@ -1,0 +1,18 @@
+"""The gpuq command line: a thin click group over the library.
+
+``base`` holds the group, its shared options and the error boundary; ``tasks`` the commands
+on one task or worker; ``pool`` those that run or watch a pool's processes, and its tools.
+"""
+
+from gpuq.cli import pool, tasks
+from gpuq.cli.base import cli
+
+for _command in (*tasks.COMMANDS, *pool.COMMANDS):
+    cli.add_command(_command)
+
+
+def main() -> None:
+    cli(prog_name="gpuq")
+
+
+__all__ = ["cli", "main"]

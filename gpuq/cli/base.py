@@ -1,0 +1,117 @@
+"""The group every command hangs on: its shared options (``GPUQ_*`` variables), the error
+boundary (a GpuqError becomes one line and a non-zero exit, never a stack trace), and the
+helpers commands share.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, TypeVar, get_args, get_type_hints
+
+import click
+
+from gpuq import logs
+from gpuq.client import Queue
+from gpuq.config import Config
+from gpuq.connection import Tls, connect, redis_errors
+from gpuq.errors import GpuqError
+from gpuq.redact import redact
+from gpuq.task import Priority, TaskSpec
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+DEFAULTS = Config()  # the defaults option help states
+PRIORITY_HELP = "P0..P3, 0..3 or online/nearline/batch/offline."
+F = TypeVar("F", bound=Callable[..., Any])
+# TaskSpec.build's keyword options: their defaults and types make the task options of commands
+SPEC = inspect.signature(TaskSpec.build).parameters
+SPEC_TYPES = get_type_hints(TaskSpec.build)
+
+
+class Cli(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except GpuqError as exc:
+            raise click.ClickException(one_line(redact(str(exc)))) from None
+        except UnicodeEncodeError as exc:  # a lone surrogate: bytes given that were not UTF-8
+            raise click.ClickException(f"{exc.object[:80]!r} is not valid UTF-8 text") from None
+
+
+def one_line(message: str) -> str:
+    """A message that names user input stays one line: control characters escaped."""
+    return re.sub(r"[\x00-\x1f\x7f\x85\u2028\u2029]", lambda m: repr(m.group())[1:-1], message)
+
+
+def config_of(ctx: click.Context) -> Config:
+    cfg: Config = ctx.obj["config"]
+    return cfg
+
+
+def open_queue(ctx: click.Context) -> Queue:
+    cfg = config_of(ctx)
+    url = cfg.redis_url or DEFAULT_URL
+    with redis_errors(url):
+        client = connect(url, tls=Tls.of(cfg), pool=cfg.pool)
+        client.ping()
+    return Queue(client, replace(cfg, redis_url=url), url=url)
+
+
+def priority_type(value: str) -> Priority:
+    try:
+        return Priority.parse(value)
+    except GpuqError as exc:
+        raise click.BadParameter(exc.args[0]) from None
+
+
+def task_option(name: str, help: str | None, *, given_only: bool = False,
+                **overrides: Any) -> Callable[[F], F]:
+    """``--name`` for TaskSpec.build's option ``name``, typed as it is. Its default is
+    TaskSpec's (shown; required when it has none), or with ``given_only`` None: not given."""
+    default = SPEC[name].default
+    kind = next((k for k in get_args(SPEC_TYPES[name]) if k is not type(None)), SPEC_TYPES[name])
+    options: dict[str, Any] = {"type": kind if kind in (int, float) else str, "help": help}
+    if given_only:
+        options["default"] = None
+    elif default is inspect.Parameter.empty:
+        options["required"] = True  # no default given: click reports it missing (exit 2)
+    elif default is not None:
+        options.update(default=default.label if isinstance(default, Priority) else default,
+                       show_default=True)
+    return click.option(f"--{name.replace('_', '-')}", **{**options, **overrides})
+
+
+def no_preempt_option(help: str) -> Callable[[F], F]:
+    """TaskSpec's ``preemptible`` (default True) as the flag that turns it off."""
+    return click.option("--no-preempt", is_flag=True, help=help)
+
+
+@click.group(cls=Cli)
+@click.option("--redis", "redis_url", envvar="GPUQ_REDIS_URL", default="",
+              help=f"Redis URL (env GPUQ_REDIS_URL; default {DEFAULT_URL}, the demo embeds one): "
+                   "redis://, rediss:// (TLS), unix://, redis+sentinel://HOST:PORT[,...]/MASTER[/DB], "
+                   "redis+cluster://HOST:PORT[,...].")
+@click.option("--tls-ca", envvar="GPUQ_TLS_CA", help="rediss://: CA file (PEM) the server's certificate "
+              "must chain to (env GPUQ_TLS_CA; default: the system's CAs).")
+@click.option("--tls-cert", envvar="GPUQ_TLS_CERT", help="rediss://: client certificate (env GPUQ_TLS_CERT).")
+@click.option("--tls-key", envvar="GPUQ_TLS_KEY", help="rediss://: its private key (PEM) (env GPUQ_TLS_KEY).")
+@click.option("--pool", envvar="GPUQ_POOL", default=DEFAULTS.pool, show_default=True,
+              help="Pool name (env GPUQ_POOL).")
+@click.option("--log-level", envvar="GPUQ_LOG_LEVEL", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.option("--log-format", envvar="GPUQ_LOG_FORMAT", default="text", show_default=True,
+              type=click.Choice(["text", "json"]),
+              help="json: one object per line with the event name and fields (env GPUQ_LOG_FORMAT).")
+@click.pass_context
+def cli(ctx: click.Context, redis_url: str, tls_ca: str | None, tls_cert: str | None,
+        tls_key: str | None, pool: str, log_level: str, log_format: str) -> None:
+    """gpuq: a Redis-backed task queue that schedules AI inference work onto GPUs."""
+    logs.configure(log_level, log_format)
+    try:
+        cfg = Config.from_env().with_options(redis_url=redis_url, pool=pool, tls_ca=tls_ca,
+                                             tls_cert=tls_cert, tls_key=tls_key)
+    except GpuqError as exc:
+        raise click.ClickException(str(exc)) from None
+    ctx.obj = {"config": cfg}

@@ -1,0 +1,83 @@
+"""Commands on one task or one worker: enqueue, task, cancel, requeue, drain."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from gpuq.cli.base import PRIORITY_HELP, no_preempt_option, open_queue, task_option
+from gpuq.client import Queue
+from gpuq.task import parse_payload_text
+
+
+@click.command()
+@click.argument("handler")
+@click.option("--payload", default="null", help="JSON payload.", show_default=True)
+@task_option("model", "Model the task runs on.")
+@task_option("vram_gb", "VRAM the task needs (GB), weights included.")
+@task_option("priority", PRIORITY_HELP)
+@task_option("est_s", "Estimated run seconds.")
+@task_option("deadline_s", "Seconds from now the task must end by.")
+@task_option("tenant", None)
+@no_preempt_option("Never preempt this task.")
+@task_option("max_attempts", None)
+@click.option("--check-fit", is_flag=True,
+              help="Reject the task if no registered GPU class fits it or no worker registers its handler.")
+@click.option("--wait", is_flag=True, help="Wait for the result and print it.")
+@click.option("--timeout", type=float, default=None, help="With --wait: seconds to wait.")
+@click.pass_context
+def enqueue(ctx: click.Context, /, handler: str, payload: str, no_preempt: bool, check_fit: bool,
+            wait: bool, timeout: float | None, **options: Any) -> None:
+    """Enqueue a task; print its id (or its result with --wait)."""
+    data = parse_payload_text(payload)
+    queue = open_queue(ctx)
+    task = queue.enqueue(handler, data, preemptible=not no_preempt, check_fit=check_fit, **options)
+    if not wait:
+        click.echo(task.id)
+        return
+    click.echo(json.dumps(task.result(timeout)))
+
+
+def verb(name: str, argument: str, act: Callable[[Queue, str], Any], said: str,
+         help: str) -> click.Command:
+    """A command that applies one Queue method to the id it is given and says what it did
+    (``said`` names ``{id}`` and ``{state}``: what the method returned)."""
+
+    @click.command(name, help=help)
+    @click.argument(argument)
+    @click.pass_context
+    def command(ctx: click.Context, /, **given: str) -> None:
+        subject = given[argument]
+        state = act(open_queue(ctx), subject)
+        click.echo(said.format(id=subject, state=getattr(state, "value", state)))
+
+    return command
+
+
+drain = verb("drain", "worker_id", Queue.drain_worker, "draining {id}",
+             "Tell a worker to finish its running tasks, take no more, and exit.")
+requeue = verb("requeue", "task_id", Queue.requeue, "requeued {id} ({state})",
+               "Put a task back in its queue (running, waiting to retry, failed, expired or canceled).")
+cancel = verb("cancel", "task_id", Queue.cancel, "canceled {id} (was {state})",
+              "Cancel a queued, delayed or running task.")
+
+
+@click.command()
+@click.argument("task_id")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+def task(ctx: click.Context, task_id: str, as_json: bool) -> None:
+    """Every field of one task (timestamps as epoch seconds)."""
+    record = open_queue(ctx).record(task_id).to_dict()
+    if as_json:
+        click.echo(json.dumps(record, indent=2))
+        return
+    for key, value in record.items():
+        shown = json.dumps(value) if isinstance(value, (dict, list)) else value
+        click.echo(f"{key:<13} {'' if value is None else shown}")
+
+
+COMMANDS = (enqueue, task, cancel, requeue, drain)

@@ -1,0 +1,159 @@
+"""What the sync and the asyncio producer share: the enqueue signature and its validation,
+bulk chunking, the liveness check of a drain, and the bookkeeping of a result wait.
+
+``gpuq.client.Queue`` and ``gpuq.aio.AsyncQueue`` derive from ``Producer`` and add only the
+sending, blocking or awaited; neither imports the other.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Generic, TypeVar
+
+from gpuq.clock import from_time_reply
+from gpuq.config import Config
+from gpuq.errors import ResultTimeout, TaskFailed, TaskNotFound, WorkerNotFound
+from gpuq.keys import Keys
+from gpuq.replies import pairs_to_dict
+from gpuq.scripts import Call, Calls, raise_first_error
+from gpuq.task import Priority, State, TaskRecord, TaskSpec, build_specs
+
+BULK_CHUNK = 200  # tasks per enqueue call in a bulk enqueue
+PENDING = object()  # Waiting.outcome: the task has not ended yet
+
+ClientT = TypeVar("ClientT")
+EnqueuedT = TypeVar("EnqueuedT")  # what enqueue returns: a handle, or an awaitable of one
+
+
+class Producer(Generic[ClientT, EnqueuedT]):
+    """One pool on one Redis, the producer side, whatever the client."""
+
+    def __init__(self, client: ClientT, config: Config | None = None, *, url: str = "") -> None:
+        self.config = config or Config()
+        self.url = url or self.config.redis_url or "redis"
+        self.redis = client
+        self.keys = Keys(self.config.pool, self.config.prefix)
+        self.calls = Calls(self.config)
+        self.owns_client = False  # from_url made the client: leaving a ``with`` block closes it
+
+    def enqueue(self, handler: str, payload: Any = None, *, model: str, vram_gb: float,
+                priority: Priority | int | str = Priority.P2, est_s: float = 1.0,
+                deadline_s: float | None = None, preemptible: bool = True, tenant: str = "default",
+                max_attempts: int = 3, task_id: str | None = None,
+                check_fit: bool = False) -> EnqueuedT:
+        """Validate and enqueue one task in one round trip (the asyncio client: awaited).
+
+        ``payload``: JSON-serializable data. ``model`` and ``vram_gb`` (weights included)
+        place it; ``priority``: P0..P3, 0..3 or online/nearline/batch/offline; ``est_s``:
+        estimated run seconds; ``deadline_s``: seconds from now it must end by, else it
+        expires; ``preemptible=False``: never interrupted for higher-priority work;
+        ``max_attempts``: 1..100; ``task_id``: default a new unique id. ``check_fit``:
+        Unschedulable if no registered GPU class fits it or no worker registers its handler.
+        InvalidTask, before anything is sent, for bad input.
+        """
+        spec = TaskSpec.build(handler, payload, model=model, vram_gb=vram_gb, priority=priority,
+                              est_s=est_s, deadline_s=deadline_s, preemptible=preemptible,
+                              tenant=tenant, max_attempts=max_attempts, task_id=task_id)
+        return self._submit(spec, check_fit)
+
+    def _submit(self, spec: TaskSpec, check_fit: bool) -> EnqueuedT:
+        raise NotImplementedError
+
+    def _bulk(self, tasks: Iterable[Mapping[str, Any]],
+              check_fit: bool) -> tuple[list[TaskSpec], Iterator[Call[int]]]:
+        """Every task validated first (nothing sent if one is bad), then its enqueue calls,
+        BULK_CHUNK tasks each, built as they are sent."""
+        specs = build_specs(tasks)
+        return specs, (self.calls.enqueue(specs[i:i + BULK_CHUNK], check_fit=check_fit)
+                       for i in range(0, len(specs), BULK_CHUNK))
+
+    @staticmethod
+    def _check_live(worker_id: str, expiry: float | None, server_time: tuple[int, int]) -> None:
+        """WorkerNotFound unless the worker's liveness score (ZSCORE of the workers set) is
+        past the server's TIME: a drain message to it would never be read."""
+        # listed but past its liveness: dead, not yet reaped
+        if expiry is None or expiry < from_time_reply(server_time):
+            raise WorkerNotFound(worker_id)
+
+
+class Waiting:
+    """The bookkeeping of a result wait, shared by the sync and async clients."""
+
+    MAX_BLOCK_S = 60.0  # re-read the task at least this often, whatever the timeout
+    OUTCOME = ("state", "result", "error")  # what a result wait reads of the task
+
+    def __init__(self, task_id: str, timeout: float | None, client: Any = None) -> None:
+        self.task_id = task_id
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        # a client with a read timeout would fail a longer pop with a socket timeout: block a
+        # little less than it. redis-py applies 5 s when the client was not given one.
+        kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+        read_timeout = kwargs.get("socket_timeout", 5.0) if client is not None else None
+        self.max_block_s = self.MAX_BLOCK_S if not read_timeout else max(0.1, min(
+            self.MAX_BLOCK_S, float(read_timeout) - 1.0))
+
+    def may_skip_read(self, exists: bool) -> bool:
+        """A task known to exist is first read after the first pop, unless no pop is left."""
+        return exists and (self.timeout is None or self.timeout > 0)
+
+    def ended(self, fields: dict[str, str] | None) -> TaskRecord | None:
+        """The record if the task has ended; None to keep waiting (None fields: not read)."""
+        if fields is None:
+            return None
+        if not fields:
+            raise TaskNotFound(self.task_id)
+        record = TaskRecord.from_fields(fields)
+        return record if record.state.terminal else None
+
+    def outcome(self, values: list[Any] | None) -> Any:
+        """The result once the task has ended (TaskFailed if it did not succeed), from its
+        OUTCOME fields; PENDING to keep waiting (None: not read yet)."""
+        if values is None:
+            return PENDING
+        state, result, error = values
+        if not state:
+            raise TaskNotFound(self.task_id)
+        if state == State.SUCCEEDED.value:
+            return json.loads(result) if result else None
+        if State(state).terminal:
+            raise TaskFailed(self.task_id, state, error or "")
+        return PENDING
+
+    def pop_and_read(self, keys: Keys, fields: tuple[str, ...] = ()) -> list[tuple[Any, ...]]:
+        """Block until the done list has an element, rotating it in place so every waiter
+        sees it (nothing to push back), then read the task (those fields, else the whole
+        hash): one round trip per wake-up."""
+        done = keys.done(self.task_id)
+        read = ("HMGET", keys.task(self.task_id), *fields) if fields else ("HGETALL", keys.task(self.task_id))
+        return [("BLMOVE", done, done, "RIGHT", "LEFT", self.block_s()), read]
+
+    @staticmethod
+    def fields(replies: list[Any]) -> dict[str, str]:
+        """The task hash read by ``pop_and_read``'s replies (a map under RESP3, a flat list
+        under RESP2); a server error raised."""
+        read = Waiting.last(replies)
+        return read if isinstance(read, dict) else pairs_to_dict(read)
+
+    @staticmethod
+    def last(replies: list[Any]) -> Any:
+        """The read's reply of ``pop_and_read``'s replies; a server error raised."""
+        return raise_first_error(replies)[1]
+
+    def block_s(self) -> float:
+        """How long the next pop may block; ResultTimeout once the timeout has passed."""
+        if self.deadline is None:
+            return self.max_block_s
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise ResultTimeout(self.task_id, self.timeout or 0.0)
+        return min(left, self.max_block_s)
+
+
+def stored(fields: Mapping[Any, Any], task_id: str) -> dict[str, str]:
+    """A task hash as read (HGETALL); TaskNotFound when there is none."""
+    if not fields:
+        raise TaskNotFound(task_id)
+    return {str(k): str(v) for k, v in fields.items()}

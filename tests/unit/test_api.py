@@ -1,0 +1,136 @@
+"""The producer API says what it takes: the sync and asyncio clients have one surface, the
+enqueue options are TaskSpec's, and both close what they opened."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from typing import Any, get_type_hints
+
+import fakeredis
+import pytest
+
+from gpuq.aio import AsyncQueue, AsyncTask
+from gpuq.cli import cli
+from gpuq.client import Queue, Task
+from gpuq.config import Config
+from gpuq.errors import InvalidTask, NotRequeueable, WorkerNotFound
+from gpuq.task import State, TaskSpec
+
+# TaskSpec options producers do not set: the rq bridge asks for its tasks' ends this way
+BRIDGE_ONLY = {"report_end"}
+
+
+def public(cls: type) -> set[str]:
+    return {name for name, _ in inspect.getmembers(cls, callable) if not name.startswith("_")}
+
+
+def test_the_async_client_has_the_sync_clients_surface() -> None:
+    assert public(Queue) == public(AsyncQueue)
+    assert public(Task) == public(AsyncTask)
+
+
+@pytest.mark.parametrize("cls", [Queue, AsyncQueue])
+def test_enqueue_spells_out_taskspecs_options(cls: type) -> None:
+    given = inspect.signature(cls.enqueue).parameters
+    spec = inspect.signature(TaskSpec.build).parameters
+    options = {n: p for n, p in given.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    wanted = {n for n, p in spec.items() if p.kind is inspect.Parameter.KEYWORD_ONLY} - BRIDGE_ONLY
+    assert set(options) == wanted | {"check_fit"}
+    for name in wanted:
+        assert given[name].default == spec[name].default, name
+    assert options["check_fit"].default is False
+    assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in given.values())
+
+
+@pytest.mark.parametrize("method", ["cancel", "requeue"])
+@pytest.mark.parametrize("cls", [Queue, AsyncQueue, Task, AsyncTask])
+def test_cancel_and_requeue_return_a_state(cls: type, method: str) -> None:
+    if hasattr(cls, method):
+        assert get_type_hints(getattr(cls, method))["return"] is State
+
+
+@pytest.fixture
+def queue() -> Queue:
+    return Queue(fakeredis.FakeRedis(decode_responses=True), Config(pool="api"))
+
+
+def test_cancel_and_requeue_give_states(queue: Queue) -> None:
+    task = queue.enqueue("h", {"a": 1}, model="m", vram_gb=1, priority="online")
+    assert queue.record(task.id).priority.label == "P0"
+    assert task.cancel() is State.QUEUED
+    assert queue.requeue(task.id) is State.QUEUED
+    with pytest.raises(NotRequeueable):
+        queue.requeue(task.id)
+
+
+def test_enqueue_validates_before_sending(queue: Queue) -> None:
+    with pytest.raises(InvalidTask):
+        queue.enqueue("h", model="m", vram_gb=1, max_attempts=0)
+    with pytest.raises(TypeError):
+        queue.enqueue("h", model="m", vram_gb=1, colour="red")  # type: ignore[call-arg]
+    assert queue.redis.dbsize() == 0
+
+
+def test_drain_worker(queue: Queue) -> None:
+    with pytest.raises(WorkerNotFound):
+        queue.drain_worker("w1")
+    seconds, _ = queue.redis.time()
+    queue.redis.zadd(queue.keys.workers, {"w1": (seconds + 30) * 1000, "gone": (seconds - 30) * 1000})
+    queue.drain_worker("w1")
+    assert queue.redis.lrange(queue.keys.control("w1"), 0, -1) == ["drain"]
+    with pytest.raises(WorkerNotFound):
+        queue.drain_worker("gone")  # listed, past its liveness
+
+
+class Closing:
+    """Stands for a client: counts the closes."""
+
+    def __init__(self) -> None:
+        self.closed = 0
+
+    def register_script(self, script: Any) -> Any:
+        return script
+
+    def close(self) -> None:
+        self.closed += 1
+
+    async def aclose(self) -> None:
+        self.closed += 1
+
+
+def test_a_queue_closes_the_client_it_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    given = Closing()
+    with Queue(given) as queue:  # type: ignore[arg-type]
+        assert queue.redis is given
+    assert given.closed == 0  # the caller's client stays open
+    made = Closing()
+    monkeypatch.setattr("gpuq.client.connect", lambda *a, **k: made)
+    with Queue.from_url("redis://h:1/0"):
+        pass
+    assert made.closed == 1
+
+
+def test_an_async_queue_closes_the_client_it_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    given, made = Closing(), Closing()
+    monkeypatch.setattr("gpuq.aio.connect_async", lambda *a, **k: made)
+
+    async def scenario() -> None:
+        async with AsyncQueue(given):  # type: ignore[arg-type]
+            pass
+        async with AsyncQueue.from_url("redis://h:1/0") as queue:
+            assert queue.redis is made
+
+    asyncio.run(scenario())
+    assert (given.closed, made.closed) == (0, 1)
+
+
+def test_cli_enqueue_defaults_are_taskspecs() -> None:
+    options = {p.name: p for p in cli.commands["enqueue"].params}
+    spec = inspect.signature(TaskSpec.build).parameters
+    for name in ("est_s", "tenant", "max_attempts"):
+        assert options[name].default == spec[name].default, name
+    assert spec["deadline_s"].default is None and not options["deadline_s"].required
+    assert options["priority"].default == spec["priority"].default.label
+    assert options["model"].required and options["vram_gb"].required
+    assert spec["preemptible"].default is True  # what --no-preempt turns off
