@@ -63,27 +63,52 @@ def paced(n: int, index: int, start: float, window_s: float) -> float:
     return max(0.0, start + window_s * index / max(1, n) - time.monotonic())
 
 
+class Sending:
+    """One task's enqueue, sent until the server acknowledges it (or says it has it
+    already), with backoff, for RETRY_FOR_S at most: the sync and async producers do the
+    sending and the waiting, this decides."""
+
+    def __init__(self, ledger: Ledger, task_id: str, producer: str) -> None:
+        self.ledger, self.task_id, self.producer = ledger, task_id, producer
+        self.give_up = time.monotonic() + RETRY_FOR_S
+        self.delay, self.tried = 0.05, False
+
+    def open(self, stop: threading.Event) -> bool:
+        return not stop.is_set() and time.monotonic() < self.give_up
+
+    def after(self, exc: GpuqError | None) -> float | None:
+        """After one send (``exc``: how it failed): None when the task is settled, else the
+        seconds to wait before sending it again."""
+        if isinstance(exc, DuplicateTask):
+            if self.ledger.duplicate(self.tried):
+                self.ledger.ack(self.task_id, self.producer)
+            return None
+        if exc is not None:
+            self.ledger.error(exc)
+            self.tried = True
+            wait, self.delay = self.delay, min(2.0, self.delay * 2)
+            return wait
+        self.ledger.ack(self.task_id, self.producer)
+        return None
+
+    def abandon(self) -> None:
+        with self.ledger.lock:
+            self.ledger.given_up.append(self.task_id)
+
+
 def retrying(ledger: Ledger, stop: threading.Event, task_id: str, producer: str,
              send: Callable[[], Any]) -> None:
-    """Send until the server acknowledges the task (or says it has it already)."""
-    give_up = time.monotonic() + RETRY_FOR_S
-    delay, tried = 0.05, False
-    while not stop.is_set() and time.monotonic() < give_up:
+    sending = Sending(ledger, task_id, producer)
+    while sending.open(stop):
         try:
             send()
-        except DuplicateTask:
-            if not ledger.duplicate(tried):
-                return
+            wait = sending.after(None)
         except GpuqError as exc:
-            ledger.error(exc)
-            tried = True
-            stop.wait(delay)
-            delay = min(2.0, delay * 2)
-            continue
-        ledger.ack(task_id, producer)
-        return
-    with ledger.lock:
-        ledger.given_up.append(task_id)
+            wait = sending.after(exc)
+        if wait is None:
+            return
+        stop.wait(wait)
+    sending.abandon()
 
 
 def sync_producer(url: str, pool: str, items: list[dict[str, Any]], ledger: Ledger,
@@ -147,21 +172,18 @@ async def _async_produce(url: str, pool: str, items: list[dict[str, Any]], ledge
             await asyncio.sleep(paced(len(items), i, start, window_s))
             if stop.is_set():
                 return
-            delay, tried = 0.05, False
-            while not stop.is_set():
+            sending = Sending(ledger, item["task_id"], "async")
+            while sending.open(stop):
                 try:
                     await queue.enqueue(**item)
-                except DuplicateTask:
-                    if not ledger.duplicate(tried):
-                        break
+                    wait = sending.after(None)
                 except GpuqError as exc:
-                    ledger.error(exc)
-                    tried = True
-                    await asyncio.sleep(delay)
-                    delay = min(2.0, delay * 2)
-                    continue
-                ledger.ack(item["task_id"], "async")
-                break
+                    wait = sending.after(exc)
+                if wait is None:
+                    break
+                await asyncio.sleep(wait)
+            else:
+                sending.abandon()
     finally:
         await queue.close()
 
@@ -183,7 +205,7 @@ def canceler(url: str, pool: str, ledger: Ledger, stop: threading.Event, share: 
                     continue
                 stop.wait(rng.uniform(0, 0.3))
                 try:
-                    state = queue.cancel(task_id)
+                    state = queue.cancel(task_id).value
                 except TaskAlreadyFinished as exc:
                     state = f"already {exc.state}"
                 except GpuqError as exc:
