@@ -3,8 +3,9 @@
 The workers and the reaper are the same ``gpuq worker`` / ``gpuq reaper`` processes a
 deployment runs; only the GPU work is simulated (``workers/sim.py``: model loads and task
 runs sleep, scaled by ``GPUQ_SIM_TIME_SCALE``). The producer runs in this process with seeded
-Poisson arrivals, waits for every task to end, and reports waits against the SLAs, model
-loads and outcomes from the task records themselves.
+Poisson arrivals, waits for every task to end, and reports waits (enqueue to the handler's
+first start, its model loaded) against the SLAs, model loads and outcomes from the task
+records themselves.
 """
 
 from __future__ import annotations
@@ -238,8 +239,8 @@ def session(queue: Queue, fleet: Fleet, seconds: float, time_scale: float,
     ids = produce(queue, random.Random(seed), seconds, rate)
     drain(queue, fleet, len(ids))
     fleet.stop()  # before reading the logs, so every worker has flushed its last line
-    records = fetch_records(queue.redis, queue.keys, ids)
-    summary = summarize(list(records.values()), len(ids), queue.config, GPUS,
+    records, began = fetch_records(queue.redis, queue.keys, ids)
+    summary = summarize(list(records.values()), began, len(ids), queue.config, GPUS,
                         fleet.model_loads(), catalog.read(queue.redis, queue.keys))
     return {"pool": queue.config.pool, "seconds": seconds, "time_scale": time_scale,
             "seed": seed, "rate_per_s": round(rate, 2), "drain_cap_s": DRAIN_CAP_S, **summary}

@@ -157,7 +157,8 @@ class Keys:
     @property
     def sla_misses(self) -> str:
         """The latest SLA misses, newest first (capped): JSON {id, priority, model, wait_s,
-        at, kind: "late" (started after its start-by time) | "expired"}."""
+        at, kind: "late" (claimed after its start-by time) | "cold" (claimed in time, its handler
+        started after it: a model load between) | "expired"}."""
         return self._key("sla_misses")
 
     @property

@@ -12,7 +12,7 @@ Worker (``WorkerMetrics``, one registry per worker process):
 
 | metric | type | labels | emitted |
 |---|---|---|---|
-| gpuq_schedule_latency_seconds | histogram | pool, priority | at claim, first attempts: enqueue to start |
+| gpuq_schedule_latency_seconds | histogram | pool, priority | at a task's first handler start (once per task, as its SLA is decided: at claim when the worker holds its model, after the load when cold): enqueue to handler start |
 | gpuq_task_phase_seconds | histogram | pool, priority, phase (queue, load, run) | queue: at claim, every attempt (time since it was last queued); load: after a cold load; run: when the handler returns |
 | gpuq_worker_tasks_total | counter | pool, gpu, priority, outcome (succeeded, failed, retried, yielded, stopped, lost) | when the worker settles a task |
 | gpuq_gpu_vram_total_bytes | gauge | pool, gpu, gpu_class | at start |
@@ -30,8 +30,8 @@ scrape; served by ``gpuq exporter``):
 | gpuq_tasks_running / gpuq_tasks_delayed / gpuq_tasks_unschedulable | gauge | pool | running set, delayed set, tasks larger than every GPU class |
 | gpuq_tasks_enqueued_total | counter | pool | `stats` enqueued |
 | gpuq_tasks_total | counter | pool, priority, outcome (succeeded, failed, expired, canceled) | `stats` `<outcome>:P<n>` |
-| gpuq_sla_starts_total | counter | pool, priority, result (met, missed) | `stats` `sla_met:P<n>` / `sla_missed:P<n>`, counted by claim on first attempts: started by the task's start-by time or not |
-| gpuq_sla_attainment_ratio | gauge | pool, priority | met / (met + missed) since the pool began |
+| gpuq_sla_starts_total | counter | pool, priority, result (met, missed) | `stats` `sla_met:P<n>` / `sla_missed:P<n>`, once per task at its first handler start (claim for a worker holding its model, began after a cold load): the handler started, model loaded, by the task's start-by time or not |
+| gpuq_sla_attainment_ratio | gauge | pool, priority | met / (met + missed) since the pool began: the share of handler starts within SLA |
 | gpuq_preemptions_total | counter | pool, kind (reserved, yield_requested, yielded, stopped, withdrawn), preempted_priority | `stats` `preempt:<kind>:P<n>` |
 | gpuq_fair_dispatches_total | counter | pool, priority | `stats` `fair:P<n>`: claims made by the fairness rule |
 | gpuq_warm_hints_total | counter | pool | `stats` warm_hints |
@@ -77,7 +77,8 @@ class WorkerMetrics:
         self.pool, self.gpu, self.gpu_class = pool, gpu, gpu_class
         r = self.registry
         self.schedule_latency = Histogram(
-            "gpuq_schedule_latency_seconds", "Enqueue to start of a task's first attempt.",
+            "gpuq_schedule_latency_seconds",
+            "Enqueue to a task's first handler start, its model loaded.",
             ["pool", "priority"], buckets=LATENCY_BUCKETS, registry=r)
         self.phase = Histogram(
             "gpuq_task_phase_seconds", "Seconds a task spent queued, loading its model, running.",
@@ -95,10 +96,12 @@ class WorkerMetrics:
         self.models = Gauge("gpuq_worker_loaded_models", "Models resident on this GPU.",
                             ["pool", "gpu"], registry=r)
 
-    def started(self, priority: str, first_attempt: bool, waited_s: float, queued_s: float) -> None:
-        if first_attempt:
-            self.schedule_latency.labels(self.pool, priority).observe(max(0.0, waited_s))
+    def queued(self, priority: str, queued_s: float) -> None:
         self.phase.labels(self.pool, priority, "queue").observe(max(0.0, queued_s))
+
+    def first_start(self, priority: str, waited_s: float) -> None:
+        """Enqueue to the task's first handler start (the start that decided its SLA)."""
+        self.schedule_latency.labels(self.pool, priority).observe(max(0.0, waited_s))
 
     def phase_done(self, priority: str, phase: str, seconds: float) -> None:
         self.phase.labels(self.pool, priority, phase).observe(max(0.0, seconds))
@@ -193,11 +196,13 @@ class PoolCollector(Collector):
                        [([pool], stats.get("enqueued", 0))])
         yield _counter("gpuq_tasks", "Tasks ended, by outcome.", ["pool", "priority", "outcome"],
                        [([pool, p, o], stats.get(f"{o}:{p}", 0)) for p in PRIORITIES for o in OUTCOMES])
-        yield _counter("gpuq_sla_starts", "First starts within the task's start-by time or not.",
+        yield _counter("gpuq_sla_starts",
+                       "First handler starts (model loaded) by the task's start-by time or not.",
                        ["pool", "priority", "result"],
                        [([pool, p, r], stats.get(f"sla_{r}:{p}", 0)) for p in PRIORITIES
                         for r in ("met", "missed")])
-        ratio = GaugeMetricFamily("gpuq_sla_attainment_ratio", "Share of first starts within SLA.",
+        ratio = GaugeMetricFamily("gpuq_sla_attainment_ratio",
+                                  "Share of first handler starts (model loaded) within SLA.",
                                   labels=["pool", "priority"])
         for p in PRIORITIES:
             met, missed = stats.get(f"sla_met:{p}", 0), stats.get(f"sla_missed:{p}", 0)

@@ -26,8 +26,8 @@ from gpuq.wire import exchange
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-SCRIPT_NAMES = ("enqueue", "claim", "heartbeat", "ack", "fail", "requeue", "cancel", "reap", "lead",
-                "expire", "preempt", "retire")
+SCRIPT_NAMES = ("enqueue", "claim", "began", "heartbeat", "ack", "fail", "requeue", "cancel", "reap",
+                "lead", "expire", "preempt", "retire")
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,15 @@ class Calls:
         for model, footprint in req.loaded:
             args += [model, _num(footprint)]
         return Call("claim", args, Claim.parse)
+
+    def began(self, task_id: str, token: int, *, now_ms: int = 0) -> Call[tuple[str, int]]:
+        """A cold-started task's handler starts: (its SLA decided now, "met" or "missed", or
+        "" when decided before; the server time used, ms)."""
+        def parse(r: list[Any]) -> tuple[str, int]:
+            raise_for(r, task_id)
+            return str(r[1]), int(r[2])
+
+        return Call("began", [task_id, str(token), str(now_ms)], parse)
 
     def heartbeat(self, worker_id: str, leases: Sequence[tuple[str, int]], *,
                   now_ms: int = 0) -> Call[tuple[bool, list[str]]]:

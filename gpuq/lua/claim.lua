@@ -35,13 +35,17 @@
 --          {0, "task", field, value, ...}   the claimed task: id, token, handler, payload,
 --                                            model, vram_gb, priority, est_s, attempt,
 --                                            deadline, tenant, checkpoint, enqueued_at,
---                                            queued_at, started_at (ms)
+--                                            queued_at, started_at (ms), sla (below)
 --          {1, 0, reason}                   INVALID: a malformed argument (nothing written)
 -- A queued task no claim could run wedges nothing: an id whose hash is gone (or is no longer
 -- queued) leaves its queue; one whose hash has a field missing or malformed (see `readable`)
 -- ends failed with "corrupt task: field <name> is missing or malformed" in its error.
--- A first attempt counts in stats as sla_met:P<n> or sla_missed:P<n> (started by its queue
--- score, the start-by time, or not); a miss is also noted in `misses` for gpuq top.
+-- A task's SLA is decided once, at its first handler start: in stats as sla_met:P<n> or
+-- sla_missed:P<n> (its handler started by its queue score, the start-by time, or not; a miss
+-- also noted in `misses` for gpuq top). A task whose model this worker holds starts its
+-- handler at once: decided here (reply sla "met" or "missed"). One started cold (the
+-- worker loads its model first) gets sla "pending": the worker calls began.lua when the
+-- handler starts. sla "" when an earlier start decided it.
 
 --@include args
 --@include json
@@ -145,7 +149,7 @@ end
 local function readable(id, p, m)
   local f = redis.call('HMGET', task_key(id), 'handler', 'payload', 'model', 'vram_gb', 'priority',
     'est_s', 'attempt', 'deadline', 'tenant', 'checkpoint', 'enqueued_at', 'queued_at', 'score',
-    'reserved_for', 'yield_victim', 'max_attempts')
+    'reserved_for', 'yield_victim', 'max_attempts', 'began_at')
   local attempt, tries = finite(f[7] ~= '' and f[7] or 0), finite(f[16])
   local has_deadline = f[8] and f[8] ~= ''
   local bad = f[5] ~= tostring(p) and 'priority' or f[3] ~= m and 'model'
@@ -309,7 +313,9 @@ count_dispatch(p, fair, fair_every)
 -- the attempt is written with the other fields, and the deadline index touched only if needed
 unqueue(id, p, m, f[8] ~= '')
 withdraw_yield(id, f[14], f[15], now)  -- started here: a victim still asked for it keeps running
-local token = start(id, p, m, worker, now, now + lease, f[7], f[13], f[11])
+local undecided = not f[17] or f[17] == ''  -- no handler start has decided its SLA yet
+local token, sla = start(id, p, m, worker, now, now + lease, f[7], f[13], f[11], undecided,
+  held[m] ~= nil)
 if not held[m] then note_cold_start(id, m, now) end
 if slots > 1 then
   redis.call('ZADD', K_IDLE, claimable - use, worker)
@@ -319,4 +325,4 @@ end
 return {0, 'task', 'id', id, 'token', token, 'handler', f[1], 'payload', f[2], 'model', f[3],
   'vram_gb', f[4], 'priority', f[5], 'est_s', f[6], 'attempt', f[7], 'deadline', f[8],
   'tenant', f[9], 'checkpoint', f[10] or '', 'enqueued_at', f[11], 'queued_at', f[12],
-  'started_at', ms(now)}
+  'started_at', ms(now), 'sla', sla}

@@ -5,8 +5,10 @@
 -- (`urgent`), which plans preemption for it at once. Each task's queue score is its
 -- start-by time: enqueue time plus its priority's SLA, or deadline minus estimate if that
 -- is earlier. A call of one task whose picked worker idles with one slot hands the task over
--- instead: started here for that worker and its fields pushed onto the worker's wake list;
--- left unread there past a pickup deadline, it is taken back (docs/PROTOCOL.md, Hand-over).
+-- instead: started here for that worker and its fields pushed onto the worker's wake list
+-- (its SLA decided here when the worker holds its model, else when its handler starts:
+-- began.lua); left unread there past a pickup deadline, it is taken back (docs/PROTOCOL.md,
+-- Hand-over).
 --
 -- KEYS[1]  pool key base, e.g. "gpuq:{default}:"
 -- ARGV[1]  now (ms; "0" = server clock)
@@ -172,14 +174,14 @@ for i = 1, n do
     -- deadline (the offer's defer bound), a claim or the reaper takes it back
     local pickup = now + math.min(hand.defer, math.floor(sla[prio] / 2))
     redis.call('ZREM', K_IDLE, w)
-    local token = start(id, prio, model, w, now, now + hand.lease, '1', score, now)
+    local token, sla = start(id, prio, model, w, now, now + hand.lease, '1', score, now, true, warm)
     if not warm then note_cold_start(id, model, now) end
     redis.call('ZADD', K_HANDED, pickup, id)
     count_dispatch(tonumber(prio), redis.call('HMGET', K_FAIRNESS, '1', '2', '3'), hand.fair_every)
     redis.call('LPUSH', wake_key(w), cjson.encode({id = id, token = tostring(token),
       handler = ARGV[o + 2], payload = ARGV[o + 3], model = model, vram_gb = vram_s,
       priority = prio, est_s = est_s, attempt = '1', deadline = deadline, tenant = ARGV[o + 10],
-      checkpoint = '', enqueued_at = now_ms, queued_at = now_ms, started_at = now_ms}))
+      checkpoint = '', enqueued_at = now_ms, queued_at = now_ms, started_at = now_ms, sla = sla}))
   else
     if idle then wake_worker(w) end
     redis.call('ZADD', queue_key(prio, model), score_ms, id)

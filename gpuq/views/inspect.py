@@ -174,8 +174,10 @@ def _parse_signal(raw: str) -> dict[str, Any]:
 
 def recent_misses(client: redis.Redis, keys: Keys, limit: int = 50) -> list[dict[str, Any]]:
     """The latest SLA misses as stored (newest first): {"id", "priority", "model", "wait_s",
-    "at" (epoch s), "kind"}. Elements that are not JSON objects are skipped: the list is
-    capped, not validated, and a foreign writer must not break ``gpuq top``."""
+    "at" (epoch s), "kind": "late" (started after its start-by time), "cold" (started in
+    time, its handler late after the model load) or "expired"}. Elements that are not JSON
+    objects are skipped: the list is capped, not validated, and a foreign writer must not
+    break ``gpuq top``."""
     out = []
     for raw in client.lrange(keys.sla_misses, 0, limit - 1) if limit > 0 else []:
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuq.task import Priority
 from gpuq.views.inspect import PoolView
 
 
@@ -16,6 +17,7 @@ def render_status(view: PoolView) -> str:
         lines.append(f"{q.priority:<9}{q.model[:23]:<24}{q.depth:>8}{q.oldest_wait_s:>13.1f}s")
     if not view.queues:
         lines.append("(no queued tasks)")
+    lines += _sla(view.stats)
     if view.unschedulable:
         lines.append("")
         lines.append(f"unschedulable: {view.unschedulable} queued task(s) need more VRAM than the "
@@ -36,6 +38,24 @@ def render_status(view: PoolView) -> str:
         lines.append("(no workers)")
     lines += _preemption(view) + _scale(view.scale)
     return "\n".join(lines)
+
+
+def _sla(stats: dict[str, int]) -> list[str]:
+    """Attainment per priority: each task counted once, when its handler first started with
+    its model loaded (a cold start's load counts against its SLA)."""
+    shown = []
+    for p in Priority:
+        met, missed = stats.get(f"sla_met:{p.label}", 0), stats.get(f"sla_missed:{p.label}", 0)
+        if met + missed:
+            shown.append(f"{p.label} {attainment(met, missed)} ({met} met, {missed} missed)")
+    return ["", "within SLA at handler start: " + ", ".join(shown)] if shown else []
+
+
+def attainment(met: int, missed: int) -> str:
+    if met + missed == 0:
+        return "-"
+    tenths = met * 1000 // (met + missed)  # floored: 100.0% only when nothing missed
+    return f"{tenths // 10}.{tenths % 10}%"
 
 
 def levels_label(levels: str) -> str:

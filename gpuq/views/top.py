@@ -1,7 +1,8 @@
 """``gpuq top``: a live terminal view of one pool, redrawn in place.
 
 A frame is plain text that fits the terminal width: totals, queues by priority with their SLA
-attainment, preemption and scale signals, recent SLA misses, then workers (last, as in top(1),
+attainment (handlers started, model loaded, within the SLA of enqueue), preemption and scale
+signals, recent SLA misses (late, cold or expired), then workers (last, as in top(1),
 since that list grows with the pool and is what gets cut when the screen is short). On a
 terminal it redraws with ANSI cursor codes (no curses: it must also run without a terminal);
 otherwise, or with ``once``, it prints one frame without escape codes.
@@ -21,7 +22,7 @@ from gpuq.clock import server_ms
 from gpuq.keys import Keys
 from gpuq.task import Priority
 from gpuq.views.inspect import PoolView, QueueView, WorkerView, pool_view, recent_misses
-from gpuq.views.render import levels_label
+from gpuq.views.render import attainment, levels_label
 
 MIN_WIDTH = 60
 MISS_LINES = 8
@@ -101,15 +102,16 @@ def _header(view: PoolView, now: float) -> list[str]:
 
 
 def _queues(view: PoolView, width: int) -> list[str]:
-    lines = ["", f"{'PRI':<4}{'DEPTH':>7}{'OLDEST':>8}{'SLA MET':>8}{'MISSED':>7}  BUSIEST MODELS"]
+    # met and missed: each task once, when its handler first started (its model loaded)
+    lines = ["", f"{'PRI':<4}{'DEPTH':>7}{'OLDEST':>8}{'SLA@START':>10}{'MISSED':>7}  BUSIEST MODELS"]
     for p in Priority:
         qs = sorted((q for q in view.queues if q.priority == p.label), key=lambda q: -q.depth)
         met = view.stats.get(f"sla_met:{p.label}", 0)
         missed = view.stats.get(f"sla_missed:{p.label}", 0)
         oldest = duration(max(q.oldest_wait_s for q in qs)) if qs else "-"
         lines.append(f"{p.label:<4}{sum(q.depth for q in qs):>7}{oldest:>8}"
-                     f"{attainment(met, missed):>8}{missed if met + missed else '-':>7}  "
-                     + _busiest(qs, width - 36))
+                     f"{attainment(met, missed):>10}{missed if met + missed else '-':>7}  "
+                     + _busiest(qs, width - 38))
     return lines
 
 
@@ -224,13 +226,6 @@ def duration(seconds: float) -> str:
         return f"{minutes}m{secs:02d}s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m" if hours < 24 else f"{hours // 24}d{hours % 24:02d}h"
-
-
-def attainment(met: int, missed: int) -> str:
-    if met + missed == 0:
-        return "-"
-    tenths = met * 1000 // (met + missed)  # floored: 100.0% only when nothing missed
-    return f"{tenths // 10}.{tenths % 10}%"
 
 
 def number(value: Any) -> float | None:

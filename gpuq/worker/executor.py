@@ -9,9 +9,11 @@ import threading
 import time
 from typing import Any
 
+import redis
+
 from gpuq import catalog
 from gpuq.app import App, Context, Yielded
-from gpuq.errors import GpuqError, StaleLease, TaskError
+from gpuq.errors import GpuqError, StaleLease, TaskError, TaskNotFound
 from gpuq.scripts import Call, Calls, Scripts
 from gpuq.task import JSON, MAX_RESULT_BYTES
 from gpuq.worker.models import ModelCache, Reservation
@@ -114,6 +116,9 @@ class Executor:
                 raise Yielded(task_id)
             fn = self.app.handlers[fields["handler"]].fn
             payload = json.loads(fields["payload"])
+            if fields.get("sla") == "pending" and not self.report_start(fields, running):
+                self.observer.observe(task_id, "lost")
+                return None
             running.enter()
             began = time.monotonic()
             try:
@@ -143,6 +148,23 @@ class Executor:
             if res is not None:
                 self.cache.release(res)
             self.running.untrack(task_id)
+
+    def report_start(self, fields: dict[str, str], running: Running) -> bool:
+        """A cold-started task's handler is about to start: began.lua decides its SLA now
+        (one round trip, cold starts only). False when the lease is gone: another attempt
+        owns the task, and this one's result would be rejected, so the handler is not run."""
+        try:
+            decided, now_ms = self.scripts.run(self.calls.began(running.task_id, running.token))
+        except (StaleLease, TaskNotFound):
+            log.warning("lease.lost task=%s worker=%s: lost during its model load",
+                        running.task_id, self.id)
+            return False
+        except redis.RedisError as exc:  # the handler still runs; only its SLA goes uncounted
+            log.warning("sla.unreported task=%s worker=%s error=%s", running.task_id, self.id, exc)
+            return True
+        if decided:
+            self.observer.began(fields, now_ms)
+        return True
 
     @staticmethod
     def encode(result: Any) -> str:

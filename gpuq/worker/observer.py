@@ -15,14 +15,24 @@ class Observer:
         self._labels: dict[str, str] = {}  # task id -> priority label until the task settles
 
     def started(self, fields: dict[str, str]) -> None:
+        """A task is claimed or handed over: its queue phase; and its schedule latency when
+        this start decided its SLA (sla "met" or "missed": its model was held, so the
+        handler starts at once; a cold start's comes with ``began``)."""
         if self.metrics is None:
             return
         label = f"P{fields['priority']}"
         self._labels[fields["id"]] = label
         started = int(fields["started_at"])
-        self.metrics.started(label, fields["attempt"] == "1",
-                             (started - int(fields["enqueued_at"])) / 1000,
-                             (started - int(fields["queued_at"])) / 1000)
+        self.metrics.queued(label, (started - int(fields["queued_at"])) / 1000)
+        if fields.get("sla") in ("met", "missed"):
+            self.metrics.first_start(label, (started - int(fields["enqueued_at"])) / 1000)
+
+    def began(self, fields: dict[str, str], now_ms: int) -> None:
+        """A cold-started task's handler starts (began.lua decided its SLA at now_ms)."""
+        if self.metrics is None or fields["id"] not in self._labels:
+            return
+        self.metrics.first_start(self._labels[fields["id"]],
+                                 (now_ms - int(fields["enqueued_at"])) / 1000)
 
     def observe(self, task_id: str, outcome: str | None = None, phase: str = "",
                 seconds: float = 0.0) -> None:

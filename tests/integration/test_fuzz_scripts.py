@@ -104,6 +104,9 @@ def valid_calls(c: Calls) -> dict[str, list[Call[Any]]]:
         "claim": [c.claim(ClaimRequest("w1", 50, 10, 2, (("A", 8.0), ("B", 4.0))), now_ms=t),
                   c.claim(ClaimRequest("w3", 100, 0, 1, (), "01"), now_ms=t),
                   c.claim(ClaimRequest("w2", 20, 0, 1), now_ms=T0 + 10_000_000)],
+        # run1 was claimed cold (its SLA pending), run2 warm (decided at its claim)
+        "began": [c.began("run1", 1, now_ms=t), c.began("run2", 4, now_ms=t),
+                  c.began("q1", 9, now_ms=t)],
         "heartbeat": [c.heartbeat("w1", [("run1", 1), ("q1", 9), ("run2", 4)], now_ms=t)],
         "ack": [c.ack("run1", 1, '{"out":[1,2]}', now_ms=t), c.ack("run2", 4, "null", now_ms=t)],
         "fail": [c.fail("run1", 1, "boom", now_ms=t), c.fail("run1", 1, "bad", retry=False, now_ms=t)],
@@ -194,7 +197,7 @@ def mutations(base: Sequence[str]) -> st.SearchStrategy[list[bytes]]:
 
 CLAIM_FIELDS = [b"id", b"token", b"handler", b"payload", b"model", b"vram_gb", b"priority", b"est_s",
                 b"attempt", b"deadline", b"tenant", b"checkpoint", b"enqueued_at", b"queued_at",
-                b"started_at"]
+                b"started_at", b"sla"]
 
 
 def is_count(x: Any) -> bool:
@@ -209,7 +212,10 @@ def ok_reply(name: str, r: list[Any], argv: Sequence[bytes]) -> bool:
     if name == "claim":
         if tail[:1] == [b"none"]:
             return len(tail) == 2 and is_count(tail[1])
-        return tail[:1] == [b"task"] and tail[1::2] == CLAIM_FIELDS and None not in tail
+        return (tail[:1] == [b"task"] and tail[1::2] == CLAIM_FIELDS and None not in tail
+                and tail[-1] in (b"met", b"missed", b"pending", b""))
+    if name == "began":
+        return len(tail) == 2 and tail[0] in (b"met", b"missed", b"") and tail[1].isdigit()
     if name == "heartbeat":
         return len(tail) >= 1 and tail[0] in (0, 1) and all(isinstance(x, bytes) for x in tail[1:])
     if name == "ack":
@@ -382,6 +388,9 @@ REGRESSIONS: list[tuple[str, list[str], int]] = [
     ("claim", CLAIM[:9], 1),
     ("claim", [CLAIM[0], CLAIM[1], "nan", *CLAIM[3:]], 1),
     ("claim", [*CLAIM[:8], "x", *CLAIM[9:]], 1),
+    ("began", ["run1", "1"], 1),
+    ("began", ["run1", "1", "nan"], 1),
+    ("began", ["run1", "4", N], 5),  # another attempt's token
     ("heartbeat", ["w1", N], 1),
     ("heartbeat", ["w1", N, "nan"], 1),
     ("ack", [], 1),

@@ -393,3 +393,23 @@ def test_long_load_and_run_outlive_the_lease(procs: Procs, real_queue: Queue) ->
     assert record.attempt == 1 and record.result["worker"] == "w1"
     (entry,) = catalog.read(procs.redis, real_queue.keys)
     assert entry.last_load_s >= 3.0
+
+
+def test_a_task_yielded_during_its_model_load_counts_its_sla_once(procs: Procs,
+                                                                   real_queue: Queue) -> None:
+    """Asked to yield while its model loads, the task gives way before its handler starts
+    (the attempt given back), so no SLA is decided; its next start, warm, decides it once."""
+    procs.worker("w1")
+    procs.wait_idle("w1")
+    task = real_queue.enqueue("sim.run", model="llama3-8b", vram_gb=16, priority="P0",
+                              est_s=est(0.02))  # its load: 1.2 s here
+    procs.wait_state(task.id, State.RUNNING)  # picked up: loading
+    time.sleep(0.05)
+    procs.redis.lpush(procs.keys.control("w1"), f"yield {task.id} 30000")
+    record = procs.wait_state(task.id, State.SUCCEEDED)
+    assert record.attempt == 1 and record.preemptions == 1
+    stats = procs.redis.hgetall(procs.keys.stats)
+    assert stats["preempt:yielded"] == "1"
+    assert stats["sla_missed:P0"] == "1" and "sla_met:P0" not in stats
+    (miss,) = procs.redis.lrange(procs.keys.sla_misses, 0, -1)
+    assert json.loads(miss)["kind"] == "late"  # decided by its second, warm claim

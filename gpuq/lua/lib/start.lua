@@ -9,24 +9,45 @@ local function note_miss(id, p, m, wait_ms, now, kind)
   redis.call('LTRIM', K_SLA_MISSES, 0, 99)
 end
 
+-- Decide the SLA of task id (priority p, model m) at its first handler start, now: met by
+-- its start-by score or missed. A miss is noted as late when the task was started (claimed
+-- or handed over, at started) after its score, else as cold: its model load made it late.
+-- The caller writes began_at = now, which marks the task decided: one started again (a
+-- yield, a stop or a lost lease gives it back) counts once. Returns "met" or "missed".
+local function decide_sla(id, p, m, now, score, enqueued_at, started)
+  if now <= score then
+    redis.call('HINCRBY', K_STATS, 'sla_met:P' .. p, 1)
+    return 'met'
+  end
+  redis.call('HINCRBY', K_STATS, 'sla_missed:P' .. p, 1)
+  note_miss(id, p, m, now - enqueued_at, now, started > score and 'late' or 'cold')
+  return 'missed'
+end
+
 -- Start task id on worker w: a fresh fencing token, its lease (until lease_until), the
--- worker's task set, and for a first attempt the SLA count (started by its start-by score
--- or not). Claim and enqueue's hand-over share it. Returns the token.
-local function start(id, p, m, w, now, lease_until, attempt, score, enqueued_at)
+-- worker's task set. Claim and enqueue's hand-over share it. The SLA is decided where the
+-- handler starts: here for a task whose SLA is undecided and whose model the worker holds
+-- (warm: its handler starts at once); for one started cold it is left to began.lua, which
+-- the worker calls after the load. Returns the token and the reply's sla: "met" or
+-- "missed" (decided here), "pending" (the worker reports the handler's start) or "" (an
+-- earlier start decided it).
+local function start(id, p, m, w, now, lease_until, attempt, score, enqueued_at, undecided, warm)
   local token = redis.call('INCR', K_TOKEN)
-  redis.call('HSET', task_key(id), 'state', 'running', 'worker', w, 'token', token,
-    'attempt', attempt, 'started_at', ms(now), 'error', '')
+  local at = ms(now)
+  if undecided and warm then
+    redis.call('HSET', task_key(id), 'state', 'running', 'worker', w, 'token', token,
+      'attempt', attempt, 'started_at', at, 'error', '', 'began_at', at)
+  else
+    redis.call('HSET', task_key(id), 'state', 'running', 'worker', w, 'token', token,
+      'attempt', attempt, 'started_at', at, 'error', '')
+  end
   redis.call('ZADD', K_RUNNING, lease_until, id)
   redis.call('SADD', worker_tasks_key(w), id)
-  if attempt == '1' then
-    if now <= tonumber(score) then
-      redis.call('HINCRBY', K_STATS, 'sla_met:P' .. p, 1)
-    else
-      redis.call('HINCRBY', K_STATS, 'sla_missed:P' .. p, 1)
-      note_miss(id, p, m, now - tonumber(enqueued_at), now, 'late')
-    end
+  local sla = ''
+  if undecided then
+    sla = warm and decide_sla(id, p, m, now, tonumber(score), tonumber(enqueued_at), now) or 'pending'
   end
-  return token
+  return token, sla
 end
 
 -- The catalog's mean measured load time of model m (ms; 0 before its first load).

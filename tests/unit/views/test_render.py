@@ -6,14 +6,14 @@ import json
 from typing import Any
 
 from gpuq.views.inspect import PoolView, QueueView, WorkerView
-from gpuq.views.render import render_status
+from gpuq.views.render import attainment, render_status
 
 
 def view(**extra: Any) -> PoolView:
     worker = WorkerView("w-1", "A100-80", 80, 40, ["m"], "busy", ["t-run"], True, levels="0123")
     return PoolView(pool="p", queues=[QueueView("P0", "m", 3, 1.5)], workers=[worker], running=1,
                     delayed=0, unschedulable=0, unschedulable_ids=[], largest_gpu_gb=75.0,
-                    stats={}, **extra)
+                    **{"stats": {}, **extra})
 
 
 def test_plain_view_has_no_extra_sections() -> None:
@@ -21,6 +21,18 @@ def test_plain_view_has_no_extra_sections() -> None:
     assert "P0123" in text and "LEVELS" in text
     for section in ("reservations:", "yield requests:", "scale signals:"):
         assert section not in text
+
+
+def test_sla_attainment_at_handler_start_per_priority_with_counts() -> None:
+    text = render_status(view(stats={"sla_met:P0": 1999, "sla_missed:P0": 1, "sla_missed:P2": 3}))
+    assert ("within SLA at handler start: P0 99.9% (1999 met, 1 missed), "
+            "P2 0.0% (0 met, 3 missed)") in text.splitlines()
+    assert "within SLA" not in render_status(view())
+
+
+def test_attainment_is_floored() -> None:
+    assert [attainment(m, x) for m, x in ((0, 0), (1999, 1), (1, 0), (0, 4))] == [
+        "-", "99.9%", "100.0%", "0.0%"]
 
 
 def test_reservations_yields_and_scale_signals() -> None:

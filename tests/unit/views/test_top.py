@@ -68,7 +68,8 @@ def test_frame_fits_80_columns_and_shows_every_section() -> None:
 
     rows = {line.split()[0]: line for line in lines if re.match(r"P\d ", line)}
     assert list(rows) == ["P0", "P1", "P2", "P3"]
-    # depth, oldest wait, attainment (floored), missed, the busiest models first
+    # depth, oldest wait, attainment at handler start (floored), missed, the busiest models
+    assert "SLA@START" in lines[4]
     assert rows["P0"].split()[1:5] == ["17", "9.5s", "98.5%", "18"]
     assert rows["P0"].split("  ")[-1].startswith("llama3-8b 12, mistral-7b 3")
     assert rows["P1"].split()[1:] == ["0", "-", "100.0%", "0", "-"]
@@ -130,8 +131,6 @@ def test_formatting_helpers() -> None:
     assert top.fit_list([], 0, 10) == ""
     assert [top.duration(s) for s in (0.25, 75, 7300, 200_000)] == ["0.2s", "1m15s", "2h01m",
                                                                    "2d07h"]
-    assert [top.attainment(m, x) for m, x in ((0, 0), (1999, 1), (1, 0), (0, 4))] == [
-        "-", "99.9%", "100.0%", "0.0%"]
     assert top.bar(90, 80, 4) == "[####]" and top.bar(1, 0, 2) == "[..]"
     assert [top.number(v) for v in ("2.5", None, "x", True, float("nan"))] == [2.5, None, None,
                                                                                 None, None]

@@ -7,7 +7,7 @@ from typing import Any
 
 import fakeredis
 
-from gpuq import Config
+from gpuq import Config, Queue
 from gpuq.app import App, Context
 from gpuq.task import MAX_RESULT_BYTES
 from gpuq.worker.gpu import GpuInfo
@@ -64,3 +64,33 @@ def test_a_damaged_task_hash_fails_that_task_with_the_reason() -> None:
     script, args = run_once(10, handler="nope.x")
     assert (script, args[3], args[4]) == ("fail", "handler 'nope.x' is not registered in app "
                                           "'executor-test'", "0")
+
+
+def test_a_cold_start_reports_its_handler_start_unless_its_lease_is_gone() -> None:
+    """A task claimed cold (sla "pending") is counted by began.lua just before its handler
+    runs; one canceled during its load is not run, and nothing is counted for it."""
+    client = fakeredis.FakeRedis(decode_responses=True)
+    app = App("executor-test")
+    app.any_model()(lambda name: name)
+    ran: list[str] = []
+
+    @app.handler("echo")
+    def echo(model: Any, payload: Any, ctx: Context) -> str:
+        ran.append(ctx.task_id)
+        return "ok"
+
+    worker = Worker(client, Config(pool="p"), app, GpuInfo("L4", "uuid", 24, None, "declared"),
+                    worker_id="w")
+    queue = Queue(client, Config(pool="p"))
+    for model, cancel in (("a", False), ("b", True)):
+        task = queue.enqueue("echo", model=model, vram_gb=4, priority="P0")
+        claimed = worker.claim(None)
+        assert isinstance(claimed, tuple)
+        fields, res, running = claimed
+        assert fields["id"] == task.id and fields["sla"] == "pending"
+        if cancel:
+            queue.cancel(task.id)
+        call = worker.executor.execute(fields, res, running)
+        assert (call is None) is cancel and (task.id in ran) is not cancel
+    stats = client.hgetall(queue.keys.stats)
+    assert int(stats.get("sla_met:P0", 0)) + int(stats.get("sla_missed:P0", 0)) == 1

@@ -1,0 +1,39 @@
+-- began.lua: a task's handler starts after a cold model load: decide its SLA there.
+--
+-- A claim or hand-over that starts a task on a worker without its model leaves the task's
+-- SLA undecided (reply sla "pending"): its handler starts only after the load. The worker
+-- calls this just before the handler. Fenced by the token: a task requeued meanwhile (a
+-- yield during the load, a stop, a lost lease) is not counted here, and stays undecided
+-- for its next start. Counted once per task (began_at), as claim counts a warm start:
+-- stats sla_met:P<n> or sla_missed:P<n> (the handler started by the task's start-by score
+-- or not); a miss is noted in `misses` (kind "cold", or "late" when it was started after
+-- its score).
+--
+-- KEYS[1]  pool key base
+-- ARGV[1]  task id
+-- ARGV[2]  fencing token
+-- ARGV[3]  now (ms; "0" = server clock)
+-- Returns  {0, result, now_ms}  result "met" or "missed" (decided now), or "" (decided
+--                               before, or the hash's times are malformed: nothing counted);
+--                               now_ms: the time used (the worker's latency metric)
+--          {1, 0, reason}       INVALID: a malformed argument (nothing written)
+--          {4}                  NOT_FOUND
+--          {5, state}           STALE_LEASE: the task is no longer running under this token
+
+--@include args
+--@include start
+
+if #ARGV ~= 3 then return {1, 0, 'expected 3 arguments'} end
+local id, token, now = ARGV[1], ARGV[2], clock(ARGV[3])
+if not now then return {1, 0, 'now must be ms >= 0'} end
+local tk = task_key(id)
+local f = redis.call('HMGET', tk, 'state', 'token', 'priority', 'model', 'score', 'enqueued_at',
+  'started_at', 'began_at')
+if not f[1] then return {4} end
+if f[1] ~= 'running' or f[2] ~= token then return {5, f[1]} end
+local p, score, enqueued, started = level(f[3]), finite(f[5]), finite(f[6]), finite(f[7])
+if (f[8] and f[8] ~= '') or not (p and f[4] and score and enqueued and started) then
+  return {0, '', ms(now)}
+end
+redis.call('HSET', tk, 'began_at', ms(now))
+return {0, decide_sla(id, p, f[4], now, score, enqueued, started), ms(now)}
