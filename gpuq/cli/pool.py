@@ -175,8 +175,12 @@ def status(ctx: click.Context, as_json: bool) -> None:
 
 @click.command()
 @click.option("--trace", "trace_name", default="genai", show_default=True,
-              help="genai, openb, azure or mooncake (files in --traces-dir).")
-@click.option("--traces-dir", default=None, help="Folder of the shared traces (env GPUQ_TRACES).")
+              help="genai, openb, azure or mooncake (files in --traces-dir), or a CSV file (plain "
+                   "or gzip'd) of your own requests: columns arrival_s, model, priority, service_s; "
+                   "optional vram_gb, est_s, deadline_s, preemptible, tenant, load_s "
+                   "(docs/SIMULATOR.md).")
+@click.option("--traces-dir", default=None,
+              help="Folder of the shared traces and measured load times (env GPUQ_TRACES).")
 @click.option("--gpus", default="4x80,2x48,2x24", show_default=True, help="COUNTxGB,...")
 @click.option("--speedup", type=float, default=None, help="Divide arrival times by K.")
 @click.option("--target-load", type=float, default=None,

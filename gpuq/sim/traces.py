@@ -1,29 +1,29 @@
 """Trace readers: the shared replay traces turned into :class:`~gpuq.sim.model.TraceTask` lists.
 
 ``read("genai")`` returns the Alibaba GenAI Stable-Diffusion requests, sorted by arrival, with
-uncompressed ``arrival_s`` (the engine divides by its speedup). Fields a trace lacks (VRAM,
-priority, the producer's estimate) are derived deterministically from ``seed`` with stable
-hashes (``zlib.crc32``, never ``hash()``); docs/SIMULATOR.md ("Traces") documents every mapping,
-assumption and skipped row. The files are read from ``GPUQ_TRACES``, else ``<repo>/../shared/traces``;
-nothing is copied into the repository. :class:`LoadTimes` samples model load latencies.
+uncompressed ``arrival_s`` (the engine divides by its speedup); ``read("my.csv")`` reads a file:
+one of these traces, known by its header, or the user's own requests (``gpuq.sim.trace_csv``).
+Fields a trace lacks (VRAM, priority, the producer's estimate) are derived deterministically
+from ``seed`` with stable hashes (``zlib.crc32``, never ``hash()``); docs/SIMULATOR.md
+("Traces") documents every mapping, assumption and skipped row. The named traces are read from
+``GPUQ_TRACES``, else ``<repo>/../shared/traces``; nothing is copied into the repository.
+:class:`LoadTimes` samples model load latencies.
 """
 
 from __future__ import annotations
 
-import csv
-import gzip
 import logging
 import math
 import os
 import random
 import zlib
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import gpuq
-from gpuq.sim import traces_llm
+from gpuq.sim import trace_csv, traces_llm
 from gpuq.sim.model import TraceTask
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,16 @@ TRACES: dict[str, str] = {
     "openb": "alibaba_gpu2023_openb_jobs.csv.gz",
     "azure": "azure_llm_2023_code_conv.csv.gz",
     "mooncake": "mooncake_fast25_conversation.csv.gz",
+}
+# each trace's columns (shared/traces/README.md): a file with exactly these is read as that trace
+REQUEST_COLUMNS = ("arrival_s", "model", "input_tokens", "output_tokens", "service_s")
+HEADERS: dict[str, tuple[str, ...]] = {
+    "genai": (*REQUEST_COLUMNS, "task", "status", "tenant", "num_lora", "num_images", "num_steps",
+              "prompt_chars"),
+    "openb": ("arrival_s", "job", "runtime_s", "lifetime_s", "wait_s", "num_gpus", "gpu_frac",
+              "gpu_mem_gb", "cpu_cores", "mem_gb", "qos", "priority", "phase", "preexisting", "censored"),
+    "azure": REQUEST_COLUMNS,
+    "mooncake": (*REQUEST_COLUMNS, "n_blocks", "reused_blocks", "parent_req"),
 }
 LOAD_LATENCY_FILE = "alibaba_genai2026_model_load_latency.csv.gz"
 DEFAULT_DIR = Path(gpuq.__file__).resolve().parents[2] / "shared" / "traces"
@@ -56,6 +66,7 @@ class TraceRead:
     rows: int  # data rows in the file
     tasks: list[TraceTask]
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> rows
+    load_s: dict[str, tuple[float, ...]] = field(default_factory=dict)  # model -> given loads
 
 
 def trace_dir(path: Path | str | None = None) -> Path:
@@ -73,7 +84,8 @@ def trace_dir(path: Path | str | None = None) -> Path:
 def trace_path(name: str, path: Path | str | None = None) -> Path:
     """The file of trace ``name``; ``path`` may be the file itself or its directory."""
     if name not in TRACES:
-        raise ValueError(f"unknown trace {name!r}; known traces: {', '.join(sorted(TRACES))}")
+        raise ValueError(f"unknown trace {name!r}; known traces: {', '.join(sorted(TRACES))}; "
+                         "or the path of a CSV file")
     return _locate(TRACES[name], path)
 
 
@@ -86,9 +98,10 @@ def _locate(file_name: str, path: Path | str | None) -> Path:
     return file
 
 
-def _rows(file: Path) -> Iterator[dict[str, str]]:
-    with gzip.open(file, "rt", newline="") as f:
-        yield from csv.DictReader(f)
+def known_format(file: Path) -> str | None:
+    """The trace of :data:`TRACES` whose columns the file has, exactly; None: another CSV."""
+    columns = set(trace_csv.header(file))
+    return next((name for name, names in HEADERS.items() if columns == set(names)), None)
 
 
 def tier(key: str, seed: int) -> int:
@@ -196,15 +209,36 @@ _READERS: dict[str, Callable[[Rows, int], tuple[list[TraceTask], Counter[str]]]]
 def read_trace(
     name: str, path: Path | str | None = None, *, seed: int = 1, limit: int | None = None
 ) -> TraceRead:
-    """Read trace ``name``: tasks sorted by arrival (the first ``limit`` of them) and skip counts."""
+    """Read trace ``name`` (one of :data:`TRACES`, else a CSV file): tasks sorted by arrival
+    (the first ``limit`` of them), skip counts, and the load times a CSV of one's own gives."""
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
-    file = trace_path(name, path)
-    tasks, skipped = _READERS[name](_rows(file), seed)
+    given: dict[str, tuple[float, ...]] = {}
+    if name not in TRACES and Path(name).is_file():
+        file = Path(name)
+        known = known_format(file)
+        if known is None:
+            tasks, given = trace_csv.read(file)
+            skipped: Counter[str] = Counter()
+        else:
+            tasks, skipped = _read_known(known, file, seed)
+    else:
+        file = trace_path(name, path)
+        tasks, skipped = _READERS[name](trace_csv.records(file), seed)
     rows = len(tasks) + sum(skipped.values())  # every reader keeps or skips each row
     tasks.sort(key=lambda t: t.arrival_s)  # stable: ties keep the file's order
     log.debug("trace.read name=%s rows=%d tasks=%d skipped=%s", name, rows, len(tasks), dict(skipped))
-    return TraceRead(name, file, rows, tasks[:limit], dict(skipped))
+    return TraceRead(name, file, rows, tasks[:limit], dict(skipped), given)
+
+
+def _read_known(name: str, file: Path, seed: int) -> tuple[list[TraceTask], Counter[str]]:
+    """A file of trace ``name`` found by its header: a value its reader cannot take is an
+    error naming the file, not a stack trace."""
+    try:
+        return _READERS[name](trace_csv.records(file), seed)
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"{file} has the columns of the {name} trace, but a row is not one of "
+                         f"it: {type(exc).__name__}: {exc}") from None
 
 
 def read(
@@ -227,10 +261,13 @@ def span_s(tasks: Sequence[TraceTask]) -> float:
 
 
 class LoadTimes:
-    """Model load latencies: measured base-model loads, scaled up for LLM-sized weights."""
+    """Model load latencies: measured base-model loads, scaled up for LLM-sized weights; or,
+    for a model a trace gives load times of (``given``), those."""
 
-    def __init__(self, samples: Sequence[float], scales: Mapping[str, float] | None = None) -> None:
-        if not samples:
+    def __init__(self, samples: Sequence[float], scales: Mapping[str, float] | None = None,
+                 given: Mapping[str, Sequence[float]] | None = None) -> None:
+        self.given = {model: tuple(loads) for model, loads in (given or {}).items() if loads}
+        if not samples and not self.given:
             raise ValueError("LoadTimes needs at least one latency sample")
         self.samples = tuple(samples)
         default = {model: cost.load_scale for model, cost in traces_llm.COSTS.items()}
@@ -240,16 +277,34 @@ class LoadTimes:
     def from_trace(cls, path: Path | str | None = None, *, kind: str = "base_model_load") -> LoadTimes:
         """The ``kind`` rows of the load-latency trace (``path``: the file or its directory)."""
         file = _locate(LOAD_LATENCY_FILE, path)
-        samples = [float(r["latency_s"]) for r in _rows(file) if r["kind"] == kind]
+        samples = [float(r["latency_s"]) for r in trace_csv.records(file) if r["kind"] == kind]
         if not samples:
             raise ValueError(f"no {kind!r} rows in {file}")
         return cls(samples)
+
+    @classmethod
+    def for_trace(cls, read: TraceRead, path: Path | str | None = None) -> LoadTimes:
+        """The loads of the trace's models: those it gives, the measured ones for the rest (the
+        load-latency trace, ``path`` as for :meth:`from_trace`, is needed only for those)."""
+        rest = sorted({t.model for t in read.tasks} - set(read.load_s))
+        if not rest:
+            return cls((), given=read.load_s)
+        try:
+            measured = cls.from_trace(path)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"{read.name} gives no load_s for model {rest[0]}"
+                                    f"{f' and {len(rest) - 1} more' if len(rest) > 1 else ''}, "
+                                    f"and the measured load times are not there: {exc}") from None
+        return cls(measured.samples, measured.scales, read.load_s)
 
     def scale(self, model: str) -> float:
         return self.scales.get(model, 1.0)
 
     def sample(self, model: str, rng: random.Random) -> float:
-        """One load of ``model``: a measured latency drawn with ``rng``, times the model's scale."""
+        """One load of ``model``: one of its given loads, else a measured latency times the
+        model's scale, drawn with ``rng``."""
+        if model in self.given:
+            return rng.choice(self.given[model])
         return rng.choice(self.samples) * self.scale(model)
 
     def sampler(self, seed: int) -> Callable[[str], float]:
@@ -259,4 +314,6 @@ class LoadTimes:
 
     def mean_s(self, model: str | None = None) -> float:
         """The mean load time (of ``model``, scale included; of a base checkpoint if None)."""
+        if model in self.given:
+            return sum(self.given[model]) / len(self.given[model])
         return sum(self.samples) / len(self.samples) * (1.0 if model is None else self.scale(model))
