@@ -13,24 +13,25 @@ from gpuq.errors import ConfigError
 from gpuq.sim import traces
 from gpuq.sim.model import TraceTask
 from gpuq.sim.policies import POLICIES
+from gpuq.sim.reference import Request, first_request_misses
 from gpuq.sim.report import summarize
-from gpuq.sim.run import parse_gpus, simulate, speedup_for
+from gpuq.sim.run import parse_gpus, sim_config, simulate, speedup_for
 
 log = logging.getLogger(__name__)
 
 
 def read_trace(name: str, traces_dir: str | None, seed: int,
                limit: int | None) -> tuple[list[TraceTask], traces.LoadTimes]:
-    """The trace's tasks and the measured load times; a missing or empty trace is a
-    configuration error (one line in the CLI)."""
+    """The tasks of trace ``name`` (a named trace or a CSV file) and its models' load times;
+    a missing, malformed or empty trace is a configuration error (one line in the CLI)."""
     try:
-        tasks = traces.read(name, traces_dir, seed=seed, limit=limit)
-        loads = traces.LoadTimes.from_trace(traces_dir)
+        read = traces.read_trace(name, traces_dir, seed=seed, limit=limit)
+        if not read.tasks:
+            raise ConfigError(f"trace {name!r} has no tasks to replay")
+        loads = traces.LoadTimes.for_trace(read, traces_dir)
     except (ValueError, FileNotFoundError) as exc:
         raise ConfigError(str(exc)) from None
-    if not tasks:
-        raise ConfigError(f"trace {name!r} has no tasks to replay")
-    return tasks, loads
+    return read.tasks, loads
 
 
 @contextmanager
@@ -79,7 +80,8 @@ def find_gpus(trace_name: str, traces_dir: str | None, gpus_spec: str, speedup: 
               target_load: float | None, limit: int | None, seed: int, config: Config,
               sla_target: float, priority: int = 0, most: int = 256) -> dict[str, Any]:
     """The smallest pool of one GPU kind (``--gpus 1x80``) whose gpuq replay meets the SLA
-    target at ``priority``: doubling, then bisection (attainment grows with the pool)."""
+    target at ``priority`` (handlers started, models loaded, within the SLA): doubling, then
+    bisection (attainment grows with the pool, up to what cold starts leave)."""
     kinds = {gb for _, gb in parse_gpus(gpus_spec)}
     if len(kinds) != 1 or "/" in gpus_spec:
         raise ConfigError("--find-gpus needs one GPU kind, e.g. --gpus 1x80")
@@ -88,6 +90,7 @@ def find_gpus(trace_name: str, traces_dir: str | None, gpus_spec: str, speedup: 
     # the compression is fixed by the trace alone (for one GPU), so every pool size sees the
     # same arrivals
     k = speedup if speedup is not None else speedup_for(tasks, 1, target_load or 0.8)
+    _reachable(tasks, loads, sim_config(config), size, sla_target, priority)
     tried: dict[int, dict[str, Any]] = {}
 
     def meets(n: int) -> bool:
@@ -104,7 +107,8 @@ def find_gpus(trace_name: str, traces_dir: str | None, gpus_spec: str, speedup: 
         hi = 1
         while not meets(hi) and hi < most:
             hi = min(most, hi * 2)
-        lo = hi // 2 + 1 if hi > 1 else 1
+        # none up to ``most`` met it: no smaller pool will
+        lo = hi // 2 + 1 if hi > 1 and meets(hi) else hi
         while lo < hi:
             mid = (lo + hi) // 2
             if meets(mid):
@@ -116,3 +120,19 @@ def find_gpus(trace_name: str, traces_dir: str | None, gpus_spec: str, speedup: 
             "sla_target": sla_target, "gpus": hi if found else None,
             "tried": {n: r["priorities"][f"P{priority}"]["sla_attainment"] for n, r in sorted(tried.items())},
             "report": tried[hi]}
+
+
+def _reachable(tasks: list[TraceTask], loads: traces.LoadTimes, config: Config, size: float,
+               sla_target: float, priority: int) -> None:
+    """Refuse a target no pool can meet: the first request of a model waits for its load."""
+    kept = [Request(t.model, t.vram_gb, t.priority) for t in tasks
+            if t.vram_gb <= size - config.kv_reserve_gb]  # as simulate refuses the rest
+    sla = [config.sla_p0_s, config.sla_p1_s, config.sla_p2_s, None][priority]
+    count = sum(1 for r in kept if r.priority == priority)
+    missed = first_request_misses(kept, sla, priority, lambda m: min(
+        loads.given.get(m) or [s * loads.scale(m) for s in loads.samples]))
+    if count and (count - missed) / count < sla_target:
+        raise ConfigError(f"--sla-target {sla_target:g} cannot be met at P{priority} by any pool: "
+                          f"{missed} of its {count} tasks are their model's first request, whose "
+                          f"load takes longer than the {sla:g} s SLA (at most "
+                          f"{100 * (count - missed) / count:.1f}% within it)")

@@ -11,7 +11,8 @@ preemption plan) is honoured at once while the task runs: the run stops, its pro
 back as the checkpoint, and the next run resumes from there. One that comes while the task
 loads its model is honoured when the load ends (the handler's first check), unless it was
 withdrawn by then; if the grace passes first, the worker stops the task and the load is lost.
-When the reaper's rounds and passes run is ``gpuq.sim.rounds``'s.
+A task's handler starts when its model is loaded (the SLA's measure), noted when its run
+stops. When the reaper's rounds and passes run is ``gpuq.sim.rounds``'s.
 
 Simplifications, stated: workers never die (leases are long, so the reaper's recovery has
 nothing to do); a worker announces a model as held when it starts loading it, not when the
@@ -183,7 +184,6 @@ class Engine:
             self.longest_load = max(self.longest_load, seconds)
             work_from += seconds
             self.loads += 1
-            self.records[got.task_id].cold_load = True
             if isinstance(self.scheduler, GpuqScheduler):
                 self.scheduler.loaded(w.id, task.model, task.vram_gb, seconds,
                                       [r.spec.name for r in res.evict])
@@ -206,6 +206,10 @@ class Engine:
     def stop_run(self, w: SimWorker) -> Run:
         run = w.run
         assert run is not None
+        record = self.records[run.offer.task_id]
+        if record.exec_s is None and self.now >= run.work_from:  # its handler started
+            record.exec_s, record.load_wait_s = run.work_from, run.work_from - run.claimed
+            record.cold_start = run.res.cold
         w.cache.release(run.res)
         w.busy.append((run.claimed, self.now))
         w.loading_s += min(self.now, run.work_from) - run.claimed
@@ -284,7 +288,7 @@ class Engine:
             loading_s={w.id: w.loading_s for w in self.workers},
             busy_intervals={w.id: w.busy for w in self.workers}, model_loads=self.loads,
             preemptions=dict(self.preemptions), makespan_s=max(ends, default=first) - first,
-            wall_s=wall_s, claims=list(self.claims))
+            wall_s=wall_s, claims=list(self.claims), kv_reserve_gb=c.kv_reserve_gb)
 
     def read_outcomes(self, scheduler: GpuqScheduler) -> None:
         """Expired and never-run tasks, as the pool recorded them."""

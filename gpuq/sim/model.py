@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpuq.config import Config
+
 
 @dataclass(frozen=True)
 class TraceTask:
@@ -36,10 +38,15 @@ class SimTask:
     est_s: float
     service_s: float
     start_s: float | None = None  # first claim
+    # when its handler first started, model loaded (the SLA's measure); None: it never did.
+    # The attempt that counts is that one: an earlier one stopped during its load started
+    # no handler
+    exec_s: float | None = None
+    load_wait_s: float = 0.0  # that attempt's claim to handler start: its model's load
+    cold_start: bool = False  # that attempt loaded its model
     end_s: float | None = None
     worker: str | None = None
     outcome: str = "unfinished"  # succeeded | expired | failed | canceled | unfinished
-    cold_load: bool = False  # some attempt of it loaded its model
     preemptions: int = 0
 
 
@@ -59,3 +66,4 @@ class SimResult:
     wall_s: float = 0.0  # real seconds the replay took
     claims: list[str] = field(default_factory=list)  # task ids in claim order (fidelity checks)
     rejected: int = 0  # tasks larger than every GPU of the pool, refused before the replay
+    kv_reserve_gb: float = field(default_factory=lambda: Config().kv_reserve_gb)  # per GPU

@@ -1,6 +1,6 @@
-"""Pictures of simulation runs, for people who would rather look than read: the wait-to-start
-CDF per priority (one line per policy) and each GPU's busy timeline. Needs matplotlib
-(``pip install 'gpuq[plot]'``)."""
+"""Pictures of simulation runs, for people who would rather look than read: the CDF of the
+wait from arrival to handler start (model loaded) per priority (one line per policy) and
+each GPU's busy timeline. Needs matplotlib (``pip install 'gpuq[plot]'``)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ def plot(results: list[SimResult], path: str) -> None:
     fig, axes = plt.subplots(2, 4, figsize=(16, 7.5), gridspec_kw={"height_ratios": [1, 1.2]})
     for p, ax in enumerate(axes[0]):
         for r in results:
-            waits = sorted(max(t.start_s - t.arrival_s, 1e-3) for t in r.tasks
-                           if t.priority == p and t.start_s is not None)
+            waits = sorted(max(t.exec_s - t.arrival_s, 1e-3) for t in r.tasks
+                           if t.priority == p and t.exec_s is not None)
             if waits:
                 ax.step(waits, [(i + 1) / len(waits) for i in range(len(waits))], where="post",
                         color=COLORS.get(r.policy), label=r.policy)
@@ -30,7 +30,7 @@ def plot(results: list[SimResult], path: str) -> None:
         if sla:
             ax.axvline(sla, color="grey", linestyle=":", linewidth=1)
         ax.set_xscale("log")
-        ax.set_title(f"P{p}: wait to start" + (f" (SLA {sla:g} s)" if sla else ""))
+        ax.set_title(f"P{p}: wait to handler start" + (f" (SLA {sla:g} s)" if sla else ""))
         ax.set_xlabel("seconds")
         ax.set_ylim(0, 1.01)
         ax.grid(alpha=0.3)

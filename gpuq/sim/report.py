@@ -7,6 +7,7 @@ from typing import Any
 from gpuq.metrics import PREEMPTION_KINDS
 from gpuq.report import percentile
 from gpuq.sim.model import SimResult
+from gpuq.sim.reference import Request, ratio, references
 
 # the engine counts what the planner decided and what the GPUs did; a yield request
 # withdrawn before it was honoured is not counted, so not reported
@@ -15,27 +16,14 @@ COUNTED_KINDS = tuple(k for k in PREEMPTION_KINDS if k != "withdrawn")
 
 def summarize(result: SimResult) -> dict[str, Any]:
     """The report object: per priority, then per pool (keys as ``gpuq simulate --json``)."""
-    priorities: dict[str, Any] = {}
-    for p in range(4):
-        tasks = [t for t in result.tasks if t.priority == p]
-        waits = [t.start_s - t.arrival_s for t in tasks if t.start_s is not None]
-        sla = result.sla_s[p]
-        met = sum(1 for t in tasks if t.start_s is not None and t.start_s - t.arrival_s <= (sla or 0))
-        priorities[f"P{p}"] = {
-            "tasks": len(tasks),
-            "sla_s": sla,
-            # every task counts: one that never started (expired, unfinished) missed its SLA
-            "sla_attainment": round(met / len(tasks), 4) if tasks and sla is not None else None,
-            "wait_p50_s": _round(percentile(waits, 0.50)),
-            "wait_p99_s": _round(percentile(waits, 0.99)),
-            "expired": sum(1 for t in tasks if t.outcome == "expired"),
-            # claimed in time or not, some attempt of these first waited for a model load
-            "cold_starts": sum(1 for t in tasks if t.cold_load),
-        }
+    priorities = {f"P{p}": _priority(result, p) for p in range(4)}
     done = [t for t in result.tasks if t.outcome == "succeeded"]
     gpus = len(result.gpus)
     busy, loading = sum(result.busy_s.values()), sum(result.loading_s.values())
     capacity = gpus * result.makespan_s
+    refs = references([Request(t.model, t.vram_gb, t.priority) for t in result.tasks],
+                      [gb for _, gb in result.gpus], result.kv_reserve_gb)
+    best = refs["reference"]
     return {
         "policy": result.policy,
         "speedup": result.speedup,
@@ -46,6 +34,10 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "gpu_loading_fraction": round(loading / capacity, 4) if capacity else 0.0,
         "gpu_running_fraction": round((busy - loading) / capacity, 4) if capacity else 0.0,
         "model_loads": result.model_loads,
+        **refs,
+        "vs_reference": {
+            "model_loads": ratio(result.model_loads, best["loads"]),
+            "cold_starts_p0": ratio(priorities["P0"]["cold_starts"], best["cold_starts"]["P0"])},
         "preemptions": {k: result.preemptions.get(k, 0) for k in COUNTED_KINDS},
         # tasks that never ran to the end although nothing expired them: starved (or too big)
         "starved": sum(1 for t in result.tasks if t.outcome == "unfinished"),
@@ -56,6 +48,39 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "makespan_s": round(result.makespan_s, 3),
         "wall_s": round(result.wall_s, 3),
     }
+
+
+def _priority(result: SimResult, p: int) -> dict[str, Any]:
+    """One priority's figures. The SLA is met when the handler starts with its model loaded
+    in time: a claim in time followed by a load is a miss."""
+    tasks = [t for t in result.tasks if t.priority == p]
+    sla = result.sla_s[p]
+    waits = [t.exec_s - t.arrival_s for t in tasks if t.exec_s is not None]
+    claim_waits = [t.start_s - t.arrival_s for t in tasks if t.start_s is not None]
+    cold = [t for t in tasks if t.cold_start]
+    load_waits = [t.load_wait_s for t in cold]
+    return {
+        "tasks": len(tasks),
+        "sla_s": sla,
+        # every task counts: one that never started (expired, unfinished) missed its SLA
+        "sla_attainment": _share(waits, sla, len(tasks)),
+        "claim_sla_attainment": _share(claim_waits, sla, len(tasks)),
+        "wait_p50_s": _round(percentile(waits, 0.50)),  # arrival to handler start
+        "wait_p99_s": _round(percentile(waits, 0.99)),
+        "claim_wait_p50_s": _round(percentile(claim_waits, 0.50)),  # arrival to first claim
+        "claim_wait_p99_s": _round(percentile(claim_waits, 0.99)),
+        "expired": sum(1 for t in tasks if t.outcome == "expired"),
+        # the handler's start waited for its own attempt's model load
+        "cold_starts": len(cold),
+        "load_wait_p50_s": _round(percentile(load_waits, 0.50)),
+        "load_wait_p99_s": _round(percentile(load_waits, 0.99)),
+    }
+
+
+def _share(waits: list[float], sla: float | None, tasks: int) -> float | None:
+    if not tasks or sla is None:
+        return None
+    return round(sum(1 for w in waits if w <= sla) / tasks, 4)
 
 
 def _round(x: float | None) -> float | None:
@@ -76,25 +101,50 @@ def _duration(x: float | None) -> str:
 
 
 def render(reports: list[dict[str, Any]]) -> str:
-    """One table for one or more runs (policies side by side)."""
-    lines = [f"{'POLICY':<11}{'PRI':<5}{'TASKS':>7}{'SLA':>8}{'WITHIN':>9}{'WAIT P50':>11}"
-             f"{'WAIT P99':>11}{'EXPIRED':>9}{'COLD':>7}"]
+    """Three tables for one or more runs of one trace (policies side by side): per priority,
+    per pool, and model loads against the offline references."""
+    lines = [f"{'POLICY':<11}{'PRI':<4}{'TASKS':>7}{'SLA':>7}{'WITHIN':>8}{'CLAIMED':>9}{'WAIT P50':>10}"
+             f"{'WAIT P99':>10}{'COLD':>6}{'LOAD P50':>10}{'LOAD P99':>10}{'EXPIRED':>8}"]
     for r in reports:
         for name, p in r["priorities"].items():
-            within = None if p["sla_attainment"] is None else 100 * p["sla_attainment"]
             sla = "-" if p["sla_s"] is None else f"{p['sla_s']:g}s"
-            shown = "-" if within is None else f"{within:.1f}%"
-            p50, p99 = (_duration(p[k]) for k in ("wait_p50_s", "wait_p99_s"))
-            lines.append(f"{r['policy']:<11}{name:<5}{p['tasks']:>7}{sla:>8}{shown:>9}"
-                         f"{p50:>11}{p99:>11}{p['expired']:>9}{p['cold_starts']:>7}")
+            within, claimed = (_percent(p[k]) for k in ("sla_attainment", "claim_sla_attainment"))
+            waits = "".join(f"{_duration(p[k]):>10}" for k in ("wait_p50_s", "wait_p99_s"))
+            loads = "".join(f"{_duration(p[k]):>10}" for k in ("load_wait_p50_s", "load_wait_p99_s"))
+            lines.append(f"{r['policy']:<11}{name:<4}{p['tasks']:>7}{sla:>7}{within:>8}{claimed:>9}"
+                         f"{waits}{p['cold_starts']:>6}{loads}{p['expired']:>8}")
     lines.append("")
-    lines.append(f"{'POLICY':<11}{'GPU BUSY':>9}{'RUNNING':>9}{'LOADS':>7}{'PREEMPT R/Y/S':>15}{'STARVED':>9}"
+    lines.append(f"{'POLICY':<11}{'LOADING':>9}{'RUNNING':>9}{'PREEMPT R/Y/S':>15}{'STARVED':>9}"
                  f"{'TASKS/S':>9}{'MAKESPAN':>11}{'WALL':>8}")
     for r in reports:
         pre = r["preemptions"]
         kinds = f"{pre['reserved']}/{pre['yielded']}/{pre['stopped']}"
-        lines.append(f"{r['policy']:<11}{100 * r['gpu_busy_fraction']:>8.1f}%"
-                     f"{100 * r['gpu_running_fraction']:>8.1f}%{r['model_loads']:>7}"
-                     f"{kinds:>15}{r['starved']:>9}{r['throughput_per_s']:>9.3f}"
-                     f"{r['makespan_s']:>10.0f}s{r['wall_s']:>7.1f}s")
+        lines.append(f"{r['policy']:<11}{100 * r['gpu_loading_fraction']:>8.1f}%"
+                     f"{100 * r['gpu_running_fraction']:>8.1f}%{kinds:>15}{r['starved']:>9}"
+                     f"{r['throughput_per_s']:>9.3f}{r['makespan_s']:>10.0f}s{r['wall_s']:>7.1f}s")
+    lines.append("")
+    lines.append(f"{'POLICY':<11}{'LOADS':>7}{'/REF':>8}{'COLD P0':>9}{'/REF':>8}"
+                 + "".join(f"{f'COLD P{p}':>9}" for p in (1, 2, 3)))
+    rows = [(r["policy"], r["model_loads"], {k: p["cold_starts"] for k, p in r["priorities"].items()},
+             r["vs_reference"]["model_loads"], r["vs_reference"]["cold_starts_p0"]) for r in reports]
+    shown: list[Any] = []  # one trace: the reports' references are the same
+    for r in reports:
+        best = r["reference"]
+        for ref in (best, r["reference_lru"]):
+            if ref not in shown:
+                shown.append(ref)
+                rows.append((f"ref {ref['rule']}", ref["loads"], ref["cold_starts"],
+                             ratio(ref["loads"], best["loads"]),
+                             ratio(ref["cold_starts"]["P0"], best["cold_starts"]["P0"])))
+    for name, loads, cold, loads_x, cold_x in rows:
+        lines.append(f"{name:<11}{loads:>7}{_times(loads_x):>8}{cold['P0']:>9}{_times(cold_x):>8}"
+                     + "".join(f"{cold[f'P{p}']:>9}" for p in (1, 2, 3)))
     return "\n".join(lines)
+
+
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.1f}%"
+
+
+def _times(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"

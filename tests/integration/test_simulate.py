@@ -187,7 +187,8 @@ def test_a_held_models_task_evicts_the_gpus_other_idle_model(redis_server: Embed
              task(100, "a", 0, service=50, vram=16)]
     r = run(tasks, "1x24,1x48", "gpuq", redis_server)
     p0 = r.tasks[3]
-    assert (p0.model, p0.priority, p0.worker, p0.cold_load) == ("a", 0, "gpu24-0", False)
+    assert (p0.model, p0.priority, p0.worker, p0.cold_start) == ("a", 0, "gpu24-0", False)
+    assert p0.exec_s == p0.start_s
     assert p0.start_s is not None and p0.start_s < 101
     p3 = r.tasks[2]  # resumed once the P0 task ended, b loaded again
     assert (p3.preemptions, p3.outcome, p3.worker) == (1, "succeeded", "gpu24-0")
@@ -210,6 +211,19 @@ def test_report_splits_busy_into_loading_and_running(redis_server: EmbeddedServe
     split = (r["gpu_busy_fraction"], r["gpu_loading_fraction"], r["gpu_running_fraction"])
     assert split == (1.0, 0.6667, 0.3333)
     assert r["priorities"]["P2"]["cold_starts"] == 1
+
+
+def test_a_task_claimed_at_once_that_waits_for_its_model_misses_its_sla(
+        redis_server: EmbeddedServer) -> None:
+    # two P0 tasks of one model on an idle GPU: both claimed on arrival, the first waits for
+    # the model's 10 s load before its handler starts (a miss), the second finds it loaded
+    r = run([task(0, "m", 0), task(20, "m", 0)], "1x80", "gpuq", redis_server)
+    cold, warm = r.tasks
+    assert (cold.start_s, cold.exec_s, cold.load_wait_s, cold.cold_start) == (0.0, LOAD_S, LOAD_S, True)
+    assert (warm.start_s, warm.exec_s, warm.cold_start) == (20.0, 20.0, False)
+    p0 = summarize(r)["priorities"]["P0"]
+    assert (p0["sla_attainment"], p0["claim_sla_attainment"]) == (0.5, 1.0)
+    assert (p0["cold_starts"], p0["load_wait_p50_s"], p0["wait_p99_s"]) == (1, LOAD_S, LOAD_S)
 
 
 # --- fidelity: the same claims as real worker processes ------------------------------------
@@ -278,8 +292,9 @@ def test_cli_bad_options_give_one_error_line(procs: Procs, trace_dir: Path, args
 
 
 def test_find_gpus_gives_the_smallest_pool_that_meets_the_target(procs: Procs, trace_dir: Path) -> None:
+    # P2 (5 min): at this compression a P0 or P1 task that waits for any load (5-45 s) misses
     out = procs.cli("simulate", "--trace", "genai", "--traces-dir", str(trace_dir), "--limit", "120",
-                    "--gpus", "1x80",
+                    "--gpus", "1x80", "--sla-priority", "P2",
                     "--speedup", "4000", "--find-gpus", "--sla-target", "0.9", "--json",
                     env={"GPUQ_REAP_INTERVAL_S": "1"}, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -287,7 +302,14 @@ def test_find_gpus_gives_the_smallest_pool_that_meets_the_target(procs: Procs, t
     n, tried = found["gpus"], {int(k): v for k, v in found["tried"].items()}
     assert n is not None and tried[n] >= 0.9
     assert n == 1 or tried[n - 1] < 0.9  # one GPU fewer misses it
-    assert found["report"]["priorities"]["P0"]["sla_attainment"] == tried[n]
+    assert found["report"]["priorities"]["P2"]["sla_attainment"] == tried[n]
+
+
+def test_find_gpus_refuses_a_target_first_loads_rule_out(procs: Procs, trace_dir: Path) -> None:
+    # every replay starts with no model loaded: each model's first P0 request misses 200 ms
+    out = procs.cli("simulate", "--traces-dir", str(trace_dir), "--limit", "120", "--gpus", "1x80",
+                    "--find-gpus", "--sla-target", "0.999")
+    assert out.returncode == 1 and "cannot be met at P0 by any pool" in out.stderr, out.stderr
 
 
 def test_find_gpus_needs_one_kind(procs: Procs, trace_dir: Path) -> None:
@@ -309,10 +331,13 @@ def test_a_victim_coming_of_age_between_rounds_is_asked_then(redis_server: Embed
     assert p3.preemptions == 1 and p3.outcome == "succeeded"
 
 
-@pytest.mark.parametrize(("grace_s", "how", "gives_way_at"), [(30.0, "yielded", LOAD_S),
-                                                             (2.0, "stopped", 0.7 + 2.0)])
+# a yielding victim's handler started when its load ended; a stopped one's only on its next
+# run, after the P0 task's load and run and its own second load
+@pytest.mark.parametrize(("grace_s", "how", "gives_way_at", "victim_starts"), [
+    (30.0, "yielded", LOAD_S, LOAD_S), (2.0, "stopped", 0.7 + 2.0, 2.7 + LOAD_S + 5 + LOAD_S)])
 def test_a_victim_asked_while_it_loads_gives_way_when_the_load_ends_or_the_grace_does(
-        redis_server: EmbeddedServer, grace_s: float, how: str, gives_way_at: float) -> None:
+        redis_server: EmbeddedServer, grace_s: float, how: str, gives_way_at: float,
+        victim_starts: float) -> None:
     # the P3 task loads its model for 10 s and is asked to yield at 0.7 s (its model's load
     # time is not known yet: the planner counts its runtime from its claim); its handler
     # sees the request when the load ends, unless the worker stopped it at the grace first
@@ -323,6 +348,8 @@ def test_a_victim_asked_while_it_loads_gives_way_when_the_load_ends_or_the_grace
     assert p0.start_s == pytest.approx(gives_way_at, abs=0.002)
     assert p3.preemptions == 1 and p3.outcome == "succeeded"
     assert r.preemptions.get(how) == 1 and r.preemptions.get("yield_requested") == 1
+    assert p3.exec_s == pytest.approx(victim_starts, abs=0.002)
+    assert (p3.cold_start, p3.load_wait_s) == (True, pytest.approx(LOAD_S))
 
 
 @pytest.mark.parametrize("skip", [True, False])

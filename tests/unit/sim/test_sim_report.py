@@ -3,6 +3,8 @@ the report's arithmetic."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gpuq.errors import ConfigError
@@ -34,9 +36,12 @@ def test_speedup_makes_offered_work_the_target_share_of_the_pool() -> None:
 
 
 def task(tid: str, priority: int, arrival: float, start: float | None, end: float | None,
-         outcome: str) -> SimTask:
-    return SimTask(tid, priority, "m", 10, arrival, 1.0, 1.0, start_s=start, end_s=end,
-                   outcome=outcome, worker="g" if start is not None else None)
+         outcome: str, load: float = 0.0) -> SimTask:
+    """A task claimed at ``start`` whose handler started ``load`` seconds later."""
+    return SimTask(tid, priority, "m", 10, arrival, 1.0, 1.0, start_s=start,
+                   exec_s=None if start is None else start + load, load_wait_s=load,
+                   cold_start=load > 0, end_s=end, outcome=outcome,
+                   worker="g" if start is not None else None)
 
 
 def test_report_counts_never_started_tasks_as_sla_misses() -> None:
@@ -55,7 +60,47 @@ def test_report_counts_never_started_tasks_as_sla_misses() -> None:
     assert r["gpu_busy_fraction"] == 0.4 and r["throughput_per_s"] == 0.3
     assert r["preemptions"] == {"reserved": 0, "yield_requested": 0, "yielded": 2, "stopped": 0}
     text = render([r])
-    assert "33.3%" in text and "P1" in text and all(len(line) <= 90 for line in text.splitlines())
+    assert "33.3%" in text and "P1" in text and all(len(line) <= 100 for line in text.splitlines())
+
+
+def test_the_sla_is_met_when_the_handler_starts_not_when_the_task_is_claimed() -> None:
+    # both P0 tasks are claimed at once; one waits 20 s for its model: a miss
+    tasks = [task("a", 0, 0.0, 0.0, 1.0, "succeeded"),
+             task("b", 0, 0.0, 0.0, 21.0, "succeeded", load=20.0),
+             task("c", 1, 0.0, 0.5, 31.0, "succeeded", load=30.0),
+             task("d", 1, 0.0, 0.5, 2.0, "succeeded", load=0.25),
+             task("e", 1, 0.0, 0.5, 2.0, "succeeded")]
+    result = SimResult("gpuq", 1.0, [("g", 80.0)], [0.2, 1.0, 300.0, None], tasks,
+                       busy_s={"g": 50.0}, model_loads=3, makespan_s=31.0)
+    r = summarize(result)
+    p0, p1 = r["priorities"]["P0"], r["priorities"]["P1"]
+    assert (p0["sla_attainment"], p0["claim_sla_attainment"]) == (0.5, 1.0)
+    assert (p0["wait_p99_s"], p0["claim_wait_p99_s"], p0["cold_starts"]) == (20.0, 0.0, 1)
+    assert (p0["load_wait_p50_s"], p0["load_wait_p99_s"]) == (20.0, 20.0)
+    assert (p1["sla_attainment"], p1["claim_sla_attainment"], p1["cold_starts"]) == (0.6667, 1.0, 2)
+    # over the cold starts only (the warm task's zero would make the median 0.25)
+    assert p1["load_wait_p50_s"] == 30.0 and p1["load_wait_p99_s"] == 30.0
+    assert r["priorities"]["P2"]["load_wait_p50_s"] is None  # no cold start
+    rows = {tuple(line.split()[:2]): line.split() for line in render([r]).splitlines() if line}
+    assert rows[("gpuq", "P0")][4:6] == ["50.0%", "100.0%"]
+
+
+def test_report_compares_loads_with_the_offline_references() -> None:
+    # one 15 GB GPU (10 GB usable) for two 5 GB models and a third: a b c a b
+    tasks = [replace(task(f"t{i}", 0 if i < 2 else 2, float(i), float(i), i + 1.0, "succeeded"),
+                     model=m, vram_gb=5) for i, m in enumerate("abcab")]
+    result = SimResult("fifo", 1.0, [("g", 15.0)], [0.2, 1.0, 300.0, None], tasks,
+                       busy_s={"g": 5.0}, model_loads=5, makespan_s=5.0, kv_reserve_gb=5.0)
+    r = summarize(result)
+    # Belady evicts a or b for c: 4 loads; LRU evicts a, then b for a, then c for b: 5
+    assert r["reference"] == {"rule": "belady", "usable_gb": 10.0, "loads": 4,
+                              "cold_starts": {"P0": 2, "P1": 0, "P2": 2, "P3": 0}}
+    assert r["reference_lru"]["loads"] == 5
+    assert r["vs_reference"] == {"model_loads": 1.25, "cold_starts_p0": 0.0}
+    rows = [line.split() for line in render([r]).splitlines()[-3:]]
+    assert rows == [["fifo", "5", "1.25x", "0", "0.00x", "0", "0", "0"],
+                    ["ref", "belady", "4", "1.00x", "2", "1.00x", "0", "2", "0"],
+                    ["ref", "lru", "5", "1.25x", "2", "1.00x", "0", "3", "0"]]
 
 
 def test_table_keeps_columns_apart_for_waits_of_days() -> None:
@@ -68,7 +113,8 @@ def test_table_keeps_columns_apart_for_waits_of_days() -> None:
                        busy_s={"g": 100.0}, model_loads=0, preemptions={}, makespan_s=5883900.0)
     report = summarize(result)
     rows = render([report]).splitlines()
-    waits = {r.split()[1]: r.split()[5:7] for r in rows[1:5]}
-    assert rows[1].split() == ["gpuq", "P0", "2", "0.2s", "0.0%", "68.1d", "68.1d", "0", "0"]
+    waits = {r.split()[1]: r.split()[6:8] for r in rows[1:5]}
+    assert rows[1].split() == ["gpuq", "P0", "2", "0.2s", "0.0%", "0.0%", "68.1d", "68.1d", "0", "-", "-",
+                               "0"]
     assert waits["P2"] == ["12.50s", "12.50s"] and waits["P3"] == ["66.7min", "66.7min"]
     assert report["priorities"]["P0"]["wait_p50_s"] == 5883873.0  # the JSON keeps seconds
