@@ -60,6 +60,7 @@ SUFFIXES: dict[str, str] = {
     "stats": "stats",
     "urgent": "urgent",
     "ended": "ended",
+    "runtimes": "runtimes",
     "reaper_lock": "reaper",
 }
 
@@ -233,6 +234,12 @@ class Keys:
         """Tasks enqueued with report_end that ended other than succeeded, newest first
         (LPUSH by the scripts' finish): their producer (the rq bridge) reports the end."""
         return self._key("ended")
+
+    @property
+    def runtimes(self) -> str:
+        """Learned run times: "<handler> <model>" -> "<mean_s> <p90_s> <samples>", decayed over
+        successful runs (ack.lua; read with ``gpuq.views.inspect.parse_runtime``)."""
+        return self._key("runtimes")
 
     @property
     def reaper_lock(self) -> str:

@@ -39,7 +39,7 @@ class Producer(Generic[ClientT, EnqueuedT]):
         self.owns_client = False  # from_url made the client: leaving a ``with`` block closes it
 
     def enqueue(self, handler: str, payload: Any = None, *, model: str, vram_gb: float,
-                priority: Priority | int | str = Priority.P2, est_s: float = 1.0,
+                priority: Priority | int | str = Priority.P2, est_s: float | None = None,
                 deadline_s: float | None = None, preemptible: bool = True, tenant: str = "default",
                 max_attempts: int = 3, task_id: str | None = None,
                 check_fit: bool = False) -> EnqueuedT:
@@ -47,7 +47,8 @@ class Producer(Generic[ClientT, EnqueuedT]):
 
         ``payload``: JSON-serializable data. ``model`` and ``vram_gb`` (weights included)
         place it; ``priority``: P0..P3, 0..3 or online/nearline/batch/offline; ``est_s``:
-        estimated run seconds; ``deadline_s``: seconds from now it must end by, else it
+        estimated run seconds (None: the mean the pool learned from this handler and model's
+        successful runs, else 1); ``deadline_s``: seconds from now it must end by, else it
         expires; ``preemptible=False``: never interrupted for higher-priority work;
         ``max_attempts``: 1..100; ``task_id``: default a new unique id. ``check_fit``:
         Unschedulable if no registered GPU class fits it or no worker registers its handler.

@@ -123,8 +123,9 @@ class Calls:
         args = [str(now_ms), "1" if check_fit else "0", *self._sla]
         for s in specs:
             deadline = "" if s.deadline_s is None else str(max(1, int(s.deadline_s * 1000)))
+            est = "" if s.est_s is None else _num(s.est_s)  # "": the learned estimate, else 1
             args += [s.task_id, s.handler, s.payload, s.model, _num(s.vram_gb), str(int(s.priority)),
-                     _num(s.est_s), deadline, "1" if s.preemptible else "0", s.tenant,
+                     est, deadline, "1" if s.preemptible else "0", s.tenant,
                      str(s.max_attempts), "1" if s.report_end else "0"]
 
         def parse(reply: list[Any]) -> int:

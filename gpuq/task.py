@@ -159,7 +159,7 @@ class TaskSpec(NamedTuple):
     model: str
     vram_gb: float
     priority: Priority
-    est_s: float = 1.0
+    est_s: float | None = None  # None: the pool's learned mean for its handler and model, else 1
     deadline_s: float | None = None  # relative to enqueue; stored as an absolute deadline
     preemptible: bool = True
     tenant: str = "default"
@@ -176,7 +176,7 @@ class TaskSpec(NamedTuple):
         model: str,
         vram_gb: float,
         priority: object = Priority.P2,
-        est_s: float = 1.0,
+        est_s: float | None = None,
         deadline_s: float | None = None,
         preemptible: bool = True,
         tenant: str = "default",
@@ -196,7 +196,7 @@ class TaskSpec(NamedTuple):
             model=_name("model", model),
             vram_gb=_positive_number("vram_gb", vram_gb),
             priority=Priority.parse(priority),
-            est_s=_positive_number("est_s", est_s, allow_zero=True),
+            est_s=None if est_s is None else _positive_number("est_s", est_s, allow_zero=True),
             deadline_s=None if deadline_s is None else float(deadline_s),
             preemptible=bool(preemptible),
             tenant=_name("tenant", tenant),
@@ -254,6 +254,7 @@ class TaskRecord:
     error: str | None
     preemptions: int = 0  # times it gave way to higher-priority work
     checkpoint: Any = None  # what its last preempted run saved for the next one
+    est_from: str | None = None  # "history": est_s is the learned mean, none was given
 
     @classmethod
     def from_fields(cls, fields: dict[str, str]) -> TaskRecord:
@@ -292,6 +293,7 @@ class TaskRecord:
             error=fields.get("error") or None,
             preemptions=int(fields.get("preemptions") or 0),
             checkpoint=json.loads(fields["checkpoint"]) if fields.get("checkpoint") else None,
+            est_from=fields.get("est_from") or None,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -73,11 +73,11 @@ def task_option(name: str, help: str | None, *, given_only: bool = False,
     default = SPEC[name].default
     kind = next((k for k in get_args(SPEC_TYPES[name]) if k is not type(None)), SPEC_TYPES[name])
     options: dict[str, Any] = {"type": kind if kind in (int, float) else str, "help": help}
-    if given_only:
+    if given_only or default is None:
         options["default"] = None
     elif default is inspect.Parameter.empty:
         options["required"] = True  # no default given: click reports it missing (exit 2)
-    elif default is not None:
+    else:
         options.update(default=default.label if isinstance(default, Priority) else default,
                        show_default=True)
     return click.option(f"--{name.replace('_', '-')}", **{**options, **overrides})

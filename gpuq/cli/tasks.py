@@ -19,7 +19,8 @@ from gpuq.task import parse_payload_text
 @task_option("model", "Model the task runs on.")
 @task_option("vram_gb", "VRAM the task needs (GB), weights included.")
 @task_option("priority", PRIORITY_HELP)
-@task_option("est_s", "Estimated run seconds.")
+@task_option("est_s", "Estimated run seconds (default: the mean the pool learned from this "
+             "handler and model's successful runs, else 1).")
 @task_option("deadline_s", "Seconds from now the task must end by.")
 @task_option("tenant", None)
 @no_preempt_option("Never preempt this task.")

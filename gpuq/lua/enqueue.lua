@@ -16,9 +16,11 @@
 --          handler no worker of the pool has registered
 -- ARGV[3..6]  SLA of P0..P3 (ms)
 -- ARGV[7..]  groups of 12 per task: id, handler, payload (JSON text), model, vram_gb,
---            priority (0..3), est_s, deadline_ms (relative to now, "" = none; stored
---            absolute), preemptible ("1"/"0"), tenant, max_attempts, report_end ("1": list
---            the task in `ended` if it ends other than succeeded, for its producer; "0")
+--            priority (0..3), est_s ("": the mean run time learned for its handler and
+--            model, and est_from "history", else 1), deadline_ms (relative to now, "" =
+--            none; stored absolute), preemptible ("1"/"0"), tenant, max_attempts,
+--            report_end ("1": list the task in `ended` if it ends other than succeeded,
+--            for its producer; "0")
 -- Returns  {0, n}                              all n tasks enqueued
 --          {1, index, reason}                  INVALID: task at 1-based index is malformed
 --                                              (index 0: the call's own arguments)
@@ -32,6 +34,7 @@
 --@include queue
 --@include wake
 --@include start
+--@include runtime
 
 local now = clock(ARGV[1])
 local check_fit = ARGV[2] == '1'
@@ -81,6 +84,7 @@ end
 -- validate every task first
 local seen = {}
 local vrams, ests, tries = {}, {}, {}  -- each task's numbers, parsed once (each parse costs)
+local learned, from_history = {}, {}  -- "<handler> <model>" -> mean or false; task -> true
 for i = 1, n do
   local o = 6 + (i - 1) * G
   local id, handler, payload, model = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
@@ -107,7 +111,16 @@ for i = 1, n do
   if prio ~= '0' and prio ~= '1' and prio ~= '2' and prio ~= '3' then
     return {1, i, 'priority must be 0..3'}
   end
-  if not est or est ~= est or est < 0 or est > 1e10 then return {1, i, 'est_s must be 0..1e10'} end
+  if not est and ARGV[o + 7] == '' then  -- none given: learned from history, else 1 s
+    local pair = runtime_field(handler, model)
+    if learned[pair] == nil then
+      learned[pair] = read_runtime(redis.call('HGET', K_RUNTIMES, pair)) or false
+    end
+    est, from_history[i] = learned[pair] or 1, learned[pair] and true
+  end
+  if not est or est ~= est or est < 0 or est > 1e10 then
+    return {1, i, 'est_s must be 0..1e10 or empty'}
+  end
   local d = tonumber(deadline)
   if deadline ~= '' and not (d and d > 0 and d < 1e13) then  -- 1e13 ms: about 300 years
     return {1, i, 'deadline must be ms > 0 or empty'}
@@ -167,6 +180,7 @@ for i = 1, n do
     'enqueued_at', now_ms, 'queued_at', now_ms)
   if deadline ~= '' then redis.call('HSET', task_key(id), 'deadline', deadline) end
   if ARGV[o + 12] == '1' then redis.call('HSET', task_key(id), 'report_end', '1') end
+  if from_history[i] then redis.call('HSET', task_key(id), 'est_from', 'history') end
   if w and not hand then redis.call('HSET', task_key(id), 'offered', w) end
   if hand then
     -- handed over: the idle worker runs it without a claim round trip. It starts here as a

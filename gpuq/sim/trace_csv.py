@@ -156,7 +156,8 @@ def _task(row: dict[str, str], arrival_s: float, service_s: float, typical_s: fl
         deadline_s=_number(given["deadline_s"], "deadline_s") if given["deadline_s"] else None,
         tenant=given["tenant"] or "default", task_id="row")
     return TraceTask(arrival_s=arrival_s, model=spec.model, vram_gb=spec.vram_gb,
-                     priority=int(spec.priority), service_s=service_s, est_s=spec.est_s,
+                     priority=int(spec.priority), service_s=service_s,
+                     est_s=typical_s if spec.est_s is None else spec.est_s,
                      deadline_s=spec.deadline_s, preemptible=spec.preemptible, tenant=spec.tenant)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -15,6 +16,7 @@ from gpuq.task import Priority
 from gpuq.worker_record import WorkerFields, WorkerRecord
 
 HEADS = 20  # head tasks read per queue: the oldest wait, and handlers no live worker runs
+RUNTIMES_SHOWN = 10  # learned run times shown: the pairs with the most runs
 SHOWN = WorkerFields(("gpu_name", "vram_total_gb", "vram_free_gb", "models", "state", "levels",
                       "handlers"))
 
@@ -62,6 +64,9 @@ class PoolView:
     # handler -> queued task ids (among each queue's first HEADS) that name a handler no live
     # worker's app registers: no worker will run them until one that does joins
     unregistered: dict[str, list[str]] = field(default_factory=dict)
+    # run times learned from successful runs, most runs first (RUNTIMES_SHOWN): {"handler",
+    # "model", "mean_s", "p90_s", "samples"}
+    runtimes: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,7 +83,8 @@ def pool_view(client: redis.Redis, keys: Keys) -> PoolView:
     pipe.hvals(keys.classes)
     pipe.hgetall(keys.stats)
     pipe.hgetall(keys.scale)
-    clock, *per_level, workers, running, delayed, classes, stats, scale = pipe.execute()
+    pipe.hgetall(keys.runtimes)  # at most 4096 pairs (lua/lib/runtime.lua)
+    clock, *per_level, workers, running, delayed, classes, stats, scale, runtimes = pipe.execute()
     now = from_time_reply(clock) / 1000
 
     queues: list[QueueView] = []
@@ -119,7 +125,28 @@ def pool_view(client: redis.Redis, keys: Keys) -> PoolView:
         models=[asdict(e) for e in catalog.read(client, keys)], reservations=reservations,
         yield_requests=_yield_requests(client, keys, [w for w in views if w.alive], now * 1000),
         scale={k: _parse_signal(v) for k, v in sorted(scale.items())},
-        unregistered=dict(sorted(unregistered.items())))
+        unregistered=dict(sorted(unregistered.items())), runtimes=learned_runtimes(runtimes))
+
+
+def parse_runtime(pair: str, value: str) -> dict[str, Any] | None:
+    """One ``runtimes`` entry: "<handler> <model>" -> "<mean_s> <p90_s> <samples>"; None
+    when malformed (a foreign writer must not break ``gpuq status``)."""
+    handler, _, model = pair.partition(" ")
+    parts = value.split(" ")
+    try:
+        mean, p90, samples = float(parts[0]), float(parts[1]), int(parts[2])
+    except (ValueError, IndexError):
+        return None
+    if len(parts) != 3 or not model or not (math.isfinite(mean) and math.isfinite(p90)):
+        return None
+    return {"handler": handler, "model": model, "mean_s": mean, "p90_s": p90, "samples": samples}
+
+
+def learned_runtimes(raw: dict[str, str], limit: int = RUNTIMES_SHOWN) -> list[dict[str, Any]]:
+    """The ``runtimes`` hash's well-formed entries with the most samples, most first."""
+    entries = [e for pair, value in raw.items() if (e := parse_runtime(pair, value))]
+    entries.sort(key=lambda e: (-e["samples"], e["handler"], e["model"]))
+    return entries[:limit]
 
 
 def _workers(client: redis.Redis, keys: Keys, workers: list[tuple[str, float]],

@@ -36,8 +36,20 @@ def render_status(view: PoolView) -> str:
                      f"{levels_label(w.levels):<7}{','.join(w.models) or '-'}")
     if not view.workers:
         lines.append("(no workers)")
-    lines += _preemption(view) + _scale(view.scale)
+    lines += _preemption(view) + _scale(view.scale) + _runtimes(view.runtimes)
     return "\n".join(lines)
+
+
+def _runtimes(runtimes: list[dict[str, Any]]) -> list[str]:
+    """Run times learned from successful runs (the estimate of a task enqueued without one)."""
+    if not runtimes:
+        return []
+    lines = ["", "run times learned from successful runs (most runs first):",
+             f"{'HANDLER':<24}{'MODEL':<24}{'MEAN':>10}{'P90':>10}{'RUNS':>8}"]
+    for r in runtimes:
+        lines.append(f"{r['handler'][:23]:<24}{r['model'][:23]:<24}{r['mean_s']:>9.3g}s"
+                     f"{r['p90_s']:>9.3g}s{r['samples']:>8}")
+    return lines
 
 
 def _sla(stats: dict[str, int]) -> list[str]:

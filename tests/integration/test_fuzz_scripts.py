@@ -88,6 +88,8 @@ def build_state(q: Queue) -> None:
     assert claim(q, "w2", 0, now_ms=T0 + 8) is None  # idle, with no room
     r.hset(k.catalog_model("A"), mapping={"loads": 2, "total_load_s": 30})
     r.hset(k.fairness, mapping={"1": 5, "2": 3})
+    # learned run times: "h A" from done1's ack; a malformed one for model B
+    r.hset(k.runtimes, "h B", "nan x 1")
     assert q.scripts.run(q.calls.lead("r1"))
     # the lock's TTL runs on the server's clock: a slow run must not see it lapse between the
     # snapshots a test compares (copies of this pool keep its absolute expiry)
@@ -100,7 +102,11 @@ def valid_calls(c: Calls) -> dict[str, list[Call[Any]]]:
     return {
         "enqueue": [c.enqueue([spec(task_id="n1", deadline_s=10)], now_ms=t),
                     c.enqueue([spec(task_id="n2", model="B"), spec(task_id="n3", priority=0)],
-                              check_fit=True, now_ms=t)],
+                              check_fit=True, now_ms=t),
+                    # est_s "": the learned mean (model A), the fallback (B: malformed)
+                    c.enqueue([spec(task_id="n4", est_s=None, deadline_s=10),
+                               spec(task_id="n5", model="B", est_s=None)], now_ms=t),
+                    c.enqueue([spec(task_id="n6", est_s=2.5)], now_ms=t)],
         "claim": [c.claim(ClaimRequest("w1", 50, 10, 2, (("A", 8.0), ("B", 4.0))), now_ms=t),
                   c.claim(ClaimRequest("w3", 100, 0, 1, (), "01"), now_ms=t),
                   c.claim(ClaimRequest("w2", 20, 0, 1), now_ms=T0 + 10_000_000)],
@@ -384,6 +390,7 @@ REGRESSIONS: list[tuple[str, list[str], int]] = [
     ("enqueue", [N, "0", "200", "1000", "300000", "86400000", "n1", *TASK[:5], "1e300", "5000",
                  *TASK[7:]], 1),
     ("enqueue", [N, "0", "200", "1000", "300000", "86400000", "n1", *TASK[:10], "2"], 1),  # report_end
+    ("enqueue", [N, "0", "200", "1000", "300000", "86400000", "n1", *TASK[:5], "", *TASK[6:]], 0),
     ("claim", [], 1),
     ("claim", CLAIM[:9], 1),
     ("claim", [CLAIM[0], CLAIM[1], "nan", *CLAIM[3:]], 1),

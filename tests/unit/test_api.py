@@ -134,3 +134,37 @@ def test_cli_enqueue_defaults_are_taskspecs() -> None:
     assert options["priority"].default == spec["priority"].default.label
     assert options["model"].required and options["vram_gb"].required
     assert spec["preemptible"].default is True  # what --no-preempt turns off
+
+
+def test_a_missing_estimate_is_sent_empty_for_the_pool_to_fill_in() -> None:
+    """est_s None (the API's and the CLI's default) goes on the wire as "": enqueue.lua then
+    uses the mean learned for the task's handler and model, else 1 s."""
+    calls = Queue(fakeredis.FakeRedis(decode_responses=True)).calls
+    at = 6 + 6  # the call's head (now, check_fit, four SLAs), then est_s, the 7th task field
+    sent = calls.enqueue([TaskSpec.build("h", model="m", vram_gb=1),
+                          TaskSpec.build("h", model="m", vram_gb=1, est_s=2.5),
+                          TaskSpec.build("h", model="m", vram_gb=1, est_s=0)]).args
+    assert [sent[at + 12 * i] for i in range(3)] == ["", "2.5", "0"]
+    assert TaskSpec.build("h", model="m", vram_gb=1).est_s is None
+    options = {p.name: p for p in cli.commands["enqueue"].params}
+    assert options["est_s"].default is None and not options["est_s"].required
+
+
+def test_a_task_enqueued_without_an_estimate_gets_the_learned_mean() -> None:
+    q = Queue(fakeredis.FakeRedis(decode_responses=True))
+    q.redis.hset(q.keys.runtimes, "h m", "2.5 4 12")
+    learned = q.record(q.enqueue("h", model="m", vram_gb=1).id)
+    assert (learned.est_s, learned.est_from) == (2.5, "history")
+    given = q.record(q.enqueue("h", model="m", vram_gb=1, est_s=0.5).id)
+    assert (given.est_s, given.est_from) == (0.5, None)
+    assert asyncio.run(_async_learned()) == (2.5, "history")
+
+
+async def _async_learned() -> tuple[float, str | None]:
+    r = fakeredis.FakeAsyncRedis(decode_responses=True)
+    q = AsyncQueue(r)
+    await r.hset(q.keys.runtimes, "h m", "2.5 4 12")
+    task = await q.enqueue("h", model="m", vram_gb=1)
+    record = await task.record()
+    await q.close()
+    return record.est_s, record.est_from

@@ -137,6 +137,20 @@ def test_enqueue_defaults(cli_pool: Pool) -> None:
     assert record["deadline"] is None and record["tenant"] == "default"
 
 
+def test_enqueue_without_an_estimate_takes_the_learned_one(cli_pool: Pool) -> None:
+    plain = json.loads(cli_pool.ok("task", cli_pool.ok("enqueue", *BASE).strip(), "--json"))
+    assert (plain["est_s"], plain["est_from"]) == (1.0, None)  # nothing learned: 1 s
+    cli_pool.redis.hset(cli_pool.keys.runtimes, "sim.run llama3-8b", "3.5 6 20")
+    learned = json.loads(cli_pool.ok("task", cli_pool.ok("enqueue", *BASE).strip(), "--json"))
+    assert (learned["est_s"], learned["est_from"]) == (3.5, "history")
+    text = cli_pool.ok("status")
+    assert "run times learned from successful runs" in text
+    assert [line.split() for line in text.splitlines() if line.startswith("sim.run")] == [
+        ["sim.run", "llama3-8b", "3.5s", "6s", "20"]]
+    assert json.loads(cli_pool.ok("status", "--json"))["runtimes"] == [
+        {"handler": "sim.run", "model": "llama3-8b", "mean_s": 3.5, "p90_s": 6.0, "samples": 20}]
+
+
 # -- status -------------------------------------------------------------------------------
 
 def test_status_json_shape(cli_pool: Pool) -> None:
@@ -144,7 +158,7 @@ def test_status_json_shape(cli_pool: Pool) -> None:
     assert empty == {"pool": cli_pool.name, "queues": [], "workers": [], "running": 0,
                      "delayed": 0, "unschedulable": 0, "unschedulable_ids": [],
                      "largest_gpu_gb": 0.0, "stats": {}, "models": [], "reservations": [],
-                     "yield_requests": [], "scale": {}, "unregistered": {}}
+                     "yield_requests": [], "scale": {}, "unregistered": {}, "runtimes": []}
 
     cli_pool.register_gpu("w-a100", "A100-40", 40)
     ids = [cli_pool.ok("enqueue", *BASE, "--priority", "P0").strip() for _ in range(2)]
