@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuq import Queue
+from gpuq.config import Config
+from gpuq.reaper.preempt import Victim
 from gpuq.scripts import Call, Claim, ClaimRequest, ReapResult
 from gpuq.task import TaskSpec
 
@@ -95,3 +97,14 @@ def pool_keys(queue: Queue) -> set[str]:
 
 def task_keys(queue: Queue) -> set[str]:
     return {k for k in pool_keys(queue) if k.startswith(queue.keys.task(""))}
+
+
+# the preemption planner's unit tests (reaper/, sim/): a clock, a config, a running victim
+NOW = 1_000_000
+CFG = Config(max_wait_s=30, preempt_min_runtime_s=5, preempt_max=2)
+
+
+def victim(vid: str, worker: str, *, priority: int = 3, ran_s: float = 60, left_s: float = 100,
+           preemptions: int = 0, usable_gb: float = 75, levels: str = "0123") -> Victim:
+    started = NOW - int(ran_s * 1000)
+    return Victim(vid, 1, worker, priority, started, ran_s + left_s, preemptions, usable_gb, levels)

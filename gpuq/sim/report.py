@@ -139,6 +139,10 @@ def render(reports: list[dict[str, Any]]) -> str:
     for name, loads, cold, loads_x, cold_x in rows:
         lines.append(f"{name:<11}{loads:>7}{_times(loads_x):>8}{cold['P0']:>9}{_times(cold_x):>8}"
                      + "".join(f"{cold[f'P{p}']:>9}" for p in (1, 2, 3)))
+    refused = max((r["rejected"] for r in reports), default=0)
+    if refused:  # left out of every table above: say so, or a trace seems to lose tasks
+        lines += ["", f"{refused} task(s) refused up front: larger than any GPU's usable VRAM "
+                      f"(total less the KV reserve)"]
     return "\n".join(lines)
 
 

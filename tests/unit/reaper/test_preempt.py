@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-from gpuq.config import Config
-from gpuq.reaper.preempt import Victim, Waiting, plan
+from helpers import CFG, NOW, victim
 
-NOW = 1_000_000
-CFG = Config(max_wait_s=30, preempt_min_runtime_s=5, preempt_max=2)
-
-
-def victim(vid: str, worker: str, *, priority: int = 3, ran_s: float = 60, left_s: float = 100,
-           preemptions: int = 0, usable_gb: float = 75, levels: str = "0123") -> Victim:
-    started = NOW - int(ran_s * 1000)
-    return Victim(vid, 1, worker, priority, started, ran_s + left_s, preemptions, usable_gb, levels)
+from gpuq.reaper.preempt import Waiting, plan
 
 
 def test_victim_ending_within_max_wait_is_reserved_not_interrupted() -> None:

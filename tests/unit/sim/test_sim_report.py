@@ -103,6 +103,16 @@ def test_report_compares_loads_with_the_offline_references() -> None:
                     ["ref", "lru", "5", "1.25x", "2", "1.00x", "0", "3", "0"]]
 
 
+def test_tasks_refused_up_front_are_named_under_the_tables() -> None:
+    tasks = [task("a", 0, 0.0, 0.1, 1.1, "succeeded")]
+    result = SimResult("gpuq", 1.0, [("g", 24.0)], [0.2, 1.0, 300.0, None], tasks,
+                       busy_s={"g": 1.0}, model_loads=1, makespan_s=1.1)
+    assert "refused" not in render([summarize(result)])
+    result.rejected = 2
+    last = render([summarize(result)]).splitlines()[-1]
+    assert last.startswith("2 task(s) refused up front") and len(last) <= 100
+
+
 def test_table_keeps_columns_apart_for_waits_of_days() -> None:
     # an openb-like replay: P0 waits of weeks
     tasks = [task("a", 0, 0.0, 1512025.85, 1512100.0, "succeeded"),

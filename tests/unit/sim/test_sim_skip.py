@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from test_preempt import CFG, NOW, victim
+from helpers import CFG, NOW, victim
 
 from gpuq.reaper.preempt import Victim, Waiting, plan, quiet_until
 
