@@ -205,21 +205,23 @@ class Worker:
         self.request_stop()
 
     def check_idle(self) -> None:
-        """Idle past the timeout: unload the models, then retire unless the pool is at its
-        minimum (then stay, and look again after another timeout)."""
+        """Idle past the timeout: retire, unloading the models, unless the pool is at its
+        minimum; then stay with the models loaded (the next task for one of them starts warm;
+        they go only to make room) and look again after another timeout."""
         timeout = self.config.idle_timeout_s
         if timeout <= 0 or self.burst or self.stopping.is_set():
             return
         with self.cache.lock:  # claims hold it too: none can start while this decides
             if len(self.running) or self.running.idle_s() < timeout:
                 return
-            unloaded = self.cache.evict_idle()
             retired, live = self.scripts.run(self.calls.retire(self.id))
             if retired:
                 self.retired.set()  # the heartbeat stops beating: it would list us again
                 self.stopping.set()
+                unloaded = self.cache.evict_idle()
             else:
                 self.running.touch()
+                unloaded = []
         if unloaded:
             for resident in unloaded:
                 self.cache.unload(resident)
@@ -230,8 +232,8 @@ class Worker:
             log.info("worker.retiring worker=%s idle_s=%.0f live_workers=%d", self.id, timeout, live)
             self.request_stop()
         else:
-            log.info("worker.idle_stays worker=%s live_workers=%d: the pool is at its minimum",
-                     self.id, live)
+            log.info("worker.idle_stays worker=%s live_workers=%d models=%s: the pool is at its "
+                     "minimum", self.id, live, ",".join(self.cache.model_names()))
 
     def run(self) -> int:
         handover = None if self.burst else (int(self.config.defer_s * 1000), self.config.fair_every,

@@ -51,11 +51,12 @@ def assert_left_cleanly(procs: Procs, name: str, model: str) -> None:
     assert worker_keys(procs, name) == set()
 
 
-def assert_unloaded_and_live(procs: Procs, proc: Proc, model: str) -> None:
+def assert_loaded_and_live(procs: Procs, proc: Proc, model: str) -> None:
+    """A worker that stays at the pool's minimum keeps its models: the next task starts warm."""
     assert proc.alive(), proc.log()
     assert procs.registered(proc.name)
-    assert proc.name not in procs.redis.smembers(procs.keys.holders(model))
-    assert procs.redis.hget(procs.keys.worker(proc.name), "models") == ""
+    assert proc.name in procs.redis.smembers(procs.keys.holders(model))
+    assert procs.redis.hget(procs.keys.worker(proc.name), "models") == model
 
 
 def test_of_two_idle_workers_one_retires_and_one_stays(procs: Procs, real_queue: Queue) -> None:
@@ -88,14 +89,14 @@ def test_of_two_idle_workers_one_retires_and_one_stays(procs: Procs, real_queue:
     seen = stayed.log().count("worker.idle_stays")
     wait_for(lambda: stayed.log().count("worker.idle_stays") > seen, timeout=10,
              message=lambda: f"{stayed.name} to decide to stay; log:\n{stayed.log()}")
-    assert "worker.idle_unloaded" in stayed.log()
+    assert "worker.idle_unloaded" not in stayed.log()
     assert "worker.retiring" not in stayed.log()
-    assert_unloaded_and_live(procs, stayed, models[stayed.name])
+    assert_loaded_and_live(procs, stayed, models[stayed.name])
     assert procs.redis.zcard(procs.keys.workers) == 1
 
 
-def test_a_lone_idle_worker_unloads_stays_and_still_serves(procs: Procs,
-                                                          real_queue: Queue) -> None:
+def test_a_lone_idle_worker_keeps_its_models_stays_and_still_serves(procs: Procs,
+                                                                   real_queue: Queue) -> None:
     # queued first: the worker's idle clock runs from its start
     first = real_queue.enqueue("sim.run", model="m", vram_gb=10, est_s=est(0.1))
     worker = start_worker(procs, "w1", env={"GPUQ_MIN_WORKERS": "1"}, wait=False)
@@ -105,16 +106,15 @@ def test_a_lone_idle_worker_unloads_stays_and_still_serves(procs: Procs,
     wait_for(lambda: "worker.idle_stays" in worker.log(), timeout=10,
              message=lambda: f"w1 to go idle and stay; log:\n{worker.log()}")
     log = worker.log()
-    assert "worker.idle_unloaded worker=w1 models=m" in log
-    assert log.index("worker.idle_unloaded") < log.index("worker.idle_stays")
-    assert "worker.retiring" not in log
-    assert_unloaded_and_live(procs, worker, "m")
+    assert "worker.idle_stays worker=w1 live_workers=1 models=m" in log
+    assert "worker.idle_unloaded" not in log and "worker.retiring" not in log
+    assert_loaded_and_live(procs, worker, "m")
 
-    # still serving: the next task loads the model again
+    # still serving, warm: the next task finds the model loaded
     second = real_queue.enqueue("sim.run", model="m", vram_gb=10, est_s=est(0.1))
     assert second.result(timeout=15)["worker"] == "w1"
     loads = {e.name: e.loads for e in catalog.read(procs.redis, real_queue.keys)}
-    assert loads == {"m": 2}
+    assert loads == {"m": 1}
     assert "w1" in procs.redis.smembers(procs.keys.holders("m"))
     assert worker.alive()
 
