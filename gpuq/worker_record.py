@@ -47,10 +47,14 @@ def usable_gb(total_gb: object, reserve_gb: object) -> float:
     return float(total_gb) - float(reserve_gb or 0)  # type: ignore[arg-type]
 
 
+def model_fields(free_gb: float, models: list[str]) -> Fields:
+    """The fields a model load or eviction rewrites: what the worker holds and has free."""
+    return {"vram_free_gb": round(free_gb, 3), "models": ",".join(models)}
+
+
 def status_fields(free_gb: float, running: int, models: list[str], state: str,
                   nvml_used_gb: float | None) -> Fields:
-    fields: Fields = {"vram_free_gb": round(free_gb, 3), "running": running,
-                      "models": ",".join(models), "state": state}
+    fields: Fields = {**model_fields(free_gb, models), "running": running, "state": state}
     if nvml_used_gb is not None:
         fields["nvml_used_gb"] = nvml_used_gb
     return fields

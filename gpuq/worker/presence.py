@@ -20,7 +20,7 @@ import redis
 from gpuq.clock import server_ms
 from gpuq.keys import Keys
 from gpuq.worker.models import ModelCache
-from gpuq.worker_record import Fields, status_fields, usable_gb
+from gpuq.worker_record import ALL_LEVELS, Fields, model_fields, status_fields, usable_gb
 
 
 @dataclass(frozen=True)
@@ -47,14 +47,13 @@ class Presence:
         usable = usable_gb(identity["vram_total_gb"], identity["kv_reserve_gb"])
         now_ms = server_ms(self.redis)  # the clock liveness is judged by
         pipe = self.redis.pipeline(transaction=True)
-        pipe.delete(keys.worker(wid), keys.worker_tasks(wid), keys.wake(wid), keys.control(wid),
-                    keys.reservation(wid))
+        pipe.delete(*self._own_keys())
         pipe.hset(keys.worker(wid), mapping={
             **identity, **status_fields(usable, 0, [], "idle", None), "seen_at": now_ms})
         pipe.hset(keys.classes, identity["gpu_name"], usable)
         if identity["handlers"]:
             pipe.sadd(keys.handlers, *identity["handlers"].split(","))
-        if identity["levels"] == "0123":
+        if identity["levels"] == ALL_LEVELS:
             pipe.hdel(keys.lanes, wid)
         else:  # wake-ups and offers skip a lane worker for the priorities it does not serve
             pipe.hset(keys.lanes, wid, identity["levels"])
@@ -88,8 +87,7 @@ class Presence:
             self.hold(pipe, model, True)
         with self._shown:
             with cache.lock:  # other runners may be changing the ledger
-                shown: Fields = {"models": ",".join(cache.model_names()),
-                                 "vram_free_gb": round(cache.free_gb(), 3)}
+                shown = model_fields(cache.free_gb(), cache.model_names())
             pipe.hset(self.keys.worker(self.worker_id), mapping=shown)
             pipe.execute()
 
@@ -121,6 +119,11 @@ class Presence:
         pipe.zrem(keys.idle, wid)
         pipe.zrem(keys.workers, wid)
         pipe.hdel(keys.lanes, wid)
-        pipe.delete(keys.worker(wid), keys.worker_tasks(wid), keys.wake(wid), keys.control(wid),
-                    keys.reservation(wid))
+        pipe.delete(*self._own_keys())
         pipe.execute()
+
+    def _own_keys(self) -> tuple[str, ...]:
+        """The keys named after this worker: fresh at registration, gone when it leaves."""
+        wid, keys = self.worker_id, self.keys
+        return (keys.worker(wid), keys.worker_tasks(wid), keys.wake(wid), keys.control(wid),
+                keys.reservation(wid))
