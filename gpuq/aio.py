@@ -74,10 +74,14 @@ class AsyncScripts:
         self.url = url
         self._scripts = {n: client.register_script(script_source(n)) for n in SCRIPT_NAMES}
 
+    def command(self, call: Call[Any]) -> tuple[Any, ...]:
+        """The bare EVALSHA of a call."""
+        return evalsha_args(self._scripts, self.keys, call)
+
     async def run(self, call: Call[T]) -> T:
         with redis_errors(self.url):
             wait = wait_command([call])
-            commands = [evalsha_args(self._scripts, self.keys, call)] + ([wait] if wait else [])
+            commands = [self.command(call)] + ([wait] if wait else [])
             replies = await exchange(self.client, commands, retry=True)
             reply = (await self._loaded(replies, [call], wait))[0]
         return call.parse(reply)
@@ -90,7 +94,7 @@ class AsyncScripts:
         def commands() -> Iterator[tuple[Any, ...]]:
             for call in calls:
                 sent.append(call)
-                yield evalsha_args(self._scripts, self.keys, call)
+                yield self.command(call)
             if (wait := wait_command(sent)) is not None:
                 yield wait
 
@@ -104,8 +108,7 @@ class AsyncScripts:
         if resend.missing:
             for script in self._scripts.values():
                 await self.client.script_load(script.script)
-            again = resend.commands(lambda call: evalsha_args(self._scripts, self.keys, call))
-            resend.merge(await exchange(self.client, again, retry=True))
+            resend.merge(await exchange(self.client, resend.commands(self.command), retry=True))
         return resend.checked()
 
 
