@@ -188,14 +188,16 @@ for i = 1, n do
     -- deadline (the offer's defer bound), a claim or the reaper takes it back
     local pickup = now + math.min(hand.defer, math.floor(sla[prio] / 2))
     redis.call('ZREM', K_IDLE, w)
-    local token, sla = start(id, prio, model, w, now, now + hand.lease, '1', score, now, true, warm)
+    local token, decided = start(id, prio, model, w, now, now + hand.lease, '1', score, now, true,
+      warm)
     if not warm then note_cold_start(id, model, now) end
     redis.call('ZADD', K_HANDED, pickup, id)
     count_dispatch(tonumber(prio), redis.call('HMGET', K_FAIRNESS, '1', '2', '3'), hand.fair_every)
     redis.call('LPUSH', wake_key(w), cjson.encode({id = id, token = tostring(token),
       handler = ARGV[o + 2], payload = ARGV[o + 3], model = model, vram_gb = vram_s,
       priority = prio, est_s = est_s, attempt = '1', deadline = deadline, tenant = ARGV[o + 10],
-      checkpoint = '', enqueued_at = now_ms, queued_at = now_ms, started_at = now_ms, sla = sla}))
+      checkpoint = '', enqueued_at = now_ms, queued_at = now_ms, started_at = now_ms,
+      sla = decided}))
   else
     if idle then wake_worker(w) end
     redis.call('ZADD', queue_key(prio, model), score_ms, id)
