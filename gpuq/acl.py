@@ -45,8 +45,8 @@ ROLES: dict[str, Role] = {
         # result waits (BLMOVE on the done list), drain (LPUSH), the rq bridge's ended list
         (*OBSERVER_READS, "blmove", "lpush", "lrem")),
     "worker": Role(
-        "claim, run, report a cold start, heartbeat, ack, fail, give back, retire",
-        ("claim", "began", "heartbeat", "ack", "fail", "requeue", "retire"),
+        "claim, run, report a cold start, heartbeat, ack, fail, give back, retire, learn run times",
+        ("claim", "began", "heartbeat", "ack", "fail", "requeue", "retire", "learn"),
         # registration and leaving (MULTI/EXEC), wake and control lists, the model catalog
         ("multi", "exec", "blpop", "lpush", "lrange", "del", "hget", "hset", "hdel", "hincrby",
          "hincrbyfloat", "sadd", "srem", "zadd", "zrem", "time")),

@@ -238,7 +238,8 @@ class Keys:
     @property
     def runtimes(self) -> str:
         """Learned run times: "<handler> <model>" -> "<mean_s> <p90_s> <samples>", decayed over
-        successful runs (ack.lua; read with ``gpuq.views.inspect.parse_runtime``)."""
+        successful runs whose handler times workers measured and sent with their heartbeat
+        (learn.lua; read by enqueue.lua and ``gpuq.views.inspect.parse_runtime``)."""
         return self._key("runtimes")
 
     @property

@@ -27,7 +27,8 @@ from gpuq.wire import exchange
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 SCRIPT_NAMES = ("enqueue", "claim", "began", "heartbeat", "ack", "fail", "requeue", "cancel", "reap",
-                "lead", "expire", "preempt", "retire")
+                "lead", "expire", "preempt", "retire", "learn")
+LEARN_MAX_RUNS = 256  # learn.lua's limit per call
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,14 @@ class Calls:
     def ack(self, task_id: str, token: int, result_json: str, *, now_ms: int = 0) -> Call[None]:
         return Call("ack", [task_id, str(token), str(now_ms), result_json, self._ttl],
                     lambda r: raise_for(r, task_id), self._replicas(False, f"ack of task {task_id}"))
+
+    def learn(self, runs: Sequence[tuple[str, str, float]]) -> Call[int]:
+        """Add measured runs, (handler, model, seconds) each, at most LEARN_MAX_RUNS, to
+        ``runtimes``; the reply counts those recorded (a new pair past the cap is not)."""
+        args: list[str] = []
+        for handler, model, seconds in runs:
+            args += [handler, model, repr(float(seconds))]
+        return Call("learn", args, lambda r: int(checked(r)[1]))
 
     def fail(self, task_id: str, token: int, error: str, *, retry: bool = True,
              now_ms: int = 0) -> Call[str]:

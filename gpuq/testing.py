@@ -10,7 +10,9 @@
 the handler, its ack or fail), as one worker with one slot. Its presence writes only what
 those model changes write (the holders sets, the models and free VRAM of its hash) and it
 leaves the pool when done; it registers nothing, so no GPU class or handler name it brings
-changes what enqueue's fit check says afterwards.
+changes what enqueue's fit check says afterwards. Once every task is run it sends the run
+times measured, as a worker's heartbeat does (learn.lua), so a task enqueued afterwards
+without ``est_s`` gets the learned mean.
 
 Needs the test extra (``pip install gpuq[test]``) for fakeredis.
 """
@@ -29,6 +31,7 @@ from gpuq.worker.models import ModelCache
 from gpuq.worker.observer import Observer
 from gpuq.worker.presence import Presence
 from gpuq.worker.running import RunningSet
+from gpuq.worker.runtimes import RunTimes
 
 
 def memory_queue(pool: str = "test", config: Config | None = None) -> Queue:
@@ -52,10 +55,13 @@ def call_handler(app: App, handler: str, payload: Any = None, *, model: str,
 
 def drain(queue: Queue, app: App, *, vram_gb: float = 80.0, worker_id: str = "test-worker",
           limit: int = 10_000) -> int:
-    """Claim and run tasks in-process through the real scripts until none fits; returns count."""
+    """Claim and run tasks in-process through the real scripts until none fits, then send
+    their run times; returns count."""
     cache = ModelCache(app, vram_gb, queue.config.kv_reserve_gb)
     presence = Presence(queue.redis, queue.keys, worker_id)
-    executor = Executor(app, cache, presence, RunningSet(), queue.scripts, queue.calls, Observer())
+    runtimes = RunTimes(capacity=max(1, limit))  # every run kept until the one send at the end
+    executor = Executor(app, cache, presence, RunningSet(), queue.scripts, queue.calls, Observer(),
+                        runtimes)
     ran = 0
     try:
         while ran < limit:
@@ -72,6 +78,8 @@ def drain(queue: Queue, app: App, *, vram_gb: float = 80.0, worker_id: str = "te
             call = executor.execute(fields, res, running)
             if call is not None:
                 executor.settle(call, queue.scripts.run_raw(call))
+        # the loop ended with the server reachable: an error above skips this and is raised
+        runtimes.send(queue.scripts, queue.calls, rounds=None)
     finally:
         presence.leave(cache.model_names())
     return ran

@@ -83,7 +83,7 @@ def pool_view(client: redis.Redis, keys: Keys) -> PoolView:
     pipe.hvals(keys.classes)
     pipe.hgetall(keys.stats)
     pipe.hgetall(keys.scale)
-    pipe.hgetall(keys.runtimes)  # at most 4096 pairs (lua/lib/runtime.lua)
+    pipe.hgetall(keys.runtimes)  # at most 4096 pairs (lua/learn.lua)
     clock, *per_level, workers, running, delayed, classes, stats, scale, runtimes = pipe.execute()
     now = from_time_reply(clock) / 1000
 

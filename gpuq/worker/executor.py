@@ -1,4 +1,7 @@
-"""Runs one claimed task: load its model if cold, call its handler, ack or fail it (fenced)."""
+"""Runs one claimed task: load its model if cold, call its handler, ack or fail it (fenced).
+
+A successful run's handler time goes to the worker's ``RunTimes`` once its ack succeeds; the
+heartbeat thread sends them to learn.lua (``gpuq.worker.runtimes``)."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from gpuq.worker.models import ModelCache, Reservation
 from gpuq.worker.observer import Observer
 from gpuq.worker.presence import Presence
 from gpuq.worker.running import Running, RunningSet
+from gpuq.worker.runtimes import Run, RunTimes
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +32,7 @@ SETTLED = {"ack": "succeeded", "requeue": "yielded"}  # fail: "delayed" is a ret
 
 class Executor:
     def __init__(self, app: App, cache: ModelCache, presence: Presence, running: RunningSet,
-                 scripts: Scripts, calls: Calls, observer: Observer) -> None:
+                 scripts: Scripts, calls: Calls, observer: Observer, runtimes: RunTimes) -> None:
         self.app = app
         self.cache = cache
         self.presence = presence
@@ -36,6 +40,9 @@ class Executor:
         self.scripts = scripts
         self.calls = calls
         self.observer = observer
+        self.runtimes = runtimes
+        # (task id, token) -> its run, until its ack's reply: only an acked run is learned
+        self.unacked: dict[tuple[str, str], Run] = {}
         self.id = presence.worker_id
         self.model_loads = 0
 
@@ -125,10 +132,13 @@ class Executor:
                 result = fn(model, payload, ctx)
             finally:
                 running.leave()
-            self.observer.observe(task_id, phase="run", seconds=time.monotonic() - began)
+            ran_s = time.monotonic() - began
+            self.observer.observe(task_id, phase="run", seconds=ran_s)
             if running.stopped:
                 return None
-            return self.calls.ack(task_id, token, self.encode(result))
+            ack = self.calls.ack(task_id, token, self.encode(result))
+            self.unacked[(task_id, ack.args[1])] = (fields["handler"], fields["model"], ran_s)
+            return ack
         except Yielded:
             if running.stopped:
                 return None
@@ -183,6 +193,7 @@ class Executor:
         """Check the reply of an ack, fail or yield; a stale token means another attempt
         owns the task."""
         task_id = call.args[0]
+        run = self.unacked.pop((task_id, call.args[1]), None) if call.script == "ack" else None
         try:
             done = call.parse(reply)
         except StaleLease:
@@ -195,3 +206,5 @@ class Executor:
         else:
             outcome = SETTLED.get(call.script) or ("retried" if done == "delayed" else "failed")
             self.observer.observe(task_id, outcome)
+            if run is not None:
+                self.runtimes.add(*run)

@@ -1,7 +1,9 @@
 """The heartbeat thread: renews the worker's liveness and its leases out of band, so a
 handler stuck in a long GPU call never loses its lease, and tells handlers whose lease
-was lost (or whose task was canceled) to stop. Between beats it blocks on the worker's
-control list (gpuq.worker.control), waking early for yield deadlines."""
+was lost (or whose task was canceled) to stop. After each beat it sends the run times the
+worker measured (gpuq.worker.runtimes: learn.lua), and once more when it stops. Between
+beats it blocks on the worker's control list (gpuq.worker.control), waking early for yield
+deadlines."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import redis
 
 from gpuq import backoff
 from gpuq.backoff import Outage
+from gpuq.errors import GpuqError
 from gpuq.metrics import WorkerMetrics
 from gpuq.scripts import Calls, Scripts
 from gpuq.worker.control import Control
@@ -20,14 +23,15 @@ from gpuq.worker.gpu import GpuInfo, nvml_used_gb
 from gpuq.worker.models import ModelCache
 from gpuq.worker.presence import Presence
 from gpuq.worker.running import RunningSet
+from gpuq.worker.runtimes import RunTimes
 
 log = logging.getLogger(__name__)
 
 
 class Heartbeat(threading.Thread):
     def __init__(self, running: RunningSet, presence: Presence, cache: ModelCache,
-                 scripts: Scripts, calls: Calls, control: Control, gpu: GpuInfo, *,
-                 period_s: float, outage: Outage, stopping: threading.Event,
+                 scripts: Scripts, calls: Calls, control: Control, gpu: GpuInfo,
+                 runtimes: RunTimes, *, period_s: float, outage: Outage, stopping: threading.Event,
                  retired: threading.Event, metrics: WorkerMetrics | None = None) -> None:
         super().__init__(name=f"heartbeat-{presence.worker_id}", daemon=True)
         self.id = presence.worker_id
@@ -38,6 +42,8 @@ class Heartbeat(threading.Thread):
         self.calls = calls
         self.control = control
         self.gpu = gpu
+        self.runtimes = runtimes
+        self.unsent = False  # the last learn call failed: said once until one succeeds
         self.period_s = period_s
         self.outage = outage  # Redis down: said once by all the worker's loops
         self.stopping = stopping  # shown as draining
@@ -67,6 +73,21 @@ class Heartbeat(threading.Thread):
                 r.ctx.lost = True
                 log.warning("lease.lost task=%s worker=%s", r.task_id, self.id)
 
+    def flush(self, rounds: int | None = 1) -> None:
+        """Send measured run times to learn.lua (``RunTimes.send``); a failure is logged,
+        not raised: the runs wait for the next beat (or are lost when refused)."""
+        try:
+            self.runtimes.send(self.scripts, self.calls, rounds=rounds)
+            self.unsent = False
+        except (redis.RedisError, GpuqError) as exc:
+            log.log(logging.DEBUG if self.unsent else logging.WARNING,
+                    "runtimes.unsent worker=%s waiting=%d error=%s", self.id, len(self.runtimes), exc)
+            self.unsent = True
+        dropped = self.runtimes.dropped()
+        if dropped:
+            log.warning("runtimes.dropped worker=%s runs=%d: more waited than the buffer keeps",
+                        self.id, dropped)
+
     def run(self) -> None:
         next_beat = 0.0
         # retried at least once a heartbeat period: leases run out while Redis is away
@@ -79,6 +100,7 @@ class Heartbeat(threading.Thread):
                     self.outage.up(now)
                     retry.reset()
                     next_beat = now + self.period_s
+                    self.flush()
                 wait = min(next_beat - time.monotonic(), self.control.watch())
                 message = self.control.receive(wait)
                 if message is not None and not self.stopped.is_set():
@@ -90,7 +112,8 @@ class Heartbeat(threading.Thread):
                 log.exception("heartbeat.error worker=%s", self.id)
 
     def stop(self) -> None:
-        """Stop and join (before the worker leaves, so no beat re-registers it)."""
+        """Stop and join (before the worker leaves, so no beat re-registers it), then send
+        the run times still waiting (the runners have sent their last acks)."""
         self.stopped.set()
         try:
             self.control.wake()
@@ -98,3 +121,4 @@ class Heartbeat(threading.Thread):
             pass
         if self.is_alive() and threading.current_thread() is not self:
             self.join(self.period_s + 1)
+        self.flush(rounds=None)

@@ -40,6 +40,7 @@ from gpuq.worker.models import ModelCache, Reservation
 from gpuq.worker.observer import Observer
 from gpuq.worker.presence import Presence
 from gpuq.worker.running import Running, RunningSet
+from gpuq.worker.runtimes import RunTimes
 
 log = logging.getLogger(__name__)
 Claimed = tuple[dict[str, str], Reservation | None, Running]  # task fields, its VRAM, its run
@@ -76,8 +77,9 @@ class Worker:
         self.running = RunningSet()
         self.presence = Presence(client, self.keys, self.id)
         self.observer = Observer()  # metrics opt-in: --metrics-port
+        self.runtimes = RunTimes()  # the executor adds acked runs, the heartbeat sends them
         self.executor = Executor(app, self.cache, self.presence, self.running, self.scripts,
-                                 self.calls, self.observer)
+                                 self.calls, self.observer, self.runtimes)
         self.outage = Outage(f"worker={self.id}", log)  # Redis down: said once by all its loops
 
     def claim(self, pending: Call[Any] | None) -> Claimed | float:
@@ -274,8 +276,8 @@ class Worker:
         control = Control(self.redis, self.keys, self.executor, self.running,
                           stop_s=self.config.stop_s, stopping=self.stopping, drain=self.drain)
         return Heartbeat(self.running, self.presence, self.cache, self.scripts, self.calls,
-                         control, self.gpu, period_s=self.config.heartbeat_s, outage=self.outage,
-                         stopping=self.stopping, retired=self.retired,
+                         control, self.gpu, self.runtimes, period_s=self.config.heartbeat_s,
+                         outage=self.outage, stopping=self.stopping, retired=self.retired,
                          metrics=self.observer.metrics)
 
     def give_back_unread(self) -> None:

@@ -88,7 +88,8 @@ def build_state(q: Queue) -> None:
     assert claim(q, "w2", 0, now_ms=T0 + 8) is None  # idle, with no room
     r.hset(k.catalog_model("A"), mapping={"loads": 2, "total_load_s": 30})
     r.hset(k.fairness, mapping={"1": 5, "2": 3})
-    # learned run times: "h A" from done1's ack; a malformed one for model B
+    # learned run times: "h A" as a worker's heartbeat sends them; a malformed one for model B
+    assert q.scripts.run(q.calls.learn([("h", "A", 0.005)])) == 1
     r.hset(k.runtimes, "h B", "nan x 1")
     assert q.scripts.run(q.calls.lead("r1"))
     # the lock's TTL runs on the server's clock: a slow run must not see it lapse between the
@@ -128,6 +129,7 @@ def valid_calls(c: Calls) -> dict[str, list[Call[Any]]]:
                     c.preempt("q3", "w1", "run2", 4, reserve_ms=5000, grace_ms=500, now_ms=T0 + 8)],
         "retire": [c.retire("w2", now_ms=t), c.retire("w1", now_ms=T0)],
         "lead": [c.lead("r1"), c.lead("r2"), c.lead("r1", release=True)],
+        "learn": [c.learn([("h", "A", 2.5), ("h", "B", 0.1), ("g", "C", 7)]), c.learn([("h", "A", 0)])],
     }
 
 
@@ -242,6 +244,8 @@ def ok_reply(name: str, r: list[Any], argv: Sequence[bytes]) -> bool:
         return len(tail) == 2 and tail[0] in (0, 1) and is_count(tail[1])
     if name == "lead":
         return tail in ([0], [1])
+    if name == "learn":
+        return len(tail) == 1 and tail[0] == len(argv) // 3
     raise AssertionError(name)
 
 

@@ -1,8 +1,10 @@
--- lib/runtime.lua: run times learned per (handler, model) from successful runs (ack.lua
--- writes them), for tasks enqueued without est_s (enqueue.lua reads them).
+-- lib/runtime.lua: run times learned per (handler, model) from successful runs (learn.lua
+-- writes them, sent by workers' heartbeat threads), for tasks enqueued without est_s
+-- (enqueue.lua reads them).
 --
 -- `runtimes` field "<handler> <model>" (names hold no whitespace), value "<mean_s> <p90_s>
--- <samples>" (%.6g seconds, an integer count): one field read and one written per ack.
+-- <samples>" (%.6g seconds, an integer count). The update rule lives in learn.lua, its one
+-- user (a helper only one script calls lives in that script).
 
 --@include args
 

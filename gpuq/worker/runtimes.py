@@ -1,0 +1,100 @@
+"""Run times a worker measured, waiting for its heartbeat thread to send them to learn.lua.
+
+The executor adds a run once its ack succeeded: the handler's time, from its start with its
+model loaded to its return (monotonic). Each beat sends at most ``LEARN_MAX_RUNS`` of them
+in one call, and the worker sends the rest when it stops, so no script of a task's path
+writes ``runtimes``. A call that fails puts its runs back. The buffer is bounded: past
+``capacity`` the oldest runs go, counted for the heartbeat's log line, so a worker whose
+calls keep failing holds a fixed amount.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import deque
+from collections.abc import Sequence
+
+import redis
+
+from gpuq.scripts import LEARN_MAX_RUNS, Calls, Scripts
+
+Run = tuple[str, str, float]  # handler, model, seconds
+CAPACITY = 1024  # runs kept while they wait: four full calls
+MAX_SECONDS = 1e10  # learn.lua's bound; beyond it enqueue would read the mean as malformed
+_SPACE = re.compile(r"[ \t\n\v\f\r]")  # what Lua's %s matches: learn.lua refuses such names
+
+
+def learnable(handler: str, model: str, seconds: float) -> bool:
+    """Whether learn.lua takes the run: non-empty names without whitespace, and seconds a
+    number 0..1e10 (a NaN fails the comparison)."""
+    return (bool(handler) and bool(model) and not _SPACE.search(handler)
+            and not _SPACE.search(model) and 0.0 <= seconds <= MAX_SECONDS)
+
+
+class RunTimes:
+    """A thread-safe bounded buffer of measured runs, oldest first."""
+
+    def __init__(self, capacity: int = CAPACITY) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self.capacity = capacity
+        self._runs: deque[Run] = deque()
+        self._lock = threading.Lock()
+        self._dropped = 0
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def add(self, handler: str, model: str, seconds: float) -> bool:
+        """Keep one run; False, keeping nothing, for one learn.lua would refuse (which would
+        make it refuse the whole call)."""
+        if not learnable(handler, model, seconds):
+            return False
+        with self._lock:
+            self._runs.append((handler, model, float(seconds)))
+            self._trim()
+        return True
+
+    def take(self, limit: int = LEARN_MAX_RUNS) -> list[Run]:
+        """Remove and return the oldest runs, at most ``limit``."""
+        with self._lock:
+            return [self._runs.popleft() for _ in range(min(limit, len(self._runs)))]
+
+    def put_back(self, runs: Sequence[Run]) -> None:
+        """Runs a failed call took go back in front, in their order; past the capacity the
+        oldest go."""
+        with self._lock:
+            self._runs.extendleft(reversed(runs))
+            self._trim()
+
+    def dropped(self) -> int:
+        """How many runs were dropped since the last call (and reset the count)."""
+        with self._lock:
+            n, self._dropped = self._dropped, 0
+            return n
+
+    def _trim(self) -> None:
+        while len(self._runs) > self.capacity:
+            self._runs.popleft()
+            self._dropped += 1
+
+    def send(self, scripts: Scripts, calls: Calls, *, rounds: int | None = 1) -> int:
+        """Send the oldest runs to learn.lua, one call per ``LEARN_MAX_RUNS``, for up to
+        ``rounds`` calls (None: until the buffer is empty); returns the runs sent. A call
+        that fails on the connection puts its runs back and raises; one the script refuses
+        (INVALID: ``add`` checks what it checks, so never expected) loses them and raises."""
+        if rounds is None:
+            rounds = len(self) // LEARN_MAX_RUNS + 1
+        sent = 0
+        for _ in range(rounds):
+            runs = self.take()
+            if not runs:
+                break
+            try:
+                scripts.run(calls.learn(runs))
+            except redis.RedisError:
+                self.put_back(runs)
+                raise
+            sent += len(runs)
+        return sent
