@@ -46,7 +46,8 @@ ROLES: dict[str, Role] = {
         (*OBSERVER_READS, "blmove", "lpush", "lrem")),
     "worker": Role(
         "claim, run, report a cold start, heartbeat, ack, fail, give back, retire, learn run times",
-        ("claim", "began", "heartbeat", "ack", "fail", "requeue", "retire", "learn"),
+        ("claim", "claim_batch", "began", "heartbeat", "ack", "fail", "requeue", "retire",
+         "learn"),
         # registration and leaving (MULTI/EXEC), wake and control lists, the model catalog
         ("multi", "exec", "blpop", "lpush", "lrange", "del", "hget", "hset", "hdel", "hincrby",
          "hincrbyfloat", "sadd", "srem", "zadd", "zrem", "time")),
@@ -55,6 +56,8 @@ ROLES: dict[str, Role] = {
         ("lead", "reap", "expire", "preempt", "requeue"),
         # planning reads, scale signals (MULTI/EXEC), the urgent list, settings, warm hints
         (*OBSERVER_READS, "mget", "multi", "exec", "blpop", "del", "hset", "hincrby", "lpush")),
+    "operator": Role("register tenants and set the pool's tenant policy (gpuq tenant)", ("tenant",),
+                  OBSERVER_READS),
     "observer": Role("read only: gpuq status, gpuq top, gpuq exporter", (), OBSERVER_READS),
 }
 

@@ -10,20 +10,29 @@ cannot make it execute arbitrary code; payloads are JSON, never pickle.
 
     @app.handler("llm.generate", model="llama3-8b")
     def generate(model, payload, ctx): return {"text": model.generate(payload["prompt"])}
+
+    @app.handler("embed", model="bge-m3", batch=32, batch_wait_ms=20)
+    def embed(model, payloads, ctx): return [model.encode(p["text"]) for p in payloads]
+
+A batch handler (``batch`` > 1) gets the payloads of up to ``batch`` tasks of its handler and
+model, claimed together (gpuq/lua/claim_batch.lua), and returns one result per task, in
+order; each task keeps its own lease, attempt, result and retry (``gpuq.worker.batch``).
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from gpuq.errors import AppError
 from gpuq.task import JSON
 
 Loader = Callable[[str], Any]
 Unloader = Callable[[Any], None]
+MAX_BATCH = 10_000  # claim_batch.lua takes at most this many tasks a call
 
 
 class Yielded(Exception):
@@ -71,8 +80,45 @@ class Context:
         raise Yielded(self.task_id)
 
 
+class BatchContext:
+    """What a batch handler may ask of the worker, for the batch. ``contexts`` holds each
+    task's own Context, in payload order (its task id, attempt, checkpoint; a handler that
+    can resume saves each task's checkpoint there).
+
+    ``should_stop()`` turns true once no task of the batch can deliver a result any more
+    (every lease lost or task stopped); ``should_yield()`` once one task of the batch was asked
+    to give way (or should_stop). ``yield_now()`` gives every task of the batch back, attempts
+    not used, each with its own saved checkpoint; a handler that ignores the request is
+    stopped at the yield deadline, the asked task requeued and the others given back."""
+
+    def __init__(self, contexts: list[Context]) -> None:
+        self.contexts = contexts
+        self.worker_id = contexts[0].worker_id
+        self.model = contexts[0].model
+
+    @property
+    def task_ids(self) -> list[str]:
+        return [c.task_id for c in self.contexts]
+
+    def should_stop(self) -> bool:
+        return all(c.lost for c in self.contexts)
+
+    def should_yield(self) -> bool:
+        return any(c.yield_requested for c in self.contexts) or self.should_stop()
+
+    def yield_now(self) -> NoReturn:
+        raise Yielded(",".join(self.task_ids))
+
+
 class Handler(Protocol):
     def __call__(self, model: Any, payload: Any, ctx: Context) -> Any: ...
+
+
+class BatchHandler(Protocol):
+    def __call__(self, model: Any, payloads: list[Any], ctx: BatchContext) -> list[Any]: ...
+
+
+H = TypeVar("H", Handler, BatchHandler)
 
 
 @dataclass(frozen=True)
@@ -89,8 +135,21 @@ class ModelSpec:
 @dataclass(frozen=True)
 class HandlerSpec:
     name: str
-    fn: Handler
+    fn: Callable[..., Any]  # a Handler, or a BatchHandler when batch > 1
     model: str | None  # None: runs with whatever model the task names
+    batch: int = 1  # tasks per handler call at most; 1: one task, one payload
+    batch_wait_ms: float = 0.0  # how long a batch short of `batch` may wait for more
+
+
+def check_batch(handler: str, batch: object, wait_ms: object) -> None:
+    """A batch handler's settings, checked where it is registered (AppError: one line)."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
+        raise AppError(f"handler {handler!r}: batch must be an integer from 1 to {MAX_BATCH}, "
+                       f"got {batch!r}")
+    if (isinstance(wait_ms, bool) or not isinstance(wait_ms, int | float)
+            or not 0 <= wait_ms < math.inf):
+        raise AppError(f"handler {handler!r}: batch_wait_ms must be a number of ms >= 0, "
+                       f"got {wait_ms!r}")
 
 
 @dataclass
@@ -117,9 +176,16 @@ class App:
             return load
         return register
 
-    def handler(self, name: str, *, model: str | None = None) -> Callable[[Handler], Handler]:
-        def register(fn: Handler) -> Handler:
-            self.handlers[name] = HandlerSpec(name, fn, model)
+    def handler(self, name: str, *, model: str | None = None, batch: int = 1,
+                batch_wait_ms: float = 0) -> Callable[[H], H]:
+        """Register a handler: fn(model, payload, ctx) -> result; with ``batch`` > 1,
+        fn(model, payloads, ctx) -> one result per payload, in order (a BatchContext), its
+        batch waiting up to ``batch_wait_ms`` for more tasks (never past a task's start-by
+        time)."""
+        check_batch(name, batch, batch_wait_ms)
+
+        def register(fn: H) -> H:
+            self.handlers[name] = HandlerSpec(name, fn, model, batch, float(batch_wait_ms))
             return fn
         return register
 

@@ -64,6 +64,14 @@ class Config:
     # script (same round trip); an enqueue fewer replicas took in time raises ReplicaTimeout
     replica_acks: int = 0  # 0: no WAIT (a failover may lose the last acknowledged writes)
     replica_wait_ms: int = 1000  # must be > 0 with replica_acks (WAIT 0 would block forever)
+    # scaling ahead of demand (gpuq.reaper.forecast): arrivals per model forecast one model
+    # load time (plus forecast_lead_s) ahead raise the desired workers before a rise
+    scale_signal: str = "forecast"  # "forecast" or "reactive" (backlog and misses only)
+    forecast_utilisation: float = 0.7  # workers a forecast asks for keep busy this share of the time
+    forecast_window_s: float = 1800.0  # recent arrivals the level and trend read
+    forecast_half_life_s: float = 300.0  # the level's decay
+    forecast_day_s: float = 86400.0  # the daily season (a week is 7 of them; 0: no seasons)
+    forecast_lead_s: float = 0.0  # added to the horizon: how long a new worker takes to come up
 
     def sla_ms(self) -> list[int]:
         return [int(s * 1000) for s in (self.sla_p0_s, self.sla_p1_s, self.sla_p2_s, self.sla_p3_s)]
@@ -99,8 +107,14 @@ class Config:
             raise ConfigError("preempt_max must be >= 0")
         if self.concurrency < 1:
             raise ConfigError("concurrency must be >= 1")
+        if self.scan_per_queue < 1:
+            raise ConfigError("scan_per_queue must be >= 1")
         if self.replica_acks and not self.replica_wait_ms:
             raise ConfigError("replica_wait_ms must be > 0 when replica_acks is set")
+        if self.scale_signal not in ("forecast", "reactive"):
+            raise ConfigError(f"scale_signal {self.scale_signal!r}: forecast or reactive")
+        if not 0 < self.forecast_utilisation <= 1:
+            raise ConfigError("forecast_utilisation must be > 0 and <= 1")
         if not 0 < self.heartbeat_s < self.lease_s:
             raise ConfigError(f"heartbeat_s ({self.heartbeat_s}) must be > 0 and < lease_s ({self.lease_s})")
         return self

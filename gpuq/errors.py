@@ -188,3 +188,7 @@ class NotRequeueable(GpuqError):
         self.task_id = task_id
         self.reason = reason
         super().__init__(f"cannot requeue task {task_id}: {reason}")
+
+
+class TenantError(GpuqError):
+    """A tenant setting refused: a malformed name, weight or cap, or an unknown tenant."""

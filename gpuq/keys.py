@@ -61,8 +61,20 @@ SUFFIXES: dict[str, str] = {
     "urgent": "urgent",
     "ended": "ended",
     "runtimes": "runtimes",
+    "arrivals": "arrivals:{bucket}",
+    "tenants": "tenants",
+    "tenant_queued": "tenant:queued",
+    "tenant_clock": "tenant:clock",
+    "tenant_use": "tenant:use",
     "reaper_lock": "reaper",
 }
+
+# Arrival history (enqueue.lua writes, the reaper's forecast reads): one hash per bucket of
+# this many ms of the scripts' clock, model -> tasks enqueued; each bucket expires this many
+# seconds after its first write (a week of history for the weekly season, plus a day). The
+# Lua side has the same two numbers (tests/unit/reaper/test_forecast.py checks).
+ARRIVAL_BUCKET_MS = 60_000
+ARRIVAL_TTL_S = 8 * 86400
 
 
 def suffix_parts(name: str) -> list[tuple[str, str | None]]:
@@ -241,6 +253,35 @@ class Keys:
         successful runs whose handler times workers measured and sent with their heartbeat
         (learn.lua; read by enqueue.lua and ``gpuq.views.inspect.parse_runtime``)."""
         return self._key("runtimes")
+
+    def arrivals(self, bucket: int) -> str:
+        """Tasks enqueued per model in bucket ``bucket`` (now_ms // ARRIVAL_BUCKET_MS):
+        model -> count (enqueue.lua, HINCRBY once per model per call; read by the scaler)."""
+        return self._key("arrivals", bucket)
+
+    @property
+    def tenants(self) -> str:
+        """Registered tenants: name -> "<weight> <max_gpus> <max_vram_gb>" ("-": no cap), and
+        the field " required" ("1": enqueue refuses unregistered tenants; no name has a space).
+        Tenancy is on while it exists (lua/lib/tenancy.lua; ``gpuq.tenants``)."""
+        return self._key("tenants")
+
+    @property
+    def tenant_queued(self) -> str:
+        """"<p>:<tenant>" -> that tenant's tasks queued at level p since tenancy was on (each
+        carries `fair` = the field, and leaves the count with its queue)."""
+        return self._key("tenant_queued")
+
+    @property
+    def tenant_clock(self) -> str:
+        """While tenancy is on: "<p>:<tenant>" -> the finish tag (epoch ms) of that tenant's
+        last task queued at level p: where its next task goes while it has a backlog."""
+        return self._key("tenant_clock")
+
+    @property
+    def tenant_use(self) -> str:
+        """Capped tenants' running use: "gpus:<tenant>" -> tasks, "vram:<tenant>" -> GB."""
+        return self._key("tenant_use")
 
     @property
     def reaper_lock(self) -> str:

@@ -39,6 +39,7 @@ scrape; served by ``gpuq exporter``):
 | gpuq_workers | gauge | pool, gpu_class, state (idle, busy, draining, dead) | worker hashes and liveness |
 | gpuq_workers_desired / gpuq_workers_current | gauge | pool, gpu_class | the reaper's scale signals (`scale` hash) |
 | gpuq_model_workers_desired | gauge | pool, model | the reaper's scale signals |
+| gpuq_arrivals_forecast_per_second | gauge | pool, kind (now, forecast), gpu_class, model | the scale signals' arrival rates (`rate_per_s`, `forecast_per_s`): per class (model "") and per model (gpu_class "") |
 | gpuq_reaper_active | gauge | pool | 1 while a reaper holds the pool's lock |
 """
 
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -135,7 +137,10 @@ class PoolFigures:
     model_loads: list[tuple[str, int, float]] = field(default_factory=list)  # model, loads, total s
     workers: dict[tuple[str, str], int] = field(default_factory=dict)  # (gpu_class, state) -> n
     desired: list[tuple[str, str, int, int]] = field(default_factory=list)  # kind, name, current, desired
+    # kind ("class"/"model"), name, arrivals now and forecast (per second)
+    forecast: list[tuple[str, str, float, float]] = field(default_factory=list)
     reaper_active: bool = False
+    tenants: list[dict[str, Any]] = field(default_factory=list)  # PoolView.tenants
 
 
 PRIORITIES = ("P0", "P1", "P2", "P3")
@@ -160,6 +165,9 @@ METRIC_NAMES = {
     "gpuq_model_loads_total": "counter", "gpuq_model_load_seconds_total": "counter",
     "gpuq_workers": "gauge", "gpuq_workers_desired": "gauge", "gpuq_workers_current": "gauge",
     "gpuq_model_workers_desired": "gauge", "gpuq_reaper_active": "gauge",
+    "gpuq_arrivals_forecast_per_second": "gauge",
+    "gpuq_tenant_queued": "gauge", "gpuq_tenant_running": "gauge", "gpuq_tenant_running_vram_gb": "gauge",
+    "gpuq_tenant_quota_use_ratio": "gauge", "gpuq_tenant_sla_starts_total": "counter",
 }
 
 
@@ -241,6 +249,48 @@ class PoolCollector(Collector):
         yield desired
         yield current
         yield per_model
+        rates = GaugeMetricFamily("gpuq_arrivals_forecast_per_second",
+                                  "Arrivals per second now and one model load ahead (the scaler's forecast).",
+                                  labels=["pool", "kind", "gpu_class", "model"])
+        for kind, name, now, ahead in f.forecast:
+            where = [name, ""] if kind == "class" else ["", name]
+            rates.add_metric([pool, "now", *where], now)
+            rates.add_metric([pool, "forecast", *where], ahead)
+        yield rates
+        yield from _tenant_families(pool, f.tenants)
+
+
+def _tenant_families(pool: str,
+                     tenants: list[dict[str, Any]]) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """Per tenant: queued tasks per priority, running use against its caps (capped tenants),
+    SLA results at handler start."""
+    queued = GaugeMetricFamily("gpuq_tenant_queued", "Tasks queued, per tenant and priority.",
+                               labels=["pool", "tenant", "priority"])
+    running = GaugeMetricFamily("gpuq_tenant_running", "Running tasks of a capped tenant.",
+                                labels=["pool", "tenant"])
+    vram = GaugeMetricFamily("gpuq_tenant_running_vram_gb", "VRAM of a capped tenant's running tasks.",
+                             labels=["pool", "tenant"])
+    ratio = GaugeMetricFamily("gpuq_tenant_quota_use_ratio", "A capped tenant's use over its cap.",
+                              labels=["pool", "tenant", "resource"])
+    for t in tenants:
+        name = t["name"]
+        for p in PRIORITIES:
+            queued.add_metric([pool, name, p], t["queued"].get(p, 0))
+        if t["running"] is not None:
+            running.add_metric([pool, name], t["running"])
+            vram.add_metric([pool, name], t["running_vram_gb"])
+        for resource, used, cap in (("gpus", t["running"], t["max_gpus"]),
+                                    ("vram", t["running_vram_gb"], t["max_vram_gb"])):
+            if cap is not None:
+                ratio.add_metric([pool, name, resource], (used or 0) / cap if cap else float(bool(used)))
+    yield queued
+    yield running
+    yield vram
+    yield ratio
+    yield _counter("gpuq_tenant_sla_starts", "First handler starts by the start-by time or not, per tenant.",
+                   ["pool", "tenant", "priority", "result"],
+                   [([pool, t["name"], p, r], t["sla"][p][r]) for t in tenants for p in PRIORITIES
+                    for r in ("met", "missed")])
 
 
 def _counter(name: str, text: str, labels: list[str],

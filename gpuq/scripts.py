@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar
 import redis
 
 from gpuq.config import Config
-from gpuq.errors import NotRequeueable, ReplicaTimeout
+from gpuq.errors import NotRequeueable, ReplicaTimeout, TenantError
 from gpuq.keys import Keys
 from gpuq.lua_source import script_source
 from gpuq.replies import Code, checked, pairs_to_dict, raise_for
@@ -26,8 +26,8 @@ from gpuq.wire import exchange
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-SCRIPT_NAMES = ("enqueue", "claim", "began", "heartbeat", "ack", "fail", "requeue", "cancel", "reap",
-                "lead", "expire", "preempt", "retire", "learn")
+SCRIPT_NAMES = ("enqueue", "claim", "claim_batch", "began", "heartbeat", "ack", "fail", "requeue",
+                "cancel", "reap", "lead", "expire", "preempt", "retire", "learn", "tenant")
 LEARN_MAX_RUNS = 256  # learn.lua's limit per call
 
 
@@ -84,6 +84,14 @@ class Claim:
         if str(checked(reply)[1]) == "task":
             return cls(pairs_to_dict(reply[2:]))
         return cls(None, int(reply[2]) / 1000.0)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """claim_batch's answer: the tasks added to a batch (claim reply fields each)."""
+
+    tasks: list[dict[str, str]]
+    left_ms: int  # from the server's now to the batch's earliest start-by score (< 0: past)
 
 
 @dataclass(frozen=True)
@@ -146,6 +154,14 @@ class Calls:
             args += [model, _num(footprint)]
         return Call("claim", args, Claim.parse)
 
+    def claim_batch(self, worker_id: str, first: dict[str, str], free_gb: float,
+                    footprint_gb: float, warm: bool, count: int, *, now_ms: int = 0) -> Call[Batch]:
+        """Up to ``count`` more tasks for the batch of the claimed task ``first`` (its fields)."""
+        args = [worker_id, str(now_ms), _num(free_gb), *self._claim_tail, first["id"], first["token"],
+                _num(footprint_gb), "1" if warm else "0", str(count), str(max(int(self._scan), 4 * count))]
+        return Call("claim_batch", args,
+                    lambda r: Batch([pairs_to_dict(t) for t in checked(r)[2:]], int(r[1])))
+
     def began(self, task_id: str, token: int, *, now_ms: int = 0) -> Call[tuple[str, int]]:
         """A cold-started task's handler starts: (its SLA decided now, "met" or "missed", or
         "" when decided before; the server time used, ms)."""
@@ -174,6 +190,18 @@ class Calls:
         for handler, model, seconds in runs:
             args += [handler, model, repr(float(seconds))]
         return Call("learn", args, lambda r: int(checked(r)[1]))
+
+    def tenant(self, op: str, *args: str) -> Call[str]:
+        """tenant.lua: "set" name weight max_gpus max_vram_gb ("-": no cap), "remove" name, or
+        "require" "1"/"0"; the reply is the former value ("" if none)."""
+        def parse(r: list[Any]) -> str:
+            if int(r[0]) == Code.NOT_FOUND:
+                raise TenantError(f"tenant {args[0]!r} is not registered")
+            if int(r[0]) != Code.OK:
+                raise TenantError(str(r[2]))
+            return str(r[1])
+
+        return Call("tenant", [op, *args], parse)
 
     def fail(self, task_id: str, token: int, error: str, *, retry: bool = True,
              now_ms: int = 0) -> Call[str]:

@@ -7,7 +7,8 @@
     assert t.result(timeout=0) == {...}
 
 ``drain`` runs each task through the worker's own executor (model loads and evictions,
-the handler, its ack or fail), as one worker with one slot. Its presence writes only what
+the handler, its ack or fail), as one worker with one slot; a batch handler's tasks run in
+batches as on a worker (claim_batch.lua), without waiting for more. Its presence writes only what
 those model changes write (the holders sets, the models and free VRAM of its hash) and it
 leaves the pool when done; it registers nothing, so no GPU class or handler name it brings
 changes what enqueue's fit check says afterwards. Once every task is run it sends the run
@@ -26,6 +27,7 @@ from gpuq.client import Queue
 from gpuq.config import Config
 from gpuq.errors import AppError
 from gpuq.scripts import ClaimRequest
+from gpuq.worker import batch
 from gpuq.worker.executor import Executor
 from gpuq.worker.models import ModelCache
 from gpuq.worker.observer import Observer
@@ -56,30 +58,27 @@ def call_handler(app: App, handler: str, payload: Any = None, *, model: str,
 def drain(queue: Queue, app: App, *, vram_gb: float = 80.0, worker_id: str = "test-worker",
           limit: int = 10_000) -> int:
     """Claim and run tasks in-process through the real scripts until none fits, then send
-    their run times; returns count."""
+    their run times; returns how many ran (a batch may take the count past ``limit``)."""
     cache = ModelCache(app, vram_gb, queue.config.kv_reserve_gb)
     presence = Presence(queue.redis, queue.keys, worker_id)
     runtimes = RunTimes(capacity=max(1, limit))  # every run kept until the one send at the end
-    executor = Executor(app, cache, presence, RunningSet(), queue.scripts, queue.calls, Observer(),
-                        runtimes)
-    ran = 0
+    tasks = RunningSet()
+    executor = Executor(app, cache, presence, tasks, queue.scripts, queue.calls, Observer(), runtimes)
     try:
-        while ran < limit:
+        while tasks.tasks_run < limit:
             req = ClaimRequest(worker_id, cache.free_gb(), cache.evictable_gb(), 1, cache.loaded())
             fields = queue.scripts.run(queue.calls.claim(req)).task
             if fields is None:
                 break
-            ran += 1
             with cache.lock:
                 res, running = executor.begin(fields)
             if res is None and running.rejected is None:
                 # a model larger than this GPU: in-process there is no other GPU to retry on
                 running.rejected = f"task needs more VRAM than {vram_gb:g} GB can free"
-            call = executor.execute(fields, res, running)
-            if call is not None:
+            for call in batch.execute(executor, (fields, res, running)):
                 executor.settle(call, queue.scripts.run_raw(call))
         # the loop ended with the server reachable: an error above skips this and is raised
         runtimes.send(queue.scripts, queue.calls, rounds=None)
     finally:
         presence.leave(cache.model_names())
-    return ran
+    return tasks.tasks_run

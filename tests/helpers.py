@@ -13,7 +13,7 @@ from typing import Any
 from gpuq import Queue
 from gpuq.config import Config
 from gpuq.reaper.preempt import Victim
-from gpuq.scripts import Call, Claim, ClaimRequest, ReapResult
+from gpuq.scripts import Batch, Call, Claim, ClaimRequest, ReapResult
 from gpuq.task import TaskSpec
 
 T0 = 1_700_000_000_000  # virtual clock origin (epoch ms)
@@ -38,6 +38,14 @@ def claim_reply(queue: Queue, worker_id: str, free_gb: float, evictable_gb: floa
     """The whole claim reply: the task, or none and when a deferred task may be retried."""
     req = ClaimRequest(worker_id, free_gb, evictable_gb, slots, tuple(loaded), levels)
     return queue.scripts.run(queue.calls.claim(req, now_ms=now_ms))
+
+
+def claim_batch(queue: Queue, worker_id: str, first: dict[str, str], free_gb: float,
+                footprint_gb: float = 0, *, warm: bool = True, count: int = 31,
+                now_ms: int = 0) -> Batch:
+    """Add up to ``count`` tasks to the batch of ``first`` (a claim's task), like a worker."""
+    call = queue.calls.claim_batch(worker_id, first, free_gb, footprint_gb, warm, count, now_ms=now_ms)
+    return queue.scripts.run(call)
 
 
 def spec(handler: str = "h", payload: Any = None, **options: Any) -> TaskSpec:

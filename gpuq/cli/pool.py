@@ -197,14 +197,39 @@ def status(ctx: click.Context, as_json: bool) -> None:
               help="With --find-gpus: the share of --sla-priority tasks to start within SLA.")
 @click.option("--sla-priority", type=priority_type, default="P0", show_default=True,
               help="With --find-gpus: the priority whose SLA must be met.")
+@click.option("--autoscale", "autoscale", default=None, metavar="MIN:MAX",
+              help="gpuq with an autoscaler over the one --gpus kind (docs/SIMULATOR.md).")
+@click.option("--scale-signal", type=click.Choice(["reactive", "forecast", "both"]), default="both",
+              show_default=True, help="With --autoscale: the scale signal(s) to replay.")
+@click.option("--boot-s", type=float, default=60.0, show_default=True,
+              help="With --autoscale: a new GPU's cold start before it joins.")
+@click.option("--idle-s", type=float, default=300.0, show_default=True,
+              help="With --autoscale: a GPU idle this long leaves (above MIN).")
+@click.option("--scale-every-s", type=float, default=15.0, show_default=True,
+              help="With --autoscale: how often the autoscaler reads the scale signals.")
 @click.pass_context
 def simulate(ctx: click.Context, trace_name: str, traces_dir: str | None, gpus: str,
              speedup: float | None, target_load: float | None, policy: str, limit: int | None,
              seed: int, as_json: bool, plot_path: str | None, find_gpus: bool,
-             sla_target: float, sla_priority: Priority) -> None:
+             sla_target: float, sla_priority: Priority, autoscale: str | None, scale_signal: str,
+             boot_s: float, idle_s: float, scale_every_s: float) -> None:
     """Replay a production trace through the real scheduling scripts on a virtual clock,
     next to FIFO and strict-priority baselines."""
     from gpuq.sim.cli import run_simulations
+
+    if autoscale is not None:
+        from gpuq.sim.cli import run_autoscaled
+
+        scaled = run_autoscaled(trace_name, traces_dir, gpus, speedup, target_load, limit, seed,
+                                config_of(ctx), autoscale, scale_signal, boot_s=boot_s, idle_s=idle_s,
+                                every_s=scale_every_s)
+        if as_json:
+            click.echo(json.dumps(scaled if len(scaled) > 1 else scaled[0], indent=2))
+            return
+        from gpuq.sim.report import render
+
+        click.echo(render(scaled))
+        return
 
     if find_gpus:
         from gpuq.sim.cli import find_gpus as search
@@ -248,8 +273,9 @@ def demo(ctx: click.Context, seconds: float, time_scale: float, seed: int, as_js
 
 
 @click.command()
-@click.option("--role", type=click.Choice(["producer", "worker", "reaper", "observer"]), required=True,
-              help="observer: status, top and exporter only.")
+@click.option("--role", required=True,
+              type=click.Choice(["producer", "worker", "reaper", "operator", "observer"]),
+              help="operator: gpuq tenant; observer: status, top and exporter only.")
 @click.option("--user", help="ACL user name (default gpuq-ROLE-POOL).")
 @click.option("--password-env", metavar="VAR", required=True,
               help="Variable holding the user's password (printed as its SHA-256 only).")

@@ -22,11 +22,11 @@
 if #ARGV ~= 5 then return {1, 0, 'expected 5 arguments'} end
 local id, token, now, ttl = ARGV[1], ARGV[2], clock(ARGV[3]), ttl_arg(5)
 if not (now and ttl) then return {1, 0, 'now and ttl must be ms >= 0'} end
-local f = redis.call('HMGET', task_key(id), 'state', 'token', 'worker', 'priority')
+local f = redis.call('HMGET', task_key(id), 'state', 'token', 'worker', 'priority', 'charged')
 if not f[1] then return {4} end
 if f[1] ~= 'running' or f[2] ~= token then return {5, f[1]} end
 if #ARGV[4] > 1048576 then return {1, 0, 'result is larger than 1048576 bytes'} end
 if not is_json(ARGV[4]) then return {1, 0, 'result is not valid JSON'} end
-release(id, f[3])
+release(id, f[3], f[5])
 finish(id, 'succeeded', now, ttl, 'result', ARGV[4], f[4])
 return {0}

@@ -13,17 +13,19 @@
 --@include queue
 --@include reserve
 --@include finish
+--@include tenancy
 
 if #ARGV ~= 3 then return {1, 0, 'expected 3 arguments'} end
 local id, now, ttl = ARGV[1], clock(ARGV[2]), ttl_arg(3)
 if not (now and ttl) then return {1, 0, 'now and ttl must be ms >= 0'} end
 local f = redis.call('HMGET', task_key(id), 'state', 'priority', 'model', 'worker', 'reserved_for',
-  'yield_victim')
+  'yield_victim', 'charged', 'fair')
 local state = f[1]
 if not state then return {4} end
 if state == 'queued' then
   if f[2] and f[3] then
     unqueue(id, f[2], f[3])
+    fair_leave(f[8])
   else  -- a corrupt hash: its queue's entry goes at the next claim that meets it
     redis.call('ZREM', K_NEED, id)
     redis.call('ZREM', K_DEADLINES, id)
@@ -32,7 +34,7 @@ if state == 'queued' then
 elseif state == 'delayed' then
   redis.call('ZREM', K_DELAYED, id)
 elseif state == 'running' then
-  release(id, f[4])
+  release(id, f[4], f[7])
 else
   return {6, state}
 end

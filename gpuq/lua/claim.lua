@@ -5,15 +5,16 @@
 -- in order: levels starved by the fairness rule first (a level below P0 that has seen fair_every
 -- dispatches of higher levels since its own last one), then P0..P3. Within a level: the worker's
 -- loaded models first (no cold start), then the other models with work in head-score order (oldest
--- / earliest start-by first). A task fits when its VRAM need minus the loaded model's footprint
--- fits free VRAM plus the worker's other idle models (model held), or when its whole need fits free
--- plus evictable VRAM (model not held). A cold task is left for a better-placed worker (the one
--- enqueue offered it to and woke, an idle one holding its model with room for it, or one it fits
--- more tightly) until it has waited defer ms; that worker is woken, and this one told when to look
--- again. Batch work (P2/P3) also waits, up to the holder wait, for busy workers that hold its model
--- when they would get to it within that wait (a cold load costs tens of seconds). A task too big
--- for this worker wakes the tightest idle worker that fits it. Cost: O(levels x models-with-work x
--- scan x log N); no backlog scan.
+-- / earliest start-by first); on a loaded model, tasks that can still start by their start-by
+-- time go before late ones (candidates). A task fits when its VRAM need minus the loaded model's
+-- footprint fits free VRAM plus the worker's other idle models (model held), or when its whole
+-- need fits free plus evictable VRAM (model not held). A cold task is left for a better-placed
+-- worker (the one enqueue offered it to and woke, an idle one holding its model with room for
+-- it, or one it fits more tightly) until it has waited defer ms; that worker is woken, and
+-- this one told when to look again. Batch work (P2/P3) also waits, up to the holder wait, for
+-- busy workers that hold its model when they would get to it within that wait (a cold load
+-- costs tens of seconds). A task too big for this worker wakes the tightest idle worker that
+-- fits it. Cost: O(levels x models-with-work x scan x log N); no backlog scan.
 --
 -- KEYS[1]  pool key base
 -- ARGV[1]  worker id
@@ -48,19 +49,22 @@
 -- handler starts. sla "" when an earlier start decided it.
 
 --@include args
---@include json
 --@include queue
 --@include corrupt
+--@include readable
+--@include tenancy
+--@include quota
 --@include reserve
 --@include wake
 --@include start
+--@include take
 --@include due
 
 if #ARGV < 17 or #ARGV % 2 == 0 then return {1, 0, 'expected 17 arguments, then model, footprint pairs'} end
 local worker, now = ARGV[1], clock(ARGV[2])
 local free, evictable, slots = arg_num(3, -1e9, 1e9), arg_num(4, 0, 1e9), arg_num(5, 1, 1e6, true)
 local lease, fair_every, levels = arg_num(6, 0, 1e12, true), arg_num(7, 1, 1e9, true), ARGV[8]
-local scan = arg_num(9, 0, 1e4, true)
+local scan = arg_num(9, 1, 1e4, true)
 if worker == '' then return {1, 0, 'worker id must not be empty'} end
 if not now then return {1, 0, 'now must be ms >= 0'} end
 if not (free and evictable and slots and lease and fair_every and scan) then
@@ -79,6 +83,7 @@ for i = 18, #ARGV, 2 do
   held_names[#held_names + 1] = ARGV[i]
 end
 local claimable = free + evictable
+local tenancy = tenancy_on()  -- tenants registered: fair order and quotas (lib/tenancy.lua)
 -- claim takes no result TTL: a task it fails for a corrupt hash stays readable for the
 -- default one (7 days)
 local TTL = '604800000'
@@ -133,57 +138,40 @@ local function wait_for_holders(m, need, p, k, est_s, left_s)
   return n > 0 and free_in + math.floor((k - 1) / n) * est_s <= left_s
 end
 
--- Whether a number's text is hex, which tonumber reads and a worker's float() does not.
-local function hex(v) return string.find(v, '[xX]') ~= nil end
-
--- An epoch ms field as an integer (0..1e15), or nil: its reply text is that integer.
-local function epoch(v)
-  local n = finite(v)
-  if n and n >= 0 and n <= 1e15 and n == math.floor(n) then return n end
-  return nil
-end
-
--- The fields of task id of queue (p, m) that the claim reply and later scripts rely on, the
--- attempt and times in the reply's form; or nil when one is missing or malformed: the task
--- is then failed with that field in its error, so a corrupt hash reaches no worker.
-local function readable(id, p, m)
-  local f = redis.call('HMGET', task_key(id), 'handler', 'payload', 'model', 'vram_gb', 'priority',
-    'est_s', 'attempt', 'deadline', 'tenant', 'checkpoint', 'enqueued_at', 'queued_at', 'score',
-    'reserved_for', 'yield_victim', 'max_attempts', 'began_at')
-  local attempt, tries = finite(f[7] ~= '' and f[7] or 0), finite(f[16])
-  local has_deadline = f[8] and f[8] ~= ''
-  local bad = f[5] ~= tostring(p) and 'priority' or f[3] ~= m and 'model'
-    or defect(f[5], f[3], f[4], f[6], f[13], f[8])
-    or hex(f[4]) and 'vram_gb' or hex(f[6]) and 'est_s'  -- the reply passes both on as stored
-  if bad then
-  elseif not f[1] or f[1] == '' then bad = 'handler'
-  elseif not f[2] then bad = 'payload'
-  elseif not f[9] then bad = 'tenant'
-  elseif not (attempt and attempt >= 0 and attempt < 1e6 and attempt == math.floor(attempt)) then
-    bad = 'attempt'
-  elseif not (tries and tries >= 1 and tries == math.floor(tries)) then bad = 'max_attempts'
-  elseif has_deadline and not epoch(f[8]) then bad = 'deadline'
-  elseif not epoch(f[11]) then bad = 'enqueued_at'
-  elseif not epoch(f[12]) then bad = 'queued_at'
-  elseif f[10] and f[10] ~= '' and not is_json(f[10]) then bad = 'checkpoint'
+-- The first `scan` tasks of a queue in the order a claim considers them. For a model this
+-- worker holds (a warm start), those that can still start by their score (the start-by time:
+-- SLA or deadline) first, oldest first, then the late ones: under overload a late task has
+-- missed its SLA already, while taking it first makes the fresh ones behind it miss too. A
+-- late task still goes before the next level's work. A cold start misses a short SLA anyway,
+-- so other workers take their queues oldest first. With tenancy on, a queue's order is its
+-- tenants' fair order (a flooding tenant's tasks lie ahead of now), kept as it is.
+local function candidates(q, warm)
+  local head = redis.call('ZRANGE', q, 0, scan - 1, 'WITHSCORES')
+  if tenancy or not warm or not head[2] or tonumber(head[2]) >= now then
+    local ids = {}
+    for i = 1, #head, 2 do ids[#ids + 1] = head[i] end
+    return ids
   end
-  if bad then
-    fail_corrupt(id, bad, tostring(p), m, now, TTL)
-    return nil
+  local ids = redis.call('ZRANGEBYSCORE', q, now, '+inf', 'LIMIT', 0, scan)
+  local seen = {}
+  for _, id in ipairs(ids) do seen[id] = true end
+  for i = 1, #head, 2 do
+    if #ids >= scan then break end
+    if not seen[head[i]] then ids[#ids + 1] = head[i] end
   end
-  f[7], f[11], f[12] = ms(attempt + 1), ms(epoch(f[11])), ms(epoch(f[12]))
-  f[8] = has_deadline and ms(epoch(f[8])) or ''
-  return f
+  return ids
 end
 
 -- First task of queue (p, m) this worker can run: its id, the VRAM it will use and its
 -- fields (readable). An id whose hash is gone, or no longer queued, leaves the queue; one
--- whose scheduling fields are corrupt is failed (defect).
+-- whose scheduling fields are corrupt is failed (defect); one whose tenant is at a quota is
+-- passed over.
 local function scan_queue(p, m)
   local footprint = held[m]
-  local ids = redis.call('ZRANGE', queue_key(p, m), 0, scan - 1)
+  local ids = candidates(queue_key(p, m), footprint ~= nil)
   for k, id in ipairs(ids) do
-    local f = redis.call('HMGET', task_key(id), 'vram_gb', 'queued_at', 'offered', 'est_s', 'state')
+    local f = redis.call('HMGET', task_key(id), 'vram_gb', 'queued_at', 'offered', 'est_s', 'state',
+      'tenant')
     local need, queued_at, est = finite(f[1]), finite(f[2]), finite(f[4])
     local bad = not (need and need > 0) and 'vram_gb' or not queued_at and 'queued_at'
       or not (est and est >= 0) and 'est_s'
@@ -191,8 +179,10 @@ local function scan_queue(p, m)
       unqueue(id, p, m)  -- a stale entry: nothing to run
     elseif bad then
       fail_corrupt(id, bad, tostring(p), m, now, TTL)
+    elseif tenancy and f[6] and over_quota(f[6], need) then
+      -- at its tenant's cap: the next task of the queue may be another tenant's
     elseif footprint and need - footprint <= held_room(footprint) then
-      local fields = readable(id, p, m)
+      local fields = readable(id, p, m, now, TTL)
       if fields then return id, math.max(0, need - footprint), fields end
     elseif not footprint and need <= claimable then
       local waited = now - queued_at
@@ -209,7 +199,7 @@ local function scan_queue(p, m)
       -- backlog are taken here
       left = hold[p + 1] - waited
       if not (left > 0 and wait_for_holders(m, need, p, k, est, left / 1000)) then
-        local fields = readable(id, p, m)
+        local fields = readable(id, p, m, now, TTL)
         if fields then return id, need, fields end
       else
         retry = math.min(retry or left, left)
@@ -259,10 +249,13 @@ for p = 0, 3 do order[#order + 1] = p end
 local id, p, m, use, f
 local reserved, has_key = reserved_task(worker, now)
 if reserved then
-  local r = redis.call('HMGET', task_key(reserved), 'state', 'priority', 'model', 'vram_gb')
+  local r = redis.call('HMGET', task_key(reserved), 'state', 'priority', 'model', 'vram_gb',
+    'tenant')
   local need, footprint = finite(r[4]), r[3] and held[r[3]]
-  -- a corrupt one is left to the scan of its queue, which fails it
-  if r[1] == 'queued' and level(r[2]) and r[3] and need and need > 0 then
+  -- a corrupt one is left to the scan of its queue, which fails it; one whose tenant has
+  -- reached a quota since is not taken (the reservation goes, the worker claims as usual)
+  if r[1] == 'queued' and level(r[2]) and r[3] and need and need > 0
+      and not (tenancy and r[5] and over_quota(r[5], need)) then
     if footprint and need - footprint <= held_room(footprint) then
       use = math.max(0, need - footprint)
     elseif not footprint and need <= claimable then
@@ -272,7 +265,7 @@ if reserved then
       redis.call('ZREM', K_IDLE, worker)
       return {0, 'none', 200}
     end
-    f = readable(reserved, r[2], r[3])
+    f = readable(reserved, r[2], r[3], now, TTL)
     if f then id, p, m = reserved, tonumber(r[2]), r[3] end
   end
 end
@@ -309,20 +302,11 @@ end
 
 count_dispatch(p, fair, fair_every)
 
--- f: what a worker needs to run the task (readable; the rest stays in the hash), read before
--- the attempt is written with the other fields, and the deadline index touched only if needed
-unqueue(id, p, m, f[8] ~= '')
-withdraw_yield(id, f[14], f[15], now)  -- started here: a victim still asked for it keeps running
-local undecided = not f[17] or f[17] == ''  -- no handler start has decided its SLA yet
-local token, sla = start(id, p, m, worker, now, now + lease, f[7], f[13], f[11], undecided,
-  held[m] ~= nil)
-if not held[m] then note_cold_start(id, m, now) end
+-- f: what a worker needs to run the task (readable; the rest stays in the hash)
+local pairs_of = take(id, p, m, worker, now, now + lease, f, held[m] ~= nil, tenancy)
 if slots > 1 then
   redis.call('ZADD', K_IDLE, claimable - use, worker)
 else
   redis.call('ZREM', K_IDLE, worker)
 end
-return {0, 'task', 'id', id, 'token', token, 'handler', f[1], 'payload', f[2], 'model', f[3],
-  'vram_gb', f[4], 'priority', f[5], 'est_s', f[6], 'attempt', f[7], 'deadline', f[8],
-  'tenant', f[9], 'checkpoint', f[10] or '', 'enqueued_at', f[11], 'queued_at', f[12],
-  'started_at', ms(now), 'sla', sla}
+return {0, 'task', unpack(pairs_of)}

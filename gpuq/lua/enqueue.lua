@@ -9,6 +9,7 @@
 -- (its SLA decided here when the worker holds its model, else when its handler starts:
 -- began.lua); left unread there past a pickup deadline, it is taken back (docs/PROTOCOL.md,
 -- Hand-over).
+-- Arrivals are counted per model in the minute's `arrivals:<bucket>` hash (the forecast's history).
 --
 -- KEYS[1]  pool key base, e.g. "gpuq:{default}:"
 -- ARGV[1]  now (ms; "0" = server clock)
@@ -35,6 +36,8 @@
 --@include wake
 --@include start
 --@include runtime
+--@include tenancy
+--@include quota
 
 local now = clock(ARGV[1])
 local check_fit = ARGV[2] == '1'
@@ -81,6 +84,91 @@ if check_fit then
   end
 end
 
+-- The per-call state of fair ordering: queued counts, terms, finish tags, lags, live workers.
+local fair
+local function fair_state()
+  if fair then return fair end
+  fair = {queued = {}, terms = {}, finish = {}, lag = {}, added = {}}
+  local kv = redis.call('HGETALL', K_TENANT_QUEUED)
+  for i = 1, #kv, 2 do
+    local n = tonumber(kv[i + 1]) or 0
+    if n > 0 then fair.queued[kv[i]] = n end
+  end
+  fair.live = math.max(1, redis.call('ZCARD', K_WORKERS))
+  return fair
+end
+
+-- Terms of tenants (registered: theirs; else weight 1, no caps), read once per call in one
+-- HMGET.
+local function read_terms(names)
+  local s, ask = fair_state(), {}
+  for _, t in ipairs(names) do
+    if s.terms[t] == nil then ask[#ask + 1] = t end
+  end
+  if ask[1] then
+    local vs = redis.call('HMGET', K_TENANTS, unpack(ask))
+    for i, t in ipairs(ask) do s.terms[t] = tenant_terms(vs[i]) or {weight = 1} end
+  end
+end
+
+-- The queue score of a task of tenant t at level p with start-by `score`, its level's SLA
+-- sla_ms, estimate est_s and need vram, counted as queued (fair_flush writes the counts
+-- and tags at the end of the call). Its base is where service at the level is now: its
+-- start-by less the SLA (its arrival, earlier for a tight deadline) less the level's lag
+-- (`tenant_clock` field p: how far behind its place the task a claim took last started), so
+-- a tenant without a backlog joins at the front of the service, however far a flooding
+-- tenant's backlog lags; with a backlog it goes after its own last task. The next one is
+-- spaced by est_s over the GPUs the tenant's share gives it (its weight over the level's
+-- tenants with work, times the live workers, at most what its caps allow).
+local function fair_order(p, t, score, sla_ms, est_s, vram)
+  local s = fair_state()
+  local field = p .. ':' .. t
+  local backlog = s.queued[field] or 0
+  local names, prefix = {}, p .. ':'
+  names[1] = t
+  for f in pairs(s.queued) do
+    if string.sub(f, 1, 2) == prefix and f ~= field then names[#names + 1] = string.sub(f, 3) end
+  end
+  table.sort(names)  -- a sum in a fixed order: replays stay byte-identical
+  read_terms(names)
+  local total = 0
+  for _, name in ipairs(names) do total = total + s.terms[name].weight end
+  if s.lag[p] == nil then s.lag[p] = finite(redis.call('HGET', K_TENANT_CLOCK, p)) or 0 end
+  local order = score - sla_ms - s.lag[p]
+  if backlog > 0 then
+    if s.finish[field] == nil then
+      s.finish[field] = finite(redis.call('HGET', K_TENANT_CLOCK, field)) or 0
+    end
+    order = math.max(order, s.finish[field])
+  end
+  local terms = s.terms[t]
+  local gpus = math.min(terms.weight / total * s.live, terms.gpus or math.huge,
+    terms.vram and terms.vram / vram or math.huge)
+  s.finish[field] = order + math.floor(est_s * 1000 / math.max(gpus, 1e-3))
+  s.queued[field] = backlog + 1
+  s.added[field] = (s.added[field] or 0) + 1
+  return order
+end
+
+-- Write the counts and finish tags fair_order kept.
+local function fair_flush()
+  if not fair then return end
+  local tags = {}
+  for field, n in pairs(fair.added) do
+    redis.call('HINCRBY', K_TENANT_QUEUED, field, n)
+    tags[#tags + 1] = field
+    tags[#tags + 1] = ms(fair.finish[field])
+  end
+  if tags[1] then redis.call('HSET', K_TENANT_CLOCK, unpack(tags)) end
+end
+
+-- Tenants (lib/tenancy.lua): while any is registered, a task's queue score is its tenant's
+-- fair order; a task of a capped tenant is not handed over (claims keep the quota); and the
+-- pool may refuse unregistered tenants.
+local tenancy = tenancy_on()
+local required = tenancy and redis.call('HGET', K_TENANTS, REQUIRED) == '1'
+local known_tenant = {}
+
 -- validate every task first
 local seen = {}
 local vrams, ests, tries = {}, {}, {}  -- each task's numbers, parsed once (each parse costs)
@@ -105,6 +193,14 @@ for i = 1, n do
     if bad_name(tenant) then return {1, i, 'tenant must be a non-empty name'} end
   end
   good[names] = true
+  if required then
+    if known_tenant[tenant] == nil then
+      known_tenant[tenant] = redis.call('HEXISTS', K_TENANTS, tenant) == 1
+    end
+    if not known_tenant[tenant] then
+      return {1, i, 'tenant ' .. tenant .. ' is not registered (this pool requires it: gpuq tenant set)'}
+    end
+  end
   if not vram or vram ~= vram or vram <= 0 or vram == math.huge then
     return {1, i, 'vram_gb must be a number > 0'}
   end
@@ -145,13 +241,14 @@ for i = 1, n do
   vrams[i], ests[i], tries[i] = vram, est, attempts
 end
 
-local unwoken, targeted, heads, urgent = 0, 0, {}, false
+local unwoken, targeted, heads, urgent, arrived = 0, 0, {}, false, {}
 local now_ms = ms(now)
 local idle_n = redis.call('ZCARD', K_IDLE)  -- read once: only the wakes below change it
 for i = 1, n do
   local o = 6 + (i - 1) * G
   local id, model, prio, deadline = ARGV[o + 1], ARGV[o + 4], ARGV[o + 6], ARGV[o + 8]
   local vram = vrams[i]
+  arrived[model] = (arrived[model] or 0) + 1
   local score = now + sla[prio]
   if deadline ~= '' then
     deadline = now + math.max(1, math.floor(tonumber(deadline)))
@@ -161,7 +258,8 @@ for i = 1, n do
   local w, idle, warm = pick(model, vram, prio, idle_n)
   -- a call of one task may hand it over; a bulk call's tasks are queued and their workers
   -- woken, so each claim picks the best of the batch (the first task need not be it)
-  local hand = idle and n == 1 and handover(w)
+  local tenant = ARGV[o + 10]
+  local hand = idle and n == 1 and not (tenancy and quota_of(tenant)) and handover(w)
   if idle then
     targeted, idle_n = 1, idle_n - 1
   else
@@ -170,6 +268,8 @@ for i = 1, n do
   end
   -- numbers formatted once (a float's formatting costs as much as a command) and written
   -- normalized, so readers parse what they expect
+  local order = score
+  if tenancy and not hand then order = fair_order(prio, tenant, score, sla[prio], ests[i], vram) end
   local est_s, vram_s, score_ms = tostring(ests[i]), tostring(vram), ms(score)
   -- no `attempt` before the first start, `deadline` and `offered` only when there is one:
   -- each field written costs about as much as a small command (PROTOCOL: absent fields)
@@ -182,6 +282,9 @@ for i = 1, n do
   if ARGV[o + 12] == '1' then redis.call('HSET', task_key(id), 'report_end', '1') end
   if from_history[i] then redis.call('HSET', task_key(id), 'est_from', 'history') end
   if w and not hand then redis.call('HSET', task_key(id), 'offered', w) end
+  if tenancy and not hand then
+    redis.call('HSET', task_key(id), 'order', ms(order), 'fair', prio .. ':' .. tenant)
+  end
   if hand then
     -- handed over: the idle worker runs it without a claim round trip. It starts here as a
     -- claim would start it, with the worker's lease; unread on its wake list at its pickup
@@ -191,6 +294,7 @@ for i = 1, n do
     local token, decided = start(id, prio, model, w, now, now + hand.lease, '1', score, now, true,
       warm)
     if not warm then note_cold_start(id, model, now) end
+    if tenancy then count_tenant_sla(prio, tenant, decided) end
     redis.call('ZADD', K_HANDED, pickup, id)
     count_dispatch(tonumber(prio), redis.call('HMGET', K_FAIRNESS, '1', '2', '3'), hand.fair_every)
     redis.call('LPUSH', wake_key(w), cjson.encode({id = id, token = tostring(token),
@@ -200,14 +304,21 @@ for i = 1, n do
       sla = decided}))
   else
     if idle then wake_worker(w) end
-    redis.call('ZADD', queue_key(prio, model), score_ms, id)
+    redis.call('ZADD', queue_key(prio, model), ms(order), id)
     redis.call('ZADD', K_NEED, vram_s, id)
     watch_deadline(id, deadline, ests[i])
     local qk = prio .. ':' .. model  -- the index needs each queue's lowest new score once
-    if not heads[qk] or score < heads[qk][3] then heads[qk] = {prio, model, score} end
+    if not heads[qk] or order < heads[qk][3] then heads[qk] = {prio, model, order} end
   end
 end
 for _, h in pairs(heads) do redis.call('ZADD', models_with_work_key(h[1]), 'LT', h[3], h[2]) end
+fair_flush()
+-- one HINCRBY per model per call (60 s buckets, 8 days kept: keys.ARRIVAL_BUCKET_MS, _TTL_S);
+-- the TTL is set when a model's field is new, not on every call
+local bucket = arrivals_key(math.floor(now / 60000))
+for model, c in pairs(arrived) do
+  if redis.call('HINCRBY', bucket, model, c) == c then redis.call('EXPIRE', bucket, 691200) end
+end
 -- pool-wide wakes for the tasks no idle worker was picked for, and, while other workers
 -- idle, one in case a picked worker died idle (its offer lapses after the defer bound)
 if targeted > 0 and idle_n == 0 then targeted = 0 end

@@ -23,6 +23,7 @@
 --@include reserve
 --@include start
 --@include finish
+--@include tenancy
 
 if #ARGV < 4 or #ARGV > 5 then return {1, 0, 'expected 5 arguments'} end
 local now, limit, ttl = clock(ARGV[1]), arg_num(2, 1, 1e6, true), ttl_arg(3)
@@ -44,7 +45,7 @@ end
 
 for _, id in ipairs(ids) do
   local f = redis.call('HMGET', task_key(id), 'state', 'deadline', 'est_s', 'priority', 'model',
-    'reserved_for', 'yield_victim')
+    'reserved_for', 'yield_victim', 'fair')
   local bad = f[1] == 'queued' and f[2] and f[2] ~= ''
     and defect(f[4], f[5], 1, f[3], 0, f[2])  -- the fields read here (vram and score: claim's)
   if f[1] ~= 'queued' or not f[2] or f[2] == '' then
@@ -69,6 +70,7 @@ for _, id in ipairs(ids) do
     end
     if reason then
       unqueue(id, f[4], f[5])
+      fair_leave(f[8])
       withdraw_yield(id, f[6], f[7], now)
       finish(id, 'expired', now, ttl, 'error', reason)  -- counts expired:P<n>
       local enqueued = finite(redis.call('HGET', task_key(id), 'enqueued_at')) or now

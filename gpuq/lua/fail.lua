@@ -25,10 +25,10 @@ if not (now and base and cap and ttl) then
   return {1, 0, 'now, backoff base and cap and ttl must be ms >= 0'}
 end
 local tk = task_key(id)
-local f = redis.call('HMGET', tk, 'state', 'token', 'worker', 'attempt', 'max_attempts')
+local f = redis.call('HMGET', tk, 'state', 'token', 'worker', 'attempt', 'max_attempts', 'charged')
 if not f[1] then return {4} end
 if f[1] ~= 'running' or f[2] ~= token then return {5, f[1]} end
-release(id, f[3])
+release(id, f[3], f[6])
 local attempt, max_attempts = finite(f[4]), finite(f[5])
 if ARGV[5] == '1' and attempt and max_attempts and attempt < max_attempts then
   local wait = math.floor(math.min(base * 2 ^ math.max(0, attempt - 1), cap))

@@ -25,8 +25,9 @@ if not (now and limit and ttl) then return {1, 0, 'now and ttl must be ms >= 0, 
 local requeued, failed = 0, 0
 
 local function recover(id, reason)
-  if redis.call('HGET', task_key(id), 'state') ~= 'running' then
-    release(id, redis.call('HGET', task_key(id), 'worker'))
+  local f = redis.call('HMGET', task_key(id), 'state', 'worker', 'charged')
+  if f[1] ~= 'running' then
+    release(id, f[2], f[3])
     return
   end
   if requeue(id, now, reason, true, ttl) == 'queued' then

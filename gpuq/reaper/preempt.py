@@ -245,16 +245,17 @@ class Preemptor:
                  for i, score in head]
         pipe = r.pipeline(transaction=False)
         for _, i, _ in heads:
-            pipe.hmget(k.task(i), "vram_gb", "reserved_for", "offered")
+            pipe.hmget(k.task(i), "vram_gb", "reserved_for", "offered", "score")
         rows = pipe.execute()
-        holders = sorted({str(h) for _, h, _ in rows if h})
+        holders = sorted({str(h) for _, h, _, _ in rows if h})
         pipe = r.pipeline(transaction=False)
         for h in holders:
             pipe.get(k.reservation(h))
         live = {h: got[0] for h, v in zip(holders, pipe.execute())
                 if (got := live_reservation(v, now_ms))}
-        return [Waiting(i, p, float(need), score, str(offered or ""))
-                for (p, i, score), (need, holder, offered) in zip(heads, rows)
+        # the start-by is the task's `score` (the queue's score is its fair order with tenants)
+        return [Waiting(i, p, float(need), _ms(start_by, score), str(offered or ""))
+                for (p, i, score), (need, holder, offered, start_by) in zip(heads, rows)
                 if need is not None and live.get(str(holder or "")) != i]
 
     def read_workers(self, now_ms: int) -> tuple[list[Victim], list[tuple[float, str]], set[str]]:
@@ -302,3 +303,11 @@ class Preemptor:
             victims.append(Victim(i, int(token), worker, int(prio), began, float(est),
                                   int(count or 0), usable, levels))
         return victims, idle, reserved
+
+
+def _ms(value: object, fallback: int) -> int:
+    """A stored epoch-ms field, or fallback when missing or malformed."""
+    try:
+        return int(float(value))  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return fallback

@@ -5,12 +5,16 @@ the pure ``gpuq.reaper.scale_plan.plan`` (its docstring states the rules), then 
 replaces the ``scale`` hash, pushes the warm hints and counts them, and finally tells the hook
 about classes whose desired count changed.
 
-The ``scale`` hash: ``class:<gpu>`` and ``model:<name>`` -> JSON {current, desired, reason, at};
+The ``scale`` hash: ``class:<gpu>`` and ``model:<name>`` -> JSON {current, desired, reason, at,
+and, with arrival history, rate_per_s and forecast_per_s (``gpuq.reaper.forecast``; a class's
+are summed over the models whose smallest fit it is)};
 ``unschedulable`` -> JSON {tasks, largest_gb (the largest need), class_gb (the largest class)}
 while queued tasks exceed every class; ``unregistered`` -> JSON {handler: tasks} while sampled
 queued tasks name a handler that no live worker's app registers (no GPU class fixes those:
 a worker running that app does). The hook gets (class, current, desired) when a class's
-desired differs from what it was last told (first sight: from current).
+desired differs from what it was last told (first sight: from current); a command hook also
+gets GPUQ_SCALE_REASON and, with history, GPUQ_RATE_PER_S and GPUQ_FORECAST_PER_S in its
+environment (arguments stay three, so existing hooks keep working).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import shlex
 import subprocess
 from collections.abc import Callable, Mapping
@@ -31,6 +36,7 @@ from gpuq.clock import server_ms
 from gpuq.config import Config
 from gpuq.errors import ConfigError
 from gpuq.keys import Keys, live_reservation
+from gpuq.reaper import forecast
 from gpuq.reaper.scale_plan import (
     AWAY,
     HINT_EVERY_MS,
@@ -62,10 +68,14 @@ def _float(value: object) -> float:
         return 0.0
 
 
-def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int) -> Snapshot:
-    """The pool as ``plan`` needs it, in three pipelined reads (and the catalog's two), each
+def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config | None = None,
+                  est_s: Mapping[str, float] | None = None,
+                  arrivals: dict[int, dict[str, int]] | None = None) -> Snapshot:
+    """The pool as ``plan`` needs it, in four pipelined reads (and the catalog's two), each
     bounded: per queue its ZCARD and SAMPLE head tasks, per live worker a few hash fields,
-    the ``need`` index counted by VRAM bands."""
+    the ``need`` index counted by VRAM bands, the arrival buckets the forecast reads.
+    est_s: the mean est_s last sampled per model, arrivals: the buckets read before (the
+    scaler's memory; see ``read_forecasts``)."""
     pipe = client.pipeline(transaction=False)
     for level in Priority:
         pipe.zrange(keys.models_with_work(level), 0, MODELS_PER_LEVEL - 1)
@@ -108,10 +118,42 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int) -> Snapshot:
     for handler in named:
         if handler not in runnable:
             unregistered[handler] = unregistered.get(handler, 0) + 1
-    return Snapshot(tuple(workers), backlogs, sizes, holders,
-                    {e.name: e.mean_load_s for e in entries if e.loads},
+    load_s = {e.name: e.mean_load_s for e in entries if e.loads}
+    return Snapshot(tuple(workers), backlogs, sizes, holders, load_s,
                     {e.name: e.vram_gb for e in entries if e.vram_gb > 0}, bands,
-                    float(top[0][1]) if top else 0.0, unregistered)
+                    float(top[0][1]) if top else 0.0, unregistered,
+                    read_forecasts(client, keys, now_ms, config or Config(), load_s, arrivals),
+                    dict(est_s or {}))
+
+
+def forecast_settings(config: Config) -> forecast.Settings:
+    return forecast.Settings(config.forecast_window_s, config.forecast_half_life_s,
+                             config.forecast_day_s, config.forecast_lead_s)
+
+
+def read_forecasts(client: redis.Redis, keys: Keys, now_ms: int, config: Config,
+                   load_s: Mapping[str, float],
+                   cache: dict[int, dict[str, int]] | None = None) -> dict[str, forecast.Forecast]:
+    """Every model's forecast from the arrival buckets: one pipelined read of a bounded
+    number of small hashes (the recent window, and a day and a week ago). cache: buckets
+    read before, kept and reused once two buckets old (no enqueue writes them any more,
+    one bucket of clock skew allowed), so a round reads the few new ones."""
+    settings = forecast_settings(config)
+    longest = max(load_s.values(), default=0.0) + settings.lead_s
+    wanted = forecast.buckets_to_read(now_ms, settings, longest)
+    cache = {} if cache is None else cache
+    final = forecast.bucket_of(now_ms) - 1
+    reads = [k for k in wanted if k not in cache]
+    pipe = client.pipeline(transaction=False)
+    for k in reads:
+        pipe.hgetall(keys.arrivals(k))
+    got = {k: {str(m): int(n) for m, n in fields.items()} for k, fields in zip(reads, pipe.execute())}
+    buckets = {k: got[k] if k in got else cache[k] for k in wanted}
+    keep = set(wanted)
+    for k in [k for k in cache if k not in keep]:
+        del cache[k]
+    cache.update((k, v) for k, v in got.items() if k < final)
+    return forecast.forecasts(buckets, now_ms, load_s, settings)
 
 
 def _sample(client: redis.Redis, keys: Keys, queues: list[tuple[int, str, int, list[tuple[str, float]]]],
@@ -120,7 +162,7 @@ def _sample(client: redis.Redis, keys: Keys, queues: list[tuple[int, str, int, l
     pipe = client.pipeline(transaction=False)
     for *_, head in queues:
         for tid, _ in head:
-            pipe.hmget(keys.task(tid), "vram_gb", "est_s", "handler")
+            pipe.hmget(keys.task(tid), "vram_gb", "est_s", "handler", "score")
     lower = "-inf"
     for bound in bounds:
         pipe.zcount(keys.need, lower, "+inf" if math.isinf(bound) else bound)
@@ -130,9 +172,12 @@ def _sample(client: redis.Redis, keys: Keys, queues: list[tuple[int, str, int, l
     for p, m, depth, head in queues:
         got = [next(replies) for _ in head]
         # a task that ended between the reads has no hash left: it is just not sampled
-        sample = tuple((_float(v), _float(e)) for v, e, _ in got if v is not None)
-        named += [str(h) for v, _, h in got if v is not None and h]
-        backlogs.append(Backlog(p, m, depth, float(head[0][1]) if head else math.inf, sample))
+        sample = tuple((_float(v), _float(e)) for v, e, _, _ in got if v is not None)
+        named += [str(h) for v, _, h, _ in got if v is not None and h]
+        # the head's start-by: its `score` (the queue's score is its fair order with tenants)
+        start_by = _float(got[0][3]) if got and got[0][3] is not None else (
+            float(head[0][1]) if head else math.inf)
+        backlogs.append(Backlog(p, m, depth, start_by, sample))
     return tuple(backlogs), tuple(zip(bounds, (int(n) for n in replies))), named
 
 
@@ -151,20 +196,23 @@ class CommandHook:
         self.runner = ThreadPoolExecutor(1, thread_name_prefix="gpuq-scale-hook")
         self.last: Future[bool] | None = None
 
-    def __call__(self, cls: str, current: int, desired: int) -> None:
-        self.last = self.runner.submit(self.run, cls, current, desired)
+    def __call__(self, cls: str, current: int, desired: int,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.last = self.runner.submit(self.run, cls, current, desired, env)
 
     def wait(self, timeout_s: float | None = None) -> None:
         """Block until every call made so far has run (tests, orderly shutdown)."""
         if self.last is not None:
             self.last.result(timeout_s)
 
-    def run(self, cls: str, current: int, desired: int) -> bool:
-        """Run the command now; failures are logged, never raised."""
+    def run(self, cls: str, current: int, desired: int, env: Mapping[str, str] | None = None) -> bool:
+        """Run the command now (``env`` added to this process's environment); failures are
+        logged, never raised."""
         argv = [*self.argv, cls, str(current), str(desired)]
         try:
             done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  timeout=self.timeout_s, check=False)
+                                  timeout=self.timeout_s, check=False,
+                                  env={**os.environ, **env} if env else None)
         except (OSError, subprocess.SubprocessError) as exc:
             log.warning("scale.hook_failed class=%s desired=%d error=%s", cls, desired, exc)
             return False
@@ -188,11 +236,16 @@ class Scaler:
             self.hook = CommandHook(config.on_scale)
         self.told: dict[str, int] = {}
         self.hinted: dict[str, int] = {}
+        self.est_s: dict[str, float] = {}  # model -> mean est_s of its last sampled queue
+        self.arrivals: dict[int, dict[str, int]] = {}  # arrival buckets no longer written
 
     def step(self, now_ms: int | None = None) -> ScalePlan:
         now = server_ms(self.redis) if now_ms is None else now_ms
-        snapshot = read_snapshot(self.redis, self.keys, now)
+        snapshot = read_snapshot(self.redis, self.keys, now, self.config, self.est_s, self.arrivals)
         result = plan(snapshot, self.config, now, self.hinted)
+        for b in snapshot.backlogs:
+            if b.sample:
+                self.est_s[b.model] = sum(e for _, e in b.sample) / len(b.sample)
         self._write(result, now, snapshot.unregistered)
         self.hinted = {m: t for m, t in self.hinted.items() if now - t < HINT_EVERY_MS}
         self.hinted.update((h.model, now) for h in result.hints)
@@ -203,9 +256,7 @@ class Scaler:
 
     def _write(self, result: ScalePlan, now_ms: int, unregistered: Mapping[str, int]) -> None:
         fields: dict[Any, Any] = {  # redis-py types a mapping's keys invariantly
-            s.hash_field: json.dumps({"current": s.current, "desired": s.desired,
-                                      "reason": s.reason, "at": now_ms})
-            for s in result.signals}
+            s.hash_field: json.dumps(s.fields(now_ms)) for s in result.signals}
         if result.unschedulable:
             fields["unschedulable"] = json.dumps({"tasks": result.unschedulable,
                                                   "largest_gb": result.largest_need_gb,
@@ -234,6 +285,13 @@ class Scaler:
         if self.hook is None:
             return
         try:
-            self.hook(s.name, s.current, s.desired)
+            if isinstance(self.hook, CommandHook):
+                env = {"GPUQ_SCALE_REASON": s.reason}
+                if s.forecast_per_s is not None:
+                    env.update(GPUQ_RATE_PER_S=f"{s.rate_per_s or 0.0:.6g}",
+                               GPUQ_FORECAST_PER_S=f"{s.forecast_per_s:.6g}")
+                self.hook(s.name, s.current, s.desired, env)
+            else:
+                self.hook(s.name, s.current, s.desired)
         except Exception:  # a caller's hook must never stop the reaper
             log.exception("scale.hook_failed pool=%s class=%s", self.keys.pool, s.name)

@@ -12,6 +12,12 @@ Per model with queued work (its queues summed over priorities):
   the whole target and a new worker first loads the model (catalog mean load time, counted at
   most half the target, so slow loads still get workers); at least 1; at least current + 1
   when late and no idle worker serving that priority fits it; at most n + current.
+- Forecast (``scale_signal`` "forecast", the default; ``gpuq.reaper.forecast`` states the
+  model): when a model's forecast rate F over the next horizon (its mean load time plus
+  ``forecast_lead_s``) is a rise, desired = max(the above, ceil(F × mean est_s /
+  ``forecast_utilisation``)), reason "forecast ...". A model with no queued work but a rise
+  gets a signal too (desired = max(current, that need)). Mean est_s: its queues' sample,
+  else what the scaler last sampled for it, else 1 s (enqueue's default).
 
 Per GPU class (every registered class, and any class a live worker shows):
 
@@ -21,6 +27,10 @@ Per GPU class (every registered class, and any class a live worker shows):
   the rest goes to the smallest class that fits the model's need.
 - Queued tasks that fit no live worker but fit a class add at least 1 to the smallest such
   class (counted from the ``need`` index by VRAM bands, not by reading tasks).
+- Forecast: when the forecast work of the models whose smallest fit is a class rises
+  (Σ F × est_s above Σ level × est_s), the class's desired is at least ceil(Σ F × est_s /
+  ``forecast_utilisation``): the class's expected load, not a worker per model (a worker
+  serves several models; per-model ceilings would ask for a GPU per rising model).
 - Desired never drops below current (idle workers retire by themselves, so an autoscaler never
   has to pick a victim); the pool's total is at least ``min_workers``, the difference going to
   the class with the most live workers, else to the largest class.
@@ -40,6 +50,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuq.config import Config
+from gpuq.reaper.forecast import RISE, Forecast
 
 HINT_EVERY_MS = 30_000  # a model is hinted again only after this long
 AWAY = ("draining", "retiring")  # worker states that take no new work
@@ -86,6 +97,8 @@ class Snapshot:
     largest_need_gb: float = 0.0
     # handler -> sampled queued tasks that name it while no live worker's app registers it
     unregistered: Mapping[str, int] = field(default_factory=dict)
+    forecasts: Mapping[str, Forecast] = field(default_factory=dict)  # model -> its forecast
+    est_s: Mapping[str, float] = field(default_factory=dict)  # model -> mean est_s seen before
 
 
 @dataclass(frozen=True)
@@ -95,10 +108,21 @@ class ScaleSignal:
     current: int
     desired: int
     reason: str
+    rate_per_s: float | None = None  # arrivals now (decayed), summed over a class's models
+    forecast_per_s: float | None = None  # and over the next horizon; None: no history
 
     @property
     def hash_field(self) -> str:
         return f"{self.kind}:{self.name}"
+
+    def fields(self, at_ms: int) -> dict[str, object]:
+        """The scale hash's JSON object (the forecast's rates only when there are some)."""
+        out: dict[str, object] = {"current": self.current, "desired": self.desired,
+                                  "reason": self.reason, "at": at_ms}
+        if self.forecast_per_s is not None:
+            out["rate_per_s"] = round(self.rate_per_s or 0.0, 6)
+            out["forecast_per_s"] = round(self.forecast_per_s, 6)
+        return out
 
 
 @dataclass(frozen=True)
@@ -219,17 +243,69 @@ def _class_extra(snap: Snapshot, models: Sequence[_Model], holders: Mapping[str,
     return extra, why
 
 
+def _est(m: _Model, snap: Snapshot) -> float:
+    """A model's mean est_s: its queues' sample, else what was sampled before, else 1 s."""
+    return m.work_s / m.depth if m.depth and m.work_s else snap.est_s.get(m.name, 1.0)
+
+
+def _forecast_need(f: Forecast, est_s: float, config: Config) -> float:
+    """Workers the forecast rate keeps busy at the target utilisation (not rounded)."""
+    return f.forecast_per_s * est_s / max(config.forecast_utilisation, 1e-3)
+
+
+def _with_forecast(sig: ScaleSignal, m: _Model, snap: Snapshot, config: Config) -> ScaleSignal:
+    """A model's signal with its forecast: the rates, and desired raised for a rise."""
+    f = snap.forecasts.get(m.name)
+    if f is None:
+        return sig
+    desired, reason = sig.desired, sig.reason
+    if f.rising and config.scale_signal == "forecast":
+        need = math.ceil(_forecast_need(f, _est(m, snap), config) - 1e-9)
+        if need > desired or not reason:
+            desired = max(desired, need)
+            reason = (f"forecast {f.forecast_per_s:.3g}/s in {f.horizon_s:.0f} s (now "
+                      f"{f.level_per_s:.3g}/s): {need} workers" + (f"; {reason}" if reason else ""))
+    return ScaleSignal("model", m.name, sig.current, max(desired, sig.current), reason,
+                       f.level_per_s, f.forecast_per_s)
+
+
+def _class_forecast(snap: Snapshot, config: Config, models: Sequence[_Model]
+                    ) -> dict[str, tuple[float, float, float, float]]:
+    """Per class, over the models whose smallest fit it is: Σ level, Σ forecast (per s), and
+    Σ level × est_s, Σ forecast × est_s (their work, GPU-seconds per second)."""
+    by_size = sorted(_sizes(snap).items(), key=lambda kv: (kv[1], kv[0]))
+    out: dict[str, tuple[float, float, float, float]] = {}
+    for m in models:
+        f = snap.forecasts.get(m.name)
+        fit = next((c for c, gb in by_size if gb >= m.need_gb), None)
+        if f is None or fit is None:
+            continue
+        est = _est(m, snap)
+        a, b, c, d = out.get(fit, (0.0, 0.0, 0.0, 0.0))
+        out[fit] = (a + f.level_per_s, b + f.forecast_per_s, c + f.level_per_s * est,
+                    d + f.forecast_per_s * est)
+    return out
+
+
 def _class_signals(snap: Snapshot, config: Config, extra: Counter[str],
-                   why: dict[str, list[str]]) -> list[ScaleSignal]:
+                   why: dict[str, list[str]],
+                   ahead: Mapping[str, tuple[float, float, float, float]]) -> list[ScaleSignal]:
     sizes = _sizes(snap)
     live = Counter(w.gpu for w in snap.workers)
     desired = {c: live[c] + extra[c] for c in sizes}
+    for c, (_, rate, work_now, work) in ahead.items():
+        need = math.ceil(work / max(config.forecast_utilisation, 1e-3) - 1e-9)
+        if (config.scale_signal == "forecast" and work > work_now * (1 + RISE)
+                and need > desired[c]):
+            desired[c] = need
+            why.setdefault(c, []).insert(0, f"forecast {rate:.3g}/s, {work:.2f} GPU-s/s: {need} workers")
     gap = config.min_workers - sum(desired.values())
     if gap > 0 and sizes:
         pick = max(sizes, key=lambda c: (live[c], sizes[c], c))
         desired[pick] += gap
         why.setdefault(pick, []).append(f"min_workers {config.min_workers}")
-    return [ScaleSignal("class", c, live[c], desired[c], "; ".join(why.get(c, [])) or "enough workers")
+    return [ScaleSignal("class", c, live[c], desired[c], "; ".join(why.get(c, [])) or "enough workers",
+                        *(ahead[c][:2] if c in ahead else (None, None)))
             for c in sorted(sizes)]
 
 
@@ -258,7 +334,12 @@ def plan(snapshot: Snapshot, config: Config, now_ms: int,
     """What the pool needs (pure). ``recent_hints``: model -> ms it was last hinted."""
     models = _models(snapshot, now_ms)
     live = {w.id for w in snapshot.workers}
-    holders = {m.name: set(snapshot.holders.get(m.name, ())) & live for m in models}
+    queued = {m.name for m in models}
+    # models with a rise and no queued work: their need is their catalog footprint
+    rising = [_Model(name, need_gb=snapshot.footprint_gb.get(name, 0.0))
+              for name, f in snapshot.forecasts.items()
+              if f.rising and name not in queued and config.scale_signal == "forecast"]
+    holders = {m.name: set(snapshot.holders.get(m.name, ())) & live for m in models + rising}
     spare = _spare(snapshot)
     model_signals = []
     for m in models:
@@ -267,7 +348,15 @@ def plan(snapshot: Snapshot, config: Config, now_ms: int,
         model_signals.append(_model_signal(m, len(holders[m.name]), snapshot.load_s.get(m.name, 0.0),
                                            config, idle_fit))
     extra, why = _class_extra(snapshot, models, holders, model_signals)
-    signals = _class_signals(snapshot, config, extra, why) + model_signals
+    # the class's forecast covers every model with history, queued or not
+    others = [_Model(name, need_gb=snapshot.footprint_gb.get(name, 0.0))
+              for name in snapshot.forecasts if name not in queued]
+    ahead = _class_forecast(snapshot, config, models + others)
+    model_signals = [_with_forecast(sig, m, snapshot, config) for m, sig in zip(models, model_signals)]
+    model_signals += [_with_forecast(ScaleSignal("model", m.name, len(holders[m.name]),
+                                                 len(holders[m.name]), ""), m, snapshot, config)
+                      for m in rising]
+    signals = _class_signals(snapshot, config, extra, why, ahead) + model_signals
     hints = _hints(snapshot, config, models, holders, now_ms, recent_hints or {})
     unschedulable = sum(n for bound, n in snapshot.need_bands if math.isinf(bound))
     return ScalePlan(signals, hints, unschedulable, snapshot.largest_need_gb if unschedulable else 0.0,

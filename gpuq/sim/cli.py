@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from gpuq.config import Config
 from gpuq.embedded import EmbeddedServer
 from gpuq.errors import ConfigError
 from gpuq.sim import traces
+from gpuq.sim.autoscale import Autoscale
 from gpuq.sim.model import TraceTask
 from gpuq.sim.policies import POLICIES
 from gpuq.sim.reference import Request, first_request_misses
@@ -73,6 +75,38 @@ def run_simulations(trace_name: str, traces_dir: str | None, gpus_spec: str, spe
         from gpuq.sim.plot import plot
 
         plot(results, plot_path)
+    return reports
+
+
+SIGNALS = ("reactive", "forecast")
+
+
+def run_autoscaled(trace_name: str, traces_dir: str | None, gpus_spec: str, speedup: float | None,
+                   target_load: float | None, limit: int | None, seed: int, config: Config,
+                   spec: str, signal: str = "both", **settings: float) -> list[dict[str, Any]]:
+    """gpuq with an autoscaler (``--autoscale MIN:MAX``) over GPUs of the one ``--gpus`` kind,
+    once per scale signal (reactive, forecast or both), on the same arrivals and load draws.
+    A report's ``policy`` names its signal. settings: Autoscale's boot_s, idle_s, every_s."""
+    kinds = {gb for _, gb in parse_gpus(gpus_spec)}
+    if len(kinds) != 1 or "/" in gpus_spec:
+        raise ConfigError("--autoscale needs one GPU kind, e.g. --gpus 1x80")
+    if signal not in (*SIGNALS, "both"):
+        raise ConfigError(f"--scale-signal {signal!r}: reactive, forecast or both")
+    if speedup is not None and target_load is not None:
+        raise ConfigError("give --speedup or --target-load, not both")
+    autoscale = Autoscale.parse(spec, kinds.pop(), **settings)
+    tasks, loads = read_trace(trace_name, traces_dir, seed, limit)
+    if speedup is None:  # the load is offered to the largest pool
+        speedup = speedup_for(tasks, autoscale.max, 0.8 if target_load is None else target_load)
+    reports = []
+    with replaying() as server:
+        for name in SIGNALS if signal == "both" else (signal,):
+            result = simulate(tasks, [], "gpuq", speedup=speedup, load_time=loads.sample, seed=seed,
+                              config=replace(config, scale_signal=name), server=server,
+                              autoscale=autoscale)
+            result.policy = name
+            reports.append({"trace": trace_name, **summarize(result)})
+            log.info("simulate.done signal=%s tasks=%d wall_s=%.1f", name, len(tasks), result.wall_s)
     return reports
 
 

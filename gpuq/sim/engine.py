@@ -12,7 +12,8 @@ back as the checkpoint, and the next run resumes from there. One that comes whil
 loads its model is honoured when the load ends (the handler's first check), unless it was
 withdrawn by then; if the grace passes first, the worker stops the task and the load is lost.
 A task's handler starts when its model is loaded (the SLA's measure), noted when its run
-stops. When the reaper's rounds and passes run is ``gpuq.sim.rounds``'s.
+stops. When the reaper's rounds and passes run is ``gpuq.sim.rounds``'s; with an autoscaler
+(``gpuq.sim.autoscale``) GPUs join and leave the pool during the replay.
 
 Simplifications, stated: workers never die (leases are long, so the reaper's recovery has
 nothing to do); a worker announces a model as held when it starts loading it, not when the
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from gpuq.app import App
 from gpuq.config import Config
 from gpuq.scripts import ClaimRequest
+from gpuq.sim.autoscale import Autoscale, Autoscaler
 from gpuq.sim.model import SimResult, SimTask, TraceTask
 from gpuq.sim.policies import GpuqScheduler, Offer, Scheduler
 from gpuq.sim.rounds import Rounds
@@ -61,31 +63,44 @@ class SimWorker:
     generation: int = 0  # bumps when a run ends early, so its stale end event is ignored
     busy: list[tuple[float, float]] = field(default_factory=list)
     loading_s: float = 0.0  # of the busy time, loading models (cut short by a yield)
+    joined_s: float = 0.0  # when it joined the pool
+    gone: bool = False  # it left the pool (autoscaler)
+
+    @property
+    def idle(self) -> bool:
+        return self.run is None
 
 
 class Engine:
     def __init__(self, scheduler: Scheduler, gpus: list[tuple[str, float]], tasks: list[TraceTask],
-                 load_time: LoadTime, config: Config) -> None:
+                 load_time: LoadTime, config: Config, autoscale: Autoscale | None = None) -> None:
         self.scheduler = scheduler
         self.config = config
         self.load_time = load_time
-        app = App("sim")
-        app.any_model()(lambda name: name)
-        self.workers = [SimWorker(wid, gb, ModelCache(app, gb, config.kv_reserve_gb),
-                                  wid.partition("@")[2] or "0123") for wid, gb in gpus]
+        self.now = 0.0
+        self.app = App("sim")
+        self.app.any_model()(lambda name: name)
+        self.autoscaler = Autoscaler(self, autoscale) if autoscale else None
+        if self.autoscaler is not None:
+            gpus = self.autoscaler.initial()
+        self.workers = [self.new_worker(wid, gb) for wid, gb in gpus]
+        self.fleet = list(self.workers)  # every GPU the replay had, those that left included
         self.by_id = {w.id: w for w in self.workers}
         self.trace = {f"t{i:06d}": t for i, t in enumerate(tasks)}
         self.records = {tid: SimTask(tid, t.priority, t.model, t.vram_gb, t.arrival_s, t.est_s,
-                                     t.service_s) for tid, t in self.trace.items()}
+                                     t.service_s, tenant=t.tenant) for tid, t in self.trace.items()}
         self.events: list[Event] = []
         self.seq = 0
-        self.now = 0.0
         self.loads = 0
         self.preemptions: dict[str, int] = {}
         self.arrivals_left = len(tasks)
         self.rounds = Rounds(self)
         self.longest_load = 0.0  # expiry looks this far ahead for cold loads
         self.claims: list[str] = []  # task ids in the order GPUs claimed them
+
+    def new_worker(self, wid: str, gb: float) -> SimWorker:
+        return SimWorker(wid, gb, ModelCache(self.app, gb, self.config.kv_reserve_gb),
+                         wid.partition("@")[2] or "0123", joined_s=self.now)
 
     # -- the clock -----------------------------------------------------------------------
     def at(self, t: float, kind: str, key: str = "", gen: int = 0, queued: float | None = None) -> None:
@@ -111,6 +126,8 @@ class Engine:
             self.claim(w)
         for tid, t in self.trace.items():
             self.at(t.arrival_s, "arrive", tid)
+        if self.autoscaler is not None:
+            self.autoscaler.start()
         while self.events:
             event = heapq.heappop(self.events)
             if self.stale(event):
@@ -136,7 +153,7 @@ class Engine:
                 self.deferred_yield(self.by_id[key], gen)
             elif kind == "retry":
                 worker = self.by_id[key]
-                if worker.run is None:
+                if worker.run is None and not worker.gone:
                     self.claim(worker)
                 self.dispatch()
                 continue
@@ -145,6 +162,12 @@ class Engine:
                 if not (self.dispatch() or changed):
                     self.rounds.skip()
                 continue
+            elif kind == "scale":
+                assert self.autoscaler is not None
+                self.autoscaler.tick()
+            elif kind == "boot":
+                assert self.autoscaler is not None
+                self.autoscaler.boot(key)
             elif kind == "plan":
                 assert isinstance(self.scheduler, GpuqScheduler)
                 self.apply(self.scheduler.plan(self.ms()))
@@ -199,6 +222,31 @@ class Engine:
         record.worker = w.id
         self.at(end, "end", w.id, w.generation)
         self.rounds.ensure()  # a running lower-priority task may now be worth planning around
+
+    def add_worker(self, wid: str, gb: float) -> None:
+        """A GPU joins: it registers and claims once, as a worker process starts."""
+        w = self.new_worker(wid, gb)
+        self.workers.append(w)
+        self.fleet.append(w)
+        self.by_id[wid] = w
+        self.scheduler.register(wid, gb, w.levels, self.ms())
+        self.claim(w)
+
+    @property
+    def live(self) -> list[SimWorker]:
+        return self.workers
+
+    def waiting(self) -> int:
+        """Tasks queued (gpuq only: the reaper's rounds count them)."""
+        return sum(self.rounds.queued)
+
+    def retire(self, wid: str) -> None:
+        """An idle GPU leaves, as a retiring worker does (gpuq only)."""
+        w = self.by_id[wid]
+        assert isinstance(self.scheduler, GpuqScheduler) and w.run is None
+        self.scheduler.leave(w.id, w.cache.model_names())
+        self.workers.remove(w)
+        w.gone = True
 
     def running(self) -> Iterator[TraceTask]:
         return (self.trace[w.run.offer.task_id] for w in self.workers if w.run is not None)
@@ -281,14 +329,16 @@ class Engine:
         ends = [r.end_s for r in self.records.values() if r.end_s is not None]
         first = min((t.arrival_s for t in self.trace.values()), default=0.0)
         c = self.config
+        fleet = self.fleet
         return SimResult(
-            policy=self.scheduler.name, speedup=1.0, gpus=[(w.id, w.total_gb) for w in self.workers],
+            policy=self.scheduler.name, speedup=1.0, gpus=[(w.id, w.total_gb) for w in fleet],
             sla_s=[c.sla_p0_s, c.sla_p1_s, c.sla_p2_s, None], tasks=list(self.records.values()),
-            busy_s={w.id: sum(b - a for a, b in w.busy) for w in self.workers},
-            loading_s={w.id: w.loading_s for w in self.workers},
-            busy_intervals={w.id: w.busy for w in self.workers}, model_loads=self.loads,
+            busy_s={w.id: sum(b - a for a, b in w.busy) for w in fleet},
+            loading_s={w.id: w.loading_s for w in fleet},
+            busy_intervals={w.id: w.busy for w in fleet}, model_loads=self.loads,
             preemptions=dict(self.preemptions), makespan_s=max(ends, default=first) - first,
-            wall_s=wall_s, claims=list(self.claims), kv_reserve_gb=c.kv_reserve_gb)
+            wall_s=wall_s, claims=list(self.claims), kv_reserve_gb=c.kv_reserve_gb,
+            autoscale=None if self.autoscaler is None else self.autoscaler.figures(max(ends, default=first)))
 
     def read_outcomes(self, scheduler: GpuqScheduler) -> None:
         """Expired and never-run tasks, as the pool recorded them."""

@@ -7,6 +7,7 @@ report (``gpuq.sim.report``). Times are virtual seconds since the replay's start
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpuq.config import Config
 
@@ -48,6 +49,7 @@ class SimTask:
     worker: str | None = None
     outcome: str = "unfinished"  # succeeded | expired | failed | canceled | unfinished
     preemptions: int = 0
+    tenant: str = "default"
 
 
 @dataclass
@@ -67,3 +69,5 @@ class SimResult:
     claims: list[str] = field(default_factory=list)  # task ids in claim order (fidelity checks)
     rejected: int = 0  # tasks larger than every GPU of the pool, refused before the replay
     kv_reserve_gb: float = field(default_factory=lambda: Config().kv_reserve_gb)  # per GPU
+    # with an autoscaler (gpuq.sim.autoscale): GPU hours, boots, retirements; None: a fixed pool
+    autoscale: dict[str, Any] | None = None

@@ -131,6 +131,10 @@ class GpuqScheduler:
             presence.hold(pipe, old, False)
         pipe.execute()
 
+    def leave(self, worker_id: str, models: list[str]) -> None:
+        """A worker leaves the pool (an autoscaled replay's idle GPU retiring)."""
+        Presence(self.redis, self.keys, worker_id).leave(models)
+
     def woken(self, idle: list[str]) -> list[str]:
         """The idle workers a wake token reaches, as blocked real workers would pop them: a
         worker's own token first, then pool-wide tokens to the others in order."""

@@ -21,8 +21,13 @@ def summarize(result: SimResult) -> dict[str, Any]:
     gpus = len(result.gpus)
     busy, loading = sum(result.busy_s.values()), sum(result.loading_s.values())
     capacity = gpus * result.makespan_s
+    sizes = [gb for _, gb in result.gpus]
+    scaled = result.autoscale
+    if scaled is not None:  # GPUs came and went: their own hours, the largest pool's VRAM
+        capacity = scaled["gpu_hours"] * 3600
+        sizes = [sizes[0]] * scaled["max"]
     refs = references([Request(t.model, t.vram_gb, t.priority) for t in result.tasks],
-                      [gb for _, gb in result.gpus], result.kv_reserve_gb)
+                      sizes, result.kv_reserve_gb)
     best = refs["reference"]
     return {
         "policy": result.policy,
@@ -47,6 +52,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "throughput_per_s": round(len(done) / result.makespan_s, 4) if result.makespan_s else 0.0,
         "makespan_s": round(result.makespan_s, 3),
         "wall_s": round(result.wall_s, 3),
+        **({} if scaled is None else {"autoscale": scaled}),
     }
 
 
@@ -139,6 +145,15 @@ def render(reports: list[dict[str, Any]]) -> str:
     for name, loads, cold, loads_x, cold_x in rows:
         lines.append(f"{name:<11}{loads:>7}{_times(loads_x):>8}{cold['P0']:>9}{_times(cold_x):>8}"
                      + "".join(f"{cold[f'P{p}']:>9}" for p in (1, 2, 3)))
+    scaled = [r for r in reports if "autoscale" in r]
+    if scaled:
+        lines += ["", f"{'SIGNAL':<11}{'GPU-HOURS':>10}{'MEAN GPUS':>10}{'PEAK':>6}{'BOOTS':>7}"
+                      f"{'RETIRED':>8}{'P0 WITHIN':>10}{'P1 WITHIN':>10}"]
+        for r in scaled:
+            a, p = r["autoscale"], r["priorities"]
+            lines.append(f"{r['policy']:<11}{a['gpu_hours']:>10.1f}{a['mean_gpus']:>10.2f}{a['peak_gpus']:>6}"
+                         f"{a['boots']:>7}{a['retired']:>8}{_percent(p['P0']['sla_attainment']):>10}"
+                         f"{_percent(p['P1']['sla_attainment']):>10}")
     refused = max((r["rejected"] for r in reports), default=0)
     if refused:  # left out of every table above: say so, or a trace seems to lose tasks
         lines += ["", f"{refused} task(s) refused up front: larger than any GPU's usable VRAM "

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from gpuq.client import Queue
 from gpuq.config import Config
 from gpuq.connection import connect
 from gpuq.embedded import EmbeddedServer
 from gpuq.errors import ConfigError
+from gpuq.sim.autoscale import Autoscale
 from gpuq.sim.engine import Engine
 from gpuq.sim.model import SimResult, TraceTask
 from gpuq.sim.policies import POLICIES, GpuqScheduler, QueueScheduler, Scheduler
+from gpuq.tenants import Tenant, set_tenant
 
 LoadSampler = Callable[[str, random.Random], float]  # (model, rng) -> seconds
 
@@ -52,16 +55,32 @@ def sim_config(base: Config | None = None) -> Config:
                    on_scale="").validate()
 
 
+def autoscaled_config(config: Config, autoscale: Autoscale, speedup: float) -> Config:
+    """The pool's settings under an autoscaler: its minimum is the pool's, the forecast's
+    day is the compressed day, and its lead is the boot time (what the reaper cannot know)."""
+    return replace(config, min_workers=autoscale.min, forecast_day_s=config.forecast_day_s / speedup,
+                   forecast_lead_s=autoscale.boot_s).validate()
+
+
 def simulate(tasks: list[TraceTask], gpus: list[tuple[str, float]], policy: str, *,
              speedup: float, load_time: LoadSampler, seed: int = 1,
              config: Config | None = None, server: EmbeddedServer | None = None,
-             skip_ahead: bool = True) -> SimResult:
-    """skip_ahead=False runs every reaper round and every claim (the same report, slower)."""
+             skip_ahead: bool = True, autoscale: Autoscale | None = None,
+             tenants: Sequence[Tenant] = ()) -> SimResult:
+    """skip_ahead=False runs every reaper round and every claim (the same report, slower).
+    autoscale: GPUs of one class come and go (``gpus`` is then ignored; gpuq only).
+    tenants: registered before a gpuq replay (weights and caps apply; the baselines have no
+    tenants)."""
     if policy not in POLICIES:
         raise ConfigError(f"--policy {policy!r}: one of {', '.join(POLICIES)}")
     if speedup <= 0:
         raise ConfigError("--speedup must be > 0")
     cfg = sim_config(config)
+    if autoscale is not None:
+        if policy != "gpuq":
+            raise ConfigError("--autoscale replays the gpuq policy only")
+        cfg = autoscaled_config(cfg, autoscale, speedup)
+        gpus = [(autoscale.gpu_id(0), autoscale.gb)]  # the size the fit check below uses
     # what no GPU of the pool could ever hold is refused up front, as enqueue's fit check
     # would: a plain FIFO would otherwise block behind it forever
     largest = max((gb for _, gb in gpus), default=0.0) - cfg.kv_reserve_gb
@@ -76,10 +95,12 @@ def simulate(tasks: list[TraceTask], gpus: list[tuple[str, float]], policy: str,
         if policy == "gpuq":
             client = connect(srv.url)
             client.flushdb()
+            for tenant in tenants:
+                set_tenant(Queue(client, cfg), tenant)
             scheduler = GpuqScheduler(client, cfg)
         else:
             scheduler = QueueScheduler(policy, {f"t{i:06d}": t for i, t in enumerate(compressed)})
-        engine = Engine(scheduler, gpus, compressed, lambda model: load_time(model, rng), cfg)
+        engine = Engine(scheduler, gpus, compressed, lambda model: load_time(model, rng), cfg, autoscale)
         engine.rounds.skip_ahead = skip_ahead
         result = engine.run()
         if policy == "gpuq":

@@ -28,12 +28,15 @@ def read_figures(client: redis.Redis, keys: Keys) -> PoolFigures:
     for w in view.workers:
         key = (w.gpu, w.state if w.alive else "dead")
         workers[key] = workers.get(key, 0) + 1
-    desired = []
+    desired, forecast = [], []
     for field_name, signal_value in view.scale.items():
         kind, _, name = field_name.partition(":")
         if kind in ("class", "model") and "desired" in signal_value:
             desired.append((kind, name, int(signal_value.get("current", 0)),
                             int(signal_value["desired"])))
+            if "forecast_per_s" in signal_value:
+                forecast.append((kind, name, float(signal_value.get("rate_per_s", 0.0)),
+                                 float(signal_value["forecast_per_s"])))
     return PoolFigures(
         pool=view.pool,
         queues=[(q.priority, q.model, q.depth, q.oldest_wait_s) for q in view.queues],
@@ -41,8 +44,8 @@ def read_figures(client: redis.Redis, keys: Keys) -> PoolFigures:
         stats=view.stats,
         model_loads=[(m["name"], int(m["loads"]), float(m["mean_load_s"]) * int(m["loads"]))
                      for m in view.models],
-        workers=workers, desired=desired,
-        reaper_active=bool(client.exists(keys.reaper_lock)))
+        workers=workers, desired=desired, forecast=forecast,
+        reaper_active=bool(client.exists(keys.reaper_lock)), tenants=view.tenants)
 
 
 class Exporter:

@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from gpuq import catalog
+from gpuq import catalog, tenants
 from gpuq.clock import from_time_reply
 from gpuq.keys import Keys, live_reservation
 from gpuq.task import Priority
@@ -67,6 +67,11 @@ class PoolView:
     # run times learned from successful runs, most runs first (RUNTIMES_SHOWN): {"handler",
     # "model", "mean_s", "p90_s", "samples"}
     runtimes: list[dict[str, Any]] = field(default_factory=list)
+    # tenants registered or with tasks counted queued (gpuq.tenants.TenantState.to_dict), each
+    # with "sla": {"P<n>": {"met", "missed"}} of its first handler starts; and whether the pool
+    # refuses tenants not registered
+    tenants: list[dict[str, Any]] = field(default_factory=list)
+    tenants_required: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,7 +130,19 @@ def pool_view(client: redis.Redis, keys: Keys) -> PoolView:
         models=[asdict(e) for e in catalog.read(client, keys)], reservations=reservations,
         yield_requests=_yield_requests(client, keys, [w for w in views if w.alive], now * 1000),
         scale={k: _parse_signal(v) for k, v in sorted(scale.items())},
-        unregistered=dict(sorted(unregistered.items())), runtimes=learned_runtimes(runtimes))
+        unregistered=dict(sorted(unregistered.items())), runtimes=learned_runtimes(runtimes),
+        **_tenants(client, keys, stats))
+
+
+def _tenants(client: redis.Redis, keys: Keys, stats: dict[str, str]) -> dict[str, Any]:
+    states, required = tenants.read(client, keys)
+    out = []
+    for s in states:
+        entry = s.to_dict()
+        entry["sla"] = {p.label: {r: int(stats.get(f"sla_{r}:{p.label}:{s.tenant.name}", 0))
+                                  for r in ("met", "missed")} for p in Priority}
+        out.append(entry)
+    return {"tenants": out, "tenants_required": required}
 
 
 def parse_runtime(pair: str, value: str) -> dict[str, Any] | None:

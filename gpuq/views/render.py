@@ -36,8 +36,32 @@ def render_status(view: PoolView) -> str:
                      f"{levels_label(w.levels):<7}{','.join(w.models) or '-'}")
     if not view.workers:
         lines.append("(no workers)")
-    lines += _preemption(view) + _scale(view.scale) + _runtimes(view.runtimes)
+    lines += (_preemption(view) + _scale(view.scale) + _runtimes(view.runtimes)
+              + _tenants(view.tenants, view.tenants_required))
     return "\n".join(lines)
+
+
+def _tenants(tenants: list[dict[str, Any]], required: bool) -> list[str]:
+    """Tenants: weight, caps and running use, queued tasks, SLA attainment at handler start."""
+    if not tenants:
+        return []
+    lines = ["", "tenants" + (" (tasks of tenants not registered are refused)" if required else "")
+             + ":", f"{'TENANT':<20}{'WEIGHT':>7}{'RUNNING/CAP':>13}{'VRAM/CAP':>14}  "
+             f"{'QUEUED':<18}SLA AT START"]
+    for t in tenants:
+        name = t["name"] if t["registered"] else t["name"] + "*"
+        queued = " ".join(f"{p}={n}" for p, n in sorted(t["queued"].items())) or "-"
+        sla = " ".join(f"{p} {100 * s['met'] / (s['met'] + s['missed']):.1f}%"
+                       for p, s in t["sla"].items() if s["met"] + s["missed"]) or "-"
+        gpus, vram = _of(t["running"], t["max_gpus"]), _of(t["running_vram_gb"], t["max_vram_gb"])
+        lines.append(f"{name[:19]:<20}{t['weight']:>7g}{gpus:>13}{vram:>14}  {queued[:17]:<18}{sla}")
+    if not all(t["registered"] for t in tenants):
+        lines.append("* not registered: weight 1, no caps")
+    return lines
+
+
+def _of(used: float | None, cap: float | None) -> str:
+    return "-" if cap is None else f"{used or 0:g}/{cap:g}"
 
 
 def _runtimes(runtimes: list[dict[str, Any]]) -> list[str]:

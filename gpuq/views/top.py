@@ -36,7 +36,7 @@ def render_top(view: PoolView, misses: list[dict[str, Any]], width: int = 80, *,
                now: float) -> str:
     """One frame; no line is longer than ``width``. now: the frame's time (epoch seconds)
     on the server's clock, which stamped the misses."""
-    lines = (_header(view, now) + _queues(view, width) + _signals(view)
+    lines = (_header(view, now) + _queues(view, width) + _signals(view) + _tenants(view)
              + _misses(misses, now) + _workers(view.workers, width))
     return "\n".join(clip(line, width) for line in lines)
 
@@ -137,6 +137,19 @@ def _signals(view: PoolView) -> list[str]:
     if signals:
         lines.append("scale: " + ", ".join(signals))
     return [""] + lines if lines else []
+
+
+def _tenants(view: PoolView) -> list[str]:
+    """One line: each tenant's queued tasks, running use against its caps, SLA at start."""
+    parts = []
+    for t in view.tenants:
+        queued = sum(t["queued"].values())
+        cap = f" {t['running']}/{t['max_gpus']}gpu" if t["max_gpus"] is not None else ""
+        met = sum(s["met"] for s in t["sla"].values())
+        done = met + sum(s["missed"] for s in t["sla"].values())
+        sla = f" {100 * met / done:.0f}%" if done else ""
+        parts.append(f"{t['name']} q{queued}{cap}{sla}")
+    return ["", "tenants: " + ", ".join(parts)] if parts else []
 
 
 def _yield(y: dict[str, Any]) -> str:

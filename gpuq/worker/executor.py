@@ -26,6 +26,7 @@ from gpuq.worker.running import Running, RunningSet
 from gpuq.worker.runtimes import Run, RunTimes
 
 log = logging.getLogger(__name__)
+Claimed = tuple[dict[str, str], Reservation | None, Running]  # task fields, its VRAM, its run
 
 SETTLED = {"ack": "succeeded", "requeue": "yielded"}  # fail: "delayed" is a retry
 
@@ -46,15 +47,17 @@ class Executor:
         self.id = presence.worker_id
         self.model_loads = 0
 
-    def begin(self, fields: dict[str, str]) -> tuple[Reservation | None, Running]:
-        """Take a task this worker now runs (claimed, or handed over at enqueue): its VRAM,
-        its context, its slot. Called with the cache lock held."""
+    def begin(self, fields: dict[str, str], *,
+              batched: bool = False) -> tuple[Reservation | None, Running]:
+        """Take a task this worker now runs (claimed, handed over at enqueue, or added to a
+        batch: ``batched``, no slot of its own): its VRAM, its context, its slot. Called
+        with the cache lock held."""
         ctx, problem = self.context_of(fields)
         # a task this worker cannot run reserves nothing: execute fails it, and a reservation
         # would have evicted held models and left a placeholder that never loads
         res = None if problem else self.cache.reserve(ctx.model, ctx.vram_gb)
         running = Running(fields["id"], int(fields["token"]), ctx, time.monotonic(),
-                          threading.get_ident(), rejected=problem)
+                          threading.get_ident(), rejected=problem, batched=batched)
         self.observer.started(fields)
         self.running.track(running)  # before the lock is released: the next claim sees one slot fewer
         return res, running

@@ -1,10 +1,11 @@
 """The worker: one process per GPU, ``concurrency`` runner threads that claim and run tasks.
 
 Each runner claims under the model cache's lock (so the VRAM it reports is what it holds),
-runs the task in its own thread and loops; with nothing to claim it blocks on its wake
-lists, never a sleep loop. SIGTERM stops claiming, lets running tasks finish for
-``shutdown_grace_s``, requeues what is still running (the attempt is given back), and exits.
-A drain (``gpuq drain``) waits for running tasks without a limit. Idle for
+runs the task (with the batch it starts, for a batch handler: ``gpuq.worker.batch``) in its
+own thread and loops; with nothing to claim it blocks on its wake lists, never a sleep loop
+(a batch short of its size waits up to its batch_wait_ms, once). SIGTERM stops claiming,
+lets running tasks finish for ``shutdown_grace_s``, requeues what is still running (the
+attempt is given back), and exits. A drain (``gpuq drain``) waits for running tasks without a limit. Idle for
 ``idle_timeout_s``, the worker unloads its models and, while the pool keeps more than
 ``min_workers`` live, retires: it leaves and exits 0, so no autoscaler kills a busy worker.
 """
@@ -32,18 +33,18 @@ from gpuq.errors import StaleLease
 from gpuq.keys import Keys
 from gpuq.metrics import WorkerMetrics, serve_http
 from gpuq.scripts import Call, Calls, ClaimRequest, Scripts
+from gpuq.worker import batch
 from gpuq.worker.control import Control
-from gpuq.worker.executor import Executor
+from gpuq.worker.executor import Claimed, Executor
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.heartbeat import Heartbeat
-from gpuq.worker.models import ModelCache, Reservation
+from gpuq.worker.models import ModelCache
 from gpuq.worker.observer import Observer
 from gpuq.worker.presence import Presence
-from gpuq.worker.running import Running, RunningSet
+from gpuq.worker.running import RunningSet
 from gpuq.worker.runtimes import RunTimes
 
 log = logging.getLogger(__name__)
-Claimed = tuple[dict[str, str], Reservation | None, Running]  # task fields, its VRAM, its run
 
 
 def handed_over(message: object) -> dict[str, str] | None:
@@ -82,25 +83,29 @@ class Worker:
                                  self.calls, self.observer, self.runtimes)
         self.outage = Outage(f"worker={self.id}", log)  # Redis down: said once by all its loops
 
-    def claim(self, pending: Call[Any] | None) -> Claimed | float:
-        """Send the previous task's ack or fail (if any) and claim the next task, in one
-        round trip. Claims hold the cache lock so the VRAM reported is what is free. With
+    def settle(self, pending: list[Call[Any]]) -> None:
+        """Send the finished tasks' acks or fails alone, in one round trip."""
+        if pending:
+            for call, reply in zip(pending, self.scripts.pipelined(pending)):
+                self.executor.settle(call, reply)
+
+    def claim(self, pending: list[Call[Any]] | None = None) -> Claimed | float:
+        """Send the previous task's (or batch's) acks or fails and claim the next task, in
+        one round trip. Claims hold the cache lock so the VRAM reported is what is free. With
         nothing to claim, returns when to look again (0: when woken)."""
+        pending = pending or []
         with self.cache.lock:
-            slots = self.config.concurrency - len(self.running)
+            slots = self.config.concurrency - self.running.slots_used()
             if slots <= 0 or self.stopping.is_set():  # stopping: retired or draining, claim none
-                if pending is not None:
-                    self.executor.settle(pending, self.scripts.run_raw(pending))
+                self.settle(pending)
                 return 0.0
             req = ClaimRequest(self.id, self.cache.free_gb(), self.cache.evictable_gb(), slots,
                                self.cache.loaded(), self.levels)
             call = self.calls.claim(req)
-            if pending is None:
-                claim = self.scripts.run(call)
-            else:
-                done, reply = self.scripts.pipelined([pending, call])
-                self.executor.settle(pending, done)
-                claim = call.parse(reply)
+            *done, reply = self.scripts.pipelined([*pending, call])
+            for sent, answer in zip(pending, done):
+                self.executor.settle(sent, answer)
+            claim = call.parse(reply)
             if claim.task is None:
                 return claim.retry_s
             return (claim.task, *self.executor.begin(claim.task))
@@ -134,7 +139,7 @@ class Worker:
             if not self.running.wait(retry_s or 1.0, unless_empty=retry_s <= 0):
                 self.stopping.set()  # burst: nothing left that this worker can run
                 self.done.set()
-        elif len(self.running) < self.config.concurrency:
+        elif self.running.slots_used() < self.config.concurrency:
             timeout = retry_s if retry_s > 0 else self.config.idle_block_s
             # redis-py's own BLPOP, not gpuq.wire.exchange: a blocking wait would hold the
             # client's kept connection for its whole timeout (the demo's lower P0 attainment
@@ -149,44 +154,44 @@ class Worker:
         return None
 
     def runner(self) -> None:
-        pending: Call[Any] | None = None  # the finished task's ack or fail, not yet sent
+        pending: list[Call[Any]] = []  # the finished task's (or batch's) acks or fails, not yet sent
         waited = False  # the last claim found nothing and the runner waited for work
         from_idle = False  # the task just run was claimed right after such a wait
         outage, backoff = self.outage, Backoff()
         while not self.stopping.is_set():
             started = time.monotonic()
             try:
-                if pending is not None and from_idle:
+                if pending and from_idle:
                     # a task taken by a worker that was idle: someone may be waiting on it,
                     # and a claim sent with its ack would hold the waiter's reply back by
                     # its own server time; in a busy streak the ack rides with the claim
-                    self.executor.settle(pending, self.scripts.run_raw(pending))
-                    pending = None
+                    self.settle(pending)
+                    pending = []
                 claimed = self.claim(pending)
-                pending = None
+                pending = []
                 outage.up(started)
                 backoff.reset()
                 if isinstance(claimed, tuple):
                     from_idle, waited = waited, False
-                    pending = self.executor.execute(*claimed)
+                    pending = batch.execute(self.executor, claimed, self.stopping)
                     continue
                 handed = self.wait_for_work(claimed)
                 waited = True
                 if handed is not None:
                     from_idle, waited = True, False
-                    pending = self.executor.execute(*handed)
+                    pending = batch.execute(self.executor, handed, self.stopping)
             except redis.RedisError as exc:  # down or restarting: said once, retried with backoff
                 outage.down(exc)
                 self.stopping.wait(backoff.delay())
             except Exception:  # a runner must outlive any one task's surprise
                 log.exception("worker.runner_error worker=%s", self.id)
                 self.stopping.wait(1.0)
-        if pending is not None:  # stopping: the last result still goes out
+        if pending:  # stopping: the last results still go out
             try:
-                self.executor.settle(pending, self.scripts.run_raw(pending))
+                self.settle(pending)
             except redis.RedisError as exc:
                 log.error("task.ack_failed task=%s error=%s (the reaper will recover it)",
-                          pending.args[0], exc)
+                          ",".join(c.args[0] for c in pending), exc)
 
     def request_stop(self, *_: object) -> None:
         if not self.stopping.is_set():

@@ -2,7 +2,8 @@
 
 The set is shared by the runners (track, untrack), the heartbeat (renews their leases) and
 control (yield deadlines); it also keeps when a task last started or ended (the idle
-timeout) and how many tasks ran.
+timeout) and how many tasks ran. A batch's tasks are tracked one by one (each has its own
+lease) but take one slot together: the tasks added to a batch are ``batched``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Running:
     stopped: bool = False  # requeued by the worker: whatever the handler does is moot
     in_handler: bool = False
     rejected: str | None = None  # why this worker will not run it (execute fails it)
+    batched: bool = False  # added to the batch of another task: it uses that task's slot
     guard: threading.Lock = field(default_factory=threading.Lock)
 
     def enter(self) -> None:
@@ -71,6 +73,11 @@ class RunningSet:
             self.tasks_run += 1
             self._last_active = time.monotonic()
             self._changed.notify_all()
+
+    def slots_used(self) -> int:
+        """Runner slots taken: one per task, or per batch."""
+        with self._changed:
+            return sum(1 for r in self._running.values() if not r.batched)
 
     def snapshot(self) -> list[Running]:
         with self._changed:

@@ -143,3 +143,27 @@ def test_began_is_fenced_and_checks_its_arguments(queue: Queue) -> None:
         began(queue, tid, c["token"], T0 + 40)
     assert queue.record(tid).state is State.SUCCEEDED
     assert not any(k.startswith("sla_") for k in stats(queue))
+
+
+def test_a_warm_claim_takes_a_task_that_can_still_meet_its_sla_before_a_late_one(
+        queue: Queue) -> None:
+    late = enqueue(queue, T0, priority="P0", model="m", vram_gb=4)
+    fresh = enqueue(queue, T0 + 1000, priority="P0", model="m", vram_gb=4)
+    now = T0 + 1000 + SLA_MS // 2  # late's start-by time has passed, fresh's has not
+    c = claim(queue, "w1", 20, loaded=[("m", 4)], now_ms=now)
+    assert c is not None and (c["id"], c["sla"]) == (fresh, "met")
+    c = claim(queue, "w2", 20, loaded=[("m", 4)], now_ms=now)
+    assert c is not None and (c["id"], c["sla"]) == (late, "missed")
+    # the late task still goes before lower levels' work
+    late = enqueue(queue, T0, priority="P0", model="m", vram_gb=4)
+    enqueue(queue, now, priority="P1", model="m", vram_gb=4)
+    c = claim(queue, "w3", 20, loaded=[("m", 4)], now_ms=now)
+    assert c is not None and c["id"] == late
+
+
+def test_a_cold_claim_takes_its_queue_oldest_first(queue: Queue) -> None:
+    # a cold start misses a 200 ms SLA whichever task it takes: the oldest goes first
+    late = enqueue(queue, T0, priority="P0", model="m", vram_gb=4)
+    enqueue(queue, T0 + 1000, priority="P0", model="m", vram_gb=4)
+    c = claim(queue, "w1", 20, now_ms=T0 + 1000 + SLA_MS // 2)
+    assert c is not None and c["id"] == late

@@ -76,6 +76,8 @@ def build_state(q: Queue) -> None:
     q.scripts.run(q.calls.ack("done1", 3, '"ok"', now_ms=T0 + 5))
     enqueue_specs(q, [spec(task_id="run2", model="A", vram_gb=5, priority=2, est_s=9)], T0 + 5)
     assert claim(q, "w1", 60, loaded=[("A", 8.0)], now_ms=T0 + 5) is not None  # token 4
+    # tenancy on: the tenant of run1 and run2 capped (both charged), the tasks below ordered
+    assert q.scripts.run(q.calls.tenant("set", "default", "2", "3", "-")) == ""
     enqueue_specs(q, [
         spec(task_id="q1", model="A", vram_gb=10, priority=2, deadline_s=60, est_s=5),
         spec(task_id="q2", model="B", vram_gb=70, priority=0, deadline_s=5, est_s=1),
@@ -111,6 +113,9 @@ def valid_calls(c: Calls) -> dict[str, list[Call[Any]]]:
         "claim": [c.claim(ClaimRequest("w1", 50, 10, 2, (("A", 8.0), ("B", 4.0))), now_ms=t),
                   c.claim(ClaimRequest("w3", 100, 0, 1, (), "01"), now_ms=t),
                   c.claim(ClaimRequest("w2", 20, 0, 1), now_ms=T0 + 10_000_000)],
+        # run2 runs on w1 (model A held): its batch takes q1 (same handler, model and level)
+        "claim_batch": [c.claim_batch("w1", {"id": "run2", "token": "4"}, 50, 8, True, 4, now_ms=t),
+                        c.claim_batch("w1", {"id": "run1", "token": "1"}, 0, 8, False, 2, now_ms=t)],
         # run1 was claimed cold (its SLA pending), run2 warm (decided at its claim)
         "began": [c.began("run1", 1, now_ms=t), c.began("run2", 4, now_ms=t),
                   c.began("q1", 9, now_ms=t)],
@@ -130,6 +135,8 @@ def valid_calls(c: Calls) -> dict[str, list[Call[Any]]]:
         "retire": [c.retire("w2", now_ms=t), c.retire("w1", now_ms=T0)],
         "lead": [c.lead("r1"), c.lead("r2"), c.lead("r1", release=True)],
         "learn": [c.learn([("h", "A", 2.5), ("h", "B", 0.1), ("g", "C", 7)]), c.learn([("h", "A", 0)])],
+        "tenant": [c.tenant("set", "default", "1", "-", "40"), c.tenant("set", "t2", "0.5", "1", "-"),
+                   c.tenant("remove", "default"), c.tenant("require", "1")],
     }
 
 
@@ -222,12 +229,17 @@ def ok_reply(name: str, r: list[Any], argv: Sequence[bytes]) -> bool:
             return len(tail) == 2 and is_count(tail[1])
         return (tail[:1] == [b"task"] and tail[1::2] == CLAIM_FIELDS and None not in tail
                 and tail[-1] in (b"met", b"missed", b"pending", b""))
+    if name == "claim_batch":
+        return (len(tail) >= 1 and isinstance(tail[0], int) and all(
+            isinstance(t, list) and t[::2] == CLAIM_FIELDS and None not in t for t in tail[1:]))
     if name == "began":
         return len(tail) == 2 and tail[0] in (b"met", b"missed", b"") and tail[1].isdigit()
     if name == "heartbeat":
         return len(tail) >= 1 and tail[0] in (0, 1) and all(isinstance(x, bytes) for x in tail[1:])
     if name == "ack":
         return tail == []
+    if name == "tenant":
+        return len(tail) == 1 and isinstance(tail[0], bytes)
     if name == "fail":
         return tail == [b"failed"] or (len(tail) == 2 and tail[0] == b"delayed" and tail[1].isdigit())
     if name == "requeue":

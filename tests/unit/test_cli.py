@@ -158,7 +158,8 @@ def test_status_json_shape(cli_pool: Pool) -> None:
     assert empty == {"pool": cli_pool.name, "queues": [], "workers": [], "running": 0,
                      "delayed": 0, "unschedulable": 0, "unschedulable_ids": [],
                      "largest_gpu_gb": 0.0, "stats": {}, "models": [], "reservations": [],
-                     "yield_requests": [], "scale": {}, "unregistered": {}, "runtimes": []}
+                     "yield_requests": [], "scale": {}, "unregistered": {}, "runtimes": [],
+                     "tenants": [], "tenants_required": False}
 
     cli_pool.register_gpu("w-a100", "A100-40", 40)
     ids = [cli_pool.ok("enqueue", *BASE, "--priority", "P0").strip() for _ in range(2)]

@@ -1,10 +1,14 @@
 -- lib/finish.lua: a task leaves the running set, or ends.
 
 --@include args
+--@include quota
 
-local function release(id, worker)
+-- A task stops running: out of the running set, its worker's tasks and, when it was charged
+-- to a capped tenant (its `charged` field, which the caller read), its tenant's use.
+local function release(id, worker, charged)
   redis.call('ZREM', K_RUNNING, id)
   if worker and worker ~= '' then redis.call('SREM', worker_tasks_key(worker), id) end
+  discharge(id, charged)
 end
 
 -- End a task: terminal state, wake its waiters, keep it readable for ttl ms; counted per

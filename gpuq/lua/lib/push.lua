@@ -5,21 +5,30 @@
 --@include corrupt
 --@include wake
 --@include finish
+--@include tenancy
 
--- Put a stored task back into its queue at its stored score, and wake a worker for it.
--- Returns "queued", or "failed" for a corrupt hash (`fail_corrupt`, kept for ttl ms).
+-- Put a stored task back into its queue at its stored place (its fair `order` when it had
+-- one, else its start-by score), and wake a worker for it. While tenancy is on it counts in
+-- its tenant's queued tasks again. Returns "queued", or "failed" for a corrupt hash
+-- (`fail_corrupt`, kept for ttl ms).
 local function push(id, now, ttl)
-  local f = redis.call('HMGET', task_key(id), 'priority', 'model', 'score', 'vram_gb', 'deadline', 'est_s')
+  local f = redis.call('HMGET', task_key(id), 'priority', 'model', 'score', 'vram_gb', 'deadline',
+    'est_s', 'order', 'tenant')
   local bad = defect(f[1], f[2], f[4], f[6], f[3], f[5])
   if bad then
     fail_corrupt(id, bad, f[1], f[2], now, ttl)
     return 'failed'
   end
-  index(id, f[1], f[2], f[3], f[4])
+  local fair_field = ''
+  if f[8] and f[8] ~= '' and tenancy_on() then
+    fair_field = f[1] .. ':' .. f[8]
+    redis.call('HINCRBY', K_TENANT_QUEUED, fair_field, 1)
+  end
+  index(id, f[1], f[2], finite(f[7]) or f[3], f[4])
   watch_deadline(id, f[5], f[6])
   local idle_n = redis.call('ZCARD', K_IDLE)
   local offered, woken = wake(f[2], tonumber(f[4]), f[1], idle_n)
-  redis.call('HSET', task_key(id), 'offered', offered or '')
+  redis.call('HSET', task_key(id), 'offered', offered or '', 'fair', fair_field)
   -- a woken worker has left the idle set: a pool-wide wake too while others remain
   if not woken or idle_n > 1 then wake_pool(1) end
   return 'queued'
@@ -30,8 +39,9 @@ end
 -- attempt counts are corrupt.
 local function requeue(id, now, reason, consume, ttl)
   local tk = task_key(id)
-  local f = redis.call('HMGET', tk, 'worker', 'attempt', 'max_attempts', 'priority', 'model')
-  release(id, f[1])
+  local f = redis.call('HMGET', tk, 'worker', 'attempt', 'max_attempts', 'priority', 'model',
+    'charged')
+  release(id, f[1], f[6])
   redis.call('HDEL', tk, 'yield_by', 'yield_for')
   local attempt, tries = finite(f[2]), finite(f[3])
   if not (attempt and attempt == math.floor(attempt) and tries) then

@@ -28,6 +28,7 @@ local function withdraw_yield(id, w, victim, now)
   redis.call('HDEL', task_key(victim), 'yield_by', 'yield_for')
   redis.call('HINCRBY', K_STATS, 'preempt:withdrawn', 1)
   if level(v[4]) then redis.call('HINCRBY', K_STATS, 'preempt:withdrawn:P' .. v[4], 1) end
+  if not v[3] or v[3] == '' then return end  -- a corrupt victim names no worker to tell
   local ctl = control_key(v[3])
   for _, msg in ipairs(redis.call('LRANGE', ctl, 0, -1)) do
     if string.sub(msg, 1, 7 + #victim) == 'yield ' .. victim .. ' ' then

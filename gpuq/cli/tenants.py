@@ -1,0 +1,85 @@
+"""Commands on the pool's tenants: set, rm, list, require."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from gpuq.cli.base import open_queue
+from gpuq.tenants import Tenant, read, remove_tenant, require_registered, set_tenant
+
+
+@click.group()
+def tenant() -> None:
+    """Tenants: their share of each priority level, and their caps."""
+
+
+@tenant.command("set")
+@click.argument("name")
+@click.option("--weight", type=float, default=1.0, show_default=True,
+              help="Share of each level against the other tenants with work queued there.")
+@click.option("--max-gpus", type=int, default=None, help="Most tasks (GPUs) running at once.")
+@click.option("--max-vram-gb", type=float, default=None, help="Most VRAM (GB) its running tasks use.")
+@click.pass_context
+def set_(ctx: click.Context, name: str, weight: float, max_gpus: int | None,
+         max_vram_gb: float | None) -> None:
+    """Register a tenant or change it (unset caps are removed)."""
+    t = Tenant(name, weight, max_gpus, max_vram_gb)
+    before = set_tenant(open_queue(ctx), t)
+    click.echo(f"{'changed' if before else 'registered'} {_line(t)}")
+
+
+@tenant.command("rm")
+@click.argument("name")
+@click.pass_context
+def rm(ctx: click.Context, name: str) -> None:
+    """Remove a tenant (its tasks stay; the last one ends tenant sharing)."""
+    remove_tenant(open_queue(ctx), name)
+    click.echo(f"removed {name}")
+
+
+@tenant.command("require")
+@click.argument("state", type=click.Choice(["on", "off"]))
+@click.pass_context
+def require(ctx: click.Context, state: str) -> None:
+    """Whether enqueue refuses tasks of tenants not registered."""
+    require_registered(open_queue(ctx), state == "on")
+    click.echo(f"registered tenants {'required' if state == 'on' else 'not required'}")
+
+
+@tenant.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+def list_(ctx: click.Context, as_json: bool) -> None:
+    """Tenants registered or with tasks queued: weight, caps, running use, queued tasks."""
+    queue = open_queue(ctx)
+    states, required = read(queue.redis, queue.keys)
+    if as_json:
+        click.echo(json.dumps({"required": required, "tenants": [s.to_dict() for s in states]},
+                              indent=2))
+        return
+    click.echo(f"{'TENANT':<16}{'WEIGHT':>8}{'MAX GPUS':>10}{'MAX VRAM':>10}{'RUNNING':>9}"
+               f"{'VRAM':>8}  QUEUED")
+    for s in states:
+        t = s.tenant
+        name = t.name if s.registered else f"{t.name}*"
+        queued = " ".join(f"{p}={n}" for p, n in sorted(s.queued.items())) or "-"
+        click.echo(f"{name:<16}{t.weight:>8g}{_cap(t.max_gpus):>10}{_cap(t.max_vram_gb):>10}"
+                   f"{_cap(s.running):>9}{_cap(s.running_vram_gb):>8}  {queued}")
+    if not all(s.registered for s in states):
+        click.echo("* not registered: weight 1, no caps")
+    if required:
+        click.echo("tasks of tenants not registered are refused")
+
+
+def _cap(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def _line(t: Tenant) -> str:
+    return (f"{t.name}: weight {t.weight:g}, max_gpus {_cap(t.max_gpus)}, "
+            f"max_vram_gb {_cap(t.max_vram_gb)}")
+
+
+COMMANDS = (tenant,)

@@ -1,0 +1,94 @@
+-- claim_batch.lua: add queued tasks of a batch handler to the batch a worker just claimed.
+--
+-- The worker claims as usual (claim.lua); when the task it got runs a batch handler, it calls
+-- this with that task (the batch's first) to take up to `count` more queued tasks of the same
+-- handler and model from the first task's own queue q:<p>:<model>, so a lower level is never
+-- mixed in ahead of a higher one. Oldest (lowest score) first; at most `scan` ids are
+-- examined, so a call costs O(scan x log N). Each task taken starts exactly as claim starts
+-- one (lib/take.lua: its own token, lease, attempt and SLA decision; its tenant charged) and
+-- counts as one dispatch for the fairness rule. The batch shares the worker's loaded model:
+-- a task fits when its working memory, max(0, vram_gb - footprint), fits the free VRAM left
+-- after the tasks taken before it (no model is evicted for it). A task of another handler is
+-- passed over; a stale id leaves the queue; a corrupt one is failed as claim fails it
+-- (lib/readable.lua); one whose tenant is at a quota is passed over (tenancy on).
+--
+-- KEYS[1]  pool key base
+-- ARGV[1]  worker id
+-- ARGV[2]  now (ms; "0" = server clock)
+-- ARGV[3]  free VRAM (GB) the worker has left with the batch's tasks so far reserved
+-- ARGV[4]  lease (ms)
+-- ARGV[5]  fair_every (N: one lower dispatch after N higher ones)
+-- ARGV[6]  the batch's first task id (claimed by this worker: its level, model, handler)
+-- ARGV[7]  its fencing token
+-- ARGV[8]  footprint (GB) of the model on this worker
+-- ARGV[9]  "1": the worker held the model when it claimed the first task (a warm start: SLAs
+--          decided here); "0": it loads it for the batch (sla "pending", as claim)
+-- ARGV[10] count: tasks to take at most (0..1e4)
+-- ARGV[11] scan: task ids examined at most (1..1e5)
+-- Returns  {0, left_ms, task, ...}  left_ms: ms from now to the batch's earliest start-by
+--                                   score (the first task's and those taken; < 0: past it);
+--                                   each task the claim reply's pairs (id, token, handler,
+--                                   payload, model, vram_gb, priority, est_s, attempt,
+--                                   deadline, tenant, checkpoint, enqueued_at, queued_at,
+--                                   started_at, sla)
+--          {1, 0, reason}           INVALID: a malformed argument (nothing written)
+--          {4}                      NOT_FOUND: the first task is gone (nothing taken)
+--          {5, state}               STALE_LEASE: the first task no longer runs under this
+--                                   worker and token (nothing taken)
+
+--@include args
+--@include queue
+--@include readable
+--@include tenancy
+--@include quota
+--@include start
+--@include take
+
+if #ARGV ~= 11 then return {1, 0, 'expected 11 arguments'} end
+local worker, now = ARGV[1], clock(ARGV[2])
+local free, lease, fair_every = arg_num(3, -1e9, 1e9), arg_num(4, 0, 1e12, true), arg_num(5, 1, 1e9, true)
+local first, token, footprint = ARGV[6], ARGV[7], arg_num(8, 0, 1e9)
+local count, scan = arg_num(10, 0, 1e4, true), arg_num(11, 1, 1e5, true)
+if worker == '' or first == '' then return {1, 0, 'worker and first task ids must not be empty'} end
+if not now then return {1, 0, 'now must be ms >= 0'} end
+if not (free and lease and fair_every and footprint and count and scan) then
+  return {1, 0, 'free and footprint GB, lease, fair_every, count and scan must be numbers in range'}
+end
+if ARGV[9] ~= '0' and ARGV[9] ~= '1' then return {1, 0, 'warm must be 0 or 1'} end
+local warm = ARGV[9] == '1'
+-- a task it fails for a corrupt hash stays readable for the default result TTL, as claim's
+local TTL = '604800000'
+
+local s = redis.call('HMGET', task_key(first), 'state', 'token', 'worker', 'priority', 'model',
+  'handler', 'score')
+if not s[1] then return {4} end
+if s[1] ~= 'running' or s[2] ~= token or s[3] ~= worker then return {5, s[1]} end
+local p, m, h, bound = tonumber(level(s[4])), s[5], s[6], finite(s[7])
+if not (p and m and h and bound) then return {0, 0} end  -- claim checked them: never here
+
+local tenancy = tenancy_on()
+local reply, used, taken = {0, 0}, 0, 0
+local ids = count > 0 and redis.call('ZRANGE', queue_key(p, m), 0, scan - 1) or {}
+for _, id in ipairs(ids) do
+  if taken >= count then break end
+  local g = redis.call('HMGET', task_key(id), 'state', 'handler')
+  if g[1] ~= 'queued' then
+    unqueue(id, p, m)  -- a stale entry: nothing to run
+  elseif g[2] == h then
+    local f = readable(id, p, m, now, TTL)  -- nil: corrupt, failed
+    local need = f and tonumber(f[4])
+    local use = need and math.max(0, need - footprint)
+    if f and use <= free - used + 1e-9 and not (tenancy and over_quota(f[9], need)) then
+      count_dispatch(p, redis.call('HMGET', K_FAIRNESS, '1', '2', '3'), fair_every)
+      reply[#reply + 1] = take(id, p, m, worker, now, now + lease, f, warm, tenancy)
+      used, taken = used + use, taken + 1
+      bound = math.min(bound, tonumber(f[13]))
+    end
+  end
+end
+-- a worker with slots left stays in `idle`, scored by what it can still claim
+if used > 0 and redis.call('ZSCORE', K_IDLE, worker) then
+  redis.call('ZINCRBY', K_IDLE, -used, worker)
+end
+reply[2] = bound - now
+return reply

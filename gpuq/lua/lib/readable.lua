@@ -1,0 +1,49 @@
+-- lib/readable.lua: a queued task's fields as a claim reply gives them to a worker.
+
+--@include args
+--@include json
+--@include corrupt
+
+-- Whether a number's text is hex, which tonumber reads and a worker's float() does not.
+local function hex(v) return string.find(v, '[xX]') ~= nil end
+
+-- An epoch ms field as an integer (0..1e15), or nil: its reply text is that integer.
+local function epoch(v)
+  local n = finite(v)
+  if n and n >= 0 and n <= 1e15 and n == math.floor(n) then return n end
+  return nil
+end
+
+-- The fields of task id of queue (p, m) that a claim reply and later scripts rely on, the
+-- attempt and times in the reply's form; or nil when one is missing or malformed: the task
+-- is then failed (at now, its result kept ttl ms) with that field in its error, so a corrupt
+-- hash reaches no worker.
+local function readable(id, p, m, now, ttl)
+  local f = redis.call('HMGET', task_key(id), 'handler', 'payload', 'model', 'vram_gb', 'priority',
+    'est_s', 'attempt', 'deadline', 'tenant', 'checkpoint', 'enqueued_at', 'queued_at', 'score',
+    'reserved_for', 'yield_victim', 'max_attempts', 'began_at', 'fair', 'order')
+  local attempt, tries = finite(f[7] ~= '' and f[7] or 0), finite(f[16])
+  local has_deadline = f[8] and f[8] ~= ''
+  local bad = f[5] ~= tostring(p) and 'priority' or f[3] ~= m and 'model'
+    or defect(f[5], f[3], f[4], f[6], f[13], f[8])
+    or hex(f[4]) and 'vram_gb' or hex(f[6]) and 'est_s'  -- the reply passes both on as stored
+  if bad then
+  elseif not f[1] or f[1] == '' then bad = 'handler'
+  elseif not f[2] then bad = 'payload'
+  elseif not f[9] then bad = 'tenant'
+  elseif not (attempt and attempt >= 0 and attempt < 1e6 and attempt == math.floor(attempt)) then
+    bad = 'attempt'
+  elseif not (tries and tries >= 1 and tries == math.floor(tries)) then bad = 'max_attempts'
+  elseif has_deadline and not epoch(f[8]) then bad = 'deadline'
+  elseif not epoch(f[11]) then bad = 'enqueued_at'
+  elseif not epoch(f[12]) then bad = 'queued_at'
+  elseif f[10] and f[10] ~= '' and not is_json(f[10]) then bad = 'checkpoint'
+  end
+  if bad then
+    fail_corrupt(id, bad, tostring(p), m, now, ttl)
+    return nil
+  end
+  f[7], f[11], f[12] = ms(attempt + 1), ms(epoch(f[11])), ms(epoch(f[12]))
+  f[8] = has_deadline and ms(epoch(f[8])) or ''
+  return f
+end

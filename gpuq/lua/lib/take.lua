@@ -1,0 +1,35 @@
+-- lib/take.lua: a queued task a claim chose starts on the claiming worker; its reply pairs.
+
+--@include args
+--@include queue
+--@include tenancy
+--@include quota
+--@include reserve
+--@include start
+
+-- Start task id of queue (p, m) on worker w until lease_until, as every claim starts one
+-- (claim.lua, and each task claim_batch.lua adds to a batch): out of its queue and its
+-- tenant's count; a yield asked for it withdrawn (it starts here: the victim keeps running);
+-- `start` (token, lease, SLA: decided now when warm, the worker holding its model); its
+-- tenant charged (tenancy on); a cold start noted. f: its fields (`readable`), read before
+-- the attempt is written; the deadline index is touched only if it has one. Returns the
+-- claim reply's pairs for the task.
+local function take(id, p, m, w, now, lease_until, f, warm, tenancy)
+  unqueue(id, p, m, f[8] ~= '')
+  fair_leave(f[18])
+  withdraw_yield(id, f[14], f[15], now)
+  local undecided = not f[17] or f[17] == ''  -- no handler start has decided its SLA yet
+  local token, sla = start(id, p, m, w, now, lease_until, f[7], f[13], f[11], undecided, warm)
+  if tenancy then
+    charge(id, f[9], tonumber(f[4]))
+    count_tenant_sla(p, f[9], sla)
+    -- the level's lag: how far behind its place in the queue service is now (fair_order)
+    local place = finite(f[19]) or finite(f[13]) or now
+    redis.call('HSET', K_TENANT_CLOCK, tostring(p), ms(math.max(0, now - place)))
+  end
+  if not warm then note_cold_start(id, m, now) end
+  return {'id', id, 'token', token, 'handler', f[1], 'payload', f[2], 'model', f[3],
+    'vram_gb', f[4], 'priority', f[5], 'est_s', f[6], 'attempt', f[7], 'deadline', f[8],
+    'tenant', f[9], 'checkpoint', f[10] or '', 'enqueued_at', f[11], 'queued_at', f[12],
+    'started_at', ms(now), 'sla', sla}
+end

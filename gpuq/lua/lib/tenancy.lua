@@ -1,0 +1,48 @@
+-- lib/tenancy.lua: tenants share each level by weight (their quotas: lib/quota.lua).
+--
+-- Tenancy is on while the `tenants` hash exists (`gpuq tenant set`); until then a task's
+-- tenant is a label and none of this runs. While on:
+-- - Fair order (enqueue.lua's fair_order). A task's place in its queue (`order`, the
+--   queue's score) is where service at its level is now (its arrival, moved back by how far
+--   the level's service lags: claims keep that in `tenant_clock`), unless its tenant already
+--   has tasks queued at its level: then it goes after the tenant's last one, spaced by the
+--   time the tenant's share of the pool takes to run it (est_s over share x live workers,
+--   share = its weight over the weights of the level's tenants with queued work, at most its
+--   caps). A tenant asking no more than its share goes to the front; one flooding a level
+--   drifts behind the others' new tasks instead of ahead of them. Only queued tasks count
+--   (`tenant_queued`), so a tenant idle for a while starts afresh.
+-- - Quotas (lib/quota.lua).
+-- - SLA results per tenant (count_tenant_sla).
+-- Tasks counted in `tenant_queued` carry `fair` = their "<p>:<tenant>" field, so whichever
+-- script takes them out of their queue takes them out of the count.
+
+--@include args
+
+local REQUIRED = ' required'  -- the pool's policy field: no tenant name holds a space
+
+local function tenancy_on() return redis.call('EXISTS', K_TENANTS) == 1 end
+
+-- A tenants value "<weight> <max_gpus> <max_vram_gb>" ('-': no cap) as a table, or nil.
+local function tenant_terms(v)
+  if not v then return nil end
+  local w, g, x = string.match(v, '^(%S+) (%S+) (%S+)$')
+  w = finite(w)
+  if not w or w <= 0 then return nil end
+  return {weight = w, gpus = g ~= '-' and finite(g) or nil, vram = x ~= '-' and finite(x) or nil}
+end
+
+-- A tenant's SLA results ("met"/"missed"; others are not decided yet) in `stats`,
+-- "sla_met:P<p>:<tenant>" and "sla_missed:...", where the SLA is decided, while tenancy is on.
+local function count_tenant_sla(p, t, result)
+  if (result == 'met' or result == 'missed') and t and t ~= '' then
+    redis.call('HINCRBY', K_STATS, 'sla_' .. result .. ':P' .. p .. ':' .. t, 1)
+  end
+end
+
+-- A task leaves its queue: out of its tenant's count (fair: its `fair` field).
+local function fair_leave(fair_field)
+  if not fair_field or fair_field == '' then return end
+  if redis.call('HINCRBY', K_TENANT_QUEUED, fair_field, -1) <= 0 then
+    redis.call('HDEL', K_TENANT_QUEUED, fair_field)
+  end
+end

@@ -1,0 +1,79 @@
+-- tenant.lua: register, change or remove a tenant, or set the pool's tenant policy.
+--
+-- A tenant's weight is its share of each level against the other tenants with work queued
+-- there; max_gpus and max_vram_gb cap its running tasks and their VRAM (lib/tenancy.lua).
+-- Setting or removing a tenant recounts its running use from the running set (O(running
+-- tasks), an operator's call), so caps bind the tasks already running too: a tenant over a
+-- new cap starts nothing until its tasks bring it back under. Removing the last tenant ends
+-- tenancy: the finish tags go, queued tasks keep their places, and the queued counts stay,
+-- exact, until the tasks counted there leave their queues (scripts leave them whether
+-- tenancy is on or not).
+--
+-- KEYS[1]  pool key base
+-- ARGV[1]  "set": ARGV[2] name, ARGV[3] weight (> 0), ARGV[4] max_gpus (an integer >= 0, or
+--          "-": none), ARGV[5] max_vram_gb (>= 0, or "-")
+--          "remove": ARGV[2] name
+--          "require": ARGV[2] "1" (enqueue refuses tenants not registered) or "0"
+-- Returns  {0, previous}   done; previous: the tenant's former value or policy ("" if none)
+--          {4}             NOT_FOUND: remove of a tenant not registered
+--          {1, 0, reason}  INVALID: a malformed argument (nothing written)
+
+--@include args
+
+local REQUIRED = ' required'  -- lib/tenancy.lua's policy field: no tenant name holds a space
+
+-- Charge (capped) or discharge (not) each running task of tenant t; set its use to the sum.
+local function recount(t, capped)
+  local gpus, vram = 0, 0
+  for _, id in ipairs(redis.call('ZRANGE', K_RUNNING, 0, -1)) do
+    local f = redis.call('HMGET', task_key(id), 'tenant', 'vram_gb', 'state')
+    if f[1] == t and f[3] == 'running' then
+      if capped then
+        local v = finite(f[2]) or 0
+        redis.call('HSET', task_key(id), 'charged', t .. ' ' .. tostring(v))
+        gpus, vram = gpus + 1, vram + v
+      else
+        redis.call('HDEL', task_key(id), 'charged')
+      end
+    end
+  end
+  redis.call('HDEL', K_TENANT_USE, 'gpus:' .. t, 'vram:' .. t)
+  if gpus > 0 then redis.call('HSET', K_TENANT_USE, 'gpus:' .. t, gpus, 'vram:' .. t, tostring(vram)) end
+end
+
+local op, name = ARGV[1], ARGV[2]
+if op == 'require' then
+  if #ARGV ~= 2 or (name ~= '1' and name ~= '0') then return {1, 0, 'require takes 1 or 0'} end
+  local before = redis.call('HGET', K_TENANTS, REQUIRED) or ''
+  if name == '1' then redis.call('HSET', K_TENANTS, REQUIRED, '1') else redis.call('HDEL', K_TENANTS, REQUIRED) end
+  return {0, before}
+end
+if not name or name == '' or #name > 200 or string.find(name, '[%s{},]') then
+  return {1, 0, 'tenant name must be a non-empty name without spaces, commas or braces'}
+end
+local before = redis.call('HGET', K_TENANTS, name)
+if op == 'set' then
+  if #ARGV ~= 5 then return {1, 0, 'set takes name, weight, max_gpus, max_vram_gb'} end
+  local w = arg_num(3, 1e-6, 1e6)
+  local g = ARGV[4] == '-' or arg_num(4, 0, 1e6, true)
+  local v = ARGV[5] == '-' or arg_num(5, 0, 1e9)
+  if not (w and g and v) then
+    return {1, 0, 'weight must be 1e-6..1e6, max_gpus an integer >= 0 or -, max_vram_gb >= 0 or -'}
+  end
+  local value = table.concat({tostring(w), ARGV[4] == '-' and '-' or tostring(g),
+    ARGV[5] == '-' and '-' or tostring(v)}, ' ')
+  redis.call('HSET', K_TENANTS, name, value)
+  recount(name, ARGV[4] ~= '-' or ARGV[5] ~= '-')
+  return {0, before or ''}
+end
+if op == 'remove' then
+  if #ARGV ~= 2 then return {1, 0, 'remove takes a name'} end
+  if not before then return {4} end
+  recount(name, false)
+  redis.call('HDEL', K_TENANTS, name)
+  if redis.call('EXISTS', K_TENANTS) == 0 then
+    redis.call('DEL', K_TENANT_CLOCK, K_TENANT_USE)
+  end
+  return {0, before}
+end
+return {1, 0, 'the first argument must be set, remove or require'}

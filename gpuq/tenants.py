@@ -1,0 +1,127 @@
+"""Tenants: who shares a pool, by what weight, within which caps.
+
+Once a tenant is registered, each priority level is shared among the tenants with work queued
+there in proportion to their weights (unregistered tenants weigh 1), and a capped tenant's
+running tasks and their VRAM stay within its caps; the pool may also refuse tasks of tenants
+not registered. The rules run inside the scripts (``gpuq/lua/lib/tenancy.lua``); this module
+registers tenants (``tenant.lua``) and reads what the pool holds for them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from gpuq.client import Queue
+from gpuq.errors import TenantError
+from gpuq.keys import Keys
+
+REQUIRED = " required"  # the policy field of the tenants hash: no tenant name holds a space
+DEFAULT_WEIGHT = 1.0
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+    weight: float = DEFAULT_WEIGHT
+    max_gpus: int | None = None  # running tasks (one GPU each)
+    max_vram_gb: float | None = None  # their VRAM, weights included
+
+    def __post_init__(self) -> None:
+        if not self.name or len(self.name) > 200 or any(c.isspace() or c in "{}," for c in self.name):
+            raise TenantError(f"tenant name {self.name!r} must be a non-empty name without "
+                              "spaces, commas or braces")
+        if not (math.isfinite(self.weight) and 1e-6 <= self.weight <= 1e6):
+            raise TenantError(f"weight must be 1e-6..1e6, got {self.weight}")
+        if self.max_gpus is not None and not 0 <= self.max_gpus <= 1_000_000:
+            raise TenantError(f"max_gpus must be 0..1000000, got {self.max_gpus}")
+        if self.max_vram_gb is not None and not (math.isfinite(self.max_vram_gb)
+                                                 and 0 <= self.max_vram_gb <= 1e9):
+            raise TenantError(f"max_vram_gb must be 0..1e9, got {self.max_vram_gb}")
+
+    @property
+    def capped(self) -> bool:
+        return self.max_gpus is not None or self.max_vram_gb is not None
+
+    @classmethod
+    def parse(cls, name: str, value: str) -> Tenant | None:
+        """A ``tenants`` entry, "<weight> <max_gpus> <max_vram_gb>" ("-": no cap); None when
+        malformed (the scripts then treat the tenant as unregistered)."""
+        try:
+            weight, gpus, vram = value.split(" ")
+            return cls(name, float(weight), None if gpus == "-" else int(float(gpus)),
+                       None if vram == "-" else float(vram))
+        except (ValueError, TenantError):
+            return None
+
+
+@dataclass
+class TenantState:
+    """A tenant as the pool sees it now."""
+
+    tenant: Tenant
+    registered: bool
+    running: int | None = None  # capped tenants only: running tasks and their VRAM
+    running_vram_gb: float | None = None
+    queued: dict[str, int] = field(default_factory=dict)  # "P<n>" -> tasks queued
+
+    def to_dict(self) -> dict[str, Any]:
+        t = self.tenant
+        return {"name": t.name, "registered": self.registered, "weight": t.weight,
+                "max_gpus": t.max_gpus, "max_vram_gb": t.max_vram_gb, "running": self.running,
+                "running_vram_gb": self.running_vram_gb, "queued": self.queued}
+
+
+def set_tenant(queue: Queue, tenant: Tenant) -> Tenant | None:
+    """Register or change ``tenant`` (its caps bind its running tasks at once); its former
+    setting, if any."""
+    def cap(value: float | None) -> str:
+        return "-" if value is None else repr(value)
+
+    before = queue.scripts.run(queue.calls.tenant(
+        "set", tenant.name, repr(tenant.weight), cap(tenant.max_gpus), cap(tenant.max_vram_gb)))
+    return Tenant.parse(tenant.name, before) if before else None
+
+
+def remove_tenant(queue: Queue, name: str) -> None:
+    """Remove a registered tenant (TenantError if it is not); the last one ends tenancy."""
+    queue.scripts.run(queue.calls.tenant("remove", name))
+
+
+def require_registered(queue: Queue, on: bool) -> None:
+    """Whether enqueue refuses tasks of tenants not registered."""
+    queue.scripts.run(queue.calls.tenant("require", "1" if on else "0"))
+
+
+def read(client: redis.Redis, keys: Keys) -> tuple[list[TenantState], bool]:
+    """Every registered tenant and every tenant with queued work counted, by name, and
+    whether the pool requires registration."""
+    pipe = client.pipeline(transaction=False)
+    pipe.hgetall(keys.tenants)
+    pipe.hgetall(keys.tenant_queued)
+    pipe.hgetall(keys.tenant_use)
+    registry, queued, use = pipe.execute()
+    states: dict[str, TenantState] = {}
+    for name, value in registry.items():
+        if name != REQUIRED:
+            tenant = Tenant.parse(name, value)
+            if tenant is not None:
+                states[name] = TenantState(tenant, True)
+    for key, count in queued.items():
+        level, _, name = key.partition(":")
+        state = states.get(name)
+        if state is None:
+            try:
+                state = states[name] = TenantState(Tenant(name), False)
+            except TenantError:
+                continue
+        if int(count) > 0:
+            state.queued[f"P{level}"] = int(count)
+    for state in states.values():
+        if state.tenant.capped:
+            state.running = int(float(use.get(f"gpus:{state.tenant.name}", 0)))
+            state.running_vram_gb = round(float(use.get(f"vram:{state.tenant.name}", 0)), 3)
+    return sorted(states.values(), key=lambda s: s.tenant.name), registry.get(REQUIRED) == "1"

@@ -1,0 +1,205 @@
+"""Batch handlers: one handler call runs several claimed tasks of one handler and model.
+
+A claimed task whose handler has ``batch`` > 1 is the first of a batch: ``fill`` takes up to
+``batch - 1`` more queued tasks of its handler and model from its own queue
+(claim_batch.lua), each under its own lease and fencing token, their working memory
+reserved in the ledger; short of ``batch``, it waits up to ``batch_wait_ms``, never past the
+batch's earliest start-by time, and asks once more. ``run`` calls the handler once with the
+payloads and settles each task alone: N results, N acks (sent together with the runner's
+next claim, one round trip); a wrong count or a non-list fails every task with that reason
+(retried as a handler error); an exception fails each task as it would fail one task. A
+yield gives every task back (attempt not used); a task stopped past its yield deadline is
+requeued by the worker and the others of its batch given back.
+
+Each task's learned run time is the batch's handler time divided by its tasks: the mean
+then says how much worker time a task of that handler costs, which is what a backlog's
+drain and the scale signals are reckoned from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import redis
+
+from gpuq.app import BatchContext, HandlerSpec, Yielded
+from gpuq.errors import StaleLease, TaskError, TaskNotFound
+from gpuq.scripts import Call
+from gpuq.worker.executor import Claimed, Executor
+from gpuq.worker.running import Running
+
+log = logging.getLogger(__name__)
+YIELDED = "yielded to a higher-priority task"
+
+
+def batch_spec(ex: Executor, fields: dict[str, str]) -> HandlerSpec | None:
+    """The handler spec of a task whose handler is a batch handler, else None."""
+    spec = ex.app.handlers.get(fields.get("handler", ""))
+    return spec if spec is not None and spec.batch > 1 else None
+
+
+def execute(ex: Executor, claimed: Claimed, stopping: threading.Event | None = None) -> list[Call[Any]]:
+    """Run a claimed task, with the batch it starts when its handler is a batch handler;
+    the calls that settle its tasks. ``stopping`` None: a batch does not wait for more."""
+    spec = batch_spec(ex, claimed[0])
+    if spec is None:
+        call = ex.execute(*claimed)
+        return [] if call is None else [call]
+    return run(ex, spec, fill(ex, spec, claimed, stopping))
+
+
+def fill(ex: Executor, spec: HandlerSpec, first: Claimed,
+         stopping: threading.Event | None) -> list[Claimed]:
+    """The batch the claimed task ``first`` starts: it and the tasks claim_batch added."""
+    fields, res, running = first
+    items = [first]
+    if res is None or running.rejected:  # execute fails it alone
+        return items
+    waited = False
+    while len(items) < spec.batch:
+        with ex.cache.lock:
+            if stopping is not None and stopping.is_set():
+                break
+            footprint = ex.cache.get(res.model).footprint_gb
+            call = ex.calls.claim_batch(ex.id, fields, ex.cache.free_gb(), footprint, not res.cold,
+                                        spec.batch - len(items))
+            try:
+                batch = ex.scripts.run(call)
+            except (StaleLease, TaskNotFound):  # the first task is gone: it runs alone (moot)
+                break
+            items += [(t, *ex.begin(t, batched=True)) for t in batch.tasks]
+        wait_s = min(spec.batch_wait_ms, batch.left_ms) / 1000
+        if waited or stopping is None or len(items) >= spec.batch or wait_s <= 0:
+            break
+        stopping.wait(wait_s)
+        waited = True
+    if len(items) > 1:
+        log.debug("batch.claimed worker=%s handler=%s tasks=%d", ex.id, spec.name, len(items))
+    return items
+
+
+def report_starts(ex: Executor, items: list[Claimed]) -> list[Claimed]:
+    """began.lua for each task started cold, in one round trip; the tasks still to run (one
+    whose lease is gone belongs to another attempt)."""
+    asked = [(item, ex.calls.began(item[2].task_id, item[2].token)) for item in items
+             if item[0].get("sla") == "pending"]
+    if not asked:
+        return items
+    try:
+        replies = ex.scripts.pipelined([call for _, call in asked])
+    except redis.RedisError as exc:  # the handler still runs; only the SLAs go uncounted
+        log.warning("sla.unreported worker=%s tasks=%d error=%s", ex.id, len(asked), exc)
+        return items
+    lost = set()
+    for (item, call), reply in zip(asked, replies):
+        try:
+            decided, now_ms = call.parse(reply)
+        except (StaleLease, TaskNotFound):
+            log.warning("lease.lost task=%s worker=%s: lost during its model load",
+                        item[2].task_id, ex.id)
+            ex.observer.observe(item[2].task_id, "lost")
+            lost.add(item[2].task_id)
+            continue
+        if decided:
+            ex.observer.began(item[0], now_ms)
+    return [item for item in items if item[2].task_id not in lost]
+
+
+def run(ex: Executor, spec: HandlerSpec, items: list[Claimed]) -> list[Call[Any]]:
+    """Call the batch handler once for the tasks and settle each; their VRAM and slots are
+    released first."""
+    calls: list[Call[Any]] = []
+    live: list[Claimed] = []
+    for item in items:
+        if item[1] is None or item[2].rejected:
+            call = ex.execute(*item)  # fails it alone, with the reason
+            calls += [] if call is None else [call]
+        else:
+            live.append(item)
+    try:
+        if live:
+            calls += settle(ex, spec, live)
+    finally:
+        for _, res, running in live:
+            if res is not None:
+                ex.cache.release(res)
+            ex.running.untrack(running.task_id)
+    return calls
+
+
+def settle(ex: Executor, spec: HandlerSpec, items: list[Claimed]) -> list[Call[Any]]:
+    """Run the handler on the live tasks; one ack, fail or requeue per task not stopped."""
+    calls: list[Call[Any]] = []
+    try:
+        model = None
+        for i, (_, res, running) in enumerate(items):
+            # the first loads the model if cold; the rest share it (one evicts only if the
+            # ledger had to make room for its working memory)
+            if res is not None and (i == 0 or res.cold or res.evict):
+                model = ex.prepare_model(res, running.task_id)
+        calls = [give_back(ex, r, YIELDED, "yielded") for _, _, r in items
+                 if r.ctx.yield_requested and not r.stopped]  # asked during the load: not run
+        items = report_starts(ex, [i for i in items if not (i[2].ctx.yield_requested or i[2].stopped)])
+        if not items:
+            return calls
+        runs = [r for _, _, r in items]
+        payloads = [json.loads(f["payload"]) for f, _, _ in items]
+        for r in runs:
+            r.enter()
+        began = time.monotonic()
+        try:
+            results = spec.fn(model, payloads, BatchContext([r.ctx for r in runs]))
+        finally:
+            for r in runs:
+                r.leave()
+        ran_s = time.monotonic() - began
+    except Yielded:
+        return calls + [give_back(ex, r, YIELDED, "yielded") if r.ctx.yield_requested
+                        else give_back(ex, r, f"its batch {YIELDED}", "")
+                        for _, _, r in items if not r.stopped]
+    except Exception as exc:
+        if any(r.stopped for _, _, r in items):  # a task stopped past its yield deadline
+            return calls + [give_back(ex, r, "its batch was stopped", "")
+                            for _, _, r in items if not r.stopped]
+        retry = exc.retry if isinstance(exc, TaskError) else True
+        message = str(exc) if isinstance(exc, TaskError) else f"{type(exc).__name__}: {exc}"
+        log.info("task.failed tasks=%d worker=%s retry=%s error=%s", len(items), ex.id, retry, message)
+        return calls + [ex.calls.fail(r.task_id, r.token, message, retry=retry)
+                        for _, _, r in items if not r.stopped]
+    return calls + results_of(ex, spec, items, results, ran_s)
+
+
+def give_back(ex: Executor, r: Running, reason: str, preempted: str) -> Call[Any]:
+    """The requeue of a batch's task that gives way (its attempt given back)."""
+    return ex.calls.requeue(r.task_id, r.token, reason, preempted=preempted,
+                            checkpoint=r.ctx.saved or "")
+
+
+def results_of(ex: Executor, spec: HandlerSpec, items: list[Claimed], results: Any,
+               ran_s: float) -> list[Call[Any]]:
+    """One ack per task for a list of one result per task; else every task fails."""
+    n = len(items)
+    for _, _, r in items:
+        ex.observer.observe(r.task_id, phase="run", seconds=ran_s)
+    if not isinstance(results, list) or len(results) != n:
+        got = (f"{len(results)} results" if isinstance(results, list)
+               else f"a {type(results).__name__}, not a list,")
+        message = f"batch handler {spec.name!r} returned {got} for {n} tasks"
+        log.info("task.failed tasks=%d worker=%s retry=True error=%s", n, ex.id, message)
+        return [ex.calls.fail(r.task_id, r.token, message) for _, _, r in items if not r.stopped]
+    calls: list[Call[Any]] = []
+    for (fields, _, r), result in zip(items, results):
+        if r.stopped:
+            continue
+        try:
+            ack = ex.calls.ack(r.task_id, r.token, ex.encode(result))
+        except TaskError as exc:  # this result alone cannot be stored
+            calls.append(ex.calls.fail(r.task_id, r.token, str(exc), retry=exc.retry))
+            continue
+        ex.unacked[(r.task_id, ack.args[1])] = (fields["handler"], fields["model"], ran_s / n)
+        calls.append(ack)
+    return calls

@@ -1,0 +1,197 @@
+"""Contract suite: claim_batch.lua adds queued tasks of one handler and model to a batch.
+
+Each test runs on fakeredis and on the real server (the ``queue`` fixture). A batch's first
+task is claimed as usual (claim.lua); claim_batch takes more from that task's own queue, each
+started as claim starts one.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers import T0, ack, claim, claim_batch, enqueue, heartbeat
+
+from gpuq import Queue
+from gpuq.errors import StaleLease
+from gpuq.scripts import Call
+from gpuq.task import State
+from gpuq.tenants import Tenant, set_tenant
+
+HELD = [("A", 2.0)]  # the worker holds model A (2 GB): a warm start
+
+
+def batch_ids(q: Queue, n: int, priority: str = "P1", handler: str = "emb", now: int = T0,
+              **options: object) -> list[str]:
+    return [enqueue(q, now + i, handler=handler, priority=priority, **options) for i in range(n)]
+
+
+def first(q: Queue, now: int = T0 + 100, free: float = 40, worker: str = "w1") -> dict[str, str]:
+    c = claim(q, worker, free, loaded=HELD, now_ms=now)
+    assert c is not None
+    return c
+
+
+def test_a_batch_takes_queued_tasks_of_the_same_handler_model_and_level(queue: Queue) -> None:
+    p1 = batch_ids(queue, 3, "P1")
+    p0 = batch_ids(queue, 3, "P0")
+    other_handler = enqueue(queue, T0, handler="gen", priority="P0")
+    other_model = enqueue(queue, T0, handler="emb", priority="P0", model="B")
+    c = first(queue)
+    assert c["id"] == p0[0]
+    got = claim_batch(queue, "w1", c, 40, 2, now_ms=T0 + 100)
+    assert [t["id"] for t in got.tasks] == p0[1:]  # P0 only: no P1 mixed in behind them
+    for tid in (*p1, other_handler, other_model):
+        assert queue.record(tid).state is State.QUEUED
+    for t in got.tasks:
+        r = queue.record(t["id"])
+        assert (r.state, r.worker, r.attempt, t["attempt"]) == (State.RUNNING, "w1", 1, "1")
+        assert queue.redis.zscore(queue.keys.running, t["id"]) is not None
+    assert queue.redis.smembers(queue.keys.worker_tasks("w1")) == {c["id"], *p0[1:]}
+    # the earliest start-by score of the batch: the first P0 task's (enqueued at T0, SLA 200 ms)
+    assert got.left_ms == T0 + 200 - (T0 + 100)
+
+
+def test_at_most_count_tasks_oldest_first(queue: Queue) -> None:
+    ids = batch_ids(queue, 6)
+    c = first(queue)
+    got = claim_batch(queue, "w1", c, 40, 2, count=3, now_ms=T0 + 100)
+    assert [t["id"] for t in got.tasks] == ids[1:4]
+    assert claim_batch(queue, "w1", c, 40, 2, count=0, now_ms=T0 + 100).tasks == []
+
+
+def test_the_scan_is_bounded(make_queue: object) -> None:
+    q = make_queue(scan_per_queue=2)  # type: ignore[operator]
+    emb = enqueue(q, T0, handler="emb", priority="P1")
+    blockers = batch_ids(q, 4, handler="gen", now=T0 + 1)  # 4 x count(1) ids examined
+    late = enqueue(q, T0 + 10, handler="emb", priority="P1")
+    c = first(q)
+    assert c["id"] == emb
+    assert claim_batch(q, "w1", c, 40, 2, count=1, now_ms=T0 + 100).tasks == []
+    assert q.record(late).state is State.QUEUED
+    got = claim_batch(q, "w1", c, 40, 2, count=2, now_ms=T0 + 100)  # 8 examined
+    assert [t["id"] for t in got.tasks] == [late]
+    assert all(q.record(b).state is State.QUEUED for b in blockers)
+
+
+def test_each_task_s_working_memory_fits_what_is_left(queue: Queue) -> None:
+    small = batch_ids(queue, 2, vram_gb=4)  # 2 GB of working memory each beside the model
+    big = enqueue(queue, T0 + 5, handler="emb", priority="P1", vram_gb=9)  # 7 GB
+    tail = enqueue(queue, T0 + 6, handler="emb", priority="P1", vram_gb=3)  # 1 GB
+    c = first(queue)
+    assert c["id"] == small[0]
+    got = claim_batch(queue, "w1", c, 3.5, 2, now_ms=T0 + 100)  # 3.5 GB left after the first
+    assert [t["id"] for t in got.tasks] == [small[1], tail]  # 2 + 1 <= 3.5; the 7 GB one not
+    assert queue.record(big).state is State.QUEUED
+
+
+def test_stale_and_corrupt_ids_are_handled_as_claim_handles_them(queue: Queue) -> None:
+    ids = batch_ids(queue, 4)
+    c = first(queue)
+    queue.redis.delete(queue.keys.task(ids[1]))  # a stale id: its hash is gone
+    queue.redis.hset(queue.keys.task(ids[2]), "attempt", "x")  # corrupt
+    got = claim_batch(queue, "w1", c, 40, 2, now_ms=T0 + 100)
+    assert [t["id"] for t in got.tasks] == [ids[3]]
+    assert queue.redis.zrange(queue.keys.queue(1, "A"), 0, -1) == []
+    state, error = queue.redis.hmget(queue.keys.task(ids[2]), "state", "error")
+    assert (state, error) == ("failed", "corrupt task: field attempt is missing or malformed")
+
+
+def test_every_task_has_its_own_fencing_token(queue: Queue) -> None:
+    batch_ids(queue, 4)
+    c = first(queue)
+    got = claim_batch(queue, "w1", c, 40, 2, now_ms=T0 + 100)
+    tokens = [int(c["token"])] + [int(t["token"]) for t in got.tasks]
+    assert len(set(tokens)) == 4
+    for t in got.tasks:
+        assert queue.redis.hget(queue.keys.task(t["id"]), "token") == t["token"]
+    one, two = got.tasks[0], got.tasks[1]
+    with pytest.raises(StaleLease):
+        ack(queue, one["id"], two["token"], now_ms=T0 + 200)
+    ack(queue, one["id"], one["token"], {"v": 1}, now_ms=T0 + 200)
+    assert queue.record(one["id"]).state is State.SUCCEEDED
+    assert queue.record(two["id"]).state is State.RUNNING
+
+
+def test_the_sla_is_decided_per_task(queue: Queue) -> None:
+    late = enqueue(queue, T0, handler="emb", priority="P1")  # start by T0 + 1000
+    fresh = enqueue(queue, T0 + 900, handler="emb", priority="P1")  # by T0 + 1900
+    newer = enqueue(queue, T0 + 950, handler="emb", priority="P1")
+    c = first(queue, now=T0 + 1500)  # a warm claim takes those still on time first
+    assert c["id"] == fresh and c["sla"] == "met"
+    got = claim_batch(queue, "w1", c, 40, 2, now_ms=T0 + 1500)
+    assert {t["id"]: t["sla"] for t in got.tasks} == {late: "missed", newer: "met"}
+    assert got.left_ms == -500  # the late task's start-by time has passed
+    stats = queue.redis.hgetall(queue.keys.stats)
+    assert (stats["sla_met:P1"], stats["sla_missed:P1"]) == ("2", "1")
+
+
+def test_a_cold_batch_leaves_each_sla_to_began(queue: Queue) -> None:
+    ids = batch_ids(queue, 3)
+    c = claim(queue, "w1", 40, now_ms=T0 + 100)  # holds nothing: a cold start
+    assert c is not None and c["sla"] == "pending"
+    got = claim_batch(queue, "w1", c, 36, 1, warm=False, now_ms=T0 + 100)
+    assert [t["sla"] for t in got.tasks] == ["pending", "pending"]
+    assert all(queue.redis.hget(queue.keys.task(t), "began_at") is None for t in ids)
+    decided = queue.scripts.run(queue.calls.began(ids[1], int(got.tasks[0]["token"]), now_ms=T0 + 300))
+    assert decided == ("met", T0 + 300)
+
+
+def test_each_dispatch_counts_for_fairness(make_queue: object) -> None:
+    q = make_queue(fair_every=5)  # type: ignore[operator]
+    batch_ids(q, 4, "P0")
+    enqueue(q, T0, handler="other", priority="P3", model="B")
+    c = first(q)
+    claim_batch(q, "w1", c, 40, 2, now_ms=T0 + 100)
+    assert q.redis.hget(q.keys.fairness, "3") == "4"  # one claim and three batched dispatches
+    more = batch_ids(q, 4, "P0", now=T0 + 200)
+    c = first(q, now=T0 + 300)
+    assert c["id"] == more[0]
+    claim_batch(q, "w1", c, 40, 2, now_ms=T0 + 300)
+    assert q.redis.hget(q.keys.fairness, "3") == "5"  # capped at fair_every: P3 goes next
+    nxt = claim(q, "w1", 40, loaded=HELD, now_ms=T0 + 400)
+    assert nxt is not None and nxt["priority"] == "3"
+
+
+def test_a_batch_of_another_worker_s_task_takes_nothing(queue: Queue) -> None:
+    ids = batch_ids(queue, 3)
+    c = first(queue)
+    with pytest.raises(StaleLease):
+        claim_batch(queue, "w2", c, 40, 2, now_ms=T0 + 100)
+    with pytest.raises(StaleLease):
+        claim_batch(queue, "w1", {**c, "token": "999"}, 40, 2, now_ms=T0 + 100)
+    assert [queue.record(t).state for t in ids[1:]] == [State.QUEUED, State.QUEUED]
+
+
+def test_the_idle_score_drops_by_the_memory_the_batch_uses(queue: Queue) -> None:
+    batch_ids(queue, 3, vram_gb=5)  # 3 GB each beside the 2 GB model
+    c = claim(queue, "w1", 40, slots=2, loaded=HELD, now_ms=T0 + 100)
+    assert c is not None
+    assert queue.redis.zscore(queue.keys.idle, "w1") == 37
+    claim_batch(queue, "w1", c, 37, 2, now_ms=T0 + 100)
+    assert queue.redis.zscore(queue.keys.idle, "w1") == 31
+
+
+def test_a_tenant_at_its_cap_is_passed_over(queue: Queue) -> None:
+    set_tenant(queue, Tenant("a", max_gpus=2))
+    a = batch_ids(queue, 3, tenant="a")
+    b = enqueue(queue, T0 + 5, handler="emb", priority="P1", tenant="b")
+    c = first(queue)
+    assert c["id"] == a[0]
+    got = claim_batch(queue, "w1", c, 40, 2, now_ms=T0 + 100)
+    assert {t["id"] for t in got.tasks} == {a[1], b}  # a[2] would be a's third GPU task
+    assert queue.redis.hget(queue.keys.tenant_use, "gpus:a") == "2"
+    assert queue.record(a[2]).state is State.QUEUED
+    assert queue.redis.hget(queue.keys.tenant_queued, "1:a") == "1"  # a[2] still counted
+
+
+def test_malformed_arguments_are_invalid_and_write_nothing(queue: Queue) -> None:
+    batch_ids(queue, 2)
+    c = first(queue)
+    call = queue.calls.claim_batch("w1", c, 40, 2, True, 2, now_ms=T0 + 100)
+    for i, bad in ((2, "nan"), (7, "-1"), (8, "2"), (9, "x")):
+        args = list(call.args)
+        args[i] = bad
+        reply = queue.scripts.run_raw(Call(call.script, args, call.parse))
+        assert reply[0] == 1, (i, bad, reply)
+    heartbeat(queue, "w1", [(c["id"], c["token"])], now_ms=T0 + 100)
+    assert queue.redis.zcard(queue.keys.queue(1, "A")) == 1
+

@@ -1,0 +1,220 @@
+"""Contract suite: tenants share a level by weight and stay within their caps.
+
+Each test runs on fakeredis and on the real server (the ``queue`` fixture). The fair order
+and the quotas live in the scripts (lua/lib/tenancy.lua, lua/lib/quota.lua); registration in
+tenant.lua (``gpuq.tenants``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from helpers import T0, ack, claim, enqueue, enqueue_specs, fail, heartbeat, spec
+from test_contract_handover import register
+
+from gpuq import Queue
+from gpuq.errors import InvalidTask, TenantError
+from gpuq.task import State
+from gpuq.tenants import Tenant, read, remove_tenant, require_registered, set_tenant
+
+HELD = [("m", 4.0)]
+
+
+def live_workers(q: Queue, n: int) -> None:
+    for i in range(n):
+        heartbeat(q, f"live{i}", [], now_ms=T0)
+
+
+def claim_ids(q: Queue, n: int, now: int, vram: float = 100) -> list[str]:
+    out = []
+    for i in range(n):
+        c = claim(q, f"c{i}", vram, loaded=HELD, now_ms=now)
+        assert c is not None
+        out.append(c["id"])
+    return out
+
+
+def tenant_of(q: Queue, tid: str) -> str:
+    return q.redis.hget(q.keys.task(tid), "tenant")
+
+
+def test_without_tenants_the_order_is_the_start_by_order(queue: Queue) -> None:
+    flood = [enqueue(queue, T0, priority="P1", model="m", tenant="a", est_s=10) for _ in range(6)]
+    light = enqueue(queue, T0 + 10, priority="P1", model="m", tenant="b", est_s=10)
+    assert claim_ids(queue, 7, T0 + 20) == [*flood, light]
+    assert not queue.redis.exists(queue.keys.tenant_queued)
+
+
+def test_a_light_tenant_goes_ahead_of_a_flooding_tenants_backlog(queue: Queue) -> None:
+    set_tenant(queue, Tenant("a"))  # tenancy on; b is unregistered: weight 1
+    live_workers(queue, 4)
+    flood = [s.task_id for s in (spec(priority="P1", model="m", tenant="a", est_s=10)
+                                 for _ in range(20))]
+    enqueue_specs(queue, [spec(task_id=t, priority="P1", model="m", tenant="a", est_s=10)
+                          for t in flood], T0)
+    light = enqueue(queue, T0 + 1000, priority="P1", model="m", tenant="b", est_s=10)
+    # a's tasks are spaced 10 s / 4 live workers apart from its first arrival (its start-by
+    # less the SLA: T0); b, with no backlog, is placed at its arrival, T0 + 1 s: second
+    assert claim_ids(queue, 3, T0 + 1500) == [flood[0], light, flood[1]]
+    fields = queue.redis.hgetall(queue.keys.task(flood[2]))
+    assert (fields["score"], fields["order"], fields["fair"]) == (str(T0 + 1000), str(T0 + 5000), "1:a")
+    # the last task claimed started 1500 - 2500 ms after its place: no lag; a new task of
+    # another tenant is placed at its arrival, ahead of a's backlog
+    assert queue.redis.hget(queue.keys.tenant_clock, "1") == "0"
+    assert queue.redis.hgetall(queue.keys.tenant_queued) == {"1:a": "18"}
+
+
+def test_a_tenant_without_a_backlog_joins_where_a_lagging_service_is(queue: Queue) -> None:
+    set_tenant(queue, Tenant("a"))
+    live_workers(queue, 1)
+    enqueue_specs(queue, [spec(priority="P1", model="m", tenant="a", est_s=1) for _ in range(50)], T0)
+    # 20 s later the first claims take tasks placed at T0 and T0 + 1 s: service lags ~19 s
+    claim_ids(queue, 2, T0 + 20_000)
+    assert queue.redis.hget(queue.keys.tenant_clock, "1") == "19000"
+    light = enqueue(queue, T0 + 20_000, priority="P1", model="m", tenant="b", est_s=1)
+    # placed at its arrival less the lag, T0 + 1 s: ahead of a's 48 left (T0 + 2 s on)
+    assert queue.redis.hget(queue.keys.task(light), "order") == str(T0 + 1000)
+    assert claim_ids(queue, 1, T0 + 20_100) == [light]
+
+
+def test_backlogged_tenants_share_a_level_by_weight(queue: Queue) -> None:
+    set_tenant(queue, Tenant("a", weight=3))
+    set_tenant(queue, Tenant("b", weight=1))
+    live_workers(queue, 2)
+    specs = [spec(priority="P2", model="m", tenant=t, est_s=5) for _ in range(30) for t in "ab"]
+    enqueue_specs(queue, specs, T0)
+    first = Counter(tenant_of(queue, t) for t in claim_ids(queue, 20, T0 + 10))
+    assert 14 <= first["a"] <= 16 and first["a"] + first["b"] == 20
+
+
+def test_counts_follow_every_way_out_of_a_queue(queue: Queue) -> None:
+    set_tenant(queue, Tenant("a"))
+    ids = [enqueue(queue, T0, priority="P2", model="m", tenant="a", deadline_s=1, est_s=0.5)
+           for _ in range(3)]
+    counts = queue.redis.hgetall
+    assert counts(queue.keys.tenant_queued) == {"2:a": "3"}
+    queue.cancel(ids[0])
+    got = claim(queue, "w1", 100, loaded=HELD, now_ms=T0 + 1)
+    assert got is not None and counts(queue.keys.tenant_queued) == {"2:a": "1"}
+    # the last one expires: the count's field goes with it
+    assert queue.scripts.run(queue.calls.expire(now_ms=T0 + 5000))[0] == 1
+    assert counts(queue.keys.tenant_queued) == {}
+    # a retry comes back into the count, at its old place
+    assert fail(queue, got["id"], got["token"], now_ms=T0 + 2) == "delayed"
+    queue.scripts.run(queue.calls.reap(now_ms=T0 + 60_000))
+    assert queue.record(got["id"]).state is State.QUEUED
+    assert counts(queue.keys.tenant_queued) == {"2:a": "1"}
+    assert queue.redis.zscore(queue.keys.queue(2, "m"), got["id"]) == float(
+        queue.redis.hget(queue.keys.task(got["id"]), "order"))
+
+
+def test_a_tenant_at_its_gpu_cap_waits_while_others_run(queue: Queue) -> None:
+    set_tenant(queue, Tenant("a", max_gpus=1))
+    a1, a2 = (enqueue(queue, T0, priority="P1", model="m", tenant="a", vram_gb=4) for _ in range(2))
+    b1 = enqueue(queue, T0 + 1, priority="P1", model="m", tenant="b", vram_gb=4)
+    first = claim(queue, "w1", 100, loaded=HELD, now_ms=T0 + 2)
+    second = claim(queue, "w2", 100, loaded=HELD, now_ms=T0 + 2)
+    assert first is not None and second is not None
+    assert (first["id"], second["id"]) == (a1, b1)
+    assert claim(queue, "w3", 100, loaded=HELD, now_ms=T0 + 2) is None  # a2 passed over
+    assert queue.redis.hgetall(queue.keys.tenant_use) == {"gpus:a": "1", "vram:a": "4"}
+    assert queue.redis.hget(queue.keys.task(a1), "charged") == "a 4"
+    wakes = queue.redis.llen(queue.keys.pool_wake)
+    ack(queue, a1, first["token"], now_ms=T0 + 3)
+    assert queue.redis.hgetall(queue.keys.tenant_use) == {}
+    assert queue.redis.llen(queue.keys.pool_wake) == min(16, wakes + 1)  # the waiting can start
+    third = claim(queue, "w3", 100, loaded=HELD, now_ms=T0 + 4)
+    assert third is not None and third["id"] == a2
+
+
+def test_a_vram_cap_counts_the_running_tasks_needs(queue: Queue) -> None:
+    set_tenant(queue, Tenant("a", max_vram_gb=15))
+    ids = [enqueue(queue, T0, priority="P2", model="m", tenant="a", vram_gb=10) for _ in range(2)]
+    assert claim(queue, "w1", 100, loaded=HELD, now_ms=T0 + 1) is not None
+    assert claim(queue, "w2", 100, loaded=HELD, now_ms=T0 + 1) is None
+    assert queue.record(ids[1]).state is State.QUEUED
+
+
+def test_caps_set_later_bind_running_tasks_and_removal_gives_them_back(queue: Queue) -> None:
+    set_tenant(queue, Tenant("b"))
+    a1, a2 = (enqueue(queue, T0, priority="P2", model="m", tenant="a", vram_gb=4) for _ in range(2))
+    got = claim(queue, "w1", 100, loaded=HELD, now_ms=T0 + 1)
+    assert got is not None and got["id"] == a1
+    before = set_tenant(queue, Tenant("a", weight=2, max_gpus=1))
+    assert before is None
+    assert queue.redis.hgetall(queue.keys.tenant_use) == {"gpus:a": "1", "vram:a": "4"}
+    assert claim(queue, "w2", 100, loaded=HELD, now_ms=T0 + 2) is None
+    assert set_tenant(queue, Tenant("a", weight=2)) == Tenant("a", 2.0, 1, None)
+    assert queue.redis.hgetall(queue.keys.tenant_use) == {}
+    assert queue.redis.hget(queue.keys.task(a1), "charged") is None
+    got2 = claim(queue, "w2", 100, loaded=HELD, now_ms=T0 + 3)
+    assert got2 is not None and got2["id"] == a2
+    remove_tenant(queue, "a")
+    remove_tenant(queue, "b")  # the last one: tenancy ends with its counts
+    for key in (queue.keys.tenants, queue.keys.tenant_queued, queue.keys.tenant_clock,
+                queue.keys.tenant_use):
+        assert not queue.redis.exists(key)
+    with pytest.raises(TenantError, match="'a' is not registered"):
+        remove_tenant(queue, "a")
+
+
+def test_a_capped_tenants_task_is_not_handed_over(queue: Queue) -> None:
+    register(queue, "w1")
+    set_tenant(queue, Tenant("a", max_gpus=4))
+    tid = enqueue(queue, T0 + 10, priority="P0", model="m", vram_gb=4, tenant="a")
+    assert queue.record(tid).state is State.QUEUED
+    assert queue.redis.lrange(queue.keys.wake("w1"), 0, -1) == ["1"]  # woken to claim it
+
+
+def test_a_pool_that_requires_registration_refuses_other_tenants_whole_calls(queue: Queue) -> None:
+    set_tenant(queue, Tenant("a"))
+    require_registered(queue, True)
+    with pytest.raises(InvalidTask, match="tenant b is not registered"):
+        enqueue_specs(queue, [spec(tenant="a"), spec(tenant="b")], T0)
+    assert queue.redis.zcard(queue.keys.queue(2, "A")) == 0
+    assert enqueue_specs(queue, [spec(tenant="a")], T0) == 1
+    states, required = read(queue.redis, queue.keys)
+    assert required and [s.to_dict() for s in states] == [
+        {"name": "a", "registered": True, "weight": 1.0, "max_gpus": None, "max_vram_gb": None,
+         "running": None, "running_vram_gb": None, "queued": {"P2": 1}}]
+    require_registered(queue, False)
+    assert enqueue_specs(queue, [spec(tenant="b")], T0) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (("set", "a b", "1", "-", "-"), "tenant name"),
+    (("set", "a", "0", "-", "-"), "weight"),
+    (("set", "a", "nan", "-", "-"), "weight"),
+    (("set", "a", "1", "1.5", "-"), "max_gpus"),
+    (("set", "a", "1", "-", "-3"), "max_vram_gb"),
+    (("set", "a", "1", "-"), "set takes"),
+    (("require", "yes"), "require takes"),
+    (("drop", "a"), "set, remove or require"),
+])
+def test_tenant_refuses_malformed_arguments_and_writes_nothing(queue: Queue, args: tuple[str, ...],
+                                                              message: str) -> None:
+    with pytest.raises(TenantError, match=message):
+        queue.scripts.run(queue.calls.tenant(*args))
+    assert not queue.redis.exists(queue.keys.tenants)
+
+
+def test_tenant_settings_are_checked_before_they_are_sent() -> None:
+    for bad in (dict(name=""), dict(name="a,b"), dict(name="a", weight=0),
+                dict(name="a", max_gpus=-1), dict(name="a", max_vram_gb=float("inf"))):
+        with pytest.raises(TenantError):
+            Tenant(**bad)  # type: ignore[arg-type]
+
+
+def test_sla_results_are_counted_per_tenant_where_they_are_decided(queue: Queue) -> None:
+    set_tenant(queue, Tenant("a"))
+    warm = enqueue(queue, T0, priority="P0", model="m", tenant="a")
+    cold = enqueue(queue, T0, priority="P0", model="m", tenant="b")
+    got = claim(queue, "w1", 100, loaded=HELD, now_ms=T0 + 50)
+    assert got is not None and (got["id"], got["sla"]) == (warm, "met")
+    got = claim(queue, "w2", 100, now_ms=T0 + 60)
+    assert got is not None and (got["id"], got["sla"]) == (cold, "pending")
+    queue.scripts.run(queue.calls.began(cold, int(got["token"]), now_ms=T0 + 5000))
+    stats = queue.redis.hgetall(queue.keys.stats)
+    assert (stats["sla_met:P0:a"], stats["sla_missed:P0:b"]) == ("1", "1")
+    assert (stats["sla_met:P0"], stats["sla_missed:P0"]) == ("1", "1")

@@ -1,0 +1,101 @@
+"""gpuq.reaper.scale_plan with forecasts: desired workers ahead of a rise (no Redis)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpuq.config import Config
+from gpuq.reaper.forecast import Forecast
+from gpuq.reaper.scale_plan import Backlog, ScalePlan, ScaleSignal, Snapshot, WorkerState, plan
+
+NOW = 1_700_000_000_000
+CLASSES = {"L4": 19.0, "A100": 75.0, "H200": 136.0}
+
+
+def queue(model: str, depth: int, *, est_s: float = 1.0, vram_gb: float = 16.0) -> Backlog:
+    return Backlog(2, model, depth, NOW + 60_000, ((vram_gb, est_s),) * min(depth, 50))
+
+
+def worker(wid: str, gpu: str = "A100", *, idle_gb: float | None = None) -> WorkerState:
+    return WorkerState(wid, gpu, CLASSES[gpu], "0123", idle_gb)
+
+
+def snap(workers: Sequence[WorkerState], backlogs: Sequence[Backlog],
+         holders: dict[str, set[str]]) -> Snapshot:
+    return Snapshot(tuple(workers), tuple(backlogs), CLASSES,
+                    {m: frozenset(ws) for m, ws in holders.items()})
+
+
+CFG = Config(min_workers=0, forecast_utilisation=0.5)
+
+
+def rise(model: str, now: float, ahead: float, horizon_s: float = 60.0) -> Forecast:
+    return Forecast(model, now, ahead, horizon_s, ahead, None)
+
+
+def signal(result: ScalePlan, kind: str, name: str) -> ScaleSignal:
+    (s,) = [s for s in result.signals if (s.kind, s.name) == (kind, name)]
+    return s
+
+
+def test_a_rise_with_no_backlog_asks_for_workers_before_the_backlog() -> None:
+    s = Snapshot((worker("w1"),), (), CLASSES, {}, footprint_gb={"m": 30.0},
+                 forecasts={"m": rise("m", 0.05, 0.4)}, est_s={"m": 5.0})
+    result = plan(s, CFG, NOW)
+    m = signal(result, "model", "m")
+    # 0.4/s x 5 s / 0.5 = 4 workers; no backlog, no holder
+    assert (m.current, m.desired) == (0, 4)
+    assert m.reason.startswith("forecast 0.4/s in 60 s") and (m.rate_per_s, m.forecast_per_s) == (0.05, 0.4)
+    a100 = signal(result, "class", "A100")  # the smallest class that fits 30 GB
+    assert (a100.current, a100.desired) == (1, 4) and a100.reason.startswith("forecast 0.4/s")
+    assert a100.forecast_per_s == 0.4
+    assert a100.fields(NOW)["forecast_per_s"] == 0.4
+    assert signal(result, "class", "L4").desired == 0
+
+
+def test_the_reactive_signal_ignores_the_forecast_but_reports_it() -> None:
+    s = Snapshot((worker("w1"),), (), CLASSES, {}, footprint_gb={"m": 30.0},
+                 forecasts={"m": rise("m", 0.05, 0.4)}, est_s={"m": 5.0})
+    result = plan(s, Config(min_workers=0, scale_signal="reactive"), NOW)
+    assert [x.hash_field for x in result.signals if x.kind == "model"] == []
+    a100 = signal(result, "class", "A100")
+    assert (a100.current, a100.desired, a100.reason) == (1, 1, "enough workers")
+    assert a100.forecast_per_s == 0.4  # the rates are still published
+
+
+def test_no_rise_leaves_the_reactive_rule_alone() -> None:
+    backlog = snap([worker("h")], [queue("m", 120, est_s=2.0)], {"m": {"h"}})
+    flat = Snapshot(backlog.workers, backlog.backlogs, CLASSES, backlog.holders,
+                    forecasts={"m": rise("m", 0.4, 0.4)})
+    reactive = signal(plan(backlog, CFG, NOW), "model", "m")
+    got = signal(plan(flat, CFG, NOW), "model", "m")
+    assert (got.current, got.desired, got.reason) == (reactive.current, reactive.desired, reactive.reason)
+    assert got.forecast_per_s == 0.4 and reactive.forecast_per_s is None
+    assert "forecast_per_s" not in reactive.fields(NOW)
+
+
+def test_a_rise_raises_a_backlogged_model_above_the_reactive_rule() -> None:
+    base = snap([worker("h")], [queue("m", 10, est_s=2.0)], {"m": {"h"}})
+    s = Snapshot(base.workers, base.backlogs, CLASSES, base.holders,
+                 forecasts={"m": rise("m", 0.5, 2.0)})
+    m = signal(plan(s, CFG, NOW), "model", "m")
+    # reactive: 20 s of work, one holder: 1; forecast: 2/s x 2 s (the sample's est) / 0.5 = 8
+    assert (m.current, m.desired) == (1, 8) and "backlog 10 tasks" in m.reason
+    assert m.reason.startswith("forecast 2/s")
+
+
+def test_the_class_counts_the_load_not_a_worker_per_model() -> None:
+    """Ten models each rising to 0.01/s of 10 s tasks: 1 GPU-s/s at 0.5 is 2 workers for the
+    class, though each model alone would ask for one."""
+    models = {f"m{i}": rise(f"m{i}", 0.0, 0.01) for i in range(10)}
+    s = Snapshot((), (), {"A100": 75.0}, {}, forecasts=models, est_s=dict.fromkeys(models, 10.0))
+    result = plan(s, CFG, NOW)
+    assert all(signal(result, "model", m).desired == 1 for m in models)
+    assert signal(result, "class", "A100").desired == 2
+
+
+def test_idle_workers_already_cover_a_rise() -> None:
+    idle = [worker("a", idle_gb=75.0), worker("b", idle_gb=75.0)]
+    s = Snapshot(tuple(idle), (), {"A100": 75.0}, {}, forecasts={"m": rise("m", 0.0, 0.05)},
+                 est_s={"m": 10.0})
+    assert signal(plan(s, CFG, NOW), "class", "A100").desired == 2  # 0.5/0.5 = 1 <= 2 live

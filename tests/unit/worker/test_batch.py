@@ -1,0 +1,154 @@
+"""gpuq.worker.batch on fakeredis: a batch's tasks are claimed together, run in one handler
+call and settled one by one (drain runs the same code as a worker)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from gpuq.app import App, BatchContext
+from gpuq.client import Queue
+from gpuq.scripts import ClaimRequest
+from gpuq.task import State
+from gpuq.testing import drain, memory_queue
+from gpuq.worker import batch
+from gpuq.worker.executor import Executor
+from gpuq.worker.models import ModelCache
+from gpuq.worker.observer import Observer
+from gpuq.worker.presence import Presence
+from gpuq.worker.running import RunningSet
+from gpuq.worker.runtimes import RunTimes
+
+
+def enqueue(q: Queue, handler: str, n: int, **options: Any) -> list[str]:
+    return [q.enqueue(handler, i, model="bge", vram_gb=3, **options).id for i in range(n)]
+
+
+def executor(q: Queue, app: App) -> Executor:
+    cache = ModelCache(app, 40, q.config.kv_reserve_gb)
+    return Executor(app, cache, Presence(q.redis, q.keys, "w"), RunningSet(), q.scripts, q.calls,
+                    Observer(), RunTimes())
+
+
+def run_one_batch(q: Queue, ex: Executor) -> list[str]:
+    """Claim one task, run the batch it starts, send its calls; the scripts called."""
+    req = ClaimRequest("w", ex.cache.free_gb(), ex.cache.evictable_gb(), 1, ex.cache.loaded())
+    fields = q.scripts.run(q.calls.claim(req)).task
+    assert fields is not None
+    with ex.cache.lock:
+        claimed = (fields, *ex.begin(fields))
+    calls = batch.execute(ex, claimed)
+    for call in calls:
+        ex.settle(call, q.scripts.run_raw(call))
+    assert len(ex.running) == 0 and ex.running.slots_used() == 0 and ex.cache.working_gb == 0
+    return [c.script for c in calls]
+
+
+def app_with(fn: Any, size: int = 4) -> App:
+    app = App("t")
+    app.model("bge", vram_gb=2)(lambda name: name)
+    app.handler("h", model="bge", batch=size)(fn)
+    return app
+
+
+def test_one_call_runs_the_batch_and_each_task_is_acked_with_its_result() -> None:
+    q = memory_queue()
+    seen: list[list[Any]] = []
+
+    def handler(model: str, payloads: list[Any], ctx: BatchContext) -> list[Any]:
+        seen.append(payloads)
+        return [{"p": p, "id": c.task_id} for p, c in zip(payloads, ctx.contexts)]
+
+    ids = enqueue(q, "h", 6)
+    assert drain(q, app_with(handler)) == 6
+    assert seen == [[0, 1, 2, 3], [4, 5]]
+    for i, tid in enumerate(ids):
+        assert q.record(tid).result == {"p": i, "id": tid}
+
+
+def test_an_exception_fails_each_task_as_one_task_would() -> None:
+    q = memory_queue()
+
+    def boom(model: str, payloads: list[Any], ctx: BatchContext) -> list[Any]:
+        raise ValueError("no")
+
+    ids = enqueue(q, "h", 3)
+    ex = executor(q, app_with(boom))
+    assert run_one_batch(q, ex) == ["fail"] * 3
+    for tid in ids:
+        r = q.record(tid)
+        assert (r.state, r.error, r.attempt) == (State.DELAYED, "ValueError: no", 1)
+
+
+@pytest.mark.parametrize("result, got", [([1], "1 results"), ({"a": 1}, "a dict, not a list,"),
+                                         (None, "a NoneType, not a list,")])
+def test_a_wrong_count_or_a_non_list_fails_every_task_with_the_reason(result: Any, got: str) -> None:
+    q = memory_queue()
+    ids = enqueue(q, "h", 3, max_attempts=1)
+    assert drain(q, app_with(lambda model, payloads, ctx: result)) == 3
+    for tid in ids:
+        r = q.record(tid)
+        assert (r.state, r.error) == (State.FAILED, f"batch handler 'h' returned {got} for 3 tasks")
+
+
+def test_a_result_that_cannot_be_stored_fails_that_task_alone() -> None:
+    q = memory_queue()
+    ids = enqueue(q, "h", 3)
+    drain(q, app_with(lambda model, payloads, ctx: [1, math.nan, 3]))
+    states = [q.record(t).state for t in ids]
+    assert states == [State.SUCCEEDED, State.FAILED, State.SUCCEEDED]
+    assert "not JSON" in (q.record(ids[1]).error or "")
+
+
+def test_a_yield_gives_every_task_back_without_using_an_attempt() -> None:
+    q = memory_queue()
+    ids = enqueue(q, "h", 3)
+
+    def yields(model: str, payloads: list[Any], ctx: BatchContext) -> list[Any]:
+        ctx.contexts[0].save_checkpoint({"done": 1})
+        ctx.yield_now()
+
+    ex = executor(q, app_with(yields))
+    assert run_one_batch(q, ex) == ["requeue"] * 3
+    for tid in ids:
+        r = q.record(tid)
+        assert (r.state, r.attempt) == (State.QUEUED, 0)
+    assert q.redis.hget(q.keys.task(ids[0]), "checkpoint") == '{"done":1}'
+
+
+def test_the_learned_time_of_a_batched_task_is_its_share_of_the_batch() -> None:
+    q = memory_queue()
+    enqueue(q, "h", 4)
+    ex = executor(q, app_with(lambda model, payloads, ctx: payloads))
+    run_one_batch(q, ex)
+    runs = ex.runtimes.take()
+    assert len(runs) == 4 and all(r[:2] == ("h", "bge") for r in runs)
+    assert len({r[2] for r in runs}) == 1
+
+
+def test_a_single_task_handler_is_not_batched() -> None:
+    q = memory_queue()
+    app = App("t")
+    app.model("bge", vram_gb=2)(lambda name: name)
+    app.handler("h", model="bge")(lambda model, payload, ctx: payload)
+    enqueue(q, "h", 3)
+    ex = executor(q, app)
+    assert run_one_batch(q, ex) == ["ack"]
+
+
+def test_a_batch_shares_one_slot_and_reserves_each_task_s_working_memory() -> None:
+    q = memory_queue()
+    enqueue(q, "h", 3)
+    app = app_with(lambda model, payloads, ctx: payloads)
+    ex = executor(q, app)
+    fields = q.scripts.run(q.calls.claim(ClaimRequest("w", ex.cache.free_gb(), 0, 1))).task
+    assert fields is not None
+    with ex.cache.lock:
+        claimed = (fields, *ex.begin(fields))
+    items = batch.fill(ex, app.handlers["h"], claimed, None)
+    assert len(items) == 3 and len(ex.running) == 3 and ex.running.slots_used() == 1
+    assert ex.cache.working_gb == 3  # 1 GB each beside the 2 GB model
+    assert [c.script for c in batch.run(ex, app.handlers["h"], items)] == ["ack"] * 3
+    assert len(ex.running) == 0 and ex.cache.working_gb == 0
