@@ -47,12 +47,27 @@ class Tenant:
         return self.max_gpus is not None or self.max_vram_gb is not None
 
     @classmethod
+    def from_spec(cls, spec: str) -> Tenant:
+        """``NAME[:WEIGHT[:MAX_GPUS[:MAX_VRAM_GB]]]`` ("-" or nothing: the default, no cap),
+        as ``gpuq simulate --tenant`` takes it."""
+        name, *rest = spec.split(":")
+        if len(rest) > 3:
+            raise TenantError(f"--tenant {spec!r}: NAME[:WEIGHT[:MAX_GPUS[:MAX_VRAM_GB]]]")
+        weight, gpus, vram = (rest + ["", "", ""])[:3]
+        try:
+            return cls(name, float(weight) if weight not in ("", "-") else DEFAULT_WEIGHT,
+                       int(gpus) if gpus not in ("", "-") else None,
+                       float(vram) if vram not in ("", "-") else None)
+        except ValueError:
+            raise TenantError(f"--tenant {spec!r}: weight and caps must be numbers") from None
+
+    @classmethod
     def parse(cls, name: str, value: str) -> Tenant | None:
         """A ``tenants`` entry, "<weight> <max_gpus> <max_vram_gb>" ("-": no cap); None when
         malformed (the scripts then treat the tenant as unregistered)."""
         try:
             weight, gpus, vram = value.split(" ")
-            return cls(name, float(weight), None if gpus == "-" else int(float(gpus)),
+            return cls(name, float(weight), None if gpus == "-" else int(gpus),
                        None if vram == "-" else float(vram))
         except (ValueError, TenantError):
             return None

@@ -20,15 +20,14 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gpuq.config import Config  # noqa: E402
 from gpuq.embedded import EmbeddedServer  # noqa: E402
-from gpuq.report import percentile  # noqa: E402
-from gpuq.sim.model import SimResult, TraceTask  # noqa: E402
+from gpuq.sim.cli import tenant_figures  # noqa: E402
+from gpuq.sim.model import TraceTask  # noqa: E402
 from gpuq.sim.run import parse_gpus, simulate  # noqa: E402
 from gpuq.tenants import Tenant  # noqa: E402
 
@@ -46,16 +45,6 @@ def arrivals(tenant: str, rate: float, span_s: float, service_s: float,
     return out
 
 
-def figures(result: SimResult, tenant: str, sla_s: float) -> dict[str, Any]:
-    tasks = [t for t in result.tasks if t.tenant == tenant]
-    waits = [t.exec_s - t.arrival_s for t in tasks if t.exec_s is not None]
-    r3 = lambda x: None if x is None else round(x, 3)  # noqa: E731
-    return {"tasks": len(tasks), "started": len(waits),
-            "wait_p50_s": r3(percentile(waits, 0.5)), "wait_p99_s": r3(percentile(waits, 0.99)),
-            "wait_mean_s": r3(sum(waits) / len(waits)) if waits else None,
-            "sla_attainment": round(sum(1 for w in waits if w <= sla_s) / len(tasks), 4) if tasks else None}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpus", default="8x80")
@@ -71,7 +60,6 @@ def main() -> int:
     b = arrivals("b", args.rate_b, args.span_s, args.service_s, rng)
     a = arrivals("a", args.rate_b * args.flood, args.span_s, args.service_s, rng)
     gpus = parse_gpus(args.gpus)
-    sla = Config().sla_ms()[1] / 1000
     runs = [("B alone", b, ()), ("A+B, no tenants", a + b, ()),
             ("A+B, equal weights", a + b, (Tenant("a"), Tenant("b"))),
             (f"A+B, A max_gpus {args.cap}", a + b, (Tenant("a", max_gpus=args.cap), Tenant("b")))]
@@ -86,8 +74,8 @@ def main() -> int:
             # A's tasks run while arrivals last: its share of the pool under the flood
             a_done = sum(1 for t in result.tasks if t.tenant == "a" and t.end_s is not None
                          and t.end_s <= args.span_s)
-            out.append({"run": name, "b": figures(result, "b", sla),
-                        "a": figures(result, "a", sla) if tasks is not b else None,
+            out.append({"run": name, "b": tenant_figures(result, "b"),
+                        "a": tenant_figures(result, "a") if tasks is not b else None,
                         "a_done_per_s": round(a_done / args.span_s, 3)})
             print(f"  {name}: {result.wall_s:.0f} s", file=sys.stderr)
     finally:

@@ -197,6 +197,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
               help="With --find-gpus: the share of --sla-priority tasks to start within SLA.")
 @click.option("--sla-priority", type=priority_type, default="P0", show_default=True,
               help="With --find-gpus: the priority whose SLA must be met.")
+@click.option("--tenant", "tenant_specs", multiple=True, metavar="NAME[:WEIGHT[:MAX_GPUS[:MAX_VRAM_GB]]]",
+              help="Register a tenant for gpuq's replay (repeatable); the report adds each one's waits.")
 @click.option("--autoscale", "autoscale", default=None, metavar="MIN:MAX",
               help="gpuq with an autoscaler over the one --gpus kind (docs/SIMULATOR.md).")
 @click.option("--scale-signal", type=click.Choice(["reactive", "forecast", "both"]), default="both",
@@ -212,7 +214,7 @@ def simulate(ctx: click.Context, trace_name: str, traces_dir: str | None, gpus: 
              speedup: float | None, target_load: float | None, policy: str, limit: int | None,
              seed: int, as_json: bool, plot_path: str | None, find_gpus: bool,
              sla_target: float, sla_priority: Priority, autoscale: str | None, scale_signal: str,
-             boot_s: float, idle_s: float, scale_every_s: float) -> None:
+             boot_s: float, idle_s: float, scale_every_s: float, tenant_specs: tuple[str, ...]) -> None:
     """Replay a production trace through the real scheduling scripts on a virtual clock,
     next to FIFO and strict-priority baselines."""
     from gpuq.sim.cli import run_simulations
@@ -247,14 +249,19 @@ def simulate(ctx: click.Context, trace_name: str, traces_dir: str | None, gpus: 
                    + (f"{found['gpus']} x {found['gpu_gb']:g} GB" if found["gpus"] else "none up to 256"))
         return
 
+    from gpuq.tenants import Tenant
+
+    tenants = [Tenant.from_spec(s) for s in tenant_specs]
     reports = run_simulations(trace_name, traces_dir, gpus, speedup, target_load, policy, limit,
-                              seed, config_of(ctx), plot_path)
+                              seed, config_of(ctx), plot_path, tenants)
     if as_json:
         click.echo(json.dumps(reports if policy == "all" else reports[0], indent=2))
         return
-    from gpuq.sim.report import render
+    from gpuq.sim.report import render, render_tenants
 
     click.echo(render(reports))
+    if tenants:
+        click.echo("\n" + render_tenants(reports))
 
 
 @click.command()

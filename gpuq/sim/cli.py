@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -11,13 +11,15 @@ from typing import Any
 from gpuq.config import Config
 from gpuq.embedded import EmbeddedServer
 from gpuq.errors import ConfigError
+from gpuq.report import percentile
 from gpuq.sim import traces
 from gpuq.sim.autoscale import Autoscale
-from gpuq.sim.model import TraceTask
+from gpuq.sim.model import SimResult, TraceTask
 from gpuq.sim.policies import POLICIES
 from gpuq.sim.reference import Request, first_request_misses
 from gpuq.sim.report import summarize
 from gpuq.sim.run import parse_gpus, sim_config, simulate, speedup_for
+from gpuq.tenants import Tenant
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,10 @@ def replaying() -> Iterator[EmbeddedServer]:
 
 def run_simulations(trace_name: str, traces_dir: str | None, gpus_spec: str, speedup: float | None,
                     target_load: float | None, policy: str, limit: int | None, seed: int,
-                    config: Config, plot_path: str | None = None) -> list[dict[str, Any]]:
+                    config: Config, plot_path: str | None = None,
+                    tenants: Sequence[Tenant] = ()) -> list[dict[str, Any]]:
+    """One report per policy; with ``tenants`` (registered for gpuq's replays) each report
+    also has ``tenants``: per tenant named, its tasks' waits and SLA attainment."""
     if speedup is not None and target_load is not None:
         raise ConfigError("give --speedup or --target-load, not both")
     if limit is not None and limit < 1:
@@ -66,10 +71,13 @@ def run_simulations(trace_name: str, traces_dir: str | None, gpus_spec: str, spe
     results, reports = [], []
     with replaying() as server:  # one server for every policy's replay
         for name in policies:
-            result = simulate(tasks, gpus, name, speedup=speedup,
-                              load_time=loads.sample, seed=seed, config=config, server=server)
+            result = simulate(tasks, gpus, name, speedup=speedup, load_time=loads.sample,
+                              seed=seed, config=config, server=server, tenants=tenants)
             results.append(result)
-            reports.append({"trace": trace_name, **summarize(result)})
+            report = {"trace": trace_name, **summarize(result)}
+            if tenants:
+                report["tenants"] = {t.name: tenant_figures(result, t.name) for t in tenants}
+            reports.append(report)
             log.info("simulate.done policy=%s tasks=%d wall_s=%.1f", name, len(tasks), result.wall_s)
     if plot_path:
         from gpuq.sim.plot import plot
@@ -170,3 +178,18 @@ def _reachable(tasks: list[TraceTask], loads: traces.LoadTimes, config: Config, 
                           f"{missed} of its {count} tasks are their model's first request, whose "
                           f"load takes longer than the {sla:g} s SLA (at most "
                           f"{100 * (count - missed) / count:.1f}% within it)")
+
+
+def tenant_figures(result: SimResult, tenant: str) -> dict[str, Any]:
+    """One tenant's tasks in a replay: how many, arrival to handler start, within SLA."""
+    tasks = [t for t in result.tasks if t.tenant == tenant]
+    waits = [t.exec_s - t.arrival_s for t in tasks if t.exec_s is not None]
+    timed = [t for t in tasks if result.sla_s[t.priority] is not None]
+    met = sum(1 for t in timed if t.exec_s is not None
+              and t.exec_s - t.arrival_s <= (result.sla_s[t.priority] or 0))
+    p50, p99 = percentile(waits, 0.5), percentile(waits, 0.99)
+    return {"tasks": len(tasks), "started": len(waits),
+            "wait_p50_s": None if p50 is None else round(p50, 3),
+            "wait_p99_s": None if p99 is None else round(p99, 3),
+            "wait_mean_s": round(sum(waits) / len(waits), 3) if waits else None,
+            "sla_attainment": round(met / len(timed), 4) if timed else None}

@@ -167,3 +167,18 @@ def _percent(share: float | None) -> str:
 
 def _times(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x"
+
+
+def render_tenants(reports: list[dict[str, Any]]) -> str:
+    """Each named tenant's tasks per policy (reports with ``tenants``)."""
+    lines = [f"{'POLICY':<11}{'TENANT':<16}{'TASKS':>7}{'WAIT P50':>10}{'WAIT P99':>10}{'WITHIN':>8}"]
+    for r in reports:
+        for name, f in r.get("tenants", {}).items():
+            within = "-" if f["sla_attainment"] is None else f"{100 * f['sla_attainment']:.1f}%"
+            lines.append(f"{r['policy']:<11}{name[:15]:<16}{f['tasks']:>7}{_secs(f['wait_p50_s']):>10}"
+                         f"{_secs(f['wait_p99_s']):>10}{within:>8}")
+    return "\n".join(lines)
+
+
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"

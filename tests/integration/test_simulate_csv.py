@@ -57,3 +57,30 @@ def test_cli_names_the_bad_row_in_one_error_line(procs: Procs, tmp_path: Path) -
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error:"), out.stderr
     assert f"{bad} line 5: service_s 'ten' is not a number" in lines[0]
+
+
+FLOOD = "arrival_s,model,priority,service_s,vram_gb,tenant,load_s\n" + "".join(
+    f"{i * 0.5},m,P1,4,20,a,5\n" for i in range(40)) + "".join(
+    f"{i * 4 + 0.25},m,P1,4,20,b,5\n" for i in range(5))
+
+
+def test_cli_replays_with_tenants_and_reports_each(procs: Procs, tmp_path: Path) -> None:
+    flood = tmp_path / "flood.csv"
+    flood.write_text(FLOOD, encoding="utf-8")
+    env = {"GPUQ_TRACES": str(tmp_path / "absent")}
+    base = ("simulate", "--trace", str(flood), "--gpus", "2x80", "--speedup", "1", "--policy", "gpuq",
+            "--json")
+    plain = procs.cli(*base, "--tenant", "b", env=env)  # b registered, a not: weights 1 and 1
+    capped = procs.cli(*base, "--tenant", "a:1:1", "--tenant", "b", env=env)
+    for out in (plain, capped):
+        assert out.returncode == 0, out.stderr
+    reports = [json.loads(out.stdout) for out in (plain, capped)]
+    assert set(reports[0]["tenants"]) == {"b"} and set(reports[1]["tenants"]) == {"a", "b"}
+    b_plain, b_capped = (r["tenants"]["b"] for r in reports)
+    assert b_plain["tasks"] == b_capped["tasks"] == 5
+    # a capped at one GPU leaves the other to b, whose tasks then start at once (once loaded)
+    assert b_capped["wait_p50_s"] <= b_plain["wait_p50_s"]
+    assert reports[1]["tenants"]["a"]["wait_p50_s"] > reports[0]["tenants"]["b"]["wait_p50_s"]
+    bad = procs.cli(*base, "--tenant", "a:heavy", env=env)
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
+        "Error: --tenant 'a:heavy': weight and caps must be numbers"]
