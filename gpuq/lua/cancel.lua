@@ -25,7 +25,7 @@ if not state then return {4} end
 if state == 'queued' then
   if f[2] and f[3] then
     unqueue(id, f[2], f[3])
-    fair_leave(f[8])
+    fair_leave(id, f[8])
   else  -- a corrupt hash: its queue's entry goes at the next claim that meets it
     redis.call('ZREM', K_NEED, id)
     redis.call('ZREM', K_DEADLINES, id)

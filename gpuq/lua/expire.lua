@@ -70,7 +70,7 @@ for _, id in ipairs(ids) do
     end
     if reason then
       unqueue(id, f[4], f[5])
-      fair_leave(f[8])
+      fair_leave(id, f[8])
       withdraw_yield(id, f[6], f[7], now)
       finish(id, 'expired', now, ttl, 'error', reason)  -- counts expired:P<n>
       local enqueued = finite(redis.call('HGET', task_key(id), 'enqueued_at')) or now

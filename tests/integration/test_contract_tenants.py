@@ -218,3 +218,14 @@ def test_sla_results_are_counted_per_tenant_where_they_are_decided(queue: Queue)
     stats = queue.redis.hgetall(queue.keys.stats)
     assert (stats["sla_met:P0:a"], stats["sla_missed:P0:b"]) == ("1", "1")
     assert (stats["sla_met:P0"], stats["sla_missed:P0"]) == ("1", "1")
+
+
+def test_a_corrupt_task_failed_in_its_queue_leaves_its_tenants_count(queue: Queue) -> None:
+    set_tenant(queue, Tenant("a"))
+    tid = enqueue(queue, T0, priority="P2", model="m", tenant="a")
+    assert queue.redis.hgetall(queue.keys.tenant_queued) == {"2:a": "1"}
+    queue.redis.hset(queue.keys.task(tid), "est_s", "soon")
+    assert claim(queue, "w1", 100, loaded=HELD, now_ms=T0 + 1) is None
+    assert queue.redis.hget(queue.keys.task(tid), "state") == "failed"
+    assert queue.redis.hgetall(queue.keys.tenant_queued) == {}
+    assert queue.redis.hget(queue.keys.task(tid), "fair") == ""

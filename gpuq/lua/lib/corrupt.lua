@@ -3,6 +3,7 @@
 --@include args
 --@include queue
 --@include finish
+--@include tenancy
 
 -- Which field of a stored task keeps it from being queued (missing or malformed: a hash
 -- corrupted by hand or by a foreign client), or nil. Scripts end such a task "failed" with
@@ -21,8 +22,9 @@ end
 local function corrupt(field) return 'corrupt task: field ' .. field .. ' is missing or malformed' end
 
 -- End a task whose hash is corrupt (`defect`): failed, with the field in its error, and out
--- of its queue (when its priority and model name one) and the indexes.
+-- of its queue (when its priority and model name one), the indexes and its tenant's count.
 local function fail_corrupt(id, field, p, m, now, ttl)
+  fair_leave(id, redis.call('HGET', task_key(id), 'fair'))
   if type(p) == 'string' and type(m) == 'string' then
     unqueue(id, p, m)
   else

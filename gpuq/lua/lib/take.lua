@@ -16,7 +16,7 @@
 -- claim reply's pairs for the task.
 local function take(id, p, m, w, now, lease_until, f, warm, tenancy)
   unqueue(id, p, m, f[8] ~= '')
-  fair_leave(f[18])
+  fair_leave(id, f[18])
   withdraw_yield(id, f[14], f[15], now)
   local undecided = not f[17] or f[17] == ''  -- no handler start has decided its SLA yet
   local token, sla = start(id, p, m, w, now, lease_until, f[7], f[13], f[11], undecided, warm)

@@ -39,10 +39,12 @@ local function count_tenant_sla(p, t, result)
   end
 end
 
--- A task leaves its queue: out of its tenant's count (fair: its `fair` field).
-local function fair_leave(fair_field)
+-- Task id leaves its queue: out of its tenant's count (fair_field: its `fair` field, which
+-- is cleared, so a task leaves the count once whichever script sees it go).
+local function fair_leave(id, fair_field)
   if not fair_field or fair_field == '' then return end
   if redis.call('HINCRBY', K_TENANT_QUEUED, fair_field, -1) <= 0 then
     redis.call('HDEL', K_TENANT_QUEUED, fair_field)
   end
+  redis.call('HSET', task_key(id), 'fair', '')
 end
