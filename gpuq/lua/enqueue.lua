@@ -37,7 +37,6 @@
 --@include start
 --@include runtime
 --@include tenancy
---@include quota
 
 local now = clock(ARGV[1])
 local check_fit = ARGV[2] == '1'
@@ -84,11 +83,26 @@ if check_fit then
   end
 end
 
--- The per-call state of fair ordering: queued counts, terms, finish tags, lags, live workers.
+-- Terms of tenants (registered: theirs; else weight 1, no caps), read once per call in one
+-- HMGET for the names not read yet.
+local terms_of = {}
+local function read_terms(names)
+  local ask = {}
+  for _, t in ipairs(names) do
+    if terms_of[t] == nil then ask[#ask + 1] = t end
+  end
+  if ask[1] then
+    local vs = redis.call('HMGET', K_TENANTS, unpack(ask))
+    for i, t in ipairs(ask) do terms_of[t] = tenant_terms(vs[i]) or {weight = 1} end
+  end
+end
+
+-- The per-call state of fair ordering: queued counts, finish tags, lags, each level's total
+-- weight of tenants with work, live workers.
 local fair
 local function fair_state()
   if fair then return fair end
-  fair = {queued = {}, terms = {}, finish = {}, lag = {}, added = {}}
+  fair = {queued = {}, finish = {}, lag = {}, total = {}, added = {}}
   local kv = redis.call('HGETALL', K_TENANT_QUEUED)
   for i = 1, #kv, 2 do
     local n = tonumber(kv[i + 1]) or 0
@@ -96,19 +110,6 @@ local function fair_state()
   end
   fair.live = math.max(1, redis.call('ZCARD', K_WORKERS))
   return fair
-end
-
--- Terms of tenants (registered: theirs; else weight 1, no caps), read once per call in one
--- HMGET.
-local function read_terms(names)
-  local s, ask = fair_state(), {}
-  for _, t in ipairs(names) do
-    if s.terms[t] == nil then ask[#ask + 1] = t end
-  end
-  if ask[1] then
-    local vs = redis.call('HMGET', K_TENANTS, unpack(ask))
-    for i, t in ipairs(ask) do s.terms[t] = tenant_terms(vs[i]) or {weight = 1} end
-  end
 end
 
 -- The queue score of a task of tenant t at level p with start-by `score`, its level's SLA
@@ -124,15 +125,21 @@ local function fair_order(p, t, score, sla_ms, est_s, vram)
   local s = fair_state()
   local field = p .. ':' .. t
   local backlog = s.queued[field] or 0
-  local names, prefix = {}, p .. ':'
-  names[1] = t
-  for f in pairs(s.queued) do
-    if string.sub(f, 1, 2) == prefix and f ~= field then names[#names + 1] = string.sub(f, 3) end
+  -- the level's tenants with work, t among them once this task is counted: summed again
+  -- only when t joins them (a bulk call of one tenant sums once)
+  if backlog == 0 or not s.total[p] then
+    local names, prefix = {}, p .. ':'
+    names[1] = t
+    for f in pairs(s.queued) do
+      if string.sub(f, 1, 2) == prefix and f ~= field then names[#names + 1] = string.sub(f, 3) end
+    end
+    table.sort(names)  -- a sum in a fixed order: replays stay byte-identical
+    read_terms(names)
+    local total = 0
+    for _, name in ipairs(names) do total = total + terms_of[name].weight end
+    s.total[p] = total
   end
-  table.sort(names)  -- a sum in a fixed order: replays stay byte-identical
-  read_terms(names)
-  local total = 0
-  for _, name in ipairs(names) do total = total + s.terms[name].weight end
+  local total = s.total[p]
   if s.lag[p] == nil then s.lag[p] = finite(redis.call('HGET', K_TENANT_CLOCK, p)) or 0 end
   local order = score - sla_ms - s.lag[p]
   if backlog > 0 then
@@ -141,7 +148,7 @@ local function fair_order(p, t, score, sla_ms, est_s, vram)
     end
     order = math.max(order, s.finish[field])
   end
-  local terms = s.terms[t]
+  local terms = terms_of[t]
   local gpus = math.min(terms.weight / total * s.live, terms.gpus or math.huge,
     terms.vram and terms.vram / vram or math.huge)
   s.finish[field] = order + math.floor(est_s * 1000 / math.max(gpus, 1e-3))
@@ -259,7 +266,14 @@ for i = 1, n do
   -- a call of one task may hand it over; a bulk call's tasks are queued and their workers
   -- woken, so each claim picks the best of the batch (the first task need not be it)
   local tenant = ARGV[o + 10]
-  local hand = idle and n == 1 and not (tenancy and quota_of(tenant)) and handover(w)
+  local capped = false
+  if tenancy then
+    local asked = {}
+    asked[1] = tenant
+    read_terms(asked)
+    capped = terms_of[tenant].gpus or terms_of[tenant].vram
+  end
+  local hand = idle and n == 1 and not capped and handover(w)
   if idle then
     targeted, idle_n = 1, idle_n - 1
   else
