@@ -17,7 +17,8 @@ on the masters in turn (on that first one when the test uses ``redis_server`` it
 real client pinned to the pool's master by ``gpuq.cluster.cluster_client``.
 
 ``backend`` runs a test twice: on fakeredis (its own FakeServer per test, Lua enabled) and on
-the real server; ``queue`` is the contract suite's entry, one fresh pool per test.
+the real server; ``queue`` is the contract suite's entry, one fresh pool per test. ``procs``
+runs real gpuq processes (workers, reapers, the CLI) against ``redis_server``.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import fakeredis
 import pytest
 import redis
+from procs import Procs
 
 from gpuq import Config, Queue
 from gpuq.embedded import EmbeddedServer
@@ -161,6 +164,14 @@ def make_queue(backend: redis.Redis, pool: str, prefix: str) -> MakeQueue:
 @pytest.fixture
 def queue(make_queue: MakeQueue) -> Queue:
     return make_queue()
+
+
+@pytest.fixture
+def procs(redis_server: EmbeddedServer, pool: str, prefix: str, tmp_path: Path) -> Iterator[Procs]:
+    """Real gpuq processes (workers, reapers, the CLI) on the suite's server and this pool,
+    stopped at the end (tests/procs.py)."""
+    with Procs(redis_server.url, pool, prefix, tmp_path) as p:
+        yield p
 
 
 @pytest.fixture

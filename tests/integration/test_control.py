@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 from procs import Procs, est, wait_for
 
 from gpuq import Queue, State, catalog
-from gpuq.embedded import EmbeddedServer
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def procs(redis_server: EmbeddedServer, pool: str, prefix: str, tmp_path: Path) -> Iterator[Procs]:
-    with Procs(redis_server.url, pool, prefix, tmp_path) as p:
-        yield p
 
 
 def test_preload_hint_loads_the_model_and_the_next_task_finds_it_warm(procs: Procs,

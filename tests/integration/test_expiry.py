@@ -10,15 +10,13 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from helpers import T0, ack, claim, enqueue, fail, heartbeat, reap
 from procs import Procs, wait_for
 
 from gpuq import Queue, catalog
-from gpuq.embedded import EmbeddedServer
 from gpuq.errors import TaskFailed
 from gpuq.reaper import Reaper
 from gpuq.task import State, TaskRecord
@@ -299,12 +297,6 @@ def test_a_blocked_waiter_wakes_when_its_task_expires(real_queue: Queue) -> None
 
 
 # --- a real reaper process ---------------------------------------------------------------
-
-@pytest.fixture
-def procs(redis_server: EmbeddedServer, pool: str, prefix: str, tmp_path: Path) -> Iterator[Procs]:
-    with Procs(redis_server.url, pool, prefix, tmp_path) as p:
-        yield p
-
 
 def test_a_reaper_process_expires_tasks_no_worker_took(procs: Procs, real_queue: Queue) -> None:
     procs.reaper()

@@ -10,23 +10,14 @@ import json
 import re
 import signal
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from procs import Procs, est, wait_for
 
 from gpuq import Queue, State
-from gpuq.embedded import EmbeddedServer
 from gpuq.errors import StaleLease
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def procs(redis_server: EmbeddedServer, pool: str, prefix: str, tmp_path: Path) -> Iterator[Procs]:
-    with Procs(redis_server.url, pool, prefix, tmp_path) as p:
-        yield p
 
 
 def stale_ack(queue: Queue, task_id: str, token: int) -> None:

@@ -6,26 +6,17 @@ from __future__ import annotations
 import json
 import socket
 import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from procs import Procs, est, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuq import Queue, State
-from gpuq.embedded import EmbeddedServer
 from gpuq.metrics import METRIC_NAMES
 
 pytestmark = pytest.mark.slow
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-@pytest.fixture
-def procs(redis_server: EmbeddedServer, pool: str, prefix: str, tmp_path: Path) -> Iterator[Procs]:
-    with Procs(redis_server.url, pool, prefix, tmp_path) as p:
-        yield p
 
 
 def free_port() -> int:

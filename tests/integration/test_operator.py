@@ -10,8 +10,7 @@ from __future__ import annotations
 import re
 import subprocess
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from click.testing import CliRunner
@@ -20,7 +19,6 @@ from procs import SIM_APP, Proc, Procs, est, wait_for
 
 from gpuq import Queue
 from gpuq.cli import cli
-from gpuq.embedded import EmbeddedServer
 from gpuq.errors import (
     NotRequeueable,
     ResultTimeout,
@@ -204,12 +202,6 @@ def test_a_task_outside_a_lane_is_not_left_for_the_lane(queue: Queue) -> None:
 
 
 # --- real processes ----------------------------------------------------------------------
-
-@pytest.fixture
-def procs(redis_server: EmbeddedServer, pool: str, prefix: str, tmp_path: Path) -> Iterator[Procs]:
-    with Procs(redis_server.url, pool, prefix, tmp_path) as p:
-        yield p
-
 
 def error_line(out: subprocess.CompletedProcess[str]) -> str:
     """The CLI's failure: exit 1, nothing on stdout, exactly one "Error:" line on stderr."""

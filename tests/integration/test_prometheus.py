@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +24,10 @@ from test_deploy import dashboard_exprs
 from test_metrics import free_port
 
 from gpuq import Queue, State
-from gpuq.embedded import EmbeddedServer
 
 pytestmark = pytest.mark.slow
 
 PROM = ROOT / "deploy" / "prometheus"
-
-
-@pytest.fixture
-def procs(redis_server: EmbeddedServer, pool: str, prefix: str, tmp_path: Path) -> Iterator[Procs]:
-    with Procs(redis_server.url, pool, prefix, tmp_path) as p:
-        yield p
 
 
 def prometheus_binary() -> str:

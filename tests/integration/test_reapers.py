@@ -7,23 +7,14 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from procs import Proc, Procs, est, wait_for
 
 from gpuq import Queue, State
-from gpuq.embedded import EmbeddedServer
 
 LOCK_S = 2.0
 ROUND_S = 0.2
-
-
-@pytest.fixture
-def procs(redis_server: EmbeddedServer, pool: str, prefix: str, tmp_path: Path) -> Iterator[Procs]:
-    with Procs(redis_server.url, pool, prefix, tmp_path) as p:
-        yield p
 
 
 def active_ones(reapers: list[Proc]) -> list[Proc]:

@@ -27,12 +27,6 @@ GPU = {"model": "llama3-8b", "vram_gb": 16, "priority": "online", "est_s": 0.1}
 
 
 @pytest.fixture
-def procs(redis_server: EmbeddedServer, pool: str, prefix: str, tmp_path: Path) -> Iterator[Procs]:
-    with Procs(redis_server.url, pool, prefix, tmp_path) as p:
-        yield p
-
-
-@pytest.fixture
 def rq_redis(redis_server: EmbeddedServer) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_server.url)  # RQ reads bytes
     yield client

@@ -8,24 +8,14 @@ last task ended.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 from procs import SIM_APP, Proc, Procs, est, wait_for
 
 from gpuq import Queue, State, catalog
-from gpuq.embedded import EmbeddedServer
 
 pytestmark = pytest.mark.slow
 
 IDLE_S = "1"
-
-
-@pytest.fixture
-def procs(redis_server: EmbeddedServer, pool: str, prefix: str, tmp_path: Path) -> Iterator[Procs]:
-    with Procs(redis_server.url, pool, prefix, tmp_path) as p:
-        yield p
 
 
 def start_worker(procs: Procs, name: str, *extra: str, env: dict[str, str] | None = None,

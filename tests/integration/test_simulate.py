@@ -11,7 +11,6 @@ import csv
 import gzip
 import json
 import random
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -227,12 +226,6 @@ def test_a_task_claimed_at_once_that_waits_for_its_model_misses_its_sla(
 
 
 # --- fidelity: the same claims as real worker processes ------------------------------------
-
-@pytest.fixture
-def procs(redis_server: EmbeddedServer, pool: str, prefix: str, tmp_path: Path) -> Iterator[Procs]:
-    with Procs(redis_server.url, pool, prefix, tmp_path) as p:
-        yield p
-
 
 SCENARIO = [(m, p) for m, p in (("a", 3), ("b", 0), ("a", 2), ("c", 1), ("b", 2), ("a", 0),
                                 ("c", 3), ("b", 1), ("a", 1), ("c", 0), ("b", 3), ("a", 2),

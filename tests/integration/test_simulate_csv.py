@@ -4,13 +4,9 @@ twice, and a bad row as one error line."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from procs import Procs
-
-from gpuq.embedded import EmbeddedServer
 
 TINY = """\
 arrival_s,model,priority,service_s,vram_gb,tenant,load_s
@@ -20,12 +16,6 @@ arrival_s,model,priority,service_s,vram_gb,tenant,load_s
 2,sdxl,P3,10,18,beta,
 3,llama,P1,3,30,acme,
 """
-
-
-@pytest.fixture
-def procs(redis_server: EmbeddedServer, pool: str, prefix: str, tmp_path: Path) -> Iterator[Procs]:
-    with Procs(redis_server.url, pool, prefix, tmp_path) as p:
-        yield p
 
 
 def test_cli_replays_a_csv_of_ones_own_requests(procs: Procs, tmp_path: Path) -> None:

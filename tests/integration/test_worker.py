@@ -10,8 +10,6 @@ import json
 import re
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -19,16 +17,9 @@ from procs import SCALE, Procs, est, wait_for
 
 from gpuq import Queue, State, catalog
 from gpuq.cli import cli
-from gpuq.embedded import EmbeddedServer
 from gpuq.errors import TaskFailed
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def procs(redis_server: EmbeddedServer, pool: str, prefix: str, tmp_path: Path) -> Iterator[Procs]:
-    with Procs(redis_server.url, pool, prefix, tmp_path) as p:
-        yield p
 
 
 def run_cli(procs: Procs, *args: str) -> str:

@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from procs import Procs
 
 from gpuq import Queue, State
-from gpuq.embedded import EmbeddedServer
 
 pytestmark = pytest.mark.slow
 BATCH_APP = "tests.batch_app:app"
-
-
-@pytest.fixture
-def procs(redis_server: EmbeddedServer, pool: str, prefix: str, tmp_path: Path) -> Iterator[Procs]:
-    with Procs(redis_server.url, pool, prefix, tmp_path) as p:
-        yield p
 
 
 def start_worker(procs: Procs, name: str) -> None:

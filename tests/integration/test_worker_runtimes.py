@@ -4,23 +4,13 @@ enqueued afterwards without est_s gets the learned mean."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 from procs import SCALE, Procs, wait_for
 
 from gpuq import Queue, State
-from gpuq.embedded import EmbeddedServer
 
 pytestmark = pytest.mark.slow
 PAIR = "sim.run m-learn"
-
-
-@pytest.fixture
-def procs(redis_server: EmbeddedServer, pool: str, prefix: str, tmp_path: Path) -> Iterator[Procs]:
-    with Procs(redis_server.url, pool, prefix, tmp_path) as p:
-        yield p
 
 
 def learned(q: Queue) -> tuple[float, float, int] | None:
