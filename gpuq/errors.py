@@ -25,12 +25,22 @@ class DuplicateTask(GpuqError):
 
 
 class Unschedulable(GpuqError):
-    def __init__(self, vram_gb: float, largest_gb: float) -> None:
+    """check_fit: no registered GPU class could ever hold the task. largest_gb: the largest
+    class with at least the task's GPUs; most_gpus: the most GPUs of any class's group."""
+
+    def __init__(self, vram_gb: float, largest_gb: float, gpus: int = 1, most_gpus: int = 1) -> None:
         self.vram_gb = vram_gb
         self.largest_gb = largest_gb
-        offer = (f"the largest registered GPU class offers {largest_gb:g} GB" if largest_gb > 0
+        self.gpus = gpus
+        self.most_gpus = most_gpus
+        if gpus > 1 and largest_gb <= 0 and most_gpus > 0:
+            super().__init__(f"unschedulable: task needs {gpus} GPUs, the largest GPU group "
+                             f"registered in this pool has {most_gpus}")
+            return
+        on, of = (f" on {gpus} GPUs", f" of {gpus}+ GPUs") if gpus > 1 else ("", "")
+        offer = (f"the largest registered GPU class{of} offers {largest_gb:g} GB" if largest_gb > 0
                  else "no GPU class is registered in this pool yet")
-        super().__init__(f"unschedulable: task needs {vram_gb:g} GB of VRAM, {offer}")
+        super().__init__(f"unschedulable: task needs {vram_gb:g} GB of VRAM{on}, {offer}")
 
 
 class UnregisteredHandler(Unschedulable):

@@ -53,6 +53,7 @@ SUFFIXES: dict[str, str] = {
     "idle": "idle",
     "pool_wake": "wake",
     "classes": "classes",
+    "class_gpus": "classes:gpus",
     "handlers": "handlers",
     "catalog": "catalog",
     "fairness": "fair",
@@ -212,6 +213,12 @@ class Keys:
     def classes(self) -> str:
         """GPU classes ever registered: name -> usable VRAM (GB)."""
         return self._key("classes")
+
+    @property
+    def class_gpus(self) -> str:
+        """GPU classes of multi-GPU workers: name -> GPUs in each worker's group (a class
+        not listed is of one-GPU workers)."""
+        return self._key("class_gpus")
 
     @property
     def handlers(self) -> str:

@@ -74,9 +74,12 @@ def serve_http(registry: CollectorRegistry, host: str, port: int, what: str) -> 
 class WorkerMetrics:
     """The metrics one worker process serves about its own GPU and the tasks it runs."""
 
-    def __init__(self, pool: str, gpu: str, gpu_class: str) -> None:
+    def __init__(self, pool: str, gpu: str, gpu_class: str, devices: int = 1) -> None:
         self.registry = CollectorRegistry()
         self.pool, self.gpu, self.gpu_class = pool, gpu, gpu_class
+        # the VRAM gauges have one series per device: gpu "<worker>" alone, "<worker>:<i>" in
+        # a group (the i-th device of the group)
+        self.devices = [gpu] if devices == 1 else [f"{gpu}:{i}" for i in range(devices)]
         r = self.registry
         self.schedule_latency = Histogram(
             "gpuq_schedule_latency_seconds",
@@ -111,15 +114,20 @@ class WorkerMetrics:
     def settled(self, priority: str, outcome: str) -> None:
         self.tasks.labels(self.pool, self.gpu, priority, outcome).inc()
 
-    def gpu_state(self, total_gb: float, used_ledger_gb: float, nvml_used_gb: float | None,
+    def gpu_state(self, total_gb: float, used_ledger_gb: float, nvml_used_gb: list[float] | None,
                   running: int, models: int) -> None:
-        self.vram_total.labels(self.pool, self.gpu, self.gpu_class).set(total_gb * 2**30)
-        if total_gb > 0:
-            self.vram_usage.labels(self.pool, self.gpu, self.gpu_class, "ledger").set(
+        """total_gb and used_ledger_gb: the whole group (the ledger's share is the same on each
+        device: a group shards evenly); nvml_used_gb: each device's reading."""
+        device_gb = total_gb / len(self.devices)
+        for i, gpu in enumerate(self.devices):
+            self.vram_total.labels(self.pool, gpu, self.gpu_class).set(device_gb * 2**30)
+            if device_gb <= 0:
+                continue
+            self.vram_usage.labels(self.pool, gpu, self.gpu_class, "ledger").set(
                 used_ledger_gb / total_gb)
-            if nvml_used_gb is not None:
-                self.vram_usage.labels(self.pool, self.gpu, self.gpu_class, "nvml").set(
-                    nvml_used_gb / total_gb)
+            if nvml_used_gb is not None and i < len(nvml_used_gb):
+                self.vram_usage.labels(self.pool, gpu, self.gpu_class, "nvml").set(
+                    nvml_used_gb[i] / device_gb)
         self.running.labels(self.pool, self.gpu).set(running)
         self.models.labels(self.pool, self.gpu).set(models)
 

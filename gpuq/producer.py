@@ -42,7 +42,7 @@ class Producer(Generic[ClientT, EnqueuedT]):
                 priority: Priority | int | str = Priority.P2, est_s: float | None = None,
                 deadline_s: float | None = None, preemptible: bool = True, tenant: str = "default",
                 max_attempts: int = 3, task_id: str | None = None,
-                check_fit: bool = False) -> EnqueuedT:
+                check_fit: bool = False, gpus: int = 1) -> EnqueuedT:
         """Validate and enqueue one task in one round trip (the asyncio client: awaited).
 
         ``payload``: JSON-serializable data. ``model`` and ``vram_gb`` (weights included)
@@ -50,13 +50,16 @@ class Producer(Generic[ClientT, EnqueuedT]):
         estimated run seconds (None: the mean the pool learned from this handler and model's
         successful runs, else 1); ``deadline_s``: seconds from now it must end by, else it
         expires; ``preemptible=False``: never interrupted for higher-priority work;
-        ``max_attempts``: 1..100; ``task_id``: default a new unique id. ``check_fit``:
-        Unschedulable if no registered GPU class fits it or no worker registers its handler.
+        ``max_attempts``: 1..100; ``task_id``: default a new unique id; ``gpus``: devices it
+        runs across (1..64; only a worker with a group of at least that many claims it, and
+        ``vram_gb`` is its need over all of them). ``check_fit``: Unschedulable if no
+        registered GPU class fits it or no worker registers its handler.
         InvalidTask, before anything is sent, for bad input.
         """
         spec = TaskSpec.build(handler, payload, model=model, vram_gb=vram_gb, priority=priority,
                               est_s=est_s, deadline_s=deadline_s, preemptible=preemptible,
-                              tenant=tenant, max_attempts=max_attempts, task_id=task_id)
+                              tenant=tenant, max_attempts=max_attempts, task_id=task_id,
+                              gpus=gpus)
         return self._submit(spec, check_fit)
 
     def _submit(self, spec: TaskSpec, check_fit: bool) -> EnqueuedT:

@@ -52,7 +52,7 @@ def raise_for(reply: Sequence[Any], task_id: str | None = None, worker_id: str |
     if code is Code.DUPLICATE:
         raise DuplicateTask(str(reply[2]))
     if code is Code.UNSCHEDULABLE:
-        raise Unschedulable(float(reply[2]), float(reply[3]))
+        raise Unschedulable(float(reply[2]), float(reply[3]), *(int(x) for x in reply[4:6]))
     if code is Code.UNREGISTERED:
         raise UnregisteredHandler(str(reply[2]))
     if code is Code.NOT_FOUND:

@@ -16,6 +16,10 @@ from typing import Any, Generic, TypeVar
 
 import redis
 
+# re-exported: callers build claims and read their answers through this module
+from gpuq.claims import Batch as Batch
+from gpuq.claims import Claim as Claim
+from gpuq.claims import ClaimRequest as ClaimRequest
 from gpuq.config import Config
 from gpuq.errors import NotRequeueable, ReplicaTimeout, TenantError
 from gpuq.keys import Keys
@@ -50,48 +54,6 @@ class Call(Generic[T]):
     args: list[str]
     parse: Callable[[list[Any]], T]
     replicas: Replicas | None = None  # send WAIT after it (Config.replica_acks)
-
-
-@dataclass(frozen=True)
-class ClaimRequest:
-    """What a worker tells the claim script about itself."""
-
-    worker_id: str
-    free_gb: float
-    evictable_gb: float
-    slots: int
-    loaded: Sequence[tuple[str, float]] = ()  # (model, footprint GB)
-    levels: str = "0123"
-
-    def fits(self, model: str, need_gb: float) -> bool:
-        """claim.lua's fit rule: a held model's task needs room for its working memory (free
-        VRAM plus the other idle models), another task for all of it (free plus idle models)."""
-        footprint = dict(self.loaded).get(model)
-        if footprint is not None:
-            return need_gb - footprint <= self.free_gb + max(0.0, self.evictable_gb - footprint)
-        return need_gb <= self.free_gb + self.evictable_gb
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A claim's answer: the task's fields, or None and when a deferred task may be retried."""
-
-    task: dict[str, str] | None
-    retry_s: float = 0.0  # > 0: a task was left for a better-placed worker until then
-
-    @classmethod
-    def parse(cls, reply: list[Any]) -> Claim:
-        if str(checked(reply)[1]) == "task":
-            return cls(pairs_to_dict(reply[2:]))
-        return cls(None, int(reply[2]) / 1000.0)
-
-
-@dataclass(frozen=True)
-class Batch:
-    """claim_batch's answer: the tasks added to a batch (claim reply fields each)."""
-
-    tasks: list[dict[str, str]]
-    left_ms: int  # from the server's now to the batch's earliest start-by score (< 0: past)
 
 
 @dataclass(frozen=True)
@@ -135,7 +97,7 @@ class Calls:
             est = "" if s.est_s is None else _num(s.est_s)  # "": the learned estimate, else 1
             args += [s.task_id, s.handler, s.payload, s.model, _num(s.vram_gb), str(int(s.priority)),
                      est, deadline, "1" if s.preemptible else "0", s.tenant,
-                     str(s.max_attempts), "1" if s.report_end else "0"]
+                     str(s.max_attempts), "1" if s.report_end else "0", str(s.gpus)]
 
         def parse(reply: list[Any]) -> int:
             if int(reply[0]) != Code.OK and len(reply) > 1 and int(reply[1]) > 0:
@@ -149,7 +111,7 @@ class Calls:
 
     def claim(self, req: ClaimRequest, *, now_ms: int = 0) -> Call[Claim]:
         args = [req.worker_id, str(now_ms), _num(req.free_gb), _num(req.evictable_gb), str(req.slots),
-                *self._claim_tail, req.levels, self._scan, *self._defer, *self._hold]
+                *self._claim_tail, req.levels, self._scan, *self._defer, *self._hold, str(req.gpus)]
         for model, footprint in req.loaded:
             args += [model, _num(footprint)]
         return Call("claim", args, Claim.parse)

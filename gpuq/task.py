@@ -27,6 +27,7 @@ MAX_RESULT_BYTES = 1 << 20  # 1 MiB: results too (ack.lua refuses larger); outpu
 # non-ASCII character, so a text's length is its size in bytes
 JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 MAX_NAME_LEN = 200
+MAX_GPUS = 64  # devices a task may run across (enqueue.lua refuses more)
 
 
 class Priority(IntEnum):
@@ -166,6 +167,7 @@ class TaskSpec(NamedTuple):
     max_attempts: int = 3
     task_id: str = ""
     report_end: bool = False  # list it in `ended` if it ends other than succeeded (rq bridge)
+    gpus: int = 1  # devices it runs across (tensor parallel); vram_gb is its need over all of them
 
     @classmethod
     def build(
@@ -183,6 +185,7 @@ class TaskSpec(NamedTuple):
         max_attempts: int = 3,
         task_id: str | None = None,
         report_end: bool = False,
+        gpus: int = 1,
     ) -> TaskSpec:
         if deadline_s is not None:
             _positive_number("deadline_s", deadline_s)
@@ -190,6 +193,8 @@ class TaskSpec(NamedTuple):
             1 <= max_attempts <= 100
         ):
             raise InvalidTask(f"max_attempts must be an integer in 1..100, got {max_attempts!r}")
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS:
+            raise InvalidTask(f"gpus must be an integer in 1..{MAX_GPUS}, got {gpus!r}")
         return cls(
             handler=_name("handler", handler),
             payload=encode_payload(payload),
@@ -203,6 +208,7 @@ class TaskSpec(NamedTuple):
             max_attempts=max_attempts,
             task_id=_name("task_id", task_id) if task_id is not None else new_task_id(),
             report_end=bool(report_end),
+            gpus=gpus,
         )
 
 
@@ -255,6 +261,7 @@ class TaskRecord:
     preemptions: int = 0  # times it gave way to higher-priority work
     checkpoint: Any = None  # what its last preempted run saved for the next one
     est_from: str | None = None  # "history": est_s is the learned mean, none was given
+    gpus: int = 1  # devices it runs across
 
     @classmethod
     def from_fields(cls, fields: dict[str, str]) -> TaskRecord:
@@ -294,6 +301,7 @@ class TaskRecord:
             preemptions=int(fields.get("preemptions") or 0),
             checkpoint=json.loads(fields["checkpoint"]) if fields.get("checkpoint") else None,
             est_from=fields.get("est_from") or None,
+            gpus=int(fields.get("gpus") or 1),
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -31,11 +31,13 @@ def identity(worker_id: str, gpu: GpuInfo, reserve_gb: float, concurrency: int, 
     bound (ms), fair_every and lease (ms) with which enqueue starts a task on this worker
     while it idles with one slot, blocked on its wake list; None: it takes no hand-overs.
     handlers: the handler names its app runs (shown, so tasks no live worker can run are
-    flagged by status and the scale signals)."""
+    flagged by status and the scale signals). reserve_gb: the KV-cache reserve of each
+    device; the hash holds the group's (VRAM fields span every device of a group)."""
     defer_ms, fair_every, lease_ms = handover if handover else ("", "", "")
     return {"id": worker_id, "host": host, "pid": pid, "gpu_name": gpu.name,
-            "gpu_uuid": gpu.uuid, "gpu_index": "" if gpu.index is None else gpu.index,
-            "gpu_source": gpu.source, "vram_total_gb": gpu.total_gb, "kv_reserve_gb": reserve_gb,
+            "gpu_uuid": gpu.uuid, "gpu_index": gpu.index_text, "gpus": gpu.count,
+            "gpu_source": gpu.source, "vram_total_gb": gpu.total_gb,
+            "kv_reserve_gb": gpu.reserve_gb(reserve_gb),
             "concurrency": concurrency, "levels": levels,
             "handover_defer_ms": defer_ms, "fair_every": fair_every, "lease_ms": lease_ms,
             "handlers": ",".join(sorted(handlers)), "started_at": int(time.time() * 1000)}
@@ -79,6 +81,7 @@ class WorkerRecord:
     levels: str = ALL_LEVELS  # priorities served, e.g. "01" for a lane
     handlers: tuple[str, ...] = ()  # what its app runs
     concurrency: int = 1
+    gpus: int = 1  # devices in its group
 
     @property
     def usable_gb(self) -> float:
@@ -97,7 +100,8 @@ class WorkerRecord:
                    vram_free_gb=_number(fields.get("vram_free_gb")),
                    models=_names(fields.get("models")), state=str(fields.get("state") or ""),
                    levels=levels or ALL_LEVELS, handlers=_names(fields.get("handlers")),
-                   concurrency=max(1, int(_number(fields.get("concurrency")))))
+                   concurrency=max(1, int(_number(fields.get("concurrency")))),
+                   gpus=max(1, int(_number(fields.get("gpus")))))
 
 
 @dataclass(frozen=True)

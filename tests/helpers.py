@@ -20,23 +20,23 @@ T0 = 1_700_000_000_000  # virtual clock origin (epoch ms)
 
 # The enqueue script's per-task ARGV fields, in order (gpuq/lua/enqueue.lua header).
 ENQUEUE_FIELDS = ("id", "handler", "payload", "model", "vram_gb", "priority", "est_s",
-                  "deadline", "preemptible", "tenant", "max_attempts", "report_end")
+                  "deadline", "preemptible", "tenant", "max_attempts", "report_end", "gpus")
 ENQUEUE_HEAD = 6  # now, check_fit, SLA of P0..P3
 
 
 def claim(queue: Queue, worker_id: str, free_gb: float, evictable_gb: float = 0, slots: int = 1,
           loaded: Sequence[tuple[str, float]] = (), levels: str = "0123",
-          now_ms: int = 0) -> dict[str, str] | None:
+          now_ms: int = 0, gpus: int = 1) -> dict[str, str] | None:
     """Claim like a worker: the claimed task's hash, or None (the worker is then idle)."""
     return claim_reply(queue, worker_id, free_gb, evictable_gb, slots, loaded, levels,
-                       now_ms).task
+                       now_ms, gpus).task
 
 
 def claim_reply(queue: Queue, worker_id: str, free_gb: float, evictable_gb: float = 0,
                 slots: int = 1, loaded: Sequence[tuple[str, float]] = (), levels: str = "0123",
-                now_ms: int = 0) -> Claim:
+                now_ms: int = 0, gpus: int = 1) -> Claim:
     """The whole claim reply: the task, or none and when a deferred task may be retried."""
-    req = ClaimRequest(worker_id, free_gb, evictable_gb, slots, tuple(loaded), levels)
+    req = ClaimRequest(worker_id, free_gb, evictable_gb, slots, tuple(loaded), levels, gpus)
     return queue.scripts.run(queue.calls.claim(req, now_ms=now_ms))
 
 

@@ -171,10 +171,13 @@ class Procs:
     def worker(self, name: str, *, vram_gb: float = 80, gpu_name: str | None = None,
                concurrency: int | None = None, burst: bool = False,
                env: dict[str, str] | None = None, wait: bool = True,
-               timeout: float = 15.0) -> Proc:
-        """Start a worker on a declared (simulated) GPU; by default wait until it registered."""
+               timeout: float = 15.0, gpu_count: int = 1) -> Proc:
+        """Start a worker on a declared (simulated) GPU, or a group of ``gpu_count`` of them;
+        by default wait until it registered."""
         args = ["worker", "--app", SIM_APP, "--vram-gb", f"{vram_gb:g}",
                 "--gpu-name", gpu_name or f"sim-{vram_gb:g}GB", "--name", name]
+        if gpu_count != 1:
+            args += ["--gpu-count", str(gpu_count)]
         if concurrency is not None:
             args += ["--concurrency", str(concurrency)]
         if burst:

@@ -24,8 +24,13 @@ from gpuq.views.inspect import pool_view
 
 @click.command()
 @click.option("--app", "app_path", required=True, help="module:attr of a gpuq.App.")
-@click.option("--gpu", "gpu_index", type=int, default=None, help="GPU index (NVML).")
-@click.option("--vram-gb", type=float, default=None, help="Declare a GPU of this size instead of NVML.")
+@click.option("--gpu", "gpu_index", default=None,
+              help="GPU index (NVML), or a group of GPUs on this host, e.g. 0,1,2,3: the worker "
+                   "serves them as one tensor-parallel group.")
+@click.option("--gpu-count", type=int, default=None,
+              help="GPUs in the group (declared with --vram-gb, else NVML devices 0..N-1).")
+@click.option("--vram-gb", type=float, default=None,
+              help="Declare GPUs of this size (each, in a group) instead of NVML.")
 @click.option("--gpu-name", default=None, help="Name of the declared GPU class.")
 @click.option("--concurrency", type=int, default=None,
               help=f"Tasks run at once (default {DEFAULTS.concurrency}).")
@@ -44,11 +49,12 @@ from gpuq.views.inspect import pool_view
               help="Run RQ jobs whose function lives under this module (repeatable; needs gpuq[rq]).")
 @click.option("--rq-redis", "rq_url", default=None, help="RQ's Redis URL (default: --redis).")
 @click.pass_context
-def worker(ctx: click.Context, app_path: str, gpu_index: int | None, vram_gb: float | None,
-           gpu_name: str | None, concurrency: int | None, worker_id: str | None, burst: bool,
+def worker(ctx: click.Context, app_path: str, gpu_index: str | None, gpu_count: int | None,
+           vram_gb: float | None, gpu_name: str | None, concurrency: int | None,
+           worker_id: str | None, burst: bool,
            idle_timeout_s: float | None, priorities: str | None, metrics_port: int | None,
            metrics_host: str | None, rq_allow: tuple[str, ...], rq_url: str | None) -> None:
-    """Run one worker process on one GPU."""
+    """Run one worker process on one GPU or a group of GPUs."""
     from gpuq.app import load_app
     from gpuq.rq.support import enable_worker, require
     from gpuq.worker import Worker
@@ -62,7 +68,7 @@ def worker(ctx: click.Context, app_path: str, gpu_index: int | None, vram_gb: fl
                                     metrics_host=metrics_host)
     app = load_app(app_path)
     enable_worker(app, rq_allow, rq_url or queue.url, queue)
-    gpu = probe(gpu_index, vram_gb, gpu_name, worker_id or "worker")
+    gpu = probe(gpu_index, vram_gb, gpu_name, worker_id or "worker", gpu_count)
     ctx.exit(Worker(queue.redis, cfg, app, gpu, worker_id=worker_id, burst=burst).run())
 
 

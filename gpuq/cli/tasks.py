@@ -25,6 +25,8 @@ from gpuq.task import parse_payload_text
 @task_option("tenant", None)
 @no_preempt_option("Never preempt this task.")
 @task_option("max_attempts", None)
+@task_option("gpus", "GPUs the task runs across (tensor parallel); --vram-gb is its need over "
+             "all of them.")
 @click.option("--check-fit", is_flag=True,
               help="Reject the task if no registered GPU class fits it or no worker registers its handler.")
 @click.option("--wait", is_flag=True, help="Wait for the result and print it.")

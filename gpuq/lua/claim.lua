@@ -8,7 +8,9 @@
 -- / earliest start-by first); on a loaded model, tasks that can still start by their start-by
 -- time go before late ones (candidates). A task fits when its VRAM need minus the loaded model's
 -- footprint fits free VRAM plus the worker's other idle models (model held), or when its whole
--- need fits free plus evictable VRAM (model not held). A cold task is left for a better-placed
+-- need fits free plus evictable VRAM (model not held), and it asks no more GPUs than the
+-- worker's group has (a group shards what it loads over all its devices, so its VRAM is one
+-- figure). A cold task is left for a better-placed
 -- worker (the one enqueue offered it to and woke, an idle one holding its model with room for
 -- it, or one it fits more tightly) until it has waited defer ms; that worker is woken, and
 -- this one told when to look again. Batch work (P2/P3) also waits, up to the holder wait, for
@@ -29,7 +31,8 @@
 -- ARGV[10..13]  defer bound of P0..P3 (ms)
 -- ARGV[14..17]  holder wait of P0..P3 (ms): how long a cold task waits for a busy GPU that
 --               holds its model (0: not at all)
--- ARGV[18..]  pairs: loaded model name, its footprint (GB)
+-- ARGV[18]  GPUs in this worker's group (>= 1)
+-- ARGV[19..]  pairs: loaded model name, its footprint (GB)
 -- Returns  {0, "none", retry_ms}            nothing this worker can run; it is marked idle.
 --                                            retry_ms > 0: a task was left for another
 --                                            worker and may be claimed after that long
@@ -60,15 +63,15 @@
 --@include take
 --@include due
 
-if #ARGV < 17 or #ARGV % 2 == 0 then return {1, 0, 'expected 17 arguments, then model, footprint pairs'} end
+if #ARGV < 18 or #ARGV % 2 == 1 then return {1, 0, 'expected 18 arguments, then model, footprint pairs'} end
 local worker, now = ARGV[1], clock(ARGV[2])
 local free, evictable, slots = arg_num(3, -1e9, 1e9), arg_num(4, 0, 1e9), arg_num(5, 1, 1e6, true)
 local lease, fair_every, levels = arg_num(6, 0, 1e12, true), arg_num(7, 1, 1e9, true), ARGV[8]
-local scan = arg_num(9, 1, 1e4, true)
+local scan, gpus = arg_num(9, 1, 1e4, true), arg_num(18, 1, 1e4, true)
 if worker == '' then return {1, 0, 'worker id must not be empty'} end
 if not now then return {1, 0, 'now must be ms >= 0'} end
-if not (free and evictable and slots and lease and fair_every and scan) then
-  return {1, 0, 'free and evictable GB, slots, lease, fair_every and scan must be numbers in range'}
+if not (free and evictable and slots and lease and fair_every and scan and gpus) then
+  return {1, 0, 'free and evictable GB, slots, lease, fair_every, scan and gpus must be numbers in range'}
 end
 if not string.find(levels, '^[0-3]+$') then return {1, 0, 'levels must be digits 0..3'} end
 local defer, hold = {}, {}
@@ -77,7 +80,7 @@ for p = 1, 4 do
   if not (defer[p] and hold[p]) then return {1, 0, 'defer bounds and holder waits must be ms >= 0'} end
 end
 local held, held_names = {}, {}
-for i = 18, #ARGV, 2 do
+for i = 19, #ARGV, 2 do
   held[ARGV[i]] = arg_num(i + 1, 0, 1e9)
   if ARGV[i] == '' or not held[ARGV[i]] then return {1, 0, 'loaded models must be name, GB pairs'} end
   held_names[#held_names + 1] = ARGV[i]
@@ -101,21 +104,22 @@ local unread_until = reclaim_handed(now, 8, TTL)
 
 -- Workers a skipped task is passed on to: the better-placed worker a cold task was left
 -- for is woken (it may be blocked), and so is one that fits a task too big for this one.
-local pass_to, unfit_need, unfit_p, retry = {}, nil, nil, nil
+local pass_to, unfit_need, unfit_p, unfit_gpus, retry = {}, nil, nil, nil, nil
 
 -- The idle worker better placed than this one for a cold task, if any: one holding its
 -- model, or one it fits more tightly that runs nothing (a worker with free slots left in
 -- `idle` would be handed a whole burst while it takes one task per free slot).
-local function better_elsewhere(m, need, p)
-  return idle_holder(m, need, worker, p) or tightest(need, '(' .. claimable, worker, p, true)
+local function better_elsewhere(m, need, p, wants)
+  return idle_holder(m, need, worker, p, wants)
+    or tightest(need, '(' .. claimable, worker, p, true, wants)
 end
 
 -- How many busy holders of model m could take the task (busy_holders_of), and in how many
 -- seconds the first of them expects to free up, by its tasks' estimates (an overrun one
 -- counts as ending now). An idle holder that did not take the task has no room.
-local function busy_holders(m, need, p)
+local function busy_holders(m, need, p, wants)
   local n, soonest = 0, math.huge
-  for _, w in ipairs(busy_holders_of(m, need, p, worker)) do
+  for _, w in ipairs(busy_holders_of(m, need, p, worker, wants)) do
     n = n + 1
     for _, t in ipairs(redis.call('SMEMBERS', worker_tasks_key(w))) do
       local r = redis.call('HMGET', task_key(t), 'started_at', 'est_s')
@@ -133,8 +137,8 @@ end
 -- one), and would reach it within the left_s seconds it may still wait. Batch work prefers
 -- waiting within its bound to a cold load; waiting for a holder that frees up only after
 -- the bound is pure loss, since the task would be loaded cold then anyway.
-local function wait_for_holders(m, need, p, k, est_s, left_s)
-  local n, free_in = busy_holders(m, need, p)
+local function wait_for_holders(m, need, p, k, est_s, left_s, wants)
+  local n, free_in = busy_holders(m, need, p, wants)
   return n > 0 and free_in + math.floor((k - 1) / n) * est_s <= left_s
 end
 
@@ -171,8 +175,8 @@ local function scan_queue(p, m)
   local ids = candidates(queue_key(p, m), footprint ~= nil)
   for k, id in ipairs(ids) do
     local f = redis.call('HMGET', task_key(id), 'vram_gb', 'queued_at', 'offered', 'est_s', 'state',
-      'tenant')
-    local need, queued_at, est = finite(f[1]), finite(f[2]), finite(f[4])
+      'tenant', 'gpus')
+    local need, queued_at, est, wants = finite(f[1]), finite(f[2]), finite(f[4]), tonumber(f[7]) or 1
     local bad = not (need and need > 0) and 'vram_gb' or not queued_at and 'queued_at'
       or not (est and est >= 0) and 'est_s'
     if f[5] ~= 'queued' then
@@ -181,6 +185,8 @@ local function scan_queue(p, m)
       fail_corrupt(id, bad, tostring(p), m, now, TTL)
     elseif tenancy and f[6] and over_quota(f[6], need) then
       -- at its tenant's cap: the next task of the queue may be another tenant's
+    elseif wants > gpus then
+      if not unfit_need then unfit_need, unfit_p, unfit_gpus = need, p, wants end
     elseif footprint and need - footprint <= held_room(footprint) then
       local fields = readable(id, p, m, now, TTL)
       if fields then return id, math.max(0, need - footprint), fields end
@@ -188,7 +194,7 @@ local function scan_queue(p, m)
       local waited = now - queued_at
       local left = defer[p + 1] - waited
       local offered = f[3] and f[3] ~= '' and f[3] ~= worker  -- a missing field reads false
-      local better = left > 0 and (offered or better_elsewhere(m, need, p))
+      local better = left > 0 and (offered or better_elsewhere(m, need, p, wants))
       if better then
         if better ~= true then pass_to[better] = true end
         retry = math.min(retry or left, left)
@@ -198,14 +204,14 @@ local function scan_queue(p, m)
       -- while the holders would get to it within its holder wait; later tasks of a deep
       -- backlog are taken here
       left = hold[p + 1] - waited
-      if not (left > 0 and wait_for_holders(m, need, p, k, est, left / 1000)) then
+      if not (left > 0 and wait_for_holders(m, need, p, k, est, left / 1000, wants)) then
         local fields = readable(id, p, m, now, TTL)
         if fields then return id, need, fields end
       else
         retry = math.min(retry or left, left)
       end
     elseif not unfit_need then
-      unfit_need, unfit_p = need, p
+      unfit_need, unfit_p, unfit_gpus = need, p, wants
     end
   end
   return nil
@@ -250,11 +256,11 @@ local id, p, m, use, f
 local reserved, has_key = reserved_task(worker, now)
 if reserved then
   local r = redis.call('HMGET', task_key(reserved), 'state', 'priority', 'model', 'vram_gb',
-    'tenant')
+    'tenant', 'gpus')
   local need, footprint = finite(r[4]), r[3] and held[r[3]]
   -- a corrupt one is left to the scan of its queue, which fails it; one whose tenant has
   -- reached a quota since is not taken (the reservation goes, the worker claims as usual)
-  if r[1] == 'queued' and level(r[2]) and r[3] and need and need > 0
+  if r[1] == 'queued' and level(r[2]) and r[3] and need and need > 0 and (tonumber(r[6]) or 1) <= gpus
       and not (tenancy and r[5] and over_quota(r[5], need)) then
     if footprint and need - footprint <= held_room(footprint) then
       use = math.max(0, need - footprint)
@@ -288,7 +294,7 @@ end
 for w in pairs(pass_to) do wake_worker(w) end
 if not id then
   if unfit_need then
-    local w = tightest(unfit_need, '+inf', worker, unfit_p)
+    local w = tightest(unfit_need, '+inf', worker, unfit_p, false, unfit_gpus)
     if w and not pass_to[w] then wake_worker(w) end
   end
   redis.call('ZADD', K_IDLE, claimable, worker)

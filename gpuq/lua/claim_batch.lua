@@ -8,8 +8,8 @@
 -- one (lib/take.lua: its own token, lease, attempt and SLA decision; its tenant charged) and
 -- counts as one dispatch for the fairness rule. The batch shares the worker's loaded model:
 -- a task fits when its working memory, max(0, vram_gb - footprint), fits the free VRAM left
--- after the tasks taken before it (no model is evicted for it). A task of another handler is
--- passed over; a stale id leaves the queue; a corrupt one is failed as claim fails it
+-- after the tasks taken before it (no model is evicted for it). A task of another handler,
+-- or asking more GPUs than the first (which fit this worker's group), is passed over; a stale id leaves the queue; a corrupt one is failed as claim fails it
 -- (lib/readable.lua); one whose tenant is at a quota is passed over (tenancy on).
 --
 -- KEYS[1]  pool key base
@@ -60,10 +60,12 @@ local warm = ARGV[9] == '1'
 local TTL = '604800000'
 
 local s = redis.call('HMGET', task_key(first), 'state', 'token', 'worker', 'priority', 'model',
-  'handler', 'score')
+  'handler', 'score', 'gpus')
 if not s[1] then return {4} end
 if s[1] ~= 'running' or s[2] ~= token or s[3] ~= worker then return {5, s[1]} end
 local p, m, h, bound = tonumber(level(s[4])), s[5], s[6], finite(s[7])
+-- a task asking no more GPUs than the first fits this worker's group as the first did
+local gpus = tonumber(s[8]) or 1
 if not (p and m and h and bound) then return {0, 0} end  -- claim checked them: never here
 
 local tenancy = tenancy_on()
@@ -71,10 +73,10 @@ local reply, used, taken = {0, 0}, 0, 0
 local ids = count > 0 and redis.call('ZRANGE', queue_key(p, m), 0, scan - 1) or {}
 for _, id in ipairs(ids) do
   if taken >= count then break end
-  local g = redis.call('HMGET', task_key(id), 'state', 'handler')
+  local g = redis.call('HMGET', task_key(id), 'state', 'handler', 'gpus')
   if g[1] ~= 'queued' then
     unqueue(id, p, m)  -- a stale entry: nothing to run
-  elseif g[2] == h then
+  elseif g[2] == h and (tonumber(g[3]) or 1) <= gpus then
     local f = readable(id, p, m, now, TTL)  -- nil: corrupt, failed
     local need = f and tonumber(f[4])
     local use = need and math.max(0, need - footprint)

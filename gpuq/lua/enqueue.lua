@@ -13,20 +13,24 @@
 --
 -- KEYS[1]  pool key base, e.g. "gpuq:{default}:"
 -- ARGV[1]  now (ms; "0" = server clock)
--- ARGV[2]  check_fit: "1" rejects a task no registered GPU class could fit, or whose
---          handler no worker of the pool has registered
+-- ARGV[2]  check_fit: "1" rejects a task no registered GPU class could fit (VRAM, or
+--          GPUs: a class of groups of N devices holds tasks of up to N), or whose handler
+--          no worker of the pool has registered
 -- ARGV[3..6]  SLA of P0..P3 (ms)
--- ARGV[7..]  groups of 12 per task: id, handler, payload (JSON text), model, vram_gb,
+-- ARGV[7..]  groups of 13 per task: id, handler, payload (JSON text), model, vram_gb,
 --            priority (0..3), est_s ("": the mean run time learned for its handler and
 --            model, and est_from "history", else 1), deadline_ms (relative to now, "" =
 --            none; stored absolute), preemptible ("1"/"0"), tenant, max_attempts,
 --            report_end ("1": list the task in `ended` if it ends other than succeeded,
---            for its producer; "0")
+--            for its producer; "0"), gpus (1..64: devices it runs across; its
+--            vram_gb is its need over all of them)
 -- Returns  {0, n}                              all n tasks enqueued
 --          {1, index, reason}                  INVALID: task at 1-based index is malformed
 --                                              (index 0: the call's own arguments)
 --          {2, index, id}                      DUPLICATE: a task with this id exists
---          {3, index, vram_gb, largest_gb}     UNSCHEDULABLE (only with check_fit)
+--          {3, index, vram_gb, largest_gb, gpus, most_gpus}  UNSCHEDULABLE (only with
+--                                              check_fit): largest_gb is the largest class
+--                                              with at least its gpus (0: none has)
 --          {7, index, handler}                 UNREGISTERED: no worker registers the handler
 --                                              (only with check_fit)
 
@@ -43,9 +47,9 @@ local check_fit = ARGV[2] == '1'
 -- by the priority's text as it comes (validated below): a lookup, not a parse per task
 local sla = {['0'] = arg_num(3, 0, 1e13, true), ['1'] = arg_num(4, 0, 1e13, true),
   ['2'] = arg_num(5, 0, 1e13, true), ['3'] = arg_num(6, 0, 1e13, true)}
-local G = 12
+local G = 13
 local n = (#ARGV - 6) / G
-if n < 1 or n ~= math.floor(n) then return {1, 0, 'expected groups of 12 task fields'} end
+if n < 1 or n ~= math.floor(n) then return {1, 0, 'expected groups of 13 task fields'} end
 if not now then return {1, 0, 'now must be ms >= 0'} end
 if not (sla['0'] and sla['1'] and sla['2'] and sla['3']) then return {1, 0, 'SLAs must be ms >= 0'} end
 
@@ -74,13 +78,26 @@ end
 
 local good = {}  -- handler, model and tenant checked together: bulk calls repeat them
 
-local largest
+-- check_fit: each class's usable VRAM and GPUs (classes of one-GPU workers are not in
+-- class_gpus); the largest class with at least g GPUs, and the most GPUs of any class.
+local classes, most_gpus = {}, 0
 local registered = {}  -- check_fit: handler -> ever registered by a worker of the pool
 if check_fit then
-  largest = 0
-  for _, v in ipairs(redis.call('HVALS', K_CLASSES)) do
-    largest = math.max(largest, finite(v) or 0)
+  local kv, g = redis.call('HGETALL', K_CLASSES), redis.call('HGETALL', K_CLASS_GPUS)
+  local count = {}
+  for i = 1, #g, 2 do count[g[i]] = tonumber(g[i + 1]) end
+  for i = 1, #kv, 2 do
+    local c = {gb = finite(kv[i + 1]) or 0, gpus = count[kv[i]] or 1}
+    classes[#classes + 1] = c
+    most_gpus = math.max(most_gpus, c.gpus)
   end
+end
+local function largest_with(gpus)
+  local largest = 0
+  for _, c in ipairs(classes) do
+    if c.gpus >= gpus then largest = math.max(largest, c.gb) end
+  end
+  return largest
 end
 
 -- Terms of tenants (registered: theirs; else weight 1, no caps), read once per call in one
@@ -178,13 +195,14 @@ local known_tenant = {}
 
 -- validate every task first
 local seen = {}
-local vrams, ests, tries = {}, {}, {}  -- each task's numbers, parsed once (each parse costs)
+local vrams, ests, tries, gpus_of = {}, {}, {}, {}  -- each task's numbers, parsed once
 local learned, from_history = {}, {}  -- "<handler> <model>" -> mean or false; task -> true
 for i = 1, n do
   local o = 6 + (i - 1) * G
   local id, handler, payload, model = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
   local vram, prio, est = tonumber(ARGV[o + 5]), ARGV[o + 6], tonumber(ARGV[o + 7])
   local deadline, pre, tenant, attempts = ARGV[o + 8], ARGV[o + 9], ARGV[o + 10], tonumber(ARGV[o + 11])
+  local gpus = tonumber(ARGV[o + 13])
   -- one scan over the four names (only the id once the others passed in this call); the
   -- names one by one only to say which is bad. The cache key joins them with a comma, which
   -- no good name holds, so two different triples never share a key ('|' may be in a name)
@@ -234,18 +252,24 @@ for i = 1, n do
   if not attempts or attempts < 1 or attempts > 100 or attempts ~= math.floor(attempts) then
     return {1, i, 'max_attempts must be an integer in 1..100'}
   end
+  if not gpus or gpus < 1 or gpus > 64 or gpus ~= math.floor(gpus) then
+    return {1, i, 'gpus must be an integer in 1..64'}
+  end
   if #payload > 1048576 then return {1, i, 'payload is larger than 1048576 bytes'} end
   if not is_json(payload) then return {1, i, 'payload is not valid JSON'} end
   if seen[id] or redis.call('EXISTS', task_key(id)) == 1 then return {2, i, id} end
   seen[id] = true
   if check_fit then
-    if vram > largest then return {3, i, tostring(vram), tostring(largest)} end
+    local largest = largest_with(gpus)
+    if vram > largest then
+      return {3, i, tostring(vram), tostring(largest), tostring(gpus), tostring(most_gpus)}
+    end
     if registered[handler] == nil then
       registered[handler] = redis.call('SISMEMBER', K_HANDLERS, handler) == 1
     end
     if not registered[handler] then return {7, i, handler} end
   end
-  vrams[i], ests[i], tries[i] = vram, est, attempts
+  vrams[i], ests[i], tries[i], gpus_of[i] = vram, est, attempts, gpus
 end
 
 local unwoken, targeted, heads, urgent, arrived = 0, 0, {}, false, {}
@@ -262,7 +286,7 @@ for i = 1, n do
     score = math.min(score, deadline - math.floor(ests[i] * 1000))
     deadline = ms(deadline)
   end
-  local w, idle, warm = pick(model, vram, prio, idle_n)
+  local w, idle, warm = pick(model, vram, prio, idle_n, gpus_of[i])
   -- a call of one task may hand it over; a bulk call's tasks are queued and their workers
   -- woken, so each claim picks the best of the batch (the first task need not be it)
   local tenant = ARGV[o + 10]
@@ -295,6 +319,7 @@ for i = 1, n do
   if deadline ~= '' then redis.call('HSET', task_key(id), 'deadline', deadline) end
   if ARGV[o + 12] == '1' then redis.call('HSET', task_key(id), 'report_end', '1') end
   if from_history[i] then redis.call('HSET', task_key(id), 'est_from', 'history') end
+  if gpus_of[i] > 1 then redis.call('HSET', task_key(id), 'gpus', ARGV[o + 13]) end
   if w and not hand then redis.call('HSET', task_key(id), 'offered', w) end
   if tenancy and not hand then
     redis.call('HSET', task_key(id), 'order', ms(order), 'fair', prio .. ':' .. tenant)

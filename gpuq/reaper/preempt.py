@@ -6,7 +6,8 @@ model is loaded (the claim's ready_at, from the catalog's mean load), since a ta
 yield while it loads yields only after the load, which is then thrown away.
 
 For each such task, the candidates are running, preemptible, lower-priority tasks on live
-workers whose GPU is large enough (usable VRAM >= the task's need) and which serve the
+workers whose GPU is large enough (usable VRAM >= the task's need; a group of at least its
+GPUs: the group's running tasks are weighed together as one worker's) and which serve the
 task's priority; for a task offered to a busy holder of its model, only that holder's
 (an idle worker would load the model cold: 30-60 s, against a yield). The one expected to
 end soonest (started + estimate) decides:
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import redis
 
@@ -51,7 +53,7 @@ log = logging.getLogger(__name__)
 URGENT_LEVELS = (0, 1)  # priorities preemption is planned for
 MODELS_LOOKED_AT = 32  # per level, in head-score order (at most one per candidate worker)
 TASKS_PER_QUEUE = 2
-GPU_FIELDS = WorkerFields(("vram_total_gb", "kv_reserve_gb", "levels"))  # fixed while it lives
+GPU_FIELDS = WorkerFields(("vram_total_gb", "kv_reserve_gb", "levels", "gpus"))  # fixed while it lives
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class Waiting:
     need_gb: float
     start_by_ms: int | None = None  # its queue score; None: no SLA bound on the wait
     offered: str = ""  # the worker enqueue offered it to (maybe a busy holder of its model)
+    gpus: int = 1  # devices it runs across: only a group of at least that many can take it
 
 
 @dataclass(frozen=True)
@@ -72,12 +75,21 @@ class Victim:
     started_ms: int  # when its work began: its start, or for a cold start its model's load end
     est_s: float
     preemptions: int
-    usable_gb: float  # the worker's VRAM total - KV reserve
+    usable_gb: float  # the worker's VRAM total - KV reserve (its whole group's)
     levels: str  # priorities the worker serves
+    gpus: int = 1  # devices in the worker's group
 
     @property
     def ends_ms(self) -> int:
         return self.started_ms + int(self.est_s * 1000)
+
+
+class Idle(NamedTuple):
+    """An idle worker as the planner weighs it."""
+
+    gb: float  # claimable VRAM
+    levels: str
+    gpus: int = 1
 
 
 @dataclass(frozen=True)
@@ -88,7 +100,7 @@ class Decision:
     ends_in_s: float
 
 
-def plan(waiting: list[Waiting], victims: list[Victim], idle: list[tuple[float, str]],
+def plan(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
          reserved: set[str], config: Config, now_ms: int) -> list[Decision]:
     """Decisions for the waiting tasks, most urgent first. idle: (claimable GB, levels)
     of idle workers; reserved: workers that already have a reservation."""
@@ -125,20 +137,20 @@ def plan(waiting: list[Waiting], victims: list[Victim], idle: list[tuple[float, 
     return out
 
 
-def candidates_for(w: Waiting, victims: list[Victim], idle: list[tuple[float, str]],
+def candidates_for(w: Waiting, victims: list[Victim], idle: list[Idle],
                    used: set[str]) -> list[Victim]:
     """The victims that could make room for ``w``; while an idle worker could claim it (and
     load its model cold), only those on the busy holder of its model it was offered to."""
     fits = [v for v in victims if v.priority > w.priority and v.worker not in used
-            and v.usable_gb >= w.need_gb and str(w.priority) in v.levels]
+            and v.usable_gb >= w.need_gb and str(w.priority) in v.levels and v.gpus >= w.gpus]
     if idle_fits(w, idle):
         return [v for v in fits if v.worker == w.offered]
     return fits
 
 
-def idle_fits(w: Waiting, idle: list[tuple[float, str]]) -> bool:
-    """Whether an idle worker (claimable GB, levels) could claim ``w``, cold if need be."""
-    return any(gb >= w.need_gb and str(w.priority) in levels for gb, levels in idle)
+def idle_fits(w: Waiting, idle: list[Idle]) -> bool:
+    """Whether an idle worker could claim ``w``, cold if need be."""
+    return any(i.gb >= w.need_gb and str(w.priority) in i.levels and i.gpus >= w.gpus for i in idle)
 
 
 def may_be_asked(v: Victim, config: Config, now_ms: int) -> bool:
@@ -148,7 +160,7 @@ def may_be_asked(v: Victim, config: Config, now_ms: int) -> bool:
             and v.preemptions < config.preempt_max)
 
 
-def quiet_until(waiting: list[Waiting], victims: list[Victim], idle: list[tuple[float, str]],
+def quiet_until(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
                 reserved: set[str], config: Config) -> int | None:
     """For inputs on which ``plan`` decided nothing: the first time (ms) at which it decides
     something on the same inputs; None: never, until the pool changes.
@@ -185,7 +197,7 @@ class Preemptor:
         self.config = config
         self.scripts = scripts
         self.calls = calls
-        self.workers: dict[str, tuple[float, str]] = {}  # id -> (usable GB, levels), read once
+        self.workers: dict[str, tuple[float, str, int]] = {}  # id -> (usable GB, levels, gpus), read once
         # after a step that decided nothing: the first time (ms) a step could decide anything
         # with the pool unchanged (None: not before it changes); after one that did, its time
         self.quiet_until: int | None = None
@@ -245,20 +257,20 @@ class Preemptor:
                  for i, score in head]
         pipe = r.pipeline(transaction=False)
         for _, i, _ in heads:
-            pipe.hmget(k.task(i), "vram_gb", "reserved_for", "offered", "score")
+            pipe.hmget(k.task(i), "vram_gb", "reserved_for", "offered", "score", "gpus")
         rows = pipe.execute()
-        holders = sorted({str(h) for _, h, _, _ in rows if h})
+        holders = sorted({str(h) for _, h, *_ in rows if h})
         pipe = r.pipeline(transaction=False)
         for h in holders:
             pipe.get(k.reservation(h))
         live = {h: got[0] for h, v in zip(holders, pipe.execute())
                 if (got := live_reservation(v, now_ms))}
         # the start-by is the task's `score` (the queue's score is its fair order with tenants)
-        return [Waiting(i, p, float(need), _ms(start_by, score), str(offered or ""))
-                for (p, i, score), (need, holder, offered, start_by) in zip(heads, rows)
+        return [Waiting(i, p, float(need), _ms(start_by, score), str(offered or ""), int(gpus or 1))
+                for (p, i, score), (need, holder, offered, start_by, gpus) in zip(heads, rows)
                 if need is not None and live.get(str(holder or "")) != i]
 
-    def read_workers(self, now_ms: int) -> tuple[list[Victim], list[tuple[float, str]], set[str]]:
+    def read_workers(self, now_ms: int) -> tuple[list[Victim], list[Idle], set[str]]:
         """Running preemptible tasks with their workers' GPU size and lanes, the idle workers,
         and the workers already reserved: three round trips, whatever the pool's size."""
         k, r = self.keys, self.redis
@@ -285,23 +297,24 @@ class Preemptor:
         held, *rows = pipe.execute()
         for w, f in zip(unknown, rows):
             if (record := GPU_FIELDS.record(w, f)) is not None:
-                self.workers[w] = (record.usable_gb, record.levels)
+                self.workers[w] = (record.usable_gb, record.levels, record.gpus)
         ends = {w: got[1] for w, v in zip(live, held) if (got := live_reservation(v, now_ms))}
         reserved = set(ends)
         # a reservation's end frees its worker for the planner: a quiet time ends there too
         self.reservations_end = min(ends.values(), default=None)
         info = {w: self.workers[w] for w in live if w in self.workers}
-        idle = [(float(gb), info[str(w)][1]) for w, gb in idle_rows if str(w) in info]
+        idle = [Idle(float(gb), info[str(w)][1], info[str(w)][2]) for w, gb in idle_rows
+                if str(w) in info]
         victims = []
         for i, f in zip(running, rows[len(unknown):]):
             state, token, worker, prio, started, est, pre, count, asked, ready = f
             if state != "running" or pre != "1" or asked or worker not in info or not started:
                 continue
-            usable, levels = info[worker]
+            usable, levels, gpus = info[worker]
             # a cold start's work begins once its model is loaded (claim.lua: ready_at)
             began = max(int(started), int(ready or 0))
             victims.append(Victim(i, int(token), worker, int(prio), began, float(est),
-                                  int(count or 0), usable, levels))
+                                  int(count or 0), usable, levels, gpus))
         return victims, idle, reserved
 
 

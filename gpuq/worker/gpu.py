@@ -1,4 +1,10 @@
-"""GPU discovery: NVML when a driver is present, else the size the operator declares."""
+"""GPU discovery: NVML when a driver is present, else the size the operator declares.
+
+A worker owns one GPU or a group of GPUs on one host (``--gpu 0,1,2,3``, or declared
+``--gpu-count 4 --vram-gb 80``), as one tensor-parallel inference server does: whatever it
+loads is sharded evenly over every device of the group, so the group's VRAM is one figure
+(``total_gb``, all devices) and the KV-cache reserve is kept on each device
+(``reserve_gb``). Its class name carries the shape: ``4xNVIDIA A100-SXM4-80GB``."""
 
 from __future__ import annotations
 
@@ -13,11 +19,31 @@ GIB = float(1 << 30)
 
 @dataclass(frozen=True)
 class GpuInfo:
-    name: str
-    uuid: str
-    total_gb: float
-    index: int | None
+    name: str  # the GPU class: the device name, prefixed "<count>x" for a group
+    uuid: str  # comma-separated for a group
+    total_gb: float  # every device of the group together
+    index: int | None  # the first device's NVML index (None: declared)
     source: str  # "nvml" or "declared"
+    count: int = 1  # devices in the group
+    indices: tuple[int, ...] = ()  # NVML indices of the group's devices
+
+    @property
+    def device_gb(self) -> float:
+        return self.total_gb / self.count
+
+    def reserve_gb(self, per_device_gb: float) -> float:
+        """The group's KV-cache reserve: the configured one on each device."""
+        return per_device_gb * self.count
+
+    @property
+    def index_text(self) -> str:
+        """The worker hash's gpu_index: "" declared, "0" or "0,1,2,3"."""
+        return ",".join(str(i) for i in self.indices) if self.indices else (
+            "" if self.index is None else str(self.index))
+
+
+def class_name(name: str, count: int) -> str:
+    return name if count == 1 else f"{count}x{name}"
 
 
 def _text(value: object) -> str:
@@ -42,28 +68,64 @@ def nvml_gpu(index: int) -> GpuInfo:
     )
 
 
-def nvml_used_gb(index: int) -> float | None:
-    """VRAM in use as NVML sees it, to cross-check the ledger; None without a driver."""
+def nvml_used_gb(indices: tuple[int, ...]) -> list[float] | None:
+    """VRAM in use on each device as NVML sees it, to cross-check the ledger; None without a
+    driver."""
     try:
         import pynvml
 
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        return round(float(pynvml.nvmlDeviceGetMemoryInfo(handle).used) / GIB, 2)
+        return [round(float(pynvml.nvmlDeviceGetMemoryInfo(
+            pynvml.nvmlDeviceGetHandleByIndex(i)).used) / GIB, 2) for i in indices]
     except Exception:
         return None
 
 
-def probe(index: int | None, vram_gb: float | None, name: str | None, worker_id: str) -> GpuInfo:
-    """Declared size wins when given (simulated GPUs); otherwise NVML must find the GPU."""
+def parse_indices(text: str) -> tuple[int, ...]:
+    """``--gpu``: one NVML index or a comma-separated group of distinct ones."""
+    try:
+        indices = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--gpu must be an index or a list like 0,1,2,3, got {text!r}") from None
+    if any(i < 0 for i in indices) or len(set(indices)) != len(indices):
+        raise ConfigError(f"--gpu must list distinct indices >= 0, got {text!r}")
+    return indices
+
+
+def nvml_group(indices: tuple[int, ...]) -> GpuInfo:
+    """The group of NVML devices: one model of GPU (a tensor-parallel group shards evenly, so
+    the smallest device bounds every shard)."""
+    devices = [nvml_gpu(i) for i in indices]
+    names = {d.name for d in devices}
+    if len(names) > 1:
+        raise ConfigError(f"--gpu {','.join(map(str, indices))} mixes GPU models "
+                          f"({', '.join(sorted(names))}): a group shards evenly over one model")
+    smallest = min(d.total_gb for d in devices)
+    return GpuInfo(class_name(devices[0].name, len(devices)), ",".join(d.uuid for d in devices),
+                   round(smallest * len(devices), 2), indices[0], "nvml", len(devices), indices)
+
+
+def probe(gpu: str | None, vram_gb: float | None, name: str | None, worker_id: str,
+          count: int | None = None) -> GpuInfo:
+    """Declared size wins when given (simulated GPUs: ``count`` devices of ``vram_gb`` each);
+    otherwise NVML must find every device of ``gpu`` (an index or a list, default 0)."""
+    indices = parse_indices(gpu) if gpu is not None else None
+    if count is not None and not 1 <= count <= 64:
+        raise ConfigError(f"--gpu-count must be 1..64, got {count}")
+    if count is not None and indices is not None and count != len(indices):
+        raise ConfigError(f"--gpu-count {count} disagrees with --gpu {gpu} ({len(indices)} GPUs)")
     if vram_gb is not None:
         if vram_gb <= 0:
             raise ConfigError(f"--vram-gb must be > 0, got {vram_gb}")
-        info = GpuInfo(name or f"declared-{vram_gb:g}GB", f"declared-{worker_id}", vram_gb, index,
-                       "declared")
-        log.info("gpu.declared name=%s vram_gb=%g (declared size; NVML not used)", info.name, vram_gb)
+        n = count or (len(indices) if indices else 1)
+        info = GpuInfo(class_name(name or f"declared-{vram_gb:g}GB", n), f"declared-{worker_id}",
+                       vram_gb * n, indices[0] if indices else None, "declared", n, indices or ())
+        log.info("gpu.declared name=%s count=%d vram_gb=%g each (declared size; NVML not used)",
+                 info.name, n, vram_gb)
         return info
+    if count is not None and indices is None:
+        indices = tuple(range(count))
     try:
-        info = nvml_gpu(index or 0)
+        info = nvml_group(indices or (0,))
     except ConfigError:
         raise
     except Exception as exc:  # no driver, no library, no device
@@ -71,6 +133,6 @@ def probe(index: int | None, vram_gb: float | None, name: str | None, worker_id:
             f"no NVIDIA GPU found through NVML ({type(exc).__name__}: {exc}); "
             "declare a simulated one with --vram-gb and --gpu-name"
         ) from None
-    log.info("gpu.nvml index=%s name=%s uuid=%s vram_gb=%g", info.index, info.name, info.uuid,
-             info.total_gb)
+    log.info("gpu.nvml indices=%s name=%s uuid=%s vram_gb=%g", info.index_text, info.name,
+             info.uuid, info.total_gb)
     return info

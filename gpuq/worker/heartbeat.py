@@ -54,10 +54,11 @@ class Heartbeat(threading.Thread):
     def beat(self) -> None:
         gpu = self.gpu
         running = self.running.snapshot()
-        used = nvml_used_gb(gpu.index) if gpu.source == "nvml" and gpu.index is not None else None
+        used = nvml_used_gb(gpu.indices) if gpu.source == "nvml" and gpu.indices else None
         state = "draining" if self.stopping.is_set() else ("busy" if running else "idle")
         call = self.calls.heartbeat(self.id, [(r.task_id, r.token) for r in running])
-        with self.presence.beat(self.cache, len(running), state, used) as shown:
+        with self.presence.beat(self.cache, len(running), state,
+                                None if used is None else sum(used)) as shown:
             replies = self.scripts.pipelined([call], [shown.command])
         revived, lost = call.parse(replies[0])
         if self.metrics is not None:

@@ -65,12 +65,12 @@ class Worker:
         self.gpu = gpu
         self.burst = burst
         self.levels = levels or config.levels()
-        gpu_tag = "x" if gpu.index is None else str(gpu.index)
+        gpu_tag = gpu.index_text.replace(",", "+") or "x"
         self.id = worker_id or f"{socket.gethostname()}-{gpu_tag}-{uuid.uuid4().hex[:6]}"
         self.keys = Keys(config.pool, config.prefix)
         self.scripts = Scripts(client, self.keys)
         self.calls = Calls(config)
-        self.cache = ModelCache(app, gpu.total_gb, config.kv_reserve_gb)
+        self.cache = ModelCache(app, gpu.total_gb, gpu.reserve_gb(config.kv_reserve_gb))
         self.stopping = threading.Event()
         self.done = threading.Event()
         self.draining = False  # drain: finish running tasks however long they take
@@ -100,7 +100,7 @@ class Worker:
                 self.settle(pending)
                 return 0.0
             req = ClaimRequest(self.id, self.cache.free_gb(), self.cache.evictable_gb(), slots,
-                               self.cache.loaded(), self.levels)
+                               self.cache.loaded(), self.levels, self.gpu.count)
             call = self.calls.claim(req)
             *done, reply = self.scripts.pipelined([*pending, call])
             for sent, answer in zip(pending, done):
@@ -200,7 +200,8 @@ class Worker:
         self.done.set()
 
     def serve_metrics(self, port: int) -> None:
-        metrics = self.observer.metrics = WorkerMetrics(self.config.pool, self.id, self.gpu.name)
+        metrics = self.observer.metrics = WorkerMetrics(self.config.pool, self.id, self.gpu.name,
+                                                             self.gpu.count)
         host = self.config.metrics_host  # loopback unless told: the endpoint has no authentication
         serve_http(metrics.registry, host, port, "metrics")
         log.info("worker.metrics worker=%s host=%s port=%d", self.id, host, port)

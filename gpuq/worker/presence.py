@@ -51,6 +51,8 @@ class Presence:
         pipe.hset(keys.worker(wid), mapping={
             **identity, **status_fields(usable, 0, [], "idle", None), "seen_at": now_ms})
         pipe.hset(keys.classes, identity["gpu_name"], usable)
+        if int(identity["gpus"]) > 1:  # enqueue's check_fit: a class of groups holds multi-GPU tasks
+            pipe.hset(keys.class_gpus, identity["gpu_name"], identity["gpus"])
         if identity["handlers"]:
             pipe.sadd(keys.handlers, *identity["handlers"].split(","))
         if identity["levels"] == ALL_LEVELS:

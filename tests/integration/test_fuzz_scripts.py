@@ -393,9 +393,9 @@ def bench(redis_server: EmbeddedServer, connect: Callable[[str], redis.Redis],
 # smallest of its kind (several after part of the script's writes: marked "half-written"),
 # or were taken when they should not be (noted), and the reply code each gets now.
 N, TTL = str(NOW), "604800000"
-TASK = ["h", "null", "A", "1", "2", "1", "", "1", "default", "3", "0"]  # after the id, priority 2
+TASK = ["h", "null", "A", "1", "2", "1", "", "1", "default", "3", "0", "1"]  # after the id, priority 2
 CLAIM = ["w1", N, "50", "10", "2", "30000", "5", "0123", "8", "100", "500", "2000", "2000", "0", "0",
-         "150000", "300000"]
+         "150000", "300000", "1"]
 JSON_OVER = '"' + "a" * MAX_PAYLOAD_BYTES + '"'  # a JSON text one byte past 1 MiB
 REGRESSIONS: list[tuple[str, list[str], int]] = [
     # half-written: the first task was stored before the second's SLA (P1's, "x") stopped it
@@ -405,7 +405,7 @@ REGRESSIONS: list[tuple[str, list[str], int]] = [
     # est_s 1e300 with a deadline: its score and deadline watch became -inf
     ("enqueue", [N, "0", "200", "1000", "300000", "86400000", "n1", *TASK[:5], "1e300", "5000",
                  *TASK[7:]], 1),
-    ("enqueue", [N, "0", "200", "1000", "300000", "86400000", "n1", *TASK[:10], "2"], 1),  # report_end
+    ("enqueue", [N, "0", "200", "1000", "300000", "86400000", "n1", *TASK[:10], "2", "1"], 1),  # report_end
     ("enqueue", [N, "0", "200", "1000", "300000", "86400000", "n1", *TASK[:5], "", *TASK[6:]], 0),
     ("claim", [], 1),
     ("claim", CLAIM[:9], 1),

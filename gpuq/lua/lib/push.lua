@@ -13,7 +13,7 @@
 -- (`fail_corrupt`, kept for ttl ms).
 local function push(id, now, ttl)
   local f = redis.call('HMGET', task_key(id), 'priority', 'model', 'score', 'vram_gb', 'deadline',
-    'est_s', 'order', 'tenant')
+    'est_s', 'order', 'tenant', 'gpus')
   local bad = defect(f[1], f[2], f[4], f[6], f[3], f[5])
   if bad then
     fail_corrupt(id, bad, f[1], f[2], now, ttl)
@@ -27,7 +27,7 @@ local function push(id, now, ttl)
   index(id, f[1], f[2], finite(f[7]) or f[3], f[4])
   watch_deadline(id, f[5], f[6])
   local idle_n = redis.call('ZCARD', K_IDLE)
-  local offered, woken = wake(f[2], tonumber(f[4]), f[1], idle_n)
+  local offered, woken = wake(f[2], tonumber(f[4]), f[1], idle_n, tonumber(f[9]) or 1)
   redis.call('HSET', task_key(id), 'offered', offered or '', 'fair', fair_field)
   -- a woken worker has left the idle set: a pool-wide wake too while others remain
   if not woken or idle_n > 1 then wake_pool(1) end

@@ -20,27 +20,36 @@ local function serves(w, p)
   return not levels or string.find(levels, tostring(p), 1, true) ~= nil
 end
 
--- An idle worker other than `except` that holds model m, serves priority p and whose
--- claimable VRAM (its idle score) covers the need; a holder without room would wake only
--- to find nothing.
-local function idle_holder(m, need, except, p)
+-- Whether worker w's GPU group has at least `gpus` devices: read only for a task that asks
+-- for more than one, so one-GPU work pays nothing.
+local function has_gpus(w, gpus)
+  return gpus <= 1 or (tonumber(redis.call('HGET', worker_key(w), 'gpus')) or 1) >= gpus
+end
+
+-- An idle worker other than `except` that holds model m, serves priority p, has the task's
+-- `gpus` devices and whose claimable VRAM (its idle score) covers the need; a holder without
+-- room would wake only to find nothing.
+local function idle_holder(m, need, except, p, gpus)
   local holders = redis.call('SMEMBERS', holders_key(m))
   table.sort(holders)  -- a set's order varies between server runs; decisions must not
   for _, w in ipairs(holders) do
     if w ~= except then
       local score = redis.call('ZSCORE', K_IDLE, w)
-      if score and tonumber(score) >= need and serves(w, p) then return w end
+      if score and tonumber(score) >= need and serves(w, p) and has_gpus(w, gpus) then return w end
     end
   end
   return nil
 end
 
--- The idle worker other than `except` serving priority p with the least claimable VRAM in
--- [need, upper] (among the 8 tightest: lanes are few); with `unoccupied`, only one running
--- no task (a worker with free slots stays in `idle` while it runs others).
-local function tightest(need, upper, except, p, unoccupied)
+-- The idle worker other than `except` serving priority p, with `gpus` devices, with the
+-- least claimable VRAM in [need, upper] (among the 8 tightest: lanes are few); with
+-- `unoccupied`, only one running no task (a worker with free slots stays in `idle` while it
+-- runs others). A group's claimable VRAM spans its devices, so the tightest fit is also the
+-- smallest group that holds the task: one-GPU work leaves a four-GPU group free while a
+-- one-GPU worker that fits it idles.
+local function tightest(need, upper, except, p, unoccupied, gpus)
   for _, w in ipairs(redis.call('ZRANGEBYSCORE', K_IDLE, need, upper, 'LIMIT', 0, 8)) do
-    if w ~= except and serves(w, p)
+    if w ~= except and serves(w, p) and has_gpus(w, gpus)
         and not (unoccupied and redis.call('SCARD', worker_tasks_key(w)) > 0) then
       return w
     end
@@ -49,16 +58,18 @@ local function tightest(need, upper, except, p, unoccupied)
 end
 
 -- The busy workers other than `except` that hold model m, serve priority p and are large
--- enough for need (each claims its held models first once it frees up), in a fixed order.
-local function busy_holders_of(m, need, p, except)
+-- enough for need on `gpus` devices (each claims its held models first once it frees up), in
+-- a fixed order.
+local function busy_holders_of(m, need, p, except, gpus)
   local out = {}
   local holders = redis.call('SMEMBERS', holders_key(m))
   table.sort(holders)  -- a set's order varies between server runs; decisions must not
   for _, w in ipairs(holders) do
     if w ~= except and not redis.call('ZSCORE', K_IDLE, w) then
-      local g = redis.call('HMGET', worker_key(w), 'vram_total_gb', 'kv_reserve_gb', 'levels')
+      local g = redis.call('HMGET', worker_key(w), 'vram_total_gb', 'kv_reserve_gb', 'levels',
+        'gpus')
       if finite(g[1]) and finite(g[1]) - (finite(g[2]) or 0) >= need
-          and string.find(g[3] or '0123', tostring(p), 1, true) then
+          and string.find(g[3] or '0123', tostring(p), 1, true) and (tonumber(g[4]) or 1) >= gpus then
         out[#out + 1] = w
       end
     end
@@ -69,8 +80,8 @@ end
 -- A busy holder of model m running a preemptible task of lower priority than p: the
 -- reaper's planner may ask that task to yield, so online work starts on a GPU that has
 -- its model instead of loading it cold elsewhere.
-local function yielding_holder(m, need, p)
-  for _, w in ipairs(busy_holders_of(m, need, p, nil)) do
+local function yielding_holder(m, need, p, gpus)
+  for _, w in ipairs(busy_holders_of(m, need, p, nil, gpus)) do
     for _, t in ipairs(redis.call('SMEMBERS', worker_tasks_key(w))) do
       local r = redis.call('HMGET', task_key(t), 'priority', 'preemptible')
       if r[2] == '1' and level(r[1]) and tonumber(r[1]) > tonumber(p) then return w end
@@ -86,17 +97,17 @@ end
 -- it fits most tightly. With no worker idle the planner weighs every running task, as for
 -- any task that fits no idle worker. Returns that worker (or nil), whether it idles and
 -- whether it holds the model (only an idle holder with room is picked for holding it).
--- idle_n: the idle set's size.
-local function pick(m, need, p, idle_n)
+-- idle_n: the idle set's size; gpus: the devices the task runs across.
+local function pick(m, need, p, idle_n, gpus)
   idle_n = idle_n or redis.call('ZCARD', K_IDLE)
   if idle_n == 0 then return nil, false, false end
-  local w = idle_holder(m, need, nil, p)
+  local w = idle_holder(m, need, nil, p, gpus)
   if w then return w, true, true end
   if p == '0' or p == '1' then
-    local busy = yielding_holder(m, need, p)
+    local busy = yielding_holder(m, need, p, gpus)
     if busy then return busy, false, true end
   end
-  w = tightest(need, '+inf', nil, p)
+  w = tightest(need, '+inf', nil, p, false, gpus)
   if not w then return nil, false, false end
   return w, true, false
 end
@@ -106,8 +117,8 @@ end
 -- finds nothing to claim, so a burst of enqueues spreads over idle workers. Callers also
 -- post a pool-wide wake when no worker was woken, or (while others idle) in case the woken
 -- one died idle.
-local function wake(m, need, p, idle_n)
-  local w, idle = pick(m, need, p, idle_n)
+local function wake(m, need, p, idle_n, gpus)
+  local w, idle = pick(m, need, p, idle_n, gpus)
   if idle then wake_worker(w) end
   return w, idle
 end

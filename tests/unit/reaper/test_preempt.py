@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from helpers import CFG, NOW, victim
 
-from gpuq.reaper.preempt import Waiting, plan
+from gpuq.reaper.preempt import Idle, Victim, Waiting, plan
 
 
 def test_victim_ending_within_max_wait_is_reserved_not_interrupted() -> None:
@@ -45,9 +45,9 @@ def test_victims_must_be_lower_priority_on_a_large_enough_gpu_in_the_right_lane(
 
 def test_an_idle_worker_that_fits_means_no_preemption() -> None:
     victims = [victim("v", "a", left_s=5)]
-    assert plan([Waiting("p0", 0, 40)], victims, [(43.0, "0123")], set(), CFG, NOW) == []
+    assert plan([Waiting("p0", 0, 40)], victims, [Idle(43.0, "0123")], set(), CFG, NOW) == []
     # an idle worker too small, or not serving P0, does not count
-    out = plan([Waiting("p0", 0, 40)], victims, [(20.0, "0123"), (80.0, "23")], set(), CFG, NOW)
+    out = plan([Waiting("p0", 0, 40)], victims, [Idle(20.0, "0123"), Idle(80.0, "23")], set(), CFG, NOW)
     assert len(out) == 1
 
 
@@ -98,7 +98,7 @@ def test_a_task_offered_to_a_busy_holder_asks_that_holders_victim_though_a_gpu_i
     # an idle worker would load the model cold; the holder has it: its P3 task is asked
     victims = [victim("elsewhere", "a", left_s=50), victim("on_holder", "h", left_s=400)]
     w = Waiting("p0", 0, 40, start_by_ms=NOW + 200, offered="h")
-    out = plan([w], victims, [(43.0, "0123")], set(), CFG, NOW)
+    out = plan([w], victims, [Idle(43.0, "0123")], set(), CFG, NOW)
     assert [(d.kind, d.victim.id) for d in out] == [("yield", "on_holder")]
 
 
@@ -107,16 +107,25 @@ def test_a_holder_offer_is_not_waited_for_past_the_sla_while_a_gpu_idles() -> No
     # worker loads the model cold once the offer lapses, so no reservation is made
     young = victim("young", "h", ran_s=1, left_s=10)
     w = Waiting("p0", 0, 40, start_by_ms=NOW + 200, offered="h")
-    assert plan([w], [young], [(43.0, "0123")], set(), CFG, NOW) == []
+    assert plan([w], [young], [Idle(43.0, "0123")], set(), CFG, NOW) == []
     # with no idle worker it is the usual plan: wait for the soonest natural end
     out = plan([w], [young], [], set(), CFG, NOW)
     assert [(d.kind, d.victim.id) for d in out] == [("reserve", "young")]
     # one due by the start-by time is waited for even while a GPU idles
     due = victim("due", "h", ran_s=1, left_s=0.1)
-    out = plan([w], [due], [(43.0, "0123")], set(), CFG, NOW)
+    out = plan([w], [due], [Idle(43.0, "0123")], set(), CFG, NOW)
     assert [(d.kind, d.victim.id) for d in out] == [("reserve", "due")]
 
 
 def test_an_offer_to_a_worker_running_nothing_preemptible_changes_nothing() -> None:
     w = Waiting("p0", 0, 40, start_by_ms=NOW + 200, offered="idle-one")
-    assert plan([w], [victim("v", "a", left_s=400)], [(43.0, "0123")], set(), CFG, NOW) == []
+    assert plan([w], [victim("v", "a", left_s=400)], [Idle(43.0, "0123")], set(), CFG, NOW) == []
+
+
+def test_a_multi_gpu_task_is_planned_only_against_a_group_that_large() -> None:
+    single = victim("v1", "single", usable_gb=300, left_s=5)
+    pair = Victim("v2", 1, "pair", 3, NOW - 60_000, 160, 0, 150, "0123", gpus=2)
+    out = plan([Waiting("p0", 0, 140, gpus=2)], [single, pair], [Idle(300.0, "0123")], set(), CFG, NOW)
+    # the one-GPU victim ends in 5 s, yet only the pair can run the task: it is asked to yield
+    assert [(d.kind, d.victim.worker) for d in out] == [("yield", "pair")]
+    assert plan([Waiting("p0", 0, 140, gpus=4)], [single, pair], [], set(), CFG, NOW) == []

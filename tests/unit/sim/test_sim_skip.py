@@ -8,7 +8,7 @@ import random
 
 from helpers import CFG, NOW, victim
 
-from gpuq.reaper.preempt import Victim, Waiting, plan, quiet_until
+from gpuq.reaper.preempt import Idle, Victim, Waiting, plan, quiet_until
 
 
 def kinds(waiting: list[Waiting], victims: list[Victim], now: int,
@@ -36,7 +36,7 @@ def test_no_candidate_means_nothing_to_wait_for() -> None:
     assert quiet_until(waiting, [victim("same", "a", priority=1), victim("small", "b", usable_gb=30),
                                  victim("lane", "c", levels="23")], [], set(), CFG) is None
     young = [victim("v", "a", ran_s=1)]
-    assert quiet_until(waiting, young, [(43.0, "0123")], set(), CFG) is None  # an idle GPU takes it
+    assert quiet_until(waiting, young, [Idle(43.0, "0123")], set(), CFG) is None  # an idle GPU takes it
     assert quiet_until(waiting, young, [], {"a"}, CFG) is None  # its worker is reserved already
 
 
@@ -53,7 +53,7 @@ def test_the_quiet_time_is_the_planners_first_decision_on_random_pools() -> None
                            rng.choice((None, NOW - 100, NOW + 200, NOW + 50_000)),
                            rng.choice(("", "", "w0", "w1")))
                    for i in range(rng.randint(1, 3))]
-        idle = rng.choice(([], [], [(43.0, "0123")]))
+        idle = rng.choice(([], [], [Idle(43.0, "0123")]))
         if kinds(waiting, victims, NOW, idle):
             continue
         first = quiet_until(waiting, victims, idle, set(), CFG)

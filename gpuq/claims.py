@@ -1,0 +1,55 @@
+"""What a worker sends the claim scripts about itself, and what they answer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuq.replies import checked, pairs_to_dict
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    """What a worker tells the claim script about itself."""
+
+    worker_id: str
+    free_gb: float
+    evictable_gb: float
+    slots: int
+    loaded: Sequence[tuple[str, float]] = ()  # (model, footprint GB)
+    levels: str = "0123"
+    gpus: int = 1  # devices of the worker's group
+
+    def fits(self, model: str, need_gb: float, gpus: int = 1) -> bool:
+        """claim.lua's fit rule: a task asks no more devices than the group has; a held
+        model's task needs room for its working memory (free VRAM plus the other idle models),
+        another task for all of it (free plus idle models)."""
+        if gpus > self.gpus:
+            return False
+        footprint = dict(self.loaded).get(model)
+        if footprint is not None:
+            return need_gb - footprint <= self.free_gb + max(0.0, self.evictable_gb - footprint)
+        return need_gb <= self.free_gb + self.evictable_gb
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claim's answer: the task's fields, or None and when a deferred task may be retried."""
+
+    task: dict[str, str] | None
+    retry_s: float = 0.0  # > 0: a task was left for a better-placed worker until then
+
+    @classmethod
+    def parse(cls, reply: list[Any]) -> Claim:
+        if str(checked(reply)[1]) == "task":
+            return cls(pairs_to_dict(reply[2:]))
+        return cls(None, int(reply[2]) / 1000.0)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """claim_batch's answer: the tasks added to a batch (claim reply fields each)."""
+
+    tasks: list[dict[str, str]]
+    left_ms: int  # from the server's now to the batch's earliest start-by score (< 0: past)
