@@ -187,7 +187,10 @@ def status(ctx: click.Context, as_json: bool) -> None:
                    "(docs/SIMULATOR.md).")
 @click.option("--traces-dir", default=None,
               help="Folder of the shared traces and measured load times (env GPUQ_TRACES).")
-@click.option("--gpus", default="4x80,2x48,2x24", show_default=True, help="COUNTxGB,...")
+@click.option("--gpus", default="4x80,2x48,2x24", show_default=True,
+              help="COUNTxGB[/LEVELS],...; COUNTxGPUSxGB for workers of GPUS-GPU groups, e.g. 2x4x80.")
+@click.option("--mix-70b", type=float, default=0.0,
+              help="Make this share (0..1) of the trace's models 70B: 144 GB over two GPUs.")
 @click.option("--speedup", type=float, default=None, help="Divide arrival times by K.")
 @click.option("--target-load", type=float, default=None,
               help="Pick the speedup so offered work is this share of the pool (default 0.8).")
@@ -220,7 +223,8 @@ def simulate(ctx: click.Context, trace_name: str, traces_dir: str | None, gpus: 
              speedup: float | None, target_load: float | None, policy: str, limit: int | None,
              seed: int, as_json: bool, plot_path: str | None, find_gpus: bool,
              sla_target: float, sla_priority: Priority, autoscale: str | None, scale_signal: str,
-             boot_s: float, idle_s: float, scale_every_s: float, tenant_specs: tuple[str, ...]) -> None:
+             boot_s: float, idle_s: float, scale_every_s: float, tenant_specs: tuple[str, ...],
+             mix_70b: float) -> None:
     """Replay a production trace through the real scheduling scripts on a virtual clock,
     next to FIFO and strict-priority baselines."""
     from gpuq.sim.cli import run_simulations
@@ -259,15 +263,18 @@ def simulate(ctx: click.Context, trace_name: str, traces_dir: str | None, gpus: 
 
     tenants = [Tenant.from_spec(s) for s in tenant_specs]
     reports = run_simulations(trace_name, traces_dir, gpus, speedup, target_load, policy, limit,
-                              seed, config_of(ctx), plot_path, tenants)
+                              seed, config_of(ctx), plot_path, tenants, mix_70b)
     if as_json:
         click.echo(json.dumps(reports if policy == "all" else reports[0], indent=2))
         return
-    from gpuq.sim.report import render, render_tenants
+    from gpuq.sim.report import render, render_split
 
     click.echo(render(reports))
     if tenants:
-        click.echo("\n" + render_tenants(reports))
+        click.echo("\n" + render_split(reports))
+    if mix_70b:
+        click.echo(f"\n{len(reports[0]['models_70b'])} models made 70B (144 GB on 2 GPUs):\n"
+                   + render_split(reports, "by_size", "MODELS"))
 
 
 @click.command()

@@ -14,7 +14,8 @@ from gpuq.errors import ConfigError
 from gpuq.report import percentile
 from gpuq.sim import traces
 from gpuq.sim.autoscale import Autoscale
-from gpuq.sim.model import SimResult, TraceTask
+from gpuq.sim.mix import with_70b
+from gpuq.sim.model import SimResult, SimTask, TraceTask
 from gpuq.sim.policies import POLICIES
 from gpuq.sim.reference import Request, first_request_misses
 from gpuq.sim.report import summarize
@@ -56,15 +57,19 @@ def replaying() -> Iterator[EmbeddedServer]:
 def run_simulations(trace_name: str, traces_dir: str | None, gpus_spec: str, speedup: float | None,
                     target_load: float | None, policy: str, limit: int | None, seed: int,
                     config: Config, plot_path: str | None = None,
-                    tenants: Sequence[Tenant] = ()) -> list[dict[str, Any]]:
+                    tenants: Sequence[Tenant] = (), mix_70b: float = 0.0) -> list[dict[str, Any]]:
     """One report per policy; with ``tenants`` (registered for gpuq's replays) each report
-    also has ``tenants``: per tenant named, its tasks' waits and SLA attainment."""
+    also has ``tenants``: per tenant named, its tasks' waits and SLA attainment. mix_70b:
+    that share of the trace's models made 70B, on two GPUs (gpuq.sim.mix)."""
     if speedup is not None and target_load is not None:
         raise ConfigError("give --speedup or --target-load, not both")
     if limit is not None and limit < 1:
         raise ConfigError("--limit must be >= 1")
     gpus = parse_gpus(gpus_spec)
     tasks, loads = read_trace(trace_name, traces_dir, seed, limit)
+    large: list[str] = []
+    if mix_70b:
+        tasks, large = with_70b(tasks, loads, mix_70b, seed)
     if speedup is None:
         speedup = speedup_for(tasks, len(gpus), 0.8 if target_load is None else target_load)
     policies = list(POLICIES) if policy == "all" else [policy]
@@ -75,6 +80,8 @@ def run_simulations(trace_name: str, traces_dir: str | None, gpus_spec: str, spe
                               seed=seed, config=config, server=server, tenants=tenants)
             results.append(result)
             report = {"trace": trace_name, **summarize(result)}
+            if mix_70b:
+                report["models_70b"], report["by_size"] = large, by_size(result, large)
             if tenants:
                 report["tenants"] = {t.name: tenant_figures(result, t.name) for t in tenants}
             reports.append(report)
@@ -182,7 +189,18 @@ def _reachable(tasks: list[TraceTask], loads: traces.LoadTimes, config: Config, 
 
 def tenant_figures(result: SimResult, tenant: str) -> dict[str, Any]:
     """One tenant's tasks in a replay: how many, arrival to handler start, within SLA."""
-    tasks = [t for t in result.tasks if t.tenant == tenant]
+    return figures(result, [t for t in result.tasks if t.tenant == tenant])
+
+
+def by_size(result: SimResult, large: list[str]) -> dict[str, Any]:
+    """The 70B models' tasks (on two GPUs) and the others', as ``figures``."""
+    chosen = set(large)
+    return {"70b": figures(result, [t for t in result.tasks if t.model in chosen]),
+            "other": figures(result, [t for t in result.tasks if t.model not in chosen])}
+
+
+def figures(result: SimResult, tasks: list[SimTask]) -> dict[str, Any]:
+    """Some tasks of a replay: how many, arrival to handler start, within SLA."""
     waits = [t.exec_s - t.arrival_s for t in tasks if t.exec_s is not None]
     timed = [t for t in tasks if result.sla_s[t.priority] is not None]
     met = sum(1 for t in timed if t.exec_s is not None

@@ -31,7 +31,7 @@ from gpuq.app import App
 from gpuq.config import Config
 from gpuq.scripts import ClaimRequest
 from gpuq.sim.autoscale import Autoscale, Autoscaler
-from gpuq.sim.model import SimResult, SimTask, TraceTask
+from gpuq.sim.model import SimResult, SimTask, TraceTask, devices_of
 from gpuq.sim.policies import GpuqScheduler, Offer, Scheduler
 from gpuq.sim.rounds import Rounds
 from gpuq.worker.models import ModelCache, Reservation
@@ -65,6 +65,7 @@ class SimWorker:
     loading_s: float = 0.0  # of the busy time, loading models (cut short by a yield)
     joined_s: float = 0.0  # when it joined the pool
     gone: bool = False  # it left the pool (autoscaler)
+    devices: int = 1  # GPUs in its group
 
     @property
     def idle(self) -> bool:
@@ -99,8 +100,9 @@ class Engine:
         self.claims: list[str] = []  # task ids in the order GPUs claimed them
 
     def new_worker(self, wid: str, gb: float) -> SimWorker:
-        return SimWorker(wid, gb, ModelCache(self.app, gb, self.config.kv_reserve_gb),
-                         wid.partition("@")[2] or "0123", joined_s=self.now)
+        devices = devices_of(wid)  # a group keeps the KV reserve on each of its GPUs
+        return SimWorker(wid, gb, ModelCache(self.app, gb, self.config.kv_reserve_gb * devices),
+                         wid.partition("@")[2] or "0123", joined_s=self.now, devices=devices)
 
     # -- the clock -----------------------------------------------------------------------
     def at(self, t: float, kind: str, key: str = "", gen: int = 0, queued: float | None = None) -> None:
@@ -121,7 +123,7 @@ class Engine:
     def run(self) -> SimResult:
         started = time.perf_counter()
         for w in self.workers:
-            self.scheduler.register(w.id, w.total_gb, w.levels, self.ms(0.0))
+            self.scheduler.register(w.id, w.total_gb, w.levels, self.ms(0.0), w.devices)
         for w in self.workers:  # a real worker claims once on start, then blocks for wakes
             self.claim(w)
         for tid, t in self.trace.items():
@@ -190,7 +192,8 @@ class Engine:
         """The worker claims; a task left for a better-placed GPU is looked at again when
         its deferral ends. finished: the task the worker just ended, acked with this claim."""
         cache = w.cache
-        req = ClaimRequest(w.id, cache.free_gb(), cache.evictable_gb(), 1, cache.loaded(), w.levels)
+        req = ClaimRequest(w.id, cache.free_gb(), cache.evictable_gb(), 1, cache.loaded(), w.levels,
+                           w.devices)
         got = self.scheduler.claim(w.id, req, self.ms(), finished)
         if not isinstance(got, Offer):
             if got > 0:  # a task was left for a better-placed GPU until then
@@ -229,7 +232,7 @@ class Engine:
         self.workers.append(w)
         self.fleet.append(w)
         self.by_id[wid] = w
-        self.scheduler.register(wid, gb, w.levels, self.ms())
+        self.scheduler.register(wid, gb, w.levels, self.ms(), w.devices)
         self.claim(w)
 
     @property

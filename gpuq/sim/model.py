@@ -6,6 +6,7 @@ report (``gpuq.sim.report``). Times are virtual seconds since the replay's start
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,13 @@ class TraceTask:
     deadline_s: float | None = None  # relative to arrival
     preemptible: bool = True
     tenant: str = "default"
+    gpus: int = 1  # devices it runs across (a 70B model on two 80 GB GPUs: 2)
+
+
+def devices_of(worker_id: str) -> int:
+    """GPUs in a simulated worker's group: its id says so ("gpu4x80-0"; "gpu80-0": one)."""
+    m = re.match(r"gpu(\d+)x", worker_id)
+    return int(m.group(1)) if m else 1
 
 
 @dataclass

@@ -29,7 +29,7 @@ from gpuq.scripts import ClaimRequest
 from gpuq.sim.model import TraceTask
 from gpuq.task import TaskSpec
 from gpuq.wire import exchange
-from gpuq.worker.gpu import GpuInfo
+from gpuq.worker.gpu import GpuInfo, class_name
 from gpuq.worker.presence import Presence
 
 POLICIES = ("gpuq", "fifo", "priority")
@@ -47,7 +47,8 @@ class Offer:
 class Scheduler(Protocol):
     name: str
 
-    def register(self, worker_id: str, total_gb: float, levels: str, now_ms: int) -> None: ...
+    def register(self, worker_id: str, total_gb: float, levels: str, now_ms: int,
+                 devices: int = 1) -> None: ...
     # whether the enqueue woke the reaper (online work no idle worker was woken for)
     def submit(self, task_id: str, task: TraceTask, now_ms: int) -> bool: ...
     # finished: the task the worker ends before this claim (acked in the same round trip)
@@ -67,8 +68,10 @@ class GpuqScheduler:
         self.reaper = Reaper(client, config)  # its duties run on the virtual clock (tick)
         self.keys, self.scripts, self.calls = self.reaper.keys, self.reaper.scripts, self.reaper.calls
 
-    def register(self, worker_id: str, total_gb: float, levels: str, now_ms: int) -> None:
-        gpu = GpuInfo(f"sim-{total_gb:g}GB", "", total_gb, None, "declared")
+    def register(self, worker_id: str, total_gb: float, levels: str, now_ms: int,
+                 devices: int = 1) -> None:
+        name = class_name(f"sim-{total_gb / devices:g}GB", devices)
+        gpu = GpuInfo(name, "", total_gb, None, "declared", devices)
         fields = worker_record.identity(worker_id, gpu, self.config.kv_reserve_gb, 1, levels, "sim", 0)
         Presence(self.redis, self.keys, worker_id).register(fields, int(self.config.lease_s * 1000))
         self.scripts.run(self.calls.heartbeat(worker_id, [], now_ms=now_ms))
@@ -77,7 +80,8 @@ class GpuqScheduler:
         """Enqueue, and pop the urgent token as the active reaper would: one round trip."""
         spec = TaskSpec.build("sim.run", None, model=task.model, vram_gb=task.vram_gb,
                               priority=task.priority, est_s=task.est_s, deadline_s=task.deadline_s,
-                              preemptible=task.preemptible, tenant=task.tenant, task_id=task_id)
+                              preemptible=task.preemptible, tenant=task.tenant, task_id=task_id,
+                              gpus=task.gpus)
         call = self.calls.enqueue([spec], now_ms=now_ms)
         reply, token = self.scripts.pipelined([call], [("LPOP", self.keys.urgent)])
         call.parse(reply)
@@ -193,7 +197,8 @@ class QueueScheduler:
         self.tasks = tasks
         self.queues: list[deque[str]] = [deque() for _ in range(4 if name == "priority" else 1)]
 
-    def register(self, worker_id: str, total_gb: float, levels: str, now_ms: int) -> None:
+    def register(self, worker_id: str, total_gb: float, levels: str, now_ms: int,
+                 devices: int = 1) -> None:
         pass
 
     def submit(self, task_id: str, task: TraceTask, now_ms: int) -> bool:
@@ -207,7 +212,7 @@ class QueueScheduler:
         if queue is None:
             return 0.0
         head = self.tasks[queue[0]]
-        if not req.fits(head.model, head.vram_gb):
+        if not req.fits(head.model, head.vram_gb, head.gpus):
             return 0.0  # head-of-line: nothing behind it goes first
         return Offer(queue.popleft(), 0, 0.0)
 

@@ -169,11 +169,12 @@ def _times(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
 
-def render_tenants(reports: list[dict[str, Any]]) -> str:
-    """Each named tenant's tasks per policy (reports with ``tenants``)."""
-    lines = [f"{'POLICY':<11}{'TENANT':<16}{'TASKS':>7}{'WAIT P50':>10}{'WAIT P99':>10}{'WITHIN':>8}"]
+def render_split(reports: list[dict[str, Any]], key: str = "tenants", title: str = "TENANT") -> str:
+    """Each part's tasks per policy: the named tenants (``tenants``), or 70B models' and the
+    others' (``by_size``)."""
+    lines = [f"{'POLICY':<11}{title:<16}{'TASKS':>7}{'WAIT P50':>10}{'WAIT P99':>10}{'WITHIN':>8}"]
     for r in reports:
-        for name, f in r.get("tenants", {}).items():
+        for name, f in r.get(key, {}).items():
             within = "-" if f["sla_attainment"] is None else f"{100 * f['sla_attainment']:.1f}%"
             lines.append(f"{r['policy']:<11}{name[:15]:<16}{f['tasks']:>7}{_secs(f['wait_p50_s']):>10}"
                          f"{_secs(f['wait_p99_s']):>10}{within:>8}")

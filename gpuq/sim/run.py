@@ -15,7 +15,7 @@ from gpuq.embedded import EmbeddedServer
 from gpuq.errors import ConfigError
 from gpuq.sim.autoscale import Autoscale
 from gpuq.sim.engine import Engine
-from gpuq.sim.model import SimResult, TraceTask
+from gpuq.sim.model import SimResult, TraceTask, devices_of
 from gpuq.sim.policies import POLICIES, GpuqScheduler, QueueScheduler, Scheduler
 from gpuq.tenants import Tenant, set_tenant
 
@@ -23,19 +23,26 @@ LoadSampler = Callable[[str, random.Random], float]  # (model, rng) -> seconds
 
 
 def parse_gpus(spec: str) -> list[tuple[str, float]]:
-    """"4x80,2x48,1x24/01" -> worker ids and VRAM sizes (GB). A "/LEVELS" suffix makes the
-    group a dedicated lane serving only those priorities (e.g. /01: P0 and P1); the levels
-    are carried in the worker id ("gpu24-0@01")."""
+    """"4x80,2x48,1x24/01,2x4x80" -> worker ids and VRAM (GB; a group's: every device's).
+    COUNTxGB is COUNT one-GPU workers; COUNTxDEVICESxGB is COUNT workers, each a group of
+    DEVICES GPUs of GB each (ids "gpu4x80-0": the id carries the group, ``devices_of``).
+    A "/LEVELS" suffix makes them a dedicated lane serving only those priorities (e.g. /01:
+    P0 and P1); the levels are carried in the worker id ("gpu24-0@01")."""
     gpus: list[tuple[str, float]] = []
+    made: dict[str, int] = {}  # workers of each kind so far: ids stay unique
     for part in spec.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+(?:\.\d+)?)\s*(?:/([0-3]+))?\s*", part)
-        if not m or int(m.group(1)) < 1 or float(m.group(2)) <= 0:
-            raise ConfigError(f"--gpus {spec!r}: use COUNTxGB[/LEVELS][,...], e.g. 4x80,2x24/01")
-        count, size = int(m.group(1)), float(m.group(2))
-        lane = "".join(sorted(set(m.group(3)))) if m.group(3) else ""
-        start = sum(1 for wid, gb in gpus if gb == size and wid.endswith(f"@{lane}" if lane else ""))
+        m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(?:(\d+)\s*[xX]\s*)?(\d+(?:\.\d+)?)\s*(?:/([0-3]+))?\s*",
+                         part)
+        if not m or int(m.group(1)) < 1 or int(m.group(2) or 1) < 1 or float(m.group(3)) <= 0:
+            raise ConfigError(f"--gpus {spec!r}: use COUNTx[GPUSx]GB[/LEVELS][,...], "
+                              "e.g. 4x80,2x24/01,2x4x80")
+        count, devices, size = int(m.group(1)), int(m.group(2) or 1), float(m.group(3))
+        lane = "".join(sorted(set(m.group(4)))) if m.group(4) else ""
+        kind = f"gpu{size:g}" if devices == 1 else f"gpu{devices}x{size:g}"
         suffix = f"@{lane}" if lane else ""
-        gpus += [(f"gpu{size:g}-{start + i}{suffix}", size) for i in range(count)]
+        start = made.get(kind + suffix, 0)
+        made[kind + suffix] = start + count
+        gpus += [(f"{kind}-{start + i}{suffix}", size * devices) for i in range(count)]
     return gpus
 
 
@@ -83,8 +90,11 @@ def simulate(tasks: list[TraceTask], gpus: list[tuple[str, float]], policy: str,
         gpus = [(autoscale.gpu_id(0), autoscale.gb)]  # the size the fit check below uses
     # what no GPU of the pool could ever hold is refused up front, as enqueue's fit check
     # would: a plain FIFO would otherwise block behind it forever
-    largest = max((gb for _, gb in gpus), default=0.0) - cfg.kv_reserve_gb
-    kept = [t for t in tasks if t.vram_gb <= largest]
+    usable: dict[int, float] = {}  # group size -> the most VRAM a worker of that size offers
+    for w, gb in gpus:
+        n = devices_of(w)
+        usable[n] = max(usable.get(n, 0.0), gb - cfg.kv_reserve_gb * n)
+    kept = [t for t in tasks if any(n >= t.gpus and t.vram_gb <= gb for n, gb in usable.items())]
     first = min((t.arrival_s for t in kept), default=0.0)
     compressed = [replace(t, arrival_s=(t.arrival_s - first) / speedup) for t in kept]
     rng = random.Random(seed)

@@ -271,7 +271,7 @@ def test_cli_json_report(procs: Procs, trace_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--gpus", "4 by 80"], "--gpus '4 by 80': use COUNTxGB"),
+    (["--gpus", "4 by 80"], "--gpus '4 by 80': use COUNTx[GPUSx]GB"),
     (["--trace", "nope"], "unknown trace 'nope'"),
     (["--speedup", "2", "--target-load", "0.5"], "not both"),
     (["--speedup", "0"], "--speedup must be > 0"),
