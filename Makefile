@@ -11,7 +11,7 @@ $(BIN)/gpuq: pyproject.toml
 	$(BIN)/pip install -q -e '.[test,bench,rq]'
 	touch $(BIN)/gpuq
 
-# about 30 s: an embedded Valkey server, four simulated GPUs as real worker processes
+# about 30 s: an embedded Valkey server, five simulated workers (one a two-GPU group) as real processes
 demo: $(BIN)/gpuq
 	$(BIN)/gpuq demo
 

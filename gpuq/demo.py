@@ -1,4 +1,5 @@
-"""``gpuq demo``: four simulated GPUs as real worker processes under a mixed P0-P3 workload.
+"""``gpuq demo``: simulated GPUs (four single cards and a two-GPU group) as real worker
+processes under a mixed P0-P3 workload.
 
 The workers and the reaper are the same ``gpuq worker`` / ``gpuq reaper`` processes a
 deployment runs; only the GPU work is simulated (``workers/sim.py``: model loads and task
@@ -47,8 +48,11 @@ log = logging.getLogger(__name__)
 # instead of waiting for the batch job to yield (preemption asks a task to yield only after
 # it has run preempt_min_runtime_s, wall time, longer than most of the demo's scaled tasks).
 # The 48 and 24 GB cards hold one or two models, and one slot keeps them from thrashing.
+# The pair of 80 GB cards is one worker serving a 70B model in 16-bit weights (144 GB) over
+# both, as a tensor-parallel server does; its one-GPU work goes to the single cards first.
 GPUS = (Gpu("sim-H100-80GB", 80, 2), Gpu("sim-A100-80GB", 80, 2),
-        Gpu("sim-L40S-48GB", 48, 1), Gpu("sim-L4-24GB", 24, 1))
+        Gpu("sim-L40S-48GB", 48, 1), Gpu("sim-L4-24GB", 24, 1),
+        Gpu("sim-2xA100-80GB", 80, 1, count=2))
 TARGET_BUSY = 0.7  # of the GPUs' time, from estimates; model loads add ~10 points on top
 READY_TIMEOUT_S = 30.0  # five interpreters starting at once on a small machine
 DRAIN_CAP_S = 60.0  # longest wait for the last tasks after the producer stops
@@ -68,6 +72,7 @@ class Kind:
     est_hi: float
     weight: float  # share of arrivals
     deadline_s: float | None = None  # wall-clock promise to the caller, like the SLAs: not scaled
+    gpus: int = 1  # devices it runs across
 
 
 P0, P1, P2, P3 = Priority
@@ -78,6 +83,7 @@ WORKLOAD = (
     Kind("transcribe", P1, "whisper-large", 6, 2, 5, 10, deadline_s=30.0),
     Kind("image", P1, "sdxl", 10, 3, 6, 10, deadline_s=30.0),
     Kind("summarize", P1, "llama3-8b", 16, 1, 3, 5),
+    Kind("chat-70b", P1, "llama3-70b-fp16", 144, 1, 3, 4, gpus=2),  # only the pair holds it
     Kind("batch-gen", P2, "llama3-8b", 16, 8, 20, 8),
     Kind("batch-gen", P2, "mistral-7b", 15, 8, 20, 5),
     Kind("eval", P2, "llama3-70b", 70, 10, 30, 2),  # 70B only fits the 80 GB cards
@@ -99,7 +105,8 @@ def new_task(rng: random.Random, n: int) -> dict[str, Any]:
     kind = rng.choices(WORKLOAD, weights=[k.weight for k in WORKLOAD])[0]
     return {"handler": "sim.run", "payload": {"kind": kind.name, "n": n}, "model": kind.model,
             "vram_gb": kind.vram_gb, "priority": kind.priority,
-            "est_s": round(rng.uniform(kind.est_lo, kind.est_hi), 3), "deadline_s": kind.deadline_s}
+            "est_s": round(rng.uniform(kind.est_lo, kind.est_hi), 3), "deadline_s": kind.deadline_s,
+            "gpus": kind.gpus}
 
 
 def produce(queue: Queue, rng: random.Random, seconds: float, rate: float) -> list[str]:
@@ -141,8 +148,9 @@ class Fleet:
     def start(self) -> None:
         for gpu in GPUS:
             self.spawn(gpu.name, ["worker", "--app", "workers.sim:app", "--vram-gb", str(gpu.vram_gb),
-                                  "--gpu-name", gpu.name, "--concurrency", str(gpu.slots),
-                                  "--name", gpu.name])
+                                  "--gpu-count", str(gpu.count),
+                                  "--gpu-name", gpu.name.replace(f"{gpu.count}x", "", 1),
+                                  "--concurrency", str(gpu.slots), "--name", gpu.name])
         self.spawn("reaper", ["reaper"])
 
     def exited(self) -> list[str]:

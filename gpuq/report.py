@@ -27,8 +27,13 @@ FETCH_CHUNK = 500  # HGETALLs per pipeline round trip
 @dataclass(frozen=True)
 class Gpu:
     name: str  # also the worker id, so records and logs map straight to a GPU
-    vram_gb: float
+    vram_gb: float  # each device's
     slots: int
+    count: int = 1  # devices in the worker's group (one tensor-parallel server)
+
+    @property
+    def size(self) -> str:
+        return f"{self.vram_gb:g}GB" if self.count == 1 else f"{self.count}x{self.vram_gb:g}GB"
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -108,7 +113,8 @@ def gpu_rows(records: Sequence[TaskRecord], gpus: Sequence[Gpu], loads: dict[str
         spans = [(r.started_at, r.finished_at) for r in records
                  if r.worker == gpu.name and r.started_at and r.finished_at]
         busy = busy_seconds([(s, e) for s, e in spans if s is not None and e is not None])
-        rows.append({"gpu": gpu.name, "vram_gb": gpu.vram_gb, "slots": gpu.slots,
+        rows.append({"gpu": gpu.name, "vram_gb": gpu.vram_gb, "gpus": gpu.count, "size": gpu.size,
+                     "slots": gpu.slots,
                      "tasks": len(spans), "busy": round(min(1.0, busy / span_s), 3),
                      "model_loads": loads.get(gpu.name, 0)})
     return rows
@@ -130,6 +136,9 @@ def summarize(records: Sequence[TaskRecord], began: dict[str, float], expected: 
         "outcomes": {s.value: outcomes.get(s.value, 0) for s in State if outcomes.get(s.value)},
         "priorities": priority_rows(records, config, began),
         "gpus": gpu_rows(records, gpus, loads, max(span_s, 1e-3)),
+        # tasks that asked for several GPUs, and the workers (groups) they ran on
+        "multi_gpu": {"tasks": sum(1 for r in records if r.gpus > 1),
+                      "workers": sorted({r.worker for r in records if r.gpus > 1 and r.worker})},
         "model_loads": sum(e.loads for e in catalog),
         "models": [{"model": e.name, "vram_gb": e.vram_gb, "loads": e.loads,
                     "mean_load_s": round(e.mean_load_s, 3)} for e in catalog],
@@ -161,8 +170,11 @@ def render(summary: dict[str, Any]) -> str:
                      f"{_share(row['within_sla_at_start']):>20}{deadline:>14}")
     lines += ["", f"{'GPU':<16}{'VRAM':>7}{'SLOTS':>7}{'TASKS':>7}{'BUSY':>8}{'MODEL LOADS':>13}"]
     for row in summary["gpus"]:
-        lines.append(f"{row['gpu']:<16}{row['vram_gb']:>5g}GB{row['slots']:>7}{row['tasks']:>7}"
+        lines.append(f"{row['gpu']:<16}{row['size']:>7}{row['slots']:>7}{row['tasks']:>7}"
                      f"{_share(row['busy']):>8}{row['model_loads']:>13}")
+    multi = summary["multi_gpu"]
+    if multi["tasks"]:
+        lines.append(f"multi-GPU tasks: {multi['tasks']}, run on {', '.join(multi['workers']) or 'none yet'}")
     models = ", ".join(f"{m['model']} {m['loads']} ({m['mean_load_s']:.2f} s)"
                        for m in summary["models"])
     lines += ["", f"model loads: {summary['model_loads']} in all: {models or 'none'}"]

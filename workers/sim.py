@@ -20,6 +20,8 @@ from gpuq.app import App, Context
 # load seconds measured for models of these sizes (weights from local NVMe, fp16)
 LOAD_S = {"llama3-8b": 12.0, "llama3-70b": 55.0, "mistral-7b": 10.0, "sdxl": 8.0,
           "whisper-large": 4.0, "bge-m3": 2.0}
+# 16-bit 70B weights on a two-GPU group: each GPU reads its 70 GB shard, in parallel
+LOAD_S["llama3-70b-fp16"] = 60.0
 DEFAULT_LOAD_S = 1.0
 
 app = App("sim")

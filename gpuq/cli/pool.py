@@ -285,7 +285,8 @@ def simulate(ctx: click.Context, trace_name: str, traces_dir: str | None, gpus: 
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context
 def demo(ctx: click.Context, seconds: float, time_scale: float, seed: int, as_json: bool) -> None:
-    """Four simulated GPUs (80, 80, 48, 24 GB) as real worker processes on a mixed workload."""
+    """Simulated GPUs (80, 80, 48, 24 GB and a group of two 80 GB) as real worker processes on a
+    mixed workload, a 70B model on the group among it."""
     from gpuq.demo import run_demo
 
     ctx.exit(run_demo(config_of(ctx), seconds=seconds, time_scale=time_scale, as_json=as_json,

@@ -1,4 +1,4 @@
-"""``gpuq demo`` end to end: an embedded server, four real worker processes and a reaper."""
+"""``gpuq demo`` end to end: an embedded server, five real worker processes and a reaper."""
 
 from __future__ import annotations
 
@@ -25,3 +25,6 @@ def test_demo_runs_and_reports_every_priority() -> None:
         assert label in rows, proc.stdout
     assert rows["P3"][-2:] == ["-", "-"]  # P3 has no SLA (and no deadlines in the mix)
     assert "not ended: 0" in proc.stdout
+    # the two-GPU group runs the 70B requests of the mix (seed 1 draws two in 4 s)
+    assert rows["sim-2xA100-80GB"][1] == "2x80GB"
+    assert "multi-GPU tasks: 2, run on sim-2xA100-80GB" in proc.stdout
