@@ -255,6 +255,8 @@ class TaskRecord:
     preemptions: int = 0  # times it gave way to higher-priority work
     checkpoint: Any = None  # what its last preempted run saved for the next one
     est_from: str | None = None  # "history": est_s is the learned mean, none was given
+    progress: float | None = None  # the last ctx.progress fraction reported (0..1), if any
+    progress_msg: str | None = None  # and its message
 
     @classmethod
     def from_fields(cls, fields: dict[str, str]) -> TaskRecord:
@@ -294,6 +296,8 @@ class TaskRecord:
             preemptions=int(fields.get("preemptions") or 0),
             checkpoint=json.loads(fields["checkpoint"]) if fields.get("checkpoint") else None,
             est_from=fields.get("est_from") or None,
+            progress=float(fields["progress"]) if fields.get("progress") else None,
+            progress_msg=fields.get("progress_msg") or None,
         )
 
     def to_dict(self) -> dict[str, Any]:
