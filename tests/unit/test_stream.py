@@ -11,7 +11,7 @@ import fakeredis
 import pytest
 from helpers import T0, claim, enqueue
 
-from gpuq import Config, Queue
+from gpuq import App, Config, Queue
 from gpuq.app import Context
 from gpuq.errors import EmitError, StaleLease, TaskNotFound
 from gpuq.stream import (
@@ -27,6 +27,7 @@ from gpuq.stream import (
     follow_call,
     parse_progress,
 )
+from gpuq.testing import drain, memory_queue
 from gpuq.views.inspect import pool_view
 from gpuq.views.top import render_top
 
@@ -272,3 +273,37 @@ def test_status_and_top_show_running_tasks_progress(q: Queue) -> None:
     assert view.progress == {tid: {"fraction": 0.456, "message": "chunk 4 of 10"}}
     frame = render_top(view, [], width=80, now=T0 / 1000)
     assert f"progress: {tid[:8]} 46% chunk 4 of 10" in frame.splitlines()
+
+
+def test_a_yield_reruns_with_the_same_attempt_and_the_reader_sees_a_restart(q: Queue) -> None:
+    tid, token = running(q)
+    emitter(q, tid, token).emit("before")
+    q.scripts.run(q.calls.requeue(tid, token, "yielded to a higher-priority task",
+                                  preempted="yielded"))
+    again = claim(q, "w1", 80)
+    assert again is not None and again["attempt"] == "1" and int(again["token"]) > token
+    emitter(q, tid, int(again["token"])).emit("after")
+    q.scripts.run(q.calls.ack(tid, int(again["token"]), "1"))
+    chunks = list(q.task(tid).stream(timeout=1))
+    assert [(c.data, c.attempt, c.seq, c.restart) for c in chunks] == [
+        ("before", 1, 0, False), ("after", 1, 0, True)]
+
+
+def test_a_batch_handler_streams_per_task() -> None:
+    app = App("b")
+    app.any_model()(lambda name: name)
+
+    @app.handler("embed", batch=4)
+    def embed(model: Any, payloads: list[Any], ctx: Any) -> list[Any]:
+        for c, p in zip(ctx.contexts, payloads):
+            c.emit({"for": p})
+            c.progress(1.0, "embedded")
+        return payloads
+
+    mq = memory_queue()
+    tasks = mq.enqueue_many([{"handler": "embed", "payload": i, "model": "m", "vram_gb": 1}
+                             for i in range(3)])
+    assert drain(mq, app) == 3
+    for i, t in enumerate(tasks):
+        assert [c.data for c in t.stream(timeout=1)] == [{"for": i}]
+        assert t.progress() == (1.0, "embedded") and t.result(timeout=0) == i
