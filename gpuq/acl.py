@@ -40,14 +40,16 @@ OBSERVER_READS = ("time", "exists", "get", "hget", "hmget", "hgetall", "hvals", 
 
 ROLES: dict[str, Role] = {
     "producer": Role(
-        "enqueue, wait for results, cancel, requeue, drain a worker, read status",
-        ("enqueue", "cancel", "requeue"),
-        # result waits (BLMOVE on the done list), drain (LPUSH), the rq bridge's ended list
-        (*OBSERVER_READS, "blmove", "lpush", "lrem")),
+        "enqueue, wait for results, read streams, cancel, requeue, drain a worker, read status",
+        ("enqueue", "cancel", "requeue", "follow"),
+        # result waits (BLMOVE on the done list), stream reads (XREAD), drain (LPUSH), the rq
+        # bridge's ended list
+        (*OBSERVER_READS, "blmove", "xread", "lpush", "lrem")),
     "worker": Role(
-        "claim, run, report a cold start, heartbeat, ack, fail, give back, retire, learn run times",
+        "claim, run, report a cold start, heartbeat, emit and report progress, ack, fail, give "
+        "back, retire, learn run times",
         ("claim", "claim_batch", "began", "heartbeat", "ack", "fail", "requeue", "retire",
-         "learn"),
+         "learn", "emit", "progress"),
         # registration and leaving (MULTI/EXEC), wake and control lists, the model catalog
         ("multi", "exec", "blpop", "lpush", "lrange", "del", "hget", "hset", "hdel", "hincrby",
          "hincrbyfloat", "sadd", "srem", "zadd", "zrem", "time")),

@@ -10,7 +10,7 @@ validation and waiting from the same ``gpuq.producer``, so only the awaiting dif
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -23,6 +23,7 @@ from gpuq.keys import Keys
 from gpuq.lua_source import script_source
 from gpuq.producer import PENDING, Producer, Waiting, stored
 from gpuq.scripts import SCRIPT_NAMES, Call, Resend, evalsha_args, wait_command
+from gpuq.stream import Chunk, Follow, follow_call, parse_progress
 from gpuq.task import State, TaskRecord, TaskSpec
 
 T = TypeVar("T")
@@ -197,6 +198,25 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
                     self.redis, waiting.pop_and_read(self.keys, Waiting.OUTCOME), retry=True))
         return result
 
+    async def stream(self, task_id: str, timeout: float | None = None) -> AsyncIterator[Chunk]:
+        """The task's chunks as they come, until it ends (see gpuq.client.Queue.stream)."""
+        follow = Follow(self.keys, task_id, timeout, self.redis)
+        follow.started(await self.scripts.run(follow_call(task_id)))
+        while not follow.done:
+            block = follow.block_ms()
+            with redis_errors(self.url):
+                reply = await self.redis.xread({follow.key: follow.last_id},
+                                               count=Follow.COUNT, block=block)
+            for chunk in follow.take(reply):
+                yield chunk
+
+    async def progress(self, task_id: str) -> tuple[float, str] | None:
+        """The task's last progress report, (fraction, message), or None before any."""
+        with redis_errors(self.url):
+            values = await self.redis.hmget(self.keys.task(task_id), "state", "progress",
+                                            "progress_msg")
+        return parse_progress(values, task_id)
+
     async def _fields(self, task_id: str) -> dict[str, str]:
         with redis_errors(self.url):
             return stored(await self.redis.hgetall(self.keys.task(task_id)), task_id)
@@ -225,6 +245,13 @@ class AsyncTask:
 
     async def cancel(self) -> State:
         return await self.queue.cancel(self.id)
+
+    def stream(self, timeout: float | None = None) -> AsyncIterator[Chunk]:
+        """``async for chunk in task.stream(timeout=30): ...`` (AsyncQueue.stream)."""
+        return self.queue.stream(self.id, timeout)
+
+    async def progress(self) -> tuple[float, str] | None:
+        return await self.queue.progress(self.id)
 
 
 __all__ = ["AsyncQueue", "AsyncTask"]

@@ -27,7 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol, TypeVar
 
-from gpuq.errors import AppError
+from gpuq.errors import AppError, StaleLease
+from gpuq.stream import Memory, Sink
 from gpuq.task import JSON
 
 Loader = Callable[[str], Any]
@@ -57,6 +58,35 @@ class Context:
         self.lost = False  # lease lost, task canceled, or stopped past its yield deadline
         self.yield_requested = False  # a higher-priority task waits for this GPU
         self.saved: str | None = None  # checkpoint JSON text to hand to the next run
+        # where emit and progress go: the worker sets the task's gpuq.stream.Emitter; a
+        # Context made elsewhere (gpuq.testing, a handler's tests) keeps them in a Memory
+        self.sink: Sink | None = None
+
+    def emit(self, value: Any) -> None:
+        """Send a chunk (any JSON value) to the task's stream now: producers reading
+        ``task.stream()`` get it as it comes (one round trip; gpuq.stream). EmitError for a
+        value that is not JSON or larger than ``stream_chunk_max_bytes`` (nothing sent);
+        StaleLease once the lease is lost: nothing is appended, and should_stop() turns true."""
+        try:
+            self._sink().emit(value)
+        except StaleLease:
+            self.lost = True
+            raise
+
+    def progress(self, fraction: float, message: str = "") -> None:
+        """Report how far the task is: ``fraction`` from 0 to 1 and a short message (at most
+        200 characters), shown by ``gpuq task`` and ``gpuq top`` and read by
+        ``task.progress()``. EmitError for bad values; StaleLease as for ``emit``."""
+        try:
+            self._sink().progress(fraction, message)
+        except StaleLease:
+            self.lost = True
+            raise
+
+    def _sink(self) -> Sink:
+        if self.sink is None:
+            self.sink = Memory()
+        return self.sink
 
     def should_stop(self) -> bool:
         """True once the task's lease is lost or it was canceled: its result will be rejected."""
@@ -84,6 +114,9 @@ class BatchContext:
     """What a batch handler may ask of the worker, for the batch. ``contexts`` holds each
     task's own Context, in payload order (its task id, attempt, checkpoint; a handler that
     can resume saves each task's checkpoint there).
+
+    A batch handler streams per task: ``ctx.contexts[i].emit(chunk)`` and
+    ``ctx.contexts[i].progress(...)`` (each task has its own stream, lease and progress).
 
     ``should_stop()`` turns true once no task of the batch can deliver a result any more
     (every lease lost or task stopped); ``should_yield()`` once one task of the batch was asked

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -18,6 +18,7 @@ from gpuq.config import Config
 from gpuq.connection import Tls, connect, redis_errors
 from gpuq.producer import PENDING, Producer, Waiting, stored
 from gpuq.scripts import Scripts
+from gpuq.stream import Chunk, Follow, follow_call, parse_progress
 from gpuq.task import State, TaskRecord, TaskSpec
 from gpuq.wire import exchange
 
@@ -115,6 +116,27 @@ class Queue(Producer[redis.Redis, "Task"]):
                     self.redis, waiting.pop_and_read(self.keys, Waiting.OUTCOME), retry=True))
         return result
 
+    def stream(self, task_id: str, timeout: float | None = None) -> Iterator[Chunk]:
+        """The chunks the task's handler emits, from the first, as they come, until the task
+        ends (then read its result as usual); ResultTimeout once ``timeout`` seconds pass
+        (None: no limit). A chunk with ``restart`` opens a new run: drop what the earlier
+        run sent (gpuq.stream). Blocks on XREAD; never polls the task."""
+        follow = Follow(self.keys, task_id, timeout, self.redis)
+        with redis_errors(self.url):
+            follow.started(self.scripts.run(follow_call(task_id)))
+        while not follow.done:
+            block = follow.block_ms()
+            with redis_errors(self.url):
+                reply = self.redis.xread({follow.key: follow.last_id}, count=Follow.COUNT,
+                                         block=block)
+            yield from follow.take(reply)
+
+    def progress(self, task_id: str) -> tuple[float, str] | None:
+        """The task's last progress report, (fraction, message), or None before any."""
+        with redis_errors(self.url):
+            values = self.redis.hmget(self.keys.task(task_id), "state", "progress", "progress_msg")
+        return parse_progress(values, task_id)
+
     def _fields(self, task_id: str) -> dict[str, str]:
         with redis_errors(self.url):
             return stored(self.redis.hgetall(self.keys.task(task_id)), task_id)
@@ -145,4 +167,11 @@ class Task:
 
     def cancel(self) -> State:
         return self.queue.cancel(self.id)
+
+    def stream(self, timeout: float | None = None) -> Iterator[Chunk]:
+        """``for chunk in task.stream(timeout=30): print(chunk.data)`` (Queue.stream)."""
+        return self.queue.stream(self.id, timeout)
+
+    def progress(self) -> tuple[float, str] | None:
+        return self.queue.progress(self.id)
 

@@ -72,6 +72,10 @@ class Config:
     forecast_half_life_s: float = 300.0  # the level's decay
     forecast_day_s: float = 86400.0  # the daily season (a week is 7 of them; 0: no seasons)
     forecast_lead_s: float = 0.0  # added to the horizon: how long a new worker takes to come up
+    # streamed results (gpuq.stream): a task's stream keeps about this many newest entries, and
+    # a handler's chunk (its JSON text) may be at most this many bytes
+    stream_maxlen: int = 10_000
+    stream_chunk_max_bytes: int = 65_536
 
     def sla_ms(self) -> list[int]:
         return [int(s * 1000) for s in (self.sla_p0_s, self.sla_p1_s, self.sla_p2_s, self.sla_p3_s)]
@@ -115,6 +119,10 @@ class Config:
             raise ConfigError(f"scale_signal {self.scale_signal!r}: forecast or reactive")
         if not 0 < self.forecast_utilisation <= 1:
             raise ConfigError("forecast_utilisation must be > 0 and <= 1")
+        if self.stream_maxlen < 1:
+            raise ConfigError("stream_maxlen must be >= 1")
+        if not 1 <= self.stream_chunk_max_bytes <= 1 << 20:
+            raise ConfigError("stream_chunk_max_bytes must be from 1 to 1048576")
         if not 0 < self.heartbeat_s < self.lease_s:
             raise ConfigError(f"heartbeat_s ({self.heartbeat_s}) must be > 0 and < lease_s ({self.lease_s})")
         return self

@@ -171,6 +171,17 @@ class TaskError(GpuqError):
         super().__init__(message)
 
 
+class EmitError(GpuqError):
+    """A handler's ``ctx.emit`` chunk or ``ctx.progress`` report that cannot be sent: not
+    JSON, larger than ``stream_chunk_max_bytes``, or a fraction outside 0..1. Nothing was
+    written; the task keeps running."""
+
+    def __init__(self, reason: str, task_id: str | None = None) -> None:
+        self.reason = reason
+        self.task_id = task_id
+        super().__init__(f"task {task_id}: {reason}" if task_id else reason)
+
+
 class StopTask(Exception):
     """Raised inside a handler's thread when it ran past its yield deadline. Not a
     GpuqError: a handler's ``except GpuqError`` around its own queue calls must not

@@ -32,6 +32,7 @@ SUFFIXES: dict[str, str] = {
     "queue": "q:{priority}:{model}",
     "models_with_work": "models:{priority}",
     "done": "done:{task_id}",
+    "stream": "stream:{task_id}",
     "worker": "worker:{worker_id}",
     "worker_tasks": "worker:{worker_id}:tasks",
     "wake": "wake:{worker_id}",
@@ -115,6 +116,11 @@ class Keys:
     def done(self, task_id: str) -> str:
         """List a result waiter blocks on; pushed once when the task ends."""
         return self._key("done", task_id)
+
+    def stream(self, task_id: str) -> str:
+        """A task's stream of chunks (XADD by emit.lua; the end marker by whatever ends the
+        task), read from the start by any number of readers (docs/PROTOCOL.md, Streams)."""
+        return self._key("stream", task_id)
 
     def worker(self, worker_id: str) -> str:
         return self._key("worker", worker_id)

@@ -31,7 +31,8 @@ from gpuq.wire import exchange
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 SCRIPT_NAMES = ("enqueue", "claim", "claim_batch", "began", "heartbeat", "ack", "fail", "requeue",
-                "cancel", "reap", "lead", "expire", "preempt", "retire", "learn", "tenant")
+                "cancel", "reap", "lead", "expire", "preempt", "retire", "learn", "tenant",
+                "emit", "progress", "follow")  # the last three: gpuq.stream builds their calls
 LEARN_MAX_RUNS = 256  # learn.lua's limit per call
 
 

@@ -262,6 +262,8 @@ class TaskRecord:
     checkpoint: Any = None  # what its last preempted run saved for the next one
     est_from: str | None = None  # "history": est_s is the learned mean, none was given
     gpus: int = 1  # devices it runs across
+    progress: float | None = None  # the last ctx.progress fraction reported (0..1), if any
+    progress_msg: str | None = None  # and its message
 
     @classmethod
     def from_fields(cls, fields: dict[str, str]) -> TaskRecord:
@@ -302,6 +304,8 @@ class TaskRecord:
             checkpoint=json.loads(fields["checkpoint"]) if fields.get("checkpoint") else None,
             est_from=fields.get("est_from") or None,
             gpus=int(fields.get("gpus") or 1),
+            progress=float(fields["progress"]) if fields.get("progress") else None,
+            progress_msg=fields.get("progress_msg") or None,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -6,7 +6,8 @@ sleeps for the task's ``est_s`` (the GPU work), gives way when asked to yield (r
 from its checkpoint) and returns which worker and model ran it.
 Both load and run times are multiplied by ``GPUQ_SIM_TIME_SCALE`` (default 1.0), so demos
 and tests can run a realistic workload in seconds. ``sim.noop`` returns at once (benchmarks);
-``sim.fail`` raises (retry tests). Nothing here fakes a result: it reports what happened.
+``sim.fail`` raises (retry tests); ``sim.stream`` emits chunks over its run (streamed
+results). Nothing here fakes a result: it reports what happened.
 """
 
 from __future__ import annotations
@@ -64,6 +65,31 @@ def run(model: SimModel, payload: Any, ctx: Context) -> dict[str, Any]:
         time.sleep(min(seconds - done, 0.02))
     return {"worker": ctx.worker_id, "model": model.name, "attempt": ctx.attempt,
             "ran_s": round(time.monotonic() - started, 4), "resumed_from_s": done_before}
+
+
+@app.handler("sim.stream")
+def stream(model: SimModel, payload: Any, ctx: Context) -> int:
+    """Emit ``payload["chunks"]`` chunks (default 10) evenly over the task's estimate, one
+    at the end of each of as many equal steps, and return how many it emitted. A chunk is
+    {"i", "attempt", "t": the worker's clock (epoch s) just before the emit}. Payload flags:
+    "progress" reports progress with each chunk; "fail_first": n fails the first attempt
+    after its n-th chunk (retry tests). It stops early when told to."""
+    flags = payload if isinstance(payload, dict) else {}
+    count = int(flags.get("chunks", 10))
+    step = ctx.est_s * scale() / max(1, count)
+    fail_first = flags.get("fail_first")
+    emitted = 0
+    for i in range(count):
+        if ctx.should_stop():
+            break
+        time.sleep(step)
+        ctx.emit({"i": i, "attempt": ctx.attempt, "t": time.time()})
+        emitted += 1
+        if flags.get("progress"):
+            ctx.progress(emitted / count, f"chunk {emitted} of {count}")
+        if fail_first is not None and ctx.attempt == 1 and emitted >= int(fail_first):
+            raise RuntimeError(f"simulated failure after {emitted} chunks")
+    return emitted
 
 
 @app.handler("sim.noop")

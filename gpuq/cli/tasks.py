@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,15 +31,27 @@ from gpuq.task import parse_payload_text
 @click.option("--check-fit", is_flag=True,
               help="Reject the task if no registered GPU class fits it or no worker registers its handler.")
 @click.option("--wait", is_flag=True, help="Wait for the result and print it.")
-@click.option("--timeout", type=float, default=None, help="With --wait: seconds to wait.")
+@click.option("--stream", is_flag=True,
+              help="Print each chunk the handler emits (JSON, one a line) as it comes, then the "
+                   "result, as --wait does; a new run's restart is noted on stderr.")
+@click.option("--timeout", type=float, default=None,
+              help="With --wait or --stream: seconds to wait in all.")
 @click.pass_context
 def enqueue(ctx: click.Context, /, handler: str, payload: str, no_preempt: bool, check_fit: bool,
-            wait: bool, timeout: float | None, **options: Any) -> None:
-    """Enqueue a task; print its id (or its result with --wait)."""
+            wait: bool, stream: bool, timeout: float | None, **options: Any) -> None:
+    """Enqueue a task; print its id (or its result with --wait, its chunks then its result
+    with --stream)."""
     data = parse_payload_text(payload)
     queue = open_queue(ctx)
     task = queue.enqueue(handler, data, preemptible=not no_preempt, check_fit=check_fit, **options)
-    if not wait:
+    if stream:
+        started = time.monotonic()
+        for chunk in task.stream(timeout):
+            if chunk.restart:
+                click.echo(f"(attempt {chunk.attempt} restarts the stream)", err=True)
+            click.echo(json.dumps(chunk.data))
+        timeout = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+    elif not wait:
         click.echo(task.id)
         return
     click.echo(json.dumps(task.result(timeout)))

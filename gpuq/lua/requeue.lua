@@ -2,11 +2,12 @@
 --
 -- With a token the call is fenced like an ack; with token "" it is an operator's requeue:
 -- of whatever runs now, of a retry waiting out its backoff, or of a task that ended
--- failed, expired or canceled (fresh attempts, no deadline). The attempt is given back
--- unless consume is "1". A preempted task (kind "yielded": it gave way when asked;
--- "stopped": the worker stopped it past its yield deadline) counts one more preemption,
--- in its hash and in the pool's stats ("preempt:<kind>" and "preempt:<kind>:P<n>"), and keeps the checkpoint its
--- handler saved for its next run.
+-- failed, expired or canceled (fresh attempts, no deadline, its stream and progress
+-- gone). The attempt is given back unless consume is "1". A preempted task (kind
+-- "yielded": it gave way when asked; "stopped": the worker stopped it past its yield
+-- deadline) counts one more preemption, in its hash and in the pool's stats
+-- ("preempt:<kind>" and "preempt:<kind>:P<n>"), and keeps the checkpoint its handler saved
+-- for its next run.
 --
 -- KEYS[1]  pool key base
 -- ARGV[1]  task id
@@ -45,9 +46,9 @@ if token == '' and f[1] ~= 'running' then
     redis.call('ZREM', K_DELAYED, id)
   elseif f[1] == 'failed' or f[1] == 'expired' or f[1] == 'canceled' then
     redis.call('PERSIST', tk)
-    redis.call('DEL', done_key(id))
+    redis.call('DEL', done_key(id), stream_key(id))  -- its stream starts afresh
     redis.call('HSET', tk, 'attempt', '0', 'deadline', '', 'finished_at', '', 'worker', '',
-      'token', '')
+      'token', '', 'streamed', '', 'progress', '', 'progress_msg', '')
   else
     return {1, 0, 'task is ' .. f[1] .. ': there is nothing to requeue'}
   end

@@ -72,6 +72,9 @@ class PoolView:
     # refuses tenants not registered
     tenants: list[dict[str, Any]] = field(default_factory=list)
     tenants_required: bool = False
+    # running tasks of live workers that reported progress (ctx.progress): task id ->
+    # {"fraction", "message"}
+    progress: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,7 +131,7 @@ def pool_view(client: redis.Redis, keys: Keys) -> PoolView:
         unschedulable=int(unschedulable), unschedulable_ids=[str(i) for i in unschedulable_ids],
         largest_gpu_gb=largest, stats={k: int(v) for k, v in stats.items()},
         models=[asdict(e) for e in catalog.read(client, keys)], reservations=reservations,
-        yield_requests=_yield_requests(client, keys, [w for w in views if w.alive], now * 1000),
+        **_running_tasks(client, keys, [w for w in views if w.alive], now * 1000),
         scale={k: _parse_signal(v) for k, v in sorted(scale.items())},
         unregistered=dict(sorted(unregistered.items())), runtimes=learned_runtimes(runtimes),
         **_tenants(client, keys, stats))
@@ -193,18 +196,31 @@ def _workers(client: redis.Redis, keys: Keys, workers: list[tuple[str, float]],
     return views, reservations
 
 
-def _yield_requests(client: redis.Redis, keys: Keys, live: list[WorkerView],
-                    now_ms: float) -> list[dict[str, Any]]:
+def _running_tasks(client: redis.Redis, keys: Keys, live: list[WorkerView],
+                   now_ms: float) -> dict[str, Any]:
+    """The running tasks' yield requests and progress reports (one HMGET each)."""
     running = [(w.id, t) for w in live for t in w.running]
     pipe = client.pipeline(transaction=False)
     for _, task_id in running:
-        pipe.hmget(keys.task(task_id), "yield_by", "yield_for")
-    out = []
-    for (wid, task_id), (by, waiting) in zip(running, pipe.execute()):
+        pipe.hmget(keys.task(task_id), "yield_by", "yield_for", "progress", "progress_msg")
+    requests, progress = [], {}
+    for (wid, task_id), (by, waiting, fraction, message) in zip(running, pipe.execute()):
         if by:
-            out.append({"task": task_id, "worker": wid,
-                        "yield_by_s": round((float(by) - now_ms) / 1000, 3), "for": waiting or ""})
-    return out
+            requests.append({"task": task_id, "worker": wid,
+                             "yield_by_s": round((float(by) - now_ms) / 1000, 3),
+                             "for": waiting or ""})
+        if (value := _fraction(fraction)) is not None:
+            progress[task_id] = {"fraction": value, "message": message or ""}
+    return {"yield_requests": requests, "progress": progress}
+
+
+def _fraction(text: str | None) -> float | None:
+    """A stored progress fraction, or None (none, or not a number from 0 to 1)."""
+    try:
+        value = float(text) if text else None
+    except ValueError:
+        return None
+    return value if value is not None and 0 <= value <= 1 else None
 
 
 def _parse_signal(raw: str) -> dict[str, Any]:

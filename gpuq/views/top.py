@@ -36,8 +36,8 @@ def render_top(view: PoolView, misses: list[dict[str, Any]], width: int = 80, *,
                now: float) -> str:
     """One frame; no line is longer than ``width``. now: the frame's time (epoch seconds)
     on the server's clock, which stamped the misses."""
-    lines = (_header(view, now) + _queues(view, width) + _signals(view) + _tenants(view)
-             + _misses(misses, now) + _workers(view.workers, width))
+    lines = (_header(view, now) + _queues(view, width) + _signals(view) + _progress(view)
+             + _tenants(view) + _misses(misses, now) + _workers(view.workers, width))
     return "\n".join(clip(line, width) for line in lines)
 
 
@@ -137,6 +137,13 @@ def _signals(view: PoolView) -> list[str]:
     if signals:
         lines.append("scale: " + ", ".join(signals))
     return [""] + lines if lines else []
+
+
+def _progress(view: PoolView) -> list[str]:
+    """One line: running tasks that reported progress, "<task> <percent> <message>"."""
+    parts = [f"{task[:8]} {100 * p['fraction']:.0f}%" + (f" {p['message']}" if p["message"] else "")
+             for task, p in sorted(view.progress.items())]
+    return ["", "progress: " + ", ".join(parts)] if parts else []
 
 
 def _tenants(view: PoolView) -> list[str]:

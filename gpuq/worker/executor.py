@@ -18,6 +18,7 @@ from gpuq import catalog
 from gpuq.app import App, Context, Yielded
 from gpuq.errors import GpuqError, StaleLease, TaskError, TaskNotFound
 from gpuq.scripts import Call, Calls, Scripts
+from gpuq.stream import Emitter
 from gpuq.task import JSON, MAX_RESULT_BYTES
 from gpuq.worker.models import ModelCache, Reservation
 from gpuq.worker.observer import Observer
@@ -58,6 +59,8 @@ class Executor:
         res = None if problem else self.cache.reserve(ctx.model, ctx.vram_gb)
         running = Running(fields["id"], int(fields["token"]), ctx, time.monotonic(),
                           threading.get_ident(), rejected=problem, batched=batched)
+        # ctx.emit and ctx.progress: sent at once, fenced by this run's token (gpuq.stream)
+        ctx.sink = Emitter(self.scripts, self.calls.config, running.task_id, running.token)
         self.observer.started(fields)
         self.running.track(running)  # before the lock is released: the next claim sees one slot fewer
         return res, running

@@ -38,6 +38,7 @@ from gpuq.keys import Keys
 from gpuq.lua_source import script_source
 from gpuq.replies import Code, raise_for
 from gpuq.scripts import SCRIPT_NAMES, Call, Calls, ClaimRequest
+from gpuq.stream import emit_call, follow_call, progress_call
 from gpuq.task import MAX_PAYLOAD_BYTES
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.presence import Presence
@@ -137,6 +138,9 @@ def valid_calls(c: Calls) -> dict[str, list[Call[Any]]]:
         "learn": [c.learn([("h", "A", 2.5), ("h", "B", 0.1), ("g", "C", 7)]), c.learn([("h", "A", 0)])],
         "tenant": [c.tenant("set", "default", "1", "-", "40"), c.tenant("set", "t2", "0.5", "1", "-"),
                    c.tenant("remove", "default"), c.tenant("require", "1")],
+        "emit": [emit_call("run1", 1, 0, '{"t":"hi"}', c.config), emit_call("run2", 4, 7, '"x"', c.config)],
+        "progress": [progress_call("run1", 1, 0.5, "half"), progress_call("run2", 4, 1.0, "")],
+        "follow": [follow_call("run1"), follow_call("done1"), follow_call("q1")],
     }
 
 
@@ -258,6 +262,12 @@ def ok_reply(name: str, r: list[Any], argv: Sequence[bytes]) -> bool:
         return tail in ([0], [1])
     if name == "learn":
         return len(tail) == 1 and tail[0] == len(argv) // 3
+    if name == "emit":
+        return len(tail) == 1 and re.fullmatch(rb"\d+-\d+", tail[0]) is not None
+    if name == "progress":
+        return tail == []
+    if name == "follow":
+        return len(tail) == 1 and isinstance(tail[0], bytes)
     raise AssertionError(name)
 
 

@@ -159,7 +159,7 @@ def test_status_json_shape(cli_pool: Pool) -> None:
                      "delayed": 0, "unschedulable": 0, "unschedulable_ids": [],
                      "largest_gpu_gb": 0.0, "stats": {}, "models": [], "reservations": [],
                      "yield_requests": [], "scale": {}, "unregistered": {}, "runtimes": [],
-                     "tenants": [], "tenants_required": False}
+                     "tenants": [], "tenants_required": False, "progress": {}}
 
     cli_pool.register_gpu("w-a100", "A100-40", 40)
     ids = [cli_pool.ok("enqueue", *BASE, "--priority", "P0").strip() for _ in range(2)]

@@ -13,7 +13,11 @@ end
 
 -- End a task: terminal state, wake its waiters, keep it readable for ttl ms; counted per
 -- state and per state and priority ("<state>:P<n>"; p read from the task unless given).
-local function finish(id, state, now, ttl, field, value, p)
+-- A task marked `streamed` (it emitted a chunk, or a reader follows it: emit.lua,
+-- follow.lua) gets the end marker {end = state} on its stream, which takes the same TTL;
+-- `streamed` is read with report_end, or given by the caller (ack reads it with the lease,
+-- so a task that never streamed costs it nothing more).
+local function finish(id, state, now, ttl, field, value, p, streamed)
   local tk = task_key(id)
   redis.call('HSET', tk, 'state', state, 'finished_at', ms(now), field, value)
   p = level(p or redis.call('HGET', tk, 'priority'))  -- none in a corrupt hash
@@ -23,10 +27,18 @@ local function finish(id, state, now, ttl, field, value, p)
   redis.call('PEXPIRE', done, ttl)
   redis.call('PEXPIRE', tk, ttl)
   redis.call('HINCRBY', K_STATS, state, 1)
+  local report = false
+  if state ~= 'succeeded' or streamed == nil then
+    local g = redis.call('HMGET', tk, 'report_end', 'streamed')
+    report, streamed = g[1] == '1', g[2]
+  end
+  if streamed == '1' then
+    local sk = stream_key(id)
+    redis.call('XADD', sk, '*', 'end', state)
+    redis.call('PEXPIRE', sk, ttl)
+  end
   -- a task whose producer asked for it (report_end, e.g. the rq bridge) and that ends other
   -- than succeeded (canceled, expired, a lost last attempt, a handler missing) is listed for
   -- that producer to report the end
-  if state ~= 'succeeded' and redis.call('HGET', tk, 'report_end') == '1' then
-    redis.call('LPUSH', K_ENDED, id)
-  end
+  if report and state ~= 'succeeded' then redis.call('LPUSH', K_ENDED, id) end
 end
