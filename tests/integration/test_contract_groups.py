@@ -4,11 +4,15 @@ refuses what no group could hold, and bad counts are refused at the boundary."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 from helpers import T0, claim, claim_batch, claim_reply, enqueue, pool_keys, raw_enqueue_call
 
 from gpuq import Queue, worker_record
 from gpuq.errors import InvalidTask, Unschedulable
+from gpuq.reaper.scale import Scaler
 from gpuq.task import State, TaskSpec
 from gpuq.worker.gpu import GpuInfo, class_name
 from gpuq.worker.presence import Presence
@@ -136,3 +140,17 @@ def test_a_bad_gpu_count_is_refused_by_the_script(queue: Queue, raw: str) -> Non
 def test_a_bad_gpu_count_is_refused_by_the_client(bad: object) -> None:
     with pytest.raises(InvalidTask, match="gpus must be an integer in 1..64"):
         TaskSpec.build("h", model="m", vram_gb=1, gpus=bad)  # type: ignore[arg-type]
+
+
+def test_scale_signals_ask_for_the_group_shape_a_70b_backlog_needs(make_real_queue: Any) -> None:
+    q = make_real_queue(min_workers=0)
+    register(q, "single", idle=False)
+    register(q, "pair", gpus=2, idle=False)
+    q.redis.sadd(q.keys.worker_tasks("single"), "busy")
+    q.redis.sadd(q.keys.worker_tasks("pair"), "busy")
+    q.enqueue_many([{"handler": "h", "model": "llama-70b", "vram_gb": 144, "gpus": 2, "est_s": 2}
+                    for _ in range(60)])
+    Scaler(q.redis, q.keys, q.config).step()
+    got = {k: json.loads(v) for k, v in q.redis.hgetall(q.keys.scale).items()}
+    assert (got["class:2xA100"]["current"], got["class:2xA100"]["desired"]) == (1, 3)
+    assert (got["class:A100"]["current"], got["class:A100"]["desired"]) == (1, 1)
