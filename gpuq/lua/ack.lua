@@ -1,5 +1,8 @@
 -- ack.lua: record a task's result, fenced by its lease token, and wake its waiters.
 --
+-- A parent's waiting children are released (lib/deps.lua) in the same call: the `children`
+-- field read with the others is all a task without children pays.
+--
 -- It learns nothing: the worker times its handler and sends the run, once acked, to
 -- learn.lua with its next heartbeat (`runtimes`), so a task's own path costs no more.
 --
@@ -22,11 +25,12 @@
 if #ARGV ~= 5 then return {1, 0, 'expected 5 arguments'} end
 local id, token, now, ttl = ARGV[1], ARGV[2], clock(ARGV[3]), ttl_arg(5)
 if not (now and ttl) then return {1, 0, 'now and ttl must be ms >= 0'} end
-local f = redis.call('HMGET', task_key(id), 'state', 'token', 'worker', 'priority', 'charged')
+local f = redis.call('HMGET', task_key(id), 'state', 'token', 'worker', 'priority', 'charged',
+  'children')
 if not f[1] then return {4} end
 if f[1] ~= 'running' or f[2] ~= token then return {5, f[1]} end
 if #ARGV[4] > 1048576 then return {1, 0, 'result is larger than 1048576 bytes'} end
 if not is_json(ARGV[4]) then return {1, 0, 'result is not valid JSON'} end
 release(id, f[3], f[5])
-finish(id, 'succeeded', now, ttl, 'result', ARGV[4], f[4])
+finish(id, 'succeeded', now, ttl, 'result', ARGV[4], f[4], f[6])  -- releases its children
 return {0}

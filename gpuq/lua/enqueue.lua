@@ -16,15 +16,18 @@
 -- ARGV[2]  check_fit: "1" rejects a task no registered GPU class could fit, or whose
 --          handler no worker of the pool has registered
 -- ARGV[3..6]  SLA of P0..P3 (ms)
--- ARGV[7..]  groups of 12 per task: id, handler, payload (JSON text), model, vram_gb,
+-- ARGV[7..]  groups of 15 per task: id, handler, payload (JSON text), model, vram_gb,
 --            priority (0..3), est_s ("": the mean run time learned for its handler and
 --            model, and est_from "history", else 1), deadline_ms (relative to now, "" =
 --            none; stored absolute), preemptible ("1"/"0"), tenant, max_attempts,
 --            report_end ("1": list the task in `ended` if it ends other than succeeded,
---            for its producer; "0")
+--            for its producer; "0"), due ("": now; "+<ms>": a delay; "<ms>": an epoch
+--            time, not past), after (parent ids, comma-separated), after_any ("1": queued
+--            once every parent ended; "0": once every one succeeded): see `deferral`
 -- Returns  {0, n}                              all n tasks enqueued
 --          {1, index, reason}                  INVALID: task at 1-based index is malformed
---                                              (index 0: the call's own arguments)
+--                                              (index 0: the call's own arguments), at in
+--                                              the past, a parent unknown or ended badly
 --          {2, index, id}                      DUPLICATE: a task with this id exists
 --          {3, index, vram_gb, largest_gb}     UNSCHEDULABLE (only with check_fit)
 --          {7, index, handler}                 UNREGISTERED: no worker registers the handler
@@ -37,15 +40,16 @@
 --@include start
 --@include runtime
 --@include tenancy
+--@include defer
 
 local now = clock(ARGV[1])
 local check_fit = ARGV[2] == '1'
 -- by the priority's text as it comes (validated below): a lookup, not a parse per task
 local sla = {['0'] = arg_num(3, 0, 1e13, true), ['1'] = arg_num(4, 0, 1e13, true),
   ['2'] = arg_num(5, 0, 1e13, true), ['3'] = arg_num(6, 0, 1e13, true)}
-local G = 12
+local G = 15
 local n = (#ARGV - 6) / G
-if n < 1 or n ~= math.floor(n) then return {1, 0, 'expected groups of 12 task fields'} end
+if n < 1 or n ~= math.floor(n) then return {1, 0, 'expected groups of 15 task fields'} end
 if not now then return {1, 0, 'now must be ms >= 0'} end
 if not (sla['0'] and sla['1'] and sla['2'] and sla['3']) then return {1, 0, 'SLAs must be ms >= 0'} end
 
@@ -169,6 +173,36 @@ local function fair_flush()
   if tags[1] then redis.call('HSET', K_TENANT_CLOCK, unpack(tags)) end
 end
 
+-- The deferral of task id (its fields due, after, after_any; lib/defer.lua holds it): false
+-- (queued now), {due = ms} (delayed), {parents, pending, any, ready} (waiting; ready: none
+-- pending), or nil and the reason. Parents are stored or earlier in this call and the id is
+-- new, so no stored task waits on it: no cycle can form (docs/DECISIONS.md, Dependencies).
+local ENDED = {succeeded = true, failed = true, expired = true, canceled = true}
+local function deferral(id, due, after, any, seen)
+  if any ~= '0' and any ~= '1' then return nil, 'after_any must be 0 or 1' end
+  if due ~= '' then
+    local rel, t = string.byte(due) == 43, string.find(due, '^%+?%d+$') and tonumber(string.match(due, '%d+'))
+    if not t or t > 1e13 or after ~= '' then return nil, 'due must be +<ms> or epoch ms, without after' end
+    if not rel and t < now then return nil, 'at is in the past: ' .. due .. ' < server time ' .. ms(now) end
+    t = rel and now + t or t
+    return t > now and {due = t}
+  end
+  if after == '' then return false end
+  local d, listed = {parents = {}, pending = {}, any = any == '1'}, {}
+  for p in string.gmatch(after, '[^,]+') do
+    local state = p ~= id and (seen[p] and 'queued' or redis.call('HGET', task_key(p), 'state'))
+    if not state then return nil, p == id and 'a task cannot wait for itself' or 'unknown parent task ' .. p end
+    if not listed[p] then
+      listed[p], d.parents[#d.parents + 1] = true, p
+      if not ENDED[state] then d.pending[#d.pending + 1] = p
+      elseif state ~= 'succeeded' and not d.any then return nil, 'parent task ' .. p .. ' ended ' .. state end
+    end
+  end
+  if #d.parents > 100 then return nil, 'after names more than 100 tasks' end
+  d.ready = d.pending[1] == nil
+  return d
+end
+
 -- Tenants (lib/tenancy.lua): while any is registered, a task's queue score is its tenant's
 -- fair order; a task of a capped tenant is not handed over (claims keep the quota); and the
 -- pool may refuse unregistered tenants.
@@ -180,6 +214,7 @@ local known_tenant = {}
 local seen = {}
 local vrams, ests, tries = {}, {}, {}  -- each task's numbers, parsed once (each parse costs)
 local learned, from_history = {}, {}  -- "<handler> <model>" -> mean or false; task -> true
+local ready, held = {}, {}  -- tasks queued now (indexes); deferred ones (lib/defer.lua)
 for i = 1, n do
   local o = 6 + (i - 1) * G
   local id, handler, payload, model = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
@@ -246,12 +281,16 @@ for i = 1, n do
     if not registered[handler] then return {7, i, handler} end
   end
   vrams[i], ests[i], tries[i] = vram, est, attempts
+  local later, why = deferral(id, ARGV[o + 13], ARGV[o + 14], ARGV[o + 15], seen)
+  if later == nil then return {1, i, why} end
+  held[i] = later or nil
+  if not later or later.ready then ready[#ready + 1] = i end
 end
 
 local unwoken, targeted, heads, urgent, arrived = 0, 0, {}, false, {}
 local now_ms = ms(now)
 local idle_n = redis.call('ZCARD', K_IDLE)  -- read once: only the wakes below change it
-for i = 1, n do
+for _, i in ipairs(ready) do
   local o = 6 + (i - 1) * G
   local id, model, prio, deadline = ARGV[o + 1], ARGV[o + 4], ARGV[o + 6], ARGV[o + 8]
   local vram = vrams[i]
@@ -326,6 +365,18 @@ for i = 1, n do
   end
 end
 for _, h in pairs(heads) do redis.call('ZADD', models_with_work_key(h[1]), 'LT', h[3], h[2]) end
+for i = 1, n do  -- held tasks (lib/defer.lua), in call order
+  local o = 6 + (i - 1) * G
+  if held[i] then
+    local id = ARGV[o + 1]
+    hold(id, {'id', id, 'handler', ARGV[o + 2], 'payload', ARGV[o + 3], 'model', ARGV[o + 4],
+      'vram_gb', tostring(vrams[i]), 'priority', ARGV[o + 6], 'est_s', tostring(ests[i]),
+      'preemptible', ARGV[o + 9], 'tenant', ARGV[o + 10], 'max_attempts', ms(tries[i]),
+      'enqueued_at', ms(now), 'queued_at', ms(now), 'report_end', ARGV[o + 12],
+      'est_from', from_history[i] and 'history' or ''}, held[i], now, sla[ARGV[o + 6]],
+      tonumber(ARGV[o + 8]), ests[i], tenancy)
+  end
+end
 fair_flush()
 -- one HINCRBY per model per call (60 s buckets, 8 days kept: keys.ARRIVAL_BUCKET_MS, _TTL_S);
 -- the TTL is set when a model's field is new, not on every call
