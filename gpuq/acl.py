@@ -35,7 +35,7 @@ class Role:
     commands: tuple[str, ...]  # what its Python code sends besides scripts
 
 
-OBSERVER_READS = ("time", "exists", "get", "hget", "hmget", "hgetall", "hvals", "lrange", "smembers",
+OBSERVER_READS = ("time", "exists", "get", "hget", "hmget", "hgetall", "hlen", "hvals", "lrange", "smembers",
                   "zcard", "zcount", "zrange", "zrangebyscore", "zscore")
 
 ROLES: dict[str, Role] = {
