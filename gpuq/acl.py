@@ -35,7 +35,7 @@ class Role:
     commands: tuple[str, ...]  # what its Python code sends besides scripts
 
 
-OBSERVER_READS = ("time", "exists", "get", "hget", "hmget", "hgetall", "hvals", "lrange", "smembers",
+OBSERVER_READS = ("time", "exists", "get", "hget", "hmget", "hgetall", "hlen", "hvals", "lrange", "smembers",
                   "zcard", "zcount", "zrange", "zrangebyscore", "zscore")
 
 ROLES: dict[str, Role] = {
@@ -54,12 +54,13 @@ ROLES: dict[str, Role] = {
         ("multi", "exec", "blpop", "lpush", "lrange", "del", "hget", "hset", "hdel", "hincrby",
          "hincrbyfloat", "sadd", "srem", "zadd", "zrem", "time")),
     "reaper": Role(
-        "recover, expire, preempt, publish scale signals (one active per pool)",
-        ("lead", "reap", "expire", "preempt", "requeue"),
+        "recover, expire, preempt, publish scale signals, fire periodic tasks (one active per pool)",
+        ("lead", "reap", "expire", "preempt", "requeue", "fire"),
         # planning reads, scale signals (MULTI/EXEC), the urgent list, settings, warm hints
         (*OBSERVER_READS, "mget", "multi", "exec", "blpop", "del", "hset", "hincrby", "lpush")),
-    "operator": Role("register tenants and set the pool's tenant policy (gpuq tenant)", ("tenant",),
-                  OBSERVER_READS),
+    "operator": Role("register tenants and set the pool's tenant policy (gpuq tenant); add and "
+                     "remove periodic tasks (gpuq schedule)", ("tenant",),
+                     (*OBSERVER_READS, "hsetnx", "hdel", "multi", "exec")),
     "observer": Role("read only: gpuq status, gpuq top, gpuq exporter", (), OBSERVER_READS),
 }
 

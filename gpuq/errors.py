@@ -213,3 +213,12 @@ class NotRequeueable(GpuqError):
 
 class TenantError(GpuqError):
     """A tenant setting refused: a malformed name, weight or cap, or an unknown tenant."""
+
+
+class ScheduleError(GpuqError):
+    """A periodic task was refused (bad name, interval or cron expression, or no such
+    schedule); nothing was stored or removed."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"schedule: {reason}")

@@ -69,6 +69,10 @@ SUFFIXES: dict[str, str] = {
     "tenant_clock": "tenant:clock",
     "tenant_use": "tenant:use",
     "reaper_lock": "reaper",
+    "children": "children:{task_id}",
+    "waiting": "waiting",
+    "schedules": "schedules",
+    "schedule_fired": "schedules:fired",
 }
 
 # Arrival history (enqueue.lua writes, the reaper's forecast reads): one hash per bucket of
@@ -166,7 +170,8 @@ class Keys:
 
     @property
     def delayed(self) -> str:
-        """Tasks waiting out a retry backoff, scored by ready time (ms)."""
+        """Tasks due later, scored by due time (ms): retries waiting out their backoff, tasks
+        enqueued with a delay, children their parents just released (state delayed)."""
         return self._key("delayed")
 
     @property
@@ -299,6 +304,27 @@ class Keys:
     @property
     def reaper_lock(self) -> str:
         return self._key("reaper_lock")
+
+    def children(self, task_id: str) -> str:
+        """Tasks enqueued with ``after`` naming this one while it had not ended (a set;
+        ended with the parent's TTL): released or canceled when it ends (lua/lib/deps.lua)."""
+        return self._key("children", task_id)
+
+    @property
+    def waiting(self) -> str:
+        """Tasks waiting for their parents (state waiting), scored by enqueue time (ms)."""
+        return self._key("waiting")
+
+    @property
+    def schedules(self) -> str:
+        """Periodic tasks: name -> JSON {every_ms | cron, skip_missed, anchor_ms, task}
+        (``gpuq.schedule``; fire.lua enqueues their runs)."""
+        return self._key("schedules")
+
+    @property
+    def schedule_fired(self) -> str:
+        """name -> the period (epoch ms) of a schedule's last run enqueued or skipped."""
+        return self._key("schedule_fired")
 
     @property
     def pattern(self) -> str:

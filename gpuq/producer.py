@@ -41,8 +41,9 @@ class Producer(Generic[ClientT, EnqueuedT]):
     def enqueue(self, handler: str, payload: Any = None, *, model: str, vram_gb: float,
                 priority: Priority | int | str = Priority.P2, est_s: float | None = None,
                 deadline_s: float | None = None, preemptible: bool = True, tenant: str = "default",
-                max_attempts: int = 3, task_id: str | None = None,
-                check_fit: bool = False, gpus: int = 1) -> EnqueuedT:
+                max_attempts: int = 3, task_id: str | None = None, check_fit: bool = False,
+                gpus: int = 1, delay_s: float | None = None, at: float | None = None,
+                after: Iterable[str] = (), after_any_outcome: bool = False) -> EnqueuedT:
         """Validate and enqueue one task in one round trip (the asyncio client: awaited).
 
         ``payload``: JSON-serializable data. ``model`` and ``vram_gb`` (weights included)
@@ -54,12 +55,17 @@ class Producer(Generic[ClientT, EnqueuedT]):
         runs across (1..64; only a worker with a group of at least that many claims it, and
         ``vram_gb`` is its need over all of them). ``check_fit``: Unschedulable if no
         registered GPU class fits it or no worker registers its handler.
+        ``delay_s`` (seconds) or ``at`` (epoch seconds, not past by the server's clock): it
+        waits, state delayed, and is queued when due (its SLA and deadline count from then).
+        ``after``: ids of tasks it waits for, state waiting: queued once every one succeeded
+        (with ``after_any_outcome``: once every one ended), canceled if one ends otherwise.
         InvalidTask, before anything is sent, for bad input.
         """
         spec = TaskSpec.build(handler, payload, model=model, vram_gb=vram_gb, priority=priority,
                               est_s=est_s, deadline_s=deadline_s, preemptible=preemptible,
                               tenant=tenant, max_attempts=max_attempts, task_id=task_id,
-                              gpus=gpus)
+                              gpus=gpus, delay_s=delay_s, at=at, after=after,
+                              after_any_outcome=after_any_outcome)
         return self._submit(spec, check_fit)
 
     def _submit(self, spec: TaskSpec, check_fit: bool) -> EnqueuedT:

@@ -25,13 +25,13 @@ from gpuq.errors import NotRequeueable, ReplicaTimeout, TenantError
 from gpuq.keys import Keys
 from gpuq.lua_source import script_source
 from gpuq.replies import Code, checked, pairs_to_dict, raise_for
-from gpuq.task import TaskSpec
+from gpuq.task import TaskSpec, deferral_args
 from gpuq.wire import exchange
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 SCRIPT_NAMES = ("enqueue", "claim", "claim_batch", "began", "heartbeat", "ack", "fail", "requeue",
-                "cancel", "reap", "lead", "expire", "preempt", "retire", "learn", "tenant",
+                "cancel", "reap", "lead", "expire", "preempt", "retire", "learn", "tenant", "fire",
                 "emit", "progress", "follow")  # the last three: gpuq.stream builds their calls
 LEARN_MAX_RUNS = 256  # learn.lua's limit per call
 
@@ -98,7 +98,8 @@ class Calls:
             est = "" if s.est_s is None else _num(s.est_s)  # "": the learned estimate, else 1
             args += [s.task_id, s.handler, s.payload, s.model, _num(s.vram_gb), str(int(s.priority)),
                      est, deadline, "1" if s.preemptible else "0", s.tenant,
-                     str(s.max_attempts), "1" if s.report_end else "0", str(s.gpus)]
+                     str(s.max_attempts), "1" if s.report_end else "0", str(s.gpus),
+                     *deferral_args(s)]
 
         def parse(reply: list[Any]) -> int:
             if int(reply[0]) != Code.OK and len(reply) > 1 and int(reply[1]) > 0:

@@ -14,7 +14,7 @@ import random
 import re
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import Any, NamedTuple
 
@@ -69,7 +69,8 @@ _PRIORITY_NAMES = {
 class State(str, Enum):
     QUEUED = "queued"
     RUNNING = "running"
-    DELAYED = "delayed"  # failed, waiting out its retry backoff before it is queued again
+    DELAYED = "delayed"  # due later: a retry waiting out its backoff, or enqueued with a delay
+    WAITING = "waiting"  # enqueued with `after`: waits for its parent tasks to end
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     EXPIRED = "expired"
@@ -120,7 +121,7 @@ def _name(field: str, value: object) -> str:
         return value
     if len(value) > MAX_NAME_LEN or _BAD_NAME.search(value):
         raise InvalidTask(f"{field} {value!r} is too long or holds spaces, commas or braces")
-    if field != "task_id":  # ids are one-off
+    if field not in ("task_id", "parent id"):  # ids are one-off
         if len(_good_names) >= 4096:
             _good_names.clear()
         _good_names.add(value)
@@ -168,6 +169,10 @@ class TaskSpec(NamedTuple):
     task_id: str = ""
     report_end: bool = False  # list it in `ended` if it ends other than succeeded (rq bridge)
     gpus: int = 1  # devices it runs across (tensor parallel); vram_gb is its need over all of them
+    delay_s: float | None = None  # queued this many seconds after enqueue (server clock)
+    at: float | None = None  # or queued at this epoch time (seconds)
+    after: tuple[str, ...] = ()  # parent task ids: queued once every one succeeded
+    after_any_outcome: bool = False  # queued once every parent ended, however it ended
 
     @classmethod
     def build(
@@ -186,7 +191,12 @@ class TaskSpec(NamedTuple):
         task_id: str | None = None,
         report_end: bool = False,
         gpus: int = 1,
+        delay_s: float | None = None,
+        at: float | None = None,
+        after: Iterable[str] | str = (),
+        after_any_outcome: bool = False,
     ) -> TaskSpec:
+        delay_s, at, parents = _deferral(delay_s, at, after)
         if deadline_s is not None:
             _positive_number("deadline_s", deadline_s)
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not (
@@ -209,7 +219,44 @@ class TaskSpec(NamedTuple):
             task_id=_name("task_id", task_id) if task_id is not None else new_task_id(),
             report_end=bool(report_end),
             gpus=gpus,
+            delay_s=delay_s,
+            at=at,
+            after=parents,
+            after_any_outcome=bool(after_any_outcome),
         )
+
+
+MAX_PARENTS = 100  # ids in one task's `after`
+
+
+def _deferral(delay_s: object, at: object,
+              after: Iterable[str] | str) -> tuple[float | None, float | None, tuple[str, ...]]:
+    """A task's delay (or due time) and parents, checked: one of delay_s and at, neither
+    negative, and not with parents (a child is queued when its parents end). Whether ``at``
+    is in the past is decided by the server's clock, at enqueue."""
+    if delay_s is not None and at is not None:
+        raise InvalidTask("give delay_s or at, not both")
+    delay = None if delay_s is None else _positive_number("delay_s", delay_s, allow_zero=True)
+    when = None if at is None else _positive_number("at", at)
+    if delay is not None and delay > 1e10:
+        raise InvalidTask(f"delay_s must be at most 1e10 seconds, got {delay_s!r}")
+    if when is not None and when > 1e12:
+        raise InvalidTask(f"at must be epoch seconds, got {at!r}")
+    ids = (after,) if isinstance(after, str) else tuple(after)
+    parents = tuple(dict.fromkeys(_name("parent id", p) for p in ids))  # once each, in order
+    if len(parents) > MAX_PARENTS:
+        raise InvalidTask(f"after names {len(parents)} tasks; at most {MAX_PARENTS}")
+    if parents and (delay is not None or when is not None):
+        raise InvalidTask("after cannot be combined with delay_s or at")
+    return delay, when, parents
+
+
+def deferral_args(spec: TaskSpec) -> tuple[str, str, str]:
+    """enqueue.lua's fields 14..16 of a task: due ("" now, "+<ms>" after a delay, "<ms>" an
+    epoch time), after (parent ids, comma-separated) and after_any ("1"/"0")."""
+    due = ("" if spec.at is None else str(int(spec.at * 1000))) if spec.delay_s is None \
+        else f"+{int(spec.delay_s * 1000)}"
+    return due, ",".join(spec.after), "1" if spec.after_any_outcome else "0"
 
 
 def build_specs(tasks: Iterable[Mapping[str, Any]]) -> list[TaskSpec]:
@@ -264,6 +311,9 @@ class TaskRecord:
     gpus: int = 1  # devices it runs across
     progress: float | None = None  # the last ctx.progress fraction reported (0..1), if any
     progress_msg: str | None = None  # and its message
+    due_at: float | None = None  # enqueued with a delay: when it is (was) due
+    parents: list[str] = field(default_factory=list)  # enqueued with `after`: its parents
+    schedule: str | None = None  # a periodic run: "<schedule name> <period, epoch ms>"
 
     @classmethod
     def from_fields(cls, fields: dict[str, str]) -> TaskRecord:
@@ -306,6 +356,9 @@ class TaskRecord:
             gpus=int(fields.get("gpus") or 1),
             progress=float(fields["progress"]) if fields.get("progress") else None,
             progress_msg=fields.get("progress_msg") or None,
+            due_at=_seconds(fields, "due_at"),
+            parents=[p for p in fields.get("parents", "").split(",") if p],
+            schedule=fields.get("schedule") or None,
         )
 
     def to_dict(self) -> dict[str, Any]:

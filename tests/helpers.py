@@ -20,7 +20,8 @@ T0 = 1_700_000_000_000  # virtual clock origin (epoch ms)
 
 # The enqueue script's per-task ARGV fields, in order (gpuq/lua/enqueue.lua header).
 ENQUEUE_FIELDS = ("id", "handler", "payload", "model", "vram_gb", "priority", "est_s",
-                  "deadline", "preemptible", "tenant", "max_attempts", "report_end", "gpus")
+                  "deadline", "preemptible", "tenant", "max_attempts", "report_end", "gpus", "due",
+                  "after", "after_any")
 ENQUEUE_HEAD = 6  # now, check_fit, SLA of P0..P3
 
 

@@ -5,29 +5,47 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 from gpuq.cli.base import PRIORITY_HELP, no_preempt_option, open_queue, task_option
 from gpuq.client import Queue
 from gpuq.task import parse_payload_text
+from gpuq.views.inspect import task_children
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def spec_options(command: F) -> F:
+    """The options of a task's spec, shared by ``enqueue`` and ``schedule add``."""
+    for option in reversed((
+            click.option("--payload", default="null", help="JSON payload.", show_default=True),
+            task_option("model", "Model the task runs on."),
+            task_option("vram_gb", "VRAM the task needs (GB), weights included."),
+            task_option("priority", PRIORITY_HELP),
+            task_option("est_s", "Estimated run seconds (default: the mean the pool learned from "
+                        "this handler and model's successful runs, else 1)."),
+            task_option("deadline_s", "Seconds from now (from its due time when delayed) the "
+                        "task must end by."),
+            task_option("tenant", None),
+            no_preempt_option("Never preempt this task."),
+            task_option("max_attempts", None),
+            task_option("gpus", "GPUs the task runs across (tensor parallel); --vram-gb is its "
+                        "need over all of them."))):
+        command = option(command)
+    return command
 
 
 @click.command()
 @click.argument("handler")
-@click.option("--payload", default="null", help="JSON payload.", show_default=True)
-@task_option("model", "Model the task runs on.")
-@task_option("vram_gb", "VRAM the task needs (GB), weights included.")
-@task_option("priority", PRIORITY_HELP)
-@task_option("est_s", "Estimated run seconds (default: the mean the pool learned from this "
-             "handler and model's successful runs, else 1).")
-@task_option("deadline_s", "Seconds from now the task must end by.")
-@task_option("tenant", None)
-@no_preempt_option("Never preempt this task.")
-@task_option("max_attempts", None)
-@task_option("gpus", "GPUs the task runs across (tensor parallel); --vram-gb is its need over "
-             "all of them.")
+@spec_options
+@task_option("delay_s", "Queue it this many seconds from now (server clock).")
+@task_option("at", "Queue it at this epoch time (seconds; not past).")
+@click.option("--after", "after", multiple=True, metavar="ID",
+              help="Queue it once this task succeeded (repeatable: every one).")
+@click.option("--after-any-outcome", is_flag=True,
+              help="With --after: queue it once every parent ended, however it ended.")
 @click.option("--check-fit", is_flag=True,
               help="Reject the task if no registered GPU class fits it or no worker registers its handler.")
 @click.option("--wait", is_flag=True, help="Wait for the result and print it.")
@@ -87,7 +105,9 @@ cancel = verb("cancel", "task_id", Queue.cancel, "canceled {id} (was {state})",
 @click.pass_context
 def task(ctx: click.Context, task_id: str, as_json: bool) -> None:
     """Every field of one task (timestamps as epoch seconds)."""
-    record = open_queue(ctx).record(task_id).to_dict()
+    queue = open_queue(ctx)
+    record = queue.record(task_id).to_dict()
+    record["children"] = task_children(queue.redis, queue.keys, task_id)
     if as_json:
         click.echo(json.dumps(record, indent=2))
         return

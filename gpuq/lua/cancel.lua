@@ -1,5 +1,7 @@
 -- cancel.lua: end a task as "canceled" wherever it is. A running task's lease is dropped,
--- so its worker's next heartbeat reports it lost and its ack is rejected.
+-- so its worker's next heartbeat reports it lost and its ack is rejected. A waiting task
+-- (enqueued with `after`) leaves `waiting`; its parents' release skips it. Its own waiting
+-- children are canceled in turn (lib/finish.lua, lib/deps.lua).
 --
 -- KEYS[1]  pool key base
 -- ARGV[1]  task id
@@ -33,6 +35,8 @@ if state == 'queued' then
   withdraw_yield(id, f[5], f[6], now)
 elseif state == 'delayed' then
   redis.call('ZREM', K_DELAYED, id)
+elseif state == 'waiting' then  -- its parents' release skips it: it no longer waits
+  redis.call('ZREM', K_WAITING, id)
 elseif state == 'running' then
   release(id, f[4], f[7])
 else

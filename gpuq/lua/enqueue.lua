@@ -1,15 +1,12 @@
 -- enqueue.lua: validate and enqueue one or many tasks atomically, then wake workers.
 --
--- All tasks of a call are validated before any is written: one bad task rejects the call
--- and nothing is stored. A P0/P1 task that no idle worker was woken for wakes the reaper
--- (`urgent`), which plans preemption for it at once. Each task's queue score is its
--- start-by time: enqueue time plus its priority's SLA, or deadline minus estimate if that
--- is earlier. A call of one task whose picked worker idles with one slot hands the task over
--- instead: started here for that worker and its fields pushed onto the worker's wake list
--- (its SLA decided here when the worker holds its model, else when its handler starts:
--- began.lua); left unread there past a pickup deadline, it is taken back (docs/PROTOCOL.md,
--- Hand-over).
--- Arrivals are counted per model in the minute's `arrivals:<bucket>` hash (the forecast's history).
+-- All tasks of a call are validated before any is written: one bad task rejects the call.
+-- A P0/P1 task no idle worker was woken for wakes the reaper (`urgent`) to plan preemption.
+-- A task's queue score is its start-by time: now plus its SLA, or deadline minus estimate if
+-- earlier. A call of one task whose picked worker idles with one slot hands it over: started
+-- here for that worker, its fields pushed onto the worker's wake list, taken back if unread
+-- past a pickup deadline (docs/PROTOCOL.md, Hand-over). Arrivals are counted per model in
+-- the minute's `arrivals:<bucket>` hash (the forecast's history).
 --
 -- KEYS[1]  pool key base, e.g. "gpuq:{default}:"
 -- ARGV[1]  now (ms; "0" = server clock)
@@ -17,16 +14,20 @@
 --          GPUs: a class of groups of N devices holds tasks of up to N), or whose handler
 --          no worker of the pool has registered
 -- ARGV[3..6]  SLA of P0..P3 (ms)
--- ARGV[7..]  groups of 13 per task: id, handler, payload (JSON text), model, vram_gb,
+-- ARGV[7..]  groups of 16 per task: id, handler, payload (JSON text), model, vram_gb,
 --            priority (0..3), est_s ("": the mean run time learned for its handler and
 --            model, and est_from "history", else 1), deadline_ms (relative to now, "" =
 --            none; stored absolute), preemptible ("1"/"0"), tenant, max_attempts,
 --            report_end ("1": list the task in `ended` if it ends other than succeeded,
 --            for its producer; "0"), gpus (1..64: devices it runs across; its
---            vram_gb is its need over all of them)
+--            vram_gb is its need over all of them), due ("": now; "+<ms>": a delay;
+--            "<ms>": an epoch time, not past), after (parent ids, comma-separated),
+--            after_any ("1": queued once every parent ended; "0": once every one
+--            succeeded): see `deferral`
 -- Returns  {0, n}                              all n tasks enqueued
 --          {1, index, reason}                  INVALID: task at 1-based index is malformed
---                                              (index 0: the call's own arguments)
+--                                              (index 0: the call's own arguments), at in
+--                                              the past, a parent unknown or ended badly
 --          {2, index, id}                      DUPLICATE: a task with this id exists
 --          {3, index, vram_gb, largest_gb, gpus, most_gpus}  UNSCHEDULABLE (only with
 --                                              check_fit): largest_gb is the largest class
@@ -41,21 +42,21 @@
 --@include start
 --@include runtime
 --@include tenancy
+--@include defer
 
 local now = clock(ARGV[1])
 local check_fit = ARGV[2] == '1'
 -- by the priority's text as it comes (validated below): a lookup, not a parse per task
 local sla = {['0'] = arg_num(3, 0, 1e13, true), ['1'] = arg_num(4, 0, 1e13, true),
   ['2'] = arg_num(5, 0, 1e13, true), ['3'] = arg_num(6, 0, 1e13, true)}
-local G = 13
+local G = 16
 local n = (#ARGV - 6) / G
-if n < 1 or n ~= math.floor(n) then return {1, 0, 'expected groups of 13 task fields'} end
+if n < 1 or n ~= math.floor(n) then return {1, 0, 'expected groups of 16 task fields'} end
 if not now then return {1, 0, 'now must be ms >= 0'} end
 if not (sla['0'] and sla['1'] and sla['2'] and sla['3']) then return {1, 0, 'SLAs must be ms >= 0'} end
 
--- A name is non-empty, at most 200 bytes, without whitespace, braces or commas: keys, hash
--- tags and space- or comma-separated fields carry names. Plain finds and a one-class pattern:
--- a bracket class costs several times as much per byte.
+-- A name is non-empty, at most 200 bytes, without whitespace, braces or commas (keys, hash tags
+-- and lists carry names). Plain finds: a bracket class costs several times as much per byte.
 local function bad_chars(s)
   return string.find(s, '%s') or string.find(s, '{', 1, true) or string.find(s, '}', 1, true)
     or string.find(s, ',', 1, true)
@@ -64,10 +65,8 @@ local function bad_name(s)
   return s == '' or #s > 200 or bad_chars(s) ~= nil
 end
 
--- An idle worker's hand-over settings, from its hash, if it takes tasks handed over at
--- enqueue (one slot, blocked on its wake list): its defer bound, fair_every and lease (ms).
--- nil otherwise: a worker with more slots is woken instead (its other runners are reached
--- only while it is listed idle, which a hand-over ends), and so is a burst worker.
+-- An idle worker's hand-over settings (defer bound, fair_every, lease ms) if it takes hand-overs
+-- (one slot); nil for a worker with more slots (woken instead) or a burst worker.
 local function handover(w)
   local h = redis.call('HMGET', worker_key(w), 'concurrency', 'handover_defer_ms', 'fair_every',
     'lease_ms')
@@ -78,25 +77,19 @@ end
 
 local good = {}  -- handler, model and tenant checked together: bulk calls repeat them
 
--- check_fit: each class's usable VRAM and GPUs (classes of one-GPU workers are not in
--- class_gpus); the largest class with at least g GPUs, and the most GPUs of any class.
-local classes, most_gpus = {}, 0
-local registered = {}  -- check_fit: handler -> ever registered by a worker of the pool
+-- check_fit: the classes' usable VRAM and GPUs (one-GPU classes are not in class_gpus)
+local classes, most_gpus, registered = {}, 0, {}  -- registered: handler -> ever registered
 if check_fit then
-  local kv, g = redis.call('HGETALL', K_CLASSES), redis.call('HGETALL', K_CLASS_GPUS)
-  local count = {}
+  local kv, g, count = redis.call('HGETALL', K_CLASSES), redis.call('HGETALL', K_CLASS_GPUS), {}
   for i = 1, #g, 2 do count[g[i]] = tonumber(g[i + 1]) end
   for i = 1, #kv, 2 do
-    local c = {gb = finite(kv[i + 1]) or 0, gpus = count[kv[i]] or 1}
-    classes[#classes + 1] = c
-    most_gpus = math.max(most_gpus, c.gpus)
+    classes[#classes + 1] = {gb = finite(kv[i + 1]) or 0, gpus = count[kv[i]] or 1}
+    most_gpus = math.max(most_gpus, count[kv[i]] or 1)
   end
 end
-local function largest_with(gpus)
+local function largest_with(gpus)  -- the largest class with at least gpus GPUs (0: none)
   local largest = 0
-  for _, c in ipairs(classes) do
-    if c.gpus >= gpus then largest = math.max(largest, c.gb) end
-  end
+  for _, c in ipairs(classes) do if c.gpus >= gpus then largest = math.max(largest, c.gb) end end
   return largest
 end
 
@@ -129,15 +122,11 @@ local function fair_state()
   return fair
 end
 
--- The queue score of a task of tenant t at level p with start-by `score`, its level's SLA
--- sla_ms, estimate est_s and need vram, counted as queued (fair_flush writes the counts
--- and tags at the end of the call). Its base is where service at the level is now: its
--- start-by less the SLA (its arrival, earlier for a tight deadline) less the level's lag
--- (`tenant_clock` field p: how far behind its place the task a claim took last started), so
--- a tenant without a backlog joins at the front of the service, however far a flooding
--- tenant's backlog lags; with a backlog it goes after its own last task. The next one is
--- spaced by est_s over the GPUs the tenant's share gives it (its weight over the level's
--- tenants with work, times the live workers, at most what its caps allow).
+-- The queue score of a task of tenant t at level p (start-by `score`, SLA sla_ms, est_s, need
+-- vram), counted as queued (fair_flush writes counts and tags). Its base is where service is
+-- now: start-by less SLA less the level's lag (`tenant_clock` p), so a tenant without a backlog
+-- joins at the front; with one it goes after its own last task, the next spaced by est_s over
+-- the GPUs its share gives it (weight over the level's tenants with work x live workers, capped).
 local function fair_order(p, t, score, sla_ms, est_s, vram)
   local s = fair_state()
   local field = p .. ':' .. t
@@ -186,9 +175,38 @@ local function fair_flush()
   if tags[1] then redis.call('HSET', K_TENANT_CLOCK, unpack(tags)) end
 end
 
--- Tenants (lib/tenancy.lua): while any is registered, a task's queue score is its tenant's
--- fair order; a task of a capped tenant is not handed over (claims keep the quota); and the
--- pool may refuse unregistered tenants.
+-- The deferral of task id (its fields due, after, after_any; lib/defer.lua holds it): false
+-- (queued now), {due = ms} (delayed), {parents, pending, any, ready} (waiting; ready: none
+-- pending), or nil and the reason. Parents are stored or earlier in this call and the id is
+-- new, so no stored task waits on it: no cycle can form (docs/DECISIONS.md, Dependencies).
+local ENDED = {succeeded = true, failed = true, expired = true, canceled = true}
+local function deferral(id, due, after, any, seen)
+  if any ~= '0' and any ~= '1' then return nil, 'after_any must be 0 or 1' end
+  if due ~= '' then
+    local rel, t = string.byte(due) == 43, string.find(due, '^%+?%d+$') and tonumber(string.match(due, '%d+'))
+    if not t or t > 1e13 or after ~= '' then return nil, 'due must be +<ms> or epoch ms, without after' end
+    if not rel and t < now then return nil, 'at is in the past: ' .. due .. ' < server time ' .. ms(now) end
+    t = rel and now + t or t
+    return t > now and {due = t}
+  end
+  if after == '' then return false end
+  local d, listed = {parents = {}, pending = {}, any = any == '1'}, {}
+  for p in string.gmatch(after, '[^,]+') do
+    local state = p ~= id and (seen[p] and 'queued' or redis.call('HGET', task_key(p), 'state'))
+    if not state then return nil, p == id and 'a task cannot wait for itself' or 'unknown parent task ' .. p end
+    if not listed[p] then
+      listed[p], d.parents[#d.parents + 1] = true, p
+      if not ENDED[state] then d.pending[#d.pending + 1] = p
+      elseif state ~= 'succeeded' and not d.any then return nil, 'parent task ' .. p .. ' ended ' .. state end
+    end
+  end
+  if #d.parents > 100 then return nil, 'after names more than 100 tasks' end
+  d.ready = d.pending[1] == nil
+  return d
+end
+
+-- Tenants (lib/tenancy.lua): while any is registered, a task's score is its tenant's fair order, a
+-- capped tenant's task is not handed over (claims keep quotas), unregistered ones may be refused.
 local tenancy = tenancy_on()
 local required = tenancy and redis.call('HGET', K_TENANTS, REQUIRED) == '1'
 local known_tenant = {}
@@ -197,15 +215,15 @@ local known_tenant = {}
 local seen = {}
 local vrams, ests, tries, gpus_of = {}, {}, {}, {}  -- each task's numbers, parsed once
 local learned, from_history = {}, {}  -- "<handler> <model>" -> mean or false; task -> true
+local ready, held = {}, {}  -- tasks queued now (indexes); deferred ones (lib/defer.lua)
 for i = 1, n do
   local o = 6 + (i - 1) * G
   local id, handler, payload, model = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
   local vram, prio, est = tonumber(ARGV[o + 5]), ARGV[o + 6], tonumber(ARGV[o + 7])
   local deadline, pre, tenant, attempts = ARGV[o + 8], ARGV[o + 9], ARGV[o + 10], tonumber(ARGV[o + 11])
   local gpus = tonumber(ARGV[o + 13])
-  -- one scan over the four names (only the id once the others passed in this call); the
-  -- names one by one only to say which is bad. The cache key joins them with a comma, which
-  -- no good name holds, so two different triples never share a key ('|' may be in a name)
+  -- one scan over the four names (the id alone once the others passed), one by one only to say
+  -- which is bad; the cache key joins them with a comma, which no good name holds
   local names = handler .. ',' .. model .. ',' .. tenant
   local known = good[names]
   if id == '' or #id > 200
@@ -229,9 +247,7 @@ for i = 1, n do
   if not vram or vram ~= vram or vram <= 0 or vram == math.huge then
     return {1, i, 'vram_gb must be a number > 0'}
   end
-  if prio ~= '0' and prio ~= '1' and prio ~= '2' and prio ~= '3' then
-    return {1, i, 'priority must be 0..3'}
-  end
+  if prio ~= '0' and prio ~= '1' and prio ~= '2' and prio ~= '3' then return {1, i, 'priority must be 0..3'} end
   if not est and ARGV[o + 7] == '' then  -- none given: learned from history, else 1 s
     local pair = runtime_field(handler, model)
     if learned[pair] == nil then
@@ -239,9 +255,7 @@ for i = 1, n do
     end
     est, from_history[i] = learned[pair] or 1, learned[pair] and true
   end
-  if not est or est ~= est or est < 0 or est > 1e10 then
-    return {1, i, 'est_s must be 0..1e10 or empty'}
-  end
+  if not est or est ~= est or est < 0 or est > 1e10 then return {1, i, 'est_s must be 0..1e10 or empty'} end
   local d = tonumber(deadline)
   if deadline ~= '' and not (d and d > 0 and d < 1e13) then  -- 1e13 ms: about 300 years
     return {1, i, 'deadline must be ms > 0 or empty'}
@@ -270,12 +284,16 @@ for i = 1, n do
     if not registered[handler] then return {7, i, handler} end
   end
   vrams[i], ests[i], tries[i], gpus_of[i] = vram, est, attempts, gpus
+  local later, why = deferral(id, ARGV[o + 14], ARGV[o + 15], ARGV[o + 16], seen)
+  if later == nil then return {1, i, why} end
+  held[i] = later or nil
+  if not later or later.ready then ready[#ready + 1] = i end
 end
 
 local unwoken, targeted, heads, urgent, arrived = 0, 0, {}, false, {}
 local now_ms = ms(now)
 local idle_n = redis.call('ZCARD', K_IDLE)  -- read once: only the wakes below change it
-for i = 1, n do
+for _, i in ipairs(ready) do
   local o = 6 + (i - 1) * G
   local id, model, prio, deadline = ARGV[o + 1], ARGV[o + 4], ARGV[o + 6], ARGV[o + 8]
   local vram = vrams[i]
@@ -304,13 +322,11 @@ for i = 1, n do
     unwoken = unwoken + 1
     urgent = urgent or prio == '0' or prio == '1'
   end
-  -- numbers formatted once (a float's formatting costs as much as a command) and written
-  -- normalized, so readers parse what they expect
+  -- numbers formatted once (a float's formatting costs as much as a command), normalized
   local order = score
   if tenancy and not hand then order = fair_order(prio, tenant, score, sla[prio], ests[i], vram) end
   local est_s, vram_s, score_ms = tostring(ests[i]), tostring(vram), ms(score)
-  -- no `attempt` before the first start, `deadline` and `offered` only when there is one:
-  -- each field written costs about as much as a small command (PROTOCOL: absent fields)
+  -- optional fields only when there is one: each costs about a small command (PROTOCOL)
   redis.call('HSET', task_key(id), 'id', id, 'handler', ARGV[o + 2], 'payload', ARGV[o + 3],
     'model', model, 'vram_gb', vram_s, 'priority', prio, 'est_s', est_s,
     'preemptible', ARGV[o + 9], 'tenant', ARGV[o + 10],
@@ -325,9 +341,8 @@ for i = 1, n do
     redis.call('HSET', task_key(id), 'order', ms(order), 'fair', prio .. ':' .. tenant)
   end
   if hand then
-    -- handed over: the idle worker runs it without a claim round trip. It starts here as a
-    -- claim would start it, with the worker's lease; unread on its wake list at its pickup
-    -- deadline (the offer's defer bound), a claim or the reaper takes it back
+    -- handed over: started here as a claim would, with the worker's lease; unread on its wake
+    -- list at its pickup deadline (the offer's defer bound), a claim or the reaper takes it back
     local pickup = now + math.min(hand.defer, math.floor(sla[prio] / 2))
     redis.call('ZREM', K_IDLE, w)
     local token, decided = start(id, prio, model, w, now, now + hand.lease, '1', score, now, true,
@@ -351,6 +366,18 @@ for i = 1, n do
   end
 end
 for _, h in pairs(heads) do redis.call('ZADD', models_with_work_key(h[1]), 'LT', h[3], h[2]) end
+for i = 1, n do  -- held tasks (lib/defer.lua), in call order
+  local o = 6 + (i - 1) * G
+  if held[i] then
+    local id = ARGV[o + 1]
+    hold(id, {'id', id, 'handler', ARGV[o + 2], 'payload', ARGV[o + 3], 'model', ARGV[o + 4],
+      'vram_gb', tostring(vrams[i]), 'priority', ARGV[o + 6], 'est_s', tostring(ests[i]),
+      'preemptible', ARGV[o + 9], 'tenant', ARGV[o + 10], 'max_attempts', ms(tries[i]),
+      'enqueued_at', ms(now), 'queued_at', ms(now), 'report_end', ARGV[o + 12],
+      'est_from', from_history[i] and 'history' or '', 'gpus', ARGV[o + 13]}, held[i], now, sla[ARGV[o + 6]],
+      tonumber(ARGV[o + 8]), ests[i], tenancy)
+  end
+end
 fair_flush()
 -- one HINCRBY per model per call (60 s buckets, 8 days kept: keys.ARRIVAL_BUCKET_MS, _TTL_S);
 -- the TTL is set when a model's field is new, not on every call

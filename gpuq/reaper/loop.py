@@ -9,7 +9,11 @@ Each step is bounded; a failing step is logged and the others still run.
 
 Between rounds the active reaper blocks on the pool's ``urgent`` token, which enqueue posts
 when online or nearline work finds no idle worker: it then plans preemption at once. A P0
-task's 200 ms SLA cannot wait for the next round (half a second away on average).
+task's 200 ms SLA cannot wait for the next round (half a second away on average). For
+the same reason it wakes at the due time of the earliest delayed task (a retry, a task
+enqueued with a delay, a child its parents released) when that comes before the next round,
+and promotes it then. Each round also enqueues the due runs of periodic tasks
+(``gpuq.schedule``).
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ from typing import TypeVar
 
 import redis
 
-from gpuq import backoff, catalog
-from gpuq.clock import server_ms
+from gpuq import backoff, catalog, schedule
+from gpuq.clock import from_time_reply, server_ms
 from gpuq.config import Config
 from gpuq.connection import redis_errors
 from gpuq.keys import Keys
@@ -51,6 +55,7 @@ class Round:
     preemptions: dict[str, int] = field(default_factory=dict)
     scale_signals: int = 0
     warm_hints: int = 0
+    scheduled: int = 0  # periodic runs enqueued
 
     def summary(self) -> str:
         r = self.recovered
@@ -58,7 +63,8 @@ class Round:
                 f"retries promoted {r.promoted}, expired {self.expired}, "
                 f"reserved {self.preemptions.get('reserved', 0)}, "
                 f"asked to yield {self.preemptions.get('yield', 0)}, "
-                f"scale signals {self.scale_signals}, warm hints {self.warm_hints}")
+                f"scale signals {self.scale_signals}, warm hints {self.warm_hints}, "
+                f"periodic runs {self.scheduled}")
 
 
 class Reaper:
@@ -120,6 +126,7 @@ class Reaper:
         out = Round()
         self.redis.hset(self.keys.settings, "min_workers", self.config.min_workers)
         out.recovered = self._step("recover", self.reap_once, out.recovered)
+        out.scheduled = self._step("schedules", self.fire_schedules, 0)
         out.expired = self._step("expire", self.expire, 0)
         out.preemptions = self._step("preempt", self.preemptor.step, {})
         plan = self._step("scale", self.scaler.step, None)
@@ -157,11 +164,14 @@ class Reaper:
                         outage.up(started)
                         retry.reset()
                     plan_at = self.planned_pass(next_round)
-                    if self.wait_urgent(next_urgent, plan_at):
+                    due_at = self.next_due(next_round)
+                    if self.wait_urgent(next_urgent, min(plan_at, due_at)):
                         self.urgent()
                         next_urgent = time.monotonic() + URGENT_GAP_S
                     elif plan_at < next_round and time.monotonic() >= plan_at:
                         self.urgent()
+                    if due_at < next_round and time.monotonic() >= due_at:
+                        self._step("promote", self.reap_once, None)
                 except redis.RedisError as exc:  # down or restarting: said once, retried with backoff
                     outage.down(exc)
                     next_round = 0.0  # the round that failed runs again once Redis answers
@@ -180,6 +190,25 @@ class Reaper:
         now = time.monotonic()
         at = now + (quiet - server_ms(self.redis)) / 1000
         return min(next_round, at) if at > now else next_round
+
+    def next_due(self, next_round: float) -> float:
+        """When (monotonic) the earliest delayed task is due, if before the next round and
+        this reaper is active: it is promoted then, not up to a round late."""
+        if not self.active:
+            return next_round
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zrange(self.keys.delayed, 0, 0, withscores=True)
+        pipe.time()
+        first, clock = pipe.execute()
+        if not first:
+            return next_round
+        now = time.monotonic()
+        due_s = (float(first[0][1]) - from_time_reply(clock)) / 1000
+        return min(next_round, now + max(0.0, due_s))
+
+    def fire_schedules(self) -> int:
+        """Enqueue the due run of each periodic task (gpuq.schedule); the runs enqueued."""
+        return schedule.fire_due(self.redis, self.keys, self.scripts, self.calls)
 
     def wait_urgent(self, not_before: float, until: float) -> bool:
         """Until the next round (monotonic ``until``): the active reaper blocks on the urgent

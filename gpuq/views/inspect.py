@@ -75,6 +75,8 @@ class PoolView:
     # running tasks of live workers that reported progress (ctx.progress): task id ->
     # {"fraction", "message"}
     progress: dict[str, dict[str, Any]] = field(default_factory=dict)
+    waiting: int = 0  # tasks waiting for their parents (enqueued with `after`)
+    schedules: int = 0  # periodic tasks (gpuq schedule)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,7 +94,10 @@ def pool_view(client: redis.Redis, keys: Keys) -> PoolView:
     pipe.hgetall(keys.stats)
     pipe.hgetall(keys.scale)
     pipe.hgetall(keys.runtimes)  # at most 4096 pairs (lua/learn.lua)
-    clock, *per_level, workers, running, delayed, classes, stats, scale, runtimes = pipe.execute()
+    pipe.zcard(keys.waiting)
+    pipe.hlen(keys.schedules)
+    (clock, *per_level, workers, running, delayed, classes, stats, scale, runtimes, waiting,
+     schedules) = pipe.execute()
     now = from_time_reply(clock) / 1000
 
     queues: list[QueueView] = []
@@ -134,7 +139,12 @@ def pool_view(client: redis.Redis, keys: Keys) -> PoolView:
         **_running_tasks(client, keys, [w for w in views if w.alive], now * 1000),
         scale={k: _parse_signal(v) for k, v in sorted(scale.items())},
         unregistered=dict(sorted(unregistered.items())), runtimes=learned_runtimes(runtimes),
-        **_tenants(client, keys, stats))
+        waiting=int(waiting), schedules=int(schedules), **_tenants(client, keys, stats))
+
+
+def task_children(client: redis.Redis, keys: Keys, task_id: str) -> list[str]:
+    """The tasks enqueued ``after`` this one while it had not ended (kept while it is readable)."""
+    return sorted(str(c) for c in client.smembers(keys.children(task_id)))
 
 
 def _tenants(client: redis.Redis, keys: Keys, stats: dict[str, str]) -> dict[str, Any]:

@@ -96,8 +96,8 @@ def _header(view: PoolView, now: float) -> list[str]:
     if len(alive) < len(view.workers):
         workers += f", {len(view.workers) - len(alive)} not responding"
     return [f"gpuq top - pool {view.pool} - {time.strftime('%H:%M:%S', time.localtime(now))}",
-            f"tasks: {queued} queued, {view.running} running, {view.delayed} waiting to retry, "
-            f"{view.unschedulable} unschedulable",
+            f"tasks: {queued} queued, {view.running} running, {view.delayed} delayed, "
+            f"{view.waiting} waiting, {view.unschedulable} unschedulable",
             workers]
 
 

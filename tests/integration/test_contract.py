@@ -639,7 +639,7 @@ def test_names_checked_once_per_call_cannot_be_confused_across_tasks(queue: Queu
 
 def test_wrong_argument_count_is_invalid(queue: Queue) -> None:
     _, call = raw_enqueue_call(queue)
-    with pytest.raises(InvalidTask, match="groups of 13"):
+    with pytest.raises(InvalidTask, match="groups of 16"):
         queue.scripts.run(type(call)(call.script, call.args[:-1], call.parse))
     assert pool_keys(queue) == set()
 

@@ -18,6 +18,7 @@ runs N of each kind per script instead (by hand, for long runs).
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import uuid
@@ -37,6 +38,7 @@ from gpuq.errors import GpuqError
 from gpuq.keys import Keys
 from gpuq.lua_source import script_source
 from gpuq.replies import Code, raise_for
+from gpuq.schedule import fire_call
 from gpuq.scripts import SCRIPT_NAMES, Call, Calls, ClaimRequest
 from gpuq.stream import emit_call, follow_call, progress_call
 from gpuq.task import MAX_PAYLOAD_BYTES
@@ -77,6 +79,14 @@ def build_state(q: Queue) -> None:
     q.scripts.run(q.calls.ack("done1", 3, '"ok"', now_ms=T0 + 5))
     enqueue_specs(q, [spec(task_id="run2", model="A", vram_gb=5, priority=2, est_s=9)], T0 + 5)
     assert claim(q, "w1", 60, loaded=[("A", 8.0)], now_ms=T0 + 5) is not None  # token 4
+    # held tasks: kid1 waits for run1 and run2 (its end settles kid1), kid2 for kid1; later is
+    # due at T0 + 20 s; a schedule s1 every minute from T0
+    enqueue_specs(q, [spec(task_id="kid1", model="A", after=["run1", "run2"]),
+                      spec(task_id="kid2", model="B", after=["kid1"], after_any_outcome=True),
+                      spec(task_id="later", model="A", delay_s=20, priority=0)], T0 + 5)
+    r.hset(k.schedules, "s1", json.dumps({"every_ms": 60_000, "anchor_ms": T0, "task": {
+        "handler": "h", "payload": "{}", "model": "A", "vram_gb": 2, "priority": 1,
+        "preemptible": True, "tenant": "default", "max_attempts": 2}}))
     # tenancy on: the tenant of run1 and run2 capped (both charged), the tasks below ordered
     assert q.scripts.run(q.calls.tenant("set", "default", "2", "3", "-")) == ""
     enqueue_specs(q, [
@@ -141,6 +151,9 @@ def valid_calls(c: Calls) -> dict[str, list[Call[Any]]]:
         "emit": [emit_call("run1", 1, 0, '{"t":"hi"}', c.config), emit_call("run2", 4, 7, '"x"', c.config)],
         "progress": [progress_call("run1", 1, 0.5, "half"), progress_call("run2", 4, 1.0, "")],
         "follow": [follow_call("run1"), follow_call("done1"), follow_call("q1")],
+        "fire": [fire_call(c, "s1", T0 + 60_000, now_ms=T0 + 61_000),
+                 fire_call(c, "s1", T0 + 60_000, skip=True, now_ms=T0 + 61_000),
+                 fire_call(c, "s1", T0, now_ms=t)],
     }
 
 
@@ -227,7 +240,7 @@ def ok_reply(name: str, r: list[Any], argv: Sequence[bytes]) -> bool:
     """Whether an OK reply has the shape the script's header promises."""
     tail = r[1:]
     if name == "enqueue":
-        return tail == [(len(argv) - 6) // 11]
+        return tail == [(len(argv) - 6) // 15]
     if name == "claim":
         if tail[:1] == [b"none"]:
             return len(tail) == 2 and is_count(tail[1])
@@ -249,7 +262,7 @@ def ok_reply(name: str, r: list[Any], argv: Sequence[bytes]) -> bool:
     if name == "requeue":
         return tail in ([b"queued"], [b"failed"])
     if name == "cancel":
-        return len(tail) == 1 and tail[0] in (b"queued", b"delayed", b"running")
+        return len(tail) == 1 and tail[0] in (b"queued", b"delayed", b"waiting", b"running")
     if name == "reap":
         return len(tail) == 4 and all(is_count(x) for x in tail)
     if name == "expire":
@@ -268,13 +281,15 @@ def ok_reply(name: str, r: list[Any], argv: Sequence[bytes]) -> bool:
         return tail == []
     if name == "follow":
         return len(tail) == 1 and isinstance(tail[0], bytes)
+    if name == "fire":
+        return tail in ([b"skipped"], [b"done"]) or (len(tail) == 2 and tail[0] == b"enqueued")
     raise AssertionError(name)
 
 
 ERROR_SHAPES: dict[str, Callable[[list[Any]], bool]] = {
     "INVALID": lambda r: len(r) == 3 and is_count(r[1]) and isinstance(r[2], bytes) and r[2] != b"",
     "DUPLICATE": lambda r: len(r) == 3 and isinstance(r[1], int) and r[1] >= 1,
-    "UNSCHEDULABLE": lambda r: len(r) == 4 and isinstance(r[1], int) and r[1] >= 1,
+    "UNSCHEDULABLE": lambda r: len(r) == 6 and isinstance(r[1], int) and r[1] >= 1,
     "NOT_FOUND": lambda r: r == [4],
     "STALE_LEASE": lambda r: len(r) == 2 and isinstance(r[1], bytes),  # the state (as stored)
     "FINISHED": lambda r: len(r) == 2 and isinstance(r[1], bytes),
@@ -403,7 +418,7 @@ def bench(redis_server: EmbeddedServer, connect: Callable[[str], redis.Redis],
 # smallest of its kind (several after part of the script's writes: marked "half-written"),
 # or were taken when they should not be (noted), and the reply code each gets now.
 N, TTL = str(NOW), "604800000"
-TASK = ["h", "null", "A", "1", "2", "1", "", "1", "default", "3", "0", "1"]  # after the id, priority 2
+TASK = ["h", "null", "A", "1", "2", "1", "", "1", "default", "3", "0", "1", "", "", "0"]  # after the id, P2
 CLAIM = ["w1", N, "50", "10", "2", "30000", "5", "0123", "8", "100", "500", "2000", "2000", "0", "0",
          "150000", "300000", "1"]
 JSON_OVER = '"' + "a" * MAX_PAYLOAD_BYTES + '"'  # a JSON text one byte past 1 MiB
@@ -415,7 +430,8 @@ REGRESSIONS: list[tuple[str, list[str], int]] = [
     # est_s 1e300 with a deadline: its score and deadline watch became -inf
     ("enqueue", [N, "0", "200", "1000", "300000", "86400000", "n1", *TASK[:5], "1e300", "5000",
                  *TASK[7:]], 1),
-    ("enqueue", [N, "0", "200", "1000", "300000", "86400000", "n1", *TASK[:10], "2", "1"], 1),  # report_end
+    ("enqueue", [N, "0", "200", "1000", "300000", "86400000", "n1", *TASK[:10], "2", *TASK[11:]],
+     1),  # report_end
     ("enqueue", [N, "0", "200", "1000", "300000", "86400000", "n1", *TASK[:5], "", *TASK[6:]], 0),
     ("claim", [], 1),
     ("claim", CLAIM[:9], 1),

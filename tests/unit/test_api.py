@@ -144,7 +144,7 @@ def test_a_missing_estimate_is_sent_empty_for_the_pool_to_fill_in() -> None:
     sent = calls.enqueue([TaskSpec.build("h", model="m", vram_gb=1),
                           TaskSpec.build("h", model="m", vram_gb=1, est_s=2.5),
                           TaskSpec.build("h", model="m", vram_gb=1, est_s=0)]).args
-    assert [sent[at + 13 * i] for i in range(3)] == ["", "2.5", "0"]
+    assert [sent[at + 16 * i] for i in range(3)] == ["", "2.5", "0"]
     assert TaskSpec.build("h", model="m", vram_gb=1).est_s is None
     options = {p.name: p for p in cli.commands["enqueue"].params}
     assert options["est_s"].default is None and not options["est_s"].required

@@ -26,7 +26,7 @@ from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.presence import Presence
 
 DEAD_REDIS = "redis://127.0.0.1:1/0"
-TASK_FIELDS = {f.name for f in dataclass_fields(TaskRecord)}
+TASK_FIELDS = {f.name for f in dataclass_fields(TaskRecord)} | {"children"}  # the CLI adds children
 BASE = ["sim.run", "--model", "llama3-8b", "--vram-gb", "16"]
 
 
@@ -115,7 +115,7 @@ def test_task_with_a_damaged_hash_is_one_line(cli_pool: Pool) -> None:
 def test_task_text_lists_every_field(cli_pool: Pool) -> None:
     task_id = cli_pool.ok("enqueue", *BASE, "--payload", '{"a": 1}').strip()
     lines = cli_pool.ok("task", task_id).splitlines()
-    assert [line.split()[0] for line in lines] == list(TaskRecord.__dataclass_fields__)
+    assert [line.split()[0] for line in lines] == [*TaskRecord.__dataclass_fields__, "children"]
     assert f"id            {task_id}" in lines
     assert 'payload       {"a": 1}' in lines
     assert "state         queued" in lines
@@ -159,7 +159,8 @@ def test_status_json_shape(cli_pool: Pool) -> None:
                      "delayed": 0, "unschedulable": 0, "unschedulable_ids": [],
                      "largest_gpu_gb": 0.0, "stats": {}, "models": [], "reservations": [],
                      "yield_requests": [], "scale": {}, "unregistered": {}, "runtimes": [],
-                     "tenants": [], "tenants_required": False, "progress": {}}
+                     "tenants": [], "tenants_required": False, "progress": {}, "waiting": 0,
+                     "schedules": 0}
 
     cli_pool.register_gpu("w-a100", "A100-40", 40)
     ids = [cli_pool.ok("enqueue", *BASE, "--priority", "P0").strip() for _ in range(2)]
@@ -415,4 +416,5 @@ def test_cancel_running_task(cli_pool: Pool) -> None:
 def test_reaper_once_on_a_quiet_pool(cli_pool: Pool) -> None:
     out = cli_pool.ok("reaper", "--once")
     assert out.strip() == ("requeued 0, failed 0, dead workers 0, retries promoted 0, expired 0, "
-                           "reserved 0, asked to yield 0, scale signals 0, warm hints 0")
+                           "reserved 0, asked to yield 0, scale signals 0, warm hints 0, "
+                           "periodic runs 0")

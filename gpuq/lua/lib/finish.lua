@@ -2,6 +2,7 @@
 
 --@include args
 --@include quota
+--@include deps
 
 -- A task stops running: out of the running set, its worker's tasks and, when it was charged
 -- to a capped tenant (its `charged` field, which the caller read), its tenant's use.
@@ -14,10 +15,12 @@ end
 -- End a task: terminal state, wake its waiters, keep it readable for ttl ms; counted per
 -- state and per state and priority ("<state>:P<n>"; p read from the task unless given).
 -- A task marked `streamed` (it emitted a chunk, or a reader follows it: emit.lua,
--- follow.lua) gets the end marker {end = state} on its stream, which takes the same TTL;
--- `streamed` is read with report_end, or given by the caller (ack reads it with the lease,
--- so a task that never streamed costs it nothing more).
-local function finish(id, state, now, ttl, field, value, p, streamed)
+-- follow.lua) gets the end marker {end = state} on its stream, which takes the same TTL. A
+-- parent (field `children` "1") settles its children in the same call (lib/deps.lua); those
+-- it cancels end here in turn. `streamed` and `children` are read with report_end, or given
+-- by a caller that ends the task succeeded and read them already (ack reads them with the
+-- lease, so a task that never streamed and has no children costs it nothing more).
+local function finish(id, state, now, ttl, field, value, p, streamed, kids)
   local tk = task_key(id)
   redis.call('HSET', tk, 'state', state, 'finished_at', ms(now), field, value)
   p = level(p or redis.call('HGET', tk, 'priority'))  -- none in a corrupt hash
@@ -29,8 +32,8 @@ local function finish(id, state, now, ttl, field, value, p, streamed)
   redis.call('HINCRBY', K_STATS, state, 1)
   local report = false
   if state ~= 'succeeded' or streamed == nil then
-    local g = redis.call('HMGET', tk, 'report_end', 'streamed')
-    report, streamed = g[1] == '1', g[2]
+    local g = redis.call('HMGET', tk, 'report_end', 'streamed', 'children')
+    report, streamed, kids = g[1] == '1', g[2], g[3]
   end
   if streamed == '1' then
     local sk = stream_key(id)
@@ -41,4 +44,9 @@ local function finish(id, state, now, ttl, field, value, p, streamed)
   -- than succeeded (canceled, expired, a lost last attempt, a handler missing) is listed for
   -- that producer to report the end
   if report and state ~= 'succeeded' then redis.call('LPUSH', K_ENDED, id) end
+  if kids == '1' then
+    for _, c in ipairs(settle_children(id, state, now, ttl)) do
+      finish(c[1], 'canceled', now, ttl, 'error', c[2])
+    end
+  end
 end

@@ -1,0 +1,67 @@
+-- fire.lua: enqueue the run of a periodic task (gpuq schedule) for one period, once.
+--
+-- The schedule's last fired period (`schedules:fired`) is compared, the run enqueued and
+-- the period recorded in this one call, so reapers that race, or one restarted, enqueue a
+-- period's run once. A run is a normal task, id "<name>@<period>", field `schedule` =
+-- "<name> <period>", queued now (held as due now, lib/defer.lua, then pushed: its score
+-- now + its SLA, or its deadline, from now, less its estimate if earlier).
+--
+-- KEYS[1]  pool key base
+-- ARGV[1]  now (ms; "0" = server clock)
+-- ARGV[2]  schedule name
+-- ARGV[3]  period (epoch ms): the run's scheduled time
+-- ARGV[4]  skip: "1" records the period without a run (skip_missed: fired too late)
+-- ARGV[5..8]  SLA of P0..P3 (ms)
+-- ARGV[9]  result TTL (ms): how long a run whose stored fields are corrupt stays readable
+-- Returns  {0, "enqueued", id} | {0, "skipped"} | {0, "done"} (this period, or a later
+--          one, was fired already)
+--          {4} NOT_FOUND: no such schedule
+--          {1, 0, reason} INVALID: a malformed argument or stored schedule (nothing written)
+
+--@include args
+--@include runtime
+--@include tenancy
+--@include defer
+--@include push
+
+if #ARGV ~= 9 then return {1, 0, 'expected 9 arguments'} end
+local now, name, period, ttl = clock(ARGV[1]), ARGV[2], arg_num(3, 0, 1e15, true), ttl_arg(9)
+local sla = {['0'] = arg_num(5, 0, 1e13, true), ['1'] = arg_num(6, 0, 1e13, true),
+  ['2'] = arg_num(7, 0, 1e13, true), ['3'] = arg_num(8, 0, 1e13, true)}
+if not (now and period and ttl and sla['0'] and sla['1'] and sla['2'] and sla['3']) then
+  return {1, 0, 'now, period, SLAs and ttl must be ms >= 0'}
+end
+local text = redis.call('HGET', K_SCHEDULES, name)
+if not text then return {4} end
+local ok, s = pcall(cjson.decode, text)
+local t = ok and type(s) == 'table' and type(s.task) == 'table' and s.task
+if not t or type(s.anchor_ms) ~= 'number' then return {1, 0, 'schedule ' .. name .. ' is not readable'} end
+local prio = level(t.priority)
+if not prio or type(t.handler) ~= 'string' or type(t.model) ~= 'string' or type(t.payload) ~= 'string' then
+  return {1, 0, 'schedule ' .. name .. ' has a malformed task'}
+end
+local last = finite(redis.call('HGET', K_SCHEDULE_FIRED, name)) or s.anchor_ms
+if period <= last then return {0, 'done'} end
+redis.call('HSET', K_SCHEDULE_FIRED, name, ms(period))
+if ARGV[4] == '1' then return {0, 'skipped'} end
+
+local id = name .. '@' .. ms(period)
+if redis.call('EXISTS', task_key(id)) == 1 then return {0, 'done'} end
+local est, history = tonumber(t.est_s), nil
+if not est then
+  est = read_runtime(redis.call('HGET', K_RUNTIMES, runtime_field(t.handler, t.model)))
+  history = est and 'history' or ''
+  est = est or 1
+end
+hold(id, {'id', id, 'handler', t.handler, 'payload', t.payload, 'model', t.model,
+  'vram_gb', tostring(t.vram_gb), 'priority', prio, 'est_s', tostring(est),
+  'preemptible', t.preemptible == false and '0' or '1', 'tenant', tostring(t.tenant or 'default'),
+  'max_attempts', ms(tonumber(t.max_attempts) or 3), 'enqueued_at', ms(now), 'queued_at', ms(now),
+  'est_from', history or '', 'schedule', name .. ' ' .. ms(period),
+  'gpus', tostring(math.floor(tonumber(t.gpus) or 1))},
+  {due = now}, now, sla[prio], tonumber(t.deadline_ms), est, tenancy_on())
+redis.call('ZREM', K_DELAYED, id)
+redis.call('HSET', task_key(id), 'state', 'queued')
+push(id, now, ttl)
+redis.call('HINCRBY', K_STATS, 'enqueued', 1)
+return {0, 'enqueued', id}

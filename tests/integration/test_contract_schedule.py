@@ -1,0 +1,112 @@
+"""Contract suite: periodic tasks (gpuq.schedule, fire.lua) under a virtual clock.
+
+A period's run is enqueued once whoever fires it and however often; periods missed while
+no reaper ran give one run (the latest), or none with skip_missed. Each test runs on
+fakeredis and on the real server (``backend``).
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers import T0, claim
+
+from gpuq import Queue
+from gpuq import schedule as sched
+from gpuq.errors import InvalidTask, ScheduleError
+from gpuq.task import State
+
+
+def add(q: Queue, name: str = "nightly", anchor: int = T0, **options: object) -> sched.Schedule:
+    options.setdefault("model", "A")
+    options.setdefault("vram_gb", 1)
+    s = sched.add(q.redis, q.keys, name, "h", {"n": 1}, **options)  # type: ignore[arg-type]
+    # pin the anchor to the virtual clock (add reads the server's)
+    text = q.redis.hget(q.keys.schedules, name)
+    q.redis.hset(q.keys.schedules, name, text.replace(str(s.anchor_ms), str(anchor)))
+    return s
+
+
+def fire(q: Queue, now: int) -> int:
+    return sched.fire_due(q.redis, q.keys, q.scripts, q.calls, now_ms=now)
+
+
+def runs(q: Queue) -> list[str]:
+    return sorted(k.split(":task:", 1)[1] for k in q.redis.scan_iter(match=q.keys.task("*")))
+
+
+def test_every_fires_once_per_period(queue: Queue) -> None:
+    add(queue, every="10s")
+    assert fire(queue, T0 + 9_999) == 0
+    assert fire(queue, T0 + 10_000) == 1
+    assert fire(queue, T0 + 15_000) == 0  # the same period again: nothing
+    assert fire(queue, T0 + 20_500) == 1
+    assert runs(queue) == [f"nightly@{T0 + 10_000}", f"nightly@{T0 + 20_000}"]
+    rec = queue.record(f"nightly@{T0 + 10_000}")
+    assert rec.state is State.QUEUED and rec.schedule == f"nightly {T0 + 10_000}"
+    assert rec.payload == {"n": 1}
+    c = claim(queue, "w1", 20, now_ms=T0 + 21_000)
+    assert c is not None and c["id"] == f"nightly@{T0 + 10_000}"
+
+
+def test_two_reapers_firing_the_same_period_enqueue_one_run(queue: Queue) -> None:
+    add(queue, every="1m")
+    period = T0 + 60_000
+    calls = [sched.fire_call(queue.calls, "nightly", period, now_ms=period + 5) for _ in range(2)]
+    replies = queue.scripts.pipelined(calls)  # both in one round trip, back to back
+    assert [c.parse(r) for c, r in zip(calls, replies)] == [f"nightly@{period}", "done"]
+    assert runs(queue) == [f"nightly@{period}"]
+
+
+def test_missed_periods_give_one_run_on_return(queue: Queue) -> None:
+    add(queue, every="1m")
+    assert fire(queue, T0 + 60_000 * 10 + 30_000) == 1  # ten periods passed: the latest runs
+    assert runs(queue) == [f"nightly@{T0 + 600_000}"]
+    assert fire(queue, T0 + 60_000 * 10 + 40_000) == 0
+
+
+def test_skip_missed_skips_a_late_period_and_fires_the_next(queue: Queue) -> None:
+    add(queue, every="10m", skip_missed=True)
+    assert fire(queue, T0 + 600_000 + sched.GRACE_MS + 1) == 0
+    assert runs(queue) == []
+    assert fire(queue, T0 + 1_200_000 + 500) == 1
+    assert runs(queue) == [f"nightly@{T0 + 1_200_000}"]
+
+
+def test_cron_fires_on_matching_minutes(queue: Queue) -> None:
+    add(queue, cron="*/5 * * * *", anchor=T0)  # T0 is 22:13:20 UTC
+    first = (T0 // 300_000 + 1) * 300_000
+    assert fire(queue, first - 1) == 0
+    assert fire(queue, first + 59_000) == 1
+    assert runs(queue) == [f"nightly@{first}"]
+
+
+def test_a_removed_schedule_fires_no_more(queue: Queue) -> None:
+    add(queue, every="10s")
+    sched.remove(queue.redis, queue.keys, "nightly")
+    assert fire(queue, T0 + 30_000) == 0
+    with pytest.raises(ScheduleError, match="no schedule named"):
+        sched.remove(queue.redis, queue.keys, "nightly")
+
+
+@pytest.mark.parametrize("options, error, fragment", [
+    ({"every": "500ms"}, ScheduleError, "at least 1 s"),
+    ({"every": "often"}, ScheduleError, "expected a number"),
+    ({"cron": "61 * * * *"}, ScheduleError, "minute field"),
+    ({"every": "1m", "cron": "* * * * *"}, ScheduleError, "one of every and cron"),
+    ({}, ScheduleError, "one of every and cron"),
+    ({"every": "1m", "priority": "urgent"}, InvalidTask, "unknown priority"),
+    ({"every": "1m", "delay_s": 5}, ScheduleError, "no delay"),
+])
+def test_bad_schedules_store_nothing(queue: Queue, options: dict[str, object], error: type,
+                                     fragment: str) -> None:
+    with pytest.raises(error, match=fragment):
+        add(queue, **options)
+    assert queue.redis.hlen(queue.keys.schedules) == 0
+
+
+def test_a_name_is_added_once(queue: Queue) -> None:
+    add(queue, every="1m")
+    with pytest.raises(ScheduleError, match="exists"):
+        add(queue, every="2m")
+    (only,) = sched.list_schedules(queue.redis, queue.keys)
+    assert only.every_ms == 60_000 and only.to_dict(T0)["next_period"] == (T0 + 60_000) / 1000
