@@ -197,6 +197,18 @@ class Procs:
                               stdin=subprocess.DEVNULL, capture_output=True, text=True,
                               timeout=timeout, check=False)
 
+    def run_cli(self, *args: str) -> str:
+        """One CLI command in this process (CliRunner): no interpreter start-up, so it lands
+        while a short task still runs. Returns stdout; a non-zero exit fails the test."""
+        from click.testing import CliRunner
+
+        from gpuq.cli import cli
+
+        result = CliRunner().invoke(cli, ["--redis", self.url, "--pool", self.pool, *args],
+                                    env={"GPUQ_PREFIX": self.prefix})
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
     # waiting on the pool
     def registered(self, worker_id: str) -> bool:
         return self.redis.zscore(self.keys.workers, worker_id) is not None

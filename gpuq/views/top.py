@@ -191,7 +191,7 @@ def _workers(workers: list[WorkerView], width: int) -> list[str]:
         vram = f"{bar(used, w.vram_total_gb, 6)} {used:>3.0f}/{w.vram_total_gb:<3.0f}"
         first = w.running[0][:6] if w.running else "-"
         models = fit_list(w.models, len(w.models), width - id_w - 53) or "-"
-        gpu = clip(w.gpu.removeprefix("NVIDIA "), 9)  # NVML names all start so
+        gpu = clip(w.gpu.replace("NVIDIA ", "", 1), 9)  # NVML names all start so (after "4x")
         lines.append(f"{shorten(w.id, id_w - 1):<{id_w}}{gpu:<10}{vram:<17}"
                      f"{w.state if w.alive else 'dead?':<9}{len(w.running):>3} {first:<7}"
                      f"{levels_label(w.levels):<6}{models}")

@@ -13,12 +13,10 @@ import time
 from collections.abc import Callable
 
 import pytest
-from click.testing import CliRunner
 from helpers import T0, ack, claim, claim_reply, enqueue, fail, heartbeat
 from procs import SIM_APP, Proc, Procs, est, wait_for
 
 from gpuq import Queue
-from gpuq.cli import cli
 from gpuq.errors import (
     NotRequeueable,
     ResultTimeout,
@@ -250,21 +248,13 @@ def worker_keys(procs: Procs, name: str) -> set[str]:
     return {key for key in procs.redis.scan_iter(match=k.pattern, count=1000) if key in own}
 
 
-def run_cli(procs: Procs, *args: str) -> str:
-    """In-process CLI call (CliRunner) against the test pool: no interpreter start-up, so it
-    lands while a short task still runs. Returns stdout."""
-    result = CliRunner().invoke(cli, ["--redis", procs.url, "--pool", procs.pool, *args],
-                                env={"GPUQ_PREFIX": procs.prefix})
-    assert result.exit_code == 0, result.output
-    return result.stdout
-
 
 @pytest.mark.slow
 def test_cli_drain_finishes_the_running_task_then_exits(procs: Procs, real_queue: Queue) -> None:
     worker = procs.worker("w1")
     first = real_queue.enqueue("sim.run", model="m", vram_gb=10, est_s=est(0.8))
     procs.wait_state(first.id, State.RUNNING)
-    assert run_cli(procs, "drain", "w1").strip() == "draining w1"
+    assert procs.run_cli("drain", "w1").strip() == "draining w1"
     wait_for(lambda: "worker.draining" in worker.log(), timeout=5,
              message=lambda: f"w1 to start draining; log:\n{worker.log()}")
     second = real_queue.enqueue("sim.run", model="m", vram_gb=10, est_s=est(0.1))

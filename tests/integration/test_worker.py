@@ -12,22 +12,13 @@ import signal
 import time
 
 import pytest
-from click.testing import CliRunner
 from procs import SCALE, Procs, est, wait_for
 
 from gpuq import Queue, State, catalog
-from gpuq.cli import cli
 from gpuq.errors import TaskFailed
 
 pytestmark = pytest.mark.slow
 
-
-def run_cli(procs: Procs, *args: str) -> str:
-    """In-process CLI call (CliRunner) against the test pool; returns stdout."""
-    result = CliRunner().invoke(cli, ["--redis", procs.url, "--pool", procs.pool, *args],
-                                env={"GPUQ_PREFIX": procs.prefix})
-    assert result.exit_code == 0, result.output
-    return result.stdout
 
 
 def test_end_to_end_enqueue_to_result(procs: Procs, real_queue: Queue) -> None:
@@ -115,7 +106,7 @@ def test_big_task_waits_for_a_gpu_that_fits(procs: Procs, real_queue: Queue) -> 
     assert status["unschedulable_ids"] == [big.id]
     assert status["largest_gpu_gb"] == pytest.approx(19.0)  # 24 GB minus the KV reserve
     assert [(q["priority"], q["model"], q["depth"]) for q in status["queues"]] == [("P2", "llama-big", 1)]
-    text = run_cli(procs, "status")
+    text = procs.run_cli("status")
     assert "unschedulable" in text and big.id in text
     assert big.status() is State.QUEUED
 

@@ -12,25 +12,17 @@ import time
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 from helpers import claim, enqueue
 from procs import Procs, est, wait_for
 
 from gpuq import Config, Queue, State
 from gpuq.aio import AsyncQueue
-from gpuq.cli import cli
 from gpuq.embedded import EmbeddedServer
 from gpuq.errors import EmitError, ResultTimeout, StaleLease
 from gpuq.stream import Chunk, Emitter, emit_call
 
 pytestmark = pytest.mark.slow
 
-
-def run_cli(procs: Procs, *args: str) -> str:
-    result = CliRunner().invoke(cli, ["--redis", procs.url, "--pool", procs.pool, *args],
-                                env={"GPUQ_PREFIX": procs.prefix})
-    assert result.exit_code == 0, result.output
-    return result.stdout
 
 
 def seen(chunks: list[Chunk]) -> list[tuple[Any, ...]]:
@@ -114,10 +106,10 @@ def test_progress_is_visible_through_the_api_and_the_cli(procs: Procs, real_queu
                               vram_gb=4, est_s=est(6.0))
     assert task.progress() is None
     assert wait_for(task.progress, message="a progress report") == (1 / 3, "chunk 1 of 3")
-    shown = json.loads(run_cli(procs, "task", task.id, "--json"))
+    shown = json.loads(procs.run_cli("task", task.id, "--json"))
     assert shown["progress"] == pytest.approx(1 / 3) and shown["progress_msg"] == "chunk 1 of 3"
-    assert f"progress: {task.id[:8]} 33% chunk 1 of 3" in run_cli(procs, "top", "--once")
-    assert f"progress {1 / 3!r}" in " ".join(run_cli(procs, "task", task.id).split())
+    assert f"progress: {task.id[:8]} 33% chunk 1 of 3" in procs.run_cli("top", "--once")
+    assert f"progress {1 / 3!r}" in " ".join(procs.run_cli("task", task.id).split())
     assert task.result(timeout=20) == 3
     assert task.progress() == (1.0, "chunk 3 of 3")
 
