@@ -42,10 +42,12 @@ def render_top(view: PoolView, misses: list[dict[str, Any]], width: int = 80, *,
 
 
 def run_top(client: redis.Redis, keys: Keys, *, interval_s: float = 1.0, once: bool = False,
-            out: TextIO = sys.stdout, iterations: int | None = None) -> int:
+            out: TextIO | None = None, iterations: int | None = None) -> int:
     """Redraw a frame every ``interval_s`` on a terminal until Ctrl-C (or ``iterations``
     frames); print one plain frame when ``out`` is not a terminal or ``once``. Redis errors
-    propagate to the caller."""
+    propagate to the caller. ``out``: default the sys.stdout of the call (not of the import:
+    a caller may have replaced it since)."""
+    out = out or sys.stdout
     live = not once and out.isatty()
     frames = 0
     try:
