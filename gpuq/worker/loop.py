@@ -8,6 +8,9 @@ lets running tasks finish for ``shutdown_grace_s``, requeues what is still runni
 attempt is given back), and exits. A drain (``gpuq drain``) waits for running tasks without a limit. Idle for
 ``idle_timeout_s``, the worker unloads its models and, while the pool keeps more than
 ``min_workers`` live, retires: it leaves and exits 0, so no autoscaler kills a busy worker.
+
+An ``async def`` handler runs on the worker's one event loop while its runner thread waits
+(gpuq.worker.eventloop), so N runners give N concurrent coroutines sharing one model.
 """
 
 from __future__ import annotations
@@ -316,6 +319,7 @@ class Worker:
         held = self.cache.model_names()
         for resident in self.cache.evict_idle():
             self.cache.unload(resident)
+        self.cache.aio.close()  # async tasks still running past the grace are cancelled
         try:
             self.presence.leave(held)
         except redis.RedisError as exc:
