@@ -102,8 +102,10 @@ def report(engine: Engine, ctx: Context, **extra: Any) -> dict[str, Any]:
 @app.handler("engine.generate", model=MODEL)
 async def generate(engine: Engine, payload: Any, ctx: Context) -> dict[str, Any]:
     """``tokens`` engine steps (default 16), resuming from a checkpoint; on a yield request
-    it saves the tokens done and gives way."""
+    it saves the tokens done and gives way. Payload flag ``log``: say when it starts."""
     tokens = int((payload or {}).get("tokens", 16))
+    if (payload or {}).get("log"):
+        log.info("engine.generating task=%s from=%s", ctx.task_id, ctx.checkpoint or 0)
     resumed = done = int(ctx.checkpoint or 0)
     widest = 0
     while done < tokens:
@@ -120,6 +122,7 @@ async def stubborn(engine: Engine, payload: Any, ctx: Context) -> dict[str, Any]
     runs the task; at once after that. Logs the cancellation it sees."""
     first = ctx.task_id not in STUBBORN_SEEN
     STUBBORN_SEEN.add(ctx.task_id)
+    log.info("engine.stubborn task=%s first=%s", ctx.task_id, first)
     try:
         await asyncio.sleep(float((payload or {}).get("seconds", 30)) if first else 0)
     except asyncio.CancelledError:
