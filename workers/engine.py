@@ -79,6 +79,9 @@ class Engine:
             for f in batch:
                 if not f.done():  # a request cancelled mid-step gets nothing
                     f.set_result(len(batch))
+            # let the requests just stepped ask for their next token before the next step
+            # starts, so those in flight stay in one batch (as in an engine's running set)
+            await asyncio.sleep(0)
 
     async def close(self) -> None:
         if self._stepper is not None:
@@ -96,7 +99,7 @@ async def load(name: str) -> Engine:
 
 def report(engine: Engine, ctx: Context, **extra: Any) -> dict[str, Any]:
     return {"worker": ctx.worker_id, "attempt": ctx.attempt, "engine": engine.id,
-            "loads": LOADS, "pid": os.getpid(), **extra}
+            "engine_steps": engine.steps, "loads": LOADS, "pid": os.getpid(), **extra}
 
 
 @app.handler("engine.generate", model=MODEL)
