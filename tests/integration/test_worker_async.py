@@ -17,9 +17,10 @@ ENGINE_APP = "workers.engine:app"
 MODEL, NEED, WEIGHTS = "sim-llm", 18.0, 16.0
 
 
-def start_worker(procs: Procs, name: str, concurrency: int) -> Proc:
+def start_worker(procs: Procs, name: str, concurrency: int,
+                 env: dict[str, str] | None = None) -> Proc:
     proc = procs.start(name, ["worker", "--app", ENGINE_APP, "--vram-gb", "80", "--gpu-name",
-                              "sim-80GB", "--name", name, "--concurrency", str(concurrency)])
+                              "sim-80GB", "--name", name, "--concurrency", str(concurrency)], env)
     procs.wait_registered(proc)
     return proc
 
@@ -95,3 +96,18 @@ def test_a_raising_async_handler_is_retried(procs: Procs, real_queue: Queue) -> 
     task = enqueue(real_queue, "engine.flaky", max_attempts=3)
     record = procs.wait_state(task, State.SUCCEEDED, timeout=20)
     assert record.attempt == 2 and record.result["attempt"] == 2
+
+
+def test_a_burst_reaches_every_runner_of_a_worker_with_many_slots(procs: Procs,
+                                                                  real_queue: Queue) -> None:
+    """Enqueue wakes a worker once and the pool's list holds 16 wake-ups at most: the runner
+    that claims wakes a blocked sibling, which claims and wakes the next, so all 24 tasks run
+    together rather than some an idle timeout (30 s here) later."""
+    start_worker(procs, "w1", concurrency=24, env={"GPUQ_IDLE_BLOCK_S": "30"})
+    warm = enqueue(real_queue, "engine.generate", {"tokens": 1})
+    procs.wait_state(warm, State.SUCCEEDED)
+    procs.wait_idle("w1")
+    tasks = real_queue.enqueue_many([{"handler": "engine.generate", "payload": {"tokens": 800},
+                                      "model": MODEL, "vram_gb": NEED} for _ in range(24)])
+    records = procs.wait_all([t.id for t in tasks], State.SUCCEEDED, timeout=25)
+    assert max(r.started_at for r in records) < min(r.finished_at for r in records)
