@@ -45,14 +45,19 @@ class AsyncCall:
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coro`` on the loop; block until it ends; its result, or its exception
         (StopTask when it ended cancelled)."""
-        self._loop.call_soon_threadsafe(self._start, coro)
+        try:
+            self._loop.call_soon_threadsafe(self._start, coro)
+        except RuntimeError:  # the loop closed (the worker is exiting): never started
+            coro.close()
+            raise
         return self._done.result()
 
     def cancel(self) -> bool:
         """Cancel the coroutine (thread-safe); True: the request is on its way."""
-        if self._loop.is_closed():
+        try:
+            self._loop.call_soon_threadsafe(self._cancel)
+        except RuntimeError:  # the loop closed: nothing runs on it any more
             return False
-        self._loop.call_soon_threadsafe(self._cancel)
         return True
 
     def _start(self, coro: Coroutine[Any, Any, Any]) -> None:

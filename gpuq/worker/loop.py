@@ -168,8 +168,13 @@ class Worker:
         """A claim found work while other runners of this worker are blocked on the wake
         lists: wake one, so it claims too (and wakes the next if it finds work). Enqueue
         wakes a worker once (and at most 16 through the pool's list), so without this the
-        runners of a worker with many slots would pick up a burst one idle timeout apart."""
-        self.redis.lpush(self.keys.wake(self.id), "1")
+        runners of a worker with many slots would pick up a burst one idle timeout apart.
+        A failure is passed over: the task just claimed must run (the sibling looks again
+        at its idle timeout)."""
+        try:
+            self.redis.lpush(self.keys.wake(self.id), "1")
+        except redis.RedisError as exc:
+            log.debug("worker.wake_sibling_failed worker=%s error=%s", self.id, exc)
 
     def runner(self) -> None:
         pending: list[Call[Any]] = []  # the finished task's (or batch's) acks or fails, not yet sent

@@ -180,3 +180,12 @@ def test_close_cancels_what_still_runs() -> None:
     loop.close(timeout=2)
     t.join(5)
     assert seen == ["cancelled"] and isinstance(errors[0], StopTask)
+
+
+def test_a_call_on_a_closed_loop_fails_without_leaving_a_coroutine_unawaited() -> None:
+    loop = EventLoop("closed")
+    call = loop.call()
+    loop.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        call.run(asyncio.sleep(0))  # closed, not left for the garbage collector to warn about
+    assert call.cancel() is False
