@@ -17,11 +17,23 @@ cannot make it execute arbitrary code; payloads are JSON, never pickle.
 A batch handler (``batch`` > 1) gets the payloads of up to ``batch`` tasks of its handler and
 model, claimed together (gpuq/lua/claim_batch.lua), and returns one result per task, in
 order; each task keeps its own lease, attempt, result and retry (``gpuq.worker.batch``).
+
+A handler (or loader, or unloader) may be ``async def``: it runs on the worker's event loop
+(``gpuq.worker.eventloop``), so the ``--concurrency N`` tasks of a worker share one loaded
+model on one loop, e.g. an engine that batches the requests arriving while it runs a step:
+
+    @app.handler("llm.chat", model="llama3-8b")
+    async def chat(engine, payload, ctx): return {"text": await engine.generate(payload)}
+
+An async task stopped at its yield deadline has its asyncio task cancelled
+(CancelledError at its current await); everything else (yields, retries, leases) is as for a
+blocking handler. Blocking and async handlers mix freely in one app.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,8 +43,8 @@ from gpuq.errors import AppError, StaleLease
 from gpuq.stream import Memory, Sink
 from gpuq.task import JSON
 
-Loader = Callable[[str], Any]
-Unloader = Callable[[Any], None]
+Loader = Callable[[str], Any]  # may be async def
+Unloader = Callable[[Any], Any]  # may be async def
 MAX_BATCH = 10_000  # claim_batch.lua takes at most this many tasks a call
 
 
@@ -172,6 +184,13 @@ class HandlerSpec:
     model: str | None  # None: runs with whatever model the task names
     batch: int = 1  # tasks per handler call at most; 1: one task, one payload
     batch_wait_ms: float = 0.0  # how long a batch short of `batch` may wait for more
+    is_async: bool = False  # a coroutine function: it runs on the worker's event loop
+
+
+def is_coroutine_fn(fn: object) -> bool:
+    """``async def`` (a partial of one, or an object whose ``__call__`` is one)."""
+    call = type(fn).__call__ if callable(fn) else None  # a class instance's own method
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
 
 
 def check_batch(handler: str, batch: object, wait_ms: object) -> None:
@@ -214,11 +233,12 @@ class App:
         """Register a handler: fn(model, payload, ctx) -> result; with ``batch`` > 1,
         fn(model, payloads, ctx) -> one result per payload, in order (a BatchContext), its
         batch waiting up to ``batch_wait_ms`` for more tasks (never past a task's start-by
-        time)."""
+        time). Either may be ``async def`` (run on the worker's event loop)."""
         check_batch(name, batch, batch_wait_ms)
 
         def register(fn: H) -> H:
-            self.handlers[name] = HandlerSpec(name, fn, model, batch, float(batch_wait_ms))
+            self.handlers[name] = HandlerSpec(name, fn, model, batch, float(batch_wait_ms),
+                                              is_coroutine_fn(fn))
             return fn
         return register
 

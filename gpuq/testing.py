@@ -7,8 +7,9 @@
     assert t.result(timeout=0) == {...}
 
 ``drain`` runs each task through the worker's own executor (model loads and evictions,
-the handler, its ack or fail), as one worker with one slot; a batch handler's tasks run in
-batches as on a worker (claim_batch.lua), without waiting for more. Its presence writes only what
+the handler, its ack or fail; an ``async def`` handler on an event loop of its own), as one
+worker with one slot; a batch handler's tasks run in batches as on a worker
+(claim_batch.lua), without waiting for more. Its presence writes only what
 those model changes write (the holders sets, the models and free VRAM of its hash) and it
 leaves the pool when done; it registers nothing, so no GPU class or handler name it brings
 changes what enqueue's fit check says afterwards. Once every task is run it sends the run
@@ -20,6 +21,7 @@ Needs the test extra (``pip install gpuq[test]``) for fakeredis.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from gpuq.app import App, Context
@@ -28,6 +30,7 @@ from gpuq.config import Config
 from gpuq.errors import AppError
 from gpuq.scripts import ClaimRequest
 from gpuq.worker import batch
+from gpuq.worker.eventloop import EventLoop
 from gpuq.worker.executor import Executor
 from gpuq.worker.models import ModelCache
 from gpuq.worker.observer import Observer
@@ -52,7 +55,15 @@ def call_handler(app: App, handler: str, payload: Any = None, *, model: str,
     spec = app.model_spec(model)
     assert spec is not None
     ctx = Context("test", 1, "test-worker", model, vram_gb, est_s)
-    return app.handlers[handler].fn(spec.load(model), payload, ctx)
+    aio = EventLoop("gpuq-testing")  # an async loader or handler runs on it, as on a worker
+    try:
+        loaded = spec.load(model)
+        if inspect.isawaitable(loaded):
+            loaded = aio.wait(loaded)
+        result = app.handlers[handler].fn(loaded, payload, ctx)
+        return aio.wait(result) if inspect.isawaitable(result) else result
+    finally:
+        aio.close()
 
 
 def drain(queue: Queue, app: App, *, vram_gb: float = 80.0, worker_id: str = "test-worker",
@@ -81,4 +92,5 @@ def drain(queue: Queue, app: App, *, vram_gb: float = 80.0, worker_id: str = "te
         runtimes.send(queue.scripts, queue.calls, rounds=None)
     finally:
         presence.leave(cache.model_names())
+        cache.aio.close()  # the loop async handlers ran on, if any did
     return tasks.tasks_run

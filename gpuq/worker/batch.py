@@ -148,14 +148,8 @@ def settle(ex: Executor, spec: HandlerSpec, items: list[Claimed]) -> list[Call[A
             return calls
         runs = [r for _, _, r in items]
         payloads = [json.loads(f["payload"]) for f, _, _ in items]
-        for r in runs:
-            r.enter()
         began = time.monotonic()
-        try:
-            results = spec.fn(model, payloads, BatchContext([r.ctx for r in runs]))
-        finally:
-            for r in runs:
-                r.leave()
+        results = ex.invoke(spec, runs, model, payloads, BatchContext([r.ctx for r in runs]))
         ran_s = time.monotonic() - began
     except Yielded:
         return calls + [give_back(ex, r, YIELDED, "yielded") if r.ctx.yield_requested

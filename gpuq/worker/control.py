@@ -7,9 +7,9 @@ blocks on it between beats, so a request reaches the worker at once:
   ``ctx.should_yield()`` (a task still loading its model yields when the load ends, before
   its handler starts); past the grace the worker stops it itself: it requeues the task
   (fenced by its token, so exactly once), tells the handler to stop and raises StopTask in
-  its thread. A handler stuck in native code cannot be stopped in-process: after
-  ``stop_s`` more the worker requeues its other tasks and exits with EXIT_STUCK, for its
-  supervisor to restart it.
+  its thread (an async handler: its asyncio task is cancelled). A handler stuck in native
+  code (or blocking the event loop) cannot be stopped in-process: after ``stop_s`` more the
+  worker requeues its other tasks and exits with EXIT_STUCK, for its supervisor to restart it.
 - ``unyield <task>``: the task the yield was for started elsewhere or ended first: the
   request is withdrawn (``ctx.should_yield()`` is false again, no stop), unless the handler
   already yielded.

@@ -1,5 +1,8 @@
 """Runs one claimed task: load its model if cold, call its handler, ack or fail it (fenced).
 
+A blocking handler runs in the runner thread; an ``async def`` one on the worker's event
+loop while the runner thread waits for it (``invoke``; gpuq.worker.eventloop).
+
 A successful run's handler time goes to the worker's ``RunTimes`` once its ack succeeds; the
 heartbeat thread sends them to learn.lua (``gpuq.worker.runtimes``)."""
 
@@ -15,7 +18,7 @@ from typing import Any
 import redis
 
 from gpuq import catalog
-from gpuq.app import App, Context, Yielded
+from gpuq.app import App, Context, HandlerSpec, Yielded
 from gpuq.errors import GpuqError, StaleLease, TaskError, TaskNotFound
 from gpuq.scripts import Call, Calls, Scripts
 from gpuq.stream import Emitter
@@ -127,17 +130,13 @@ class Executor:
                 # asked to yield (or stopped) while its model loaded: give way before the
                 # handler starts, whether or not the handler would check soon; its checkpoint stays
                 raise Yielded(task_id)
-            fn = self.app.handlers[fields["handler"]].fn
+            spec = self.app.handlers[fields["handler"]]
             payload = json.loads(fields["payload"])
             if fields.get("sla") == "pending" and not self.report_start(fields, running):
                 self.observer.observe(task_id, "lost")
                 return None
-            running.enter()
             began = time.monotonic()
-            try:
-                result = fn(model, payload, ctx)
-            finally:
-                running.leave()
+            result = self.invoke(spec, [running], model, payload, ctx)
             ran_s = time.monotonic() - began
             self.observer.observe(task_id, phase="run", seconds=ran_s)
             if running.stopped:
@@ -164,6 +163,20 @@ class Executor:
             if res is not None:
                 self.cache.release(res)
             self.running.untrack(task_id)
+
+    def invoke(self, spec: HandlerSpec, runs: list[Running], *args: Any) -> Any:
+        """Call the handler with ``args`` while ``runs`` (its task, or its batch's tasks)
+        are marked inside it, so a stop reaches the handler and only the handler: StopTask
+        in this thread, or for an async handler a cancel of its asyncio task, whose end
+        (its unwinding included) this thread waits for."""
+        aio = self.cache.aio.call() if spec.is_async else None
+        for r in runs:
+            r.enter(aio)
+        try:
+            return spec.fn(*args) if aio is None else aio.run(spec.fn(*args))
+        finally:
+            for r in runs:
+                r.leave()
 
     def report_start(self, fields: dict[str, str], running: Running) -> bool:
         """A cold-started task's handler is about to start: began.lua decides its SLA now

@@ -8,6 +8,9 @@ lets running tasks finish for ``shutdown_grace_s``, requeues what is still runni
 attempt is given back), and exits. A drain (``gpuq drain``) waits for running tasks without a limit. Idle for
 ``idle_timeout_s``, the worker unloads its models and, while the pool keeps more than
 ``min_workers`` live, retires: it leaves and exits 0, so no autoscaler kills a busy worker.
+
+An ``async def`` handler runs on the worker's one event loop while its runner thread waits
+(gpuq.worker.eventloop), so N runners give N concurrent coroutines sharing one model.
 """
 
 from __future__ import annotations
@@ -82,6 +85,8 @@ class Worker:
         self.executor = Executor(app, self.cache, self.presence, self.running, self.scripts,
                                  self.calls, self.observer, self.runtimes)
         self.outage = Outage(f"worker={self.id}", log)  # Redis down: said once by all its loops
+        self.blocked = 0  # runners blocked on the wake lists (concurrency > 1: see wake_sibling)
+        self._blocked_lock = threading.Lock()
 
     def settle(self, pending: list[Call[Any]]) -> None:
         """Send the finished tasks' acks or fails alone, in one round trip."""
@@ -144,14 +149,32 @@ class Worker:
             # redis-py's own BLPOP, not gpuq.wire.exchange: a blocking wait would hold the
             # client's kept connection for its whole timeout (the demo's lower P0 attainment
             # once blamed on it came from a yield asked mid-load: docs/DECISIONS.md)
-            popped = self.redis.blpop([self.keys.wake(self.id), self.keys.pool_wake],
-                                      timeout=max(0.01, timeout))
+            with self._blocked_lock:
+                self.blocked += 1
+            try:
+                popped = self.redis.blpop([self.keys.wake(self.id), self.keys.pool_wake],
+                                          timeout=max(0.01, timeout))
+            finally:
+                with self._blocked_lock:
+                    self.blocked -= 1
             fields = handed_over(popped[1]) if popped is not None else None
             if fields is not None:
                 return self.handed(fields)
         else:
             self.running.wait(1.0)
         return None
+
+    def wake_sibling(self) -> None:
+        """A claim found work while other runners of this worker are blocked on the wake
+        lists: wake one, so it claims too (and wakes the next if it finds work). Enqueue
+        wakes a worker once (and at most 16 through the pool's list), so without this the
+        runners of a worker with many slots would pick up a burst one idle timeout apart.
+        A failure is passed over: the task just claimed must run (the sibling looks again
+        at its idle timeout)."""
+        try:
+            self.redis.lpush(self.keys.wake(self.id), "1")
+        except redis.RedisError as exc:
+            log.debug("worker.wake_sibling_failed worker=%s error=%s", self.id, exc)
 
     def runner(self) -> None:
         pending: list[Call[Any]] = []  # the finished task's (or batch's) acks or fails, not yet sent
@@ -173,6 +196,8 @@ class Worker:
                 backoff.reset()
                 if isinstance(claimed, tuple):
                     from_idle, waited = waited, False
+                    if self.blocked:
+                        self.wake_sibling()
                     pending = batch.execute(self.executor, claimed, self.stopping)
                     continue
                 handed = self.wait_for_work(claimed)
@@ -317,6 +342,7 @@ class Worker:
         held = self.cache.model_names()
         for resident in self.cache.evict_idle():
             self.cache.unload(resident)
+        self.cache.aio.close()  # async tasks still running past the grace are cancelled
         try:
             self.presence.leave(held)
         except redis.RedisError as exc:

@@ -5,10 +5,17 @@ running tasks. The ledger is what the worker tells the claim script; it is autho
 and NVML readings only cross-check it. Several models stay resident while they fit; when a
 cold model needs room, idle models are evicted least-recently-used first, never one in use.
 All methods that change the ledger run under one lock, together with the claim call.
+
+A model's weights count once however many tasks use it: the first task of a model not held
+reserves its footprint plus its working memory (its ``vram_gb`` above the footprint), each
+further task of a held (or loading) model its working memory alone, so N concurrent tasks of
+one model hold footprint + N x working. An async loader or unloader runs on the worker's event
+loop (``aio``, gpuq.worker.eventloop), where the model's async handlers run too.
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from collections import OrderedDict
@@ -16,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuq.app import App, ModelSpec
+from gpuq.worker.eventloop import EventLoop
 from gpuq.worker_record import usable_gb
 
 
@@ -40,8 +48,10 @@ class Reservation:
 
 
 class ModelCache:
-    def __init__(self, app: App, total_gb: float, reserve_gb: float) -> None:
+    def __init__(self, app: App, total_gb: float, reserve_gb: float,
+                 aio: EventLoop | None = None) -> None:
         self.app = app
+        self.aio = aio if aio is not None else EventLoop()  # started only if something is async
         self.total_gb = total_gb
         self.reserve_gb = reserve_gb
         self.lock = threading.RLock()
@@ -128,7 +138,8 @@ class ModelCache:
         """Run the app's loader (outside the lock); returns seconds taken. Waiters block on ready."""
         start = time.perf_counter()
         try:
-            resident.obj = resident.spec.load(resident.spec.name)
+            obj = resident.spec.load(resident.spec.name)
+            resident.obj = self.aio.wait(obj) if inspect.isawaitable(obj) else obj
         except BaseException as exc:
             resident.error = exc
             raise
@@ -136,10 +147,11 @@ class ModelCache:
             resident.ready.set()
         return time.perf_counter() - start
 
-    @staticmethod
-    def unload(resident: Resident) -> None:
+    def unload(self, resident: Resident) -> None:
         if resident.spec.unload is not None and resident.obj is not None:
-            resident.spec.unload(resident.obj)
+            done = resident.spec.unload(resident.obj)
+            if inspect.isawaitable(done):
+                self.aio.wait(done)
         resident.obj = None
 
     def evict_idle(self) -> list[Resident]:

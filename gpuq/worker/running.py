@@ -3,7 +3,9 @@
 The set is shared by the runners (track, untrack), the heartbeat (renews their leases) and
 control (yield deadlines); it also keeps when a task last started or ended (the idle
 timeout) and how many tasks ran. A batch's tasks are tracked one by one (each has its own
-lease) but take one slot together: the tasks added to a batch are ``batched``.
+lease) but take one slot together: the tasks added to a batch are ``batched``. A task whose
+handler is ``async def`` runs on the worker's event loop (gpuq.worker.eventloop) while its
+runner thread waits: stopping it cancels its asyncio task instead of raising in the thread.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 
 from gpuq.app import Context
 from gpuq.errors import StopTask
+from gpuq.worker.eventloop import AsyncCall
 
 
 @dataclass
@@ -30,23 +33,30 @@ class Running:
     in_handler: bool = False
     rejected: str | None = None  # why this worker will not run it (execute fails it)
     batched: bool = False  # added to the batch of another task: it uses that task's slot
+    aio: AsyncCall | None = None  # its async handler's run on the event loop, while in it
     guard: threading.Lock = field(default_factory=threading.Lock)
 
-    def enter(self) -> None:
+    def enter(self, aio: AsyncCall | None = None) -> None:
+        """The handler starts: in its runner thread, or (``aio``) on the event loop."""
         with self.guard:
             self.in_handler = True
+            self.aio = aio
 
     def leave(self) -> None:
         with self.guard:
             self.in_handler = False
+            self.aio = None
 
     def interrupt(self) -> bool:
-        """Raise StopTask in the handler's thread, only while it is inside the handler (the
-        guard keeps it out of the worker's own code). It lands at the handler's next Python
-        step; a handler blocked in native code does not see it."""
+        """Stop the handler, only while it is inside it (the guard keeps the stop out of the
+        worker's own code). A blocking handler gets StopTask raised in its thread, at its
+        next Python step (a handler blocked in native code does not see it); an async one
+        has its asyncio task cancelled (CancelledError at its current await)."""
         with self.guard:
             if not self.in_handler:
                 return False
+            if self.aio is not None:
+                return self.aio.cancel()
             done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread_id),
                                                               ctypes.py_object(StopTask))
             return bool(done)

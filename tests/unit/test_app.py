@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
 from collections.abc import Iterator
 
 import pytest
 
-from gpuq.app import App, Context, load_app
+from gpuq.app import App, Context, is_coroutine_fn, load_app
 from gpuq.errors import AppError, GpuqError
 
 
@@ -56,6 +57,29 @@ def test_decorators_return_the_function() -> None:
         return None
 
     assert app.handler("h")(handler) is handler
+
+
+def test_async_handlers_are_told_apart_at_registration() -> None:
+    """``async def`` runs on the worker's event loop: a partial of one and an object whose
+    ``__call__`` is one count; a plain function or a class does not."""
+    async def chat(model: object, payload: object, ctx: Context) -> object:
+        return payload
+
+    def plain(model: object, payload: object, ctx: Context) -> object:
+        return payload
+
+    class Engine:
+        async def __call__(self, model: object, payload: object, ctx: Context) -> object:
+            return payload
+
+    app = App("x")
+    app.handler("chat")(chat)
+    app.handler("plain")(plain)
+    app.handler("batched", batch=4)(chat)
+    assert app.handlers["chat"].is_async and app.handlers["batched"].is_async
+    assert not app.handlers["plain"].is_async
+    assert is_coroutine_fn(functools.partial(chat, None)) and is_coroutine_fn(Engine())
+    assert not is_coroutine_fn(Engine) and not is_coroutine_fn(plain) and not is_coroutine_fn(None)
 
 
 def test_fallback_loader_serves_any_name_with_task_footprint() -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import pytest
 
 from gpuq import App, State, TaskError
@@ -82,3 +85,30 @@ def test_call_handler_runs_one_handler_directly() -> None:
         "model": "weights:small", "n": 4}
     with pytest.raises(AppError, match="not registered"):
         call_handler(make_app(), "nope", model="small")
+
+
+def async_app() -> App:
+    app = App("async")
+
+    @app.model("engine", vram_gb=4)
+    async def load(name: str) -> str:
+        await asyncio.sleep(0)
+        return f"engine:{name}"
+
+    @app.handler("chat", model="engine")
+    async def chat(model: str, payload: dict[str, int], ctx: object) -> dict[str, object]:
+        await asyncio.sleep(0)
+        return {"model": model, "n": payload["n"], "thread": threading.current_thread().name}
+
+    return app
+
+
+def test_async_loaders_and_handlers_run_directly_and_through_drain() -> None:
+    got = call_handler(async_app(), "chat", {"n": 1}, model="engine")
+    assert got == {"model": "engine:engine", "n": 1, "thread": "gpuq-testing"}
+    q = memory_queue()
+    tasks = [q.enqueue("chat", {"n": i}, model="engine", vram_gb=5) for i in range(3)]
+    before = {t.name for t in threading.enumerate()}
+    assert drain(q, async_app()) == 3
+    assert [t.result(timeout=0)["n"] for t in tasks] == [0, 1, 2]
+    assert {t.name for t in threading.enumerate()} <= before  # its event loop was closed

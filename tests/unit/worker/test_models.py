@@ -102,6 +102,22 @@ def test_second_task_on_held_model_is_warm_and_adds_working_memory(cache: ModelC
     assert cache.evictable_gb() == pytest.approx(20.0)
 
 
+def test_concurrent_tasks_of_one_model_hold_its_weights_once(cache: ModelCache) -> None:
+    """N tasks sharing a model (an async engine, say): footprint + N x working memory, in
+    the free VRAM the claim is told and in the footprint listed for it."""
+    first = cache.reserve("a", 24.0)  # cold: 20 GB of weights + 4 working
+    assert first is not None and first.cold
+    more = [cache.reserve("a", 24.0) for _ in range(7)]  # the load still under way
+    assert all(r is not None and not r.cold and r.working_gb == pytest.approx(4.0) for r in more)
+    assert cache.free_gb() == pytest.approx(75 - 20 - 8 * 4)
+    assert cache.loaded() == [("a", 20.0)]
+    cache.load(cache.get("a"))
+    for r in [first, *more]:
+        assert r is not None
+        cache.release(r)
+    assert cache.free_gb() == pytest.approx(55.0) and cache.working_gb == pytest.approx(0.0)
+
+
 def test_held_model_without_room_for_working_memory_is_refused(cache: ModelCache) -> None:
     loaded(cache, "a", 20.0)
     loaded(cache, "c", 40.0)  # 15 GB left
