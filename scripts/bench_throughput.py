@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Throughput and latency of gpuq, side by side with a hand-written minimal queue and rq.
+"""Throughput and latency of gpuq, side by side with a hand-written minimal queue, rq and BullMQ.
 
 One run, one Redis server started here (gpuq.embedded, a free port), redis-py with hiredis:
 
@@ -9,7 +9,10 @@ One run, one Redis server started here (gpuq.embedded, a free port), redis-py wi
 * Redis commands per task: client-issued (top-level) and including those run inside Lua;
 * claim round-trip latency with 1k and 1M tasks queued over 100 models;
 * the same figures for a minimal queue (HSET+ZADD enqueue, Lua ZPOPMIN claim, Lua HSET ack,
-  BLPOP result wait) and rq's SimpleWorker drain rate, on the same server.
+  BLPOP result wait) and rq's SimpleWorker drain rate, on the same server;
+* BullMQ's (Node) enqueue one by one and in bulk, one worker's drain (concurrency 1) and its
+  commands per job: bullmq is npm-installed once into .cache/bullmq/; without node or npm one
+  line says it is skipped.
 
     python scripts/bench_throughput.py            # full size (several minutes)
     python scripts/bench_throughput.py --quick    # small sizes, a smoke check

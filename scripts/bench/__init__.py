@@ -1,4 +1,4 @@
-"""Throughput and latency of gpuq, side by side with a hand-written minimal queue and rq.
+"""Throughput and latency of gpuq, side by side with a hand-written minimal queue, rq and BullMQ.
 
 ``scripts/bench_throughput.py`` is the entry point; docs/BENCHMARKS.md explains each figure.
 
@@ -8,6 +8,7 @@
 * ``stats``: percentiles, INFO commandstats windows, drain timing from task records;
 * ``monitor``: MONITOR-based split of client-issued vs Lua-internal commands;
 * ``gpuq_side``, ``minimal_side``, ``rq_side``: each queue's enqueue, drain and latency runs;
+* ``bullmq_side``: BullMQ's install, enqueue and drain, driving the Node scripts in ``bullmq/``;
 * ``claim_latency``: claim round trips with 1k and 1M tasks queued;
 * ``commands``: commands per task (MONITOR pass) and server time per script call;
 * ``runner``: the whole run, phase by phase; ``report``: ratios, targets, environment, table.

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench import gpuq_side, minimal_side, rq_side
+from bench import bullmq_side, gpuq_side, minimal_side, rq_side
 from bench.common import MODEL, VRAM_GB, Bench, dumps, noop_tasks
 from bench.monitor import CommandMonitor
 from bench.procs import GPUQ_SIM_ENV, finish, gpuq_worker_args, minimal_worker_args, spawn
@@ -64,6 +64,21 @@ def minimal_phases(b: Bench, mon: CommandMonitor, n: int) -> list[Window]:
     return w
 
 
+def bullmq_phases(bq: bullmq_side.BullMQ, b: Bench, mon: CommandMonitor, n: int) -> list[Window]:
+    """BullMQ's enqueue (``add`` one by one), bulk (one ``addBulk`` of n) and drain (one worker
+    process, concurrency 1) as MONITOR phases; node start-up and connection set-up included."""
+    w: list[Window] = []
+    enq, bulk = b.name("bullacc"), b.name("bullaccb")
+    with mon.phase("bullmq-enqueue", b.r, w):
+        bq.produce(b, enq, "one", n, 1, 0)
+    with mon.phase("bullmq-bulk", b.r, w):
+        bq.produce(b, bulk, "bulk", n, n, 0)
+    with mon.phase("bullmq-claim_ack", b.r, w):
+        bq.worker(b, enq, n, "bullmq worker (accounting)")
+    bullmq_side.completed_keys(b, enq, n)
+    return w
+
+
 def per_task(mon: CommandMonitor, kind: str, windows: list[Window], n: int) -> dict[str, Any]:
     """Each phase's commands per task, client and Lua, and the task's total (enqueue + drain)."""
     phases: dict[str, Any] = {}
@@ -81,8 +96,9 @@ def per_task(mon: CommandMonitor, kind: str, windows: list[Window], n: int) -> d
     return phases
 
 
-def accounting(b: Bench, n: int) -> dict[str, Any]:
-    """Client round trips vs Lua-internal commands per task, from one MONITOR pass."""
+def accounting(b: Bench, n: int, bq: bullmq_side.BullMQ | None = None) -> dict[str, Any]:
+    """Client round trips vs Lua-internal commands per task, from one MONITOR pass (BullMQ's
+    with ``bq``: its phases stop at claim_ack, it has no latency loop here)."""
     mon = CommandMonitor(b.server.port)
     out: dict[str, Any] = {}
     try:
@@ -90,6 +106,8 @@ def accounting(b: Bench, n: int) -> dict[str, Any]:
         out["minimal"] = per_task(mon, "minimal", minimal_phases(b, mon, n), n)
         if rq_side.HAVE_RQ:
             out["rq"] = rq_side.accounting(b, mon, n)
+        if bq is not None:
+            out["bullmq"] = per_task(mon, "bullmq", bullmq_phases(bq, b, mon, n), n)
     finally:
         mon.close()
     return out

@@ -37,6 +37,12 @@ def ratios(res: dict[str, Any]) -> dict[str, Any]:
         "claim_ack_vs_rq": ratio(res["claim_ack_per_s"], res["rq_drain_per_s"]),
         "claim_1m_vs_1k": ratio(res["claim_us_1m"], res["claim_us_1k"]),
         "claim_1m_vs_1k_warm": ratio(res["claim_us_1m_warm"], res["claim_us_1k_warm"]),
+        "enqueue_vs_bullmq": ratio(res["enqueue_per_s"], res["bullmq_enqueue_per_s"]),
+        "bulk_enqueue_vs_bullmq": ratio(res["bulk_enqueue_per_s"], res["bullmq_bulk_enqueue_per_s"]),
+        "claim_ack_vs_bullmq": ratio(res["claim_ack_per_s"], res["bullmq_drain_per_s"]),
+        "commands_per_task_vs_bullmq": ratio(res["commands_per_task"], res["bullmq_commands_per_task"]),
+        "commands_per_task_incl_lua_vs_bullmq": ratio(res["commands_per_task_incl_lua"],
+                                                      res["bullmq_commands_per_task_incl_lua"]),
     }
 
 
@@ -49,7 +55,8 @@ def _at_most(x: float | None, bound: float) -> bool | None:
 
 
 def targets(res: dict[str, Any]) -> dict[str, bool | None]:
-    """The issue's bar: within 10% of the minimal queue on each figure, >= 10x rq, 1M <= 1.5x 1k."""
+    """The issues' bars: within 10% of the minimal queue on each figure, >= 10x rq, 1M <= 1.5x
+    1k, a single worker's drain >= 1.1x BullMQ's."""
     q = res["ratios"]
     return {
         "enqueue_within_10pct_of_minimal": _at_least(q["enqueue_vs_minimal"], 0.9),
@@ -60,6 +67,7 @@ def targets(res: dict[str, Any]) -> dict[str, bool | None]:
         "commands_per_task_within_10pct_of_minimal": _at_most(q["commands_per_task_vs_minimal"], 1.1),
         "claim_ack_at_least_10x_rq": _at_least(q["claim_ack_vs_rq"], 10.0),
         "claim_1m_within_1_5x_of_1k": _at_most(q["claim_1m_vs_1k"], 1.5),
+        "claim_ack_at_least_1_1x_bullmq": _at_least(q["claim_ack_vs_bullmq"], 1.1),
     }
 
 
@@ -120,36 +128,53 @@ def _f(v: Any, nd: int = 0) -> str:
     return f"{v:,.0f}" if isinstance(v, (int, float)) else str(v)
 
 
-def _rows(res: dict[str, Any]) -> list[tuple[str, str, str, str, float | None, float | None]]:
+Row = tuple[str, str, str, str, float | None, float | None, str, float | None]
+
+
+def _rows(res: dict[str, Any]) -> list[Row]:
+    """(figure, gpuq, minimal, rq, gpuq/minimal, gpuq/rq, BullMQ, gpuq/BullMQ) per line."""
     q = res["ratios"]
     return [
         ("enqueue/s, one by one", _f(res["enqueue_per_s"]), _f(res["minimal_enqueue_per_s"]), "-",
-         q["enqueue_vs_minimal"], None),
+         q["enqueue_vs_minimal"], None, _f(res["bullmq_enqueue_per_s"]), q["enqueue_vs_bullmq"]),
         ("enqueue/s, bulk", _f(res["bulk_enqueue_per_s"]), _f(res["minimal_bulk_enqueue_per_s"]), "-",
-         q["bulk_enqueue_vs_minimal"], None),
+         q["bulk_enqueue_vs_minimal"], None, _f(res["bullmq_bulk_enqueue_per_s"]),
+         q["bulk_enqueue_vs_bullmq"]),
         ("claim+ack/s, 1 worker, no-op", _f(res["claim_ack_per_s"]), _f(res["minimal_claim_ack_per_s"]),
-         _f(res["rq_drain_per_s"]), q["claim_ack_vs_minimal"], q["claim_ack_vs_rq"]),
+         _f(res["rq_drain_per_s"]), q["claim_ack_vs_minimal"], q["claim_ack_vs_rq"],
+         _f(res["bullmq_drain_per_s"]), q["claim_ack_vs_bullmq"]),
         ("enqueue->result p50 ms", _f(res["latency_p50_ms"], 2), _f(res["minimal_latency_p50_ms"], 2),
-         "-", q["latency_p50_vs_minimal"], None),
+         "-", q["latency_p50_vs_minimal"], None, "-", None),
         ("enqueue->result p99 ms", _f(res["latency_p99_ms"], 2), _f(res["minimal_latency_p99_ms"], 2),
-         "-", q["latency_p99_vs_minimal"], None),
+         "-", q["latency_p99_vs_minimal"], None, "-", None),
         ("commands/task, client", _f(res["commands_per_task"], 2), _f(res["minimal_commands_per_task"], 2),
          _f(res["rq_commands_per_task"], 2), q["commands_per_task_vs_minimal"],
-         ratio(res["commands_per_task"], res["rq_commands_per_task"])),
+         ratio(res["commands_per_task"], res["rq_commands_per_task"]),
+         _f(res["bullmq_commands_per_task"], 2), q["commands_per_task_vs_bullmq"]),
         ("commands/task, incl. Lua", _f(res["commands_per_task_incl_lua"], 2),
          _f(res["minimal_commands_per_task_incl_lua"], 2), _f(res["rq_commands_per_task_incl_lua"], 2),
          q["commands_per_task_incl_lua_vs_minimal"],
-         ratio(res["commands_per_task_incl_lua"], res["rq_commands_per_task_incl_lua"])),
+         ratio(res["commands_per_task_incl_lua"], res["rq_commands_per_task_incl_lua"]),
+         _f(res["bullmq_commands_per_task_incl_lua"], 2), q["commands_per_task_incl_lua_vs_bullmq"]),
     ]
 
 
+def _r(x: float | None, nd: int) -> str:
+    return _f(x, nd) if x is not None else "-"
+
+
 def table(res: dict[str, Any]) -> str:
-    """The run as a plain-text table: side by side, claim latency, targets, environment."""
+    """The run as a plain-text table: side by side, claim latency, targets, environment.
+    Without BullMQ its two columns and target are left out and one line says why."""
+    bull = not res["bullmq_skipped"]
     head = f"{'figure':<32}{'gpuq':>12}{'minimal':>12}{'rq':>10}{'gpuq/min':>10}{'gpuq/rq':>9}"
+    head += f"{'bullmq':>10}{'gpuq/bull':>11}" if bull else ""
     lines = [head, "-" * len(head)]
-    for name, g, m, r, a, b in _rows(res):
-        lines.append(f"{name:<32}{g:>12}{m:>12}{r:>10}{_f(a, 3) if a is not None else '-':>10}"
-                     f"{_f(b, 2) if b is not None else '-':>9}")
+    for name, g, m, r, a, b, bm, c in _rows(res):
+        lines.append(f"{name:<32}{g:>12}{m:>12}{r:>10}{_r(a, 3):>10}{_r(b, 2):>9}"
+                     + (f"{bm:>10}{_r(c, 3):>11}" if bull else ""))
+    if not bull:
+        lines.append(f"bullmq: skipped ({res['bullmq_skipped']})")
     lines.append("")
     q = res["ratios"]
     small, big = res["sizes"]["small"], res["million_size"]
@@ -162,8 +187,11 @@ def table(res: dict[str, Any]) -> str:
                      f"{res['million_enqueue_s']} s")
     lines += ["", "targets:"]
     for k, v in res["targets"].items():
+        if k.endswith("bullmq") and not bull:
+            continue
         lines.append(f"  {k:<46} {'met' if v else ('n/a' if v is None else 'NOT met')}")
     e = res["env"]
     lines += ["", f"{e['server']}, python {e['python']}, redis-py {e['redis_py']} (hiredis {e['hiredis']}), "
-              f"rq {e['rq']}, {e['cpus']} CPUs, {res['elapsed_s']} s"]
+              f"rq {e['rq']}, " + (f"bullmq {e['bullmq']} (node {e['node']}), " if bull else "")
+              + f"{e['cpus']} CPUs, {res['elapsed_s']} s"]
     return "\n".join(lines)

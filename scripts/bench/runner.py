@@ -2,7 +2,8 @@
 
 Each phase adds its headline figures to ``res`` (the keys of the --json output) and its
 per-round and per-command breakdown to ``detail``. Rounds of the enqueue, drain and latency
-phases are interleaved gpuq / minimal so the machine's noise falls on both alike.
+phases are interleaved gpuq / minimal (/ BullMQ, when node is there) so the machine's noise
+falls on each alike.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import gpuq_side, minimal_side, report, rq_side
+from bench import bullmq_side, gpuq_side, minimal_side, report, rq_side
+from bench.bullmq_side import BullMQ
 from bench.claim_latency import claim_latency, claim_pool
 from bench.commands import accounting, server_time
 from bench.common import Bench, Sizes, log, median
@@ -48,10 +50,13 @@ def run_phases(b: Bench) -> Res:
     res: Res = {}
     detail: Res = {}
     log(f"{b.server.kind} {info['redis_version']} on {b.url}; sizes {s}")
-    enq_windows = enqueue_phase(b, res, detail)
-    drain_windows = drain_phase(b, res, detail)
+    bq, res["bullmq_skipped"] = bullmq_side.setup()
+    if bq is None:
+        log(f"bullmq: skipped ({res['bullmq_skipped']})")
+    enq_windows = enqueue_phase(b, res, detail, bq)
+    drain_windows = drain_phase(b, res, detail, bq)
     latency_phase(b, res, detail)
-    commands_phase(b, res, detail, enq_windows, drain_windows)
+    commands_phase(b, res, detail, enq_windows, drain_windows, bq)
     log(f"server time per call: {s.accounting} enqueues, claims and acks per queue, each alone")
     detail["server_us"] = server_time(b, s.accounting)
     claim_phase(b, res, detail)
@@ -59,6 +64,8 @@ def run_phases(b: Bench) -> Res:
     res["targets"] = report.targets(res)
     res["detail"] = detail
     res["env"] = report.environment(b.server, info)
+    res["env"]["bullmq"] = bq.version if bq else None
+    res["env"]["node"] = bq.node_version if bq else None
     res["env"]["loadavg_start"] = load_start  # 1/5/15-minute load: other work on the machine
     res["env"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     res["sizes"] = s.__dict__
@@ -67,24 +74,32 @@ def run_phases(b: Bench) -> Res:
     return res
 
 
-def enqueue_phase(b: Bench, res: Res, detail: Res) -> dict[str, list[Window]]:
-    """Enqueue one by one and in bulk, gpuq and minimal, interleaved; median of the rounds.
-    Returns the first round's one-by-one windows (commands per task incl. Lua)."""
+def enqueue_phase(b: Bench, res: Res, detail: Res, bq: BullMQ | None) -> dict[str, list[Window]]:
+    """Enqueue one by one and in bulk, gpuq and minimal (and BullMQ), interleaved; median of
+    the rounds. Returns the first round's one-by-one windows (commands per task incl. Lua)."""
     s = b.sizes
     en: dict[str, list[tuple[float, float]]] = {k: [] for k in ("gpuq", "minimal", "gpuq_bulk",
                                                                    "minimal_bulk")}
+    if bq is not None:
+        en.update(bullmq=[], bullmq_bulk=[])
     windows: dict[str, list[Window]] = {"gpuq": [], "minimal": []}
     for i in range(b.repeat):
         log(f"enqueue one by one: {s.enqueue} tasks (round {i + 1}/{b.repeat})")
         en["gpuq"].append(gpuq_side.enqueue_one(b, s.enqueue, windows["gpuq"] if i == 0 else None))
         en["minimal"].append(minimal_side.enqueue_one(b, s.enqueue, windows["minimal"] if i == 0 else None))
+        if bq is not None:
+            en["bullmq"].append(bullmq_side.enqueue_one(bq, b, s.enqueue))
         log(f"enqueue bulk: {s.bulk} tasks in calls of {s.batch} (round {i + 1}/{b.repeat})")
         en["gpuq_bulk"].append(gpuq_side.enqueue_bulk(b, s.bulk))
         en["minimal_bulk"].append(minimal_side.enqueue_bulk(b, s.bulk))
+        if bq is not None:
+            en["bullmq_bulk"].append(bullmq_side.enqueue_bulk(bq, b, s.bulk))
     res["enqueue_per_s"] = round(median([x[0] for x in en["gpuq"]]), 1)
     res["minimal_enqueue_per_s"] = round(median([x[0] for x in en["minimal"]]), 1)
     res["bulk_enqueue_per_s"] = round(median([x[0] for x in en["gpuq_bulk"]]), 1)
     res["minimal_bulk_enqueue_per_s"] = round(median([x[0] for x in en["minimal_bulk"]]), 1)
+    for k in ("bullmq", "bullmq_bulk"):
+        res[f"{k}_enqueue_per_s"] = round(median([x[0] for x in en[k]]), 1) if bq else None
     detail["enqueue"] = {
         k: {"runs_per_s": [round(x[0], 1) for x in v],
             "client_cpu_us_per_task": round(median([x[1] for x in v]), 1)}
@@ -98,19 +113,25 @@ def enqueue_phase(b: Bench, res: Res, detail: Res) -> dict[str, list[Window]]:
     return windows
 
 
-def drain_phase(b: Bench, res: Res, detail: Res) -> dict[str, list[Window]]:
-    """Claim+ack: one worker process drains a pre-filled queue, gpuq and minimal
-    interleaved (median of the rounds), then one rq SimpleWorker."""
+def drain_phase(b: Bench, res: Res, detail: Res, bq: BullMQ | None) -> dict[str, list[Window]]:
+    """Claim+ack: one worker process drains a pre-filled queue, gpuq and minimal (and one
+    BullMQ worker, concurrency 1) interleaved (median of the rounds), then one rq SimpleWorker."""
     s = b.sizes
     drains: dict[str, list[Drain]] = {"gpuq": [], "minimal": []}
+    if bq is not None:
+        drains["bullmq"] = []
     windows: dict[str, list[Window]] = {"gpuq": [], "minimal": []}
     for i in range(b.repeat):
         log(f"claim+ack: one gpuq burst worker drains {s.drain} no-op tasks (round {i + 1}/{b.repeat})")
         drains["gpuq"].append(gpuq_side.drain(b, s.drain, windows["gpuq"] if i == 0 else None))
         log(f"claim+ack: one minimal worker drains {s.drain} tasks (round {i + 1}/{b.repeat})")
         drains["minimal"].append(minimal_side.drain(b, s.drain, windows["minimal"] if i == 0 else None))
+        if bq is not None:
+            log(f"claim+ack: one BullMQ worker drains {s.drain} jobs (round {i + 1}/{b.repeat})")
+            drains["bullmq"].append(bullmq_side.drain(bq, b, s.drain))
     res["claim_ack_per_s"] = round(median([d.rate for d in drains["gpuq"]]), 1)
     res["minimal_claim_ack_per_s"] = round(median([d.rate for d in drains["minimal"]]), 1)
+    res["bullmq_drain_per_s"] = round(median([d.rate for d in drains["bullmq"]]), 1) if bq else None
     detail["drain"] = {k: [d.as_dict() for d in v] for k, v in drains.items()}
     if rq_side.HAVE_RQ:
         log(f"rq: one SimpleWorker drains {s.rq} jobs")
@@ -140,7 +161,7 @@ def latency_phase(b: Bench, res: Res, detail: Res) -> None:
 
 
 def commands_phase(b: Bench, res: Res, detail: Res, enq_windows: dict[str, list[Window]],
-                   drain_windows: dict[str, list[Window]]) -> None:
+                   drain_windows: dict[str, list[Window]], bq: BullMQ | None) -> None:
     """Commands per task: totals (Lua included) from INFO commandstats over the timed
     one-by-one enqueue and drain; the client / Lua split from a smaller MONITOR pass."""
     s = b.sizes
@@ -148,12 +169,14 @@ def commands_phase(b: Bench, res: Res, detail: Res, enq_windows: dict[str, list[
         incl = enq_windows[k][0].total / s.enqueue + drain_windows[k][0].total / s.drain
         res[f"{prefix}commands_per_task_incl_lua"] = round(incl, 2)
     log(f"commands: MONITOR pass, {s.accounting} tasks per queue (not timed)")
-    acc = accounting(b, s.accounting)
+    acc = accounting(b, s.accounting, bq)
     detail["commands"] = acc
     res["commands_per_task"] = acc["gpuq"]["task_client"]
     res["minimal_commands_per_task"] = acc["minimal"]["task_client"]
     res["rq_commands_per_task"] = acc["rq"]["task_client"] if rq_side.HAVE_RQ else None
     res["rq_commands_per_task_incl_lua"] = acc["rq"]["task_total"] if rq_side.HAVE_RQ else None
+    res["bullmq_commands_per_task"] = acc["bullmq"]["task_client"] if bq else None
+    res["bullmq_commands_per_task_incl_lua"] = acc["bullmq"]["task_total"] if bq else None
 
 
 def claim_phase(b: Bench, res: Res, detail: Res) -> None:
