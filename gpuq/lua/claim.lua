@@ -109,27 +109,51 @@ local pass_to, unfit_need, unfit_p, unfit_gpus, retry = {}, nil, nil, nil, nil
 -- The idle worker better placed than this one for a cold task, if any: one holding its
 -- model, or one it fits more tightly that runs nothing (a worker with free slots left in
 -- `idle` would be handed a whole burst while it takes one task per free slot).
+-- What a claim learns of other workers for a (model, need, level, GPUs), kept for the call:
+-- the tasks of one queue ask the same, and nothing the claim does before its end changes the
+-- answer (holders, idle set and running tasks are written only after the scan). Without it a
+-- claim repeated the holder walks for each task it examined, scan x holders reads a queue.
+local memo = {}
+local function remembered(kind, m, need, p, wants, read)
+  local key = kind .. '\n' .. m .. '\n' .. p .. '\n' .. wants
+  local by_need = memo[key]
+  if not by_need then
+    by_need = {}
+    memo[key] = by_need
+  end
+  local got = by_need[need]
+  if not got then
+    got = {read()}
+    by_need[need] = got
+  end
+  return got[1], got[2]
+end
+
 local function better_elsewhere(m, need, p, wants)
-  return idle_holder(m, need, worker, p, wants)
-    or tightest(need, '(' .. claimable, worker, p, true, wants)
+  return remembered('e', m, need, p, wants, function()
+    return idle_holder(m, need, worker, p, wants)
+      or tightest(need, '(' .. claimable, worker, p, true, wants) or false
+  end)
 end
 
 -- How many busy holders of model m could take the task (busy_holders_of), and in how many
 -- seconds the first of them expects to free up, by its tasks' estimates (an overrun one
 -- counts as ending now). An idle holder that did not take the task has no room.
 local function busy_holders(m, need, p, wants)
-  local n, soonest = 0, math.huge
-  for _, w in ipairs(busy_holders_of(m, need, p, worker, wants)) do
-    n = n + 1
-    for _, t in ipairs(redis.call('SMEMBERS', worker_tasks_key(w))) do
-      local r = redis.call('HMGET', task_key(t), 'started_at', 'est_s')
-      local started, est = finite(r[1]), finite(r[2])
-      if started and est then
-        soonest = math.min(soonest, math.max(0, started + est * 1000 - now) / 1000)
+  return remembered('b', m, need, p, wants, function()
+    local n, soonest = 0, math.huge
+    for _, w in ipairs(busy_holders_of(m, need, p, worker, wants)) do
+      n = n + 1
+      for _, t in ipairs(redis.call('SMEMBERS', worker_tasks_key(w))) do
+        local r = redis.call('HMGET', task_key(t), 'started_at', 'est_s')
+        local started, est = finite(r[1]), finite(r[2])
+        if started and est then
+          soonest = math.min(soonest, math.max(0, started + est * 1000 - now) / 1000)
+        end
       end
     end
-  end
-  return n, soonest == math.huge and 0 or soonest
+    return n, soonest == math.huge and 0 or soonest
+  end)
 end
 
 -- Whether the k-th task of queue (p, m) is better left for m's busy holders: the first of

@@ -141,15 +141,28 @@ class GpuqScheduler:
 
     def woken(self, idle: list[str]) -> list[str]:
         """The idle workers a wake token reaches, as blocked real workers would pop them: a
-        worker's own token first, then pool-wide tokens to the others in order."""
+        worker's own token first, then pool-wide tokens to the others in order.
+
+        A worker's own token is pushed only with its removal from ``idle`` (the wake rule's
+        wake_worker; simulated workers take no hand-overs), and the worker rejoins ``idle``
+        only by claiming: so the GPUs the engine holds idle that ``idle`` no longer lists are
+        the ones holding a token. One read of ``idle`` finds them, however large the pool;
+        their tokens are then dropped (popped, as the worker would)."""
         if not idle:
             return []
-        # most often the pool list is empty: then no second round trip
-        *own, pooled = exchange(self.redis, [("LPOP", self.keys.wake(w)) for w in idle]
-                                + [("LLEN", self.keys.pool_wake)], retry=True)
-        rest = [w for w, token in zip(idle, own) if token is None]
-        shared = self.redis.lpop(self.keys.pool_wake, len(rest)) if rest and pooled else None
-        chosen = set(rest[:len(shared or [])]) | {w for w, token in zip(idle, own) if token is not None}
+        listed, pooled = exchange(self.redis, [("ZRANGE", self.keys.idle, 0, -1),
+                                               ("LLEN", self.keys.pool_wake)], retry=True)
+        still = set(listed)
+        own = [w for w in idle if w not in still]
+        rest = [w for w in idle if w in still]
+        pipe = self.redis.pipeline(transaction=False)
+        for w in own:
+            pipe.delete(self.keys.wake(w))
+        if rest and pooled:
+            pipe.lpop(self.keys.pool_wake, len(rest))
+        replies = pipe.execute() if len(pipe) else []
+        shared = replies[-1] if rest and pooled else None
+        chosen = set(rest[:len(shared or [])]) | set(own)
         return [w for w in idle if w in chosen]
 
     def plan(self, now_ms: int) -> dict[str, int]:

@@ -717,3 +717,31 @@ def test_the_planner_counts_a_cold_victims_runtime_from_its_models_load(queue: Q
     assert v.id == victim and v.started_ms == now - 5_000 + 20_000
     assert v.ends_ms == now + 115_000
     assert not may_be_asked(v, queue.config, now)
+
+
+def test_a_claim_reads_at_most_sixteen_busy_holders_of_a_model(make_queue: MakeQueue) -> None:
+    """Bounded work: the busy holders are read in name order, the first 16 of them; a large
+    enough one past those is not waited for (docs/DECISIONS.md, Bounded work)."""
+    q = make_queue(defer_s=2.0, holder_wait_s=120.0)
+    for i in range(16):
+        hold_model(q, f"h{i:02d}", "A", 24)  # busy, too small for the task
+    hold_model(q, "h16", "A", 80)  # would take it, 17th by name
+    tid = enqueue(q, T0, model="A", vram_gb=30, priority="P2")
+    c = claim(q, "cold", 75, now_ms=T0 + 3000)  # past the defer bound: taken here, cold
+    assert c is not None and c["id"] == tid
+    q.redis.srem(q.keys.holders("A"), "h00")  # the large one is now among the first 16
+    other = enqueue(q, T0, model="A", vram_gb=30, priority="P2")
+    r = claim_reply(q, "cold2", 75, now_ms=T0 + 3000)
+    assert r.task is None and r.retry_s > 100  # it waits for that holder
+    assert q.record(other).state is State.QUEUED
+
+
+def test_an_idle_holder_is_found_among_many_in_name_order(queue: Queue) -> None:
+    """idle_holder reads the idle holders in one call; the first by name with room wins,
+    whatever their claimable VRAM (its idle score)."""
+    for name, score in (("w3", 40), ("w1", 60), ("w2", 10)):
+        queue.redis.zadd(queue.keys.idle, {name: score})
+        queue.redis.sadd(queue.keys.holders("A"), name)
+    queue.redis.zadd(queue.keys.idle, {"w0": 70})  # idle, not a holder
+    tid = enqueue(queue, T0, model="A", vram_gb=30)
+    assert queue.redis.hget(queue.keys.task(tid), "offered") == "w1"

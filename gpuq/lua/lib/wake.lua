@@ -26,17 +26,23 @@ local function has_gpus(w, gpus)
   return gpus <= 1 or (tonumber(redis.call('HGET', worker_key(w), 'gpus')) or 1) >= gpus
 end
 
+-- Model m's idle holders and their idle scores (claimable VRAM), in score order: one ZINTER of
+-- `idle` and the holders set, in C, rather than a ZSCORE per holder.
+local function idle_holders(m)
+  return redis.call('ZINTER', 2, K_IDLE, holders_key(m), 'WEIGHTS', 1, 0, 'WITHSCORES')
+end
+
 -- An idle worker other than `except` that holds model m, serves priority p, has the task's
--- `gpus` devices and whose claimable VRAM (its idle score) covers the need; a holder without
--- room would wake only to find nothing.
+-- `gpus` devices and whose claimable VRAM (its idle score) covers the need, the first by name;
+-- a holder without room would wake only to find nothing.
 local function idle_holder(m, need, except, p, gpus)
-  local holders = redis.call('SMEMBERS', holders_key(m))
-  table.sort(holders)  -- a set's order varies between server runs; decisions must not
-  for _, w in ipairs(holders) do
-    if w ~= except then
-      local score = redis.call('ZSCORE', K_IDLE, w)
-      if score and tonumber(score) >= need and serves(w, p) and has_gpus(w, gpus) then return w end
-    end
+  local got, fit = idle_holders(m), {}
+  for i = 1, #got, 2 do
+    if got[i] ~= except and tonumber(got[i + 1]) >= need then fit[#fit + 1] = got[i] end
+  end
+  table.sort(fit)  -- by name: a decision must not follow the order of scores or of a set
+  for _, w in ipairs(fit) do
+    if serves(w, p) and has_gpus(w, gpus) then return w end
   end
   return nil
 end
@@ -59,13 +65,19 @@ end
 
 -- The busy workers other than `except` that hold model m, serve priority p and are large
 -- enough for need on `gpus` devices (each claims its held models first once it frees up), in
--- a fixed order.
+-- name order, among the first BUSY_HOLDERS busy holders by name: a decision reads a bounded
+-- number of workers however many hold a popular model (docs/DECISIONS.md, Bounded work).
+local BUSY_HOLDERS = 16
 local function busy_holders_of(m, need, p, except, gpus)
-  local out = {}
+  local out, idle, seen = {}, {}, 0
+  local got = idle_holders(m)
+  for i = 1, #got, 2 do idle[got[i]] = true end
   local holders = redis.call('SMEMBERS', holders_key(m))
   table.sort(holders)  -- a set's order varies between server runs; decisions must not
   for _, w in ipairs(holders) do
-    if w ~= except and not redis.call('ZSCORE', K_IDLE, w) then
+    if seen >= BUSY_HOLDERS then break end
+    if w ~= except and not idle[w] then
+      seen = seen + 1
       local g = redis.call('HMGET', worker_key(w), 'vram_total_gb', 'kv_reserve_gb', 'levels',
         'gpus')
       if finite(g[1]) and finite(g[1]) - (finite(g[2]) or 0) >= need
