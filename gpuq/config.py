@@ -47,6 +47,7 @@ class Config:
     priorities: str = "P0,P1,P2,P3"  # levels a worker serves (a dedicated lane: "P0,P1")
     metrics_port: int = 0  # a worker serves its own metrics on this port (0: none)
     metrics_host: str = "127.0.0.1"  # address it listens on ("0.0.0.0": every interface)
+    exporter_models: int = 50  # per-model series the exporter keeps per metric (the rest: "other")
     stop_s: float = 5.0  # a task past its yield deadline that will not stop in-process this
     #                      long after being told makes the worker exit (EXIT_STUCK)
     # reaper
@@ -111,6 +112,8 @@ class Config:
             raise ConfigError("preempt_max must be >= 0")
         if self.concurrency < 1:
             raise ConfigError("concurrency must be >= 1")
+        if self.exporter_models < 1:
+            raise ConfigError("exporter_models must be >= 1")
         if self.scan_per_queue < 1:
             raise ConfigError("scan_per_queue must be >= 1")
         if self.replica_acks and not self.replica_wait_ms:

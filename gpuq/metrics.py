@@ -25,7 +25,7 @@ scrape; served by ``gpuq exporter``):
 
 | metric | type | labels | source |
 |---|---|---|---|
-| gpuq_queue_depth | gauge | pool, priority, model | `q:<p>:<model>` sizes; 0 with model "" for a priority whose queues are all empty, so no priority's series goes missing |
+| gpuq_queue_depth | gauge | pool, priority, model | `q:<p>:<model>` sizes; 0 with model "" for a priority whose queues are all empty, so no priority's series goes missing; per priority the `exporter_models` (50) deepest queues, the rest summed as model `other` (their oldest wait in the next row) |
 | gpuq_queue_oldest_wait_seconds | gauge | pool, priority, model | the queue head's enqueue time |
 | gpuq_tasks_running / gpuq_tasks_delayed / gpuq_tasks_unschedulable | gauge | pool | running set, delayed set, tasks larger than every GPU class |
 | gpuq_tasks_enqueued_total | counter | pool | `stats` enqueued |
@@ -35,10 +35,10 @@ scrape; served by ``gpuq exporter``):
 | gpuq_preemptions_total | counter | pool, kind (reserved, yield_requested, yielded, stopped, withdrawn), preempted_priority | `stats` `preempt:<kind>:P<n>` |
 | gpuq_fair_dispatches_total | counter | pool, priority | `stats` `fair:P<n>`: claims made by the fairness rule |
 | gpuq_warm_hints_total | counter | pool | `stats` warm_hints |
-| gpuq_model_loads_total / gpuq_model_load_seconds_total | counter | pool, model | the model catalog |
+| gpuq_model_loads_total / gpuq_model_load_seconds_total | counter | pool, model | the model catalog: the `exporter_models` most loaded models, the rest summed as `other` |
 | gpuq_workers | gauge | pool, gpu_class, state (idle, busy, draining, dead) | worker hashes and liveness |
 | gpuq_workers_desired / gpuq_workers_current | gauge | pool, gpu_class | the reaper's scale signals (`scale` hash) |
-| gpuq_model_workers_desired | gauge | pool, model | the reaper's scale signals |
+| gpuq_model_workers_desired | gauge | pool, model | the reaper's scale signals: the `exporter_models` models desiring the most workers (and their arrival rates below) |
 | gpuq_arrivals_forecast_per_second | gauge | pool, kind (now, forecast), gpu_class, model | the scale signals' arrival rates (`rate_per_s`, `forecast_per_s`): per class (model "") and per model (gpu_class "") |
 | gpuq_reaper_active | gauge | pool | 1 while a reaper holds the pool's lock |
 """

@@ -139,14 +139,19 @@ def rq_bridge(ctx: click.Context, /, rq_queues: tuple[str, ...], rq_url: str | N
 @click.option("--port", type=int, default=9108, show_default=True, help="HTTP port of /metrics.")
 @click.option("--host", envvar="GPUQ_EXPORTER_HOST", default="127.0.0.1", show_default=True,
               help="Address to listen on (0.0.0.0: every interface; env GPUQ_EXPORTER_HOST).")
+@click.option("--top-models", "exporter_models", type=int, default=None,
+              help="Per-model series kept per metric, the deepest queues (most loads, most "
+                   "workers desired) first; the rest are summed as model \"other\" (default "
+                   f"{DEFAULTS.exporter_models}; env GPUQ_EXPORTER_MODELS).")
 @click.pass_context
-def exporter(ctx: click.Context, port: int, host: str) -> None:
+def exporter(ctx: click.Context, port: int, host: str, exporter_models: int | None) -> None:
     """Serve the pool's metrics (queues, outcomes, SLA attainment, preemptions, model loads,
     workers, scale signals) for Prometheus, read from Redis on every scrape."""
     from gpuq.views.exporter import Exporter
 
     queue = open_queue(ctx)
-    ctx.exit(Exporter(queue.redis, queue.keys).serve(port, host))
+    cfg = queue.config.with_options(exporter_models=exporter_models)
+    ctx.exit(Exporter(queue.redis, queue.keys, cfg.exporter_models).serve(port, host))
 
 
 @click.command()

@@ -20,18 +20,54 @@ from gpuq.metrics import PoolCollector, PoolFigures, serve_http
 from gpuq.views.inspect import pool_view
 
 log = logging.getLogger(__name__)
+OTHER = "other"  # the model label of what the per-model series left out, summed
 
 
-def read_figures(client: redis.Redis, keys: Keys) -> PoolFigures:
+def top_queues(queues: list[tuple[str, str, int, float]],
+               keep: int) -> list[tuple[str, str, int, float]]:
+    """Per priority, the ``keep`` deepest queues (ties by name) and one ``other`` row summing
+    the rest's depth with their oldest wait, so a pool of 10,000 models exports a bounded
+    number of series and every task is still counted."""
+    out: list[tuple[str, str, int, float]] = []
+    by_level: dict[str, list[tuple[str, str, int, float]]] = {}
+    for q in queues:
+        by_level.setdefault(q[0], []).append(q)
+    for level, rows in by_level.items():
+        rows.sort(key=lambda q: (-q[2], q[1]))
+        out += rows[:keep]
+        if rest := rows[keep:]:
+            out.append((level, OTHER, sum(q[2] for q in rest), max(q[3] for q in rest)))
+    return out
+
+
+def top_loads(loads: list[tuple[str, int, float]], keep: int) -> list[tuple[str, int, float]]:
+    """The ``keep`` most loaded models and ``other``, their loads and seconds summed."""
+    rows = sorted(loads, key=lambda m: (-m[1], m[0]))
+    if len(rows) <= keep:
+        return rows
+    rest = rows[keep:]
+    return rows[:keep] + [(OTHER, sum(m[1] for m in rest), sum(m[2] for m in rest))]
+
+
+def read_figures(client: redis.Redis, keys: Keys, keep: int = 50) -> PoolFigures:
+    """The pool's figures for one scrape; per-model series capped at ``keep`` models per
+    metric (``Config.exporter_models``)."""
     view = pool_view(client, keys)
     workers: dict[tuple[str, str], int] = {}
     for w in view.workers:
         key = (w.gpu, w.state if w.alive else "dead")
         workers[key] = workers.get(key, 0) + 1
     desired, forecast = [], []
-    for field_name, signal_value in view.scale.items():
+    # the reaper signals a model only while it has work or workers: the most desired first
+    signals = sorted(view.scale.items(), key=lambda kv: (-int(kv[1].get("desired", 0)), kv[0]))
+    models = 0
+    for field_name, signal_value in signals:
         kind, _, name = field_name.partition(":")
         if kind in ("class", "model") and "desired" in signal_value:
+            if kind == "model":
+                models += 1
+                if models > keep:
+                    continue
             desired.append((kind, name, int(signal_value.get("current", 0)),
                             int(signal_value["desired"])))
             if "forecast_per_s" in signal_value:
@@ -39,19 +75,19 @@ def read_figures(client: redis.Redis, keys: Keys) -> PoolFigures:
                                  float(signal_value["forecast_per_s"])))
     return PoolFigures(
         pool=view.pool,
-        queues=[(q.priority, q.model, q.depth, q.oldest_wait_s) for q in view.queues],
+        queues=top_queues([(q.priority, q.model, q.depth, q.oldest_wait_s) for q in view.queues], keep),
         running=view.running, delayed=view.delayed, unschedulable=view.unschedulable,
         stats=view.stats,
-        model_loads=[(m["name"], int(m["loads"]), float(m["mean_load_s"]) * int(m["loads"]))
-                     for m in view.models],
+        model_loads=top_loads([(m["name"], int(m["loads"]), float(m["mean_load_s"]) * int(m["loads"]))
+                               for m in view.models], keep),
         workers=workers, desired=desired, forecast=forecast,
         reaper_active=bool(client.exists(keys.reaper_lock)), tenants=view.tenants)
 
 
 class Exporter:
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, keep_models: int = 50) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(PoolCollector(lambda: read_figures(client, keys)))
+        self.registry.register(PoolCollector(lambda: read_figures(client, keys, keep_models)))
         self.keys = keys
         self.stopped = threading.Event()
 
