@@ -20,6 +20,7 @@ class ClaimRequest:
     loaded: Sequence[tuple[str, float]] = ()  # (model, footprint GB)
     levels: str = "0123"
     gpus: int = 1  # devices of the worker's group
+    in_use: frozenset[str] = frozenset()  # loaded models a running task of the worker uses
 
     def fits(self, model: str, need_gb: float, gpus: int = 1) -> bool:
         """claim.lua's fit rule: a task asks no more devices than the group has; a held
@@ -29,7 +30,8 @@ class ClaimRequest:
             return False
         footprint = dict(self.loaded).get(model)
         if footprint is not None:
-            return need_gb - footprint <= self.free_gb + max(0.0, self.evictable_gb - footprint)
+            idle_gb = 0.0 if model in self.in_use else footprint  # in evictable_gb while idle
+            return need_gb - footprint <= self.free_gb + max(0.0, self.evictable_gb - idle_gb)
         return need_gb <= self.free_gb + self.evictable_gb
 
 

@@ -32,7 +32,8 @@
 -- ARGV[14..17]  holder wait of P0..P3 (ms): how long a cold task waits for a busy GPU that
 --               holds its model (0: not at all)
 -- ARGV[18]  GPUs in this worker's group (>= 1)
--- ARGV[19..]  pairs: loaded model name, its footprint (GB)
+-- ARGV[19..]  pairs: loaded model name, its footprint (GB), negative while a running task
+--              of this worker uses it (then it is not in the evictable VRAM)
 -- Returns  {0, "none", retry_ms}            nothing this worker can run; it is marked idle.
 --                                            retry_ms > 0: a task was left for another
 --                                            worker and may be claimed after that long
@@ -79,10 +80,11 @@ for p = 1, 4 do
   defer[p], hold[p] = arg_num(9 + p, 0, 1e13), arg_num(13 + p, 0, 1e13)
   if not (defer[p] and hold[p]) then return {1, 0, 'defer bounds and holder waits must be ms >= 0'} end
 end
-local held, held_names = {}, {}
+local held, held_names, in_use = {}, {}, {}
 for i = 19, #ARGV, 2 do
-  held[ARGV[i]] = arg_num(i + 1, 0, 1e9)
-  if ARGV[i] == '' or not held[ARGV[i]] then return {1, 0, 'loaded models must be name, GB pairs'} end
+  local gb = arg_num(i + 1, -1e9, 1e9)
+  if ARGV[i] == '' or not gb then return {1, 0, 'loaded models must be name, GB pairs'} end
+  held[ARGV[i]], in_use[ARGV[i]] = math.abs(gb), gb < 0 or string.byte(ARGV[i + 1]) == 45
   held_names[#held_names + 1] = ARGV[i]
 end
 local claimable = free + evictable
@@ -91,12 +93,11 @@ local tenancy = tenancy_on()  -- tenants registered: fair order and quotas (lib/
 -- default one (7 days)
 local TTL = '604800000'
 
--- Room for a task of a model this worker holds (footprint GB): free VRAM plus the other idle
+-- Room for a task of model m this worker holds (footprint GB): free VRAM plus the other idle
 -- models, which the worker evicts for it as for a cold load (its ModelCache does the same).
--- evictable counts the held model too while it is idle; while a running task uses it, the
--- difference undercounts, which is safe.
-local function held_room(footprint)
-  return free + math.max(0, evictable - footprint)
+-- evictable counts m too while it is idle, not while a running task uses it.
+local function held_room(m, footprint)
+  return free + math.max(0, evictable - (in_use[m] and 0 or footprint))
 end
 
 promote_due(now, 20, TTL)
@@ -211,7 +212,7 @@ local function scan_queue(p, m)
       -- at its tenant's cap: the next task of the queue may be another tenant's
     elseif wants > gpus then
       if not unfit_need then unfit_need, unfit_p, unfit_gpus = need, p, wants end
-    elseif footprint and need - footprint <= held_room(footprint) then
+    elseif footprint and need - footprint <= held_room(m, footprint) then
       local fields = readable(id, p, m, now, TTL)
       if fields then return id, math.max(0, need - footprint), fields end
     elseif not footprint and need <= claimable then
@@ -286,7 +287,7 @@ if reserved then
   -- reached a quota since is not taken (the reservation goes, the worker claims as usual)
   if r[1] == 'queued' and level(r[2]) and r[3] and need and need > 0 and (tonumber(r[6]) or 1) <= gpus
       and not (tenancy and r[5] and over_quota(r[5], need)) then
-    if footprint and need - footprint <= held_room(footprint) then
+    if footprint and need - footprint <= held_room(r[3], footprint) then
       use = math.max(0, need - footprint)
     elseif not footprint and need <= claimable then
       use = need

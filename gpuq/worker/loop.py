@@ -105,7 +105,7 @@ class Worker:
                 self.settle(pending)
                 return 0.0
             req = ClaimRequest(self.id, self.cache.free_gb(), self.cache.evictable_gb(), slots,
-                               self.cache.loaded(), self.levels, self.gpu.count)
+                               self.cache.loaded(), self.levels, self.gpu.count, self.cache.in_use())
             call = self.calls.claim(req)
             *done, reply = self.scripts.pipelined([*pending, call])
             for sent, answer in zip(pending, done):

@@ -68,6 +68,10 @@ class ModelCache:
     def loaded(self) -> list[tuple[str, float]]:
         return [(name, r.footprint_gb) for name, r in self.resident.items()]
 
+    def in_use(self) -> frozenset[str]:
+        """The loaded models a running task uses (not in evictable_gb)."""
+        return frozenset(name for name, r in self.resident.items() if r.in_use > 0)
+
     def model_names(self) -> list[str]:
         return [name for name, r in self.resident.items() if r.ready.is_set() and r.error is None]
 

@@ -34,7 +34,7 @@ from gpuq import Queue, catalog
 from gpuq.embedded import EmbeddedServer
 from gpuq.errors import DuplicateTask, InvalidTask, UnregisteredHandler, Unschedulable
 from gpuq.reaper.preempt import Preemptor, may_be_asked
-from gpuq.scripts import Call, Claim
+from gpuq.scripts import Call, Claim, ClaimRequest
 from gpuq.task import Priority, State
 from gpuq.wire import kept_connection
 
@@ -745,3 +745,16 @@ def test_an_idle_holder_is_found_among_many_in_name_order(queue: Queue) -> None:
     queue.redis.zadd(queue.keys.idle, {"w0": 70})  # idle, not a holder
     tid = enqueue(queue, T0, model="A", vram_gb=30)
     assert queue.redis.hget(queue.keys.task(tid), "offered") == "w1"
+
+
+def test_a_busy_models_task_may_evict_the_workers_idle_models(queue: Queue) -> None:
+    """A model a running task uses is not in the evictable VRAM: the room for another task
+    of it is free VRAM plus every idle model, its own footprint not taken off again."""
+    tid = enqueue(queue, T0, model="A", vram_gb=45)  # 25 GB of working memory beside A's 20
+    loaded = (("A", 20.0), ("B", 30.0))
+    idle_a = ClaimRequest("w", 10, 30, 2, loaded)  # A counted idle: 10 + (30 - 20) < 25
+    assert queue.scripts.run(queue.calls.claim(idle_a, now_ms=T0 + 1)).task is None
+    busy_a = ClaimRequest("w", 10, 30, 2, loaded, in_use=frozenset({"A"}))  # 10 + 30 >= 25
+    assert busy_a.fits("A", 45)
+    got = queue.scripts.run(queue.calls.claim(busy_a, now_ms=T0 + 2)).task
+    assert got is not None and got["id"] == tid
