@@ -290,6 +290,7 @@ for i = 1, n do
   if not later or later.ready then ready[#ready + 1] = i end
 end
 
+local function add(h, field, value) local n = #h; h[n + 1] = field; h[n + 2] = value; return h end
 local unwoken, targeted, heads, urgent, arrived = 0, 0, {}, false, {}
 local now_ms = ms(now)
 local idle_n = redis.call('ZCARD', K_IDLE)  -- read once: only the wakes below change it
@@ -327,19 +328,18 @@ for _, i in ipairs(ready) do
   if tenancy and not hand then order = fair_order(prio, tenant, score, sla[prio], ests[i], vram) end
   local est_s, vram_s, score_ms = tostring(ests[i]), tostring(vram), ms(score)
   -- optional fields only when there is one: each costs about a small command (PROTOCOL)
-  redis.call('HSET', task_key(id), 'id', id, 'handler', ARGV[o + 2], 'payload', ARGV[o + 3],
+  local h = {'id', id, 'handler', ARGV[o + 2], 'payload', ARGV[o + 3],
     'model', model, 'vram_gb', vram_s, 'priority', prio, 'est_s', est_s,
     'preemptible', ARGV[o + 9], 'tenant', ARGV[o + 10],
     'max_attempts', ms(tries[i]), 'state', 'queued', 'score', score_ms,
-    'enqueued_at', now_ms, 'queued_at', now_ms)
-  if deadline ~= '' then redis.call('HSET', task_key(id), 'deadline', deadline) end
-  if ARGV[o + 12] == '1' then redis.call('HSET', task_key(id), 'report_end', '1') end
-  if from_history[i] then redis.call('HSET', task_key(id), 'est_from', 'history') end
-  if gpus_of[i] > 1 then redis.call('HSET', task_key(id), 'gpus', ARGV[o + 13]) end
-  if w and not hand then redis.call('HSET', task_key(id), 'offered', w) end
-  if tenancy and not hand then
-    redis.call('HSET', task_key(id), 'order', ms(order), 'fair', prio .. ':' .. tenant)
-  end
+    'enqueued_at', now_ms, 'queued_at', now_ms}
+  if deadline ~= '' then add(h, 'deadline', deadline) end
+  if ARGV[o + 12] == '1' then add(h, 'report_end', '1') end
+  if from_history[i] then add(h, 'est_from', 'history') end
+  if gpus_of[i] > 1 then add(h, 'gpus', ARGV[o + 13]) end
+  if w and not hand then add(h, 'offered', w) end
+  if tenancy and not hand then add(add(h, 'order', ms(order)), 'fair', prio .. ':' .. tenant) end
+  redis.call('HSET', task_key(id), unpack(h))  -- one write, the optional fields included
   if hand then
     -- handed over: started here as a claim would, with the worker's lease; unread on its wake
     -- list at its pickup deadline (the offer's defer bound), a claim or the reaper takes it back
