@@ -29,7 +29,7 @@ local id, token, now = ARGV[1], ARGV[2], clock(ARGV[3])
 if not now then return {1, 0, 'now must be ms >= 0'} end
 local tk = task_key(id)
 local f = redis.call('HMGET', tk, 'state', 'token', 'priority', 'model', 'score', 'enqueued_at',
-  'started_at', 'began_at', 'tenant')
+  'started_at', 'began_at', 'tenant', 'due_at')
 if not f[1] then return {4} end
 if f[1] ~= 'running' or f[2] ~= token then return {5, f[1]} end
 local p, score, enqueued, started = level(f[3]), finite(f[5]), finite(f[6]), finite(f[7])
@@ -37,6 +37,6 @@ if (f[8] and f[8] ~= '') or not (p and f[4] and score and enqueued and started) 
   return {0, '', ms(now)}
 end
 redis.call('HSET', tk, 'began_at', ms(now))
-local result = decide_sla(id, p, f[4], now, score, enqueued, started)
+local result = decide_sla(id, p, f[4], now, score, finite(f[10]) or enqueued, started)  -- due: delayed
 if tenancy_on() then count_tenant_sla(p, f[9], result) end
 return {0, result, ms(now)}

@@ -73,8 +73,8 @@ for _, id in ipairs(ids) do
       fair_leave(id, f[8])
       withdraw_yield(id, f[6], f[7], now)
       finish(id, 'expired', now, ttl, 'error', reason)  -- counts expired:P<n>
-      local enqueued = finite(redis.call('HGET', task_key(id), 'enqueued_at')) or now
-      note_miss(id, f[4], f[5], now - enqueued, now, 'expired')
+      local at = redis.call('HMGET', task_key(id), 'due_at', 'enqueued_at')  -- waited since
+      note_miss(id, f[4], f[5], now - (finite(at[1]) or finite(at[2]) or now), now, 'expired')
       expired = expired + 1
     end
   end

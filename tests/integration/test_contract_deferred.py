@@ -10,6 +10,8 @@ real server (``backend``), under a virtual clock.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from helpers import T0, ack, claim, enqueue, enqueue_specs, fail, pool_keys, reap, spec
 
@@ -55,6 +57,8 @@ def test_a_delayed_task_misses_its_sla_counted_from_its_due_time(queue: Queue) -
     assert reap(queue, T0 + 5000).promoted == 1
     assert state(queue, tid) == "queued"
     assert run(queue, tid, T0 + 5000 + SLA_P0 + 1)["sla"] == "missed"
+    (miss,) = [json.loads(m) for m in queue.redis.lrange(queue.keys.sla_misses, 0, -1)]
+    assert miss["wait_s"] == (SLA_P0 + 1) / 1000  # since it was due, not since its enqueue
 
 
 def test_at_names_an_epoch_time_and_the_past_is_refused(queue: Queue) -> None:

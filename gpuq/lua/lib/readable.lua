@@ -21,7 +21,7 @@ end
 local function readable(id, p, m, now, ttl)
   local f = redis.call('HMGET', task_key(id), 'handler', 'payload', 'model', 'vram_gb', 'priority',
     'est_s', 'attempt', 'deadline', 'tenant', 'checkpoint', 'enqueued_at', 'queued_at', 'score',
-    'reserved_for', 'yield_victim', 'max_attempts', 'began_at', 'fair', 'order')
+    'reserved_for', 'yield_victim', 'max_attempts', 'began_at', 'fair', 'order', 'due_at')
   local attempt, tries = finite(f[7] ~= '' and f[7] or 0), finite(f[16])
   local has_deadline = f[8] and f[8] ~= ''
   local bad = f[5] ~= tostring(p) and 'priority' or f[3] ~= m and 'model'

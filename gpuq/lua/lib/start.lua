@@ -10,17 +10,18 @@ local function note_miss(id, p, m, wait_ms, now, kind)
 end
 
 -- Decide the SLA of task id (priority p, model m) at its first handler start, now: met by
--- its start-by score or missed. A miss is noted as late when the task was started (claimed
--- or handed over, at started) after its score, else as cold: its model load made it late.
+-- its start-by score or missed, noted with its wait since `since` (enqueued, or due for a
+-- delayed or released task) as late when the task was started (claimed or handed over, at
+-- started) after its score, else as cold: its model load made it late.
 -- The caller writes began_at = now, which marks the task decided: one started again (a
 -- yield, a stop or a lost lease gives it back) counts once. Returns "met" or "missed".
-local function decide_sla(id, p, m, now, score, enqueued_at, started)
+local function decide_sla(id, p, m, now, score, since, started)
   if now <= score then
     redis.call('HINCRBY', K_STATS, 'sla_met:P' .. p, 1)
     return 'met'
   end
   redis.call('HINCRBY', K_STATS, 'sla_missed:P' .. p, 1)
-  note_miss(id, p, m, now - enqueued_at, now, started > score and 'late' or 'cold')
+  note_miss(id, p, m, now - since, now, started > score and 'late' or 'cold')
   return 'missed'
 end
 
@@ -31,7 +32,7 @@ end
 -- the worker calls after the load. Returns the token and the reply's sla: "met" or
 -- "missed" (decided here), "pending" (the worker reports the handler's start) or "" (an
 -- earlier start decided it).
-local function start(id, p, m, w, now, lease_until, attempt, score, enqueued_at, undecided, warm)
+local function start(id, p, m, w, now, lease_until, attempt, score, since, undecided, warm)
   local token = redis.call('INCR', K_TOKEN)
   local at = ms(now)
   if undecided and warm then
@@ -45,7 +46,7 @@ local function start(id, p, m, w, now, lease_until, attempt, score, enqueued_at,
   redis.call('SADD', worker_tasks_key(w), id)
   local sla = ''
   if undecided then
-    sla = warm and decide_sla(id, p, m, now, tonumber(score), tonumber(enqueued_at), now) or 'pending'
+    sla = warm and decide_sla(id, p, m, now, tonumber(score), tonumber(since), now) or 'pending'
   end
   return token, sla
 end

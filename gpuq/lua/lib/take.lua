@@ -19,7 +19,9 @@ local function take(id, p, m, w, now, lease_until, f, warm, tenancy)
   fair_leave(id, f[18])
   withdraw_yield(id, f[14], f[15], now)
   local undecided = not f[17] or f[17] == ''  -- no handler start has decided its SLA yet
-  local token, sla = start(id, p, m, w, now, lease_until, f[7], f[13], f[11], undecided, warm)
+  -- a miss's wait counts from when the task was due (a delayed or released one), else enqueued
+  local token, sla = start(id, p, m, w, now, lease_until, f[7], f[13], finite(f[20]) or f[11],
+    undecided, warm)
   if tenancy then
     charge(id, f[9], tonumber(f[4]))
     count_tenant_sla(p, f[9], sla)
