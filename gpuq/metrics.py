@@ -27,7 +27,8 @@ scrape; served by ``gpuq exporter``):
 |---|---|---|---|
 | gpuq_queue_depth | gauge | pool, priority, model | `q:<p>:<model>` sizes; 0 with model "" for a priority whose queues are all empty, so no priority's series goes missing; per priority the `exporter_models` (50) deepest queues, the rest summed as model `other` (their oldest wait in the next row) |
 | gpuq_queue_oldest_wait_seconds | gauge | pool, priority, model | the queue head's enqueue time |
-| gpuq_tasks_running / gpuq_tasks_delayed / gpuq_tasks_unschedulable | gauge | pool | running set, delayed set, tasks larger than every GPU class |
+| gpuq_tasks_running / gpuq_tasks_delayed / gpuq_tasks_waiting / gpuq_tasks_unschedulable | gauge | pool | running set, delayed set (retries in backoff, tasks enqueued with a delay), tasks waiting for their parents, tasks larger than every GPU class |
+| gpuq_schedules | gauge | pool | periodic tasks (`gpuq schedule`) |
 | gpuq_tasks_enqueued_total | counter | pool | `stats` enqueued |
 | gpuq_tasks_total | counter | pool, priority, outcome (succeeded, failed, expired, canceled) | `stats` `<outcome>:P<n>` |
 | gpuq_sla_starts_total | counter | pool, priority, result (met, missed) | `stats` `sla_met:P<n>` / `sla_missed:P<n>`, once per task at its first handler start (claim for a worker holding its model, began after a cold load): the handler started, model loaded, by the task's start-by time or not |
@@ -140,6 +141,8 @@ class PoolFigures:
     queues: list[tuple[str, str, int, float]] = field(default_factory=list)  # priority, model, depth, oldest wait s
     running: int = 0
     delayed: int = 0
+    waiting: int = 0  # tasks waiting for their parents
+    schedules: int = 0  # periodic tasks
     unschedulable: int = 0
     stats: dict[str, int] = field(default_factory=dict)  # the pool's `stats` hash
     model_loads: list[tuple[str, int, float]] = field(default_factory=list)  # model, loads, total s
@@ -165,7 +168,8 @@ METRIC_NAMES = {
     "gpuq_gpu_vram_usage_ratio": "gauge", "gpuq_worker_running_tasks": "gauge",
     "gpuq_worker_loaded_models": "gauge",
     "gpuq_queue_depth": "gauge", "gpuq_queue_oldest_wait_seconds": "gauge",
-    "gpuq_tasks_running": "gauge", "gpuq_tasks_delayed": "gauge",
+    "gpuq_tasks_running": "gauge", "gpuq_tasks_delayed": "gauge", "gpuq_tasks_waiting": "gauge",
+    "gpuq_schedules": "gauge",
     "gpuq_tasks_unschedulable": "gauge", "gpuq_tasks_enqueued_total": "counter",
     "gpuq_tasks_total": "counter", "gpuq_sla_starts_total": "counter",
     "gpuq_sla_attainment_ratio": "gauge", "gpuq_preemptions_total": "counter",
@@ -200,7 +204,10 @@ class PoolCollector(Collector):
         yield depth
         yield oldest
         for name, text, value in (("gpuq_tasks_running", "Tasks running.", f.running),
-                                  ("gpuq_tasks_delayed", "Retries waiting out their backoff.", f.delayed),
+                                  ("gpuq_tasks_delayed", "Retries waiting out their backoff and "
+                                   "tasks enqueued with a delay.", f.delayed),
+                                  ("gpuq_tasks_waiting", "Tasks waiting for their parent tasks.", f.waiting),
+                                  ("gpuq_schedules", "Periodic tasks.", f.schedules),
                                   ("gpuq_tasks_unschedulable", "Queued tasks larger than every GPU class.",
                                    f.unschedulable),
                                   ("gpuq_reaper_active", "1 while a reaper holds the pool's lock.",

@@ -76,7 +76,8 @@ def read_figures(client: redis.Redis, keys: Keys, keep: int = 50) -> PoolFigures
     return PoolFigures(
         pool=view.pool,
         queues=top_queues([(q.priority, q.model, q.depth, q.oldest_wait_s) for q in view.queues], keep),
-        running=view.running, delayed=view.delayed, unschedulable=view.unschedulable,
+        running=view.running, delayed=view.delayed, waiting=view.waiting, schedules=view.schedules,
+        unschedulable=view.unschedulable,
         stats=view.stats,
         model_loads=top_loads([(m["name"], int(m["loads"]), float(m["mean_load_s"]) * int(m["loads"]))
                                for m in view.models], keep),
