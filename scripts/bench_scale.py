@@ -46,7 +46,7 @@ COLUMNS = (  # header, path in a point's report, digits
     ("enq µs", ("verbs", "enqueue", "server_us"), 1), ("claim µs", ("verbs", "claim", "server_us"), 1),
     ("ack µs", ("verbs", "ack", "server_us"), 1),
     ("claim p50 µs", ("verbs", "claim", "p50_us"), 0), ("claim p99 µs", ("verbs", "claim", "p99_us"), 0),
-    ("warm", ("verbs", "claim", "warm_share"), 2),
+    ("cold claim µs", ("verbs", "cold_claim", "server_us"), 0),
     ("life/s", ("lifecycle", "per_s"), 0), ("life/CPU-s", ("lifecycle", "per_server_cpu_s"), 0),
     ("reaper CPU ms", ("reaper", "server_cpu_ms"), 1), ("reaper wall ms", ("reaper", "wall_ms"), 0),
     ("B/task", ("fill", "bytes_per_task"), 0), ("B/worker", ("fleet", "bytes_per_worker"), 0),

@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -193,7 +193,7 @@ class Point:
         replaced outside the windows); "empty": claims that found nothing it should take."""
         cold, untimed = Tally(), Tally()
         empty = 0
-        while cold.calls < max(COLD_BLOCK, self.sizes.calls // 4):
+        while cold.calls < max(COLD_BLOCK, self.sizes.calls // 10):
             claimed = []
             with cold.window(self.r):
                 for _ in range(COLD_BLOCK):
@@ -232,23 +232,20 @@ class Point:
                 "redis_cpu_share": round(cpu / wall, 2), "wall_s": round(wall, 2)}
 
     def reaper(self) -> dict[str, Any]:
-        """A heartbeat from every worker, one warm-up round, then the measured rounds."""
+        """A heartbeat from every worker, one warm-up round, then the measured rounds, and
+        each step of a round alone (as ``Reaper.round`` runs them) for where the time goes."""
         for member in [*self.fleet, self.fresh]:
             scale_fleet.beat(self.scripts, self.calls, self.keys, member,
                              scale_fleet.identity(member, self.config))
         reaper = Reaper(self.client, self.config)
         reaper.round()
-        rounds = []
-        for _ in range(self.sizes.reaper_rounds):
-            t = Tally()
-            with t.window(self.r):
-                t0 = time.perf_counter()
-                reaper.round()
-                wall = time.perf_counter() - t0
-            rounds.append({"server_cpu_ms": t.cpu_s * 1e3, "evalsha_ms": t.usec / 1e3,
-                           "other_commands_ms": t.inner_usec / 1e3, "wall_ms": wall * 1e3,
-                           "commands": t.calls + t.inner_calls})
-        return median_of(rounds)
+        rounds = [timed(self.r, reaper.round) for _ in range(self.sizes.reaper_rounds)]
+        out = median_of(rounds)
+        steps = {"recover": reaper.reap_once, "schedules": reaper.fire_schedules,
+                 "expire": reaper.expire, "preempt": reaper.preemptor.step, "scale": reaper.scaler.step}
+        out["steps_server_cpu_ms"] = {name: round(timed(self.r, step)["server_cpu_ms"], 2)
+                                      for name, step in steps.items()}
+        return out
 
     def exporter(self) -> dict[str, Any]:
         registry = Exporter(self.client, self.keys).registry
@@ -267,6 +264,19 @@ class Point:
     def close(self) -> None:
         self.client.close()
         self.r.close()
+
+
+def timed(r: redis.Redis, step: Callable[[], object]) -> dict[str, float]:
+    """What one call of ``step`` cost the server (CPU; script and other commands' usec), the
+    commands it sent (those inside scripts included) and its wall time."""
+    t = Tally()
+    with t.window(r):
+        t0 = time.perf_counter()
+        step()
+        wall = time.perf_counter() - t0
+    return {"server_cpu_ms": t.cpu_s * 1e3, "evalsha_ms": t.usec / 1e3,
+            "other_commands_ms": t.inner_usec / 1e3, "wall_ms": wall * 1e3,
+            "commands": t.calls + t.inner_calls}
 
 
 def median_of(runs: list[dict[str, float]]) -> dict[str, Any]:
