@@ -44,10 +44,9 @@ from gpuq.keys import Keys
 from gpuq.lua_source import script_source
 from gpuq.reaper.loop import Reaper
 from gpuq.scripts import SCRIPT_NAMES, Calls, Scripts
-from gpuq.task import TaskSpec
 from gpuq.views.exporter import Exporter
 
-LEASE_S = 3600.0  # the fleet beats once before the reaper rounds; no lease may lapse before
+LEASE_S = 3600.0  # the fleet beats only at start and before the reaper rounds: no lease lapses
 FILL_CHUNK = 10_000  # tasks per enqueue_many call while filling
 COLD_BLOCK = 10  # cold claims per commandstats window
 GROUP = 8  # claimers per window of the verbs' rounds
@@ -55,7 +54,7 @@ GROUP = 8  # claimers per window of the verbs' rounds
 
 @dataclass(frozen=True)
 class Sizes:
-    calls: int  # sequential calls of each verb (at least one round of the claiming workers)
+    calls: int  # sequential calls of each verb at a point
     load_s: float  # seconds of the lifecycle run
     procs: int  # processes of the lifecycle run
     reaper_rounds: int
@@ -120,9 +119,6 @@ class Point:
 
     def used_memory(self) -> int:
         return int(self.r.info("memory")["used_memory"])
-
-    def new_task(self, model: str) -> TaskSpec:
-        return TaskSpec.build(HANDLER, None, model=model, vram_gb=TASK_GB)
 
     def register(self) -> dict[str, Any]:
         m0, t0 = self.used_memory(), time.perf_counter()
@@ -190,7 +186,7 @@ class Point:
                 t0 = time.perf_counter()
                 self.scripts.run(self.calls.ack(task["id"], int(task["token"]), "null"))
                 ack.latency_s.append(time.perf_counter() - t0)
-        specs = [self.new_task(task["model"]) for task in claimed]
+        specs = [scale_load.new_task(task["model"]) for task in claimed]
         with enqueue.window(self.r):
             for spec in specs:
                 t0 = time.perf_counter()
