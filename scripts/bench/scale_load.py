@@ -1,0 +1,105 @@
+"""Task lifecycles per second: the fleet's claimers split over a few OS processes.
+
+Each process drives its share of the claiming workers ("virtual workers") in turns: one round
+trip with a claim per worker (pipelined), then one with the ack of each claimed task and one
+new task enqueued per ack for the acked task's model, so each model's queue keeps its size. A
+lifecycle is one enqueue, one claim and one ack. The processes start together on a barrier
+and stop at a deadline; the caller reads the server's CPU and INFO commandstats around the
+whole run.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.synchronize import Barrier, Event
+from typing import Any
+
+from bench.scale_fleet import HANDLER, TASK_GB
+from gpuq.config import Config
+from gpuq.connection import connect
+from gpuq.keys import Keys
+from gpuq.scripts import Call, Calls, Claim, ClaimRequest, Scripts
+from gpuq.task import TaskSpec
+
+
+@dataclass(frozen=True)
+class Share:
+    """What one process drives."""
+
+    url: str
+    pool: str
+    lease_s: float
+    requests: tuple[ClaimRequest, ...]
+    seconds: float
+
+
+def new_task(model: str) -> TaskSpec:
+    return TaskSpec.build(HANDLER, None, model=model, vram_gb=TASK_GB)
+
+
+def drive(share: Share, ready: Barrier, go: Event, results: Any) -> None:
+    """The process body: turns of claims, then acks and enqueues, until the deadline."""
+    config = Config(pool=share.pool, lease_s=share.lease_s)
+    client = connect(share.url)
+    client.ping()  # connected; the scripts are loaded on the server already
+    scripts, calls = Scripts(client, Keys(share.pool, config.prefix)), Calls(config)
+    done = empty = turns = 0
+    ready.wait()
+    go.wait()
+    t0 = time.perf_counter()
+    deadline = t0 + share.seconds
+    while time.perf_counter() < deadline:
+        follow: list[Call[Any]] = []
+        for reply in scripts.pipelined([calls.claim(r) for r in share.requests]):
+            task = Claim.parse(reply).task
+            if task is None:
+                empty += 1
+                continue
+            follow.append(calls.ack(task["id"], int(task["token"]), "null"))
+            follow.append(calls.enqueue([new_task(task["model"])]))
+        if follow:
+            for call, reply in zip(follow, scripts.pipelined(follow)):
+                call.parse(reply)
+        done += len(follow) // 2
+        turns += 1
+    results.put({"lifecycles": done, "empty_claims": empty, "turns": turns,
+                 "seconds": time.perf_counter() - t0})
+    client.close()
+
+
+Hook = Callable[[], None]
+
+
+def run(url: str, pool: str, lease_s: float, requests: list[ClaimRequest], procs: int,
+        seconds: float, before: Hook, after: Hook) -> tuple[list[dict[str, Any]], float]:
+    """Drive the requests (dealt round-robin) from ``procs`` processes for ``seconds``; their
+    results and the wall seconds from the start to the last one's end. ``before()`` runs
+    once every process is connected, just before they start; ``after()`` once all ended."""
+    ctx = mp.get_context("spawn")
+    procs = max(1, min(procs, len(requests)))
+    ready, go, results = ctx.Barrier(procs + 1), ctx.Event(), ctx.Queue()
+    shares = [Share(url, pool, lease_s, tuple(requests[i::procs]), seconds)
+              for i in range(procs)]
+    children = [ctx.Process(target=drive, args=(s, ready, go, results), daemon=True) for s in shares]
+    for c in children:
+        c.start()
+    try:
+        ready.wait(timeout=120)
+        before()
+        go.set()
+        t0 = time.perf_counter()
+        out = [results.get(timeout=seconds + 120) for _ in children]
+        wall = time.perf_counter() - t0
+        after()
+    finally:
+        for c in children:
+            c.join(30)
+            if c.is_alive():
+                c.kill()
+    bad = [c.exitcode for c in children if c.exitcode != 0]
+    if bad:
+        raise RuntimeError(f"lifecycle processes exited with {bad}")
+    return out, wall
