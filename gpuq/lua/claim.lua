@@ -16,7 +16,8 @@
 -- this one told when to look again. Batch work (P2/P3) also waits, up to the holder wait, for
 -- busy workers that hold its model when they would get to it within that wait (a cold load
 -- costs tens of seconds). A task too big for this worker wakes the tightest idle worker that
--- fits it. Cost: O(levels x models-with-work x scan x log N); no backlog scan.
+-- fits it. Cost: O(levels x min(models with work, 64 + held) x scan x log N), a model's holders
+-- read once a call (the busy ones: the first 16); no backlog scan.
 --
 -- KEYS[1]  pool key base
 -- ARGV[1]  worker id
@@ -242,8 +243,11 @@ local function scan_queue(p, m)
   return nil
 end
 
-local PAGE = 16
--- Held models first, then the others in head-score order, a page of the index at a time.
+local PAGE, PAGES = 16, 4
+-- Held models first, then the others in head-score order, a page of the index at a time, at
+-- most PAGES pages (64 models, the oldest heads): a claim's work is bounded however many
+-- models have work. Tasks of later models wait for those ahead to drain or start, or for a
+-- worker holding their model (docs/DECISIONS.md, Bounded work).
 local function find(p)
   local idx = models_with_work_key(p)
   local page = redis.call('ZRANGE', idx, 0, PAGE - 1)
@@ -263,7 +267,8 @@ local function find(p)
       end
     end
     start = start + PAGE
-    page = #page == PAGE and redis.call('ZRANGE', idx, start, start + PAGE - 1) or {}
+    page = #page == PAGE and start < PAGE * PAGES and redis.call('ZRANGE', idx, start, start + PAGE - 1)
+      or {}
   end
   return nil
 end

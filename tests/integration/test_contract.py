@@ -758,3 +758,14 @@ def test_a_busy_models_task_may_evict_the_workers_idle_models(queue: Queue) -> N
     assert busy_a.fits("A", 45)
     got = queue.scripts.run(queue.calls.claim(busy_a, now_ms=T0 + 2)).task
     assert got is not None and got["id"] == tid
+
+
+def test_a_claim_looks_at_the_64_oldest_models_of_a_level(queue: Queue) -> None:
+    """Bounded work: 64 models' heads a level (their oldest first), then the claim stops."""
+    for i in range(65):  # too large for the claimer, oldest first
+        enqueue(queue, T0 + i, model=f"big{i:02d}", vram_gb=70)
+    small = enqueue(queue, T0 + 100, model="small", vram_gb=10)  # the 66th model by head
+    assert claim(queue, "w", 20, now_ms=T0 + 200) is None
+    queue.redis.zrem(queue.keys.models_with_work(2), "big00", "big01")  # now 64th
+    c = claim(queue, "w", 20, now_ms=T0 + 300)
+    assert c is not None and c["id"] == small
