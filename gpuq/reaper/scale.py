@@ -55,7 +55,9 @@ log = logging.getLogger(__name__)
 
 Hook = Callable[[str, int, int], None]  # (GPU class, current, desired)
 
-SAMPLE = 50  # head tasks read per queue; their est_s and vram_gb stand for the whole queue
+SAMPLE = 50  # head tasks read per queue of the DEEP deepest; their est_s and vram_gb stand for it
+SAMPLE_REST = 4  # head tasks read per other queue: a round reads a bounded number of tasks
+DEEP = 64  # queues sampled SAMPLE deep, the deepest (most of the backlog's work) first
 MODELS_PER_LEVEL = 500  # bounds the read even if producers invent models without end
 HOOK_TIMEOUT_S = 30.0
 PLANNED = WorkerFields(("gpu_name", "vram_total_gb", "kv_reserve_gb", "levels", "state", "handlers"))
@@ -71,9 +73,10 @@ def _float(value: object) -> float:
 def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config | None = None,
                   est_s: Mapping[str, float] | None = None,
                   arrivals: dict[int, dict[str, int]] | None = None) -> Snapshot:
-    """The pool as ``plan`` needs it, in four pipelined reads (and the catalog's two), each
-    bounded: per queue its ZCARD and SAMPLE head tasks, per live worker a few hash fields,
-    the ``need`` index counted by VRAM bands, the arrival buckets the forecast reads.
+    """The pool as ``plan`` needs it, in five pipelined reads (and the catalog's two), each
+    bounded: per queue its ZCARD and SAMPLE_REST head tasks (SAMPLE for the DEEP deepest),
+    per live worker a few hash fields, the ``need`` index counted by VRAM bands, the arrival
+    buckets the forecast reads.
     est_s: the mean est_s last sampled per model, arrivals: the buckets read before (the
     scaler's memory; see ``read_forecasts``)."""
     pipe = client.pipeline(transaction=False)
@@ -92,7 +95,7 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
         pipe.get(keys.reservation(wid))
     for p, m in pairs:
         pipe.zcard(keys.queue(p, m))
-        pipe.zrange(keys.queue(p, m), 0, SAMPLE - 1, withscores=True)
+        pipe.zrange(keys.queue(p, m), 0, SAMPLE_REST - 1, withscores=True)
     for m in models:
         pipe.smembers(keys.holders(m))
     replies = iter(pipe.execute())
@@ -107,7 +110,7 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
         if record.state not in AWAY:
             workers.append(WorkerState(wid, record.gpu_name, record.usable_gb, record.levels,
                                        idle_gb.get(wid), live_reservation(reserved, now_ms) is not None))
-    queues = [(p, m, int(next(replies)), next(replies)) for p, m in pairs]
+    queues = _deepen(client, keys, [(p, m, int(next(replies)), next(replies)) for p, m in pairs])
     ids = {w.id for w in workers}
     holders = {m: frozenset(next(replies)) & ids for m in models}
     sizes = {str(c): _float(v) for c, v in classes.items()}
@@ -154,6 +157,27 @@ def read_forecasts(client: redis.Redis, keys: Keys, now_ms: int, config: Config,
         del cache[k]
     cache.update((k, v) for k, v in got.items() if k < final)
     return forecast.forecasts(buckets, now_ms, load_s, settings)
+
+
+def _deepen(client: redis.Redis, keys: Keys, queues: list[tuple[int, str, int, list[Any]]]
+            ) -> list[tuple[int, str, int, list[Any]]]:
+    """The DEEP deepest queues' heads read on to SAMPLE tasks (the others keep SAMPLE_REST):
+    a round's sample follows the backlog's work, and its cost stays bounded however many
+    models have a deep queue (scripts/bench_scale.py: 25,000 task reads a round at 500
+    models of 100 tasks)."""
+    deep = sorted((i for i, q in enumerate(queues) if q[2] > SAMPLE_REST),
+                  key=lambda i: (-queues[i][2], i))[:DEEP]
+    if not deep:
+        return queues
+    pipe = client.pipeline(transaction=False)
+    for i in deep:
+        p, m, _, _ = queues[i]
+        pipe.zrange(keys.queue(p, m), SAMPLE_REST, SAMPLE - 1, withscores=True)
+    out = list(queues)
+    for i, more in zip(deep, pipe.execute()):
+        p, m, depth, head = out[i]
+        out[i] = (p, m, depth, [*head, *more])
+    return out
 
 
 def _sample(client: redis.Redis, keys: Keys, queues: list[tuple[int, str, int, list[tuple[str, float]]]],
