@@ -17,27 +17,9 @@ from prometheus_client import CollectorRegistry
 
 from gpuq.keys import Keys
 from gpuq.metrics import PoolCollector, PoolFigures, serve_http
-from gpuq.views.inspect import pool_view
+from gpuq.views.inspect import OTHER, pool_view
 
 log = logging.getLogger(__name__)
-OTHER = "other"  # the model label of what the per-model series left out, summed
-
-
-def top_queues(queues: list[tuple[str, str, int, float]],
-               keep: int) -> list[tuple[str, str, int, float]]:
-    """Per priority, the ``keep`` deepest queues (ties by name) and one ``other`` row summing
-    the rest's depth with their oldest wait, so a pool of 10,000 models exports a bounded
-    number of series and every task is still counted."""
-    out: list[tuple[str, str, int, float]] = []
-    by_level: dict[str, list[tuple[str, str, int, float]]] = {}
-    for q in queues:
-        by_level.setdefault(q[0], []).append(q)
-    for level, rows in by_level.items():
-        rows.sort(key=lambda q: (-q[2], q[1]))
-        out += rows[:keep]
-        if rest := rows[keep:]:
-            out.append((level, OTHER, sum(q[2] for q in rest), max(q[3] for q in rest)))
-    return out
 
 
 def top_loads(loads: list[tuple[str, int, float]], keep: int) -> list[tuple[str, int, float]]:
@@ -52,7 +34,7 @@ def top_loads(loads: list[tuple[str, int, float]], keep: int) -> list[tuple[str,
 def read_figures(client: redis.Redis, keys: Keys, keep: int = 50) -> PoolFigures:
     """The pool's figures for one scrape; per-model series capped at ``keep`` models per
     metric (``Config.exporter_models``)."""
-    view = pool_view(client, keys)
+    view = pool_view(client, keys, top=keep)
     workers: dict[tuple[str, str], int] = {}
     for w in view.workers:
         key = (w.gpu, w.state if w.alive else "dead")
@@ -75,7 +57,7 @@ def read_figures(client: redis.Redis, keys: Keys, keep: int = 50) -> PoolFigures
                                  float(signal_value["forecast_per_s"])))
     return PoolFigures(
         pool=view.pool,
-        queues=top_queues([(q.priority, q.model, q.depth, q.oldest_wait_s) for q in view.queues], keep),
+        queues=[(q.priority, q.model, q.depth, q.oldest_wait_s) for q in view.queues],
         running=view.running, delayed=view.delayed, waiting=view.waiting, schedules=view.schedules,
         unschedulable=view.unschedulable,
         stats=view.stats,

@@ -16,6 +16,7 @@ from gpuq.task import Priority
 from gpuq.worker_record import WorkerFields, WorkerRecord
 
 HEADS = 20  # head tasks read per queue: the oldest wait, and handlers no live worker runs
+OTHER = "other"  # pool_view(top=N): the model label of the queues past the N deepest, summed
 RUNTIMES_SHOWN = 10  # learned run times shown: the pairs with the most runs
 SHOWN = WorkerFields(("gpu_name", "vram_total_gb", "vram_free_gb", "models", "state", "levels",
                       "handlers"))
@@ -82,7 +83,11 @@ class PoolView:
         return asdict(self)
 
 
-def pool_view(client: redis.Redis, keys: Keys) -> PoolView:
+def pool_view(client: redis.Redis, keys: Keys, top: int | None = None) -> PoolView:
+    """The pool as status, top and the exporter show it. top: per priority only the ``top``
+    deepest queues in full, the rest as one row, model ``other`` (depth summed; oldest wait:
+    the head of the one first in the level's index, the earliest start-by), their handlers
+    not checked: a scrape of a 10,000-model pool reads a head per kept queue, not 20 per queue."""
     pipe = client.pipeline(transaction=False)
     pipe.time()  # the server's clock: the scripts wrote the scores and times read here
     for p in Priority:
@@ -100,26 +105,7 @@ def pool_view(client: redis.Redis, keys: Keys) -> PoolView:
      schedules) = pipe.execute()
     now = from_time_reply(clock) / 1000
 
-    queues: list[QueueView] = []
-    pipe = client.pipeline(transaction=False)
-    pairs = [(p, m) for p, models in zip(Priority, per_level) for m in models]
-    for p, m in pairs:
-        pipe.zcard(keys.queue(p, m))
-        pipe.zrange(keys.queue(p, m), 0, HEADS - 1)
-    replies = pipe.execute()
-    heads: list[list[str]] = replies[1::2]
-    pipe = client.pipeline(transaction=False)
-    for ids in heads:
-        for tid in ids:
-            pipe.hmget(keys.task(tid), "enqueued_at", "handler")
-    read = iter(pipe.execute())
-    named: list[tuple[str, str]] = []  # (task id, handler) of the head tasks
-    for (p, m), depth, ids in zip(pairs, replies[0::2], heads):
-        fields = [next(read) for _ in ids]
-        at = fields[0][0] if fields else None
-        wait = max(0.0, now - int(at) / 1000) if at else 0.0
-        queues.append(QueueView(p.label, m, int(depth), round(wait, 3)))
-        named += [(tid, h) for tid, (_, h) in zip(ids, fields) if h]
+    queues, named = _queues(client, keys, per_level, now, top)
 
     largest = max((float(v) for v in classes), default=0.0)
     unschedulable_ids = client.zrangebyscore(keys.need, f"({largest}", "+inf", start=0, num=20)
@@ -177,6 +163,44 @@ def learned_runtimes(raw: dict[str, str], limit: int = RUNTIMES_SHOWN) -> list[d
     entries = [e for pair, value in raw.items() if (e := parse_runtime(pair, value))]
     entries.sort(key=lambda e: (-e["samples"], e["handler"], e["model"]))
     return entries[:limit]
+
+
+def _queues(client: redis.Redis, keys: Keys, per_level: list[list[str]], now: float,
+            top: int | None) -> tuple[list[QueueView], list[tuple[str, str]]]:
+    """Each queue's depth and oldest wait (pool_view's ``top``), and the (task id, handler)
+    of the head tasks read."""
+    pipe = client.pipeline(transaction=False)
+    pairs = [(p, m) for p, models in zip(Priority, per_level) for m in models]
+    for p, m in pairs:
+        pipe.zcard(keys.queue(p, m))
+    depths = dict(zip(pairs, (int(n) for n in pipe.execute())))
+    rows: list[tuple[Priority, str, list[tuple[Priority, str]]]] = []  # level, model, queues
+    for p, models in zip(Priority, per_level):
+        level = [(p, m) for m in models]  # index order: the earliest head start-by first
+        kept = level if top is None else sorted(level, key=lambda q: -depths[q])[:top]
+        rows += [(p, m, [(p, m)]) for p, m in kept]
+        shown = set(kept)
+        if rest := [q for q in level if q not in shown]:
+            rows.append((p, OTHER, rest))
+    heads = HEADS if top is None else 1
+    pipe = client.pipeline(transaction=False)
+    for _, _, qs in rows:
+        pipe.zrange(keys.queue(*qs[0]), 0, heads - 1)
+    ids_of = pipe.execute()
+    pipe = client.pipeline(transaction=False)
+    for ids in ids_of:
+        for tid in ids:
+            pipe.hmget(keys.task(tid), "enqueued_at", "handler")
+    read = iter(pipe.execute())
+    queues, named = [], []
+    for (p, m, qs), ids in zip(rows, ids_of):
+        fields = [next(read) for _ in ids]
+        at = fields[0][0] if fields else None
+        wait = max(0.0, now - int(at) / 1000) if at else 0.0
+        queues.append(QueueView(p.label, m, sum(depths[q] for q in qs), round(wait, 3)))
+        if top is None:
+            named += [(tid, h) for tid, (_, h) in zip(ids, fields) if h]
+    return queues, named
 
 
 def _workers(client: redis.Redis, keys: Keys, workers: list[tuple[str, float]],

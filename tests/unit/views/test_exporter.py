@@ -9,14 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from gpuq import Queue
 from gpuq.config import Config
 from gpuq.metrics import PoolCollector
-from gpuq.views.exporter import OTHER, read_figures, top_loads, top_queues
-
-
-def test_the_deepest_queues_keep_their_series_and_the_rest_sum_as_other() -> None:
-    rows = [("P2", f"m{i}", i, float(i)) for i in range(10)] + [("P0", "a", 1, 0.5)]
-    got = top_queues(rows, 3)
-    assert got == [("P2", "m9", 9, 9.0), ("P2", "m8", 8, 8.0), ("P2", "m7", 7, 7.0),
-                   ("P2", OTHER, sum(range(7)), 6.0), ("P0", "a", 1, 0.5)]
+from gpuq.views.exporter import OTHER, read_figures, top_loads
 
 
 def test_the_most_loaded_models_keep_their_series() -> None:
@@ -33,6 +26,8 @@ def test_a_pool_of_many_models_exports_a_bounded_number_of_series() -> None:
     p2 = [row for row in figures.queues if row[0] == "P2"]
     assert len(p2) == 21 and p2[-1][1] == OTHER
     assert sum(row[2] for row in p2) == sum(1 + i % 3 for i in range(300))
+    assert {row[2] for row in p2[:-1]} == {3}  # the deepest queues keep their own series
+    assert p2[-1][3] >= max(row[3] for row in p2[:-1])  # other: its oldest head (enqueued first)
     registry = CollectorRegistry()
     registry.register(PoolCollector(lambda: figures))
     series = [line for line in generate_latest(registry).decode().splitlines()
