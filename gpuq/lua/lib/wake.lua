@@ -33,16 +33,23 @@ local function idle_holders(m)
 end
 
 -- An idle worker other than `except` that holds model m, serves priority p, has the task's
--- `gpus` devices and whose claimable VRAM (its idle score) covers the need, the first by name;
--- a holder without room would wake only to find nothing.
+-- `gpus` devices and whose claimable VRAM (its idle score) covers the need, the first by name
+-- among the first IDLE_HOLDERS with room (their lanes read in one HMGET); a holder without
+-- room would wake only to find nothing.
+local IDLE_HOLDERS = 64
 local function idle_holder(m, need, except, p, gpus)
   local got, fit = idle_holders(m), {}
   for i = 1, #got, 2 do
     if got[i] ~= except and tonumber(got[i + 1]) >= need then fit[#fit + 1] = got[i] end
   end
+  if not fit[1] then return nil end
   table.sort(fit)  -- by name: a decision must not follow the order of scores or of a set
-  for _, w in ipairs(fit) do
-    if serves(w, p) and has_gpus(w, gpus) then return w end
+  local n = math.min(#fit, IDLE_HOLDERS)
+  local lanes, level = redis.call('HMGET', K_LANES, unpack(fit, 1, n)), tostring(p)
+  for i = 1, n do
+    if (not lanes[i] or string.find(lanes[i], level, 1, true)) and has_gpus(fit[i], gpus) then
+      return fit[i]
+    end
   end
   return nil
 end
