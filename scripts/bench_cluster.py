@@ -35,6 +35,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ from gpuq.embedded import EmbeddedServer
 from gpuq.keys import Keys
 
 sys.path.insert(0, str(ROOT / "tests"))
-from cluster3 import Cluster3  # noqa: E402
+from cluster3 import Cluster3  # type: ignore[import-untyped]  # noqa: E402
 
 
 def produce(url: str, pool: str, n: int, out: str) -> int:
@@ -87,6 +88,14 @@ def processes() -> Iterator[list[Proc]]:
     finally:
         for p in procs:
             stop(p, "bench process")
+
+
+def is_idle(r: redis.Redis, keys: Keys, worker: str) -> bool:
+    return r.zscore(keys.idle, worker) is not None
+
+
+def succeeded(r: redis.Redis, keys: Keys, task_id: str) -> bool:
+    return bool(r.hget(keys.task(task_id), "state") == "succeeded")
 
 
 def times(r: redis.Redis, keys: Keys, ids: list[str]) -> list[tuple[float, float, str]]:
@@ -136,8 +145,7 @@ def run_target(url: str, pools: list[str], client_of: Callable[[str], redis.Redi
                                f"worker-{pool}", GPUQ_SIM_ENV))
         for pool, p in zip(pools, procs):
             keys, r = Keys(pool), client_of(pool)
-            wait_until(lambda r=r, keys=keys, pool=pool: r.zscore(keys.idle, f"bw-{pool}") is not None,
-                       timeout,
+            wait_until(partial(is_idle, r, keys, f"bw-{pool}"), timeout,
                        f"worker of {pool} idle", p)
         before = server_load(masters)
         each = [server_load([m]) for m in masters]
@@ -152,8 +160,7 @@ def run_target(url: str, pools: list[str], client_of: Callable[[str], redis.Redi
         for pool in pools:
             ids = (tmp / pool).read_text().split("\n")
             keys, r = Keys(pool), client_of(pool)
-            wait_until(lambda r=r, keys=keys, ids=ids: r.hget(keys.task(ids[-1]), "state") == "succeeded",
-                       timeout,
+            wait_until(partial(succeeded, r, keys, ids[-1]), timeout,
                        f"the last task of {pool}")
             records[pool] = times(r, keys, ids)
             failed = [s for _, _, s in records[pool] if s != "succeeded"]
