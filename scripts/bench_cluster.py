@@ -14,9 +14,11 @@ window all pools were running (the latest warm-up end to the earliest last ack).
 commandstats and INFO cpu of each master (or of the server) over the run give the server's
 µs per lifecycle.
 
-The single-server run then measures the background work a pool costs: its idle workers
-(heartbeat every 5 s, idle checks) for ``--idle-s`` seconds, then one reaper per pool added
-(a round a second), from INFO commandstats.
+The single-server run then measures the background work a pool costs, from INFO commandstats
+over windows of ``--idle-s`` seconds: its idle workers (heartbeat every 5 s, an idle claim
+after each 5-s block); then, those stopped, as many busy workers, each on a pool of its own
+running one task longer than the window (heartbeat with its lease); then one reaper per busy
+pool added (a round a second).
 
     python scripts/bench_cluster.py                   # 10,000 tasks per pool (~3 min)
     python scripts/bench_cluster.py --tasks 2000 --json
@@ -75,6 +77,10 @@ def server_load(nodes: list[redis.Redis]) -> dict[str, float]:
     return {"calls": calls, "usec": usec, "cpu_s": cpu}
 
 
+def connections(nodes: list[redis.Redis]) -> int:
+    return sum(int(r.info("clients")["connected_clients"]) for r in nodes)
+
+
 def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
     return {k: after[k] - before[k] for k in after}
 
@@ -94,8 +100,8 @@ def is_idle(r: redis.Redis, keys: Keys, worker: str) -> bool:
     return r.zscore(keys.idle, worker) is not None
 
 
-def succeeded(r: redis.Redis, keys: Keys, task_id: str) -> bool:
-    return bool(r.hget(keys.task(task_id), "state") == "succeeded")
+def has_state(r: redis.Redis, keys: Keys, task_id: str, state: str) -> bool:
+    return bool(r.hget(keys.task(task_id), "state") == state)
 
 
 def times(r: redis.Redis, keys: Keys, ids: list[str]) -> list[tuple[float, float, str]]:
@@ -160,7 +166,7 @@ def run_target(url: str, pools: list[str], client_of: Callable[[str], redis.Redi
         for pool in pools:
             ids = (tmp / pool).read_text().split("\n")
             keys, r = Keys(pool), client_of(pool)
-            wait_until(partial(succeeded, r, keys, ids[-1]), timeout,
+            wait_until(partial(has_state, r, keys, ids[-1], "succeeded"), timeout,
                        f"the last task of {pool}")
             records[pool] = times(r, keys, ids)
             failed = [s for _, _, s in records[pool] if s != "succeeded"]
@@ -188,24 +194,60 @@ def run_target(url: str, pools: list[str], client_of: Callable[[str], redis.Redi
 
 def background(url: str, pools: list[str], masters: list[redis.Redis], procs: list[Proc],
                tmp: Path, span: float) -> dict[str, Any]:
-    """Server µs per second of the pools' idle workers, then of one reaper per pool added."""
+    """Server µs per second of the pools' idle workers (``procs`` starts with them); then,
+    those stopped, of as many busy workers, each on a pool of its own running one long
+    task; then of one reaper per busy pool added."""
     time.sleep(1.0)  # the last acks' aftermath (idle checks, wake-up lists) settles
-    before = server_load(masters)
-    time.sleep(span)
-    workers = delta(server_load(masters), before)
-    for pool in pools:
+
+    def measure() -> dict[str, float]:
+        before = server_load(masters)
+        time.sleep(span)
+        return delta(server_load(masters), before)
+
+    idle = measure()
+    idle_conns = connections(masters)
+    for p in procs[:len(pools)]:
+        stop(p, "idle worker")
+    base_conns = connections(masters)  # the bench's own
+    busy_pools = [f"{p}-busy" for p in pools]
+    busy(url, busy_pools, masters[0], procs, tmp, span)
+    working = measure()
+    busy_conns = connections(masters)
+    for pool in busy_pools:
         procs.append(spawn([sys.executable, "-m", "gpuq", "--redis", url, "--pool", pool, "reaper"],
                            tmp, f"reaper-{pool}"))
     time.sleep(2.0)  # start-up and the first round's lead election
-    before = server_load(masters)
-    time.sleep(span)
-    both = delta(server_load(masters), before)
+    reapers = measure()
     w, k = len(pools), span
-    return {"seconds": span, "idle_workers": w,
-            "idle_worker_us_per_s": round(workers["usec"] / k / w, 1),
-            "idle_worker_commands_per_s": round(workers["calls"] / k / w, 2),
-            "reaper_us_per_s": round((both["usec"] - workers["usec"]) / k / w, 1),
-            "reaper_commands_per_s": round((both["calls"] - workers["calls"]) / k / w, 2)}
+
+    def per(now: dict[str, float], then: dict[str, float] | None = None) -> tuple[float, float]:
+        base = then or {"usec": 0.0, "calls": 0.0}
+        return (round((now["usec"] - base["usec"]) / k / w, 1),
+                round((now["calls"] - base["calls"]) / k / w, 2))
+
+    out: dict[str, Any] = {"seconds": span, "workers": w,
+                           "connections_per_idle_worker": (idle_conns - base_conns) / w,
+                           "connections_per_busy_worker": (busy_conns - base_conns) / w}
+    for name, (us, calls) in (("idle_worker", per(idle)), ("busy_worker", per(working)),
+                              ("reaper", per(reapers, working))):
+        out[f"{name}_us_per_s"], out[f"{name}_commands_per_s"] = us, calls
+    return out
+
+
+def busy(url: str, pools: list[str], r: redis.Redis, procs: list[Proc], tmp: Path,
+         span: float) -> None:
+    """A worker per pool (model loads of a second, not instant) running one task that lasts
+    past the window; returns once every task runs and its model has loaded."""
+    for pool in pools:
+        procs.append(spawn(gpuq_worker_args(url, pool, burst=False, name=f"bw-{pool}"), tmp,
+                           f"busy-{pool}", {"GPUQ_SIM_TIME_SCALE": "1"}))
+    for pool, p in zip(pools, procs[-len(pools):]):
+        keys = Keys(pool)
+        wait_until(partial(is_idle, r, keys, f"bw-{pool}"), 60, f"busy worker of {pool}", p)
+        with Queue.from_url(url, pool=pool) as q:
+            task_id = q.enqueue("sim.run", {}, model="bench-busy", vram_gb=VRAM_GB, est_s=span + 60).id
+        wait_until(partial(has_state, r, keys, task_id, "running"), 60, f"the task of {pool}", p)
+    time.sleep(2.0)  # the model's load (1 s) and the first beat with the lease
 
 
 def single(args: argparse.Namespace, names: list[str], tmp: Path) -> dict[str, Any]:
@@ -277,8 +319,8 @@ def table(res: dict[str, Any]) -> str:
                      f"{r['server_us_per_task']} µs, {r['commands_per_task']} commands per task")
     bg = res["single"].get("background")
     if bg:
-        lines.append(f"background: an idle worker {bg['idle_worker_us_per_s']} µs/s, a reaper "
-                     f"{bg['reaper_us_per_s']} µs/s of server time")
+        lines.append(f"background, server µs/s: an idle worker {bg['idle_worker_us_per_s']}, a reaper "
+                     f"{bg['reaper_us_per_s']}, a busy worker {bg['busy_worker_us_per_s']}")
     lines.append(f"cluster / single, aggregate: {res['cluster_over_single']}")
     return "\n".join(lines)
 
