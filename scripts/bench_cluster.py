@@ -20,7 +20,7 @@ after each 5-s block); then, those stopped, as many busy workers, each on a pool
 running one task longer than the window (heartbeat with its lease); then one reaper per busy
 pool added (a round a second).
 
-    python scripts/bench_cluster.py                   # 10,000 tasks per pool (~3 min)
+    python scripts/bench_cluster.py                   # 10,000 tasks per pool (~2.5 min)
     python scripts/bench_cluster.py --tasks 2000 --json
 
 The cluster is six redis-server nodes (three masters, a replica each) on loopback ports

@@ -12,7 +12,7 @@ pool of 16/N GPUs; the per-task results of the N replays are then merged on one 
 and reported as one fleet: P0/P1 SLA attainment (handler started, model loaded, within the
 SLA), P2/P3 waits, model loads, GPU busy share (over all 16 GPUs).
 
-    python scripts/bench_split.py                     # genai, first 6,000 requests (~minutes)
+    python scripts/bench_split.py                     # genai, first 6,000 requests (~20 s)
     python scripts/bench_split.py --limit 4000 --splits 1,2 --json
     python scripts/bench_split.py --trace requests.csv --gpus 8   # a CSV trace of your own
 """
@@ -101,14 +101,21 @@ def layout(tasks: list[TraceTask], n: int, gpus: int, gb: float, speedup: float,
            seed: int, config: Config, server: Any) -> dict[str, Any]:
     """The fleet as n pools of gpus/n GPUs, one model group each; the merged figures and
     each pool's own."""
-    first = min(t.arrival_s for t in tasks)
+    # simulate counts time from the first task a GPU of the pool can hold (it refuses the
+    # rest): the same rule places each pool's replay on the whole trace's timeline
+    usable = gb - config.kv_reserve_gb
+
+    def first_kept(ts: list[TraceTask]) -> float:
+        return min((t.arrival_s for t in ts if t.gpus == 1 and t.vram_gb <= usable), default=0.0)
+
+    first = first_kept(tasks)
     parts, pools = [], []
     for i, models in enumerate(groups_of(tasks, n)):
         chosen = set(models)
         mine = [t for t in tasks if t.model in chosen]
         result = simulate(mine, parse_gpus(f"{gpus // n}x{gb:g}"), "gpuq", speedup=speedup,
                           load_time=load, seed=seed, config=config, server=server)
-        offset = (min(t.arrival_s for t in mine) - first) / speedup
+        offset = (first_kept(mine) - first) / speedup
         parts.append((result, offset))
         pools.append({"models": len(models), "requests": len(mine),
                       "offered_gpu_s": round(sum(t.service_s for t in mine), 1),

@@ -13,10 +13,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "bench_split.py"
 
-# two models of equal work, one arriving 10 s after the other; loads of 2 s
+# two models, one arriving 10 s after the other, loads of 2 s; beta's first request is larger
+# than any 80 GB GPU holds (refused before the replay, so beta's pool counts from 10 s)
 TINY = """\
 arrival_s,model,priority,service_s,vram_gb,load_s
 0,alpha,P0,5,30,2
+5,beta,P2,5,200,2
 10,beta,P2,5,30,2
 """
 
@@ -44,7 +46,8 @@ def test_split_pools_merge_onto_one_timeline(tmp_path: Path) -> None:
         assert layout["makespan_s"] == 17
         assert layout["model_loads"] == 2
         assert layout["P2_wait_p50_s"] == 2
-    assert [p["requests"] for p in two["per_pool"]] == [1, 1]
+    # beta has more work (its refused request counted), so it is dealt first
+    assert [p["requests"] for p in two["per_pool"]] == [2, 1]
     assert [p["makespan_s"] for p in two["per_pool"]] == [7, 7]
 
 
