@@ -14,10 +14,14 @@ local function wake_pool(count)
   for _ = 1, math.min(count or 1, room) do redis.call('LPUSH', K_POOL_WAKE, '1') end
 end
 
+-- Whether a worker whose levels are `levels` (nil or false: all) serves priority p.
+local function lane_serves(levels, p)
+  return not levels or string.find(levels, tostring(p), 1, true) ~= nil
+end
+
 -- Whether worker w serves priority p: only dedicated lanes are listed in `lanes`.
 local function serves(w, p)
-  local levels = redis.call('HGET', K_LANES, w)
-  return not levels or string.find(levels, tostring(p), 1, true) ~= nil
+  return lane_serves(redis.call('HGET', K_LANES, w), p)
 end
 
 -- Whether worker w's GPU group has at least `gpus` devices: read only for a task that asks
@@ -45,9 +49,9 @@ local function idle_holder(m, need, except, p, gpus)
   if not fit[1] then return nil end
   table.sort(fit)  -- by name: a decision must not follow the order of scores or of a set
   local n = math.min(#fit, IDLE_HOLDERS)
-  local lanes, level = redis.call('HMGET', K_LANES, unpack(fit, 1, n)), tostring(p)
+  local lanes = redis.call('HMGET', K_LANES, unpack(fit, 1, n))
   for i = 1, n do
-    if (not lanes[i] or string.find(lanes[i], level, 1, true)) and has_gpus(fit[i], gpus) then
+    if lane_serves(lanes[i], p) and has_gpus(fit[i], gpus) then
       return fit[i]
     end
   end
@@ -88,7 +92,7 @@ local function busy_holders_of(m, need, p, except, gpus)
       local g = redis.call('HMGET', worker_key(w), 'vram_total_gb', 'kv_reserve_gb', 'levels',
         'gpus')
       if finite(g[1]) and finite(g[1]) - (finite(g[2]) or 0) >= need
-          and string.find(g[3] or '0123', tostring(p), 1, true) and (tonumber(g[4]) or 1) >= gpus then
+          and lane_serves(g[3], p) and (tonumber(g[4]) or 1) >= gpus then
         out[#out + 1] = w
       end
     end
