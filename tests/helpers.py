@@ -10,13 +10,16 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from gpuq import Queue
+from gpuq import Queue, worker_record
 from gpuq.config import Config
 from gpuq.reaper.preempt import Victim
 from gpuq.scripts import Batch, Call, Claim, ClaimRequest, ReapResult
 from gpuq.task import TaskSpec
+from gpuq.worker.gpu import GpuInfo, class_name
+from gpuq.worker.presence import Presence
 
 T0 = 1_700_000_000_000  # virtual clock origin (epoch ms)
+RESERVE_GB = 5.0  # KV reserve of each device of a registered worker (register_worker)
 
 # The enqueue script's per-task ARGV fields, in order (gpuq/lua/enqueue.lua header).
 ENQUEUE_FIELDS = ("id", "handler", "payload", "model", "vram_gb", "priority", "est_s",
@@ -117,3 +120,22 @@ def victim(vid: str, worker: str, *, priority: int = 3, ran_s: float = 60, left_
            preemptions: int = 0, usable_gb: float = 75, levels: str = "0123") -> Victim:
     started = NOW - int(ran_s * 1000)
     return Victim(vid, 1, worker, priority, started, ran_s + left_s, preemptions, usable_gb, levels)
+
+
+def register_worker(q: Queue, wid: str, gpu: str = "A100", device_gb: float = 80, *, gpus: int = 1,
+                    idle: bool = False, holds: tuple[str, ...] = (), levels: str = "0123") -> float:
+    """A worker of ``gpus`` declared devices as presence writes it, holding ``holds``; idle
+    puts it in ``idle`` with all its usable VRAM (after enqueuing: the enqueue's wake rule
+    takes the worker it wakes out of ``idle``), else it runs a (pretend) task. Returns that
+    usable VRAM."""
+    info = GpuInfo(class_name(gpu, gpus), f"uuid-{wid}", device_gb * gpus, None, "declared", gpus)
+    fields = worker_record.identity(wid, info, RESERVE_GB, 1, levels, "h", 1, handlers=["h"])
+    Presence(q.redis, q.keys, wid).register(fields, 30_000)
+    for model in holds:
+        q.redis.sadd(q.keys.holders(model), wid)
+    usable = (device_gb - RESERVE_GB) * gpus
+    if idle:
+        q.redis.zadd(q.keys.idle, {wid: usable})
+    else:
+        q.redis.sadd(q.keys.worker_tasks(wid), f"running-on-{wid}")
+    return usable

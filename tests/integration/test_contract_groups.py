@@ -8,31 +8,12 @@ import json
 from typing import Any
 
 import pytest
-from helpers import T0, claim, claim_batch, claim_reply, enqueue, pool_keys, raw_enqueue_call
+from helpers import T0, claim, claim_batch, claim_reply, enqueue, pool_keys, raw_enqueue_call, register_worker
 
-from gpuq import Queue, worker_record
+from gpuq import Queue
 from gpuq.errors import InvalidTask, Unschedulable
 from gpuq.reaper.scale import Scaler
 from gpuq.task import State, TaskSpec
-from gpuq.worker.gpu import GpuInfo, class_name
-from gpuq.worker.presence import Presence
-
-RESERVE_GB = 5.0  # per device
-
-
-def register(q: Queue, wid: str, *, gpus: int = 1, device_gb: float = 80, idle: bool = True,
-             holds: tuple[str, ...] = ()) -> float:
-    """A worker of ``gpus`` devices as presence writes it, idle with all its usable VRAM;
-    returns that claimable VRAM."""
-    info = GpuInfo(class_name("A100", gpus), f"uuid-{wid}", device_gb * gpus, None, "declared", gpus)
-    fields = worker_record.identity(wid, info, RESERVE_GB, 1, "0123", "h", 1, handlers=["h"])
-    Presence(q.redis, q.keys, wid).register(fields, 30_000)
-    for model in holds:
-        q.redis.sadd(q.keys.holders(model), wid)
-    usable = (device_gb - RESERVE_GB) * gpus
-    if idle:
-        q.redis.zadd(q.keys.idle, {wid: usable})
-    return usable
 
 
 def test_a_multi_gpu_task_runs_only_on_a_group_that_large(queue: Queue) -> None:
@@ -51,7 +32,7 @@ def test_a_one_gpu_task_is_stored_without_a_gpus_field(queue: Queue) -> None:
 
 
 def test_the_unfit_claim_wakes_a_group_that_holds_the_task(queue: Queue) -> None:
-    register(queue, "quad", gpus=4)
+    register_worker(queue, "quad", gpus=4, idle=True)
     tid = enqueue(queue, T0, model="llama-70b", vram_gb=140, gpus=4)
     queue.redis.delete(queue.keys.wake("quad"))
     queue.redis.zadd(queue.keys.idle, {"quad": 300})  # the enqueue's wake took it out
@@ -61,8 +42,8 @@ def test_the_unfit_claim_wakes_a_group_that_holds_the_task(queue: Queue) -> None
 
 
 def test_enqueue_offers_a_multi_gpu_task_to_a_group_not_to_a_single_gpu(queue: Queue) -> None:
-    register(queue, "single", device_gb=200)  # VRAM enough, one device
-    register(queue, "pair", gpus=2)
+    register_worker(queue, "single", device_gb=200, idle=True)  # VRAM enough, one device
+    register_worker(queue, "pair", gpus=2, idle=True)
     tid = enqueue(queue, T0, model="llama-70b", vram_gb=140, gpus=2)
     assert queue.redis.hget(queue.keys.task(tid), "offered") == "pair"
 
@@ -70,8 +51,8 @@ def test_enqueue_offers_a_multi_gpu_task_to_a_group_not_to_a_single_gpu(queue: Q
 def test_one_gpu_work_leaves_a_group_free_while_a_single_gpu_fits_it(queue: Queue) -> None:
     """Best fit by group: the tightest idle worker is the one-GPU worker, so the task is
     offered to it and the group's own claim leaves it there (until the defer bound)."""
-    register(queue, "single")
-    quad = register(queue, "quad", gpus=4)
+    register_worker(queue, "single", idle=True)
+    quad = register_worker(queue, "quad", gpus=4, idle=True)
     tid = enqueue(queue, T0, model="m", vram_gb=20)
     assert queue.redis.hget(queue.keys.task(tid), "offered") == "single"
     reply = claim_reply(queue, "quad", quad, now_ms=T0 + 1, gpus=4)
@@ -80,7 +61,7 @@ def test_one_gpu_work_leaves_a_group_free_while_a_single_gpu_fits_it(queue: Queu
 
 
 def test_a_group_claims_one_gpu_work_no_single_gpu_can_take(queue: Queue) -> None:
-    quad = register(queue, "quad", gpus=4)
+    quad = register_worker(queue, "quad", gpus=4, idle=True)
     tid = enqueue(queue, T0, model="m", vram_gb=20)
     assert claim(queue, "quad", quad, now_ms=T0 + 1, gpus=4)["id"] == tid
 
@@ -107,8 +88,8 @@ def test_a_batch_takes_no_task_asking_more_gpus_than_its_first(queue: Queue) -> 
 
 
 def test_check_fit_refuses_more_gpus_than_any_group_has(queue: Queue) -> None:
-    register(queue, "single", idle=False)
-    register(queue, "pair", gpus=2, idle=False)
+    register_worker(queue, "single")
+    register_worker(queue, "pair", gpus=2)
     with pytest.raises(Unschedulable, match="needs 4 GPUs, the largest GPU group registered in "
                                             "this pool has 2") as err:
         queue.enqueue("h", model="llama-405b", vram_gb=300, gpus=4, check_fit=True)
@@ -121,7 +102,7 @@ def test_check_fit_refuses_more_gpus_than_any_group_has(queue: Queue) -> None:
 
 
 def test_a_group_registers_its_class_with_its_shape(queue: Queue) -> None:
-    register(queue, "quad", gpus=4)
+    register_worker(queue, "quad", gpus=4, idle=True)
     assert queue.redis.hgetall(queue.keys.classes) == {"4xA100": "300.0"}
     assert queue.redis.hgetall(queue.keys.class_gpus) == {"4xA100": "4"}
     fields = queue.redis.hgetall(queue.keys.worker("quad"))
@@ -144,10 +125,8 @@ def test_a_bad_gpu_count_is_refused_by_the_client(bad: object) -> None:
 
 def test_scale_signals_ask_for_the_group_shape_a_70b_backlog_needs(make_real_queue: Any) -> None:
     q = make_real_queue(min_workers=0)
-    register(q, "single", idle=False)
-    register(q, "pair", gpus=2, idle=False)
-    q.redis.sadd(q.keys.worker_tasks("single"), "busy")
-    q.redis.sadd(q.keys.worker_tasks("pair"), "busy")
+    register_worker(q, "single")
+    register_worker(q, "pair", gpus=2)
     q.enqueue_many([{"handler": "h", "model": "llama-70b", "vram_gb": 144, "gpus": 2, "est_s": 2}
                     for _ in range(60)])
     Scaler(q.redis, q.keys, q.config).step()

@@ -12,31 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import register_worker as register
 
-from gpuq import Config, Queue, catalog, worker_record
+from gpuq import Config, Queue, catalog
 from gpuq.reaper.scale import CommandHook, Scaler
 from gpuq.views.inspect import pool_view
 from gpuq.views.render import render_status
-from gpuq.worker.gpu import GpuInfo
-from gpuq.worker.presence import Presence
 
 MakeQueue = Callable[..., Queue]
-RESERVE_GB = 5.0
-
-
-def register(q: Queue, wid: str, gpu: str, total_gb: float, *, idle: bool = False,
-             holds: tuple[str, ...] = (), levels: str = "0123") -> None:
-    """A worker as presence writes it; idle puts it in ``idle`` with all its usable VRAM
-    (after enqueuing: the enqueue's wake rule takes the worker it wakes out of ``idle``)."""
-    info = GpuInfo(gpu, f"uuid-{wid}", total_gb, None, "declared")
-    fields = worker_record.identity(wid, info, RESERVE_GB, 1, levels, "h", 1, handlers=["h"])
-    Presence(q.redis, q.keys, wid).register(fields, 30_000)
-    for model in holds:
-        q.redis.sadd(q.keys.holders(model), wid)
-    if idle:
-        q.redis.zadd(q.keys.idle, {wid: total_gb - RESERVE_GB})
-    else:
-        q.redis.sadd(q.keys.worker_tasks(wid), f"running-on-{wid}")
 
 
 def enqueue(q: Queue, n: int, model: str, vram_gb: float, est_s: float = 1.0,
