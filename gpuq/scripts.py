@@ -12,9 +12,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import redis
+
+from gpuq.call import Call as Call
+from gpuq.call import Replicas as Replicas
 
 # re-exported: callers build claims and read their answers through this module
 from gpuq.claims import Batch as Batch
@@ -22,6 +25,7 @@ from gpuq.claims import Claim as Claim
 from gpuq.claims import ClaimRequest as ClaimRequest
 from gpuq.config import Config
 from gpuq.errors import NotRequeueable, ReplicaTimeout, TenantError
+from gpuq.joined import joined_acks, split_replies, wrote
 from gpuq.keys import Keys
 from gpuq.lua_source import script_source
 from gpuq.replies import Code, checked, pairs_to_dict, raise_for
@@ -34,27 +38,6 @@ SCRIPT_NAMES = ("enqueue", "claim", "claim_batch", "began", "heartbeat", "ack", 
                 "cancel", "reap", "lead", "expire", "preempt", "retire", "learn", "tenant", "fire",
                 "emit", "progress", "follow")  # the last three: gpuq.stream builds their calls
 LEARN_MAX_RUNS = 256  # learn.lua's limit per call
-
-
-@dataclass(frozen=True)
-class Replicas:
-    """A write's WAIT: the replicas that must acknowledge it and for how long to wait; a
-    strict one (a producer's enqueue) raises ReplicaTimeout when fewer do, another (a
-    worker's ack, fail or requeue) is logged: it is on the master, and were it lost, the
-    task's lease would run out and the task run again."""
-
-    count: int
-    timeout_ms: int
-    strict: bool
-    what: str
-
-
-@dataclass(frozen=True)
-class Call(Generic[T]):
-    script: str
-    args: list[str]
-    parse: Callable[[list[Any]], T]
-    replicas: Replicas | None = None  # send WAIT after it (Config.replica_acks)
 
 
 @dataclass(frozen=True)
@@ -259,7 +242,7 @@ def check_replicas(calls: Sequence[Call[Any]], replies: Sequence[Any], acked: An
         asked = call.replicas
         if asked is None or int(acked) >= asked.count:
             continue
-        if not (isinstance(reply, list) and reply and int(reply[0]) == Code.OK):
+        if not wrote(reply):
             continue
         if asked.strict:
             raise ReplicaTimeout(asked.what, int(acked), asked.count, asked.timeout_ms)
@@ -325,12 +308,16 @@ class Scripts:
 
     def pipelined(self, calls: Sequence[Call[Any]], extra: Sequence[tuple[Any, ...]] = ()) -> list[Any]:
         """Run the calls, then the plain commands in ``extra`` (e.g. ``("LPOP", key)``), in
-        one round trip; replies raw, in order, the first error raised once all are read."""
-        commands = [self.command(c) for c in calls] + list(extra)
-        wait = wait_command(calls)
+        one round trip; replies raw, in order, the first error raised once all are read.
+        Consecutive acks go as one ack call of several tasks (``joined_acks``)."""
+        joined = joined_acks(calls)
+        sent = [call for call, _ in joined]
+        commands = [self.command(c) for c in sent] + list(extra)
+        wait = wait_command(sent)
         if wait is not None:
             commands.append(wait)
-        return self._loaded(exchange(self.client, commands, retry=True), calls, wait)
+        replies = self._loaded(exchange(self.client, commands, retry=True), sent, wait)
+        return split_replies(replies, joined)
 
     def streamed(self, calls: Iterable[Call[T]]) -> list[T]:
         """Run many calls on one connection, each built and sent just before the next (the

@@ -13,25 +13,41 @@
 -- ARGV[3]  now (ms; "0" = server clock)
 -- ARGV[4]  result (JSON text)
 -- ARGV[5]  result TTL (ms): how long the ended task stays readable
+-- ARGV[6..]  triples: task id, token, result, for more tasks acked at the same now and TTL
+--            (a batch's tasks, settled together: one call instead of one each)
 -- Returns  {0}        succeeded
 --          {1, 0, reason} INVALID: a malformed argument, or the result is larger than
 --                     1048576 bytes or not JSON text (nothing written; the task keeps running)
 --          {4}        NOT_FOUND
 --          {5, state} STALE_LEASE: the task is no longer running under this token
+--          With triples: one such reply per task, in order, each task acked or not on its
+--          own (INVALID for a malformed now or TTL, or a short triple, is the call's).
 
 --@include args
 --@include json
 --@include finish
+--@include tally
 
-if #ARGV ~= 5 then return {1, 0, 'expected 5 arguments'} end
-local id, token, now, ttl = ARGV[1], ARGV[2], clock(ARGV[3]), ttl_arg(5)
+if #ARGV < 5 or (#ARGV - 5) % 3 ~= 0 then return {1, 0, 'expected 5 arguments, then id, token, result triples'} end
+local now, ttl = clock(ARGV[3]), ttl_arg(5)
 if not (now and ttl) then return {1, 0, 'now and ttl must be ms >= 0'} end
-local f = redis.call('HMGET', task_key(id), 'state', 'token', 'worker', 'priority', 'charged',
-  'streamed', 'children')
-if not f[1] then return {4} end
-if f[1] ~= 'running' or f[2] ~= token then return {5, f[1]} end
-if #ARGV[4] > 1048576 then return {1, 0, 'result is larger than 1048576 bytes'} end
-if not is_json(ARGV[4]) then return {1, 0, 'result is not valid JSON'} end
-release(id, f[3], f[5])
-finish(id, 'succeeded', now, ttl, 'result', ARGV[4], f[4], f[6], f[7])  -- releases its children
-return {0}
+
+local function ack(id, token, result)
+  local f = redis.call('HMGET', task_key(id), 'state', 'token', 'worker', 'priority', 'charged',
+    'streamed', 'children')
+  if not f[1] then return {4} end
+  if f[1] ~= 'running' or f[2] ~= token then return {5, f[1]} end
+  if #result > 1048576 then return {1, 0, 'result is larger than 1048576 bytes'} end
+  if not is_json(result) then return {1, 0, 'result is not valid JSON'} end
+  release(id, f[3], f[5])
+  if f[7] == '1' then tally_flush() end  -- releasing children reads workers' task sets
+  finish(id, 'succeeded', now, ttl, 'result', result, f[4], f[6], f[7])  -- releases its children
+  return {0}
+end
+
+if #ARGV == 5 then return ack(ARGV[1], ARGV[2], ARGV[4]) end
+tally_on()  -- the tasks' counters and set members written once for all (lib/tally.lua)
+local replies = {ack(ARGV[1], ARGV[2], ARGV[4])}
+for i = 6, #ARGV, 3 do replies[#replies + 1] = ack(ARGV[i], ARGV[i + 1], ARGV[i + 2]) end
+tally_flush()
+return replies

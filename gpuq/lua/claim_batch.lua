@@ -43,6 +43,7 @@
 --@include quota
 --@include start
 --@include take
+--@include tally
 
 if #ARGV ~= 11 then return {1, 0, 'expected 11 arguments'} end
 local worker, now = ARGV[1], clock(ARGV[2])
@@ -70,24 +71,30 @@ if not (p and m and h and bound) then return {0, 0} end  -- claim checked them: 
 
 local tenancy = tenancy_on()
 local reply, used, taken = {0, 0}, 0, 0
+-- the tasks' tokens taken, counters and set members written, once for all (lib/tally.lua)
+tally_on(count)
 local ids = count > 0 and redis.call('ZRANGE', queue_key(p, m), 0, scan - 1) or {}
 for _, id in ipairs(ids) do
   if taken >= count then break end
-  local g = redis.call('HMGET', task_key(id), 'state', 'handler', 'gpus')
-  if g[1] ~= 'queued' then
-    unqueue(id, p, m)  -- a stale entry: nothing to run
-  elseif g[2] == h and (tonumber(g[3]) or 1) <= gpus then
-    local f = readable(id, p, m, now, TTL)  -- nil: corrupt, failed
+  local g = redis.call('HMGET', task_key(id), 'state', 'gpus', unpack(READABLE))
+  local state, wants = table.remove(g, 1), table.remove(g, 1)
+  if state ~= 'queued' then
+    unqueue(id, p, m, nil, true)  -- a stale entry: nothing to run
+  elseif g[1] == h and (tonumber(wants) or 1) <= gpus then
+    local f = readable(id, p, m, now, TTL, g)  -- nil: corrupt, failed
     local need = f and tonumber(f[4])
     local use = need and math.max(0, need - footprint)
     if f and use <= free - used + 1e-9 and not (tenancy and over_quota(f[9], need)) then
-      count_dispatch(p, redis.call('HMGET', K_FAIRNESS, '1', '2', '3'), fair_every)
-      reply[#reply + 1] = take(id, p, m, worker, now, now + lease, f, warm, tenancy)
+      reply[#reply + 1] = take(id, p, m, worker, now, now + lease, f, warm, tenancy, true)
       used, taken = used + use, taken + 1
       bound = math.min(bound, tonumber(f[13]))
     end
   end
 end
+tally_flush()
+-- the batch's dispatches count for fairness, and its queue's head moves, once for all
+if taken > 0 then count_dispatch(p, redis.call('HMGET', K_FAIRNESS, '1', '2', '3'), fair_every, taken) end
+if ids[1] then refresh_head(p, m) end
 -- a worker with slots left stays in `idle`, scored by what it can still claim
 if used > 0 and redis.call('ZSCORE', K_IDLE, worker) then
   redis.call('ZINCRBY', K_IDLE, -used, worker)

@@ -8,6 +8,7 @@ started as claim starts one.
 from __future__ import annotations
 
 import pytest
+import redis
 from helpers import T0, ack, claim, claim_batch, enqueue, heartbeat
 
 from gpuq import Queue
@@ -195,3 +196,57 @@ def test_malformed_arguments_are_invalid_and_write_nothing(queue: Queue) -> None
     heartbeat(queue, "w1", [(c["id"], c["token"])], now_ms=T0 + 100)
     assert queue.redis.zcard(queue.keys.queue(1, "A")) == 1
 
+
+
+def script_calls(q: Queue) -> int | None:
+    """Script calls the server has run (None where it keeps no command stats)."""
+    try:
+        return int(q.redis.info("commandstats")["cmdstat_evalsha"]["calls"])
+    except redis.ResponseError:
+        return None
+
+
+def test_a_batch_s_acks_go_as_one_call_each_task_fenced_on_its_own(queue: Queue) -> None:
+    batch_ids(queue, 4)
+    c = first(queue)
+    got = claim_batch(queue, "w1", c, 40, 2, now_ms=T0 + 100)
+    one, two, three = got.tasks
+    acks = [queue.calls.ack(c["id"], int(c["token"]), '{"v": 0}', now_ms=T0 + 200),
+            queue.calls.ack(one["id"], int(two["token"]), '{"v": 1}', now_ms=T0 + 200),  # stale
+            queue.calls.ack(two["id"], int(two["token"]), '{"v": nan}', now_ms=T0 + 200),  # not JSON
+            queue.calls.ack(three["id"], int(three["token"]), '{"v": 3}', now_ms=T0 + 200)]
+    before = script_calls(queue)
+    replies = queue.scripts.pipelined(acks)
+    if before is not None:  # the real server counts them
+        assert script_calls(queue) == before + 1
+    assert [r[0] for r in replies] == [0, 5, 1, 0]
+    assert replies[2][2] == "result is not valid JSON"
+    for call, reply in zip(acks, replies):  # each parses as its own ack would
+        if reply[0] == 0:
+            call.parse(reply)
+    with pytest.raises(StaleLease):
+        acks[1].parse(replies[1])
+    assert [queue.record(t).state for t in (c["id"], one["id"], two["id"], three["id"])] == [
+        State.SUCCEEDED, State.RUNNING, State.RUNNING, State.SUCCEEDED]
+    assert queue.record(three["id"]).result == {"v": 3}
+    assert queue.redis.smembers(queue.keys.worker_tasks("w1")) == {one["id"], two["id"]}
+    assert [len(a.args) for a in acks] == [5, 5, 5, 5]  # the callers' calls are unchanged
+
+
+def test_acks_at_another_now_or_ttl_go_as_calls_of_their_own(queue: Queue) -> None:
+    batch_ids(queue, 2)
+    c = first(queue)
+    got = claim_batch(queue, "w1", c, 40, 2, now_ms=T0 + 100)
+    a = queue.calls.ack(c["id"], int(c["token"]), "1", now_ms=T0 + 200)
+    b = queue.calls.ack(got.tasks[0]["id"], int(got.tasks[0]["token"]), "2", now_ms=T0 + 300)
+    assert [r[0] for r in queue.scripts.pipelined([a, b])] == [0, 0]
+    assert queue.record(got.tasks[0]["id"]).finished_at is not None
+
+
+def test_several_acks_with_a_short_triple_are_invalid_and_write_nothing(queue: Queue) -> None:
+    batch_ids(queue, 2)
+    c = first(queue)
+    call = queue.calls.ack(c["id"], int(c["token"]), "1", now_ms=T0 + 200)
+    reply = queue.scripts.run_raw(Call("ack", [*call.args, "x", "1"], call.parse))
+    assert reply[0] == 1
+    assert queue.record(c["id"]).state is State.RUNNING

@@ -3,12 +3,13 @@
 --@include args
 --@include quota
 --@include deps
+--@include tally
 
 -- A task stops running: out of the running set, its worker's tasks and, when it was charged
 -- to a capped tenant (its `charged` field, which the caller read), its tenant's use.
 local function release(id, worker, charged)
-  redis.call('ZREM', K_RUNNING, id)
-  if worker and worker ~= '' then redis.call('SREM', worker_tasks_key(worker), id) end
+  set_write('ZREM', K_RUNNING, id)
+  if worker and worker ~= '' then set_write('SREM', worker_tasks_key(worker), id) end
   discharge(id, charged)
 end
 
@@ -24,12 +25,12 @@ local function finish(id, state, now, ttl, field, value, p, streamed, kids)
   local tk = task_key(id)
   redis.call('HSET', tk, 'state', state, 'finished_at', ms(now), field, value)
   p = level(p or redis.call('HGET', tk, 'priority'))  -- none in a corrupt hash
-  if p then redis.call('HINCRBY', K_STATS, state .. ':P' .. p, 1) end
+  if p then count_stat(state .. ':P' .. p) end
   local done = done_key(id)
   redis.call('LPUSH', done, state)
   redis.call('PEXPIRE', done, ttl)
   redis.call('PEXPIRE', tk, ttl)
-  redis.call('HINCRBY', K_STATS, state, 1)
+  count_stat(state)
   local report = false
   if state ~= 'succeeded' or streamed == nil then
     local g = redis.call('HMGET', tk, 'report_end', 'streamed', 'children')

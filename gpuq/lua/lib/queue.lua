@@ -1,5 +1,7 @@
 -- lib/queue.lua: a queued task in its (priority, model) queue and the pool's indexes.
 
+--@include tally
+
 -- Keep the index score of (p, m) equal to its queue's head score; drop it when empty.
 local function refresh_head(p, m)
   local head = redis.call('ZRANGE', queue_key(p, m), 0, 0, 'WITHSCORES')
@@ -26,10 +28,11 @@ local function index(id, p, m, score, need)
 end
 
 -- Take a queued task out of its queue and the indexes (the deadline index unless the
--- caller knows the task has no deadline).
-local function unqueue(id, p, m, has_deadline)
-  redis.call('ZREM', queue_key(p, m), id)
-  refresh_head(p, m)
-  redis.call('ZREM', K_NEED, id)
-  if has_deadline ~= false then redis.call('ZREM', K_DEADLINES, id) end
+-- caller knows the task has no deadline; the queue's head in the index unless keep_head:
+-- a caller taking several tasks of one queue refreshes it once, after the last).
+local function unqueue(id, p, m, has_deadline, keep_head)
+  set_write('ZREM', queue_key(p, m), id)
+  if not keep_head then refresh_head(p, m) end
+  set_write('ZREM', K_NEED, id)
+  if has_deadline ~= false then set_write('ZREM', K_DEADLINES, id) end
 end

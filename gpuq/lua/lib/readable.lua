@@ -4,6 +4,12 @@
 --@include json
 --@include corrupt
 
+-- The fields readable reads, in its order (a caller reading more of the hash at once puts
+-- its own after these and passes the reply in).
+local READABLE = {'handler', 'payload', 'model', 'vram_gb', 'priority', 'est_s', 'attempt',
+  'deadline', 'tenant', 'checkpoint', 'enqueued_at', 'queued_at', 'score', 'reserved_for',
+  'yield_victim', 'max_attempts', 'began_at', 'fair', 'order', 'due_at'}
+
 -- Whether a number's text is hex, which tonumber reads and a worker's float() does not.
 local function hex(v) return string.find(v, '[xX]') ~= nil end
 
@@ -17,11 +23,9 @@ end
 -- The fields of task id of queue (p, m) that a claim reply and later scripts rely on, the
 -- attempt and times in the reply's form; or nil when one is missing or malformed: the task
 -- is then failed (at now, its result kept ttl ms) with that field in its error, so a corrupt
--- hash reaches no worker.
-local function readable(id, p, m, now, ttl)
-  local f = redis.call('HMGET', task_key(id), 'handler', 'payload', 'model', 'vram_gb', 'priority',
-    'est_s', 'attempt', 'deadline', 'tenant', 'checkpoint', 'enqueued_at', 'queued_at', 'score',
-    'reserved_for', 'yield_victim', 'max_attempts', 'began_at', 'fair', 'order', 'due_at')
+-- hash reaches no worker. f: the fields READABLE names, read by the caller (nil: read here).
+local function readable(id, p, m, now, ttl, f)
+  f = f or redis.call('HMGET', task_key(id), unpack(READABLE))
   local attempt, tries = finite(f[7] ~= '' and f[7] or 0), finite(f[16])
   local has_deadline = f[8] and f[8] ~= ''
   local bad = f[5] ~= tostring(p) and 'priority' or f[3] ~= m and 'model'

@@ -1,6 +1,7 @@
 -- lib/start.lua: a task starts on a worker (a claim, or a hand-over at enqueue).
 
 --@include args
+--@include tally
 
 -- Remember a missed SLA for `gpuq top` (newest first, the last 100).
 local function note_miss(id, p, m, wait_ms, now, kind)
@@ -17,10 +18,10 @@ end
 -- yield, a stop or a lost lease gives it back) counts once. Returns "met" or "missed".
 local function decide_sla(id, p, m, now, score, since, started)
   if now <= score then
-    redis.call('HINCRBY', K_STATS, 'sla_met:P' .. p, 1)
+    count_stat('sla_met:P' .. p)
     return 'met'
   end
-  redis.call('HINCRBY', K_STATS, 'sla_missed:P' .. p, 1)
+  count_stat('sla_missed:P' .. p)
   note_miss(id, p, m, now - since, now, started > score and 'late' or 'cold')
   return 'missed'
 end
@@ -33,7 +34,7 @@ end
 -- "missed" (decided here), "pending" (the worker reports the handler's start) or "" (an
 -- earlier start decided it).
 local function start(id, p, m, w, now, lease_until, attempt, score, since, undecided, warm)
-  local token = redis.call('INCR', K_TOKEN)
+  local token = new_token()
   local at = ms(now)
   if undecided and warm then
     redis.call('HSET', task_key(id), 'state', 'running', 'worker', w, 'token', token,
@@ -42,8 +43,8 @@ local function start(id, p, m, w, now, lease_until, attempt, score, since, undec
     redis.call('HSET', task_key(id), 'state', 'running', 'worker', w, 'token', token,
       'attempt', attempt, 'started_at', at, 'error', '')
   end
-  redis.call('ZADD', K_RUNNING, lease_until, id)
-  redis.call('SADD', worker_tasks_key(w), id)
+  set_write('ZADD', K_RUNNING, lease_until, id)
+  set_write('SADD', worker_tasks_key(w), id)
   local sla = ''
   if undecided then
     sla = warm and decide_sla(id, p, m, now, tonumber(score), tonumber(since), now) or 'pending'
@@ -68,13 +69,15 @@ local function note_cold_start(id, m, now)
   if load > 0 then redis.call('HSET', task_key(id), 'ready_at', ms(now + load)) end
 end
 
--- Fairness after a dispatch at level p: its debt is paid; each lower level with work saw
--- one more higher dispatch (fair: the `fair` hash's values for levels 1..3).
-local function count_dispatch(p, fair, fair_every)
+-- Fairness after k dispatches at level p (k: 1 unless given, a batch's count): its debt is
+-- paid; each lower level with work saw k more higher dispatches, counted up to fair_every
+-- (fair: the `fair` hash's values for levels 1..3).
+local function count_dispatch(p, fair, fair_every, k)
   if p > 0 and finite(fair[p]) ~= 0 then redis.call('HSET', K_FAIRNESS, tostring(p), '0') end
   for q = p + 1, 3 do
-    if redis.call('EXISTS', models_with_work_key(q)) == 1 and (finite(fair[q]) or 0) < fair_every then
-      redis.call('HINCRBY', K_FAIRNESS, tostring(q), 1)
+    local seen = finite(fair[q]) or 0
+    if seen < fair_every and redis.call('EXISTS', models_with_work_key(q)) == 1 then
+      redis.call('HINCRBY', K_FAIRNESS, tostring(q), math.min(k or 1, fair_every - seen))
     end
   end
 end

@@ -12,10 +12,11 @@
 -- tenant's count; a yield asked for it withdrawn (it starts here: the victim keeps running);
 -- `start` (token, lease, SLA: decided now when warm, the worker holding its model); its
 -- tenant charged (tenancy on); a cold start noted. f: its fields (`readable`), read before
--- the attempt is written; the deadline index is touched only if it has one. Returns the
--- claim reply's pairs for the task.
-local function take(id, p, m, w, now, lease_until, f, warm, tenancy)
-  unqueue(id, p, m, f[8] ~= '')
+-- the attempt is written; the deadline index is touched only if it has one; keep_head: the
+-- caller refreshes the queue's head in the index (unqueue). Returns the claim reply's pairs
+-- for the task.
+local function take(id, p, m, w, now, lease_until, f, warm, tenancy, keep_head)
+  unqueue(id, p, m, f[8] ~= '', keep_head)
   fair_leave(id, f[18])
   withdraw_yield(id, f[14], f[15], now)
   local undecided = not f[17] or f[17] == ''  -- no handler start has decided its SLA yet

@@ -1,0 +1,56 @@
+"""Calls sent in one round trip that go as one script call: a batch's acks.
+
+A batch handler (or an async worker's engine) ends several tasks at once; their acks ride
+with the worker's next claim. Sent as they are, each pays a script call's fixed cost (its
+arguments, the script's set-up, a clock read) for about nine commands of work; joined, the
+batch pays it once. Each task is still acked on its own, fenced by its own token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from gpuq.call import Call
+from gpuq.replies import Code
+
+
+def joined_acks(calls: Sequence[Call[Any]]) -> list[tuple[Call[Any], int]]:
+    """The calls, each run of consecutive acks at the same now and TTL made one ack call of
+    several tasks (ack.lua's triples: one script call's overhead and clock read for a whole
+    batch's results); with how many calls each stands for."""
+    out: list[tuple[Call[Any], int]] = []
+    for call in calls:
+        last = out[-1][0] if out else None
+        if (call.script == "ack" and last is not None and last.script == "ack"
+                and last.args[2] == call.args[2] and last.args[4] == call.args[4]):
+            last.args.extend((call.args[0], call.args[1], call.args[3]))
+            out[-1] = (last, out[-1][1] + 1)
+        elif call.script == "ack":  # a copy: the caller's call keeps its own arguments
+            out.append((replace(call, args=list(call.args)), 1))
+        else:
+            out.append((call, 1))
+    return out
+
+
+def split_replies(replies: list[Any], joined: list[tuple[Call[Any], int]]) -> list[Any]:
+    """The replies of joined calls as one per original call (the plain commands' after)."""
+    out: list[Any] = []
+    for (_, n), reply in zip(joined, replies):
+        if n == 1:
+            out.append(reply)
+        elif isinstance(reply, list) and len(reply) == n and all(isinstance(r, list) for r in reply):
+            out += reply
+        else:  # the call's own INVALID (a malformed now or TTL): each ack's answer
+            out += [reply] * n
+    return out + replies[len(joined):]
+
+
+def wrote(reply: Any) -> bool:
+    """Whether a script's reply says it wrote (OK; for several acks, any of them)."""
+    if not (isinstance(reply, list) and reply):
+        return False
+    if isinstance(reply[0], list):
+        return any(wrote(r) for r in reply)
+    return int(reply[0]) == Code.OK
