@@ -8,6 +8,11 @@ from typing import Any
 
 from gpuq.replies import checked, pairs_to_dict
 
+# A claimed task's fields, in the order of the claim reply's pairs (lib/take.lua)
+TASK_FIELDS = ("id", "token", "handler", "payload", "model", "vram_gb", "priority", "est_s",
+               "attempt", "deadline", "tenant", "checkpoint", "enqueued_at", "queued_at",
+               "started_at", "sla")
+
 
 @dataclass(frozen=True)
 class ClaimRequest:
@@ -51,7 +56,12 @@ class Claim:
 
 @dataclass(frozen=True)
 class Batch:
-    """claim_batch's answer: the tasks added to a batch (claim reply fields each)."""
+    """claim_batch's answer: the tasks added to a batch (claim reply fields each; the script
+    sends their values in TASK_FIELDS order)."""
 
     tasks: list[dict[str, str]]
     left_ms: int  # from the server's now to the batch's earliest start-by score (< 0: past)
+
+    @classmethod
+    def parse(cls, reply: list[Any]) -> Batch:
+        return cls([dict(zip(TASK_FIELDS, map(str, t))) for t in checked(reply)[2:]], int(reply[1]))

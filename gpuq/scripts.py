@@ -28,7 +28,7 @@ from gpuq.errors import NotRequeueable, ReplicaTimeout, TenantError
 from gpuq.joined import joined_acks, split_replies, wrote
 from gpuq.keys import Keys
 from gpuq.lua_source import script_source
-from gpuq.replies import Code, checked, pairs_to_dict, raise_for
+from gpuq.replies import Code, checked, raise_for
 from gpuq.task import TaskSpec, deferral_args
 from gpuq.wire import exchange
 
@@ -106,8 +106,7 @@ class Calls:
         """Up to ``count`` more tasks for the batch of the claimed task ``first`` (its fields)."""
         args = [worker_id, str(now_ms), _num(free_gb), *self._claim_tail, first["id"], first["token"],
                 _num(footprint_gb), "1" if warm else "0", str(count), str(max(int(self._scan), 4 * count))]
-        return Call("claim_batch", args,
-                    lambda r: Batch([pairs_to_dict(t) for t in checked(r)[2:]], int(r[1])))
+        return Call("claim_batch", args, Batch.parse)
 
     def began(self, task_id: str, token: int, *, now_ms: int = 0) -> Call[tuple[str, int]]:
         """A cold-started task's handler starts: (its SLA decided now, "met" or "missed", or

@@ -27,10 +27,10 @@
 -- ARGV[11] scan: task ids examined at most (1..1e5)
 -- Returns  {0, left_ms, task, ...}  left_ms: ms from now to the batch's earliest start-by
 --                                   score (the first task's and those taken; < 0: past it);
---                                   each task the claim reply's pairs (id, token, handler,
---                                   payload, model, vram_gb, priority, est_s, attempt,
---                                   deadline, tenant, checkpoint, enqueued_at, queued_at,
---                                   started_at, sla)
+--                                   each task the values of the claim reply's pairs, in
+--                                   their order (id, token, handler, payload, model,
+--                                   vram_gb, priority, est_s, attempt, deadline, tenant,
+--                                   checkpoint, enqueued_at, queued_at, started_at, sla)
 --          {1, 0, reason}           INVALID: a malformed argument (nothing written)
 --          {4}                      NOT_FOUND: the first task is gone (nothing taken)
 --          {5, state}               STALE_LEASE: the first task no longer runs under this
@@ -85,7 +85,11 @@ for _, id in ipairs(ids) do
     local need = f and tonumber(f[4])
     local use = need and math.max(0, need - footprint)
     if f and use <= free - used + 1e-9 and not (tenancy and over_quota(f[9], need)) then
-      reply[#reply + 1] = take(id, p, m, worker, now, now + lease, f, warm, tenancy, true)
+      -- the pairs' values only: the names are the claim reply's, in its order, and each
+      -- element of a reply costs the server a conversion and the worker a parse
+      local pairs_of, values = take(id, p, m, worker, now, now + lease, f, warm, tenancy, true), {}
+      for i = 2, #pairs_of, 2 do values[#values + 1] = pairs_of[i] end
+      reply[#reply + 1] = values
       used, taken = used + use, taken + 1
       bound = math.min(bound, tonumber(f[13]))
     end
