@@ -247,8 +247,9 @@ def ok_reply(name: str, r: list[Any], argv: Sequence[bytes]) -> bool:
         return (tail[:1] == [b"task"] and tail[1::2] == CLAIM_FIELDS and None not in tail
                 and tail[-1] in (b"met", b"missed", b"pending", b""))
     if name == "claim_batch":
-        return (len(tail) >= 1 and isinstance(tail[0], int) and all(
-            isinstance(t, list) and t[::2] == CLAIM_FIELDS and None not in t for t in tail[1:]))
+        return (len(tail) >= 1 and isinstance(tail[0], int) and all(  # values in CLAIM_FIELDS order
+            isinstance(t, list) and len(t) == len(CLAIM_FIELDS) and None not in t
+            and t[-1] in (b"met", b"missed", b"pending", b"") for t in tail[1:]))
     if name == "began":
         return len(tail) == 2 and tail[0] in (b"met", b"missed", b"") and tail[1].isdigit()
     if name == "heartbeat":
