@@ -174,13 +174,14 @@ end
 -- missed its SLA already, while taking it first makes the fresh ones behind it miss too. A
 -- late task still goes before the next level's work. A cold start misses a short SLA anyway,
 -- so other workers take their queues oldest first. With tenancy on, a queue's order is its
--- tenants' fair order (a flooding tenant's tasks lie ahead of now), kept as it is.
+-- tenants' fair order (a flooding tenant's tasks lie ahead of now), kept as it is. Also
+-- returns the queue's first `scan` ids and scores as read (the head the index keeps).
 local function candidates(q, warm)
   local head = redis.call('ZRANGE', q, 0, scan - 1, 'WITHSCORES')
   if tenancy or not warm or not head[2] or tonumber(head[2]) >= now then
     local ids = {}
     for i = 1, #head, 2 do ids[#ids + 1] = head[i] end
-    return ids
+    return ids, head
   end
   local ids = redis.call('ZRANGEBYSCORE', q, now, '+inf', 'LIMIT', 0, scan)
   local seen = {}
@@ -189,19 +190,30 @@ local function candidates(q, warm)
     if #ids >= scan then break end
     if not seen[head[i]] then ids[#ids + 1] = head[i] end
   end
-  return ids
+  return ids, head
 end
 
+-- A held model's tasks are read with all a claim reply needs (READABLE, then offered, state
+-- and gpus): the first that fits is taken, and reading it again cost a command.
+local WARM = {unpack(READABLE)}
+for _, name in ipairs({'offered', 'state', 'gpus'}) do WARM[#WARM + 1] = name end
+
 -- First task of queue (p, m) this worker can run: its id, the VRAM it will use and its
--- fields (readable). An id whose hash is gone, or no longer queued, leaves the queue; one
--- whose scheduling fields are corrupt is failed (defect); one whose tenant is at a quota is
--- passed over.
+-- fields (readable), and the queue's head as read (candidates). An id whose hash is gone, or
+-- no longer queued, leaves the queue; one whose scheduling fields are corrupt is failed
+-- (defect); one whose tenant is at a quota is passed over.
 local function scan_queue(p, m)
   local footprint = held[m]
-  local ids = candidates(queue_key(p, m), footprint ~= nil)
+  local ids, head = candidates(queue_key(p, m), footprint ~= nil)
   for k, id in ipairs(ids) do
-    local f = redis.call('HMGET', task_key(id), 'vram_gb', 'queued_at', 'offered', 'est_s', 'state',
-      'tenant', 'gpus')
+    local f, all
+    if footprint then
+      all = redis.call('HMGET', task_key(id), unpack(WARM))
+      f = {all[4], all[12], all[21], all[6], all[22], all[9], all[23]}
+    else
+      f = redis.call('HMGET', task_key(id), 'vram_gb', 'queued_at', 'offered', 'est_s', 'state',
+        'tenant', 'gpus')
+    end
     local need, queued_at, est, wants = finite(f[1]), finite(f[2]), finite(f[4]), tonumber(f[7]) or 1
     local bad = not (need and need > 0) and 'vram_gb' or not queued_at and 'queued_at'
       or not (est and est >= 0) and 'est_s'
@@ -214,8 +226,8 @@ local function scan_queue(p, m)
     elseif wants > gpus then
       if not unfit_need then unfit_need, unfit_p, unfit_gpus = need, p, wants end
     elseif footprint and need - footprint <= held_room(m, footprint) then
-      local fields = readable(id, p, m, now, TTL)
-      if fields then return id, math.max(0, need - footprint), fields end
+      local fields = readable(id, p, m, now, TTL, all)
+      if fields then return id, math.max(0, need - footprint), fields, head end
     elseif not footprint and need <= claimable then
       local waited = now - queued_at
       local left = defer[p + 1] - waited
@@ -232,7 +244,7 @@ local function scan_queue(p, m)
       left = hold[p + 1] - waited
       if not (left > 0 and wait_for_holders(m, need, p, k, est, left / 1000, wants)) then
         local fields = readable(id, p, m, now, TTL)
-        if fields then return id, need, fields end
+        if fields then return id, need, fields, head end
       else
         retry = math.min(retry or left, left)
       end
@@ -252,18 +264,16 @@ local function find(p)
   local idx = models_with_work_key(p)
   local page = redis.call('ZRANGE', idx, 0, PAGE - 1)
   if not page[1] then return nil end
-  for _, m in ipairs(held_names) do
-    if redis.call('ZSCORE', idx, m) then
-      local id, use, f = scan_queue(p, m)
-      if id then return id, m, use, f end
-    end
+  for _, m in ipairs(held_names) do  -- its queue read at once: an empty one costs the same
+    local id, use, f, head = scan_queue(p, m)
+    if id then return id, m, use, f, head end
   end
   local start = 0
   while page[1] do
     for _, m in ipairs(page) do
       if not held[m] then
-        local id, use, f = scan_queue(p, m)
-        if id then return id, m, use, f end
+        local id, use, f, head = scan_queue(p, m)
+        if id then return id, m, use, f, head end
       end
     end
     start = start + PAGE
@@ -282,7 +292,7 @@ for p = 1, 3 do
 end
 for p = 0, 3 do order[#order + 1] = p end
 
-local id, p, m, use, f
+local id, p, m, use, f, head
 local reserved, has_key = reserved_task(worker, now)
 if reserved then
   local r = redis.call('HMGET', task_key(reserved), 'state', 'priority', 'model', 'vram_gb',
@@ -313,7 +323,7 @@ local starved = #order - 4
 for i, level in ipairs(order) do
   if id then break end
   if serves[level] then
-    id, m, use, f = find(level)
+    id, m, use, f, head = find(level)
     if id then
       p = level
       if i <= starved then redis.call('HINCRBY', K_STATS, 'fair:P' .. p, 1) end
@@ -338,8 +348,20 @@ end
 
 count_dispatch(p, fair, fair_every)
 
--- f: what a worker needs to run the task (readable; the rest stays in the hash)
-local pairs_of = take(id, p, m, worker, now, now + lease, f, held[m] ~= nil, tenancy)
+-- f: what a worker needs to run the task (readable; the rest stays in the hash). The task
+-- taken was its queue's head: the index takes the next one from the scan's read (or drops
+-- the model when the read saw the whole queue) instead of reading the queue again.
+local next_head = head and head[1] == id
+local pairs_of = take(id, p, m, worker, now, now + lease, f, held[m] ~= nil, tenancy, next_head)
+if next_head then
+  if head[3] then
+    redis.call('ZADD', models_with_work_key(p), head[4], m)
+  elseif #head < 2 * scan then
+    redis.call('ZREM', models_with_work_key(p), m)
+  else
+    refresh_head(p, m)
+  end
+end
 if slots > 1 then
   redis.call('ZADD', K_IDLE, claimable - use, worker)
 else
