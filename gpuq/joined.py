@@ -22,13 +22,13 @@ def joined_acks(calls: Sequence[Call[Any]]) -> list[tuple[Call[Any], int]]:
     batch's results); with how many calls each stands for."""
     out: list[tuple[Call[Any], int]] = []
     for call in calls:
-        last = out[-1][0] if out else None
+        last, n = out[-1] if out else (None, 0)
         if (call.script == "ack" and last is not None and last.script == "ack"
                 and last.args[2] == call.args[2] and last.args[4] == call.args[4]):
+            if n == 1:  # the first join: a copy, so the caller's call keeps its own arguments
+                last = replace(last, args=list(last.args))
             last.args.extend((call.args[0], call.args[1], call.args[3]))
-            out[-1] = (last, out[-1][1] + 1)
-        elif call.script == "ack":  # a copy: the caller's call keeps its own arguments
-            out.append((replace(call, args=list(call.args)), 1))
+            out[-1] = (last, n + 1)
         else:
             out.append((call, 1))
     return out
