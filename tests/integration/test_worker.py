@@ -202,12 +202,17 @@ def test_burst_exits_when_nothing_runnable_is_left(procs: Procs, real_queue: Que
 
 def test_sigterm_with_long_grace_finishes_the_task(procs: Procs, real_queue: Queue) -> None:
     """The running task's result is written before the worker leaves the pool. (Three
-    rounds: a result sent after the worker stopped waiting would be lost in a race.)"""
+    rounds: a result sent after the worker stopped waiting would be lost in a race.) The
+    signal goes once the handler started (`began_at`): a task popped off the wake list but
+    not yet begun when the stop comes is given back, by design."""
     for round_ in range(3):
         name = f"w{round_}"
         worker = procs.worker(name, env={"GPUQ_SHUTDOWN_GRACE_S": "10"})
         task = real_queue.enqueue("sim.run", model="m", vram_gb=10, est_s=est(0.5))
         procs.wait_state(task.id, State.RUNNING)
+        key = real_queue.keys.task(task.id)
+        wait_for(lambda k=key: real_queue.redis.hget(k, "began_at"), 15,
+                 message=f"the handler of {task.id} to start")
         worker.terminate()
         assert worker.wait(15) == 0, worker.log()
         record = task.record()
