@@ -9,13 +9,13 @@ models about to be asked for or not, and on a pool of one-slot GPUs most P0/P1 m
 cold starts. So, most expected first: a model whose forecast expects at least one task per
 recent window (``forecast_window_s``), whose catalog footprint is known and that no idle
 worker holds (its next task would load it cold), gets ``preload <model> <footprint>`` on an
-idle worker (not reserved, not hinted this step) where the load displaces nothing worth
-more: either the worker's free VRAM (usable less the footprints of the models it holds)
-takes it, or every model it holds is forecast at most half as often (``COLDER``: the worker
-evicts idle models least recently used first, so each of them must be a fair trade). Room
-without eviction is preferred, then the worker whose hottest model is coldest. A model is
-hinted at most once per ``HINT_EVERY_MS`` (as the backlog's hints). The forecast does not
-know a model's priorities, so a lane worker may preload a model whose tasks it does not serve.
+idle worker (not reserved, not hinted this step) where the load displaces nothing asked for:
+either the worker's free VRAM (usable less the footprints of the models it holds) takes it,
+or no model it holds has recent arrivals or a forecast (the worker evicts idle models least
+recently used first, so each of them must be one nobody asks for). Room without eviction is
+preferred, then the worker whose most asked-for model is asked for least. A model is hinted
+at most once per ``HINT_EVERY_MS`` (as the backlog's hints). The forecast does not know a
+model's priorities, so a lane worker may preload a model whose tasks it does not serve.
 
 **Calm classes.** A worker asked for now starts work only after the lead (``forecast_lead_s``,
 the boot) and its first model load. When the class's live workers finish its queued work
@@ -33,8 +33,6 @@ from collections.abc import Mapping, Sequence
 
 from gpuq.config import Config
 from gpuq.reaper.forecast import Forecast
-
-COLDER = 0.5  # a model a preload may displace is forecast at most this share of its rate
 
 
 def held_by(holders: Mapping[str, frozenset[str] | set[str]]) -> dict[str, list[str]]:
@@ -70,8 +68,8 @@ def ahead_hints(spare: Sequence[tuple[str, float]], holders: Mapping[str, frozen
             held = models_of.get(wid, [])
             room = usable - sum(footprint_gb.get(m, 0.0) for m in held)
             hottest = max((_rate(forecasts, m) for m in held), default=0.0)
-            if room < gb and hottest > f.forecast_per_s * COLDER:
-                continue  # the load would displace a model asked for nearly as often
+            if room < gb and hottest > 0:
+                continue  # the load could displace a model that is asked for
             rank = (0 if room >= gb else 1, hottest, wid)
             if best is None or rank < best:
                 best = rank

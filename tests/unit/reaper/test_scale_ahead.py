@@ -34,10 +34,17 @@ def test_a_model_an_idle_worker_holds_is_not_hinted() -> None:
     assert hints([("w1", 75.0)], {"hot": {"busy"}}, {"hot": 0.01}) == [("w1", "hot", 20.0)]
 
 
-def test_a_full_worker_displaces_only_models_forecast_at_most_half_as_often() -> None:
+def test_a_full_worker_displaces_only_models_nobody_asks_for() -> None:
     full = {"warm": {"w1"}, "cold": {"w1"}, "big": {"w1"}}  # 100 GB of footprints: no room
-    assert hints([("w1", 75.0)], full, {"hot": 0.01, "warm": 0.005}) == [("w1", "hot", 20.0)]
-    assert hints([("w1", 75.0)], full, {"hot": 0.01, "warm": 0.006}) == []
+    assert hints([("w1", 75.0)], full, {"hot": 0.01}) == [("w1", "hot", 20.0)]
+    assert hints([("w1", 75.0)], full, {"hot": 0.01, "cold": 0.0}) == [("w1", "hot", 20.0)]
+    assert hints([("w1", 75.0)], full, {"hot": 0.01, "warm": 0.0001}) == []
+
+
+def test_room_goes_first_then_the_worker_whose_models_are_asked_for_least() -> None:
+    holders = {"warm": {"w1"}, "cold": {"w2"}}
+    got = hints([("w1", 75.0), ("w2", 75.0)], holders, {"hot": 0.01, "warm": 0.004, "cold": 0.002})
+    assert got == [("w2", "hot", 20.0)]
 
 
 def test_fewer_than_one_task_a_window_is_not_worth_a_load() -> None:
