@@ -73,6 +73,7 @@ class Config:
     forecast_half_life_s: float = 300.0  # the level's decay
     forecast_day_s: float = 86400.0  # the daily season (a week is 7 of them; 0: no seasons)
     forecast_lead_s: float = 0.0  # added to the horizon: how long a new worker takes to come up
+    forecast_margin: float = 1.5  # workers of forecast load left to the live ones before more are asked for
     # streamed results (gpuq.stream): a task's stream keeps about this many newest entries, and
     # a handler's chunk (its JSON text) may be at most this many bytes
     stream_maxlen: int = 10_000
@@ -122,6 +123,8 @@ class Config:
             raise ConfigError(f"scale_signal {self.scale_signal!r}: forecast or reactive")
         if not 0 < self.forecast_utilisation <= 1:
             raise ConfigError("forecast_utilisation must be > 0 and <= 1")
+        if self.forecast_margin < 0:
+            raise ConfigError("forecast_margin must be >= 0")
         if self.stream_maxlen < 1:
             raise ConfigError("stream_maxlen must be >= 1")
         if not 1 <= self.stream_chunk_max_bytes <= 1 << 20:

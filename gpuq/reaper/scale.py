@@ -122,11 +122,17 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
         if handler not in runnable:
             unregistered[handler] = unregistered.get(handler, 0) + 1
     load_s = {e.name: e.mean_load_s for e in entries if e.loads}
+    config = config or Config()
+    forecasts = read_forecasts(client, keys, now_ms, config, load_s, arrivals)
+    unread = [m for m in forecasts if m not in holders]
+    if unread and config.scale_signal == "forecast":  # the forecast's warm hints weigh them
+        pipe = client.pipeline(transaction=False)
+        for m in unread:
+            pipe.smembers(keys.holders(m))
+        holders.update((m, frozenset(got) & ids) for m, got in zip(unread, pipe.execute()))
     return Snapshot(tuple(workers), backlogs, sizes, holders, load_s,
                     {e.name: e.vram_gb for e in entries if e.vram_gb > 0}, bands,
-                    float(top[0][1]) if top else 0.0, unregistered,
-                    read_forecasts(client, keys, now_ms, config or Config(), load_s, arrivals),
-                    dict(est_s or {}))
+                    float(top[0][1]) if top else 0.0, unregistered, forecasts, dict(est_s or {}))
 
 
 def forecast_settings(config: Config) -> forecast.Settings:

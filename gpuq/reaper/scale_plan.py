@@ -29,8 +29,13 @@ Per GPU class (every registered class, and any class a live worker shows):
   class (counted from the ``need`` index by VRAM bands, not by reading tasks).
 - Forecast: when the forecast work of the models whose smallest fit is a class rises
   (Σ F × est_s above Σ level × est_s), the class's desired is at least ceil(Σ F × est_s /
-  ``forecast_utilisation``): the class's expected load, not a worker per model (a worker
-  serves several models; per-model ceilings would ask for a GPU per rising model).
+  ``forecast_utilisation`` − ``forecast_margin``): the class's expected load, not a worker
+  per model (a worker serves several models; per-model ceilings would ask for a GPU per
+  rising model), less a margin the live workers absorb (each new worker idles out its
+  ``idle_timeout_s`` when the rise falls short).
+- Forecast: a class whose live workers finish its queued work and the forecast arrivals'
+  before a worker asked for now could start gets no workers for its model shortfalls
+  (``gpuq.reaper.scale_ahead.calm_classes``).
 - Desired never drops below current (idle workers retire by themselves, so an autoscaler never
   has to pick a victim); the pool's total is at least ``min_workers``, the difference going to
   the class with the most live workers, else to the largest class.
@@ -39,7 +44,9 @@ Warm hints: for a model with at least ``warm_backlog`` queued tasks whose holder
 slot, the tightest idle worker (not holding it, not reserved by the preemption planner) whose
 idle score fits the need and whose levels serve at least ``warm_backlog`` of those tasks gets
 ``preload <model> <vram_gb>`` (the catalog footprint, else the need) on its control list. A
-model is hinted at most once per ``HINT_EVERY_MS``, a worker at most once per step.
+model is hinted at most once per ``HINT_EVERY_MS``, a worker at most once per step. Under the
+forecast, idle workers left unhinted preload the models expected next
+(``gpuq.reaper.scale_ahead.ahead_hints``).
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from dataclasses import dataclass, field
 
 from gpuq.config import Config
 from gpuq.reaper.forecast import RISE, Forecast
+from gpuq.reaper.scale_ahead import ahead_hints, calm_classes
 
 HINT_EVERY_MS = 30_000  # a model is hinted again only after this long
 AWAY = ("draining", "retiring")  # worker states that take no new work
@@ -211,9 +219,11 @@ def _model_signal(m: _Model, current: int, load_s: float, config: Config,
 
 
 def _class_extra(snap: Snapshot, models: Sequence[_Model], holders: Mapping[str, set[str]],
-                 signals: Sequence[ScaleSignal]) -> tuple[Counter[str], dict[str, list[str]]]:
+                 signals: Sequence[ScaleSignal], calm: Mapping[str, str] | None = None
+                 ) -> tuple[Counter[str], dict[str, list[str]]]:
     """Workers to add per class, and why: model shortfalls idle workers do not cover, and
-    tasks that fit no live worker."""
+    tasks that fit no live worker. calm: classes whose shortfalls the live workers absorb
+    before a new worker could start (the forecast's check), and why."""
     by_size = sorted(_sizes(snap).items(), key=lambda kv: (kv[1], kv[0]))
     spare = _spare(snap)
     extra: Counter[str] = Counter()
@@ -229,6 +239,9 @@ def _class_extra(snap: Snapshot, models: Sequence[_Model], holders: Mapping[str,
         if short > 0 and fit is not None:
             extra[fit] += short
             why.setdefault(fit, []).append(f"{m.name} +{short}: {sig.reason}")
+    for c, reason in (calm or {}).items():
+        if extra.pop(c, 0):
+            why[c] = [reason]
     live_max = max((w.usable_gb for w in snap.workers), default=0.0)
     homeless: Counter[str] = Counter()
     lower = 0.0
@@ -294,7 +307,7 @@ def _class_signals(snap: Snapshot, config: Config, extra: Counter[str],
     live = Counter(w.gpu for w in snap.workers)
     desired = {c: live[c] + extra[c] for c in sizes}
     for c, (_, rate, work_now, work) in ahead.items():
-        need = math.ceil(work / max(config.forecast_utilisation, 1e-3) - 1e-9)
+        need = math.ceil(work / max(config.forecast_utilisation, 1e-3) - max(config.forecast_margin, 1e-9))
         if (config.scale_signal == "forecast" and work > work_now * (1 + RISE)
                 and need > desired[c]):
             desired[c] = need
@@ -347,17 +360,30 @@ def plan(snapshot: Snapshot, config: Config, now_ms: int,
                        for w in spare)
         model_signals.append(_model_signal(m, len(holders[m.name]), snapshot.load_s.get(m.name, 0.0),
                                            config, idle_fit))
-    extra, why = _class_extra(snapshot, models, holders, model_signals)
     # the class's forecast covers every model with history, queued or not
     others = [_Model(name, need_gb=snapshot.footprint_gb.get(name, 0.0))
               for name in snapshot.forecasts if name not in queued]
     ahead = _class_forecast(snapshot, config, models + others)
+    calm: dict[str, str] = {}
+    if config.scale_signal == "forecast":
+        by_size = sorted(_sizes(snapshot).items(), key=lambda kv: (kv[1], kv[0]))
+        calm = calm_classes(Counter(w.gpu for w in snapshot.workers), [
+            (next((c for c, gb in by_size if gb >= m.need_gb), None), m.work_s,
+             snapshot.load_s.get(m.name, 0.0)) for m in models], {c: v[3] for c, v in ahead.items()},
+            config.forecast_lead_s)
+    extra, why = _class_extra(snapshot, models, holders, model_signals, calm)
     model_signals = [_with_forecast(sig, m, snapshot, config) for m, sig in zip(models, model_signals)]
     model_signals += [_with_forecast(ScaleSignal("model", m.name, len(holders[m.name]),
                                                  len(holders[m.name]), ""), m, snapshot, config)
                       for m in rising]
     signals = _class_signals(snapshot, config, extra, why, ahead) + model_signals
     hints = _hints(snapshot, config, models, holders, now_ms, recent_hints or {})
+    if config.scale_signal == "forecast":
+        recent = {**(recent_hints or {}), **{h.model: now_ms for h in hints}}
+        held = {m: frozenset(ids) & live for m, ids in snapshot.holders.items()}
+        hints += [WarmHint(w, m, gb) for w, m, gb in ahead_hints(
+            [(w.id, w.usable_gb) for w in spare], held, snapshot.forecasts, snapshot.footprint_gb,
+            config, now_ms, recent, HINT_EVERY_MS, {h.worker for h in hints})]
     unschedulable = sum(n for bound, n in snapshot.need_bands if math.isinf(bound))
     return ScalePlan(signals, hints, unschedulable, snapshot.largest_need_gb if unschedulable else 0.0,
                      max(_sizes(snapshot).values(), default=0.0))

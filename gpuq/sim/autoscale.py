@@ -5,7 +5,8 @@ The pool starts with ``min`` GPUs. Every ``every_s`` the reaper's scaler runs
 forecast, per ``scale_signal``) and the autoscaler reads the class's desired count, as an
 autoscaler polling the ``scale`` hash would: when desired exceeds the live GPUs plus those
 booting, it boots more (up to ``max``), each joining the pool ``boot_s`` later with nothing
-loaded (its first task loads its model as usual). A GPU idle for ``idle_s`` leaves while
+loaded (its first task loads its model as usual). The step's warm hints reach the GPUs at
+once (``Engine.deliver``), as a worker's control list would. A GPU idle for ``idle_s`` leaves while
 more than ``min`` are live, as a worker retires itself (``idle_timeout_s``). GPU time is
 counted from a boot's start (a provider bills from then) to the GPU's departure, or to the
 replay's last task end.
@@ -56,6 +57,8 @@ class Pool(Protocol):
     def add_worker(self, wid: str, gb: float) -> None: ...
 
     def retire(self, wid: str) -> None: ...
+
+    def deliver(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,7 @@ class Autoscaler:
         e, spec = self.engine, self.spec
         assert isinstance(e.scheduler, GpuqScheduler)
         plan = e.scheduler.reaper.scaler.step(e.ms())
+        e.deliver()  # its warm hints reach the idle GPUs at once, as a control list's pop would
         live = len(e.live)
         desired = next((s.desired for s in plan.signals
                         if s.kind == "class" and s.name == spec.gpu_class), live)

@@ -13,11 +13,12 @@ loads its model is honoured when the load ends (the handler's first check), unle
 withdrawn by then; if the grace passes first, the worker stops the task and the load is lost.
 A task's handler starts when its model is loaded (the SLA's measure), noted when its run
 stops. When the reaper's rounds and passes run is ``gpuq.sim.rounds``'s; with an autoscaler
-(``gpuq.sim.autoscale``) GPUs join and leave the pool during the replay.
+(``gpuq.sim.autoscale``) GPUs join and leave the pool during the replay, and take the
+scaler's warm hints as a worker does (``preload``: a load while the GPU stays free to claim).
 
 Simplifications, stated: workers never die (leases are long, so the reaper's recovery has
-nothing to do); a worker announces a model as held when it starts loading it, not when the
-load ends; one task at a time per GPU.
+nothing to do); a task's cold load announces its model as held when it starts, not when it
+ends (a preload's, as the worker's, when it ends); one task at a time per GPU.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ class SimWorker:
     joined_s: float = 0.0  # when it joined the pool
     gone: bool = False  # it left the pool (autoscaler)
     devices: int = 1  # GPUs in its group
+    # model -> (when its preload ends, its load time, its reservation): the GPU claims meanwhile
+    preloading: dict[str, tuple[float, float, Reservation]] = field(default_factory=dict)
 
     @property
     def idle(self) -> bool:
@@ -170,6 +173,9 @@ class Engine:
             elif kind == "boot":
                 assert self.autoscaler is not None
                 self.autoscaler.boot(key)
+            elif kind == "preloaded":
+                wid, _, model = key.partition(" ")
+                self.preloaded(self.by_id[wid], model)
             elif kind == "plan":
                 assert isinstance(self.scheduler, GpuqScheduler)
                 self.apply(self.scheduler.plan(self.ms()))
@@ -193,7 +199,7 @@ class Engine:
         its deferral ends. finished: the task the worker just ended, acked with this claim."""
         cache = w.cache
         req = ClaimRequest(w.id, cache.free_gb(), cache.evictable_gb(), 1, cache.loaded(), w.levels,
-                           w.devices)
+                           w.devices, cache.in_use())
         got = self.scheduler.claim(w.id, req, self.ms(), finished)
         if not isinstance(got, Offer):
             if got > 0:  # a task was left for a better-placed GPU until then
@@ -203,8 +209,11 @@ class Engine:
         res = cache.reserve(task.model, task.vram_gb)
         if res is None:
             raise RuntimeError(f"{self.scheduler.name} gave {w.id} task {got.task_id}, which does not fit")
-        cache.resident[task.model].ready.set()
         work_from = self.now
+        if task.model in w.preloading:  # the handler waits for the preload's end
+            work_from = w.preloading[task.model][0]
+        else:
+            cache.resident[task.model].ready.set()
         if res.cold:
             seconds = self.load_time(task.model)
             self.longest_load = max(self.longest_load, seconds)
@@ -285,12 +294,20 @@ class Engine:
                 name = "yield_requested" if kind == "yield" else kind
                 self.preemptions[name] = self.preemptions.get(name, 0) + n
         if done.get("yield"):  # only the planner's yield requests reach workers here
-            for wid, messages in self.scheduler.control([w.id for w in self.workers]).items():
-                for message in messages:
-                    self.on_control(self.by_id[wid], message)
+            self.deliver()
+
+    def deliver(self) -> None:
+        """The live workers' control messages, as their heartbeat threads pop them."""
+        assert isinstance(self.scheduler, GpuqScheduler)
+        for wid, messages in self.scheduler.control([w.id for w in self.workers]).items():
+            for message in messages:
+                self.on_control(self.by_id[wid], message)
 
     def on_control(self, w: SimWorker, message: str) -> None:
         verb, *args = message.split()
+        if verb == "preload" and len(args) == 2:
+            self.preload(w, args[0], float(args[1]))
+            return
         if verb != "yield" or w.run is None or w.run.offer.task_id != args[0]:
             return
         if self.now < w.run.work_from:
@@ -300,6 +317,32 @@ class Engine:
             self.at(min(w.run.work_from, self.now + grace_s), "yield", w.id, w.generation)
             return
         self.give_way(w, "yielded")
+
+    def preload(self, w: SimWorker, model: str, vram_gb: float) -> None:
+        """A warm hint, taken as the worker takes it: the model's VRAM is reserved (idle
+        models evicted for it) and it loads for its load time while the GPU stays free to
+        claim; the pool sees it held only once loaded."""
+        assert isinstance(self.scheduler, GpuqScheduler)
+        if model in w.cache.resident:
+            return
+        res = w.cache.reserve(model, vram_gb)
+        if res is None:
+            return  # no room: the worker skips it
+        if res.evict:
+            self.scheduler.unhold(w.id, [r.spec.name for r in res.evict])
+        seconds = self.load_time(model)
+        self.loads += 1
+        w.preloading[model] = (self.now + seconds, seconds, res)
+        self.at(self.now + seconds, "preloaded", f"{w.id} {model}")
+
+    def preloaded(self, w: SimWorker, model: str) -> None:
+        assert isinstance(self.scheduler, GpuqScheduler)
+        _, seconds, res = w.preloading.pop(model)
+        resident = w.cache.resident[model]
+        resident.ready.set()
+        w.cache.release(res)
+        if not w.gone:  # a retired worker's load is lost with it
+            self.scheduler.loaded(w.id, model, resident.footprint_gb, seconds, [])
 
     def deferred_yield(self, w: SimWorker, gen: int) -> None:
         """A yield request that came during a load, at the load's end or at its grace."""

@@ -32,7 +32,9 @@ def env_appender(path: Path) -> str:
 
 def test_yesterdays_burst_raises_desired_before_it_comes(make_real_queue: MakeQueue, tmp_path: Path) -> None:
     out = tmp_path / "calls"
-    q = make_real_queue(min_workers=1, on_scale=env_appender(out), forecast_utilisation=0.5)
+    # no margin: the class asks for all the forecast load needs (1 GPU-s/s at 0.5: 2 workers)
+    q = make_real_queue(min_workers=1, on_scale=env_appender(out), forecast_utilisation=0.5,
+                        forecast_margin=0.0)
     info = GpuInfo("A100-80", "uuid-w", 80, None, "declared")
     Presence(q.redis, q.keys, "w").register(
         worker_record.identity("w", info, 5.0, 1, "0123", "h", 1, handlers=["h"]), 400 * DAY_MS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from gpuq.config import Config
 from gpuq.reaper.forecast import Forecast
@@ -26,7 +27,7 @@ def snap(workers: Sequence[WorkerState], backlogs: Sequence[Backlog],
                     {m: frozenset(ws) for m, ws in holders.items()})
 
 
-CFG = Config(min_workers=0, forecast_utilisation=0.5)
+CFG = Config(min_workers=0, forecast_utilisation=0.5, forecast_margin=0.0)
 
 
 def rise(model: str, now: float, ahead: float, horizon_s: float = 60.0) -> Forecast:
@@ -99,3 +100,25 @@ def test_idle_workers_already_cover_a_rise() -> None:
     s = Snapshot(tuple(idle), (), {"A100": 75.0}, {}, forecasts={"m": rise("m", 0.0, 0.05)},
                  est_s={"m": 10.0})
     assert signal(plan(s, CFG, NOW), "class", "A100").desired == 2  # 0.5/0.5 = 1 <= 2 live
+
+
+def test_a_backlog_the_live_workers_drain_before_a_new_one_could_start_asks_for_none() -> None:
+    """One busy holder, 80 s of queued work; a new worker would start after the 60 s lead
+    and the model's 20 s load: by then the holder has done it all."""
+    s = Snapshot((worker("h"),), (queue("m", 2, est_s=40.0),), {"A100": 75.0}, {"m": frozenset({"h"})},
+                 load_s={"m": 20.0})
+    ahead = Config(min_workers=0, forecast_lead_s=60.0)
+    a100 = signal(plan(s, ahead, NOW), "class", "A100")
+    assert (a100.current, a100.desired) == (1, 1) and "the 1 live drain it within 80 s" in a100.reason
+    assert signal(plan(s, replace(ahead, scale_signal="reactive"), NOW), "class", "A100").desired == 2
+    more = Snapshot(s.workers, (queue("m", 3, est_s=40.0),), s.classes, s.holders, load_s=s.load_s)
+    reactive = signal(plan(more, replace(ahead, scale_signal="reactive"), NOW), "class", "A100")
+    assert signal(plan(more, ahead, NOW), "class", "A100").desired == reactive.desired == 3  # 40 s left
+
+
+def test_the_margin_leaves_part_of_a_worker_of_forecast_load_to_the_live_ones() -> None:
+    # 0.06/s x 10 s / 0.5 = 1.2 workers: one more than the live one, unless 0.2 is left to it
+    s = Snapshot((worker("w1"),), (), {"A100": 75.0}, {}, forecasts={"m": rise("m", 0.0, 0.06)},
+                 est_s={"m": 10.0})
+    assert signal(plan(s, CFG, NOW), "class", "A100").desired == 2
+    assert signal(plan(s, replace(CFG, forecast_margin=0.25), NOW), "class", "A100").desired == 1
