@@ -265,7 +265,9 @@ def test_online_work_takes_the_busy_gpu_holding_its_model_rather_than_load_it_co
                                 est_s=est(20.0)).id
     procs.wait_state(victim, State.RUNNING)
     procs.worker("cold", vram_gb=48, env=env)  # idle, without the model
-    active_reaper(procs, **env)
+    # the reactive signal: under the forecast the scaler may warm "shared" on the idle GPU
+    # ahead of demand (gpuq/reaper/scale_ahead.py), and no copy is what this case is about
+    active_reaper(procs, **env, GPUQ_SCALE_SIGNAL="reactive")
     urgent = real_queue.enqueue("sim.run", {}, model="shared", vram_gb=30, priority="P0",
                                 est_s=est(0.3)).id
     assert procs.redis.hget(procs.keys.task(urgent), "offered") == "holder"
