@@ -26,7 +26,6 @@ class ClaimRequest:
     levels: str = "0123"
     gpus: int = 1  # devices of the worker's group
     in_use: frozenset[str] = frozenset()  # loaded models a running task of the worker uses
-    listed: bool = True  # it may be in `idle`: its last claim found nothing or left it slots
 
     def fits(self, model: str, need_gb: float, gpus: int = 1) -> bool:
         """claim.lua's fit rule: a task asks no more devices than the group has; a held

@@ -33,10 +33,7 @@
 -- ARGV[14..17]  holder wait of P0..P3 (ms): how long a cold task waits for a busy GPU that
 --               holds its model (0: not at all)
 -- ARGV[18]  GPUs in this worker's group (>= 1)
--- ARGV[19]  "1": this worker may be in `idle` (its last claim found nothing, or left it
---           slots); "0": its last claim took it out and only a claim puts it back, so a
---           claim that takes a task need not remove it again
--- ARGV[20..]  pairs: loaded model name, its footprint (GB), negative while a running task
+-- ARGV[19..]  pairs: loaded model name, its footprint (GB), negative while a running task
 --              of this worker uses it (then it is not in the evictable VRAM)
 -- Returns  {0, "none", retry_ms}            nothing this worker can run; it is marked idle.
 --                                            retry_ms > 0: a task was left for another
@@ -68,7 +65,7 @@
 --@include take
 --@include due
 
-if #ARGV < 19 or #ARGV % 2 == 0 then return {1, 0, 'expected 19 arguments, then model, footprint pairs'} end
+if #ARGV < 18 or #ARGV % 2 == 1 then return {1, 0, 'expected 18 arguments, then model, footprint pairs'} end
 local worker, now = ARGV[1], clock(ARGV[2])
 local free, evictable, slots = arg_num(3, -1e9, 1e9), arg_num(4, 0, 1e9), arg_num(5, 1, 1e6, true)
 local lease, fair_every, levels = arg_num(6, 0, 1e12, true), arg_num(7, 1, 1e9, true), ARGV[8]
@@ -79,14 +76,13 @@ if not (free and evictable and slots and lease and fair_every and scan and gpus)
   return {1, 0, 'free and evictable GB, slots, lease, fair_every, scan and gpus must be numbers in range'}
 end
 if not string.find(levels, '^[0-3]+$') then return {1, 0, 'levels must be digits 0..3'} end
-if ARGV[19] ~= '0' and ARGV[19] ~= '1' then return {1, 0, 'listed must be 0 or 1'} end
 local defer, hold = {}, {}
 for p = 1, 4 do
   defer[p], hold[p] = arg_num(9 + p, 0, 1e13), arg_num(13 + p, 0, 1e13)
   if not (defer[p] and hold[p]) then return {1, 0, 'defer bounds and holder waits must be ms >= 0'} end
 end
 local held, held_names, in_use = {}, {}, {}
-for i = 20, #ARGV, 2 do
+for i = 19, #ARGV, 2 do
   local gb = arg_num(i + 1, -1e9, 1e9)
   if ARGV[i] == '' or not gb then return {1, 0, 'loaded models must be name, GB pairs'} end
   held[ARGV[i]], in_use[ARGV[i]] = math.abs(gb), gb < 0 or string.byte(ARGV[i + 1]) == 45
@@ -368,7 +364,7 @@ if next_head then
 end
 if slots > 1 then
   redis.call('ZADD', K_IDLE, claimable - use, worker)
-elseif ARGV[19] == '1' then
+else
   redis.call('ZREM', K_IDLE, worker)
 end
 return {0, 'task', unpack(pairs_of)}

@@ -86,10 +86,6 @@ class Worker:
                                  self.calls, self.observer, self.runtimes)
         self.outage = Outage(f"worker={self.id}", log)  # Redis down: said once by all its loops
         self.blocked = 0  # runners blocked on the wake lists (concurrency > 1: see wake_sibling)
-        # whether this worker may be in the pool's idle set: only its own claims put it there
-        # (one that finds nothing, or leaves it slots), so a claim after one that took it out
-        # need not take it out again (claim.lua ARGV 19)
-        self.listed = True
         self._blocked_lock = threading.Lock()
 
     def settle(self, pending: list[Call[Any]]) -> None:
@@ -109,15 +105,12 @@ class Worker:
                 self.settle(pending)
                 return 0.0
             req = ClaimRequest(self.id, self.cache.free_gb(), self.cache.evictable_gb(), slots,
-                               self.cache.loaded(), self.levels, self.gpu.count, self.cache.in_use(),
-                               self.listed)
+                               self.cache.loaded(), self.levels, self.gpu.count, self.cache.in_use())
             call = self.calls.claim(req)
-            self.listed = True  # until the reply says otherwise (an error leaves it unknown)
             *done, reply = self.scripts.pipelined([*pending, call])
             for sent, answer in zip(pending, done):
                 self.executor.settle(sent, answer)
             claim = call.parse(reply)
-            self.listed = claim.task is None or slots > 1
             if claim.task is None:
                 return claim.retry_s
             return (claim.task, *self.executor.begin(claim.task))

@@ -262,21 +262,6 @@ def test_the_tighter_idle_worker_takes_a_cold_task_at_once(queue: Queue) -> None
     assert c is not None and c["id"] == tid
 
 
-def test_a_claim_takes_its_worker_out_of_idle_unless_it_says_it_is_not_there(queue: Queue) -> None:
-    assert claim(queue, "w1", 40, now_ms=T0) is None  # found nothing: listed in idle
-    assert queue.redis.zscore(queue.keys.idle, "w1") == 40
-    enqueue(queue, T0 + 1)
-    enqueue(queue, T0 + 2)
-    first = queue.scripts.run(queue.calls.claim(ClaimRequest("w1", 40, 0, 1), now_ms=T0 + 3))
-    assert first.task is not None and queue.redis.zscore(queue.keys.idle, "w1") is None
-    # the next claim says it is not listed: nothing to remove, and nothing removed (a worker
-    # that said so wrongly would stay listed while it runs; only claims list a worker)
-    queue.redis.zadd(queue.keys.idle, {"w1": 40})
-    unlisted = ClaimRequest("w1", 40, 0, 1, listed=False)
-    nxt = queue.scripts.run(queue.calls.claim(unlisted, now_ms=T0 + 4))
-    assert nxt.task is not None and queue.redis.zscore(queue.keys.idle, "w1") == 40
-
-
 def test_a_cold_task_is_not_left_for_a_tighter_worker_already_running_tasks(queue: Queue) -> None:
     first = enqueue(queue, T0, model="B", vram_gb=20)
     second = enqueue(queue, T0 + 5, vram_gb=25)
