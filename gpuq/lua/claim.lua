@@ -195,8 +195,7 @@ end
 
 -- A held model's tasks are read with all a claim reply needs (READABLE, then offered, state
 -- and gpus): the first that fits is taken, and reading it again cost a command.
-local WARM = {unpack(READABLE)}
-for _, name in ipairs({'offered', 'state', 'gpus'}) do WARM[#WARM + 1] = name end
+local WARM = readable_and({'offered', 'state', 'gpus'})
 
 -- First task of queue (p, m) this worker can run: its id, the VRAM it will use and its
 -- fields (readable), and the queue's head as read (candidates). An id whose hash is gone, or
@@ -209,7 +208,8 @@ local function scan_queue(p, m)
     local f, all
     if footprint then
       all = redis.call('HMGET', task_key(id), unpack(WARM))
-      f = {all[4], all[12], all[21], all[6], all[22], all[9], all[23]}
+      local x = #READABLE  -- the scan's fields: READABLE's vram_gb, queued_at, est_s, tenant
+      f = {all[4], all[12], all[x + 1], all[6], all[x + 2], all[9], all[x + 3]}
     else
       f = redis.call('HMGET', task_key(id), 'vram_gb', 'queued_at', 'offered', 'est_s', 'state',
         'tenant', 'gpus')

@@ -74,10 +74,11 @@ local reply, used, taken = {0, 0}, 0, 0
 -- the tasks' tokens taken, counters and set members written, once for all (lib/tally.lua)
 tally_on(count)
 local ids = count > 0 and redis.call('ZRANGE', queue_key(p, m), 0, scan - 1) or {}
+local FIELDS, x = readable_and({'state', 'gpus'}), #READABLE
 for _, id in ipairs(ids) do
   if taken >= count then break end
-  local g = redis.call('HMGET', task_key(id), 'state', 'gpus', unpack(READABLE))
-  local state, wants = table.remove(g, 1), table.remove(g, 1)
+  local g = redis.call('HMGET', task_key(id), unpack(FIELDS))
+  local state, wants = g[x + 1], g[x + 2]
   if state ~= 'queued' then
     unqueue(id, p, m, nil, true)  -- a stale entry: nothing to run
   elseif g[1] == h and (tonumber(wants) or 1) <= gpus then

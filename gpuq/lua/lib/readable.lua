@@ -10,6 +10,14 @@ local READABLE = {'handler', 'payload', 'model', 'vram_gb', 'priority', 'est_s',
   'deadline', 'tenant', 'checkpoint', 'enqueued_at', 'queued_at', 'score', 'reserved_for',
   'yield_victim', 'max_attempts', 'began_at', 'fair', 'order', 'due_at'}
 
+-- READABLE's names, then `extra` ones (read at #READABLE + 1, ...): a caller that checks a
+-- few fields before `readable` reads the task in one HMGET and passes the reply in.
+local function readable_and(extra)
+  local names = {unpack(READABLE)}
+  for _, name in ipairs(extra) do names[#names + 1] = name end
+  return names
+end
+
 -- Whether a number's text is hex, which tonumber reads and a worker's float() does not.
 local function hex(v) return string.find(v, '[xX]') ~= nil end
 
