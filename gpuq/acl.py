@@ -4,6 +4,12 @@ Each role gets its pool's keys only (``~gpuq:{pool}:*``), no Pub/Sub channel, an
 commands it sends: those its Python code sends (listed here) and those of every Lua script it
 runs, read from the scripts themselves, so a script that starts using a command grants it here.
 
+Roles call the scripts' functions (FCALL) but may not load a library: a function runs with
+its caller's rights, so a user able to replace gpuq's library (FUNCTION LOAD REPLACE) could
+run code of its choosing under every other role's rights. An administrator loads the library
+(any client whose user may, e.g. the default user; ``gpuq load-functions``); until then, and
+on servers without functions, roles send EVALSHA, whose code is named by its own SHA.
+
 What ACLs cannot do: they check commands and keys, not which script runs. A user allowed
 EVALSHA and SCRIPT LOAD may run any script made of its own commands on its own pool's keys,
 so the rules keep pools apart and keep every role off admin commands (FLUSHALL, CONFIG,
@@ -22,9 +28,10 @@ from gpuq.errors import ConfigError
 from gpuq.keys import Keys
 from gpuq.lua_source import script_source
 
-# every role: health checks, SELECT of a non-zero db, scripts (loaded again after a server
-# restart or flush), WAIT after writes when replica_acks is set
-CONNECTION = ("ping", "select", "evalsha", "script|load", "wait")
+# every role: health checks, SELECT of a non-zero db, the scripts' functions, else the
+# scripts (loaded again after a server restart or flush), WAIT after writes when
+# replica_acks is set
+CONNECTION = ("ping", "select", "fcall", "evalsha", "script|load", "wait")
 _CALL = re.compile(r"""redis\.p?call\(\s*['"](\w+)['"]""")
 
 
@@ -75,7 +82,7 @@ def commands(role: str) -> list[str]:
     spec = _role(role)
     needed = set(spec.commands) | {c for name in spec.scripts for c in script_commands(name)}
     base = CONNECTION if spec.scripts else tuple(c for c in CONNECTION if c not in
-                                                 ("evalsha", "script|load", "wait"))
+                                                 ("fcall", "evalsha", "script|load", "wait"))
     return sorted(needed | set(base))
 
 

@@ -19,10 +19,10 @@ import redis.exceptions
 
 from gpuq.config import Config
 from gpuq.connection import Tls, connect_async, redis_errors
+from gpuq.functions import Sender
 from gpuq.keys import Keys
-from gpuq.lua_source import script_source
 from gpuq.producer import PENDING, Producer, Waiting, stored
-from gpuq.scripts import SCRIPT_NAMES, Call, Resend, evalsha_args, wait_command
+from gpuq.scripts import SCRIPT_NAMES, Call, Resend, wait_command
 from gpuq.stream import Chunk, Follow, follow_call, parse_progress
 from gpuq.task import State, TaskRecord, TaskSpec
 
@@ -73,11 +73,11 @@ class AsyncScripts:
         self.client = client
         self.keys = keys
         self.url = url
-        self._scripts = {n: client.register_script(script_source(n)) for n in SCRIPT_NAMES}
+        self.sender = Sender(SCRIPT_NAMES, keys.base)
 
     def command(self, call: Call[Any]) -> tuple[Any, ...]:
-        """The bare EVALSHA of a call."""
-        return evalsha_args(self._scripts, self.keys, call)
+        """The bare FCALL (or EVALSHA) of a call."""
+        return self.sender.command(call)
 
     async def run(self, call: Call[T]) -> T:
         with redis_errors(self.url):
@@ -107,10 +107,22 @@ class AsyncScripts:
         """gpuq.scripts.Scripts._loaded, awaited."""
         resend = Resend(replies, calls, wait)
         if resend.missing:
-            for script in self._scripts.values():
-                await self.client.script_load(script.script)
+            await self.load()
             resend.merge(await exchange(self.client, resend.commands(self.command), retry=True))
         return resend.checked()
+
+
+    async def load(self) -> None:
+        """gpuq.scripts.Scripts.load, awaited."""
+        if self.sender.fcall:
+            try:
+                await self.client.function_load(self.sender.library.source)
+                return
+            except redis.ResponseError as exc:
+                if not self.sender.library_refused(exc):
+                    return
+        for source in self.sender.sources.values():
+            await self.client.script_load(source)
 
 
 class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):

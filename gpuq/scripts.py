@@ -1,7 +1,8 @@
 """The Lua scripts of gpuq: one loader, one typed call builder per script.
 
-Each script in ``gpuq/lua/`` is registered once per Redis client (its source from
-``gpuq.lua_source`` and its SHA; run as bare EVALSHA, loaded again on NOSCRIPT). ``Calls``
+Each script in ``gpuq/lua/`` is a function of one library (``gpuq.functions``: sent as bare
+FCALL, the library loaded again when the server lacks it; EVALSHA where the server cannot
+load it). ``Calls``
 builds a typed ``Call`` per verb (its arguments and the parser of its reply); ``Scripts``
 runs calls on a sync client over ``gpuq.wire``, alone or several per round trip, and
 ``gpuq.aio`` runs the same calls on an asyncio client, so each verb is written once.
@@ -10,7 +11,7 @@ runs calls on a sync client over ``gpuq.wire``, alone or several per round trip,
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -25,9 +26,9 @@ from gpuq.claims import Claim as Claim
 from gpuq.claims import ClaimRequest as ClaimRequest
 from gpuq.config import Config
 from gpuq.errors import NotRequeueable, ReplicaTimeout, TenantError
+from gpuq.functions import Sender, missing
 from gpuq.joined import joined_acks, split_replies, wrote
 from gpuq.keys import Keys
-from gpuq.lua_source import script_source
 from gpuq.replies import Code, checked, raise_for
 from gpuq.task import TaskSpec, deferral_args
 from gpuq.wire import exchange
@@ -213,14 +214,9 @@ class Calls:
         return Call("lead", [token, ttl], lambda r: int(checked(r)[1]) == 1)
 
 
-def evalsha_args(scripts: Mapping[str, Any], keys: Keys, call: Call[Any]) -> tuple[Any, ...]:
-    """The EVALSHA command of a call, for a connection streaming them (``streamed``)."""
-    return ("EVALSHA", scripts[call.script].sha, 1, keys.base, *call.args)
-
-
-def noscript_indexes(replies: Sequence[Any]) -> list[int]:
-    """Which streamed calls found their script missing (server restarted or flushed)."""
-    return [i for i, r in enumerate(replies) if isinstance(r, redis.exceptions.NoScriptError)]
+def missing_indexes(replies: Sequence[Any]) -> list[int]:
+    """Which calls found their code missing (server restarted or flushed)."""
+    return [i for i, r in enumerate(replies) if missing(r)]
 
 
 def wait_command(calls: Sequence[Call[Any]]) -> tuple[Any, ...] | None:
@@ -251,8 +247,8 @@ def check_replicas(calls: Sequence[Call[Any]], replies: Sequence[Any], acked: An
 
 class Resend:
     """A stream's replies (the calls first, the WAIT last): the calls that found their
-    script missing (server restarted or flushed) are sent again, and the WAIT after them,
-    once the caller has loaded the scripts; then the first error is raised and WAIT's count
+    code missing (server restarted or flushed) are sent again, and the WAIT after them,
+    once the caller has loaded it; then the first error is raised and WAIT's count
     checked. A plain command never finds a script missing. The sync and async clients do
     the I/O between these steps."""
 
@@ -260,7 +256,7 @@ class Resend:
                  wait: tuple[Any, ...] | None) -> None:
         self.calls, self.wait, self.replies = calls, wait, replies
         self.acked = replies.pop() if wait is not None else None
-        self.missing = noscript_indexes(replies)
+        self.missing = missing_indexes(replies)
 
     def commands(self, command: Callable[[Call[Any]], tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         return [command(self.calls[i]) for i in self.missing] + ([self.wait] if self.wait is not None else [])
@@ -292,17 +288,17 @@ class Scripts:
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.client = client
         self.keys = keys
-        self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPT_NAMES}
+        self.sender = Sender(SCRIPT_NAMES, keys.base)
 
     def run(self, call: Call[T]) -> T:
         return call.parse(self.run_raw(call))
 
     def command(self, call: Call[Any]) -> tuple[Any, ...]:
-        """The bare EVALSHA of a call."""
-        return evalsha_args(self._scripts, self.keys, call)
+        """The bare FCALL (or EVALSHA) of a call."""
+        return self.sender.command(call)
 
     def run_raw(self, call: Call[Any]) -> Any:
-        """The script's reply, unparsed (EVALSHA, loading the script on NOSCRIPT)."""
+        """The script's reply, unparsed (its code loaded again where the server lacks it)."""
         return self.pipelined([call])[0]
 
     def pipelined(self, calls: Sequence[Call[Any]], extra: Sequence[tuple[Any, ...]] = ()) -> list[Any]:
@@ -337,11 +333,22 @@ class Scripts:
 
     def _loaded(self, replies: list[Any], calls: Sequence[Call[Any]],
                 wait: tuple[Any, ...] | None = None) -> list[Any]:
-        """The replies, with the calls that found their script missing sent again once the
-        scripts are loaded (``Resend``)."""
+        """The replies, with the calls that found their code missing sent again once it is
+        loaded (``Resend``)."""
         resend = Resend(replies, calls, wait)
         if resend.missing:
-            for script in self._scripts.values():
-                self.client.script_load(script.script)
+            self.load()
             resend.merge(exchange(self.client, resend.commands(self.command), retry=True))
         return resend.checked()
+
+    def load(self) -> None:
+        """Load the library (every primary of a Cluster), else the scripts for EVALSHA."""
+        if self.sender.fcall:
+            try:
+                self.client.function_load(self.sender.library.source)
+                return
+            except redis.ResponseError as exc:
+                if not self.sender.library_refused(exc):
+                    return
+        for source in self.sender.sources.values():
+            self.client.script_load(source)

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import click
+import redis
 
 from gpuq.cli.base import (
     DEFAULTS,
@@ -315,4 +316,20 @@ def acl(ctx: click.Context, role: str, user: str | None, password_env: str) -> N
     click.echo(setuser_from_env(role, cfg.pool, user or f"gpuq-{role}-{cfg.pool}", password_env, cfg.prefix))
 
 
-COMMANDS = (worker, reaper, rq_bridge, exporter, top, status, simulate, demo, acl)
+@click.command("load-functions")
+@click.pass_context
+def load_functions(ctx: click.Context) -> None:
+    """Load this gpuq version's function library into the server (every primary of a
+    Cluster), as an administrator does where ACL roles may not (gpuq acl); prints its name.
+    Clients load it themselves where their user may."""
+    q = open_queue(ctx)
+    with redis_errors(q.url):
+        try:
+            q.redis.function_load(q.scripts.sender.library.source)
+        except redis.ResponseError as exc:
+            if "already exists" not in str(exc):
+                raise click.ClickException(f"the server refused the library: {exc}") from None
+    click.echo(q.scripts.sender.library.name)
+
+
+COMMANDS = (worker, reaper, rq_bridge, exporter, top, status, simulate, demo, acl, load_functions)

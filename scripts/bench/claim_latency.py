@@ -67,7 +67,7 @@ class ClaimPool:
         stats: dict[str, tuple[int, int]] = {}
         with usec_window(r, stats):
             claimed = [self.claim(kind) for _ in range(k)]
-        calls, usec = stats.get("evalsha", (0, 0))
+        calls, usec = stats.get("script", (0, 0))
         if calls != k:
             raise RuntimeError(f"claim at {self.label}: {calls} script calls for {k} claims")
         self.server[kind].append(usec / k)

@@ -109,7 +109,7 @@ def enqueue_phase(b: Bench, res: Res, detail: Res, bq: BullMQ | None) -> dict[st
         detail["enqueue"][k].update({
             "server_cpu_us_per_task": round(w.server_cpu_s / s.enqueue * 1e6, 1),
             "commands_per_task_incl_lua": round(w.total / s.enqueue, 2),
-            "evalsha_per_task": round(w.calls("evalsha") / s.enqueue, 3)})
+            "script_calls_per_task": round(w.calls("script") / s.enqueue, 3)})
     return windows
 
 

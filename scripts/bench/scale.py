@@ -14,10 +14,11 @@ Phases, in order (``measure``):
    round and ``reaper_rounds`` measured ones (``Reaper.round``);
 6. ``scrapes`` exporter scrapes (``generate_latest`` of the exporter's registry).
 
-Server time per script call is ``cmdstat_evalsha`` usec / calls: it includes the commands the
-script runs (Redis counts them under their own names too: ``inner_us`` sums those), not the
-reading and parsing of the call or the writing of the reply, which the server CPU figure
-(``used_cpu_user`` + ``used_cpu_sys``, per call) has as well.
+Server time per script call is ``cmdstat_fcall`` (or ``cmdstat_evalsha``) usec / calls: it
+includes the commands the script runs (Redis counts them under their own names too:
+``inner_us`` sums those), not the reading and parsing of the call or the writing of the
+reply, which the server CPU figure (``used_cpu_user`` + ``used_cpu_sys``, per call) has as
+well.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class Tally:
     """One verb's calls and what the server spent on them, summed over windows."""
 
     calls: int = 0
-    usec: int = 0  # cmdstat_evalsha: the scripts' time, their inner commands included
+    usec: int = 0  # cmdstat_fcall + cmdstat_evalsha: the scripts' time, their inner commands included
     inner_calls: int = 0
     inner_usec: int = 0
     cpu_s: float = 0.0
@@ -81,7 +82,7 @@ class Tally:
         cpu1, after = server_cpu(r), usec_stats(r)
         for name, (calls, usec) in after.items():
             c0, u0 = before.get(name, (0, 0))
-            if name == "evalsha":
+            if name == "script":
                 self.calls, self.usec = self.calls + calls - c0, self.usec + usec - u0
             elif name != "info":
                 self.inner_calls, self.inner_usec = self.inner_calls + calls - c0, self.inner_usec + usec - u0
@@ -226,13 +227,13 @@ class Point:
                                        self.sizes.procs, self.sizes.load_s, before, after)
         done = sum(int(x["lifecycles"]) for x in results)
         cpu = marks["cpu1"] - marks["cpu0"]
-        calls, usec = marks["stats1"].get("evalsha", (0, 0))
-        c0, u0 = marks["stats0"].get("evalsha", (0, 0))
+        calls, usec = marks["stats1"].get("script", (0, 0))
+        c0, u0 = marks["stats0"].get("script", (0, 0))
         n = max(1, done)
         return {"lifecycles": done, "per_s": round(done / wall), "procs": len(results),
                 "empty_claims": sum(int(x["empty_claims"]) for x in results),
-                "server_cpu_us": round(cpu / n * 1e6, 1), "evalsha_us": round((usec - u0) / n, 1),
-                "evalsha_per_lifecycle": round((calls - c0) / n, 2),
+                "server_cpu_us": round(cpu / n * 1e6, 1), "script_us": round((usec - u0) / n, 1),
+                "script_calls_per_lifecycle": round((calls - c0) / n, 2),
                 "per_server_cpu_s": round(done / cpu) if cpu > 0 else None,
                 "redis_cpu_share": round(cpu / wall, 2), "wall_s": round(wall, 2)}
 
@@ -279,7 +280,7 @@ def timed(r: redis.Redis, step: Callable[[], object]) -> dict[str, float]:
         t0 = time.perf_counter()
         step()
         wall = time.perf_counter() - t0
-    return {"server_cpu_ms": t.cpu_s * 1e3, "evalsha_ms": t.usec / 1e3,
+    return {"server_cpu_ms": t.cpu_s * 1e3, "script_ms": t.usec / 1e3,
             "other_commands_ms": t.inner_usec / 1e3, "wall_ms": wall * 1e3,
             "commands": t.calls + t.inner_calls}
 

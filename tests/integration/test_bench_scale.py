@@ -22,9 +22,9 @@ VERB_FIELDS = ("calls", "server_us", "inner_us", "inner_commands", "server_cpu_u
 POSITIVE = {
     "fleet": ("bytes_per_worker", "idle_lanes", "claimers", "models_held", "holders_per_held_model"),
     "fill": ("bytes_per_task", "fill_per_s"),
-    "lifecycle": ("lifecycles", "per_s", "procs", "server_cpu_us", "evalsha_us", "per_server_cpu_s",
+    "lifecycle": ("lifecycles", "per_s", "procs", "server_cpu_us", "script_us", "per_server_cpu_s",
                   "redis_cpu_share", "wall_s"),
-    "reaper": ("server_cpu_ms", "evalsha_ms", "other_commands_ms", "wall_ms", "commands", "runs"),
+    "reaper": ("server_cpu_ms", "script_ms", "other_commands_ms", "wall_ms", "commands", "runs"),
     "exporter": ("scrape_s", "series", "bytes", "runs"),
 }
 
@@ -57,7 +57,7 @@ def test_the_smallest_point_reports_every_figure(capsys: pytest.CaptureFixture[s
     assert verbs["claim"]["calls"] >= 40 and verbs["claim"]["empty"] == 0
     assert verbs["claim"]["warm_share"] == 1.0  # every claimer holds models with queued work
     assert verbs["ack"]["calls"] == verbs["enqueue"]["calls"] == verbs["claim"]["calls"]
-    assert point["lifecycle"]["evalsha_per_lifecycle"] == pytest.approx(3.0, abs=0.05)
+    assert point["lifecycle"]["script_calls_per_lifecycle"] == pytest.approx(3.0, abs=0.05)
     assert point["fleet"]["idle_lanes"] == 1 and point["fleet"]["claimers"] == 7
 
 

@@ -3,7 +3,8 @@
 Each example copies a pool holding real state (queued tasks with deadlines, a running task
 asked to yield for a waiting P0, a retry waiting out its backoff, a succeeded task, an idle
 and a busy worker, a reservation, the reaper lock, catalog and fairness entries) into a fresh
-pool, sends one script through EVALSHA with the pool's key base as gpuq.scripts does, and
+pool, calls one script's function (FCALL of gpuq's library, with the pool's key base) as
+gpuq.scripts does, and
 checks that the reply is one the script's header promises: never a script error (a Lua
 runtime error such as "attempt to compare", or a command's error), and on a coded error the
 pool exactly as it was (every key's DUMP and expiry).
@@ -35,8 +36,8 @@ from hypothesis import strategies as st
 from gpuq import Config, Queue, worker_record
 from gpuq.embedded import EmbeddedServer
 from gpuq.errors import GpuqError
+from gpuq.functions import library
 from gpuq.keys import Keys
-from gpuq.lua_source import script_source
 from gpuq.replies import Code, raise_for
 from gpuq.schedule import fire_call
 from gpuq.scripts import SCRIPT_NAMES, Call, Calls, ClaimRequest
@@ -321,7 +322,11 @@ class Bench:
         self.prefix = prefix
         self.text = client_type.from_url(url, decode_responses=True)
         self.raw = client_type.from_url(url)  # bytes in, bytes out: ARGV need not be UTF-8
-        self.scripts = {n: self.raw.register_script(script_source(n)) for n in SCRIPT_NAMES}
+        self.library = library(SCRIPT_NAMES)
+        try:
+            self.raw.function_load(self.library.source)
+        except redis.ResponseError as exc:
+            assert "already exists" in str(exc), exc
         self.calls = Calls(Config(pool="fuzz", prefix=prefix))
         self.template = Keys(f"f{uuid.uuid4().hex[:10]}", prefix)
         build_state(Queue(self.text, Config(pool=self.template.pool, prefix=prefix)))
@@ -366,7 +371,7 @@ class Bench:
                 prepare(keys)
             before = self.dump(keys)
             try:
-                reply = self.scripts[name](keys=[keys.base], args=list(argv))
+                reply = self.raw.fcall(self.library.functions[name], 1, keys.base, *argv)
             except redis.ResponseError as exc:
                 raise AssertionError(f"{name}.lua raised {str(exc)[:300]!r} on {shown(argv)}") from None
             assert isinstance(reply, list) and reply and isinstance(reply[0], int), reply

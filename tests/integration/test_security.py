@@ -24,7 +24,9 @@ from gpuq.acl import setuser
 from gpuq.client import Queue
 from gpuq.config import Config
 from gpuq.embedded import EmbeddedServer, free_port, stop_process
+from gpuq.functions import library
 from gpuq.keys import Keys
+from gpuq.scripts import SCRIPT_NAMES
 
 pytestmark = pytest.mark.slow
 
@@ -220,12 +222,14 @@ def test_each_role_runs_under_its_own_least_privilege_user(servers: Callable[...
     """Worker, reaper and producer each log in as their own ACL user (gpuq acl's rules): a
     task runs end to end, a preemption and a SIGKILL recovery go through, and the server's
     ACL log shows no command or key refused. Each user is refused other pools' keys and
-    admin commands, and the CLI says so in one line."""
+    admin commands, and the CLI says so in one line. The administrator has loaded the
+    scripts' library first, as docs/RELIABILITY.md says (no role may)."""
     server, admin = admin_server(servers)
     pool = f"acl{uuid.uuid4().hex[:8]}"
     for role in ROLES:
         line = setuser(role, pool, f"gpuq-{role}", f"{SECRET}-{role}", prefix)
         admin.execute_command(*line.split())
+    admin.function_load(library(SCRIPT_NAMES).source)
     url = {role: role_url(server.port, role) for role in ROLES}
     preempt_env = {"GPUQ_MAX_WAIT_S": "1", "GPUQ_GRACE_S": "1.5", "GPUQ_PREEMPT_MIN_RUNTIME_S": "0.2"}
     procs = {role: procs_for(url[role], pool, prefix, tmp_path / role, admin,

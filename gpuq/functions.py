@@ -1,0 +1,137 @@
+"""The scripts as one Redis Functions library: its code made once, each call runs its body.
+
+An ``EVALSHA`` runs its script's whole chunk on every call: a closure for each helper it
+includes and a string for each key name, before its first line of work (claim: 78 closures
+and 31 key names). ``FUNCTION LOAD`` runs a library's chunk once, so gpuq sends its calls as
+``FCALL`` of this library (docs/DECISIONS.md, "Client and scripts"; ``scripts/bench_functions.py``
+measures both ways).
+
+Each script keeps its source as ``gpuq.lua_source.script_source`` makes it, in a block of
+its own: its helpers are made at load; ``KEYS``, ``ARGV`` and the key base ``B`` are bound at
+each call; its key names are made again only when the base changes (another pool); every
+other statement of its helpers' groups (a constant, or state such as lib/tally.lua's
+``tally``) runs again at each call, so no call sees what an earlier one left. Then its text
+runs as it would under ``EVALSHA``.
+
+The library's name and its functions' carry a digest of the sources, so clients of two gpuq
+versions on one server (a rolling upgrade) each call their own; an old version's library
+stays until deleted (``FUNCTION DELETE gpuq_<digest>``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from gpuq.call import Call
+from gpuq.lua_source import _lua_file, script_source
+
+log = logging.getLogger(__name__)
+# a missing function's error; FCALL unknown to a server before Redis 7
+_MISSING = ("Function not found", "unknown command 'FCALL'", "unknown command `FCALL`")
+
+_KEY_NAME = re.compile(r"^local (K_\w+) = (.*)$")
+_STATEMENT = re.compile(r"^local (\w+(?:\s*,\s*\w+)*) = ")
+
+
+@dataclass(frozen=True)
+class Library:
+    name: str  # gpuq_<digest>
+    source: str  # FUNCTION LOAD's argument
+    functions: dict[str, str]  # script name -> its function's name
+
+
+def function_name(digest: str, script: str) -> str:
+    return f"gpuq_{digest}_{script}"
+
+
+def _block(name: str, function: str) -> list[str]:
+    """A script's block: its helpers made once, its function registered."""
+    body = _lua_file(f"{name}.lua")
+    head = script_source(name)[:-len(body)].split("\n")
+    if head[0] != "local B = KEYS[1]":  # gpuq.lua_source.key_prelude's first line
+        raise ValueError(f"{name}: unexpected first line {head[0]!r}")
+    key_names: list[tuple[str, str]] = []
+    per_call: list[str] = []  # statements run again at each call
+    declared: list[str] = []
+    kept: list[str] = []
+    lines = head[1:]
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if m := _KEY_NAME.match(line):
+            key_names.append((m[1], m[2]))
+        elif (m := _STATEMENT.match(line)) and not line.startswith("local function"):
+            statement = [line[len("local "):]]
+            while i + 1 < len(lines) and lines[i + 1][:1] in (" ", "\t"):  # its continuation
+                i += 1
+                statement.append(lines[i])
+            declared.append(m[1])
+            per_call.append("\n".join(statement))
+        else:
+            kept.append(line)
+        i += 1
+    return ["do",
+            *(f"local {k}" for k, _ in key_names), *(f"local {names}" for names in declared),
+            "local base",
+            "local function bind() " + " ".join(f"{k} = {v}" for k, v in key_names) + " end",
+            *kept,
+            f"redis.register_function('{function}', function(keys, args)",
+            "KEYS, ARGV, B = keys, args, keys[1]",
+            "if base ~= B then base = B; bind() end",
+            *per_call,
+            body,
+            "end)",
+            "end"]
+
+
+@functools.cache
+def library(names: tuple[str, ...]) -> Library:
+    """The library of the named scripts (gpuq.scripts.SCRIPT_NAMES)."""
+    digest = hashlib.sha1("\0".join(script_source(n) for n in names).encode()).hexdigest()[:16]
+    functions = {n: function_name(digest, n) for n in names}
+    lines = [f"#!lua name=gpuq_{digest}", "local KEYS, ARGV, B = {}, {}, nil"]
+    for n in names:
+        lines += _block(n, functions[n])
+    return Library(f"gpuq_{digest}", "\n".join(lines) + "\n", functions)
+
+
+def missing(reply: Any) -> bool:
+    """Whether a call's reply says its code is not on the server (restarted, flushed, or a
+    server without functions): the call ran nothing and is sent again once it is loaded."""
+    if isinstance(reply, redis.exceptions.NoScriptError):
+        return True
+    return isinstance(reply, redis.ResponseError) and str(reply).startswith(_MISSING)
+
+
+class Sender:
+    """How one client sends script calls: ``FCALL`` of the library, or ``EVALSHA`` of each
+    script once the server could not load the library (no FUNCTION before Redis 7, or an ACL
+    user without ``function|load``: docs/DECISIONS.md)."""
+
+    def __init__(self, names: tuple[str, ...], base: str) -> None:
+        self.library = library(names)
+        self.sources = {n: script_source(n) for n in names}
+        self.shas = {n: hashlib.sha1(s.encode()).hexdigest() for n, s in self.sources.items()}
+        self.base = base
+        self.fcall = True
+
+    def command(self, call: Call[Any]) -> tuple[Any, ...]:
+        if self.fcall:
+            return ("FCALL", self.library.functions[call.script], 1, self.base, *call.args)
+        return ("EVALSHA", self.shas[call.script], 1, self.base, *call.args)
+
+    def library_refused(self, exc: redis.ResponseError) -> bool:
+        """After a FUNCTION LOAD error: False when the library is there anyway (another
+        client loaded it first); else True, and this client sends EVALSHA from now on."""
+        if "already exists" in str(exc):
+            return False
+        log.warning("scripts.evalsha library=%s reason=%s: sending EVALSHA", self.library.name, exc)
+        self.fcall = False
+        return True
