@@ -35,6 +35,8 @@ from gpuq.lua_source import _lua_file, script_source
 log = logging.getLogger(__name__)
 # a missing function's error; FCALL unknown to a server before Redis 7
 _MISSING = ("Function not found", "unknown command 'FCALL'", "unknown command `FCALL`")
+# a server without functions, or a user without function|load (NoPermissionError too)
+_REFUSED = ("unknown command", "unknown subcommand", "NOPERM")
 
 _KEY_NAME = re.compile(r"^local (K_\w+) = (.*)$")
 _STATEMENT = re.compile(r"^local (\w+(?:\s*,\s*\w+)*) = ")
@@ -129,9 +131,13 @@ class Sender:
 
     def library_refused(self, exc: redis.ResponseError) -> bool:
         """After a FUNCTION LOAD error: False when the library is there anyway (another
-        client loaded it first); else True, and this client sends EVALSHA from now on."""
+        client loaded it first); True when this server will not load it for this client (no
+        such command, or no permission), which then sends EVALSHA from now on. Any other
+        error (a read-only replica, out of memory) passes now and is raised."""
         if "already exists" in str(exc):
             return False
+        if not (isinstance(exc, redis.exceptions.NoPermissionError) or str(exc).startswith(_REFUSED)):
+            raise exc
         log.warning("scripts.evalsha library=%s reason=%s: sending EVALSHA", self.library.name, exc)
         self.fcall = False
         return True

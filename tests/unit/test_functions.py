@@ -1,0 +1,57 @@
+"""gpuq.functions: the library's shape, and how a client reads the server's answers."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from gpuq.functions import Sender, library, missing
+from gpuq.scripts import SCRIPT_NAMES
+
+
+def test_every_script_is_a_function_of_one_library_named_by_its_sources() -> None:
+    lib = library(SCRIPT_NAMES)
+    assert lib.source.startswith(f"#!lua name={lib.name}\n")
+    assert set(lib.functions) == set(SCRIPT_NAMES)
+    for name, function in lib.functions.items():
+        assert function == f"{lib.name}_{name}"
+        assert f"redis.register_function('{function}', function(keys, args)" in lib.source
+
+
+def test_state_of_a_helper_group_is_set_again_at_each_call() -> None:
+    """lib/tally.lua's `local tally = false` runs inside the function, not once at load."""
+    block = library(("ack",)).source
+    call = block.index("redis.register_function(")
+    assert "\nlocal tally\n" in block[:call] and "\ntally = false\n" in block[call:]
+
+
+@pytest.mark.parametrize("reply, expected", [
+    (redis.exceptions.NoScriptError("No matching script"), True),
+    (redis.ResponseError("Function not found"), True),
+    (redis.ResponseError("unknown command 'FCALL', with args beginning with: "), True),
+    (redis.ResponseError("Error running script: attempt to compare"), False),
+    ([0, "none", 0], False),
+])
+def test_a_missing_function_or_script_is_told_from_other_replies(reply: object, expected: bool) -> None:
+    assert missing(reply) is expected
+
+
+def test_a_refused_load_turns_the_client_to_evalsha_and_nothing_else_does() -> None:
+    sender = Sender(SCRIPT_NAMES, "gpuq:{p}:")
+    assert not sender.library_refused(redis.ResponseError("Library 'gpuq_x' already exists"))
+    assert sender.fcall
+    with pytest.raises(redis.exceptions.ReadOnlyError):
+        sender.library_refused(redis.exceptions.ReadOnlyError("You can't write against a read only replica."))
+    assert sender.fcall
+    assert sender.library_refused(redis.exceptions.NoPermissionError("this user has no permissions"))
+    assert not sender.fcall
+
+
+def test_a_server_without_functions_gets_evalsha() -> None:
+    sender = Sender(SCRIPT_NAMES, "gpuq:{p}:")
+    assert sender.library_refused(redis.ResponseError("unknown command 'FUNCTION', with args"))
+    from gpuq.config import Config
+    from gpuq.scripts import Calls
+
+    command = sender.command(Calls(Config()).lead("tok"))
+    assert command[:2] == ("EVALSHA", sender.shas["lead"]) and command[3] == "gpuq:{p}:"
