@@ -76,8 +76,11 @@ def _block(name: str, function: str) -> list[str]:
                 statement.append(lines[i])
             declared.append(m[1])
             per_call.append("\n".join(statement))
-        else:
+        elif line[:1] in ("", " ", "\t") or line.startswith(("--", "local function ", "end")):
             kept.append(line)
+        else:  # run once at load, it would act on the first call only: say so at build
+            raise ValueError(f"{name}: a helper group's top-level statement {line!r} is neither "
+                             "a helper, a local nor a comment")
         i += 1
     return ["do",
             *(f"local {k}" for k, _ in key_names), *(f"local {names}" for names in declared),

@@ -55,3 +55,13 @@ def test_a_server_without_functions_gets_evalsha() -> None:
 
     command = sender.command(Calls(Config()).lead("tok"))
     assert command[:2] == ("EVALSHA", sender.shas["lead"]) and command[3] == "gpuq:{p}:"
+
+
+def test_a_top_level_statement_that_would_run_once_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpuq.functions as functions
+
+    monkeypatch.setattr(functions, "_lua_file", lambda name: "return 1\n")
+    monkeypatch.setattr(functions, "script_source",
+                        lambda name: "local B = KEYS[1]\nredis.call('INCR', B)\nreturn 1\n")
+    with pytest.raises(ValueError, match="neither a helper"):
+        functions._block("odd", "gpuq_x_odd")
