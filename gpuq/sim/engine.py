@@ -142,7 +142,9 @@ class Engine:
             event = heapq.heappop(self.events)
             if self.stale(event):
                 continue
-            self.steps.before(event[0])
+            if self.steps.before(event[0]):  # a step queued an event: take them in order
+                heapq.heappush(self.events, event)
+                continue
             self.now, queued, _, kind, key, gen = event
             self.steps.touch()
             if kind != "tick":  # it may change the pool: rounds may decide again

@@ -45,7 +45,7 @@ class Steps:
         looks again."""
         if not self.on:
             return
-        self.changed = True
+        self.changed = self.gate.stale = True
         self.next = min(self.next, self.round_at(self.engine.now))
 
     def round_at(self, t: float) -> int:
@@ -67,14 +67,16 @@ class Steps:
         e = self.engine
         return bool(e.arrivals_left or e.waiting() or any(True for _ in e.running()))
 
-    def before(self, t: float) -> None:
-        """The steps of the rounds before virtual time t (the next event's)."""
+    def before(self, t: float) -> bool:
+        """The steps of the rounds before virtual time t (the next event's), up to one whose
+        hints queued an event (a preload's end), which may come before t: then True."""
         e = self.engine
-        while self.on and self.next * self.every < t:
+        queued = e.seq
+        while self.on and self.next * self.every < t and e.seq == queued:
             k = self.next
             if not self.active():
                 self.on = False  # the replay is over: no arrival, nothing queued or running
-                return
+                break
             e.now = k * self.every
             if self.every_round:
                 self.step()
@@ -88,6 +90,7 @@ class Steps:
                 if maybe:
                     self.step()
             self.next = k + 1 if self.changed else max(k + 1, self.until)
+        return e.seq != queued
 
     def step(self) -> None:
         e = self.engine
