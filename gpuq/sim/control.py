@@ -72,4 +72,4 @@ class Control:
         w.cache.release(res)
         if not w.gone:  # a retired worker's load is lost with it
             self.scheduler.loaded(w.id, model, resident.footprint_gb, seconds, [])
-            self.engine.steps.loaded(model, resident.footprint_gb, seconds)
+            self.engine.steps.loaded(model)

@@ -232,7 +232,7 @@ class Engine:
             if isinstance(self.scheduler, GpuqScheduler):
                 self.scheduler.loaded(w.id, task.model, task.vram_gb, seconds,
                                       [r.spec.name for r in res.evict])
-                self.steps.loaded(task.model, task.vram_gb, seconds)
+                self.steps.loaded(task.model)
         elif res.evict and isinstance(self.scheduler, GpuqScheduler):
             self.scheduler.unhold(w.id, [r.spec.name for r in res.evict])
         end = work_from + max(0.0, task.service_s - got.done_s)

@@ -9,10 +9,11 @@ hints only when one of these holds (``look`` says "maybe", and the step itself d
   worker not holding it whose idle VRAM fits its smallest task.
 - Forecast (``scale_signal`` "forecast"): a model with a catalog footprint, not hinted
   lately, that no spare worker holds, whose forecast expects a task per window, and a spare
-  worker it fits with room (its usable VRAM less the footprints of the models it holds that
-  the scaler reads) or whose held models are cold (no level, no forecast). The forecasts are
-  the scaler's own (``gpuq.reaper.forecast``) over the same buckets and catalog load times,
-  kept here as enqueue and the catalog write them.
+  worker it fits with room (its usable VRAM less the footprints of the held models with
+  arrivals in the buckets read: the scaler counts those and maybe more) or whose held models
+  are cold (no level, no forecast). The forecasts are the scaler's own
+  (``gpuq.reaper.forecast``) over the same buckets (kept here as enqueue writes them) and
+  catalog load times (read from the server after a load).
 
 Held models are the GPUs' loaded ones (not those still preloading), as the holders sets are.
 With the pool unchanged, the answer changes only when a hint's ``HINT_EVERY_MS`` ends, a
@@ -28,6 +29,7 @@ import bisect
 import math
 from typing import TYPE_CHECKING
 
+from gpuq import catalog
 from gpuq.keys import ARRIVAL_BUCKET_MS, live_reservation
 from gpuq.reaper import forecast
 from gpuq.reaper.scale import forecast_settings
@@ -59,9 +61,10 @@ class Gate:
         self.arrivals: dict[int, dict[str, int]] = {}  # bucket -> model -> tasks (enqueue's)
         self.buckets_of: dict[str, list[int]] = {}  # model -> its buckets, ascending
         self.version = 0  # of the arrivals
-        self.footprint: dict[str, float] = {}  # the catalog's vram_gb
-        self.load_sum: dict[str, tuple[int, float]] = {}  # the catalog's loads, total_load_s
+        # the catalog, read as the scaler reads it (its mean load times are the server's sums)
+        self.footprint: dict[str, float] = {}
         self.load_s: dict[str, float] = {}
+        self.catalog_read = False
         self.smallest: dict[str, float] = {}  # model -> its smallest task's VRAM
         for t in engine.trace.values():
             self.smallest[t.model] = min(t.vram_gb, self.smallest.get(t.model, math.inf))
@@ -69,6 +72,7 @@ class Gate:
         self.idle: dict[str, float] = {}  # the idle set: worker -> idle GB
         self.reservations: dict[str, str] = {}
         self.stale = True  # the idle set and reservations are to be read again
+        self.why = ""  # what the last "maybe" was for (diagnostics)
         self.cache: dict[str, tuple[int, forecast.Forecast, int]] = {}  # model -> (at, f, until)
         self.reads: tuple[tuple[tuple[int, int], ...], int, frozenset[str], list[int]] | None = None
 
@@ -89,12 +93,8 @@ class Gate:
         self.cache.pop(model, None)
         self.stale = True
 
-    def loaded(self, model: str, footprint_gb: float, seconds: float) -> None:
-        n, total = self.load_sum.get(model, (0, 0.0))
-        n, total = n + 1, total + round(seconds, 4)
-        self.load_sum[model] = (n, total)
-        self.load_s[model] = total / n
-        self.footprint[model] = footprint_gb
+    def loaded(self, model: str) -> None:
+        self.catalog_read = False
         self.cache.pop(model, None)
 
     def hinted(self) -> None:
@@ -110,6 +110,11 @@ class Gate:
                 pipe.hmget(s.keys.worker(wid), "vram_total_gb", "kv_reserve_gb")
             for wid, (total, reserve) in zip(ids, pipe.execute()):
                 self.usable[wid] = float(total or 0) - float(reserve or 0)
+        if not self.catalog_read:
+            entries = catalog.read(s.redis, s.keys)
+            self.footprint = {e.name: e.vram_gb for e in entries if e.vram_gb > 0}
+            self.load_s = {e.name: e.mean_load_s for e in entries if e.loads}
+            self.catalog_read = True
         got = exchange(s.redis, [("ZRANGE", s.keys.idle, 0, -1, "WITHSCORES"),
                                  *(("GET", s.keys.reservation(w)) for w in ids)], retry=True)
         pairs = got[0]
@@ -146,6 +151,7 @@ class Gate:
             if (n >= self.config.warm_backlog and n > 0 and m not in recent and m not in by_spare
                     and any(m not in holds[w] and gb >= self.smallest.get(m, 0.0)
                             for w, gb in spare.items())):
+                self.why = "backlog"
                 return True, None
         if self.config.scale_signal != "forecast":
             return False, min(times, default=None)
@@ -157,7 +163,6 @@ class Gate:
         st = self.settings
         longest = max(self.load_s.values(), default=0.0) + st.lead_s
         wset, keys, seen = self.buckets(now, longest)
-        read = keys | {m for m, n in self.engine.rounds.by_model.items() if n > 0}
         window = max(self.config.forecast_window_s, 1.0)
         # the buckets read move at minute boundaries, and with each season's look-ahead
         times.append(next_change(now, 0))
@@ -168,14 +173,23 @@ class Gate:
         fits = max(self.usable.get(w, 0.0) for w in spare)
         colds: dict[str, bool] = {}
 
+        level = (now // B - st.window_buckets + 1, now // B - (now % B == 0))  # its buckets
+
         def cold(w: str) -> bool:
             if w not in colds:
                 colds[w] = True
                 for h in holds[w] & keys:
+                    ks = self.buckets_of[h]
+                    i = bisect.bisect_left(ks, level[0])
+                    if i < len(ks) and ks[i] <= level[1]:  # arrivals in its level's window
+                        colds[w] = False
+                        times.append(next_change(now, 0))
+                        break
                     f, until = self.forecast(h, now, wset, seen)
                     times.append(until)
                     if max(f.forecast_per_s, f.level_per_s) > 0:
                         colds[w] = False
+                        break
             return colds[w]
 
         for m in sorted(keys):
@@ -190,8 +204,9 @@ class Gate:
                 usable = self.usable.get(w, 0.0)
                 if gb > usable:
                     continue
-                room = usable - sum(self.footprint.get(h, 0.0) for h in holds[w] & read)
+                room = usable - sum(self.footprint.get(h, 0.0) for h in holds[w] & keys)
                 if room >= gb or cold(w):
+                    self.why = "forecast"
                     return True, None
         return False, min(times)
 

@@ -38,6 +38,7 @@ class Steps:
         self.changed = True  # an event may have changed the pool since the last look
         self.until = 0  # the pool unchanged, no step can hint before this round
         self.runs = self.looks = 0
+        self.idle_runs: dict[str, int] = {}  # steps that hinted nothing, by what the gate saw
         self.gate = Gate(engine)
 
     def touch(self) -> None:
@@ -59,9 +60,9 @@ class Steps:
         if self.on:
             self.gate.arrived(task.model, self.engine.ms())
 
-    def loaded(self, model: str, footprint_gb: float, seconds: float) -> None:
+    def loaded(self, model: str) -> None:
         if self.on:
-            self.gate.loaded(model, footprint_gb, seconds)
+            self.gate.loaded(model)
 
     def active(self) -> bool:
         e = self.engine
@@ -102,3 +103,5 @@ class Steps:
             self.changed = True
             self.gate.hinted()
             e.rounds.resume(e.now)
+        elif not self.every_round:
+            self.idle_runs[self.gate.why] = self.idle_runs.get(self.gate.why, 0) + 1
