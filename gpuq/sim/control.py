@@ -10,16 +10,47 @@ the GPU stays free to claim; the pool sees it held only once loaded.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
-from gpuq.sim.policies import GpuqScheduler
+from gpuq.sim.policies import GpuqScheduler, Scheduler
+from gpuq.worker.models import ModelCache, Reservation
 
-if TYPE_CHECKING:
-    from gpuq.sim.engine import Engine, SimWorker
+
+class Gpu(Protocol):
+    """A simulated GPU, as its control messages see it (``gpuq.sim.engine.SimWorker``)."""
+
+    id: str
+    cache: ModelCache
+    run: Any  # the engine's Run, or None while idle
+    generation: int
+    gone: bool
+    preloading: dict[str, tuple[float, float, Reservation]]
+
+
+class Replay(Protocol):
+    """What control messages need of the engine: its clock, its GPUs, a yield's effect."""
+
+    scheduler: Scheduler
+    now: float
+    loads: int
+    load_time: Callable[[str], float]
+    steps: Any  # gpuq.sim.hints.Steps: told of loads
+
+    @property
+    def workers(self) -> Sequence[Any]: ...
+
+    @property
+    def by_id(self) -> Mapping[str, Any]: ...
+
+    def at(self, t: float, kind: str, key: str = "", gen: int = 0,
+           queued: float | None = None) -> None: ...
+
+    def give_way(self, w: Any, how: str) -> None: ...
 
 
 class Control:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Replay) -> None:
         self.engine = engine
 
     @property
@@ -34,7 +65,7 @@ class Control:
             for message in messages:
                 self.on_message(e.by_id[wid], message)
 
-    def on_message(self, w: SimWorker, message: str) -> None:
+    def on_message(self, w: Gpu, message: str) -> None:
         e = self.engine
         verb, *args = message.split()
         if verb == "preload" and len(args) == 2:
@@ -50,7 +81,7 @@ class Control:
             return
         e.give_way(w, "yielded")
 
-    def preload(self, w: SimWorker, model: str, vram_gb: float) -> None:
+    def preload(self, w: Gpu, model: str, vram_gb: float) -> None:
         """A warm hint: nothing if the GPU has the model or no room for it."""
         e = self.engine
         if model in w.cache.resident:
@@ -65,7 +96,7 @@ class Control:
         w.preloading[model] = (e.now + seconds, seconds, res)
         e.at(e.now + seconds, "preloaded", f"{w.id} {model}")
 
-    def preloaded(self, w: SimWorker, model: str) -> None:
+    def preloaded(self, w: Gpu, model: str) -> None:
         _, seconds, res = w.preloading.pop(model)
         resident = w.cache.resident[model]
         resident.ready.set()

@@ -27,21 +27,41 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from gpuq import catalog
+from gpuq.config import Config
 from gpuq.keys import ARRIVAL_BUCKET_MS, live_reservation
 from gpuq.reaper import forecast
 from gpuq.reaper.scale import forecast_settings
 from gpuq.reaper.scale_plan import HINT_EVERY_MS
-from gpuq.sim.policies import GpuqScheduler
+from gpuq.sim.control import Gpu
+from gpuq.sim.model import TraceTask
+from gpuq.sim.policies import GpuqScheduler, Scheduler
+from gpuq.sim.rounds import Rounds
 from gpuq.wire import exchange
-
-if TYPE_CHECKING:
-    from gpuq.sim.engine import Engine
 
 B = ARRIVAL_BUCKET_MS
 SLACK = 1e-9  # a forecast this close to one task per window counts as one (float sums)
+
+
+class Replay(Protocol):
+    """What the gate reads of the engine: its clock, its GPUs, the tasks queued per model."""
+
+    config: Config
+    scheduler: Scheduler
+    now: float
+    rounds: Rounds
+    trace: dict[str, TraceTask]
+
+    @property
+    def workers(self) -> Sequence[Gpu]: ...
+
+    @property
+    def by_id(self) -> Mapping[str, Gpu]: ...
+
+    def ms(self, t: float | None = None) -> int: ...
 
 
 def next_change(now_ms: int, offset_ms: int) -> int:
@@ -54,7 +74,7 @@ def _text(v: object) -> str:
 
 
 class Gate:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Replay) -> None:
         self.engine = engine
         self.config = engine.config
         self.settings = forecast_settings(engine.config)

@@ -17,18 +17,32 @@ the first round at or after the earliest of them, or after the next event.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import Any, Protocol
 
-from gpuq.sim.hint_gate import Gate
+from gpuq.sim.hint_gate import Gate, Replay
+from gpuq.sim.model import TraceTask
 from gpuq.sim.policies import GpuqScheduler
 
-if TYPE_CHECKING:
-    from gpuq.sim.engine import Engine
-    from gpuq.sim.model import TraceTask
+
+class Pool(Replay, Protocol):
+    """What the steps need of the engine besides the gate's: the replay's progress, the
+    autoscaler (which runs the step itself), and where the hints go."""
+
+    arrivals_left: int
+    seq: int  # of the last event queued
+    autoscaler: Any
+    control: Any  # gpuq.sim.control.Control
+
+    def seconds(self, ms: int) -> float: ...
+
+    def waiting(self) -> int: ...
+
+    def running(self) -> Iterator[TraceTask]: ...
 
 
 class Steps:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Pool) -> None:
         self.engine = engine
         # an autoscaled replay runs the step at its own cadence (gpuq.sim.autoscale)
         self.on = isinstance(engine.scheduler, GpuqScheduler) and engine.autoscaler is None
