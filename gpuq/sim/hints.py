@@ -102,7 +102,8 @@ class Steps:
                 self.looks += 1
                 maybe, at_ms = self.gate.look()
                 self.until = self.round_at(e.seconds(at_ms)) if at_ms is not None else 1 << 62
-                if maybe:
+                if maybe:  # the step decides; if it hints nothing, the next round looks again
+                    self.until = k + 1
                     self.step()
             self.next = k + 1 if self.changed else max(k + 1, self.until)
         return e.seq != queued
