@@ -12,9 +12,10 @@ back as the checkpoint, and the next run resumes from there. One that comes whil
 loads its model is honoured when the load ends (the handler's first check), unless it was
 withdrawn by then; if the grace passes first, the worker stops the task and the load is lost.
 A task's handler starts when its model is loaded (the SLA's measure), noted when its run
-stops. When the reaper's rounds and passes run is ``gpuq.sim.rounds``'s; with an autoscaler
-(``gpuq.sim.autoscale``) GPUs join and leave the pool during the replay, and take the
-scaler's warm hints as a worker does (``preload``: a load while the GPU stays free to claim).
+stops. When the reaper's rounds and passes run is ``gpuq.sim.rounds``'s; its scale step runs
+every round (``gpuq.sim.hints``), or with an autoscaler (``gpuq.sim.autoscale``: GPUs join and
+leave the pool) at its cadence, and the GPUs take its warm hints as a worker does
+(``gpuq.sim.control``: a preload loads while the GPU stays free to claim).
 
 Simplifications, stated: workers never die (leases are long, so the reaper's recovery has
 nothing to do); a task's cold load announces its model as held when it starts, not when it
@@ -32,6 +33,8 @@ from gpuq.app import App
 from gpuq.config import Config
 from gpuq.scripts import ClaimRequest
 from gpuq.sim.autoscale import Autoscale, Autoscaler
+from gpuq.sim.control import Control
+from gpuq.sim.hints import Steps
 from gpuq.sim.model import SimResult, SimTask, TraceTask, devices_of
 from gpuq.sim.policies import GpuqScheduler, Offer, Scheduler
 from gpuq.sim.rounds import Rounds
@@ -84,13 +87,13 @@ class Engine:
         self.now = 0.0
         self.app = App("sim")
         self.app.any_model()(lambda name: name)
-        self.autoscaler = Autoscaler(self, autoscale) if autoscale else None
+        self.autoscaler: Autoscaler | None = Autoscaler(self, autoscale) if autoscale else None
         if self.autoscaler is not None:
             gpus = self.autoscaler.initial()
         self.workers = [self.new_worker(wid, gb) for wid, gb in gpus]
         self.fleet = list(self.workers)  # every GPU the replay had, those that left included
         self.by_id = {w.id: w for w in self.workers}
-        self.trace = {f"t{i:06d}": t for i, t in enumerate(tasks)}
+        self.trace: dict[str, TraceTask] = {f"t{i:06d}": t for i, t in enumerate(tasks)}
         self.records = {tid: SimTask(tid, t.priority, t.model, t.vram_gb, t.arrival_s, t.est_s,
                                      t.service_s, tenant=t.tenant) for tid, t in self.trace.items()}
         self.events: list[Event] = []
@@ -99,6 +102,8 @@ class Engine:
         self.preemptions: dict[str, int] = {}
         self.arrivals_left = len(tasks)
         self.rounds = Rounds(self)
+        self.control = Control(self)
+        self.steps = Steps(self)  # after the trace, the pool and the rounds: it reads them
         self.longest_load = 0.0  # expiry looks this far ahead for cold loads
         self.claims: list[str] = []  # task ids in the order GPUs claimed them
 
@@ -137,12 +142,17 @@ class Engine:
             event = heapq.heappop(self.events)
             if self.stale(event):
                 continue
+            if self.steps.before(event[0]):  # a step queued an event: take them in order
+                heapq.heappush(self.events, event)
+                continue
             self.now, queued, _, kind, key, gen = event
+            self.steps.touch()
             if kind != "tick":  # it may change the pool: rounds may decide again
                 self.rounds.resume(queued)
             if kind == "arrive":
                 self.arrivals_left -= 1
                 urgent = self.scheduler.submit(key, self.trace[key], self.ms())
+                self.steps.arrived(self.trace[key])
                 self.rounds.count_queued(self.trace[key], +1)
                 self.rounds.ensure()
                 if urgent:
@@ -175,7 +185,7 @@ class Engine:
                 self.autoscaler.boot(key)
             elif kind == "preloaded":
                 wid, _, model = key.partition(" ")
-                self.preloaded(self.by_id[wid], model)
+                self.control.preloaded(self.by_id[wid], model)
             elif kind == "plan":
                 assert isinstance(self.scheduler, GpuqScheduler)
                 self.apply(self.scheduler.plan(self.ms()))
@@ -222,6 +232,7 @@ class Engine:
             if isinstance(self.scheduler, GpuqScheduler):
                 self.scheduler.loaded(w.id, task.model, task.vram_gb, seconds,
                                       [r.spec.name for r in res.evict])
+                self.steps.loaded(task.model)
         elif res.evict and isinstance(self.scheduler, GpuqScheduler):
             self.scheduler.unhold(w.id, [r.spec.name for r in res.evict])
         end = work_from + max(0.0, task.service_s - got.done_s)
@@ -294,55 +305,10 @@ class Engine:
                 name = "yield_requested" if kind == "yield" else kind
                 self.preemptions[name] = self.preemptions.get(name, 0) + n
         if done.get("yield"):  # only the planner's yield requests reach workers here
-            self.deliver()
+            self.control.deliver()
 
     def deliver(self) -> None:
-        """The live workers' control messages, as their heartbeat threads pop them."""
-        assert isinstance(self.scheduler, GpuqScheduler)
-        for wid, messages in self.scheduler.control([w.id for w in self.workers]).items():
-            for message in messages:
-                self.on_control(self.by_id[wid], message)
-
-    def on_control(self, w: SimWorker, message: str) -> None:
-        verb, *args = message.split()
-        if verb == "preload" and len(args) == 2:
-            self.preload(w, args[0], float(args[1]))
-            return
-        if verb != "yield" or w.run is None or w.run.offer.task_id != args[0]:
-            return
-        if self.now < w.run.work_from:
-            # still loading its model: a handler sees the request only once it runs, and the
-            # worker stops the task if the grace passes first
-            grace_s = int(args[1]) / 1000  # "yield <task> <grace_ms>" (preempt.lua)
-            self.at(min(w.run.work_from, self.now + grace_s), "yield", w.id, w.generation)
-            return
-        self.give_way(w, "yielded")
-
-    def preload(self, w: SimWorker, model: str, vram_gb: float) -> None:
-        """A warm hint, taken as the worker takes it: the model's VRAM is reserved (idle
-        models evicted for it) and it loads for its load time while the GPU stays free to
-        claim; the pool sees it held only once loaded."""
-        assert isinstance(self.scheduler, GpuqScheduler)
-        if model in w.cache.resident:
-            return
-        res = w.cache.reserve(model, vram_gb)
-        if res is None:
-            return  # no room: the worker skips it
-        if res.evict:
-            self.scheduler.unhold(w.id, [r.spec.name for r in res.evict])
-        seconds = self.load_time(model)
-        self.loads += 1
-        w.preloading[model] = (self.now + seconds, seconds, res)
-        self.at(self.now + seconds, "preloaded", f"{w.id} {model}")
-
-    def preloaded(self, w: SimWorker, model: str) -> None:
-        assert isinstance(self.scheduler, GpuqScheduler)
-        _, seconds, res = w.preloading.pop(model)
-        resident = w.cache.resident[model]
-        resident.ready.set()
-        w.cache.release(res)
-        if not w.gone:  # a retired worker's load is lost with it
-            self.scheduler.loaded(w.id, model, resident.footprint_gb, seconds, [])
+        self.control.deliver()
 
     def deferred_yield(self, w: SimWorker, gen: int) -> None:
         """A yield request that came during a load, at the load's end or at its grace."""

@@ -14,6 +14,7 @@ that may change the pool comes first. That does not change the report
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -56,6 +57,7 @@ class Rounds:
         # while a deadline can lapse or an urgent task could preempt a running one
         self.queued = [0, 0, 0, 0]
         self.queued_deadlines = 0
+        self.by_model: Counter[str] = Counter()  # waiting tasks per model (expiries not taken off)
         # rounds are numbered on their cadence (round k at k x reap_interval_s)
         self.next: int | None = None  # the scheduled one
         self.seq = 0  # its event's seq; the event of a round moved since is ignored
@@ -74,6 +76,7 @@ class Rounds:
 
     def count_queued(self, task: TraceTask, delta: int) -> None:
         self.queued[task.priority] += delta
+        self.by_model[task.model] += delta
         if task.deadline_s is not None:
             self.queued_deadlines += delta
 

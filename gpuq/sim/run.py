@@ -74,7 +74,8 @@ def simulate(tasks: list[TraceTask], gpus: list[tuple[str, float]], policy: str,
              config: Config | None = None, server: EmbeddedServer | None = None,
              skip_ahead: bool = True, autoscale: Autoscale | None = None,
              tenants: Sequence[Tenant] = ()) -> SimResult:
-    """skip_ahead=False runs every reaper round and every claim (the same report, slower).
+    """skip_ahead=False runs every reaper round and every claim, and every round's scale step
+    (the same report, slower).
     autoscale: GPUs of one class come and go (``gpus`` is then ignored; gpuq only).
     tenants: registered before a gpuq replay (weights and caps apply; the baselines have no
     tenants)."""
@@ -112,6 +113,7 @@ def simulate(tasks: list[TraceTask], gpus: list[tuple[str, float]], policy: str,
             scheduler = QueueScheduler(policy, {f"t{i:06d}": t for i, t in enumerate(compressed)})
         engine = Engine(scheduler, gpus, compressed, lambda model: load_time(model, rng), cfg, autoscale)
         engine.rounds.skip_ahead = skip_ahead
+        engine.steps.every_round = not skip_ahead
         result = engine.run()
         if policy == "gpuq":
             client.close()
