@@ -214,6 +214,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
               help="With --find-gpus: the priority whose SLA must be met.")
 @click.option("--tenant", "tenant_specs", multiple=True, metavar="NAME[:WEIGHT[:MAX_GPUS[:MAX_VRAM_GB]]]",
               help="Register a tenant for gpuq's replay (repeatable); the report adds each one's waits.")
+@click.option("--warm-hints", is_flag=True,
+              help="gpuq's GPUs take the reaper's warm hints, as workers do (slower; docs/SIMULATOR.md).")
 @click.option("--autoscale", "autoscale", default=None, metavar="MIN:MAX",
               help="gpuq with an autoscaler over the one --gpus kind (docs/SIMULATOR.md).")
 @click.option("--scale-signal", type=click.Choice(["reactive", "forecast", "both"]), default="both",
@@ -230,7 +232,7 @@ def simulate(ctx: click.Context, trace_name: str, traces_dir: str | None, gpus: 
              seed: int, as_json: bool, plot_path: str | None, find_gpus: bool,
              sla_target: float, sla_priority: Priority, autoscale: str | None, scale_signal: str,
              boot_s: float, idle_s: float, scale_every_s: float, tenant_specs: tuple[str, ...],
-             mix_70b: float) -> None:
+             mix_70b: float, warm_hints: bool) -> None:
     """Replay a production trace through the real scheduling scripts on a virtual clock,
     next to FIFO and strict-priority baselines."""
     from gpuq.sim.cli import run_simulations
@@ -269,7 +271,7 @@ def simulate(ctx: click.Context, trace_name: str, traces_dir: str | None, gpus: 
 
     tenants = [Tenant.from_spec(s) for s in tenant_specs]
     reports = run_simulations(trace_name, traces_dir, gpus, speedup, target_load, policy, limit,
-                              seed, config_of(ctx), plot_path, tenants, mix_70b)
+                              seed, config_of(ctx), plot_path, tenants, mix_70b, warm_hints)
     if as_json:
         click.echo(json.dumps(reports if policy == "all" else reports[0], indent=2))
         return

@@ -57,10 +57,12 @@ def replaying() -> Iterator[EmbeddedServer]:
 def run_simulations(trace_name: str, traces_dir: str | None, gpus_spec: str, speedup: float | None,
                     target_load: float | None, policy: str, limit: int | None, seed: int,
                     config: Config, plot_path: str | None = None,
-                    tenants: Sequence[Tenant] = (), mix_70b: float = 0.0) -> list[dict[str, Any]]:
+                    tenants: Sequence[Tenant] = (), mix_70b: float = 0.0,
+                    warm_hints: bool = False) -> list[dict[str, Any]]:
     """One report per policy; with ``tenants`` (registered for gpuq's replays) each report
     also has ``tenants``: per tenant named, its tasks' waits and SLA attainment. mix_70b:
-    that share of the trace's models made 70B, on two GPUs (gpuq.sim.mix)."""
+    that share of the trace's models made 70B, on two GPUs (gpuq.sim.mix). warm_hints: gpuq's
+    GPUs take the reaper's warm hints (gpuq.sim.hints)."""
     if speedup is not None and target_load is not None:
         raise ConfigError("give --speedup or --target-load, not both")
     if limit is not None and limit < 1:
@@ -77,7 +79,8 @@ def run_simulations(trace_name: str, traces_dir: str | None, gpus_spec: str, spe
     with replaying() as server:  # one server for every policy's replay
         for name in policies:
             result = simulate(tasks, gpus, name, speedup=speedup, load_time=loads.sample,
-                              seed=seed, config=config, server=server, tenants=tenants)
+                              seed=seed, config=config, server=server, tenants=tenants,
+                              warm_hints=warm_hints)
             results.append(result)
             report = {"trace": trace_name, **summarize(result)}
             if mix_70b:

@@ -73,12 +73,13 @@ def simulate(tasks: list[TraceTask], gpus: list[tuple[str, float]], policy: str,
              speedup: float, load_time: LoadSampler, seed: int = 1,
              config: Config | None = None, server: EmbeddedServer | None = None,
              skip_ahead: bool = True, autoscale: Autoscale | None = None,
-             tenants: Sequence[Tenant] = ()) -> SimResult:
+             tenants: Sequence[Tenant] = (), warm_hints: bool = False) -> SimResult:
     """skip_ahead=False runs every reaper round and every claim, and every round's scale step
     (the same report, slower).
     autoscale: GPUs of one class come and go (``gpus`` is then ignored; gpuq only).
     tenants: registered before a gpuq replay (weights and caps apply; the baselines have no
-    tenants)."""
+    tenants). warm_hints: a fixed pool's GPUs take the reaper's warm hints (gpuq.sim.hints;
+    off by default: the full GenAI replay takes about 3x as long)."""
     if policy not in POLICIES:
         raise ConfigError(f"--policy {policy!r}: one of {', '.join(POLICIES)}")
     if speedup <= 0:
@@ -113,6 +114,7 @@ def simulate(tasks: list[TraceTask], gpus: list[tuple[str, float]], policy: str,
             scheduler = QueueScheduler(policy, {f"t{i:06d}": t for i, t in enumerate(compressed)})
         engine = Engine(scheduler, gpus, compressed, lambda model: load_time(model, rng), cfg, autoscale)
         engine.rounds.skip_ahead = skip_ahead
+        engine.steps.on = engine.steps.on and warm_hints
         engine.steps.every_round = not skip_ahead
         result = engine.run()
         if policy == "gpuq":

@@ -27,9 +27,9 @@ def task(t: float, model: str, priority: int, service: float) -> TraceTask:
 
 
 def replay(server: EmbeddedServer, tasks: list[TraceTask], config: Config, every_round: bool = False,
-           load_time: object = fixed_load) -> SimResult:
+           load_time: object = fixed_load, warm_hints: bool = True) -> SimResult:
     return simulate(tasks, parse_gpus("2x80"), "gpuq", speedup=1.0, load_time=load_time,  # type: ignore[arg-type]
-                    config=config, server=server, skip_ahead=not every_round)
+                    config=config, server=server, skip_ahead=not every_round, warm_hints=warm_hints)
 
 
 @pytest.mark.parametrize("every_round", [False, True])
@@ -92,3 +92,14 @@ def test_running_only_the_steps_that_may_hint_gives_the_same_replay(redis_server
     assert reports[0] == reports[1]
     assert runs[0].claims == runs[1].claims
     assert runs[0].model_loads > sum(t.cold_start for t in runs[0].tasks)  # some hints were taken
+
+
+def test_without_warm_hints_a_fixed_pool_takes_none(redis_server: EmbeddedServer) -> None:
+    """The default replay (bench_sched's): the reaper's hints reach no GPU, so the waiting
+    tasks wait for the busy holder and the idle GPU loads nothing."""
+    tasks = [task(0, "m", 2, 100.0)] + [task(1 + i, "m", 2, 10.0) for i in range(5)]
+    config = replace(Config(), scale_signal="reactive")
+    with_hints = replay(redis_server, tasks, config)
+    without = replay(redis_server, tasks, config, warm_hints=False)
+    assert sum(t.cold_start for t in with_hints.tasks) == 1
+    assert sum(t.cold_start for t in without.tasks) > 1  # the idle GPU loads m only for a task
