@@ -107,6 +107,18 @@ def library(names: tuple[str, ...]) -> Library:
     return Library(f"gpuq_{digest}", "\n".join(lines) + "\n", functions)
 
 
+def already_loaded(exc: redis.ResponseError) -> bool:
+    """Whether a FUNCTION LOAD error says the library is there (another client loaded it)."""
+    return "already exists" in str(exc)
+
+
+@functools.cache
+def _evalsha_sources(names: tuple[str, ...]) -> tuple[dict[str, str], dict[str, str]]:
+    """Each script's own source and its SHA (EVALSHA's name for it), made once a process."""
+    sources = {n: script_source(n) for n in names}
+    return sources, {n: hashlib.sha1(s.encode()).hexdigest() for n, s in sources.items()}
+
+
 def missing(reply: Any) -> bool:
     """Whether a call's reply says its code is not on the server (restarted, flushed, or a
     server without functions): the call ran nothing and is sent again once it is loaded."""
@@ -122,8 +134,7 @@ class Sender:
 
     def __init__(self, names: tuple[str, ...], base: str) -> None:
         self.library = library(names)
-        self.sources = {n: script_source(n) for n in names}
-        self.shas = {n: hashlib.sha1(s.encode()).hexdigest() for n, s in self.sources.items()}
+        self.sources, self.shas = _evalsha_sources(names)
         self.base = base
         self.fcall = True
 
@@ -137,7 +148,7 @@ class Sender:
         client loaded it first); True when this server will not load it for this client (no
         such command, or no permission), which then sends EVALSHA from now on. Any other
         error (a read-only replica, out of memory) passes now and is raised."""
-        if "already exists" in str(exc):
+        if already_loaded(exc):
             return False
         if not (isinstance(exc, redis.exceptions.NoPermissionError) or str(exc).startswith(_REFUSED)):
             raise exc

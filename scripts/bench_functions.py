@@ -26,18 +26,15 @@ import redis
 from bench import scale as scale_point
 from bench.common import log
 from bench.scale_load import new_task
+from bench.stats import server_cpu, usec_stats
 
 from gpuq.connection import connect
 from gpuq.embedded import EmbeddedServer
 
 
-def cpu_s(r: redis.Redis) -> float:
-    info = r.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-
-
-def script_us(r: redis.Redis, verb: str) -> int:
-    return int(r.info("commandstats").get(f"cmdstat_{verb}", {}).get("usec", 0))
+def script_us(r: redis.Redis) -> int:
+    """The scripts' µs since the last CONFIG RESETSTAT (FCALL and EVALSHA folded)."""
+    return usec_stats(r).get("script", (0, 0))[1]
 
 
 def round_of(p: scale_point.Point, r: redis.Redis, verb: str, n: int) -> dict[str, float]:
@@ -45,7 +42,7 @@ def round_of(p: scale_point.Point, r: redis.Redis, verb: str, n: int) -> dict[st
     p.scripts.sender.fcall = verb == "fcall"
     claimed = []
     r.config_resetstat()
-    cpu = cpu_s(r)
+    cpu = server_cpu(r)
     for i in range(n):
         member = p.claimers[i % len(p.claimers)]
         call = p.calls.claim(member.request)
@@ -55,11 +52,11 @@ def round_of(p: scale_point.Point, r: redis.Redis, verb: str, n: int) -> dict[st
         ack = p.calls.ack(task["id"], int(task["token"]), "null")
         p.scripts.run(ack)
         claimed.append(task["model"])
-    out = {"claim_ack_cpu_us": (cpu_s(r) - cpu) / n * 1e6, "claim_ack_us": script_us(r, verb) / n}
+    out = {"claim_ack_cpu_us": (server_cpu(r) - cpu) / n * 1e6, "claim_ack_us": script_us(r) / n}
     r.config_resetstat()
     for model in claimed:
         p.scripts.run(p.calls.enqueue([new_task(model)]))
-    out["enqueue_us"] = script_us(r, verb) / n
+    out["enqueue_us"] = script_us(r) / n
     return out
 
 

@@ -324,12 +324,14 @@ def load_functions(ctx: click.Context) -> None:
     """Load this gpuq version's function library into the server (every primary of a
     Cluster), as an administrator does where ACL roles may not (gpuq acl); prints its name.
     Clients load it themselves where their user may."""
+    from gpuq.functions import already_loaded
+
     q = open_queue(ctx)
     with redis_errors(q.url):
         try:
             q.redis.function_load(q.scripts.sender.library.source)
         except redis.ResponseError as exc:
-            if "already exists" not in str(exc):
+            if not already_loaded(exc):
                 raise click.ClickException(f"the server refused the library: {exc}") from None
     click.echo(q.scripts.sender.library.name)
 

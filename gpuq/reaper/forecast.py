@@ -103,12 +103,12 @@ def buckets_to_read(now_ms: int, settings: Settings, longest_horizon_s: float) -
     wanted = set(range(now_b - n + 1, now_b + 1))
     for season in settings.seasons_ms:
         then = now_ms - season
-        last = bucket_of(_ahead(then, longest_horizon_s, settings)[1])
+        last = bucket_of(ahead_window(then, longest_horizon_s, settings)[1])
         wanted.update(range(bucket_of(then) - n + 1, last + 1))
     return sorted(wanted)
 
 
-def _ahead(then_ms: int, horizon_s: float, settings: Settings) -> tuple[int, int]:
+def ahead_window(then_ms: int, horizon_s: float, settings: Settings) -> tuple[int, int]:
     """The span a season's look-ahead reads: W/4 around ``then`` + H, not before ``then``."""
     mid, half = then_ms + int(horizon_s * 1000), int(settings.window_s * 1000 / 8)
     start = max(then_ms, mid - half)
@@ -166,7 +166,7 @@ def forecast(model: str, counts: Mapping[int, int], seen: Sequence[int] | set[in
         if not any(bucket_of(then - window_ms) < k <= bucket_of(then) for k in have):
             continue  # no history a season ago
         past_level = _decayed(counts, then, settings)
-        ahead = _rate(counts, *_ahead(then, horizon_s, settings))
+        ahead = _rate(counts, *ahead_window(then, horizon_s, settings))
         ratio = min(RATIO_BOUND, max(1 / RATIO_BOUND, (level + floor) / (past_level + floor)))
         seasons.append(ahead * ratio)
     season_rate = sum(seasons) / len(seasons) if seasons else None

@@ -189,7 +189,7 @@ class Gate:
         for season in st.seasons_ms:
             times.append(next_change(now, -season))
             times.append(next_change(now, -season - st.window_buckets * B))
-            times.append(next_change(now, -season + forecast._ahead(0, longest, st)[1]))
+            times.append(next_change(now, -season + forecast.ahead_window(0, longest, st)[1]))
         fits = max(self.usable.get(w, 0.0) for w in spare)
         colds: dict[str, bool] = {}
 
@@ -260,7 +260,7 @@ class Gate:
         if counts.get(now // B) or (f.season_per_s or 0.0) > 0:
             until = now + every  # a level with arrivals this minute, a season's ratio: any time
         else:
-            start, end = forecast._ahead(0, horizon, st)
+            start, end = forecast.ahead_window(0, horizon, st)
             until = min([next_change(now, 0)]
                         + [next_change(now, -s + o) for s in st.seasons_ms for o in (start, end - 1)])
         self.cache[m] = (now, f, until)
