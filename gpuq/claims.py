@@ -26,6 +26,9 @@ class ClaimRequest:
     levels: str = "0123"
     gpus: int = 1  # devices of the worker's group
     in_use: frozenset[str] = frozenset()  # loaded models a running task of the worker uses
+    # (handler, n): a claim that takes a task of this batch handler on a held model takes
+    # up to n more of its queue beside it (lib/batch.lua)
+    batches: Sequence[tuple[str, int]] = ()
 
     def fits(self, model: str, need_gb: float, gpus: int = 1) -> bool:
         """claim.lua's fit rule: a task asks no more devices than the group has; a held
@@ -46,12 +49,15 @@ class Claim:
 
     task: dict[str, str] | None
     retry_s: float = 0.0  # > 0: a task was left for a better-placed worker until then
+    batch: Batch | None = None  # the tasks taken beside a batch handler's (None: not tried)
 
     @classmethod
     def parse(cls, reply: list[Any]) -> Claim:
-        if str(checked(reply)[1]) == "task":
-            return cls(pairs_to_dict(reply[2:]))
-        return cls(None, int(reply[2]) / 1000.0)
+        if str(checked(reply)[1]) != "task":
+            return cls(None, int(reply[2]) / 1000.0)
+        end = 2 + 2 * len(TASK_FIELDS)
+        batch = Batch.of(reply[end:]) if len(reply) > end else None
+        return cls(pairs_to_dict(reply[2:end]), batch=batch)
 
 
 @dataclass(frozen=True)
@@ -64,4 +70,9 @@ class Batch:
 
     @classmethod
     def parse(cls, reply: list[Any]) -> Batch:
-        return cls([dict(zip(TASK_FIELDS, map(str, t))) for t in checked(reply)[2:]], int(reply[1]))
+        return cls.of(checked(reply)[1:])
+
+    @classmethod
+    def of(cls, reply: Sequence[Any]) -> Batch:
+        """From left_ms, then each task's values."""
+        return cls([dict(zip(TASK_FIELDS, map(str, t))) for t in reply[1:]], int(reply[0]))

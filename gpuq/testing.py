@@ -8,13 +8,13 @@
 
 ``drain`` runs each task through the worker's own executor (model loads and evictions,
 the handler, its ack or fail; an ``async def`` handler on an event loop of its own), as one
-worker with one slot; a batch handler's tasks run in batches as on a worker
-(claim_batch.lua), without waiting for more. Its presence writes only what
-those model changes write (the holders sets, the models and free VRAM of its hash) and it
-leaves the pool when done; it registers nothing, so no GPU class or handler name it brings
-changes what enqueue's fit check says afterwards. Once every task is run it sends the run
-times measured, as a worker's heartbeat does (learn.lua), so a task enqueued afterwards
-without ``est_s`` gets the learned mean.
+worker with one slot; a batch handler's tasks run in batches as on a worker (taken by
+its claim, or claim_batch.lua after a cold start), without waiting for more. Its presence
+writes only what those model changes write (the holders sets, the models and free VRAM of
+its hash) and it leaves the pool when done; it registers nothing, so no GPU class or
+handler name it brings changes what enqueue's fit check says afterwards. Once every task
+is run it sends the run times measured, as a worker's heartbeat does (learn.lua), so a
+task enqueued afterwards without ``est_s`` gets the learned mean.
 
 Needs the test extra (``pip install gpuq[test]``) for fakeredis.
 """
@@ -77,16 +77,19 @@ def drain(queue: Queue, app: App, *, vram_gb: float = 80.0, worker_id: str = "te
     executor = Executor(app, cache, presence, tasks, queue.scripts, queue.calls, Observer(), runtimes)
     try:
         while tasks.tasks_run < limit:
-            req = ClaimRequest(worker_id, cache.free_gb(), cache.evictable_gb(), 1, cache.loaded())
-            fields = queue.scripts.run(queue.calls.claim(req)).task
-            if fields is None:
+            req = ClaimRequest(worker_id, cache.free_gb(), cache.evictable_gb(), 1, cache.loaded(),
+                               batches=batch.wanted(app))
+            claim = queue.scripts.run(queue.calls.claim(req))
+            if claim.task is None:
                 break
+            fields = claim.task
             with cache.lock:
                 res, running = executor.begin(fields)
+                added = batch.begin_added(executor, claim.batch)
             if res is None and running.rejected is None:
                 # a model larger than this GPU: in-process there is no other GPU to retry on
                 running.rejected = f"task needs more VRAM than {vram_gb:g} GB can free"
-            for call in batch.execute(executor, (fields, res, running)):
+            for call in batch.execute(executor, (fields, res, running), added=added):
                 executor.settle(call, queue.scripts.run_raw(call))
         # the loop ended with the server reachable: an error above skips this and is raised
         runtimes.send(queue.scripts, queue.calls, rounds=None)

@@ -38,9 +38,12 @@ def claim(queue: Queue, worker_id: str, free_gb: float, evictable_gb: float = 0,
 
 def claim_reply(queue: Queue, worker_id: str, free_gb: float, evictable_gb: float = 0,
                 slots: int = 1, loaded: Sequence[tuple[str, float]] = (), levels: str = "0123",
-                now_ms: int = 0, gpus: int = 1) -> Claim:
-    """The whole claim reply: the task, or none and when a deferred task may be retried."""
-    req = ClaimRequest(worker_id, free_gb, evictable_gb, slots, tuple(loaded), levels, gpus)
+                now_ms: int = 0, gpus: int = 1,
+                batches: Sequence[tuple[str, int]] = ()) -> Claim:
+    """The whole claim reply: the task, or none and when a deferred task may be retried;
+    with ``batches``, the tasks taken beside a batch handler's."""
+    req = ClaimRequest(worker_id, free_gb, evictable_gb, slots, tuple(loaded), levels, gpus,
+                       batches=tuple(batches))
     return queue.scripts.run(queue.calls.claim(req, now_ms=now_ms))
 
 

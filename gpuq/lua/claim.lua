@@ -33,8 +33,10 @@
 -- ARGV[14..17]  holder wait of P0..P3 (ms): how long a cold task waits for a busy GPU that
 --               holds its model (0: not at all)
 -- ARGV[18]  GPUs in this worker's group (>= 1)
--- ARGV[19..]  pairs: loaded model name, its footprint (GB), negative while a running task
---              of this worker uses it (then it is not in the evictable VRAM)
+-- ARGV[19]  K: the worker's batch handlers (0..1000), then K pairs: handler name, how many
+--           more tasks its batch may take (0..1e4)
+-- ARGV[..]  pairs: loaded model name, its footprint (GB), negative while a running task
+--           of this worker uses it (then it is not in the evictable VRAM)
 -- Returns  {0, "none", retry_ms}            nothing this worker can run; it is marked idle.
 --                                            retry_ms > 0: a task was left for another
 --                                            worker and may be claimed after that long
@@ -42,6 +44,9 @@
 --                                            model, vram_gb, priority, est_s, attempt,
 --                                            deadline, tenant, checkpoint, enqueued_at,
 --                                            queued_at, started_at (ms), sla (below)
+--          {0, "task", ..., left_ms, task, ...}   a batch handler's task on a held model:
+--                                            then what lib/batch.lua took beside it, as
+--                                            claim_batch.lua replies (a cold start: not tried)
 --          {1, 0, reason}                   INVALID: a malformed argument (nothing written)
 -- A queued task no claim could run wedges nothing: an id whose hash is gone (or is no longer
 -- queued) leaves its queue; one whose hash has a field missing or malformed (see `readable`)
@@ -63,9 +68,12 @@
 --@include wake
 --@include start
 --@include take
+--@include batch
 --@include due
 
-if #ARGV < 18 or #ARGV % 2 == 1 then return {1, 0, 'expected 18 arguments, then model, footprint pairs'} end
+if #ARGV < 19 or #ARGV % 2 == 0 then
+  return {1, 0, 'expected 19 arguments, then handler, count and model, footprint pairs'}
+end
 local worker, now = ARGV[1], clock(ARGV[2])
 local free, evictable, slots = arg_num(3, -1e9, 1e9), arg_num(4, 0, 1e9), arg_num(5, 1, 1e6, true)
 local lease, fair_every, levels = arg_num(6, 0, 1e12, true), arg_num(7, 1, 1e9, true), ARGV[8]
@@ -81,8 +89,14 @@ for p = 1, 4 do
   defer[p], hold[p] = arg_num(9 + p, 0, 1e13), arg_num(13 + p, 0, 1e13)
   if not (defer[p] and hold[p]) then return {1, 0, 'defer bounds and holder waits must be ms >= 0'} end
 end
+local batches, nb = {}, arg_num(19, 0, 1000, true)
+if not nb or #ARGV < 19 + 2 * nb then return {1, 0, 'batch handlers must be name, count pairs'} end
+for i = 20, 19 + 2 * nb, 2 do
+  batches[ARGV[i]] = arg_num(i + 1, 0, 1e4, true)
+  if ARGV[i] == '' or not batches[ARGV[i]] then return {1, 0, 'batch handlers must be name, count pairs'} end
+end
 local held, held_names, in_use = {}, {}, {}
-for i = 19, #ARGV, 2 do
+for i = 20 + 2 * nb, #ARGV, 2 do
   local gb = arg_num(i + 1, -1e9, 1e9)
   if ARGV[i] == '' or not gb then return {1, 0, 'loaded models must be name, GB pairs'} end
   held[ARGV[i]], in_use[ARGV[i]] = math.abs(gb), gb < 0 or string.byte(ARGV[i + 1]) == 45
@@ -346,14 +360,27 @@ if not id then
   return {0, 'none', retry or 0}
 end
 
-count_dispatch(p, fair, fair_every)
-
 -- f: what a worker needs to run the task (readable; the rest stays in the hash). The task
 -- taken was its queue's head: the index takes the next one from the scan's read (or drops
 -- the model when the read saw the whole queue) instead of reading the queue again.
 local next_head = head and head[1] == id
-local pairs_of = take(id, p, m, worker, now, now + lease, f, held[m] ~= nil, tenancy, next_head)
-if next_head then
+local reply = {0, 'task', unpack(take(id, p, m, worker, now, now + lease, f, held[m] ~= nil, tenancy, next_head))}
+-- a batch handler's task on a held model brings its batch: the VRAM left beside it, none
+-- evicted (a cold start's batch waits for its load: claim_batch.lua)
+local more, taken, batch_use, seen = held[m] and batches[f[1]], 0, 0, false
+if more then
+  local at = #reply + 1
+  reply[at] = 0
+  taken, batch_use, reply[at], seen = take_batch(p, m, f[1], gpus, worker, now, now + lease,
+    math.max(0, free - use), held[m], true, more, math.max(scan, 4 * more), tenancy, TTL,
+    tonumber(f[13]), reply)
+  reply[at] = reply[at] - now
+  use = use + batch_use
+end
+count_dispatch(p, fair, fair_every, 1 + taken)
+if seen then
+  refresh_head(p, m)
+elseif next_head then
   if head[3] then
     redis.call('ZADD', models_with_work_key(p), head[4], m)
   elseif #head < 2 * scan then
@@ -367,4 +394,4 @@ if slots > 1 then
 else
   redis.call('ZREM', K_IDLE, worker)
 end
-return {0, 'task', unpack(pairs_of)}
+return reply

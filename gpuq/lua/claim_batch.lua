@@ -1,16 +1,14 @@
 -- claim_batch.lua: add queued tasks of a batch handler to the batch a worker just claimed.
 --
--- The worker claims as usual (claim.lua); when the task it got runs a batch handler, it calls
--- this with that task (the batch's first) to take up to `count` more queued tasks of the same
--- handler and model from the first task's own queue q:<p>:<model>, so a lower level is never
--- mixed in ahead of a higher one. Oldest (lowest score) first; at most `scan` ids are
--- examined, so a call costs O(scan x log N). Each task taken starts exactly as claim starts
--- one (lib/take.lua: its own token, lease, attempt and SLA decision; its tenant charged) and
--- counts as one dispatch for the fairness rule. The batch shares the worker's loaded model:
--- a task fits when its working memory, max(0, vram_gb - footprint), fits the free VRAM left
--- after the tasks taken before it (no model is evicted for it). A task of another handler,
--- or asking more GPUs than the first (which fit this worker's group), is passed over; a stale id leaves the queue; a corrupt one is failed as claim fails it
--- (lib/readable.lua); one whose tenant is at a quota is passed over (tenancy on).
+-- A claim that takes a batch handler's task on a model the worker holds takes the batch's
+-- first tasks itself (claim.lua); a worker calls this for more: when the batch is still short
+-- after its batch_wait_ms, or when its first task started cold (or was handed over at
+-- enqueue). It takes up to `count` more queued tasks of the same handler and model from the
+-- first task's own queue q:<p>:<model>, so a lower level is never mixed in ahead of a higher
+-- one, by lib/batch.lua's rule (oldest first, at most `scan` ids examined, each started as
+-- claim starts one, working memory fitting the free VRAM left, no model evicted); a task
+-- asking more GPUs than the first (which fit this worker's group) is passed over. Each task
+-- taken counts as one dispatch for the fairness rule.
 --
 -- KEYS[1]  pool key base
 -- ARGV[1]  worker id
@@ -38,12 +36,9 @@
 
 --@include args
 --@include queue
---@include readable
 --@include tenancy
---@include quota
 --@include start
---@include take
---@include tally
+--@include batch
 
 if #ARGV ~= 11 then return {1, 0, 'expected 11 arguments'} end
 local worker, now = ARGV[1], clock(ARGV[2])
@@ -70,36 +65,13 @@ local gpus = tonumber(s[8]) or 1
 if not (p and m and h and bound) then return {0, 0} end  -- claim checked them: never here
 
 local tenancy = tenancy_on()
-local reply, used, taken = {0, 0}, 0, 0
--- the tasks' tokens taken, counters and set members written, once for all (lib/tally.lua)
-tally_on(count)
-local ids = count > 0 and redis.call('ZRANGE', queue_key(p, m), 0, scan - 1) or {}
-local FIELDS, x = readable_and({'state', 'gpus'}), #READABLE
-for _, id in ipairs(ids) do
-  if taken >= count then break end
-  local g = redis.call('HMGET', task_key(id), unpack(FIELDS))
-  local state, wants = g[x + 1], g[x + 2]
-  if state ~= 'queued' then
-    unqueue(id, p, m, nil, true)  -- a stale entry: nothing to run
-  elseif g[1] == h and (tonumber(wants) or 1) <= gpus then
-    local f = readable(id, p, m, now, TTL, g)  -- nil: corrupt, failed
-    local need = f and tonumber(f[4])
-    local use = need and math.max(0, need - footprint)
-    if f and use <= free - used + 1e-9 and not (tenancy and over_quota(f[9], need)) then
-      -- the pairs' values only: the names are the claim reply's, in its order, and each
-      -- element of a reply costs the server a conversion and the worker a parse
-      local pairs_of, values = take(id, p, m, worker, now, now + lease, f, warm, tenancy, true), {}
-      for i = 2, #pairs_of, 2 do values[#values + 1] = pairs_of[i] end
-      reply[#reply + 1] = values
-      used, taken = used + use, taken + 1
-      bound = math.min(bound, tonumber(f[13]))
-    end
-  end
-end
-tally_flush()
+local reply = {0, 0}
+local taken, used, seen
+taken, used, bound, seen = take_batch(p, m, h, gpus, worker, now, now + lease, free, footprint, warm, count,
+  scan, tenancy, TTL, bound, reply)
 -- the batch's dispatches count for fairness, and its queue's head moves, once for all
 if taken > 0 then count_dispatch(p, redis.call('HMGET', K_FAIRNESS, '1', '2', '3'), fair_every, taken) end
-if ids[1] then refresh_head(p, m) end
+if seen then refresh_head(p, m) end
 -- a worker with slots left stays in `idle`, scored by what it can still claim
 if used > 0 and redis.call('ZSCORE', K_IDLE, worker) then
   redis.call('ZINCRBY', K_IDLE, -used, worker)

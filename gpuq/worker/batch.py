@@ -26,13 +26,15 @@ from typing import Any
 
 import redis
 
-from gpuq.app import BatchContext, HandlerSpec, Yielded
+from gpuq.app import App, BatchContext, HandlerSpec, Yielded
+from gpuq.claims import Batch
 from gpuq.errors import StaleLease, TaskError, TaskNotFound
 from gpuq.scripts import Call
 from gpuq.worker.executor import Claimed, Executor
 from gpuq.worker.running import Running
 
 log = logging.getLogger(__name__)
+Added = tuple[list[Claimed], int]  # tasks a batch's claim took beside its first, begun; left_ms
 YIELDED = "yielded to a higher-priority task"
 
 
@@ -42,37 +44,48 @@ def batch_spec(ex: Executor, fields: dict[str, str]) -> HandlerSpec | None:
     return spec if spec is not None and spec.batch > 1 else None
 
 
-def execute(ex: Executor, claimed: Claimed, stopping: threading.Event | None = None) -> list[Call[Any]]:
-    """Run a claimed task, with the batch it starts when its handler is a batch handler;
-    the calls that settle its tasks. ``stopping`` None: a batch does not wait for more."""
+def wanted(app: App) -> tuple[tuple[str, int], ...]:
+    """(handler, n) for each batch handler: a claim taking its task takes n more (ClaimRequest)."""
+    return tuple((name, spec.batch - 1) for name, spec in app.handlers.items() if spec.batch > 1)
+
+
+def begin_added(ex: Executor, batch: Batch | None) -> Added | None:
+    """Begin the tasks a claim took beside a batch handler's task (with the cache lock held,
+    as the claim); None when it did not try."""
+    if batch is None:
+        return None
+    return [(t, *ex.begin(t, batched=True)) for t in batch.tasks], batch.left_ms
+
+
+def execute(ex: Executor, claimed: Claimed, stopping: threading.Event | None = None,
+            added: Added | None = None) -> list[Call[Any]]:
+    """Run a claimed task, with the batch it starts when its handler is a batch handler
+    (``added``: what its claim took beside it); the calls that settle its tasks.
+    ``stopping`` None: a batch does not wait for more."""
     spec = batch_spec(ex, claimed[0])
     if spec is None:
         call = ex.execute(*claimed)
         return [] if call is None else [call]
-    return run(ex, spec, fill(ex, spec, claimed, stopping))
+    return run(ex, spec, fill(ex, spec, claimed, stopping, added))
 
 
-def fill(ex: Executor, spec: HandlerSpec, first: Claimed,
-         stopping: threading.Event | None) -> list[Claimed]:
-    """The batch the claimed task ``first`` starts: it and the tasks claim_batch added."""
-    fields, res, running = first
-    items = [first]
-    if res is None or running.rejected:  # execute fails it alone
+def fill(ex: Executor, spec: HandlerSpec, first: Claimed, stopping: threading.Event | None,
+         added: Added | None = None) -> list[Claimed]:
+    """The batch the claimed task ``first`` starts: it, what its claim took beside it
+    (``added``; None: the claim did not try, claim_batch is asked at once) and what
+    claim_batch adds after the batch's wait."""
+    items = [first, *(added[0] if added else [])]
+    if first[1] is None or first[2].rejected:  # execute fails it alone
         return items
-    waited = False
+    left_ms, waited = (None, False) if added is None else (added[1], False)
     while len(items) < spec.batch:
-        with ex.cache.lock:
-            if stopping is not None and stopping.is_set():
+        if left_ms is None or waited:
+            got = claim_more(ex, first, spec.batch - len(items), stopping)
+            if got is None:
                 break
-            footprint = ex.cache.get(res.model).footprint_gb
-            call = ex.calls.claim_batch(ex.id, fields, ex.cache.free_gb(), footprint, not res.cold,
-                                        spec.batch - len(items))
-            try:
-                batch = ex.scripts.run(call)
-            except (StaleLease, TaskNotFound):  # the first task is gone: it runs alone (moot)
-                break
-            items += [(t, *ex.begin(t, batched=True)) for t in batch.tasks]
-        wait_s = min(spec.batch_wait_ms, batch.left_ms) / 1000
+            items += got[0]
+            left_ms = got[1]
+        wait_s = min(spec.batch_wait_ms, left_ms) / 1000
         if waited or stopping is None or len(items) >= spec.batch or wait_s <= 0:
             break
         stopping.wait(wait_s)
@@ -80,6 +93,23 @@ def fill(ex: Executor, spec: HandlerSpec, first: Claimed,
     if len(items) > 1:
         log.debug("batch.claimed worker=%s handler=%s tasks=%d", ex.id, spec.name, len(items))
     return items
+
+
+def claim_more(ex: Executor, first: Claimed, count: int,
+               stopping: threading.Event | None) -> Added | None:
+    """claim_batch for up to count more tasks, begun; None when stopping, or when the first
+    task is gone (it runs alone: moot)."""
+    fields, res, _ = first
+    assert res is not None
+    with ex.cache.lock:
+        if stopping is not None and stopping.is_set():
+            return None
+        footprint = ex.cache.get(res.model).footprint_gb
+        call = ex.calls.claim_batch(ex.id, fields, ex.cache.free_gb(), footprint, not res.cold, count)
+        try:
+            return begin_added(ex, ex.scripts.run(call))
+        except (StaleLease, TaskNotFound):
+            return None
 
 
 def report_starts(ex: Executor, items: list[Claimed]) -> list[Claimed]:

@@ -37,6 +37,7 @@ from gpuq.keys import Keys
 from gpuq.metrics import WorkerMetrics, serve_http
 from gpuq.scripts import Call, Calls, ClaimRequest, Scripts
 from gpuq.worker import batch
+from gpuq.worker.batch import Added
 from gpuq.worker.control import Control
 from gpuq.worker.executor import Claimed, Executor
 from gpuq.worker.gpu import GpuInfo
@@ -68,6 +69,7 @@ class Worker:
         self.gpu = gpu
         self.burst = burst
         self.levels = levels or config.levels()
+        self.batches = batch.wanted(app)
         gpu_tag = gpu.index_text.replace(",", "+") or "x"
         self.id = worker_id or f"{socket.gethostname()}-{gpu_tag}-{uuid.uuid4().hex[:6]}"
         self.keys = Keys(config.pool, config.prefix)
@@ -94,10 +96,11 @@ class Worker:
             for call, reply in zip(pending, self.scripts.pipelined(pending)):
                 self.executor.settle(call, reply)
 
-    def claim(self, pending: list[Call[Any]] | None = None) -> Claimed | float:
-        """Send the previous task's (or batch's) acks or fails and claim the next task, in
-        one round trip. Claims hold the cache lock so the VRAM reported is what is free. With
-        nothing to claim, returns when to look again (0: when woken)."""
+    def claim(self, pending: list[Call[Any]] | None = None) -> tuple[Claimed, Added | None] | float:
+        """Send the previous task's (or batch's) acks or fails and claim the next task (with
+        the tasks taken beside a batch handler's), in one round trip. Claims hold the cache
+        lock so the VRAM reported is what is free. With nothing to claim, returns when to
+        look again (0: when woken)."""
         pending = pending or []
         with self.cache.lock:
             slots = self.config.concurrency - self.running.slots_used()
@@ -105,7 +108,8 @@ class Worker:
                 self.settle(pending)
                 return 0.0
             req = ClaimRequest(self.id, self.cache.free_gb(), self.cache.evictable_gb(), slots,
-                               self.cache.loaded(), self.levels, self.gpu.count, self.cache.in_use())
+                               self.cache.loaded(), self.levels, self.gpu.count, self.cache.in_use(),
+                               self.batches)
             call = self.calls.claim(req)
             *done, reply = self.scripts.pipelined([*pending, call])
             for sent, answer in zip(pending, done):
@@ -113,7 +117,8 @@ class Worker:
             claim = call.parse(reply)
             if claim.task is None:
                 return claim.retry_s
-            return (claim.task, *self.executor.begin(claim.task))
+            first = (claim.task, *self.executor.begin(claim.task))
+            return first, batch.begin_added(self.executor, claim.batch)
 
     def handed(self, fields: dict[str, str]) -> Claimed | None:
         """A task enqueue started on this worker (handed_over): popping it off the wake list
@@ -198,7 +203,7 @@ class Worker:
                     from_idle, waited = waited, False
                     if self.blocked:
                         self.wake_sibling()
-                    pending = batch.execute(self.executor, claimed, self.stopping)
+                    pending = batch.execute(self.executor, claimed[0], self.stopping, claimed[1])
                     continue
                 handed = self.wait_for_work(claimed)
                 waited = True

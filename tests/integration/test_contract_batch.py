@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import pytest
 import redis
-from helpers import T0, ack, claim, claim_batch, enqueue, heartbeat
+from helpers import T0, ack, claim, claim_batch, claim_reply, enqueue, heartbeat
 
 from gpuq import Queue
+from gpuq.claims import Claim
 from gpuq.errors import StaleLease
-from gpuq.scripts import Call
+from gpuq.scripts import Call, ClaimRequest
 from gpuq.task import State
 from gpuq.tenants import Tenant, set_tenant
 
@@ -251,3 +252,79 @@ def test_several_acks_with_a_short_triple_are_invalid_and_write_nothing(queue: Q
     reply = queue.scripts.run_raw(Call("ack", [*call.args, "x", "1"], call.parse))
     assert reply[0] == 1
     assert queue.record(c["id"]).state is State.RUNNING
+
+
+# A claim that takes a batch handler's task on a held model takes the batch beside it.
+
+def batch_claim(q: Queue, now: int = T0 + 100, free: float = 40, more: int = 31, **kw: object) -> Claim:
+    return claim_reply(q, "w1", free, loaded=HELD, now_ms=now, batches=[("emb", more)], **kw)  # type: ignore[arg-type]
+
+
+def test_a_claim_takes_the_batch_of_its_task_in_the_same_call(queue: Queue) -> None:
+    p1 = batch_ids(queue, 2, "P1")
+    p0 = batch_ids(queue, 4, "P0")
+    other_handler = enqueue(queue, T0, handler="gen", priority="P0")
+    got = batch_claim(queue, more=2)
+    assert got.task is not None and got.task["id"] == p0[0]
+    assert got.batch is not None and [t["id"] for t in got.batch.tasks] == p0[1:3]
+    assert got.batch.left_ms == T0 + 200 - (T0 + 100)  # the first P0 task's start-by time
+    for tid in (*p1, p0[3], other_handler):
+        assert queue.record(tid).state is State.QUEUED
+    assert queue.redis.smembers(queue.keys.worker_tasks("w1")) == set(p0[:3])
+    tokens = {got.task["token"], *(t["token"] for t in got.batch.tasks)}
+    assert len(tokens) == 3
+    # the queue's head in the index moved past the batch
+    assert queue.redis.zrange(queue.keys.queue(0, "A"), 0, -1) == sorted([p0[3], other_handler],
+        key=lambda t: (queue.redis.zscore(queue.keys.queue(0, "A"), t), t))
+    _, head = queue.redis.zrange(queue.keys.queue(0, "A"), 0, 0, withscores=True)[0]
+    assert queue.redis.zscore(queue.keys.models_with_work(0), "A") == head
+
+
+def test_a_claim_s_batch_follows_claim_batch_s_rules(queue: Queue) -> None:
+    small = batch_ids(queue, 2, vram_gb=4)  # 2 GB of working memory each beside the 2 GB model
+    big = enqueue(queue, T0 + 5, handler="emb", priority="P1", vram_gb=9)
+    tail = enqueue(queue, T0 + 6, handler="emb", priority="P1", vram_gb=3)
+    got = batch_claim(queue, free=5.5)  # 3.5 GB left beside the first
+    assert got.task is not None and got.task["id"] == small[0]
+    assert got.batch is not None and [t["id"] for t in got.batch.tasks] == [small[1], tail]
+    assert queue.record(big).state is State.QUEUED
+
+
+def test_a_claim_s_batch_counts_each_dispatch_for_fairness(make_queue: object) -> None:
+    q = make_queue(fair_every=5)  # type: ignore[operator]
+    batch_ids(q, 4, "P0")
+    enqueue(q, T0, handler="other", priority="P3", model="B")
+    got = batch_claim(q)
+    assert got.batch is not None and len(got.batch.tasks) == 3
+    assert q.redis.hget(q.keys.fairness, "3") == "4"
+
+
+def test_no_batch_is_tried_for_a_cold_start_or_another_handler(queue: Queue) -> None:
+    batch_ids(queue, 3)
+    cold = claim_reply(queue, "w1", 40, now_ms=T0 + 100, batches=[("emb", 31)])
+    assert cold.task is not None and cold.batch is None  # its load comes first: claim_batch
+    enqueue(queue, T0, handler="gen", priority="P0")
+    other = claim_reply(queue, "w2", 40, loaded=HELD, now_ms=T0 + 100, batches=[("emb", 31)])
+    assert other.task is not None and other.task["handler"] == "gen" and other.batch is None
+    none_more = claim_reply(queue, "w3", 40, loaded=HELD, now_ms=T0 + 100, batches=[("emb", 0)])
+    assert none_more.batch is not None and none_more.batch.tasks == []
+    assert queue.redis.zcard(queue.keys.queue(1, "A")) == 1
+
+
+def test_the_idle_score_drops_by_the_memory_the_claim_s_batch_uses(queue: Queue) -> None:
+    batch_ids(queue, 3, vram_gb=5)  # 3 GB each beside the 2 GB model
+    got = batch_claim(queue, slots=2)
+    assert got.batch is not None and len(got.batch.tasks) == 2
+    assert queue.redis.zscore(queue.keys.idle, "w1") == 31
+
+
+def test_malformed_batch_handler_arguments_are_invalid(queue: Queue) -> None:
+    batch_ids(queue, 2)
+    call = queue.calls.claim(ClaimRequest("w1", 40, 0, 1, HELD, batches=(("emb", 3),)), now_ms=T0 + 100)
+    k = call.args.index("emb") - 1
+    for i, bad in ((k, "x"), (k, "3"), (k + 1, ""), (k + 2, "-1"), (k + 2, "1e5")):
+        args = list(call.args)
+        args[i] = bad
+        reply = queue.scripts.run_raw(Call(call.script, args, call.parse))
+        assert reply[0] == 1, (i, bad, reply)
+    assert queue.redis.zcard(queue.keys.queue(1, "A")) == 2

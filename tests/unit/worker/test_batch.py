@@ -34,12 +34,14 @@ def executor(q: Queue, app: App) -> Executor:
 
 def run_one_batch(q: Queue, ex: Executor) -> list[str]:
     """Claim one task, run the batch it starts, send its calls; the scripts called."""
-    req = ClaimRequest("w", ex.cache.free_gb(), ex.cache.evictable_gb(), 1, ex.cache.loaded())
-    fields = q.scripts.run(q.calls.claim(req)).task
-    assert fields is not None
+    req = ClaimRequest("w", ex.cache.free_gb(), ex.cache.evictable_gb(), 1, ex.cache.loaded(),
+                       batches=batch.wanted(ex.app))
+    claim = q.scripts.run(q.calls.claim(req))
+    assert claim.task is not None
     with ex.cache.lock:
-        claimed = (fields, *ex.begin(fields))
-    calls = batch.execute(ex, claimed)
+        claimed = (claim.task, *ex.begin(claim.task))
+        added = batch.begin_added(ex, claim.batch)
+    calls = batch.execute(ex, claimed, added=added)
     for call in calls:
         ex.settle(call, q.scripts.run_raw(call))
     assert len(ex.running) == 0 and ex.running.slots_used() == 0 and ex.cache.working_gb == 0
@@ -152,3 +154,33 @@ def test_a_batch_shares_one_slot_and_reserves_each_task_s_working_memory() -> No
     assert ex.cache.working_gb == 3  # 1 GB each beside the 2 GB model
     assert [c.script for c in batch.run(ex, app.handlers["h"], items)] == ["ack"] * 3
     assert len(ex.running) == 0 and ex.cache.working_gb == 0
+
+
+def test_a_warm_claim_brings_its_batch_and_claim_batch_is_not_called() -> None:
+    q = memory_queue()
+    seen: list[list[Any]] = []
+
+    def handler(model: str, payloads: list[Any], ctx: BatchContext) -> list[Any]:
+        seen.append(payloads)
+        return payloads
+
+    enqueue(q, "h", 9)
+    ex = executor(q, app_with(handler))
+    ex.scripts.run = counting = Counting(ex.scripts.run)  # type: ignore[method-assign]
+    run_one_batch(q, ex)  # cold: the claim leaves the batch to claim_batch, after the load
+    assert counting.scripts == ["claim", "claim_batch"]
+    counting.scripts.clear()
+    run_one_batch(q, ex)  # warm: the claim took the batch
+    assert counting.scripts == ["claim"]
+    assert seen == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+class Counting:
+    """Scripts.run, counting the scripts it runs."""
+
+    def __init__(self, run: Any) -> None:
+        self.run, self.scripts = run, []  # type: list[str]
+
+    def __call__(self, call: Any) -> Any:
+        self.scripts.append(call.script)
+        return self.run(call)

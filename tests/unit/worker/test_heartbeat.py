@@ -23,8 +23,9 @@ def test_a_task_acked_during_the_beat_is_not_reported_lost(caplog: pytest.LogCap
     worker = Worker(client, config, app, GpuInfo("sim", "x", 80, None, "declared"), worker_id="w")
     worker.presence.register(worker_record.identity("w", worker.gpu, 5, 1, "0123", "h", 1), 30_000)
     task = queue.enqueue("sim.noop", 1, model="m", vram_gb=1)
-    claimed = worker.claim(None)
-    assert isinstance(claimed, tuple)
+    got = worker.claim(None)
+    assert isinstance(got, tuple)
+    claimed = got[0]
     running = claimed[2]
     beat_call = worker.calls.heartbeat
 

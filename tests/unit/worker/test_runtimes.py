@@ -143,8 +143,10 @@ def timing_app(load_s: float, run_s: float) -> App:
 def run_one(worker: Worker, q: Queue, payload: Any, *, cancel: bool = False) -> None:
     """Claim, run and settle one task as a runner does; ``cancel`` ends it before its ack."""
     task = q.enqueue("slow", payload, model="m", vram_gb=1)
-    claimed = worker.claim(None)
-    assert isinstance(claimed, tuple) and claimed[0]["id"] == task.id
+    got = worker.claim(None)
+    assert isinstance(got, tuple)
+    claimed = got[0]
+    assert claimed[0]["id"] == task.id
     call = worker.executor.execute(*claimed)
     assert call is not None
     if cancel:

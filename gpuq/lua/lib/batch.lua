@@ -1,0 +1,51 @@
+-- lib/batch.lua: a batch handler's claim takes more queued tasks of its handler and model.
+
+--@include args
+--@include queue
+--@include readable
+--@include quota
+--@include take
+--@include tally
+
+-- Start up to `count` more queued tasks of handler h from queue (p, m) on worker w, beside a
+-- task of that queue it runs (a batch: claim.lua when it takes the first, claim_batch.lua
+-- after), each as claim starts one (lib/take.lua: its own token, lease, attempt and SLA
+-- decision; its tenant charged). Oldest (lowest score) first, at most `scan` ids examined:
+-- O(scan x log N). The batch shares the worker's loaded model (footprint GB): a task fits
+-- when its working memory, max(0, vram_gb - footprint), fits the `free` GB left after the
+-- tasks taken before it (no model is evicted for it). A task of another handler, or asking
+-- more than `gpus` GPUs, is passed over; a stale id leaves the queue; a corrupt one is failed
+-- (lib/readable.lua, its result kept ttl ms); one whose tenant is at a quota is passed over.
+-- Each task's claim reply values (TASK_FIELDS' order, no names: each element of a reply costs
+-- the server a conversion and the worker a parse) are appended to `out`. Writes are gathered
+-- (lib/tally.lua) and made once; the queue's head in the index is left to the caller.
+-- Returns how many were taken, the GB they use, their earliest start-by score (`bound` if
+-- none is earlier) and whether the queue held any id (its head then needs a refresh).
+local function take_batch(p, m, h, gpus, w, now, lease_until, free, footprint, warm, count, scan,
+                          tenancy, ttl, bound, out)
+  local used, taken = 0, 0
+  if count < 1 then return 0, 0, bound, false end
+  tally_on(count)
+  local ids = redis.call('ZRANGE', queue_key(p, m), 0, scan - 1)
+  local fields, x = readable_and({'state', 'gpus'}), #READABLE
+  for _, id in ipairs(ids) do
+    if taken >= count then break end
+    local g = redis.call('HMGET', task_key(id), unpack(fields))
+    if g[x + 1] ~= 'queued' then
+      unqueue(id, p, m, nil, true)  -- a stale entry: nothing to run
+    elseif g[1] == h and (tonumber(g[x + 2]) or 1) <= gpus then
+      local f = readable(id, p, m, now, ttl, g)  -- nil: corrupt, failed
+      local need = f and tonumber(f[4])
+      local use = need and math.max(0, need - footprint)
+      if f and use <= free - used + 1e-9 and not (tenancy and over_quota(f[9], need)) then
+        local pairs_of, values = take(id, p, m, w, now, lease_until, f, warm, tenancy, true), {}
+        for i = 2, #pairs_of, 2 do values[#values + 1] = pairs_of[i] end
+        out[#out + 1] = values
+        used, taken = used + use, taken + 1
+        bound = math.min(bound, tonumber(f[13]))
+      end
+    end
+  end
+  tally_flush()
+  return taken, used, bound, ids[1] ~= nil
+end
