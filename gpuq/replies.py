@@ -43,6 +43,8 @@ def header_codes(name: str) -> set[str]:
 
 def raise_for(reply: Sequence[Any], task_id: str | None = None, worker_id: str | None = None) -> None:
     """Map a non-OK reply to its exception: the one place codes become errors."""
+    if reply[0] == 0:  # OK, the common case: no enum to build (a worker settles each task)
+        return
     code = Code(int(reply[0]))
     tid = task_id or ""
     if code is Code.OK:

@@ -21,6 +21,7 @@ from gpuq.scripts import LEARN_MAX_RUNS, Calls, Scripts
 
 Run = tuple[str, str, float]  # handler, model, seconds
 CAPACITY = 1024  # runs kept while they wait: four full calls
+NAMES_KEPT = 4096  # (handler, model) pairs whose names were checked, kept at most
 MAX_SECONDS = 1e10  # learn.lua's bound; beyond it enqueue would read the mean as malformed
 _SPACE = re.compile(r"[ \t\n\v\f\r]")  # what Lua's %s matches: learn.lua refuses such names
 
@@ -42,6 +43,7 @@ class RunTimes:
         self._runs: deque[Run] = deque()
         self._lock = threading.Lock()
         self._dropped = 0
+        self._names: dict[tuple[str, str], bool] = {}  # (handler, model) -> learnable names
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -49,7 +51,13 @@ class RunTimes:
     def add(self, handler: str, model: str, seconds: float) -> bool:
         """Keep one run; False, keeping nothing, for one learn.lua would refuse (which would
         make it refuse the whole call)."""
-        if not learnable(handler, model, seconds):
+        names = (handler, model)
+        ok = self._names.get(names)
+        if ok is None:  # learnable's name checks, once per pair (a batch adds one run per task)
+            if len(self._names) >= NAMES_KEPT:
+                self._names.clear()
+            ok = self._names[names] = learnable(handler, model, 0.0)
+        if not (ok and 0.0 <= seconds <= MAX_SECONDS):
             return False
         with self._lock:
             self._runs.append((handler, model, float(seconds)))

@@ -8,6 +8,10 @@
 -- code: 0 OK, 1 INVALID, 2 DUPLICATE, 3 UNSCHEDULABLE, 4 NOT_FOUND, 5 STALE_LEASE,
 -- 6 FINISHED, 7 UNREGISTERED (gpuq/replies.py: Code).
 
+-- ms's last number and its text (state sits in a group's head: gpuq/lua_source.py keeps a
+-- script's reached helpers only)
+local last_ms, last_text = nil, nil
+
 -- A text as a finite number, or nil: tonumber also reads "nan", "inf" and "1e309".
 local function finite(text)
   local n = tonumber(text)
@@ -51,4 +55,9 @@ local function clock(arg)
   return nil
 end
 
-local function ms(n) return string.format('%d', n) end
+-- An integer ms as text. The last one is kept (last_ms, above): a call formats its `now`
+-- for every task.
+local function ms(n)
+  if n ~= last_ms then last_ms, last_text = n, string.format('%d', n) end
+  return last_text
+end

@@ -38,9 +38,7 @@ local function take_batch(p, m, h, gpus, w, now, lease_until, free, footprint, w
       local need = f and tonumber(f[4])
       local use = need and math.max(0, need - footprint)
       if f and use <= free - used + 1e-9 and not (tenancy and over_quota(f[9], need)) then
-        local pairs_of, values = take(id, p, m, w, now, lease_until, f, warm, tenancy, true), {}
-        for i = 2, #pairs_of, 2 do values[#values + 1] = pairs_of[i] end
-        out[#out + 1] = values
+        out[#out + 1] = take(id, p, m, w, now, lease_until, f, warm, tenancy, true)
         used, taken = used + use, taken + 1
         bound = math.min(bound, tonumber(f[13]))
       end

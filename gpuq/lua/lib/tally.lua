@@ -39,18 +39,27 @@ local function count_stat(field)
   end
 end
 
--- A set write (verb ZADD, ZREM, SADD or SREM on key; for ZADD args are score, member; else
--- the member), now or at the flush, in the order asked per key.
-local function set_write(verb, key, ...)
-  if not tally then return redis.call(verb, key, ...) end
-  local k = verb .. ' ' .. key
-  local got = tally.members[k]
+-- A set write (verb ZADD, ZREM, SADD or SREM on key; for ZADD a is the score and b the
+-- member, else a is the member), now or at the flush, in the order asked per key. Gathered
+-- per verb, then key: no key text is built per write (a batch makes six a task).
+local function set_write(verb, key, a, b)
+  if not tally then
+    if b == nil then return redis.call(verb, key, a) end
+    return redis.call(verb, key, a, b)
+  end
+  local by_key = tally.members[verb]
+  if not by_key then
+    by_key = {}
+    tally.members[verb] = by_key
+  end
+  local got = by_key[key]
   if not got then
     got = {verb = verb, key = key}
-    tally.members[k] = got
-    tally.keys[#tally.keys + 1] = k
+    by_key[key] = got
+    tally.keys[#tally.keys + 1] = got
   end
-  for _, v in ipairs({...}) do got[#got + 1] = v end
+  got[#got + 1] = a
+  if b ~= nil then got[#got + 1] = b end
 end
 
 -- Write what was gathered; gathering goes on.
@@ -59,8 +68,7 @@ local function tally_flush()
   for _, field in ipairs(tally.counted) do
     redis.call('HINCRBY', K_STATS, field, tally.counts[field])
   end
-  for _, k in ipairs(tally.keys) do
-    local w = tally.members[k]
+  for _, w in ipairs(tally.keys) do
     for i = 1, #w, 1000 do  -- an even count, so ZADD's pairs stay whole
       redis.call(w.verb, w.key, unpack(w, i, math.min(#w, i + 999)))
     end
