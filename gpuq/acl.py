@@ -48,7 +48,7 @@ OBSERVER_READS = ("time", "exists", "get", "hget", "hmget", "hgetall", "hlen", "
 ROLES: dict[str, Role] = {
     "producer": Role(
         "enqueue, wait for results, read streams, cancel, requeue, drain a worker, read status",
-        ("enqueue", "cancel", "requeue", "follow"),
+        ("enqueue", "cancel", "requeue", "follow", "wait"),
         # result waits (BLMOVE on the done list), stream reads (XREAD), drain (LPUSH), the rq
         # bridge's ended list
         (*OBSERVER_READS, "blmove", "xread", "lpush", "lrem")),

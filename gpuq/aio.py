@@ -81,11 +81,17 @@ class AsyncScripts:
 
     async def run(self, call: Call[T]) -> T:
         with redis_errors(self.url):
-            wait = wait_command([call])
-            commands = [self.command(call)] + ([wait] if wait else [])
-            replies = await exchange(self.client, commands, retry=True)
-            reply = (await self._loaded(replies, [call], wait))[0]
+            reply = (await self.pipelined([call]))[0]
         return call.parse(reply)
+
+    async def pipelined(self, calls: Sequence[Call[Any]],
+                        extra: Sequence[tuple[Any, ...]] = ()) -> list[Any]:
+        """The calls, then the plain commands in ``extra``, in one round trip; replies raw,
+        in order, the first error raised once all are read (gpuq.scripts.Scripts.pipelined,
+        without joining acks: no asyncio caller sends several)."""
+        wait = wait_command(calls)
+        commands = [self.command(c) for c in calls] + list(extra) + ([wait] if wait else [])
+        return await self._loaded(await exchange(self.client, commands, retry=True), calls, wait)
 
     async def streamed(self, calls: Iterable[Call[T]]) -> list[T]:
         """Calls built and sent one after another on one connection, replies read after the
@@ -191,9 +197,7 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
         waiting = Waiting(task_id, timeout, self.redis)
         fields = None if waiting.may_skip_read(exists) else await self._fields(task_id)
         while (record := waiting.ended(fields)) is None:
-            with redis_errors(self.url):
-                fields = waiting.fields(await exchange(self.redis, waiting.pop_and_read(self.keys),
-                                                       retry=True))
+            fields = waiting.fields(await self._wake_up(waiting))
         return record
 
     async def result(self, task_id: str, timeout: float | None = None, *,
@@ -205,10 +209,14 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
             with redis_errors(self.url):
                 values = await self.redis.hmget(self.keys.task(task_id), Waiting.OUTCOME)
         while (result := waiting.outcome(values)) is PENDING:
-            with redis_errors(self.url):
-                values = waiting.last(await exchange(
-                    self.redis, waiting.pop_and_read(self.keys, Waiting.OUTCOME), retry=True))
+            values = waiting.last(await self._wake_up(waiting, Waiting.OUTCOME))
         return result
+
+    async def _wake_up(self, waiting: Waiting, fields: tuple[str, ...] = ()) -> list[Any]:
+        """One round trip of a wait: register, pop, read (see gpuq.client.Queue._wake_up)."""
+        with redis_errors(self.url):
+            return await self.scripts.pipelined([self.calls.wait(waiting.task_id)],
+                                                waiting.pop_and_read(self.keys, fields))
 
     async def stream(self, task_id: str, timeout: float | None = None) -> AsyncIterator[Chunk]:
         """The task's chunks as they come, until it ends (see gpuq.client.Queue.stream)."""

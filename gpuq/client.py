@@ -20,7 +20,6 @@ from gpuq.producer import PENDING, Producer, Waiting, stored
 from gpuq.scripts import Scripts
 from gpuq.stream import Chunk, Follow, follow_call, parse_progress
 from gpuq.task import State, TaskRecord, TaskSpec
-from gpuq.wire import exchange
 
 
 class Queue(Producer[redis.Redis, "Task"]):
@@ -92,14 +91,13 @@ class Queue(Producer[redis.Redis, "Task"]):
 
     def wait(self, task_id: str, timeout: float | None = None, *, exists: bool = False) -> TaskRecord:
         """Block until the task ends and return its record. One round trip per wake-up: a
-        pop that rotates the task's done list in place (so every waiter sees it) pipelined
-        with a read of the task. ``exists`` skips the first read (we just enqueued it)."""
+        registration (so the task's end pushes its done list), a pop that rotates that list
+        in place (so every waiter sees it) and a read of the task, pipelined. ``exists``
+        skips the first read (we just enqueued it)."""
         waiting = Waiting(task_id, timeout, self.redis)
         fields = None if waiting.may_skip_read(exists) else self._fields(task_id)
         while (record := waiting.ended(fields)) is None:
-            with redis_errors(self.url):
-                fields = waiting.fields(exchange(self.redis, waiting.pop_and_read(self.keys),
-                                                 retry=True))
+            fields = waiting.fields(self._wake_up(waiting))
         return record
 
     def result(self, task_id: str, timeout: float | None = None, *, exists: bool = False) -> Any:
@@ -111,10 +109,14 @@ class Queue(Producer[redis.Redis, "Task"]):
             with redis_errors(self.url):
                 values = self.redis.hmget(self.keys.task(task_id), Waiting.OUTCOME)
         while (result := waiting.outcome(values)) is PENDING:
-            with redis_errors(self.url):
-                values = waiting.last(exchange(
-                    self.redis, waiting.pop_and_read(self.keys, Waiting.OUTCOME), retry=True))
+            values = waiting.last(self._wake_up(waiting, Waiting.OUTCOME))
         return result
+
+    def _wake_up(self, waiting: Waiting, fields: tuple[str, ...] = ()) -> list[Any]:
+        """One round trip of a wait: register, pop, read (Waiting.pop_and_read)."""
+        with redis_errors(self.url):
+            return self.scripts.pipelined([self.calls.wait(waiting.task_id)],
+                                          waiting.pop_and_read(self.keys, fields))
 
     def stream(self, task_id: str, timeout: float | None = None) -> Iterator[Chunk]:
         """The chunks the task's handler emits, from the first, as they come, until the task

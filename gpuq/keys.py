@@ -118,7 +118,8 @@ class Keys:
         return self._key("models_with_work", priority)
 
     def done(self, task_id: str) -> str:
-        """List a result waiter blocks on; pushed once when the task ends."""
+        """List a result waiter blocks on; pushed when a task a waiter registered for
+        (wait.lua) ends, or by the registration after the end."""
         return self._key("done", task_id)
 
     def stream(self, task_id: str) -> str:

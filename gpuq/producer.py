@@ -16,7 +16,7 @@ from gpuq.clock import from_time_reply
 from gpuq.config import Config
 from gpuq.errors import ResultTimeout, TaskFailed, TaskNotFound, WorkerNotFound
 from gpuq.keys import Keys
-from gpuq.replies import pairs_to_dict
+from gpuq.replies import pairs_to_dict, raise_for
 from gpuq.scripts import Call, Calls, raise_first_error
 from gpuq.task import Priority, State, TaskRecord, TaskSpec, build_specs
 
@@ -133,24 +133,25 @@ class Waiting:
         return PENDING
 
     def pop_and_read(self, keys: Keys, fields: tuple[str, ...] = ()) -> list[tuple[Any, ...]]:
-        """Block until the done list has an element, rotating it in place so every waiter
-        sees it (nothing to push back), then read the task (those fields, else the whole
-        hash): one round trip per wake-up."""
+        """What follows the registration (``Calls.wait``, which makes the task's end push
+        its done list, or pushes it for a task already ended) in the same round trip: block
+        until the done list has an element, rotating it in place so every waiter sees it
+        (nothing to push back), then read the task (those fields, else the whole hash)."""
         done = keys.done(self.task_id)
         read = ("HMGET", keys.task(self.task_id), *fields) if fields else ("HGETALL", keys.task(self.task_id))
         return [("BLMOVE", done, done, "RIGHT", "LEFT", self.block_s()), read]
 
-    @staticmethod
-    def fields(replies: list[Any]) -> dict[str, str]:
-        """The task hash read by ``pop_and_read``'s replies (a map under RESP3, a flat list
-        under RESP2); a server error raised."""
-        read = Waiting.last(replies)
+    def fields(self, replies: list[Any]) -> dict[str, str]:
+        """The task hash read by a wake-up's replies (a map under RESP3, a flat list under
+        RESP2); a server error raised."""
+        read = self.last(replies)
         return read if isinstance(read, dict) else pairs_to_dict(read)
 
-    @staticmethod
-    def last(replies: list[Any]) -> Any:
-        """The read's reply of ``pop_and_read``'s replies; a server error raised."""
-        return raise_first_error(replies)[1]
+    def last(self, replies: list[Any]) -> Any:
+        """The read's reply of a wake-up's replies (the registration's, the pop's, the
+        read's); a server error raised, TaskNotFound when the registration found no task."""
+        raise_for(raise_first_error(replies)[0], self.task_id)
+        return replies[-1]
 
     def block_s(self) -> float:
         """How long the next pop may block; ResultTimeout once the timeout has passed."""

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 SCRIPT_NAMES = ("enqueue", "claim", "claim_batch", "began", "heartbeat", "ack", "fail", "requeue",
                 "cancel", "reap", "lead", "expire", "preempt", "retire", "learn", "tenant", "fire",
-                "emit", "progress", "follow")  # the last three: gpuq.stream builds their calls
+                "emit", "progress", "follow", "wait")  # emit, progress, follow: gpuq.stream's calls
 LEARN_MAX_RUNS = 256  # learn.lua's limit per call
 
 
@@ -132,6 +132,16 @@ class Calls:
     def ack(self, task_id: str, token: int, result_json: str, *, now_ms: int = 0) -> Call[None]:
         return Call("ack", [task_id, str(token), str(now_ms), result_json, self._ttl],
                     lambda r: raise_for(r, task_id), self._replicas(False, f"ack of task {task_id}"))
+
+    def wait(self, task_id: str) -> Call[str]:
+        """A result waiter registers, just before its pop: the task's state (TaskNotFound
+        when there is none); the task's end, or an end already passed, then pushes its done
+        list."""
+        def parse(r: list[Any]) -> str:
+            raise_for(r, task_id)
+            return str(r[1])
+
+        return Call("wait", [task_id], parse)
 
     def learn(self, runs: Sequence[tuple[str, str, float]]) -> Call[int]:
         """Add measured runs, (handler, model, seconds) each, at most LEARN_MAX_RUNS, to

@@ -1,8 +1,9 @@
 -- ack.lua: record a task's result, fenced by its lease token, and wake its waiters.
 --
--- A task that streamed (`streamed`, read with the lease) gets its stream's end marker and a
--- parent's waiting children are released (lib/finish.lua, lib/deps.lua) in the same call: the
--- two fields read with the others are all a task that did neither pays.
+-- A task that streamed (`streamed`, read with the lease) gets its stream's end marker, a
+-- parent's waiting children are released and a waited task's done list is pushed
+-- (lib/finish.lua, lib/deps.lua, wait.lua) in the same call: the three fields read with the
+-- others are all a task that did none of these pays.
 --
 -- It learns nothing: the worker times its handler and sends the run, once acked, to
 -- learn.lua with its next heartbeat (`runtimes`), so a task's own path costs no more.
@@ -34,14 +35,14 @@ if not (now and ttl) then return {1, 0, 'now and ttl must be ms >= 0'} end
 
 local function ack(id, token, result)
   local f = redis.call('HMGET', task_key(id), 'state', 'token', 'worker', 'priority', 'charged',
-    'streamed', 'children')
+    'streamed', 'children', 'waited')
   if not f[1] then return {4} end
   if f[1] ~= 'running' or f[2] ~= token then return {5, f[1]} end
   if #result > 1048576 then return {1, 0, 'result is larger than 1048576 bytes'} end
   if not is_json(result) then return {1, 0, 'result is not valid JSON'} end
   release(id, f[3], f[5])
   if f[7] == '1' then tally_flush() end  -- releasing children reads workers' task sets
-  finish(id, 'succeeded', now, ttl, 'result', result, f[4], f[6], f[7])  -- releases its children
+  finish(id, 'succeeded', now, ttl, 'result', result, f[4], f[6], f[7], f[8])  -- releases its children
   return {0}
 end
 

@@ -2,9 +2,10 @@
 
 Inputs (``Snapshot``) are plain data read after the drain: the producers' acknowledged ids,
 every such task's hash, how many times each task was ended (its ``done`` list grows by one per
-ending), the first ending a client read, the handlers' run logs, the rejections and failed
-acks the workers logged, the live workers' hashes and the leftover keys. Nothing here talks to
-Redis, so the unit tests feed it fabricated snapshots and see it fail.
+ending once the observer registered as its waiter), the first ending a client read, the
+handlers' run logs, the rejections and failed acks the workers logged, the live workers'
+hashes and the leftover keys. Nothing here talks to Redis, so the unit tests feed it
+fabricated snapshots and see it fail.
 
 A result counts as written twice when any of three witnesses says so:
 

@@ -53,7 +53,9 @@ def assert_failed(q: Queue, task_id: str, field: str) -> None:
     assert fields["error"] == BAD.format(field), fields
     assert q.redis.zscore(q.keys.queue(2, "A"), task_id) is None
     assert q.redis.zscore(q.keys.need, task_id) is None
-    assert q.redis.lrange(q.keys.done(task_id), 0, -1) == ["failed"]  # its waiters wake
+    assert q.redis.exists(q.keys.done(task_id)) == 0  # nobody waited: no done list
+    assert q.scripts.run(q.calls.wait(task_id)) == "failed"  # a waiter's pop returns at once
+    assert q.redis.lrange(q.keys.done(task_id), 0, -1) == ["failed"]
     assert q.redis.pttl(q.keys.task(task_id)) > 0
 
 

@@ -80,6 +80,7 @@ def build_state(q: Queue) -> None:
     q.scripts.run(q.calls.ack("done1", 3, '"ok"', now_ms=T0 + 5))
     enqueue_specs(q, [spec(task_id="run2", model="A", vram_gb=5, priority=2, est_s=9)], T0 + 5)
     assert claim(q, "w1", 60, loaded=[("A", 8.0)], now_ms=T0 + 5) is not None  # token 4
+    assert q.scripts.run(q.calls.wait("run2")) == "running"  # a waiter: its end pushes done
     # held tasks: kid1 waits for run1 and run2 (its end settles kid1), kid2 for kid1; later is
     # due at T0 + 20 s; a schedule s1 every minute from T0
     enqueue_specs(q, [spec(task_id="kid1", model="A", after=["run1", "run2"]),
@@ -152,6 +153,7 @@ def valid_calls(c: Calls) -> dict[str, list[Call[Any]]]:
         "emit": [emit_call("run1", 1, 0, '{"t":"hi"}', c.config), emit_call("run2", 4, 7, '"x"', c.config)],
         "progress": [progress_call("run1", 1, 0.5, "half"), progress_call("run2", 4, 1.0, "")],
         "follow": [follow_call("run1"), follow_call("done1"), follow_call("q1")],
+        "wait": [c.wait("run1"), c.wait("done1"), c.wait("q1")],
         "fire": [fire_call(c, "s1", T0 + 60_000, now_ms=T0 + 61_000),
                  fire_call(c, "s1", T0 + 60_000, skip=True, now_ms=T0 + 61_000),
                  fire_call(c, "s1", T0, now_ms=t)],
@@ -281,7 +283,7 @@ def ok_reply(name: str, r: list[Any], argv: Sequence[bytes]) -> bool:
         return len(tail) == 1 and re.fullmatch(rb"\d+-\d+", tail[0]) is not None
     if name == "progress":
         return tail == []
-    if name == "follow":
+    if name in ("follow", "wait"):
         return len(tail) == 1 and isinstance(tail[0], bytes)
     if name == "fire":
         return tail in ([b"skipped"], [b"done"]) or (len(tail) == 2 and tail[0] == b"enqueued")

@@ -94,6 +94,7 @@ def test_requeue_a_delayed_task_runs_it_now(make_queue: MakeQueue) -> None:
 def test_requeue_a_failed_task_starts_it_afresh(queue: Queue) -> None:
     tid = enqueue(queue, T0, max_attempts=1, deadline_s=600)
     c = claimed(queue)
+    assert queue.scripts.run(queue.calls.wait(tid)) == "running"  # a waiter: its end pushes
     assert fail(queue, tid, c["token"], "bad input", now_ms=T0 + 1) == "failed"
     assert queue.redis.pttl(queue.keys.task(tid)) > 0
     assert queue.redis.exists(queue.keys.done(tid)) == 1

@@ -31,6 +31,12 @@ def test_every_script_belongs_to_a_role_and_no_role_gets_an_admin_command() -> N
     assert "blmove" not in acl.commands("worker") and "blmove" not in acl.commands("reaper")
 
 
+def test_a_result_waiter_may_register_and_block() -> None:
+    """Waiters (producers) send wait.lua with every pop: its commands are granted."""
+    assert "wait" in acl.ROLES["producer"].scripts
+    assert {"blmove", "hmget", "exists", "lpush", "pttl", "pexpire", "hset"} <= set(acl.commands("producer"))
+
+
 def test_acl_line_holds_the_hash_not_the_password() -> None:
     line = acl.setuser("worker", "p[1]", "gpuq-w", SECRET)
     assert SECRET not in line and "#" in line

@@ -15,26 +15,31 @@ end
 
 -- End a task: terminal state, wake its waiters, keep it readable for ttl ms; counted per
 -- state and per state and priority ("<state>:P<n>"; p read from the task unless given).
+-- Its done list is pushed only when a waiter registered (field `waited`, wait.lua): a task
+-- nobody waits on leaves no done key.
 -- A task marked `streamed` (it emitted a chunk, or a reader follows it: emit.lua,
 -- follow.lua) gets the end marker {end = state} on its stream, which takes the same TTL. A
 -- parent (field `children` "1") settles its children in the same call (lib/deps.lua); those
--- it cancels end here in turn. `streamed` and `children` are read with report_end, or given
--- by a caller that ends the task succeeded and read them already (ack reads them with the
--- lease, so a task that never streamed and has no children costs it nothing more).
-local function finish(id, state, now, ttl, field, value, p, streamed, kids)
+-- it cancels end here in turn. `streamed`, `children` and `waited` are read with
+-- report_end, or given by a caller that ends the task succeeded and read them already (ack
+-- reads them with the lease, so a task that never streamed, has no children and no waiter
+-- costs it nothing more).
+local function finish(id, state, now, ttl, field, value, p, streamed, kids, waited)
   local tk = task_key(id)
   redis.call('HSET', tk, 'state', state, 'finished_at', ms(now), field, value)
   p = level(p or redis.call('HGET', tk, 'priority'))  -- none in a corrupt hash
   if p then count_stat(state .. ':P' .. p) end
-  local done = done_key(id)
-  redis.call('LPUSH', done, state)
-  redis.call('PEXPIRE', done, ttl)
   redis.call('PEXPIRE', tk, ttl)
   count_stat(state)
   local report = false
   if state ~= 'succeeded' or streamed == nil then
-    local g = redis.call('HMGET', tk, 'report_end', 'streamed', 'children')
-    report, streamed, kids = g[1] == '1', g[2], g[3]
+    local g = redis.call('HMGET', tk, 'report_end', 'streamed', 'children', 'waited')
+    report, streamed, kids, waited = g[1] == '1', g[2], g[3], g[4]
+  end
+  if waited == '1' then
+    local done = done_key(id)
+    redis.call('LPUSH', done, state)
+    redis.call('PEXPIRE', done, ttl)
   end
   if streamed == '1' then
     local sk = stream_key(id)
