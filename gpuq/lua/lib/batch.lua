@@ -1,6 +1,5 @@
 -- lib/batch.lua: a batch handler's claim takes more queued tasks of its handler and model.
 
---@include args
 --@include queue
 --@include readable
 --@include quota
