@@ -58,24 +58,30 @@ def begin_added(ex: Executor, batch: Batch | None) -> Added | None:
 
 
 def execute(ex: Executor, claimed: Claimed, stopping: threading.Event | None = None,
-            added: Added | None = None) -> list[Call[Any]]:
-    """Run a claimed task, with the batch it starts when its handler is a batch handler
-    (``added``: what its claim took beside it); the calls that settle its tasks.
-    ``stopping`` None: a batch does not wait for more."""
+            added: Added | None = None, *, handed: bool = False) -> list[Call[Any]]:
+    """Run a claimed task (``handed``: handed over at enqueue), with the batch it starts
+    when its handler is a batch handler (``added``: what its claim took beside it); the
+    calls that settle its tasks. ``stopping`` None: a batch does not wait for more."""
     spec = batch_spec(ex, claimed[0])
     if spec is None:
         call = ex.execute(*claimed)
         return [] if call is None else [call]
-    return run(ex, spec, fill(ex, spec, claimed, stopping, added))
+    return run(ex, spec, fill(ex, spec, claimed, stopping, added, handed=handed))
 
 
 def fill(ex: Executor, spec: HandlerSpec, first: Claimed, stopping: threading.Event | None,
-         added: Added | None = None) -> list[Claimed]:
+         added: Added | None = None, *, handed: bool = False) -> list[Claimed]:
     """The batch the claimed task ``first`` starts: it, what its claim took beside it
     (``added``; None: the claim did not try, claim_batch is asked at once) and what
-    claim_batch adds after the batch's wait."""
+    claim_batch adds after the batch's wait. A task handed over to a worker holding its
+    model starts at once, alone, unless its handler waits for a batch (batch_wait_ms):
+    enqueue hands a task only to an idle worker, whose queues held nothing for it, and an
+    online request must not pay a round trip to find that out; what queues meanwhile
+    goes with the worker's next claim."""
     items = [first, *(added[0] if added else [])]
     if first[1] is None or first[2].rejected:  # execute fails it alone
+        return items
+    if handed and not first[1].cold and spec.batch_wait_ms <= 0:
         return items
     left_ms, waited = (None, False) if added is None else (added[1], False)
     while len(items) < spec.batch:

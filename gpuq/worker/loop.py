@@ -209,7 +209,7 @@ class Worker:
                 waited = True
                 if handed is not None:
                     from_idle, waited = True, False
-                    pending = batch.execute(self.executor, handed, self.stopping)
+                    pending = batch.execute(self.executor, handed, self.stopping, handed=True)
             except redis.RedisError as exc:  # down or restarting: said once, retried with backoff
                 outage.down(exc)
                 self.stopping.wait(backoff.delay())

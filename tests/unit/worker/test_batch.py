@@ -4,6 +4,7 @@ call and settled one by one (drain runs the same code as a worker)."""
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 import pytest
@@ -184,3 +185,32 @@ class Counting:
     def __call__(self, call: Any) -> Any:
         self.scripts.append(call.script)
         return self.run(call)
+
+
+@pytest.mark.parametrize("wait_ms, ran", [(0, [[9]]), (5, [[9, 10, 11, 12]])])
+def test_a_task_handed_to_a_holder_starts_alone_unless_its_handler_waits(wait_ms: int,
+                                                                         ran: list[Any]) -> None:
+    q = memory_queue()
+    seen: list[list[Any]] = []
+
+    def handler(model: str, payloads: list[Any], ctx: BatchContext) -> list[Any]:
+        seen.append(payloads)
+        return payloads
+
+    app = App("t")
+    app.model("bge", vram_gb=2)(lambda name: name)
+    app.handler("h", model="bge", batch=4, batch_wait_ms=wait_ms)(handler)
+    ex = executor(q, app)
+    enqueue(q, "h", 1)
+    run_one_batch(q, ex)  # loads the model
+    seen.clear()
+    ids = [q.enqueue("h", i, model="bge", vram_gb=3).id for i in range(9, 13)]
+    req = ClaimRequest("w", ex.cache.free_gb(), ex.cache.evictable_gb(), 1, ex.cache.loaded())
+    fields = q.scripts.run(q.calls.claim(req)).task  # as enqueue would hand it over: alone
+    assert fields is not None and fields["id"] == ids[0]
+    with ex.cache.lock:
+        claimed = (fields, *ex.begin(fields))
+    for call in batch.execute(ex, claimed, threading.Event(), handed=True):
+        ex.settle(call, q.scripts.run_raw(call))
+    assert seen == ran
+    assert [q.record(t).state for t in ids[len(ran[0]):]] == [State.QUEUED] * (4 - len(ran[0]))
