@@ -185,14 +185,17 @@ class Worker:
         pending: list[Call[Any]] = []  # the finished task's (or batch's) acks or fails, not yet sent
         waited = False  # the last claim found nothing and the runner waited for work
         from_idle = False  # the task just run was claimed right after such a wait
+        online = False  # the task (or batch) just run was P0/P1
         outage, backoff = self.outage, Backoff()
         while not self.stopping.is_set():
             started = time.monotonic()
             try:
-                if pending and from_idle:
+                if pending and (from_idle or (online and self.batches)):
                     # a task taken by a worker that was idle: someone may be waiting on it,
                     # and a claim sent with its ack would hold the waiter's reply back by
-                    # its own server time; in a busy streak the ack rides with the claim
+                    # its own server time; in a busy streak the ack rides with the claim,
+                    # unless the task was online work and the claim may take a whole batch
+                    # (a batch handler's: 30 tasks' starts, about 0.6 ms of server time)
                     self.settle(pending)
                     pending = []
                 claimed = self.claim(pending)
@@ -203,12 +206,14 @@ class Worker:
                     from_idle, waited = waited, False
                     if self.blocked:
                         self.wake_sibling()
+                    online = claimed[0][0].get("priority") in ("0", "1")
                     pending = batch.execute(self.executor, claimed[0], self.stopping, claimed[1])
                     continue
                 handed = self.wait_for_work(claimed)
                 waited = True
                 if handed is not None:
                     from_idle, waited = True, False
+                    online = handed[0].get("priority") in ("0", "1")
                     pending = batch.execute(self.executor, handed, self.stopping, handed=True)
             except redis.RedisError as exc:  # down or restarting: said once, retried with backoff
                 outage.down(exc)
