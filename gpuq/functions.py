@@ -8,10 +8,11 @@ measures both ways).
 
 Each script keeps its source as ``gpuq.lua_source.script_source`` makes it, in a block of
 its own: its helpers are made at load; ``KEYS``, ``ARGV`` and the key base ``B`` are bound at
-each call; its key names are made again only when the base changes (another pool); every
-other statement of its helpers' groups (a constant, or state such as lib/tally.lua's
-``tally``) runs again at each call, so no call sees what an earlier one left. Then its text
-runs as it would under ``EVALSHA``.
+each call; its key names are made again only when the base changes (another pool); a
+constant of its helpers' groups (an ALL_CAPS local, e.g. lib/readable.lua's field lists,
+which no line assigns to or into) is made once, at load; every other statement of those
+groups (state such as lib/tally.lua's ``tally``) runs again at each call, so no call sees
+what an earlier one left. Then its text runs as it would under ``EVALSHA``.
 
 The library's name and its functions' carry a digest of the sources, so clients of two gpuq
 versions on one server (a rolling upgrade) each call their own; an old version's library
@@ -40,6 +41,7 @@ _REFUSED = ("unknown command", "unknown subcommand", "NOPERM")
 
 _KEY_NAME = re.compile(r"^local (K_\w+) = (.*)$")
 _STATEMENT = re.compile(r"^local (\w+(?:\s*,\s*\w+)*) = ")
+_CONSTANT = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,13 @@ def _block(name: str, function: str) -> list[str]:
             while i + 1 < len(lines) and lines[i + 1][:1] in (" ", "\t"):  # its continuation
                 i += 1
                 statement.append(lines[i])
-            declared.append(m[1])
-            per_call.append("\n".join(statement))
+            names = [n.strip() for n in m[1].split(",")]
+            if all(_CONSTANT.match(n) for n in names):  # made once, where it stands
+                _check_constant(name, names, script_source(name))
+                kept.append("local " + "\n".join(statement))
+            else:
+                declared.append(m[1])
+                per_call.append("\n".join(statement))
         elif line[:1] in ("", " ", "\t") or line.startswith(("--", "local function ", "end")):
             kept.append(line)
         else:  # run once at load, it would act on the first call only: say so at build
@@ -94,6 +101,14 @@ def _block(name: str, function: str) -> list[str]:
             body,
             "end)",
             "end"]
+
+
+def _check_constant(script: str, names: list[str], source: str) -> None:
+    """A constant made once at load must not change: no line assigns to it or into it."""
+    for n in names:
+        if re.search(rf"(?<![\w.]){n}\s*(\[[^\]]*\]\s*)?=(?!=)|table\.\w+\(\s*{n}\b", source.replace(
+                f"local {n} =", "")):
+            raise ValueError(f"{script}: constant {n} is changed after it is made")
 
 
 @functools.cache

@@ -207,9 +207,8 @@ local function candidates(q, warm)
   return ids, head
 end
 
--- A held model's tasks are read with all a claim reply needs (READABLE, then offered, state
--- and gpus): the first that fits is taken, and reading it again cost a command.
-local WARM = readable_and({'offered', 'state', 'gpus'})
+-- A held model's tasks are read with all a claim reply needs (READ_HELD): the first that
+-- fits is taken, and reading it again cost a command.
 
 -- First task of queue (p, m) this worker can run: its id, the VRAM it will use and its
 -- fields (readable), and the queue's head as read (candidates). An id whose hash is gone, or
@@ -221,7 +220,7 @@ local function scan_queue(p, m)
   for k, id in ipairs(ids) do
     local f, all
     if footprint then
-      all = redis.call('HMGET', task_key(id), unpack(WARM))
+      all = redis.call('HMGET', task_key(id), unpack(READ_HELD))
       local x = #READABLE  -- the scan's fields: READABLE's vram_gb, queued_at, est_s, tenant
       f = {all[4], all[12], all[x + 1], all[6], all[x + 2], all[9], all[x + 3]}
     else

@@ -25,6 +25,24 @@ def test_state_of_a_helper_group_is_set_again_at_each_call() -> None:
     assert "\nlocal tally\n" in block[:call] and "\ntally = false\n" in block[call:]
 
 
+def test_a_constant_of_a_helper_group_is_made_once_at_load() -> None:
+    """lib/readable.lua's field lists are made where they stand, outside the function."""
+    block = library(("claim",)).source
+    call = block.index("redis.register_function(")
+    assert "\nlocal READ_HELD = {" in block[:call] and "READ_HELD = {" not in block[call:]
+
+
+@pytest.mark.parametrize("change", ["NAMES[2] = 'x'", "NAMES = {}", "table.insert(NAMES, 'x')"])
+def test_a_constant_that_is_changed_is_refused(monkeypatch: pytest.MonkeyPatch, change: str) -> None:
+    import gpuq.functions as functions
+
+    source = f"local B = KEYS[1]\nlocal NAMES = {{'a'}}\nlocal function f()\n  {change}\nend\nreturn 1\n"
+    monkeypatch.setattr(functions, "_lua_file", lambda name: "return 1\n")
+    monkeypatch.setattr(functions, "script_source", lambda name: source)
+    with pytest.raises(ValueError, match="constant NAMES is changed"):
+        functions._block("odd", "gpuq_x_odd")
+
+
 @pytest.mark.parametrize("reply, expected", [
     (redis.exceptions.NoScriptError("No matching script"), True),
     (redis.ResponseError("Function not found"), True),

@@ -182,3 +182,11 @@ def test_what_one_script_alone_calls_lives_in_it() -> None:
 def test_lua_has_no_templating_placeholders(text: str) -> None:
     body = code(text)  # comments may show example keys
     assert not re.search(r"\{[a-z_]+\}|%\([a-z_]+\)s|\$\{", body), "looks templated"
+
+
+def test_a_claim_s_read_is_readable_s_fields_then_offered_state_and_gpus() -> None:
+    """lib/readable.lua's READ_HELD repeats READABLE (a constant made once) before its own."""
+    text = group_text("readable")
+    lists = {name: re.findall(r"'(\w+)'", body) for name, body in
+             re.findall(r"^local (READABLE|READ_HELD) = \{(.*?)\}", text, re.M | re.S)}
+    assert lists["READ_HELD"] == [*lists["READABLE"], "offered", "state", "gpus"]

@@ -26,13 +26,13 @@ local function take_batch(p, m, h, gpus, w, now, lease_until, free, footprint, w
   if count < 1 then return 0, 0, bound, false end
   tally_on(count)
   local ids = redis.call('ZRANGE', queue_key(p, m), 0, scan - 1)
-  local fields, x = readable_and({'state', 'gpus'}), #READABLE
+  local x = #READABLE
   for _, id in ipairs(ids) do
     if taken >= count then break end
-    local g = redis.call('HMGET', task_key(id), unpack(fields))
-    if g[x + 1] ~= 'queued' then
+    local g = redis.call('HMGET', task_key(id), unpack(READ_HELD))
+    if g[x + 2] ~= 'queued' then
       unqueue(id, p, m, nil, true)  -- a stale entry: nothing to run
-    elseif g[1] == h and (tonumber(g[x + 2]) or 1) <= gpus then
+    elseif g[1] == h and (tonumber(g[x + 3]) or 1) <= gpus then
       local f = readable(id, p, m, now, ttl, g)  -- nil: corrupt, failed
       local need = f and tonumber(f[4])
       local use = need and math.max(0, need - footprint)

@@ -4,19 +4,17 @@
 --@include json
 --@include corrupt
 
--- The fields readable reads, in its order (a caller reading more of the hash at once puts
--- its own after these and passes the reply in).
+-- The fields readable reads, in its order. A claim reads READ_HELD, the same then offered,
+-- state and gpus (at #READABLE + 1, + 2, + 3), in one HMGET, checks the last three and passes
+-- the reply in (tests/unit/test_scripts_header.py checks the two lists agree). Constants:
+-- made once where the scripts run as a function library (gpuq/functions.py).
 local READABLE = {'handler', 'payload', 'model', 'vram_gb', 'priority', 'est_s', 'attempt',
   'deadline', 'tenant', 'checkpoint', 'enqueued_at', 'queued_at', 'score', 'reserved_for',
   'yield_victim', 'max_attempts', 'began_at', 'fair', 'order', 'due_at'}
-
--- READABLE's names, then `extra` ones (read at #READABLE + 1, ...): a caller that checks a
--- few fields before `readable` reads the task in one HMGET and passes the reply in.
-local function readable_and(extra)
-  local names = {unpack(READABLE)}
-  for _, name in ipairs(extra) do names[#names + 1] = name end
-  return names
-end
+local READ_HELD = {'handler', 'payload', 'model', 'vram_gb', 'priority', 'est_s', 'attempt',
+  'deadline', 'tenant', 'checkpoint', 'enqueued_at', 'queued_at', 'score', 'reserved_for',
+  'yield_victim', 'max_attempts', 'began_at', 'fair', 'order', 'due_at', 'offered', 'state',
+  'gpus'}
 
 -- Whether a number's text is hex, which tonumber reads and a worker's float() does not.
 local function hex(v) return string.find(v, '[xX]') ~= nil end
