@@ -75,4 +75,7 @@ class Batch:
     @classmethod
     def of(cls, reply: Sequence[Any]) -> Batch:
         """From left_ms, then each task's values."""
-        return cls([dict(zip(TASK_FIELDS, map(str, t))) for t in reply[1:]], int(reply[0]))
+        tasks = [dict(zip(TASK_FIELDS, t)) for t in reply[1:]]
+        for task in tasks:  # the one number among the values (the others come as text)
+            task["token"] = str(task["token"])
+        return cls(tasks, int(reply[0]))

@@ -328,3 +328,13 @@ def test_malformed_batch_handler_arguments_are_invalid(queue: Queue) -> None:
         reply = queue.scripts.run_raw(Call(call.script, args, call.parse))
         assert reply[0] == 1, (i, bad, reply)
     assert queue.redis.zcard(queue.keys.queue(1, "A")) == 2
+
+
+def test_a_batch_reads_its_queue_a_page_at_a_time_past_stale_ids(queue: Queue) -> None:
+    ids = batch_ids(queue, 9)
+    c = first(queue)
+    for tid in ids[1:6]:  # five stale ids: the first page (count + 4 = 6 ids) takes one task
+        queue.redis.delete(queue.keys.task(tid))
+    got = claim_batch(queue, "w1", c, 40, 2, count=2, now_ms=T0 + 100)
+    assert [t["id"] for t in got.tasks] == ids[6:8]  # the second page, read past the first
+    assert queue.redis.zrange(queue.keys.queue(1, "A"), 0, -1) == [ids[8]]

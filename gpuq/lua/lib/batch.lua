@@ -25,10 +25,18 @@ local function take_batch(p, m, h, gpus, w, now, lease_until, free, footprint, w
   local used, taken = 0, 0
   if count < 1 then return 0, 0, bound, false end
   tally_on(count)
-  local ids = redis.call('ZRANGE', queue_key(p, m), 0, scan - 1)
-  local x = #READABLE
-  for _, id in ipairs(ids) do
-    if taken >= count then break end
+  -- ids read a page at a time, as many as are still wanted (and a few more): a queue whose
+  -- tasks all fit is read once, not `scan` deep
+  local q, x, seen, ids, i = queue_key(p, m), #READABLE, 0, {}, 1
+  while taken < count do
+    if i > #ids then
+      local want = math.min(count - taken + 4, scan - seen)
+      -- the queue is as it was: its removals are gathered until the flush below
+      ids, i = want > 0 and redis.call('ZRANGE', q, seen, seen + want - 1) or {}, 1
+      if not ids[1] then break end
+    end
+    local id = ids[i]
+    i, seen = i + 1, seen + 1
     local g = redis.call('HMGET', task_key(id), unpack(READ_HELD))
     if g[x + 2] ~= 'queued' then
       unqueue(id, p, m, nil, true)  -- a stale entry: nothing to run
@@ -44,5 +52,5 @@ local function take_batch(p, m, h, gpus, w, now, lease_until, free, footprint, w
     end
   end
   tally_flush()
-  return taken, used, bound, ids[1] ~= nil
+  return taken, used, bound, seen > 0
 end
