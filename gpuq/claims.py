@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +12,9 @@ from gpuq.replies import checked, pairs_to_dict
 TASK_FIELDS = ("id", "token", "handler", "payload", "model", "vram_gb", "priority", "est_s",
                "attempt", "deadline", "tenant", "checkpoint", "enqueued_at", "queued_at",
                "started_at", "sla")
+# A task taken beside a batch's first: the values that differ from the first's, in order
+BATCHED_FIELDS = ("id", "token", "payload", "vram_gb", "est_s", "attempt", "deadline", "tenant",
+                  "checkpoint", "enqueued_at", "queued_at", "sla")
 
 
 @dataclass(frozen=True)
@@ -56,26 +59,32 @@ class Claim:
         if str(checked(reply)[1]) != "task":
             return cls(None, int(reply[2]) / 1000.0)
         end = 2 + 2 * len(TASK_FIELDS)
-        batch = Batch.of(reply[end:]) if len(reply) > end else None
-        return cls(pairs_to_dict(reply[2:end]), batch=batch)
+        task = pairs_to_dict(reply[2:end])
+        return cls(task, batch=Batch.of(reply[end:], task) if len(reply) > end else None)
 
 
 @dataclass(frozen=True)
 class Batch:
     """claim_batch's answer: the tasks added to a batch (claim reply fields each; the script
-    sends their values in TASK_FIELDS order)."""
+    sends the values that differ from the first task's, in BATCHED_FIELDS order)."""
 
     tasks: list[dict[str, str]]
     left_ms: int  # from the server's now to the batch's earliest start-by score (< 0: past)
 
     @classmethod
-    def parse(cls, reply: list[Any]) -> Batch:
-        return cls.of(checked(reply)[1:])
+    def parse(cls, reply: list[Any], first: Mapping[str, str]) -> Batch:
+        return cls.of(checked(reply)[1:], first)
 
     @classmethod
-    def of(cls, reply: Sequence[Any]) -> Batch:
-        """From left_ms, then each task's values."""
-        tasks = [dict(zip(TASK_FIELDS, t)) for t in reply[1:]]
-        for task in tasks:  # the one number among the values (the others come as text)
-            task["token"] = str(task["token"])
+    def of(cls, reply: Sequence[Any], first: Mapping[str, str]) -> Batch:
+        """From left_ms, started_at, then each task's values; ``first``: the batch's first
+        task's fields (its handler, model and priority are each task's)."""
+        shared = {name: first.get(name, "") for name in ("handler", "model", "priority")}
+        shared["started_at"] = str(reply[1])
+        tasks = []
+        for values in reply[2:]:
+            task = dict(zip(BATCHED_FIELDS, values))
+            task["token"] = str(task["token"])  # the one number among the values
+            task.update(shared)
+            tasks.append(task)
         return cls(tasks, int(reply[0]))

@@ -110,7 +110,7 @@ class Calls:
         """Up to ``count`` more tasks for the batch of the claimed task ``first`` (its fields)."""
         args = [worker_id, str(now_ms), _num(free_gb), *self._claim_tail, first["id"], first["token"],
                 _num(footprint_gb), "1" if warm else "0", str(count), str(max(int(self._scan), 4 * count))]
-        return Call("claim_batch", args, Batch.parse)
+        return Call("claim_batch", args, lambda r: Batch.parse(r, first))
 
     def began(self, task_id: str, token: int, *, now_ms: int = 0) -> Call[tuple[str, int]]:
         """A cold-started task's handler starts: (its SLA decided now, "met" or "missed", or

@@ -44,9 +44,10 @@
 --                                            model, vram_gb, priority, est_s, attempt,
 --                                            deadline, tenant, checkpoint, enqueued_at,
 --                                            queued_at, started_at (ms), sla (below)
---          {0, "task", ..., left_ms, task, ...}   a batch handler's task on a held model:
---                                            then what lib/batch.lua took beside it, as
---                                            claim_batch.lua replies (a cold start: not tried)
+--          {0, "task", ..., left_ms, started_at, task, ...}   a batch handler's task on a
+--                                            held model: then what lib/batch.lua took beside
+--                                            it, as claim_batch.lua replies (a cold start: not
+--                                            tried)
 --          {1, 0, reason}                   INVALID: a malformed argument (nothing written)
 -- A queued task no claim could run wedges nothing: an id whose hash is gone (or is no longer
 -- queued) leaves its queue; one whose hash has a field missing or malformed (see `readable`)
@@ -371,7 +372,7 @@ for i, name in ipairs(TAKEN) do reply[2 * i + 1], reply[2 * i + 2] = name, value
 local more, taken, batch_use, seen = held[m] and batches[f[1]], 0, 0, false
 if more then
   local at = #reply + 1
-  reply[at] = 0
+  reply[at], reply[at + 1] = 0, values[15]
   taken, batch_use, reply[at], seen = take_batch(p, m, f[1], gpus, worker, now, now + lease,
     math.max(0, free - use), held[m], true, more, math.max(scan, 4 * more), tenancy, TTL,
     tonumber(f[13]), reply)

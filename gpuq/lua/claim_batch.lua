@@ -23,12 +23,14 @@
 --          decided here); "0": it loads it for the batch (sla "pending", as claim)
 -- ARGV[10] count: tasks to take at most (0..1e4)
 -- ARGV[11] scan: task ids examined at most (1..1e5)
--- Returns  {0, left_ms, task, ...}  left_ms: ms from now to the batch's earliest start-by
---                                   score (the first task's and those taken; < 0: past it);
---                                   each task the values of the claim reply's pairs, in
---                                   their order (id, token, handler, payload, model,
---                                   vram_gb, priority, est_s, attempt, deadline, tenant,
---                                   checkpoint, enqueued_at, queued_at, started_at, sla)
+-- Returns  {0, left_ms, started_at, task, ...}  left_ms: ms from now to the batch's
+--                                   earliest start-by score (the first task's and those
+--                                   taken; < 0: past it); started_at: now (ms), when each
+--                                   started; each task the values of the claim reply's
+--                                   pairs but handler, model, priority (the first's) and
+--                                   started_at, in their order (id, token, payload, vram_gb,
+--                                   est_s, attempt, deadline, tenant, checkpoint,
+--                                   enqueued_at, queued_at, sla)
 --          {1, 0, reason}           INVALID: a malformed argument (nothing written)
 --          {4}                      NOT_FOUND: the first task is gone (nothing taken)
 --          {5, state}               STALE_LEASE: the first task no longer runs under this
@@ -65,7 +67,7 @@ local gpus = tonumber(s[8]) or 1
 if not (p and m and h and bound) then return {0, 0} end  -- claim checked them: never here
 
 local tenancy = tenancy_on()
-local reply = {0, 0}
+local reply = {0, 0, ms(now)}
 local taken, used, seen
 taken, used, bound, seen = take_batch(p, m, h, gpus, worker, now, now + lease, free, footprint, warm, count,
   scan, tenancy, TTL, bound, reply)

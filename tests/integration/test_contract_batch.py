@@ -273,6 +273,9 @@ def test_a_claim_takes_the_batch_of_its_task_in_the_same_call(queue: Queue) -> N
     assert queue.redis.smembers(queue.keys.worker_tasks("w1")) == set(p0[:3])
     tokens = {got.task["token"], *(t["token"] for t in got.batch.tasks)}
     assert len(tokens) == 3
+    for t in got.batch.tasks:  # what the first shares with them is sent once
+        assert (t["handler"], t["model"], t["priority"], t["started_at"]) == ("emb", "A", "0", str(T0 + 100))
+        assert t["payload"] == queue.redis.hget(queue.keys.task(t["id"]), "payload")
     # the queue's head in the index moved past the batch
     assert queue.redis.zrange(queue.keys.queue(0, "A"), 0, -1) == sorted([p0[3], other_handler],
         key=lambda t: (queue.redis.zscore(queue.keys.queue(0, "A"), t), t))

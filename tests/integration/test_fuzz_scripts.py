@@ -34,6 +34,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from gpuq import Config, Queue, worker_record
+from gpuq.claims import BATCHED_FIELDS
 from gpuq.embedded import EmbeddedServer
 from gpuq.errors import GpuqError
 from gpuq.functions import already_loaded, library
@@ -250,9 +251,9 @@ def ok_reply(name: str, r: list[Any], argv: Sequence[bytes]) -> bool:
         return (tail[:1] == [b"task"] and tail[1::2] == CLAIM_FIELDS and None not in tail
                 and tail[-1] in (b"met", b"missed", b"pending", b""))
     if name == "claim_batch":
-        return (len(tail) >= 1 and isinstance(tail[0], int) and all(  # values in CLAIM_FIELDS order
-            isinstance(t, list) and len(t) == len(CLAIM_FIELDS) and None not in t
-            and t[-1] in (b"met", b"missed", b"pending", b"") for t in tail[1:]))
+        return (len(tail) >= 2 and isinstance(tail[0], int) and tail[1].isdigit() and all(
+            isinstance(t, list) and len(t) == len(BATCHED_FIELDS) and None not in t  # in order
+            and t[-1] in (b"met", b"missed", b"pending", b"") for t in tail[2:]))
     if name == "began":
         return len(tail) == 2 and tail[0] in (b"met", b"missed", b"") and tail[1].isdigit()
     if name == "heartbeat":

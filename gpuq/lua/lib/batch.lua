@@ -15,8 +15,9 @@
 -- tasks taken before it (no model is evicted for it). A task of another handler, or asking
 -- more than `gpus` GPUs, is passed over; a stale id leaves the queue; a corrupt one is failed
 -- (lib/readable.lua, its result kept ttl ms); one whose tenant is at a quota is passed over.
--- Each task's claim reply values (TASK_FIELDS' order, no names: each element of a reply costs
--- the server a conversion and the worker a parse) are appended to `out`. Writes are gathered
+-- Each task's claim reply values are appended to `out`, those that differ from the first
+-- task's (lib/take.lua, `batched`; no names: each element of a reply costs the server a
+-- conversion and the worker a parse). Writes are gathered
 -- (lib/tally.lua) and made once; the queue's head in the index is left to the caller.
 -- Returns how many were taken, the GB they use, their earliest start-by score (`bound` if
 -- none is earlier) and whether the queue held any id (its head then needs a refresh).
@@ -45,7 +46,7 @@ local function take_batch(p, m, h, gpus, w, now, lease_until, free, footprint, w
       local need = f and tonumber(f[4])
       local use = need and math.max(0, need - footprint)
       if f and use <= free - used + 1e-9 and not (tenancy and over_quota(f[9], need)) then
-        out[#out + 1] = take(id, p, m, w, now, lease_until, f, warm, tenancy, true)
+        out[#out + 1] = take(id, p, m, w, now, lease_until, f, warm, tenancy, true, true)
         used, taken = used + use, taken + 1
         bound = math.min(bound, tonumber(f[13]))
       end

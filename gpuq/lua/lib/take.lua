@@ -14,8 +14,9 @@
 -- tenant charged (tenancy on); a cold start noted. f: its fields (`readable`), read before
 -- the attempt is written; the deadline index is touched only if it has one; keep_head: the
 -- caller refreshes the queue's head in the index (unqueue). Returns the values of the claim
--- reply's pairs for the task, in TAKEN's order.
-local function take(id, p, m, w, now, lease_until, f, warm, tenancy, keep_head)
+-- reply's pairs for the task, in TAKEN's order; `batched` (a task beside a batch's first):
+-- those that differ from the first's, in BATCHED's.
+local function take(id, p, m, w, now, lease_until, f, warm, tenancy, keep_head, batched)
   unqueue(id, p, m, f[8] ~= '', keep_head)
   fair_leave(id, f[18])
   withdraw_yield(id, f[14], f[15], now)
@@ -31,11 +32,15 @@ local function take(id, p, m, w, now, lease_until, f, warm, tenancy, keep_head)
     redis.call('HSET', K_TENANT_CLOCK, tostring(p), ms(math.max(0, now - place)))
   end
   if not warm then note_cold_start(id, m, now) end
+  if batched then
+    return {id, token, f[2], f[4], f[6], f[7], f[8], f[9], f[10] or '', f[11], f[12], sla}
+  end
   return {id, token, f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10] or '', f[11],
     f[12], ms(now), sla}
 end
 
--- The names of the claim reply's pairs, in the order `take` gives their values (a batch's
--- further tasks go as values alone: gpuq/claims.py TASK_FIELDS).
+-- The names of the claim reply's pairs, in the order `take` gives their values. A batch's
+-- further tasks go as values alone, without their handler, model and priority (the first's)
+-- and start time (the call's): gpuq/claims.py TASK_FIELDS and BATCHED_FIELDS.
 local TAKEN = {'id', 'token', 'handler', 'payload', 'model', 'vram_gb', 'priority', 'est_s',
   'attempt', 'deadline', 'tenant', 'checkpoint', 'enqueued_at', 'queued_at', 'started_at', 'sla'}
