@@ -75,10 +75,11 @@ def drain(queue: Queue, app: App, *, vram_gb: float = 80.0, worker_id: str = "te
     runtimes = RunTimes(capacity=max(1, limit))  # every run kept until the one send at the end
     tasks = RunningSet()
     executor = Executor(app, cache, presence, tasks, queue.scripts, queue.calls, Observer(), runtimes)
+    batches = batch.wanted(app)
     try:
         while tasks.tasks_run < limit:
             req = ClaimRequest(worker_id, cache.free_gb(), cache.evictable_gb(), 1, cache.loaded(),
-                               batches=batch.wanted(app))
+                               batches=batches)
             claim = queue.scripts.run(queue.calls.claim(req))
             if claim.task is None:
                 break

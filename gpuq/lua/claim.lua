@@ -208,9 +208,6 @@ local function candidates(q, warm)
   return ids, head
 end
 
--- A held model's tasks are read with all a claim reply needs (READ_HELD): the first that
--- fits is taken, and reading it again cost a command.
-
 -- First task of queue (p, m) this worker can run: its id, the VRAM it will use and its
 -- fields (readable), and the queue's head as read (candidates). An id whose hash is gone, or
 -- no longer queued, leaves the queue; one whose scheduling fields are corrupt is failed
@@ -221,8 +218,10 @@ local function scan_queue(p, m)
   for k, id in ipairs(ids) do
     local f, all
     if footprint then
+      -- with all a claim reply needs: the first that fits is taken, and reading it again
+      -- cost a command
       all = redis.call('HMGET', task_key(id), unpack(READ_HELD))
-      local x = #READABLE  -- the scan's fields: READABLE's vram_gb, queued_at, est_s, tenant
+      local x = N_READABLE  -- the scan's fields: vram_gb, queued_at, est_s, tenant first
       f = {all[4], all[12], all[x + 1], all[6], all[x + 2], all[9], all[x + 3]}
     else
       f = redis.call('HMGET', task_key(id), 'vram_gb', 'queued_at', 'offered', 'est_s', 'state',
@@ -372,7 +371,7 @@ for i, name in ipairs(TAKEN) do reply[2 * i + 1], reply[2 * i + 2] = name, value
 local more, taken, batch_use, seen = held[m] and batches[f[1]], 0, 0, false
 if more then
   local at = #reply + 1
-  reply[at], reply[at + 1] = 0, values[15]
+  reply[at], reply[at + 1] = 0, ms(now)
   taken, batch_use, reply[at], seen = take_batch(p, m, f[1], gpus, worker, now, now + lease,
     math.max(0, free - use), held[m], true, more, math.max(scan, 4 * more), tenancy, TTL,
     tonumber(f[13]), reply)

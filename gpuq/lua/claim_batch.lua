@@ -64,7 +64,7 @@ if s[1] ~= 'running' or s[2] ~= token or s[3] ~= worker then return {5, s[1]} en
 local p, m, h, bound = tonumber(level(s[4])), s[5], s[6], finite(s[7])
 -- a task asking no more GPUs than the first fits this worker's group as the first did
 local gpus = tonumber(s[8]) or 1
-if not (p and m and h and bound) then return {0, 0} end  -- claim checked them: never here
+if not (p and m and h and bound) then return {0, 0, ms(now)} end  -- claim checked them: never here
 
 local tenancy = tenancy_on()
 local reply = {0, 0, ms(now)}

@@ -83,7 +83,7 @@ def fill(ex: Executor, spec: HandlerSpec, first: Claimed, stopping: threading.Ev
         return items
     if handed and not first[1].cold and spec.batch_wait_ms <= 0:
         return items
-    left_ms, waited = (None, False) if added is None else (added[1], False)
+    left_ms, waited = None if added is None else added[1], False
     while len(items) < spec.batch:
         if left_ms is None or waited:
             got = claim_more(ex, first, spec.batch - len(items), stopping)

@@ -10,6 +10,7 @@ calls keep failing holds a fixed amount.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections import deque
@@ -26,11 +27,15 @@ MAX_SECONDS = 1e10  # learn.lua's bound; beyond it enqueue would read the mean a
 _SPACE = re.compile(r"[ \t\n\v\f\r]")  # what Lua's %s matches: learn.lua refuses such names
 
 
+@functools.lru_cache(maxsize=NAMES_KEPT)  # checked once per pair: a batch adds a run per task
+def _learnable_names(handler: str, model: str) -> bool:
+    return bool(handler) and bool(model) and not _SPACE.search(handler) and not _SPACE.search(model)
+
+
 def learnable(handler: str, model: str, seconds: float) -> bool:
     """Whether learn.lua takes the run: non-empty names without whitespace, and seconds a
     number 0..1e10 (a NaN fails the comparison)."""
-    return (bool(handler) and bool(model) and not _SPACE.search(handler)
-            and not _SPACE.search(model) and 0.0 <= seconds <= MAX_SECONDS)
+    return _learnable_names(handler, model) and 0.0 <= seconds <= MAX_SECONDS
 
 
 class RunTimes:
@@ -43,7 +48,6 @@ class RunTimes:
         self._runs: deque[Run] = deque()
         self._lock = threading.Lock()
         self._dropped = 0
-        self._names: dict[tuple[str, str], bool] = {}  # (handler, model) -> learnable names
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -51,13 +55,7 @@ class RunTimes:
     def add(self, handler: str, model: str, seconds: float) -> bool:
         """Keep one run; False, keeping nothing, for one learn.lua would refuse (which would
         make it refuse the whole call)."""
-        names = (handler, model)
-        ok = self._names.get(names)
-        if ok is None:  # learnable's name checks, once per pair (a batch adds one run per task)
-            if len(self._names) >= NAMES_KEPT:
-                self._names.clear()
-            ok = self._names[names] = learnable(handler, model, 0.0)
-        if not (ok and 0.0 <= seconds <= MAX_SECONDS):
+        if not learnable(handler, model, seconds):
             return False
         with self._lock:
             self._runs.append((handler, model, float(seconds)))

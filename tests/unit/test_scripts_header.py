@@ -185,8 +185,10 @@ def test_lua_has_no_templating_placeholders(text: str) -> None:
 
 
 def test_a_claim_s_read_is_readable_s_fields_then_offered_state_and_gpus() -> None:
-    """lib/readable.lua's READ_HELD repeats READABLE (a constant made once) before its own."""
+    """lib/readable.lua's READ_HELD: N_READABLE fields readable checks, then the claim's own."""
     text = group_text("readable")
-    lists = {name: re.findall(r"'(\w+)'", body) for name, body in
-             re.findall(r"^local (READABLE|READ_HELD) = \{(.*?)\}", text, re.M | re.S)}
-    assert lists["READ_HELD"] == [*lists["READABLE"], "offered", "state", "gpus"]
+    (body,) = re.findall(r"^local READ_HELD = \{(.*?)\}", text, re.M | re.S)
+    names = re.findall(r"'(\w+)'", body)
+    n = int(re.findall(r"^local N_READABLE = (\d+)$", text, re.M)[0])
+    assert names[n:] == ["offered", "state", "gpus"] and len(set(names)) == len(names)
+    assert names[:3] == ["handler", "payload", "model"] and names[n - 1] == "due_at"

@@ -28,7 +28,7 @@ local function take_batch(p, m, h, gpus, w, now, lease_until, free, footprint, w
   tally_on(count)
   -- ids read a page at a time, as many as are still wanted (and a few more): a queue whose
   -- tasks all fit is read once, not `scan` deep
-  local q, x, seen, ids, i = queue_key(p, m), #READABLE, 0, {}, 1
+  local q, x, seen, ids, i = queue_key(p, m), N_READABLE, 0, {}, 1
   while taken < count do
     if i > #ids then
       local want = math.min(count - taken + 4, scan - seen)

@@ -4,13 +4,11 @@
 --@include json
 --@include corrupt
 
--- The fields readable reads, in its order. A claim reads READ_HELD, the same then offered,
--- state and gpus (at #READABLE + 1, + 2, + 3), in one HMGET, checks the last three and passes
--- the reply in (tests/unit/test_scripts_header.py checks the two lists agree). Constants:
--- made once where the scripts run as a function library (gpuq/functions.py).
-local READABLE = {'handler', 'payload', 'model', 'vram_gb', 'priority', 'est_s', 'attempt',
-  'deadline', 'tenant', 'checkpoint', 'enqueued_at', 'queued_at', 'score', 'reserved_for',
-  'yield_victim', 'max_attempts', 'began_at', 'fair', 'order', 'due_at'}
+-- What a claim reads of a queued task in one HMGET: the fields readable checks and the
+-- claim reply gives, in readable's order (the first N_READABLE), then offered, state and gpus
+-- (at N_READABLE + 1, + 2, + 3), which the claim checks before it passes the reply in.
+-- Constants: made once where the scripts run as a function library (gpuq/functions.py).
+local N_READABLE = 20
 local READ_HELD = {'handler', 'payload', 'model', 'vram_gb', 'priority', 'est_s', 'attempt',
   'deadline', 'tenant', 'checkpoint', 'enqueued_at', 'queued_at', 'score', 'reserved_for',
   'yield_victim', 'max_attempts', 'began_at', 'fair', 'order', 'due_at', 'offered', 'state',
@@ -29,9 +27,10 @@ end
 -- The fields of task id of queue (p, m) that a claim reply and later scripts rely on, the
 -- attempt and times in the reply's form; or nil when one is missing or malformed: the task
 -- is then failed (at now, its result kept ttl ms) with that field in its error, so a corrupt
--- hash reaches no worker. f: the fields READABLE names, read by the caller (nil: read here).
+-- hash reaches no worker. f: the first N_READABLE fields of READ_HELD, read by the caller
+-- (nil: read here).
 local function readable(id, p, m, now, ttl, f)
-  f = f or redis.call('HMGET', task_key(id), unpack(READABLE))
+  f = f or redis.call('HMGET', task_key(id), unpack(READ_HELD, 1, N_READABLE))
   local attempt, tries = finite(f[7] ~= '' and f[7] or 0), finite(f[16])
   local has_deadline = f[8] and f[8] ~= ''
   local bad = f[5] ~= tostring(p) and 'priority' or f[3] ~= m and 'model'

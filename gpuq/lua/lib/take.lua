@@ -15,7 +15,7 @@
 -- the attempt is written; the deadline index is touched only if it has one; keep_head: the
 -- caller refreshes the queue's head in the index (unqueue). Returns the values of the claim
 -- reply's pairs for the task, in TAKEN's order; `batched` (a task beside a batch's first):
--- those that differ from the first's, in BATCHED's.
+-- those that differ from the first's (gpuq/claims.py BATCHED_FIELDS).
 local function take(id, p, m, w, now, lease_until, f, warm, tenancy, keep_head, batched)
   unqueue(id, p, m, f[8] ~= '', keep_head)
   fair_leave(id, f[18])

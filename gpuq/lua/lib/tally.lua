@@ -12,7 +12,7 @@ local tally = false
 -- tasks the call may start (unused ones are skipped: a token only has to be new).
 local function tally_on(tokens)
   local last = tally and tally.tokens  -- a flush keeps the tokens left
-  tally = {counts = {}, counted = {}, keys = {}, members = {}, tokens = last}
+  tally = {counts = {}, counted = {}, writes = {}, members = {}, tokens = last}
   if tokens and tokens > 0 then
     local top = redis.call('INCRBY', K_TOKEN, tokens)
     tally.tokens = {next = top - tokens + 1, last = top}
@@ -56,7 +56,7 @@ local function set_write(verb, key, a, b)
   if not got then
     got = {verb = verb, key = key}
     by_key[key] = got
-    tally.keys[#tally.keys + 1] = got
+    tally.writes[#tally.writes + 1] = got
   end
   got[#got + 1] = a
   if b ~= nil then got[#got + 1] = b end
@@ -68,7 +68,7 @@ local function tally_flush()
   for _, field in ipairs(tally.counted) do
     redis.call('HINCRBY', K_STATS, field, tally.counts[field])
   end
-  for _, w in ipairs(tally.keys) do
+  for _, w in ipairs(tally.writes) do
     for i = 1, #w, 1000 do  -- an even count, so ZADD's pairs stay whole
       redis.call(w.verb, w.key, unpack(w, i, math.min(#w, i + 999)))
     end
