@@ -32,6 +32,9 @@ class ClaimRequest:
     # (handler, n): a claim that takes a task of this batch handler on a held model takes
     # up to n more of its queue beside it (lib/batch.lua)
     batches: Sequence[tuple[str, int]] = ()
+    # the worker's last claim told it to look again (retry_ms > 0): it is its shape's
+    # lookout until this claim (lib/lookout.lua)
+    lookout: bool = False
 
     def fits(self, model: str, need_gb: float, gpus: int = 1) -> bool:
         """claim.lua's fit rule: a task asks no more devices than the group has; a held

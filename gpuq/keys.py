@@ -53,6 +53,7 @@ SUFFIXES: dict[str, str] = {
     "workers": "workers",
     "idle": "idle",
     "pool_wake": "wake",
+    "lookouts": "lookouts",
     "classes": "classes",
     "class_gpus": "classes:gpus",
     "handlers": "handlers",
@@ -220,6 +221,12 @@ class Keys:
     @property
     def pool_wake(self) -> str:
         return self._key("pool_wake")
+
+    @property
+    def lookouts(self) -> str:
+        """Per worker shape, the idle worker that looks again when a deferral ends:
+        "<claimable GB> <levels> <gpus>" -> "<due ms> <worker>" (lib/lookout.lua)."""
+        return self._key("lookouts")
 
     @property
     def classes(self) -> str:

@@ -39,11 +39,12 @@ def claim(queue: Queue, worker_id: str, free_gb: float, evictable_gb: float = 0,
 def claim_reply(queue: Queue, worker_id: str, free_gb: float, evictable_gb: float = 0,
                 slots: int = 1, loaded: Sequence[tuple[str, float]] = (), levels: str = "0123",
                 now_ms: int = 0, gpus: int = 1,
-                batches: Sequence[tuple[str, int]] = ()) -> Claim:
+                batches: Sequence[tuple[str, int]] = (), lookout: bool = False) -> Claim:
     """The whole claim reply: the task, or none and when a deferred task may be retried;
-    with ``batches``, the tasks taken beside a batch handler's."""
+    with ``batches``, the tasks taken beside a batch handler's; ``lookout``: the worker is
+    its shape's lookout (lib/lookout.lua)."""
     req = ClaimRequest(worker_id, free_gb, evictable_gb, slots, tuple(loaded), levels, gpus,
-                       batches=tuple(batches))
+                       batches=tuple(batches), lookout=lookout)
     return queue.scripts.run(queue.calls.claim(req, now_ms=now_ms))
 
 

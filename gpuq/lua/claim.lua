@@ -10,10 +10,9 @@
 -- footprint fits free VRAM plus the worker's other idle models (model held), or when its whole
 -- need fits free plus evictable VRAM (model not held), and it asks no more GPUs than the
 -- worker's group has (a group shards what it loads over all its devices, so its VRAM is one
--- figure). A cold task is left for a better-placed
--- worker (the one enqueue offered it to and woke, an idle one holding its model with room for
--- it, or one it fits more tightly) until it has waited defer ms; that worker is woken, and
--- this one told when to look again. Batch work (P2/P3) also waits, up to the holder wait, for
+-- figure). A cold task is left for a better-placed worker (the one enqueue offered it to and
+-- woke, an idle one holding its model with room for it, or one it fits more tightly) until
+-- it has waited defer ms; that worker is woken, and this one may be told when to look again. Batch work (P2/P3) also waits, up to the holder wait, for
 -- busy workers that hold its model when they would get to it within that wait (a cold load
 -- costs tens of seconds). A task too big for this worker wakes the tightest idle worker that
 -- fits it. Cost: O(levels x min(models with work, 64 + held) x scan x log N), a model's holders
@@ -33,13 +32,14 @@
 -- ARGV[14..17]  holder wait of P0..P3 (ms): how long a cold task waits for a busy GPU that
 --               holds its model (0: not at all)
 -- ARGV[18]  GPUs in this worker's group (>= 1)
--- ARGV[19]  K: the worker's batch handlers (0..1000), then K pairs: handler name, how many
+-- ARGV[19]  "1": this worker is its shape's lookout (its last claim replied retry_ms > 0)
+-- ARGV[20]  K: the worker's batch handlers (0..1000), then K pairs: handler name, how many
 --           more tasks its batch may take (0..1e4)
 -- ARGV[..]  pairs: loaded model name, its footprint (GB), negative while a running task
 --           of this worker uses it (then it is not in the evictable VRAM)
 -- Returns  {0, "none", retry_ms}            nothing this worker can run; it is marked idle.
---                                            retry_ms > 0: a task was left for another
---                                            worker and may be claimed after that long
+--                                            retry_ms > 0: a task was left for another worker;
+--                                            this one looks again then (lib/lookout.lua)
 --          {0, "task", field, value, ...}   the claimed task: id, token, handler, payload,
 --                                            model, vram_gb, priority, est_s, attempt,
 --                                            deadline, tenant, checkpoint, enqueued_at,
@@ -71,14 +71,15 @@
 --@include take
 --@include batch
 --@include due
+--@include lookout
 
-if #ARGV < 19 or #ARGV % 2 == 0 then
-  return {1, 0, 'expected 19 arguments, then handler, count and model, footprint pairs'}
+if #ARGV < 20 or #ARGV % 2 == 1 then
+  return {1, 0, 'expected 20 arguments, then handler, count and model, footprint pairs'}
 end
 local worker, now = ARGV[1], clock(ARGV[2])
 local free, evictable, slots = arg_num(3, -1e9, 1e9), arg_num(4, 0, 1e9), arg_num(5, 1, 1e6, true)
 local lease, fair_every, levels = arg_num(6, 0, 1e12, true), arg_num(7, 1, 1e9, true), ARGV[8]
-local scan, gpus = arg_num(9, 1, 1e4, true), arg_num(18, 1, 1e4, true)
+local scan, gpus, lookout = arg_num(9, 1, 1e4, true), arg_num(18, 1, 1e4, true), ARGV[19] == '1'
 if worker == '' then return {1, 0, 'worker id must not be empty'} end
 if not now then return {1, 0, 'now must be ms >= 0'} end
 if not (free and evictable and slots and lease and fair_every and scan and gpus) then
@@ -90,14 +91,14 @@ for p = 1, 4 do
   defer[p], hold[p] = arg_num(9 + p, 0, 1e13), arg_num(13 + p, 0, 1e13)
   if not (defer[p] and hold[p]) then return {1, 0, 'defer bounds and holder waits must be ms >= 0'} end
 end
-local batches, nb = {}, arg_num(19, 0, 1000, true)
-if not nb or #ARGV < 19 + 2 * nb then return {1, 0, 'batch handlers must be name, count pairs'} end
-for i = 20, 19 + 2 * nb, 2 do
+local batches, nb = {}, arg_num(20, 0, 1000, true)
+if not nb or #ARGV < 20 + 2 * nb then return {1, 0, 'batch handlers must be name, count pairs'} end
+for i = 21, 20 + 2 * nb, 2 do
   batches[ARGV[i]] = arg_num(i + 1, 0, 1e4, true)
   if ARGV[i] == '' or not batches[ARGV[i]] then return {1, 0, 'batch handlers must be name, count pairs'} end
 end
 local held, held_names, in_use = {}, {}, {}
-for i = 20 + 2 * nb, #ARGV, 2 do
+for i = 21 + 2 * nb, #ARGV, 2 do
   local gb = arg_num(i + 1, -1e9, 1e9)
   if ARGV[i] == '' or not gb then return {1, 0, 'loaded models must be name, GB pairs'} end
   held[ARGV[i]], in_use[ARGV[i]] = math.abs(gb), gb < 0 or string.byte(ARGV[i + 1]) == 45
@@ -105,8 +106,7 @@ for i = 20 + 2 * nb, #ARGV, 2 do
 end
 local claimable = free + evictable
 local tenancy = tenancy_on()  -- tenants registered: fair order and quotas (lib/tenancy.lua)
--- claim takes no result TTL: a task it fails for a corrupt hash stays readable for the
--- default one (7 days)
+-- no result TTL here: a task failed as corrupt stays readable for the default 7 days
 local TTL = '604800000'
 
 -- Room for a task of model m this worker holds (footprint GB): free VRAM plus the other idle
@@ -119,8 +119,7 @@ end
 promote_due(now, 20, TTL)
 local unread_until = reclaim_handed(now, 8, TTL)
 
--- Workers a skipped task is passed on to: the better-placed worker a cold task was left
--- for is woken (it may be blocked), and so is one that fits a task too big for this one.
+-- Workers woken for a skipped task: the better-placed one, or one a too-big task fits.
 local pass_to, unfit_need, unfit_p, unfit_gpus, retry = {}, nil, nil, nil, nil
 
 -- The idle worker better placed than this one for a cold task, if any: one holding its
@@ -133,16 +132,10 @@ local pass_to, unfit_need, unfit_p, unfit_gpus, retry = {}, nil, nil, nil, nil
 local memo = {}
 local function remembered(kind, m, need, p, wants, read)
   local key = kind .. '\n' .. m .. '\n' .. p .. '\n' .. wants
-  local by_need = memo[key]
-  if not by_need then
-    by_need = {}
-    memo[key] = by_need
-  end
-  local got = by_need[need]
-  if not got then
-    got = {read()}
-    by_need[need] = got
-  end
+  local by_need = memo[key] or {}
+  memo[key] = by_need
+  local got = by_need[need] or {read()}
+  by_need[need] = got
   return got[1], got[2]
 end
 
@@ -344,6 +337,18 @@ for i, level in ipairs(order) do
   end
 end
 
+-- One idle worker of a shape looks again when a deferral ends (lib/lookout.lua): this one,
+-- unless one still idle with the same room is due by then. Returns its retry (ms) or 0.
+local function look_again(r)
+  local shape = shape_of(claimable, levels, gpus)
+  local due, w = lookout_of(shape)
+  if r > 0 and w ~= worker and due and due >= now and due <= now + r
+      and tonumber(redis.call('ZSCORE', K_IDLE, w)) == claimable then return 0 end
+  if r > 0 then redis.call('HSET', K_LOOKOUTS, shape, ms(now + r) .. ' ' .. worker)
+  elseif w == worker then redis.call('HDEL', K_LOOKOUTS, shape) end
+  return r
+end
+
 for w in pairs(pass_to) do wake_worker(w) end
 if not id then
   if unfit_need then
@@ -353,10 +358,9 @@ if not id then
   redis.call('ZADD', K_IDLE, claimable, worker)
   -- a lane is listed where wake-ups look, so tasks it does not serve are not offered to it
   if levels ~= '0123' then redis.call('HSET', K_LANES, worker, levels) end
-  -- a task handed over at enqueue and not yet picked up: look again at its deadline, when
-  -- a claim takes it back from a worker that died idle
+  -- a hand-over not yet picked up: look again at its deadline (taken back if unread)
   if unread_until then retry = math.min(retry or math.huge, math.max(1, unread_until - now + 1)) end
-  return {0, 'none', retry or 0}
+  return {0, 'none', look_again(retry or 0)}
 end
 
 -- f: what a worker needs to run the task (readable; the rest stays in the hash). The task
@@ -390,9 +394,7 @@ elseif next_head then
     refresh_head(p, m)
   end
 end
-if slots > 1 then
-  redis.call('ZADD', K_IDLE, claimable - use, worker)
-else
-  redis.call('ZREM', K_IDLE, worker)
-end
+if slots > 1 then redis.call('ZADD', K_IDLE, claimable - use, worker)
+else redis.call('ZREM', K_IDLE, worker) end
+if lookout then pass_lookout(worker, claimable, levels, gpus, now) end
 return reply

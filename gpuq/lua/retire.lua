@@ -2,7 +2,8 @@
 --
 -- Atomic, so two workers timing out together cannot both leave a pool at its minimum.
 -- On success the worker is no longer live nor idle (claims stop finding it) and it exits
--- cleanly; its hash and holdings are removed by its own leave.
+-- cleanly; its hash and holdings are removed by its own leave. Its duty as its shape's
+-- lookout, if it had it, passes to another idle worker of its shape (lib/lookout.lua).
 --
 -- KEYS[1]  pool key base
 -- ARGV[1]  worker id
@@ -13,6 +14,7 @@
 --          {1, 0, reason} INVALID: a malformed argument (nothing written)
 
 --@include args
+--@include lookout
 
 if #ARGV ~= 3 then return {1, 0, 'expected 3 arguments'} end
 local worker, now, min = ARGV[1], clock(ARGV[2]), arg_num(3, 0, 1e9, true)
@@ -24,7 +26,12 @@ local live = redis.call('ZCOUNT', K_WORKERS, now, '+inf')
 if live <= min or redis.call('SCARD', worker_tasks_key(worker)) > 0 then
   return {0, 0, live}
 end
+local claimable = tonumber(redis.call('ZSCORE', K_IDLE, worker))
 redis.call('ZREM', K_WORKERS, worker)
 redis.call('ZREM', K_IDLE, worker)
 redis.call('HSET', worker_key(worker), 'state', 'retiring')
+if claimable then
+  pass_lookout(worker, claimable, redis.call('HGET', K_LANES, worker) or '0123',
+    tonumber(redis.call('HGET', worker_key(worker), 'gpus')) or 1, now)
+end
 return {0, 1, live}

@@ -58,10 +58,14 @@ class Control:
         assert isinstance(self.engine.scheduler, GpuqScheduler)
         return self.engine.scheduler
 
-    def deliver(self) -> None:
-        """The live workers' control messages, as their heartbeat threads pop them."""
+    def deliver(self, running_only: bool = False) -> None:
+        """The live workers' control messages, as their heartbeat threads pop them.
+        running_only: a planner pass's yields, which go only to GPUs running their victims
+        (popped at once, so a GPU at rest holds at most "unyield" notes, which it ignores):
+        the other GPUs' lists are not read (a pipeline per GPU of a large pool)."""
         e = self.engine
-        for wid, messages in self.scheduler.control([w.id for w in e.workers]).items():
+        workers = [w.id for w in e.workers if w.run is not None or not running_only]
+        for wid, messages in self.scheduler.control(workers).items():
             for message in messages:
                 self.on_message(e.by_id[wid], message)
 

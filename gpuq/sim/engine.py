@@ -70,6 +70,7 @@ class SimWorker:
     joined_s: float = 0.0  # when it joined the pool
     gone: bool = False  # it left the pool (autoscaler)
     devices: int = 1  # GPUs in its group
+    lookout: bool = False  # its last claim said when to look again (lib/lookout.lua)
     # model -> (when its preload ends, its load time, its reservation): the GPU claims meanwhile
     preloading: dict[str, tuple[float, float, Reservation]] = field(default_factory=dict)
 
@@ -198,9 +199,10 @@ class Engine:
         """Idle GPUs that were woken claim, in a fixed order (the run is deterministic).
         Whether any was woken."""
         woken = self.scheduler.woken([w.id for w in self.workers if w.run is None])
-        for wid in woken:
+        for wid, look in woken.items():
             worker = self.by_id[wid]
             if worker.run is None:
+                worker.lookout = worker.lookout or look
                 self.claim(worker)
         return bool(woken)
 
@@ -209,8 +211,9 @@ class Engine:
         its deferral ends. finished: the task the worker just ended, acked with this claim."""
         cache = w.cache
         req = ClaimRequest(w.id, cache.free_gb(), cache.evictable_gb(), 1, cache.loaded(), w.levels,
-                           w.devices, cache.in_use())
+                           w.devices, cache.in_use(), lookout=w.lookout)
         got = self.scheduler.claim(w.id, req, self.ms(), finished)
+        w.lookout = not isinstance(got, Offer) and got > 0
         if not isinstance(got, Offer):
             if got > 0:  # a task was left for a better-placed GPU until then
                 self.at(self.now + got, "retry", w.id)
@@ -305,7 +308,7 @@ class Engine:
                 name = "yield_requested" if kind == "yield" else kind
                 self.preemptions[name] = self.preemptions.get(name, 0) + n
         if done.get("yield"):  # only the planner's yield requests reach workers here
-            self.control.deliver()
+            self.control.deliver(running_only=True)
 
     def deliver(self) -> None:
         self.control.deliver()

@@ -54,7 +54,9 @@ class Scheduler(Protocol):
     # finished: the task the worker ends before this claim (acked in the same round trip)
     def claim(self, worker_id: str, req: ClaimRequest, now_ms: int,
               finished: Offer | None = None) -> Offer | float: ...
-    def woken(self, idle: list[str]) -> list[str]: ...
+    # the idle workers woken, in claim order: each with whether it was woken as its shape's
+    # lookout (gpuq: lib/lookout.lua)
+    def woken(self, idle: list[str]) -> dict[str, bool]: ...
 
 
 class GpuqScheduler:
@@ -67,9 +69,15 @@ class GpuqScheduler:
         self.config = config
         self.reaper = Reaper(client, config)  # its duties run on the virtual clock (tick)
         self.keys, self.scripts, self.calls = self.reaper.keys, self.reaper.scripts, self.reaper.calls
+        # `idle`'s size and the pool-wide tokens, read with the last claim or enqueue; every
+        # other call that writes (this class's methods, and the scale step, always followed
+        # by `control`) drops them, and `woken` reads them again
+        self.counts: list[int] | None = None
+        self._count = [("ZCARD", self.keys.idle), ("LLEN", self.keys.pool_wake)]
 
     def register(self, worker_id: str, total_gb: float, levels: str, now_ms: int,
                  devices: int = 1) -> None:
+        self.counts = None
         name = class_name(f"sim-{total_gb / devices:g}GB", devices)
         gpu = GpuInfo(name, "", total_gb, None, "declared", devices)
         fields = worker_record.identity(worker_id, gpu, self.config.kv_reserve_gb, 1, levels, "sim", 0)
@@ -83,7 +91,8 @@ class GpuqScheduler:
                               preemptible=task.preemptible, tenant=task.tenant, task_id=task_id,
                               gpus=task.gpus)
         call = self.calls.enqueue([spec], now_ms=now_ms)
-        reply, token = self.scripts.pipelined([call], [("LPOP", self.keys.urgent)])
+        extra = [("LPOP", self.keys.urgent), *self._count]
+        reply, token, *self.counts = self.scripts.pipelined([call], extra)
         call.parse(reply)
         return token is not None
 
@@ -92,23 +101,25 @@ class GpuqScheduler:
         """As a real worker: the ack of the task it ends, then its claim, in one round trip."""
         call = self.calls.claim(req, now_ms=now_ms)
         if finished is None:
-            got = self.scripts.run(call)
+            reply, *self.counts = self.scripts.pipelined([call], self._count)
         else:
             ack = self.calls.ack(finished.task_id, finished.token, "null", now_ms=now_ms)
-            acked, reply = self.scripts.pipelined([ack, call])
+            acked, reply, *self.counts = self.scripts.pipelined([ack, call], self._count)
             ack.parse(acked)
-            got = call.parse(reply)
+        got = call.parse(reply)
         if got.task is None:
             return got.retry_s
         checkpoint = json.loads(got.task.get("checkpoint") or "{}")
         return Offer(got.task["id"], int(got.task["token"]), float(checkpoint.get("done_s", 0.0)))
 
     def yield_task(self, offer: Offer, done_s: float, now_ms: int) -> None:
+        self.counts = None
         self.scripts.run(self.calls.requeue(offer.task_id, offer.token, "yielded", preempted="yielded",
                                             checkpoint=f'{{"done_s":{done_s:.6f}}}', now_ms=now_ms))
 
     def stop_task(self, offer: Offer, now_ms: int) -> None:
         """The worker's stop of a task past its yield grace (gpuq.worker.control)."""
+        self.counts = None
         self.scripts.run(self.calls.requeue(offer.task_id, offer.token, "stopped: did not yield in time",
                                             preempted="stopped", now_ms=now_ms))
 
@@ -119,6 +130,7 @@ class GpuqScheduler:
     def loaded(self, worker_id: str, model: str, footprint_gb: float, seconds: float,
                evicted: list[str]) -> None:
         """Tell the pool what a worker now holds (affinity and expiry read it)."""
+        self.counts = None
         presence = Presence(self.redis, self.keys, worker_id)
         pipe = presence.pipeline()
         for old in evicted:
@@ -129,6 +141,7 @@ class GpuqScheduler:
 
     def unhold(self, worker_id: str, evicted: list[str]) -> None:
         """Tell the pool a worker evicted these models to make room for a held model's task."""
+        self.counts = None
         presence = Presence(self.redis, self.keys, worker_id)
         pipe = presence.pipeline()
         for old in evicted:
@@ -137,11 +150,13 @@ class GpuqScheduler:
 
     def leave(self, worker_id: str, models: list[str]) -> None:
         """A worker leaves the pool (an autoscaled replay's idle GPU retiring)."""
+        self.counts = None
         Presence(self.redis, self.keys, worker_id).leave(models)
 
-    def woken(self, idle: list[str]) -> list[str]:
+    def woken(self, idle: list[str]) -> dict[str, bool]:
         """The idle workers a wake token reaches, as blocked real workers would pop them: a
-        worker's own token first, then pool-wide tokens to the others in order.
+        worker's own token first, then pool-wide tokens to the others in order; with whether
+        an own token was "look" (lib/lookout.lua).
 
         A worker's own token is pushed only with its removal from ``idle`` (the wake rule's
         wake_worker; simulated workers take no hand-overs), and the worker rejoins ``idle``
@@ -149,28 +164,37 @@ class GpuqScheduler:
         the ones holding a token. One read of ``idle`` finds them, however large the pool;
         their tokens are then dropped (popped, as the worker would)."""
         if not idle:
-            return []
-        listed, pooled = exchange(self.redis, [("ZRANGE", self.keys.idle, 0, -1),
-                                               ("LLEN", self.keys.pool_wake)], retry=True)
+            return {}
+        # `idle` lists only GPUs the engine holds idle (one slot each), so with as many listed
+        # as held idle and no pool-wide token nobody was woken: two counts, not the whole set
+        listed_n, pooled = self.counts or exchange(self.redis, self._count, retry=True)
+        self.counts = None
+        if listed_n == len(idle) and not pooled:
+            return {}
+        listed = self.redis.zrange(self.keys.idle, 0, -1)
         still = set(listed)
         own = [w for w in idle if w not in still]
         rest = [w for w in idle if w in still]
         pipe = self.redis.pipeline(transaction=False)
         for w in own:
+            pipe.lrange(self.keys.wake(w), 0, -1)
             pipe.delete(self.keys.wake(w))
         if rest and pooled:
             pipe.lpop(self.keys.pool_wake, len(rest))
         replies = pipe.execute() if len(pipe) else []
         shared = replies[-1] if rest and pooled else None
+        looks = {w: "look" in tokens for w, tokens in zip(own, replies[0:2 * len(own):2])}
         chosen = set(rest[:len(shared or [])]) | set(own)
-        return [w for w in idle if w in chosen]
+        return {w: looks.get(w, False) for w in idle if w in chosen}
 
     def plan(self, now_ms: int) -> dict[str, int]:
         """The reaper's preemption pass on an urgent wake."""
+        self.counts = None
         return self.reaper.preemptor.step(now_ms)
 
     def control(self, workers: list[str]) -> dict[str, list[str]]:
         """Each worker's control messages, oldest first (what its heartbeat thread would pop)."""
+        self.counts = None
         pipe = self.redis.pipeline(transaction=False)
         for w in workers:
             pipe.lrange(self.keys.control(w), 0, -1)
@@ -182,6 +206,7 @@ class GpuqScheduler:
         """The reaper's round at a virtual time: expiry while tasks with deadlines wait,
         preemption planning while urgent ones do. (Recovery has nothing to do: simulated
         workers never die, so it is not called.)"""
+        self.counts = None
         expired = self.reaper.expire(now_ms, horizon_ms) if deadlines else 0
         return {"expired": expired, **(self.reaper.preemptor.step(now_ms) if urgent else {})}
 
@@ -229,5 +254,5 @@ class QueueScheduler:
             return 0.0  # head-of-line: nothing behind it goes first
         return Offer(queue.popleft(), 0, 0.0)
 
-    def woken(self, idle: list[str]) -> list[str]:
-        return idle if any(self.queues) else []
+    def woken(self, idle: list[str]) -> dict[str, bool]:
+        return dict.fromkeys(idle, False) if any(self.queues) else {}

@@ -96,11 +96,12 @@ class Worker:
             for call, reply in zip(pending, self.scripts.pipelined(pending)):
                 self.executor.settle(call, reply)
 
-    def claim(self, pending: list[Call[Any]] | None = None) -> tuple[Claimed, Added | None] | float:
+    def claim(self, pending: list[Call[Any]] | None = None,
+              lookout: bool = False) -> tuple[Claimed, Added | None] | float:
         """Send the previous task's (or batch's) acks or fails and claim the next task (with
         the tasks taken beside a batch handler's), in one round trip. Claims hold the cache
         lock so the VRAM reported is what is free. With nothing to claim, returns when to
-        look again (0: when woken)."""
+        look again (0: when woken). lookout: the runner's last claim replied a retry."""
         pending = pending or []
         with self.cache.lock:
             slots = self.config.concurrency - self.running.slots_used()
@@ -109,7 +110,7 @@ class Worker:
                 return 0.0
             req = ClaimRequest(self.id, self.cache.free_gb(), self.cache.evictable_gb(), slots,
                                self.cache.loaded(), self.levels, self.gpu.count, self.cache.in_use(),
-                               self.batches)
+                               self.batches, lookout)
             call = self.calls.claim(req)
             *done, reply = self.scripts.pipelined([*pending, call])
             for sent, answer in zip(pending, done):
@@ -141,10 +142,11 @@ class Worker:
             log.error("task.requeue_failed task=%s error=%s (the reaper will recover it)",
                       task_id, exc)
 
-    def wait_for_work(self, retry_s: float) -> Claimed | None:
+    def wait_for_work(self, retry_s: float) -> Claimed | bool | None:
         """Block on this worker's wake list and the pool's (no sleep loop). A task left for a
         better-placed worker is looked at again once its deferral ends (retry_s). Returns a
-        task handed over at enqueue, if the wake-up carried one."""
+        task handed over at enqueue, if the wake-up carried one; True for a "look" token (the
+        worker was made its shape's lookout: lib/lookout.lua)."""
         if self.burst:
             if not self.running.wait(retry_s or 1.0, unless_empty=retry_s <= 0):
                 self.stopping.set()  # burst: nothing left that this worker can run
@@ -162,6 +164,8 @@ class Worker:
             finally:
                 with self._blocked_lock:
                     self.blocked -= 1
+            if popped is not None and popped[1] == "look":
+                return True
             fields = handed_over(popped[1]) if popped is not None else None
             if fields is not None:
                 return self.handed(fields)
@@ -186,6 +190,7 @@ class Worker:
         waited = False  # the last claim found nothing and the runner waited for work
         from_idle = False  # the task just run was claimed right after such a wait
         online = False  # the task (or batch) just run was P0/P1
+        lookout = False  # the last claim said when to look again: this runner is a lookout
         outage, backoff = self.outage, Backoff()
         while not self.stopping.is_set():
             started = time.monotonic()
@@ -198,8 +203,9 @@ class Worker:
                     # (a batch handler's: 30 tasks' starts, about 0.6 ms of server time)
                     self.settle(pending)
                     pending = []
-                claimed = self.claim(pending)
+                claimed = self.claim(pending, lookout)
                 pending = []
+                lookout = not isinstance(claimed, tuple) and claimed > 0
                 outage.up(started)
                 backoff.reset()
                 if isinstance(claimed, tuple):
@@ -211,7 +217,9 @@ class Worker:
                     continue
                 handed = self.wait_for_work(claimed)
                 waited = True
-                if handed is not None:
+                if handed is True:  # woken as its shape's lookout
+                    lookout = True
+                elif isinstance(handed, tuple):
                     from_idle, waited = True, False
                     online = handed[0].get("priority") in ("0", "1")
                     pending = batch.execute(self.executor, handed, self.stopping, handed=True)

@@ -2,9 +2,10 @@
 
 --@include args
 
-local function wake_worker(w)
+-- token: "1", or "look" for a worker woken as its shape's lookout (lib/lookout.lua)
+local function wake_worker(w, token)
   redis.call('ZREM', K_IDLE, w)
-  redis.call('LPUSH', wake_key(w), '1')
+  redis.call('LPUSH', wake_key(w), token or '1')
 end
 
 -- One entry per task left unwoken (up to 16), so as many idle workers can wake.

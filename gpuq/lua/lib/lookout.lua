@@ -1,0 +1,44 @@
+-- lib/lookout.lua: one idle worker of a kind looks again when a deferral ends, not all.
+--
+-- A claim that leaves a task for a better-placed worker (or for its model's busy holders)
+-- tells its worker when to look again. Every idle worker that scanned the same queues would
+-- be told the same, and in a large pool they all came back at every deferral's end, each
+-- with a full scan (docs/DECISIONS.md, Bounded work). Workers of one shape (claimable VRAM,
+-- levels served, GPUs: the same tasks fit them, the same are left) share one lookout in
+-- `lookouts` (shape -> "<due ms> <worker>"): a claim is told to look again only when no
+-- idle worker of its shape is due by then; the others wait for their wake-ups (and look
+-- every idle_block_s). A lookout that takes a task before its due time passes the duty to
+-- an idle worker of its shape, woken to claim now.
+
+--@include args
+--@include wake
+
+local function shape_of(claimable, levels, gpus)
+  return string.format('%.17g', claimable) .. ' ' .. levels .. ' ' .. gpus
+end
+
+local function lookout_of(shape)
+  local cur = redis.call('HGET', K_LOOKOUTS, shape)
+  if not cur then return nil, nil end
+  local due, w = string.match(cur, '^(%d+) (.+)$')
+  return tonumber(due), w
+end
+
+-- A lookout took a task: the duty passes to an idle worker of its shape (not one of a
+-- dedicated lane or a group of another size), woken with a "look" token to claim now as
+-- the lookout: it takes the next task whose deferral ended and passes the duty on again,
+-- or keeps it until the next deferral's end, or (nothing left) drops it.
+local function pass_lookout(worker, claimable, levels, gpus, now)
+  local shape = shape_of(claimable, levels, gpus)
+  local _, w = lookout_of(shape)
+  if w ~= worker then return end
+  for _, other in ipairs(redis.call('ZRANGEBYSCORE', K_IDLE, claimable, claimable, 'LIMIT', 0, 8)) do
+    if other ~= worker and (redis.call('HGET', K_LANES, other) or '0123') == levels
+        and (tonumber(redis.call('HGET', worker_key(other), 'gpus')) or 1) == gpus then
+      redis.call('HSET', K_LOOKOUTS, shape, ms(now) .. ' ' .. other)
+      wake_worker(other, 'look')
+      return
+    end
+  end
+  redis.call('HDEL', K_LOOKOUTS, shape)
+end

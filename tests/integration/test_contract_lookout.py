@@ -1,0 +1,86 @@
+"""Contract suite: one idle worker of a shape looks again when a deferral ends (lib/lookout.lua).
+
+Runs on fakeredis and on the real server (the ``backend`` fixture). The scene: an idle
+holder of model A, two idle cold workers of one shape (70 GB claimable, every level, one
+GPU), and a P2 task of A offered to the holder, so the cold workers leave it until its
+deferral (2 s) ends.
+"""
+
+from __future__ import annotations
+
+from helpers import T0, claim, claim_reply, enqueue
+
+from gpuq import Queue
+
+SHAPE = "70 0123 1"  # claimable GB, levels, GPUs
+
+
+def scene(q: Queue) -> str:
+    assert claim(q, "holder", 10, loaded=[("A", 8)], now_ms=T0) is None
+    q.redis.sadd(q.keys.holders("A"), "holder")
+    for w in ("c1", "c2"):
+        assert claim(q, w, 70, now_ms=T0) is None
+    return enqueue(q, T0 + 10, vram_gb=9, priority="P2")  # offered to the holder, woken
+
+
+def test_one_idle_worker_of_a_shape_is_told_to_look_again(queue: Queue) -> None:
+    scene(queue)
+    first = claim_reply(queue, "c1", 70, now_ms=T0 + 11)
+    assert first.task is None and first.retry_s == 1.999  # its deferral ends at T0 + 2010
+    assert queue.redis.hget(queue.keys.lookouts, SHAPE) == f"{T0 + 2010} c1"
+    # c2 would look at the same time: c1 does, and c2 waits for its wake-ups
+    second = claim_reply(queue, "c2", 70, now_ms=T0 + 12)
+    assert second.task is None and second.retry_s == 0
+    assert queue.redis.zscore(queue.keys.idle, "c2") == 70
+    # a worker of another shape (less room) has its own lookout
+    other = claim_reply(queue, "c3", 60, now_ms=T0 + 13)
+    assert other.retry_s == 1.997
+    assert queue.redis.hget(queue.keys.lookouts, "60 0123 1") == f"{T0 + 2010} c3"
+
+
+def test_a_lookout_no_longer_idle_or_due_later_is_replaced(queue: Queue) -> None:
+    scene(queue)
+    assert claim_reply(queue, "c1", 70, now_ms=T0 + 11).retry_s > 0
+    queue.redis.zrem(queue.keys.idle, "c1")  # woken (or handed a task): it may not come
+    assert claim_reply(queue, "c2", 70, now_ms=T0 + 12).retry_s == 1.998
+    assert queue.redis.hget(queue.keys.lookouts, SHAPE) == f"{T0 + 2010} c2"
+    # a lookout due after this claim's own time to look is replaced too
+    queue.redis.hset(queue.keys.lookouts, SHAPE, f"{T0 + 9999} c2")
+    assert claim_reply(queue, "c1", 70, now_ms=T0 + 14).retry_s == 1.996
+    assert queue.redis.hget(queue.keys.lookouts, SHAPE) == f"{T0 + 2010} c1"
+
+
+def test_a_lookout_that_takes_a_task_passes_the_duty_and_one_with_nothing_left_drops_it(
+        queue: Queue) -> None:
+    tid = scene(queue)
+    assert claim_reply(queue, "c1", 70, now_ms=T0 + 11).retry_s > 0
+    assert claim_reply(queue, "c2", 70, now_ms=T0 + 12).retry_s == 0
+    taken = claim_reply(queue, "c1", 70, now_ms=T0 + 2010, lookout=True)
+    assert taken.task is not None and taken.task["id"] == tid  # deferral over: taken cold
+    # c2 is woken as the lookout, now: it takes the next task whose deferral ended, if any
+    assert queue.redis.lrange(queue.keys.wake("c2"), 0, -1) == ["look"]
+    assert queue.redis.zscore(queue.keys.idle, "c2") is None
+    assert queue.redis.hget(queue.keys.lookouts, SHAPE) == f"{T0 + 2010} c2"
+    nothing = claim_reply(queue, "c2", 70, now_ms=T0 + 2011, lookout=True)
+    assert nothing.task is None and nothing.retry_s == 0
+    assert queue.redis.hget(queue.keys.lookouts, SHAPE) is None
+
+
+def test_the_duty_passes_only_to_a_worker_of_the_same_shape(queue: Queue) -> None:
+    tid = scene(queue)
+    queue.redis.zrem(queue.keys.idle, "c2")
+    assert claim(queue, "lane", 70, levels="01", now_ms=T0 + 5) is None  # serves P0/P1 only
+    assert claim_reply(queue, "c1", 70, now_ms=T0 + 11).retry_s > 0
+    taken = claim_reply(queue, "c1", 70, now_ms=T0 + 2010, lookout=True)
+    assert taken.task is not None and taken.task["id"] == tid
+    assert queue.redis.llen(queue.keys.wake("lane")) == 0  # not of c1's shape: not woken
+    assert queue.redis.hget(queue.keys.lookouts, SHAPE) is None
+
+
+def test_a_lookout_that_retires_passes_the_duty(queue: Queue) -> None:
+    scene(queue)
+    queue.redis.zadd(queue.keys.workers, {w: T0 + 10**9 for w in ("holder", "c1", "c2")})
+    assert claim_reply(queue, "c1", 70, now_ms=T0 + 11).retry_s > 0
+    assert queue.scripts.run(queue.calls.retire("c1", now_ms=T0 + 20))[0]
+    assert queue.redis.lrange(queue.keys.wake("c2"), 0, -1) == ["look"]
+    assert queue.redis.hget(queue.keys.lookouts, SHAPE) == f"{T0 + 20} c2"
