@@ -211,8 +211,7 @@ local function scan_queue(p, m)
   for k, id in ipairs(ids) do
     local f, all
     if footprint then
-      -- with all a claim reply needs: the first that fits is taken, and reading it again
-      -- cost a command
+      -- with all a claim reply needs: the first that fits is taken (no second read)
       all = redis.call('HMGET', task_key(id), unpack(READ_HELD))
       local x = N_READABLE  -- the scan's fields: vram_gb, queued_at, est_s, tenant first
       f = {all[4], all[12], all[x + 1], all[6], all[x + 2], all[9], all[x + 3]}
@@ -337,10 +336,11 @@ for i, level in ipairs(order) do
   end
 end
 
--- One idle worker of a shape looks again when a deferral ends (lib/lookout.lua): this one,
--- unless one still idle with the same room is due by then. Returns its retry (ms) or 0.
+-- The retry (ms) to reply, rounded up to LOOK_EVERY: 0 while another idle worker of this
+-- shape is due to look again by then (lib/lookout.lua)
 local function look_again(r)
   local shape = shape_of(claimable, levels, gpus)
+  if r > 0 then r = math.ceil((now + r) / LOOK_EVERY) * LOOK_EVERY - now end
   local due, w = lookout_of(shape)
   if r > 0 and w ~= worker and due and due >= now and due <= now + r
       and tonumber(redis.call('ZSCORE', K_IDLE, w)) == claimable then return 0 end

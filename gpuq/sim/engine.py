@@ -71,6 +71,7 @@ class SimWorker:
     gone: bool = False  # it left the pool (autoscaler)
     devices: int = 1  # GPUs in its group
     lookout: bool = False  # its last claim said when to look again (lib/lookout.lua)
+    retry_at: float | None = None  # when, if so: an earlier claim's retry no longer stands
     # model -> (when its preload ends, its load time, its reservation): the GPU claims meanwhile
     preloading: dict[str, tuple[float, float, Reservation]] = field(default_factory=dict)
 
@@ -169,7 +170,7 @@ class Engine:
                 self.deferred_yield(self.by_id[key], gen)
             elif kind == "retry":
                 worker = self.by_id[key]
-                if worker.run is None and not worker.gone:
+                if worker.run is None and not worker.gone and worker.retry_at == self.now:
                     self.claim(worker)
                 self.dispatch()
                 continue
@@ -214,9 +215,11 @@ class Engine:
                            w.devices, cache.in_use(), lookout=w.lookout)
         got = self.scheduler.claim(w.id, req, self.ms(), finished)
         w.lookout = not isinstance(got, Offer) and got > 0
+        w.retry_at = None  # a real worker's wait is timed from its last claim
         if not isinstance(got, Offer):
             if got > 0:  # a task was left for a better-placed GPU until then
-                self.at(self.now + got, "retry", w.id)
+                w.retry_at = self.now + got
+                self.at(w.retry_at, "retry", w.id)
             return
         task = self.trace[got.task_id]
         res = cache.reserve(task.model, task.vram_gb)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis
 
@@ -171,17 +171,18 @@ class GpuqScheduler:
         self.counts = None
         if listed_n == len(idle) and not pooled:
             return {}
-        listed = self.redis.zrange(self.keys.idle, 0, -1)
-        still = set(listed)
-        own = [w for w in idle if w not in still]
-        rest = [w for w in idle if w in still]
-        pipe = self.redis.pipeline(transaction=False)
+        own: list[str] = []
+        rest = idle
+        if listed_n != len(idle):
+            still = set(exchange(self.redis, [("ZRANGE", self.keys.idle, 0, -1)], retry=True)[0])
+            own = [w for w in idle if w not in still]
+            rest = [w for w in idle if w in still]
+        commands: list[tuple[Any, ...]] = []
         for w in own:
-            pipe.lrange(self.keys.wake(w), 0, -1)
-            pipe.delete(self.keys.wake(w))
+            commands += [("LRANGE", self.keys.wake(w), 0, -1), ("DEL", self.keys.wake(w))]
         if rest and pooled:
-            pipe.lpop(self.keys.pool_wake, len(rest))
-        replies = pipe.execute() if len(pipe) else []
+            commands.append(("LPOP", self.keys.pool_wake, len(rest)))
+        replies = exchange(self.redis, commands, retry=True) if commands else []
         shared = replies[-1] if rest and pooled else None
         looks = {w: "look" in tokens for w, tokens in zip(own, replies[0:2 * len(own):2])}
         chosen = set(rest[:len(shared or [])]) | set(own)

@@ -112,7 +112,8 @@ def test_a_pickup_not_confirmed_in_time_goes_to_the_next_claim(queue: Queue) -> 
     assert queue.record(tid).worker == "dead"
     assert queue.redis.llen(queue.keys.pool_wake) == 1  # w2 still idles: the safety token
     early = claim_reply(queue, "w2", 19, now_ms=T0 + 20)
-    assert early.task is None and early.retry_s == (10 + 500 - 20 + 1) / 1000
+    # its pickup deadline (T0 + 510), + 1 ms, rounded up to 100 ms as a lookout's time is
+    assert early.task is None and early.retry_s == (600 - 20) / 1000
     c = claim(queue, "w2", 19, now_ms=T0 + 10 + 500 + 1)
     assert c is not None and c["id"] == tid and c["attempt"] == "1"  # the first was given back
     assert queue.redis.zscore(queue.keys.handed, tid) is None

@@ -26,28 +26,29 @@ def scene(q: Queue) -> str:
 def test_one_idle_worker_of_a_shape_is_told_to_look_again(queue: Queue) -> None:
     scene(queue)
     first = claim_reply(queue, "c1", 70, now_ms=T0 + 11)
-    assert first.task is None and first.retry_s == 1.999  # its deferral ends at T0 + 2010
-    assert queue.redis.hget(queue.keys.lookouts, SHAPE) == f"{T0 + 2010} c1"
+    # its deferral ends at T0 + 2010: the time to look again is rounded up to 100 ms
+    assert first.task is None and first.retry_s == 2.089
+    assert queue.redis.hget(queue.keys.lookouts, SHAPE) == f"{T0 + 2100} c1"
     # c2 would look at the same time: c1 does, and c2 waits for its wake-ups
     second = claim_reply(queue, "c2", 70, now_ms=T0 + 12)
     assert second.task is None and second.retry_s == 0
     assert queue.redis.zscore(queue.keys.idle, "c2") == 70
     # a worker of another shape (less room) has its own lookout
     other = claim_reply(queue, "c3", 60, now_ms=T0 + 13)
-    assert other.retry_s == 1.997
-    assert queue.redis.hget(queue.keys.lookouts, "60 0123 1") == f"{T0 + 2010} c3"
+    assert other.retry_s == 2.087
+    assert queue.redis.hget(queue.keys.lookouts, "60 0123 1") == f"{T0 + 2100} c3"
 
 
 def test_a_lookout_no_longer_idle_or_due_later_is_replaced(queue: Queue) -> None:
     scene(queue)
     assert claim_reply(queue, "c1", 70, now_ms=T0 + 11).retry_s > 0
     queue.redis.zrem(queue.keys.idle, "c1")  # woken (or handed a task): it may not come
-    assert claim_reply(queue, "c2", 70, now_ms=T0 + 12).retry_s == 1.998
-    assert queue.redis.hget(queue.keys.lookouts, SHAPE) == f"{T0 + 2010} c2"
+    assert claim_reply(queue, "c2", 70, now_ms=T0 + 12).retry_s == 2.088
+    assert queue.redis.hget(queue.keys.lookouts, SHAPE) == f"{T0 + 2100} c2"
     # a lookout due after this claim's own time to look is replaced too
     queue.redis.hset(queue.keys.lookouts, SHAPE, f"{T0 + 9999} c2")
-    assert claim_reply(queue, "c1", 70, now_ms=T0 + 14).retry_s == 1.996
-    assert queue.redis.hget(queue.keys.lookouts, SHAPE) == f"{T0 + 2010} c1"
+    assert claim_reply(queue, "c1", 70, now_ms=T0 + 14).retry_s == 2.086
+    assert queue.redis.hget(queue.keys.lookouts, SHAPE) == f"{T0 + 2100} c1"
 
 
 def test_a_lookout_that_takes_a_task_passes_the_duty_and_one_with_nothing_left_drops_it(

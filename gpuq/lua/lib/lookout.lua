@@ -13,6 +13,12 @@
 --@include args
 --@include wake
 
+-- A lookout's time to look again is rounded up to a multiple of this many ms, so that one
+-- claim covers the deferrals ending within it: a task left is always a cold start (tens of
+-- seconds of load), which it delays by less than this; a P0 task left for its 100 ms
+-- defer bound is still claimed within its 200 ms SLA.
+local LOOK_EVERY = 100
+
 local function shape_of(claimable, levels, gpus)
   return string.format('%.17g', claimable) .. ' ' .. levels .. ' ' .. gpus
 end
