@@ -46,6 +46,7 @@ from gpuq.clock import server_ms
 from gpuq.config import Config
 from gpuq.keys import Keys, live_reservation
 from gpuq.scripts import Calls, Scripts
+from gpuq.wire import exchange
 from gpuq.worker_record import WorkerFields
 
 log = logging.getLogger(__name__)
@@ -198,6 +199,7 @@ class Preemptor:
         self.scripts = scripts
         self.calls = calls
         self.workers: dict[str, tuple[float, str, int]] = {}  # id -> (usable GB, levels, gpus), read once
+        self.reservation_keys: dict[str, str] = {}  # id -> its reserve:<id> key, made once
         # after a step that decided nothing: the first time (ms) a step could decide anything
         # with the pool unchanged (None: not before it changes); after one that did, its time
         self.quiet_until: int | None = None
@@ -271,14 +273,13 @@ class Preemptor:
                 if need is not None and live.get(str(holder or "")) != i]
 
     def read_workers(self, now_ms: int) -> tuple[list[Victim], list[Idle], set[str]]:
-        """Running preemptible tasks with their workers' GPU size and lanes, the idle workers,
-        and the workers already reserved: three round trips, whatever the pool's size."""
+        """Running preemptible tasks with their workers' GPU size and lanes, the idle workers
+        (one of each claimable VRAM, lanes and GPUs: the plan asks only whether one fits),
+        and the workers already reserved: two round trips, whatever the pool's size."""
         k, r = self.keys, self.redis
-        pipe = r.pipeline(transaction=False)
-        pipe.zrangebyscore(k.workers, now_ms, "+inf")
-        pipe.zrange(k.idle, 0, -1, withscores=True)
-        pipe.zrange(k.running, 0, -1)
-        live_raw, idle_rows, running_raw = pipe.execute()
+        live_raw, idle_flat, running_raw = exchange(r, [
+            ("ZRANGEBYSCORE", k.workers, now_ms, "+inf"), ("ZRANGE", k.idle, 0, -1, "WITHSCORES"),
+            ("ZRANGE", k.running, 0, -1)], retry=True)
         live, running = [str(w) for w in live_raw], [str(i) for i in running_raw]
         self.reservations_end = None
         if not live:
@@ -286,9 +287,10 @@ class Preemptor:
         # forget workers that left: an id that comes back may be another GPU
         alive = set(live)
         self.workers = {w: v for w, v in self.workers.items() if w in alive}
+        names = self.reservation_keys = {w: key for w, key in self.reservation_keys.items() if w in alive}
         unknown = [w for w in live if w not in self.workers]
         pipe = r.pipeline(transaction=False)
-        pipe.mget([k.reservation(w) for w in live])
+        pipe.mget([names.get(w) or names.setdefault(w, k.reservation(w)) for w in live])
         for w in unknown:  # a worker's GPU and lanes do not change while it lives
             GPU_FIELDS.read(pipe, k, w)
         for i in running:
@@ -303,8 +305,10 @@ class Preemptor:
         # a reservation's end frees its worker for the planner: a quiet time ends there too
         self.reservations_end = min(ends.values(), default=None)
         info = {w: self.workers[w] for w in live if w in self.workers}
-        idle = [Idle(float(gb), info[str(w)][1], info[str(w)][2]) for w, gb in idle_rows
-                if str(w) in info]
+        idle_rows = zip(idle_flat[0::2], idle_flat[1::2]) if idle_flat and not isinstance(
+            idle_flat[0], (list, tuple)) else idle_flat  # RESP2 flat, RESP3 pairs
+        idle = list(dict.fromkeys(Idle(float(gb), info[str(w)][1], info[str(w)][2])
+                                  for w, gb in idle_rows if str(w) in info))
         victims = []
         for i, f in zip(running, rows[len(unknown):]):
             state, token, worker, prio, started, est, pre, count, asked, ready = f

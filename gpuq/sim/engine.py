@@ -94,6 +94,7 @@ class Engine:
             gpus = self.autoscaler.initial()
         self.workers = [self.new_worker(wid, gb) for wid, gb in gpus]
         self.fleet = list(self.workers)  # every GPU the replay had, those that left included
+        self.busy = 0  # of the live GPUs, those running a task (the others idle)
         self.by_id = {w.id: w for w in self.workers}
         self.trace: dict[str, TraceTask] = {f"t{i:06d}": t for i, t in enumerate(tasks)}
         self.records = {tid: SimTask(tid, t.priority, t.model, t.vram_gb, t.arrival_s, t.est_s,
@@ -199,7 +200,8 @@ class Engine:
     def dispatch(self) -> bool:
         """Idle GPUs that were woken claim, in a fixed order (the run is deterministic).
         Whether any was woken."""
-        woken = self.scheduler.woken([w.id for w in self.workers if w.run is None])
+        woken = self.scheduler.woken(len(self.workers) - self.busy,
+                                     lambda: [w.id for w in self.workers if w.run is None])
         for wid, look in woken.items():
             worker = self.by_id[wid]
             if worker.run is None:
@@ -243,6 +245,7 @@ class Engine:
             self.scheduler.unhold(w.id, [r.spec.name for r in res.evict])
         end = work_from + max(0.0, task.service_s - got.done_s)
         w.run = Run(got, res, work_from, end, self.now)
+        self.busy += 1
         self.rounds.count_queued(task, -1)
         self.claims.append(got.task_id)
         record = self.records[got.task_id]
@@ -291,6 +294,7 @@ class Engine:
         w.busy.append((run.claimed, self.now))
         w.loading_s += min(self.now, run.work_from) - run.claimed
         w.run = None
+        self.busy -= 1
         w.generation += 1
         return run
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -55,8 +56,8 @@ class Scheduler(Protocol):
     def claim(self, worker_id: str, req: ClaimRequest, now_ms: int,
               finished: Offer | None = None) -> Offer | float: ...
     # the idle workers woken, in claim order: each with whether it was woken as its shape's
-    # lookout (gpuq: lib/lookout.lua)
-    def woken(self, idle: list[str]) -> dict[str, bool]: ...
+    # lookout (gpuq: lib/lookout.lua). n_idle: how many idle; idle: their ids, in order
+    def woken(self, n_idle: int, idle: Callable[[], list[str]]) -> dict[str, bool]: ...
 
 
 class GpuqScheduler:
@@ -69,10 +70,11 @@ class GpuqScheduler:
         self.config = config
         self.reaper = Reaper(client, config)  # its duties run on the virtual clock (tick)
         self.keys, self.scripts, self.calls = self.reaper.keys, self.reaper.scripts, self.reaper.calls
-        # `idle`'s size and the pool-wide tokens, read with the last claim or enqueue; every
-        # other call that writes (this class's methods, and the scale step, always followed
-        # by `control`) drops them, and `woken` reads them again
-        self.counts: list[int] | None = None
+        # `idle`'s size and the pool-wide tokens, read with the last claim or enqueue (and the
+        # worker an enqueue offered its task to); every other call that writes (this class's
+        # methods, and the scale step, always followed by `control`) drops them, and `woken`
+        # reads them again
+        self.counts: list[Any] | None = None
         self._count = [("ZCARD", self.keys.idle), ("LLEN", self.keys.pool_wake)]
 
     def register(self, worker_id: str, total_gb: float, levels: str, now_ms: int,
@@ -91,7 +93,7 @@ class GpuqScheduler:
                               preemptible=task.preemptible, tenant=task.tenant, task_id=task_id,
                               gpus=task.gpus)
         call = self.calls.enqueue([spec], now_ms=now_ms)
-        extra = [("LPOP", self.keys.urgent), *self._count]
+        extra = [("LPOP", self.keys.urgent), *self._count, ("HGET", self.keys.task(task_id), "offered")]
         reply, token, *self.counts = self.scripts.pipelined([call], extra)
         call.parse(reply)
         return token is not None
@@ -153,7 +155,7 @@ class GpuqScheduler:
         self.counts = None
         Presence(self.redis, self.keys, worker_id).leave(models)
 
-    def woken(self, idle: list[str]) -> dict[str, bool]:
+    def woken(self, n_idle: int, ids: Callable[[], list[str]]) -> dict[str, bool]:
         """The idle workers a wake token reaches, as blocked real workers would pop them: a
         worker's own token first, then pool-wide tokens to the others in order; with whether
         an own token was "look" (lib/lookout.lua).
@@ -163,17 +165,21 @@ class GpuqScheduler:
         only by claiming: so the GPUs the engine holds idle that ``idle`` no longer lists are
         the ones holding a token. One read of ``idle`` finds them, however large the pool;
         their tokens are then dropped (popped, as the worker would)."""
-        if not idle:
+        if not n_idle:
             return {}
         # `idle` lists only GPUs the engine holds idle (one slot each), so with as many listed
         # as held idle and no pool-wide token nobody was woken: two counts, not the whole set
-        listed_n, pooled = self.counts or exchange(self.redis, self._count, retry=True)
+        listed_n, pooled, *offered = self.counts or exchange(self.redis, self._count, retry=True)
         self.counts = None
-        if listed_n == len(idle) and not pooled:
+        if listed_n == n_idle and not pooled:
             return {}
+        idle = ids()
         own: list[str] = []
         rest = idle
-        if listed_n != len(idle):
+        if listed_n == len(idle) - 1 and offered and offered[0] in idle:
+            # after an enqueue, which wakes only the worker it offers its task to
+            own, rest = offered, [w for w in idle if w != offered[0]]
+        elif listed_n != len(idle):
             still = set(exchange(self.redis, [("ZRANGE", self.keys.idle, 0, -1)], retry=True)[0])
             own = [w for w in idle if w not in still]
             rest = [w for w in idle if w in still]
@@ -255,5 +261,5 @@ class QueueScheduler:
             return 0.0  # head-of-line: nothing behind it goes first
         return Offer(queue.popleft(), 0, 0.0)
 
-    def woken(self, idle: list[str]) -> dict[str, bool]:
-        return dict.fromkeys(idle, False) if any(self.queues) else {}
+    def woken(self, n_idle: int, idle: Callable[[], list[str]]) -> dict[str, bool]:
+        return dict.fromkeys(idle(), False) if n_idle and any(self.queues) else {}
