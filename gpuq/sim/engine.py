@@ -6,7 +6,9 @@ LRU eviction of idle models); instead of sleeping it schedules its own end: a co
 takes a load time drawn from the measured load trace, then the task runs for its service
 time. An idle GPU claims when the scheduler woke it (for gpuq: a token on its own or the
 pool's wake list, exactly what a real worker blocks on), when a run ends (the worker's
-ack-then-claim), or when a deferred task's bound has passed. A yield request (the reaper's
+ack-then-claim), or when its last claim told it to look again (its shape's lookout, when a
+deferred task's bound passes: lib/lookout.lua; as a real worker, only the last claim's time
+stands). Unlike a real worker it does not look every idle_block_s. A yield request (the reaper's
 preemption plan) is honoured at once while the task runs: the run stops, its progress goes
 back as the checkpoint, and the next run resumes from there. One that comes while the task
 loads its model is honoured when the load ends (the handler's first check), unless it was
