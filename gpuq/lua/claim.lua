@@ -12,11 +12,12 @@
 -- worker's group has (a group shards what it loads over all its devices, so its VRAM is one
 -- figure). A cold task is left for a better-placed worker (the one enqueue offered it to and
 -- woke, an idle one holding its model with room for it, or one it fits more tightly) until
--- it has waited defer ms; that worker is woken, and this one may be told when to look again. Batch work (P2/P3) also waits, up to the holder wait, for
--- busy workers that hold its model when they would get to it within that wait (a cold load
--- costs tens of seconds). A task too big for this worker wakes the tightest idle worker that
--- fits it. Cost: O(levels x min(models with work, 64 + held) x scan x log N), a model's holders
--- read once a call (the busy ones: the first 16); no backlog scan.
+-- it has waited defer ms; that worker is woken, and this one may be told when to look again.
+-- Batch work (P2/P3) also waits, up to the holder wait, for busy workers that hold its model
+-- when they would get to it within that wait (a cold load costs tens of seconds). A task too
+-- big for this worker wakes the tightest idle worker that fits it. Cost: O(levels x
+-- min(models with work, 64 + held) x scan x log N), a model's holders read once a call (the
+-- busy ones: the first 16); no backlog scan.
 --
 -- KEYS[1]  pool key base
 -- ARGV[1]  worker id
@@ -125,10 +126,9 @@ local pass_to, unfit_need, unfit_p, unfit_gpus, retry = {}, nil, nil, nil, nil
 -- The idle worker better placed than this one for a cold task, if any: one holding its
 -- model, or one it fits more tightly that runs nothing (a worker with free slots left in
 -- `idle` would be handed a whole burst while it takes one task per free slot).
--- What a claim learns of other workers for a (model, need, level, GPUs), kept for the call:
--- the tasks of one queue ask the same, and nothing the claim does before its end changes the
--- answer (holders, idle set and running tasks are written only after the scan). Without it a
--- claim repeated the holder walks for each task it examined, scan x holders reads a queue.
+-- What a claim learns of other workers for a (model, need, level, GPUs) is kept for the call:
+-- the tasks of one queue ask the same, and the claim writes holders, idle set and running
+-- tasks only after its scan (without it: scan x holders reads a queue).
 local memo = {}
 local function remembered(kind, m, need, p, wants, read)
   local key = kind .. '\n' .. m .. '\n' .. p .. '\n' .. wants
