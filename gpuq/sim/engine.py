@@ -135,8 +135,8 @@ class Engine:
 
     def run(self) -> SimResult:
         started = time.perf_counter()
-        for w in self.workers:
-            self.scheduler.register(w.id, w.total_gb, w.levels, self.ms(0.0), w.devices)
+        self.scheduler.register([(w.id, w.total_gb, w.levels, w.devices) for w in self.workers],
+                                self.ms(0.0))
         for w in self.workers:  # a real worker claims once on start, then blocks for wakes
             self.claim(w)
         for tid, t in self.trace.items():
@@ -263,7 +263,7 @@ class Engine:
         self.workers.append(w)
         self.fleet.append(w)
         self.by_id[wid] = w
-        self.scheduler.register(wid, gb, w.levels, self.ms(), w.devices)
+        self.scheduler.register([(wid, gb, w.levels, w.devices)], self.ms())
         self.claim(w)
 
     @property

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -36,6 +36,9 @@ from gpuq.worker.presence import Presence
 POLICIES = ("gpuq", "fifo", "priority")
 
 
+Joining = tuple[str, float, str, int]  # a GPU joining: id, total GB, levels served, devices
+
+
 @dataclass(frozen=True)
 class Offer:
     """A claimed task: its id, fencing token (0 for baselines) and resume point."""
@@ -48,8 +51,8 @@ class Offer:
 class Scheduler(Protocol):
     name: str
 
-    def register(self, worker_id: str, total_gb: float, levels: str, now_ms: int,
-                 devices: int = 1) -> None: ...
+    # GPUs join: (id, total GB, levels served, devices) each, registered as a worker does
+    def register(self, gpus: Sequence[Joining], now_ms: int) -> None: ...
     # whether the enqueue woke the reaper (online work no idle worker was woken for)
     def submit(self, task_id: str, task: TraceTask, now_ms: int) -> bool: ...
     # finished: the task the worker ends before this claim (acked in the same round trip)
@@ -76,15 +79,36 @@ class GpuqScheduler:
         # reads them again
         self.counts: list[Any] | None = None
         self._count = [("ZCARD", self.keys.idle), ("LLEN", self.keys.pool_wake)]
+        # the woken workers' tokens, popped with the next claim's round trip (the woken
+        # worker's own: a claim reads neither wake list)
+        self.drain: list[tuple[Any, ...]] = []
 
-    def register(self, worker_id: str, total_gb: float, levels: str, now_ms: int,
-                 devices: int = 1) -> None:
+    def _stale(self) -> None:
+        """A call that writes without the counts: they are read again; tokens are popped."""
+        if self.drain:
+            exchange(self.redis, self.drain, retry=True)
+            self.drain = []
         self.counts = None
-        name = class_name(f"sim-{total_gb / devices:g}GB", devices)
-        gpu = GpuInfo(name, "", total_gb, None, "declared", devices)
-        fields = worker_record.identity(worker_id, gpu, self.config.kv_reserve_gb, 1, levels, "sim", 0)
-        Presence(self.redis, self.keys, worker_id).register(fields, int(self.config.lease_s * 1000))
-        self.scripts.run(self.calls.heartbeat(worker_id, [], now_ms=now_ms))
+
+    def _with_drain(self, extra: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        out, self.drain = [*self.drain, *extra], []
+        return out
+
+    def register(self, gpus: Sequence[Joining], now_ms: int) -> None:
+        """Each GPU registers and beats once, as a worker process starts: all in two round
+        trips (the registrations' writes, then the beats), not three per GPU."""
+        self._stale()
+        lease_ms = int(self.config.lease_s * 1000)
+        pipe = self.redis.pipeline(transaction=False)
+        for worker_id, total_gb, levels, devices in gpus:
+            name = class_name(f"sim-{total_gb / devices:g}GB", devices)
+            gpu = GpuInfo(name, "", total_gb, None, "declared", devices)
+            fields = worker_record.identity(worker_id, gpu, self.config.kv_reserve_gb, 1, levels, "sim", 0)
+            Presence(self.redis, self.keys, worker_id).add_registration(pipe, fields, lease_ms, now_ms)
+        pipe.execute()
+        beats = [self.calls.heartbeat(g[0], [], now_ms=now_ms) for g in gpus]
+        for beat, reply in zip(beats, self.scripts.pipelined(beats)):
+            beat.parse(reply)
 
     def submit(self, task_id: str, task: TraceTask, now_ms: int) -> bool:
         """Enqueue, and pop the urgent token as the active reaper would: one round trip."""
@@ -94,7 +118,8 @@ class GpuqScheduler:
                               gpus=task.gpus)
         call = self.calls.enqueue([spec], now_ms=now_ms)
         extra = [("LPOP", self.keys.urgent), *self._count, ("HGET", self.keys.task(task_id), "offered")]
-        reply, token, *self.counts = self.scripts.pipelined([call], extra)
+        reply, *rest = self.scripts.pipelined([call], self._with_drain(extra))
+        token, self.counts = rest[-4], rest[-3:]
         call.parse(reply)
         return token is not None
 
@@ -103,11 +128,12 @@ class GpuqScheduler:
         """As a real worker: the ack of the task it ends, then its claim, in one round trip."""
         call = self.calls.claim(req, now_ms=now_ms)
         if finished is None:
-            reply, *self.counts = self.scripts.pipelined([call], self._count)
+            reply, *rest = self.scripts.pipelined([call], self._with_drain(self._count))
         else:
             ack = self.calls.ack(finished.task_id, finished.token, "null", now_ms=now_ms)
-            acked, reply, *self.counts = self.scripts.pipelined([ack, call], self._count)
+            acked, reply, *rest = self.scripts.pipelined([ack, call], self._with_drain(self._count))
             ack.parse(acked)
+        self.counts = rest[-2:]
         got = call.parse(reply)
         if got.task is None:
             return got.retry_s
@@ -115,13 +141,13 @@ class GpuqScheduler:
         return Offer(got.task["id"], int(got.task["token"]), float(checkpoint.get("done_s", 0.0)))
 
     def yield_task(self, offer: Offer, done_s: float, now_ms: int) -> None:
-        self.counts = None
+        self._stale()
         self.scripts.run(self.calls.requeue(offer.task_id, offer.token, "yielded", preempted="yielded",
                                             checkpoint=f'{{"done_s":{done_s:.6f}}}', now_ms=now_ms))
 
     def stop_task(self, offer: Offer, now_ms: int) -> None:
         """The worker's stop of a task past its yield grace (gpuq.worker.control)."""
-        self.counts = None
+        self._stale()
         self.scripts.run(self.calls.requeue(offer.task_id, offer.token, "stopped: did not yield in time",
                                             preempted="stopped", now_ms=now_ms))
 
@@ -132,7 +158,7 @@ class GpuqScheduler:
     def loaded(self, worker_id: str, model: str, footprint_gb: float, seconds: float,
                evicted: list[str]) -> None:
         """Tell the pool what a worker now holds (affinity and expiry read it)."""
-        self.counts = None
+        self._stale()
         presence = Presence(self.redis, self.keys, worker_id)
         pipe = presence.pipeline()
         for old in evicted:
@@ -143,7 +169,7 @@ class GpuqScheduler:
 
     def unhold(self, worker_id: str, evicted: list[str]) -> None:
         """Tell the pool a worker evicted these models to make room for a held model's task."""
-        self.counts = None
+        self._stale()
         presence = Presence(self.redis, self.keys, worker_id)
         pipe = presence.pipeline()
         for old in evicted:
@@ -152,7 +178,7 @@ class GpuqScheduler:
 
     def leave(self, worker_id: str, models: list[str]) -> None:
         """A worker leaves the pool (an autoscaled replay's idle GPU retiring)."""
-        self.counts = None
+        self._stale()
         Presence(self.redis, self.keys, worker_id).leave(models)
 
     def woken(self, n_idle: int, ids: Callable[[], list[str]]) -> dict[str, bool]:
@@ -176,32 +202,32 @@ class GpuqScheduler:
         idle = ids()
         own: list[str] = []
         rest = idle
+        looks: dict[str, bool] = {}
         if listed_n == len(idle) - 1 and offered and offered[0] in idle:
-            # after an enqueue, which wakes only the worker it offers its task to
+            # after an enqueue, which wakes only the worker it offers its task to ("1")
             own, rest = offered, [w for w in idle if w != offered[0]]
         elif listed_n != len(idle):
             still = set(exchange(self.redis, [("ZRANGE", self.keys.idle, 0, -1)], retry=True)[0])
             own = [w for w in idle if w not in still]
             rest = [w for w in idle if w in still]
-        commands: list[tuple[Any, ...]] = []
-        for w in own:
-            commands += [("LRANGE", self.keys.wake(w), 0, -1), ("DEL", self.keys.wake(w))]
-        if rest and pooled:
-            commands.append(("LPOP", self.keys.pool_wake, len(rest)))
-        replies = exchange(self.redis, commands, retry=True) if commands else []
-        shared = replies[-1] if rest and pooled else None
-        looks = {w: "look" in tokens for w, tokens in zip(own, replies[0:2 * len(own):2])}
-        chosen = set(rest[:len(shared or [])]) | set(own)
+            tokens = exchange(self.redis, [("LRANGE", self.keys.wake(w), 0, -1) for w in own], retry=True)
+            looks = {w: "look" in got for w, got in zip(own, tokens)}
+        shared = min(pooled, len(rest))
+        # the tokens are popped in the first woken worker's claim's round trip
+        self.drain = [("DEL", self.keys.wake(w)) for w in own]
+        if shared:
+            self.drain.append(("LPOP", self.keys.pool_wake, shared))
+        chosen = set(rest[:shared]) | set(own)
         return {w: looks.get(w, False) for w in idle if w in chosen}
 
     def plan(self, now_ms: int) -> dict[str, int]:
         """The reaper's preemption pass on an urgent wake."""
-        self.counts = None
+        self._stale()
         return self.reaper.preemptor.step(now_ms)
 
     def control(self, workers: list[str]) -> dict[str, list[str]]:
         """Each worker's control messages, oldest first (what its heartbeat thread would pop)."""
-        self.counts = None
+        self._stale()
         pipe = self.redis.pipeline(transaction=False)
         for w in workers:
             pipe.lrange(self.keys.control(w), 0, -1)
@@ -213,7 +239,7 @@ class GpuqScheduler:
         """The reaper's round at a virtual time: expiry while tasks with deadlines wait,
         preemption planning while urgent ones do. (Recovery has nothing to do: simulated
         workers never die, so it is not called.)"""
-        self.counts = None
+        self._stale()
         expired = self.reaper.expire(now_ms, horizon_ms) if deadlines else 0
         return {"expired": expired, **(self.reaper.preemptor.step(now_ms) if urgent else {})}
 
@@ -242,8 +268,7 @@ class QueueScheduler:
         self.tasks = tasks
         self.queues: list[deque[str]] = [deque() for _ in range(4 if name == "priority" else 1)]
 
-    def register(self, worker_id: str, total_gb: float, levels: str, now_ms: int,
-                 devices: int = 1) -> None:
+    def register(self, gpus: Sequence[Joining], now_ms: int) -> None:
         pass
 
     def submit(self, task_id: str, task: TraceTask, now_ms: int) -> bool:

@@ -42,11 +42,18 @@ class Presence:
 
     def register(self, identity: Fields, lease_ms: int) -> None:
         """Appear in the pool: a fresh hash, the GPU class, handlers, lane and liveness."""
+        now_ms = server_ms(self.redis)  # the clock liveness is judged by
+        pipe = self.redis.pipeline(transaction=True)
+        self.add_registration(pipe, identity, lease_ms, now_ms)
+        pipe.execute()
+
+    def add_registration(self, pipe: redis.client.Pipeline, identity: Fields, lease_ms: int,
+                         now_ms: int) -> None:
+        """``register``'s writes, added to a pipeline (the simulator registers a whole pool
+        in one), live until now_ms + lease_ms."""
         wid, keys = self.worker_id, self.keys
         self.identity = identity
         usable = usable_gb(identity["vram_total_gb"], identity["kv_reserve_gb"])
-        now_ms = server_ms(self.redis)  # the clock liveness is judged by
-        pipe = self.redis.pipeline(transaction=True)
         pipe.delete(*self._own_keys())
         pipe.hset(keys.worker(wid), mapping={
             **identity, **status_fields(usable, 0, [], "idle", None), "seen_at": now_ms})
@@ -61,7 +68,6 @@ class Presence:
             pipe.hset(keys.lanes, wid, identity["levels"])
         # the heartbeat's script renews it from here on; this bridges until the first beat
         pipe.zadd(keys.workers, {wid: now_ms + lease_ms})
-        pipe.execute()
 
     @contextmanager
     def beat(self, cache: ModelCache, running: int, state: str,
