@@ -1,4 +1,4 @@
--- lib/lookout.lua: one idle worker of a kind looks again when a deferral ends, not all.
+-- lib/lookout.lua: one idle worker of a shape looks again when a deferral ends, not all.
 --
 -- A claim that leaves a task for a better-placed worker (or for its model's busy holders)
 -- tells its worker when to look again. Every idle worker that scanned the same queues would
@@ -38,7 +38,8 @@ local function pass_lookout(worker, claimable, levels, gpus, now)
   local shape = shape_of(claimable, levels, gpus)
   local _, w = lookout_of(shape)
   if w ~= worker then return end
-  for _, other in ipairs(redis.call('ZRANGEBYSCORE', K_IDLE, claimable, claimable, 'LIMIT', 0, 8)) do
+  local room = string.format('%.17g', claimable)  -- exact: Lua's own text of a number rounds
+  for _, other in ipairs(redis.call('ZRANGEBYSCORE', K_IDLE, room, room, 'LIMIT', 0, 8)) do
     if other ~= worker and (redis.call('HGET', K_LANES, other) or '0123') == levels
         and (tonumber(redis.call('HGET', worker_key(other), 'gpus')) or 1) == gpus then
       redis.call('HSET', K_LOOKOUTS, shape, ms(now) .. ' ' .. other)
