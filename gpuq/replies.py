@@ -75,3 +75,11 @@ def checked(reply: list[Any]) -> list[Any]:
 
 def pairs_to_dict(flat: Sequence[Any]) -> dict[str, str]:
     return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+def scored(reply: Sequence[Any]) -> Sequence[Any]:
+    """A raw ``... WITHSCORES`` reply as (member, score) pairs: RESP2 sends them flat,
+    RESP3 already paired."""
+    if reply and not isinstance(reply[0], (list, tuple)):
+        return list(zip(reply[0::2], reply[1::2]))
+    return reply

@@ -45,6 +45,7 @@ import redis
 from gpuq.clock import server_ms
 from gpuq.config import Config
 from gpuq.keys import Keys, live_reservation
+from gpuq.replies import scored
 from gpuq.scripts import Calls, Scripts
 from gpuq.wire import exchange
 from gpuq.worker_record import WorkerFields
@@ -277,7 +278,7 @@ class Preemptor:
         (one of each claimable VRAM, lanes and GPUs: the plan asks only whether one fits),
         and the workers already reserved: two round trips, whatever the pool's size."""
         k, r = self.keys, self.redis
-        live_raw, idle_flat, running_raw = exchange(r, [
+        live_raw, idle_raw, running_raw = exchange(r, [
             ("ZRANGEBYSCORE", k.workers, now_ms, "+inf"), ("ZRANGE", k.idle, 0, -1, "WITHSCORES"),
             ("ZRANGE", k.running, 0, -1)], retry=True)
         live, running = [str(w) for w in live_raw], [str(i) for i in running_raw]
@@ -288,9 +289,12 @@ class Preemptor:
         alive = set(live)
         self.workers = {w: v for w, v in self.workers.items() if w in alive}
         names = self.reservation_keys = {w: key for w, key in self.reservation_keys.items() if w in alive}
+        for w in live:
+            if w not in names:
+                names[w] = k.reservation(w)
         unknown = [w for w in live if w not in self.workers]
         pipe = r.pipeline(transaction=False)
-        pipe.mget([names.get(w) or names.setdefault(w, k.reservation(w)) for w in live])
+        pipe.mget([names[w] for w in live])
         for w in unknown:  # a worker's GPU and lanes do not change while it lives
             GPU_FIELDS.read(pipe, k, w)
         for i in running:
@@ -305,10 +309,8 @@ class Preemptor:
         # a reservation's end frees its worker for the planner: a quiet time ends there too
         self.reservations_end = min(ends.values(), default=None)
         info = {w: self.workers[w] for w in live if w in self.workers}
-        idle_rows = zip(idle_flat[0::2], idle_flat[1::2]) if idle_flat and not isinstance(
-            idle_flat[0], (list, tuple)) else idle_flat  # RESP2 flat, RESP3 pairs
         idle = list(dict.fromkeys(Idle(float(gb), info[str(w)][1], info[str(w)][2])
-                                  for w, gb in idle_rows if str(w) in info))
+                                  for w, gb in scored(idle_raw) if str(w) in info))
         victims = []
         for i, f in zip(running, rows[len(unknown):]):
             state, token, worker, prio, started, est, pre, count, asked, ready = f

@@ -36,6 +36,7 @@ from gpuq.keys import ARRIVAL_BUCKET_MS, live_reservation
 from gpuq.reaper import forecast
 from gpuq.reaper.scale import forecast_settings
 from gpuq.reaper.scale_plan import HINT_EVERY_MS
+from gpuq.replies import scored
 from gpuq.sim.control import Gpu
 from gpuq.sim.model import TraceTask
 from gpuq.sim.policies import GpuqScheduler, Scheduler
@@ -137,10 +138,7 @@ class Gate:
             self.catalog_read = True
         got = exchange(s.redis, [("ZRANGE", s.keys.idle, 0, -1, "WITHSCORES"),
                                  *(("GET", s.keys.reservation(w)) for w in ids)], retry=True)
-        pairs = got[0]
-        if pairs and not isinstance(pairs[0], (list, tuple)):  # a flat reply: member, score, ...
-            pairs = list(zip(pairs[0::2], pairs[1::2]))
-        self.idle = {_text(w): float(_text(gb)) for w, gb in pairs}
+        self.idle = {_text(w): float(_text(gb)) for w, gb in scored(got[0])}
         self.reservations = {w: _text(v) for w, v in zip(ids, got[1:]) if v}
         self.stale = False
 
