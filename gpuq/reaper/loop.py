@@ -101,13 +101,15 @@ class Reaper:
                         self.config.pool, total.requeued, total.failed, total.dead_workers)
         return total
 
-    def expire(self, now_ms: int = 0, horizon_ms: int | None = None) -> int:
+    def expire(self, now_ms: int = 0, horizon_ms: int | None = None,
+               entries: list[catalog.ModelEntry] | None = None) -> int:
         """Expire queued tasks whose deadline passed or can no longer be met: bounded calls
         of 100, paging past the tasks each call keeps. now_ms and horizon_ms: the simulator's
         virtual clock and its longest load so far (by default the server's clock and the
-        catalog's longest mean load)."""
+        catalog's longest mean load; entries: the catalog, if the round read it already)."""
         if horizon_ms is None:
-            longest = max((m.mean_load_s for m in catalog.read(self.redis, self.keys)), default=0.0)
+            entries = catalog.read(self.redis, self.keys) if entries is None else entries
+            longest = max((m.mean_load_s for m in entries), default=0.0)
             horizon_ms = min(MAX_LOAD_HORIZON_MS, int(longest * 1000))
         total = offset = 0
         for _ in range(EXPIRE_PAGES):
@@ -127,9 +129,11 @@ class Reaper:
         self.redis.hset(self.keys.settings, "min_workers", self.config.min_workers)
         out.recovered = self._step("recover", self.reap_once, out.recovered)
         out.scheduled = self._step("schedules", self.fire_schedules, 0)
-        out.expired = self._step("expire", self.expire, 0)
+        # the catalog (a hash a model) is read once for the two steps that read it
+        entries = self._step("catalog", lambda: catalog.read(self.redis, self.keys), None)
+        out.expired = self._step("expire", lambda: self.expire(entries=entries), 0)
         out.preemptions = self._step("preempt", self.preemptor.step, {})
-        plan = self._step("scale", self.scaler.step, None)
+        plan = self._step("scale", lambda: self.scaler.step(entries=entries), None)
         if plan is not None:
             out.scale_signals, out.warm_hints = len(plan.signals), len(plan.hints)
         return out

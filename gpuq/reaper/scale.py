@@ -37,10 +37,11 @@ from gpuq.config import Config
 from gpuq.errors import ConfigError
 from gpuq.keys import Keys, live_reservation
 from gpuq.reaper import forecast
+from gpuq.reaper.backlog_sample import SAMPLE_REST, Samples, as_float, deepen, read_backlogs
+from gpuq.reaper.known_workers import KnownWorkers
 from gpuq.reaper.scale_plan import (
     AWAY,
     HINT_EVERY_MS,
-    Backlog,
     ScalePlan,
     ScaleSignal,
     Snapshot,
@@ -49,36 +50,29 @@ from gpuq.reaper.scale_plan import (
     plan,
 )
 from gpuq.task import Priority
-from gpuq.worker_record import WorkerFields
 
 log = logging.getLogger(__name__)
 
 Hook = Callable[[str, int, int], None]  # (GPU class, current, desired)
 
-SAMPLE = 50  # head tasks read per queue of the DEEP deepest; their est_s and vram_gb stand for it
-SAMPLE_REST = 4  # head tasks read per other queue: a round reads a bounded number of tasks
-DEEP = 64  # queues sampled SAMPLE deep, the deepest (most of the backlog's work) first
 MODELS_PER_LEVEL = 500  # bounds the read even if producers invent models without end
 HOOK_TIMEOUT_S = 30.0
-PLANNED = WorkerFields(("gpu_name", "vram_total_gb", "kv_reserve_gb", "levels", "state", "handlers"))
-
-
-def _float(value: object) -> float:
-    try:
-        return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return 0.0
 
 
 def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config | None = None,
                   est_s: Mapping[str, float] | None = None,
-                  arrivals: dict[int, dict[str, int]] | None = None) -> Snapshot:
+                  arrivals: dict[int, dict[str, int]] | None = None,
+                  samples: Samples | None = None,
+                  entries: list[catalog.ModelEntry] | None = None,
+                  known: KnownWorkers | None = None) -> Snapshot:
     """The pool as ``plan`` needs it, in five pipelined reads (and the catalog's two), each
-    bounded: per queue its ZCARD and SAMPLE_REST head tasks (SAMPLE for the DEEP deepest),
-    per live worker a few hash fields, the ``need`` index counted by VRAM bands, the arrival
-    buckets the forecast reads.
-    est_s: the mean est_s last sampled per model, arrivals: the buckets read before (the
-    scaler's memory; see ``read_forecasts``)."""
+    bounded: per queue its ZCARD and SAMPLE_REST head tasks (SAMPLE for the DEEP deepest;
+    at most SAMPLE_BUDGET task reads in all, ``Samples``), per live worker a few hash
+    fields, the ``need`` index counted by VRAM bands, the arrival buckets the forecast reads.
+    est_s: the mean est_s last sampled per model, arrivals: the buckets read before,
+    samples: each queue's last sample, known: the live workers' fixed fields (the scaler's
+    memory; see ``read_forecasts``); entries: the model catalog, if the caller read it
+    this round."""
     pipe = client.pipeline(transaction=False)
     for level in Priority:
         pipe.zrange(keys.models_with_work(level), 0, MODELS_PER_LEVEL - 1)
@@ -90,9 +84,10 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
     pairs = [(int(p), str(m)) for p, names in zip(Priority, per_level) for m in names]
     models = sorted({m for _, m in pairs})
     pipe = client.pipeline(transaction=False)
-    for wid in live:
-        PLANNED.read(pipe, keys, wid)
-        pipe.get(keys.reservation(wid))
+    known = KnownWorkers() if known is None else known
+    known.read(pipe, keys, live)
+    if live:  # one command for every worker's reservation
+        pipe.mget([keys.reservation(wid) for wid in live])
     for p, m in pairs:
         pipe.zcard(keys.queue(p, m))
         pipe.zrange(keys.queue(p, m), 0, SAMPLE_REST - 1, withscores=True)
@@ -102,21 +97,24 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
     idle_gb = {str(w): float(score) for w, score in idle}
     workers = []
     runnable: set[str] = set()  # handlers the live workers' apps register
-    for wid in live:
-        record, reserved = PLANNED.record(wid, next(replies)), next(replies)
+    records = known.records(client, keys, live, replies)
+    for wid, record, reserved in zip(live, records, next(replies) if live else []):
         if record is None:  # no hash: being reaped
             continue
         runnable.update(record.handlers)
         if record.state not in AWAY:
             workers.append(WorkerState(wid, record.gpu_name, record.usable_gb, record.levels,
                                        idle_gb.get(wid), live_reservation(reserved, now_ms) is not None))
-    queues = _deepen(client, keys, [(p, m, int(next(replies)), next(replies)) for p, m in pairs])
+    queues = [(p, m, int(next(replies)), next(replies)) for p, m in pairs]
     ids = {w.id for w in workers}
     holders = {m: frozenset(next(replies)) & ids for m in models}
-    sizes = {str(c): _float(v) for c, v in classes.items()}
+    sizes = {str(c): as_float(v) for c, v in classes.items()}
     bounds = [*sorted(set(sizes.values()) | {w.usable_gb for w in workers}), math.inf]
-    backlogs, bands, named = _sample(client, keys, queues, bounds)
-    entries = catalog.read(client, keys)
+    samples = Samples() if samples is None else samples
+    reads = samples.reads([(p, m, depth) for p, m, depth, _ in queues])
+    read = read_backlogs(client, keys, deepen(client, keys, queues, reads), reads, bounds)
+    backlogs, bands, named = samples.fill(read[0], now_ms), read[1], read[2]
+    entries = catalog.read(client, keys) if entries is None else entries
     unregistered: dict[str, int] = {}
     for handler in named:
         if handler not in runnable:
@@ -163,52 +161,6 @@ def read_forecasts(client: redis.Redis, keys: Keys, now_ms: int, config: Config,
         del cache[k]
     cache.update((k, v) for k, v in got.items() if k < final)
     return forecast.forecasts(buckets, now_ms, load_s, settings)
-
-
-def _deepen(client: redis.Redis, keys: Keys, queues: list[tuple[int, str, int, list[Any]]]
-            ) -> list[tuple[int, str, int, list[Any]]]:
-    """The DEEP deepest queues' heads read on to SAMPLE tasks (the others keep SAMPLE_REST):
-    a round's sample follows the backlog's work, and its cost stays bounded however many
-    models have a deep queue (scripts/bench_scale.py: 25,000 task reads a round at 500
-    models of 100 tasks)."""
-    deep = sorted((i for i, q in enumerate(queues) if q[2] > SAMPLE_REST),
-                  key=lambda i: (-queues[i][2], i))[:DEEP]
-    if not deep:
-        return queues
-    pipe = client.pipeline(transaction=False)
-    for i in deep:
-        p, m, _, _ = queues[i]
-        pipe.zrange(keys.queue(p, m), SAMPLE_REST, SAMPLE - 1, withscores=True)
-    out = list(queues)
-    for i, more in zip(deep, pipe.execute()):
-        p, m, depth, head = out[i]
-        out[i] = (p, m, depth, [*head, *more])
-    return out
-
-
-def _sample(client: redis.Redis, keys: Keys, queues: list[tuple[int, str, int, list[tuple[str, float]]]],
-            bounds: list[float]) -> tuple[tuple[Backlog, ...], tuple[tuple[float, int], ...], list[str]]:
-    """Each queue's backlog from its head tasks, the need bands, and the sampled tasks' handlers."""
-    pipe = client.pipeline(transaction=False)
-    for *_, head in queues:
-        for tid, _ in head:
-            pipe.hmget(keys.task(tid), "vram_gb", "est_s", "handler", "score")
-    lower = "-inf"
-    for bound in bounds:
-        pipe.zcount(keys.need, lower, "+inf" if math.isinf(bound) else bound)
-        lower = f"({bound}"
-    replies = iter(pipe.execute())
-    backlogs, named = [], []
-    for p, m, depth, head in queues:
-        got = [next(replies) for _ in head]
-        # a task that ended between the reads has no hash left: it is just not sampled
-        sample = tuple((_float(v), _float(e)) for v, e, _, _ in got if v is not None)
-        named += [str(h) for v, _, h, _ in got if v is not None and h]
-        # the head's start-by: its `score` (the queue's score is its fair order with tenants)
-        start_by = _float(got[0][3]) if got and got[0][3] is not None else (
-            float(head[0][1]) if head else math.inf)
-        backlogs.append(Backlog(p, m, depth, start_by, sample))
-    return tuple(backlogs), tuple(zip(bounds, (int(n) for n in replies))), named
 
 
 class CommandHook:
@@ -267,11 +219,16 @@ class Scaler:
         self.told: dict[str, int] = {}
         self.hinted: dict[str, int] = {}
         self.est_s: dict[str, float] = {}  # model -> mean est_s of its last sampled queue
+        self.samples = Samples()  # each queue's last full sample (a round's reads are bounded)
+        self.known = KnownWorkers()  # live workers' fields that do not change while they run
         self.arrivals: dict[int, dict[str, int]] = {}  # arrival buckets no longer written
 
-    def step(self, now_ms: int | None = None) -> ScalePlan:
+    def step(self, now_ms: int | None = None,
+             entries: list[catalog.ModelEntry] | None = None) -> ScalePlan:
+        """entries: the model catalog, if the round read it already."""
         now = server_ms(self.redis) if now_ms is None else now_ms
-        snapshot = read_snapshot(self.redis, self.keys, now, self.config, self.est_s, self.arrivals)
+        snapshot = read_snapshot(self.redis, self.keys, now, self.config, self.est_s, self.arrivals,
+                                 self.samples, entries, self.known)
         result = plan(snapshot, self.config, now, self.hinted)
         for b in snapshot.backlogs:
             if b.sample:

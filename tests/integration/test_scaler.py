@@ -55,6 +55,26 @@ def test_signals_replace_the_scale_hash(make_real_queue: MakeQueue) -> None:
     assert plan.hints == []
 
 
+def test_a_round_reads_a_bounded_number_of_tasks_and_keeps_the_rest(make_real_queue: MakeQueue) -> None:
+    q = make_real_queue(min_workers=0)
+    register(q, "w-h", "A100-80", 80)
+    for i in range(30):  # each queue: 5 tasks of 1, 1, 1, 1 and 11 s, 15 s of work in all
+        q.enqueue_many([{"handler": "h", "model": f"m{i}", "vram_gb": 16, "est_s": est,
+                         "priority": "P2"} for est in (1, 1, 1, 1, 11)])
+    scaler = Scaler(q.redis, q.keys, q.config)
+    scaler.samples.budget = 60  # 150 task reads wanted: 30 heads, then 7 queues in full a round
+
+    def hmgets() -> int:
+        return int(q.redis.info("commandstats").get("cmdstat_hmget", {}).get("calls", 0))
+
+    for _ in range(5):
+        before = hmgets()
+        scaler.step()
+        assert hmgets() - before <= 60 + 1  # the budget, and the worker's hash
+    reasons = {k: v["reason"] for k, v in scale_hash(q).items() if k.startswith("model:")}
+    assert len(reasons) == 30 and set(reasons.values()) == {"backlog 5 tasks, 15 s of work"}
+
+
 def test_hook_command_gets_class_current_desired_when_desired_changes(
         make_real_queue: MakeQueue, tmp_path: Path) -> None:
     out = tmp_path / "calls"

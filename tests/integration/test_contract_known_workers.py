@@ -1,0 +1,47 @@
+"""The scaler's memory of live workers: each one's fixed fields read once per start, its
+state every round; a worker started again under its id read in full again."""
+
+from __future__ import annotations
+
+from helpers import register_worker as register
+
+from gpuq import Queue
+from gpuq.reaper.known_workers import KnownWorkers
+
+
+def records(q: Queue, known: KnownWorkers, live: list[str]) -> dict[str, tuple[str, str, str] | None]:
+    pipe = q.redis.pipeline(transaction=False)
+    known.read(pipe, q.keys, live)
+    got = known.records(q.redis, q.keys, live, iter(pipe.execute()))
+    return {w: None if r is None else (r.gpu_name, r.levels, r.state) for w, r in zip(live, got)}
+
+
+def test_fixed_fields_are_read_once_a_start_and_the_state_every_round(queue: Queue) -> None:
+    register(queue, "a", "A100-80", 80, levels="0123")
+    register(queue, "b", "L4-24", 24, levels="01")
+    known = KnownWorkers()
+    assert records(queue, known, ["a", "b"]) == {"a": ("A100-80", "0123", "idle"),
+                                                 "b": ("L4-24", "01", "idle")}
+    # a hand edit of a fixed field is not read again while the worker runs; its state is
+    queue.redis.hset(queue.keys.worker("a"), mapping={"levels": "3", "state": "draining"})
+    assert records(queue, known, ["a", "b"])["a"] == ("A100-80", "0123", "draining")
+
+
+def test_a_worker_started_again_under_its_id_is_read_in_full(queue: Queue) -> None:
+    register(queue, "a", "A100-80", 80)
+    known = KnownWorkers()
+    records(queue, known, ["a"])
+    queue.redis.hset(queue.keys.worker("a"), mapping={"gpu_name": "H100-80", "levels": "01",
+                                                     "started_at": "1"})  # a new start
+    assert records(queue, known, ["a"]) == {"a": ("H100-80", "01", "idle")}
+
+
+def test_a_gone_hash_reads_none_and_workers_no_longer_live_are_forgotten(queue: Queue) -> None:
+    register(queue, "a", "A100-80", 80)
+    register(queue, "b", "A100-80", 80)
+    known = KnownWorkers()
+    records(queue, known, ["a", "b"])
+    queue.redis.delete(queue.keys.worker("a"))  # being reaped
+    assert records(queue, known, ["a", "b"])["a"] is None
+    records(queue, known, ["b"])
+    assert set(known.kept) == {"b"}
