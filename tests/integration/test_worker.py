@@ -48,6 +48,8 @@ def test_a_task_handed_to_an_idle_worker_runs_there_past_its_pickup_deadline(
     (P0: 100 ms), and the reaper's and other claims' look at `handed` leaves it there."""
     procs.worker("w1")
     procs.reaper()
+    # a reaper still starting on a slow host would leave `handed` as it is
+    wait_for(lambda: real_queue.redis.get(real_queue.keys.reaper_lock), message="the reaper's lead")
     procs.wait_idle("w1")
     task = real_queue.enqueue("sim.run", model="m-hand", vram_gb=10, priority="online",
                               est_s=est(2.0))
@@ -56,8 +58,10 @@ def test_a_task_handed_to_an_idle_worker_runs_there_past_its_pickup_deadline(
     procs.wait_state(task.id, State.RUNNING)  # popped off its wake list: picked up
     lease = real_queue.redis.zscore(real_queue.keys.running, task.id)
     assert lease is not None and lease - procs.server_ms() > 1_000
-    time.sleep(0.5)  # past the pickup deadline and two reaper rounds (every 0.2 s here)
-    assert real_queue.redis.zscore(real_queue.keys.handed, task.id) is None
+    # past the pickup deadline (100 ms) a reaper round (every 0.2 s here) takes it out of
+    # `handed`, the task left running (it runs 2 s)
+    wait_for(lambda: real_queue.redis.zscore(real_queue.keys.handed, task.id) is None, timeout=1.5,
+             message="the task out of handed")
     r = real_queue.record(task.id)
     assert (r.state, r.worker, r.attempt) == (State.RUNNING, "w1", 1)
     assert task.result(timeout=15)["worker"] == "w1"
