@@ -112,8 +112,8 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
     bounds = [*sorted(set(sizes.values()) | {w.usable_gb for w in workers}), math.inf]
     samples = Samples() if samples is None else samples
     reads = samples.reads([(p, m, depth) for p, m, depth, _ in queues])
-    read = read_backlogs(client, keys, deepen(client, keys, queues, reads), reads, bounds)
-    backlogs, bands, named = samples.fill(read[0], now_ms), read[1], read[2]
+    read, bands, named = read_backlogs(client, keys, deepen(client, keys, queues, reads), reads, bounds)
+    backlogs = samples.fill(read, now_ms)  # queues not read in full: their kept sample
     entries = catalog.read(client, keys) if entries is None else entries
     unregistered: dict[str, int] = {}
     for handler in named:
