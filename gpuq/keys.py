@@ -51,6 +51,7 @@ SUFFIXES: dict[str, str] = {
     "scale": "scale",
     "settings": "settings",
     "workers": "workers",
+    "registrations": "registrations",
     "idle": "idle",
     "pool_wake": "wake",
     "lookouts": "lookouts",
@@ -212,6 +213,12 @@ class Keys:
     def workers(self) -> str:
         """Live workers scored by heartbeat expiry (ms)."""
         return self._key("workers")
+
+    @property
+    def registrations(self) -> str:
+        """Worker registrations so far (INCR on each): a reader that keeps workers' fixed
+        fields reads them again once it moves (a worker may start again under its id)."""
+        return self._key("registrations")
 
     @property
     def idle(self) -> str:

@@ -199,7 +199,9 @@ class Preemptor:
         self.config = config
         self.scripts = scripts
         self.calls = calls
-        self.workers: dict[str, tuple[float, str, int]] = {}  # id -> (usable GB, levels, gpus), read once
+        # id -> (usable GB, levels, gpus), read once a start: all again after any registration
+        self.workers: dict[str, tuple[float, str, int]] = {}
+        self.registrations: object = None  # the pool's count when self.workers was checked
         self.reservation_keys: dict[str, str] = {}  # id -> its reserve:<id> key, made once
         # after a step that decided nothing: the first time (ms) a step could decide anything
         # with the pool unchanged (None: not before it changes); after one that did, its time
@@ -278,14 +280,18 @@ class Preemptor:
         (one of each claimable VRAM, lanes and GPUs: the plan asks only whether one fits),
         and the workers already reserved: two round trips, whatever the pool's size."""
         k, r = self.keys, self.redis
-        live_raw, idle_raw, running_raw = exchange(r, [
+        live_raw, idle_raw, running_raw, registrations = exchange(r, [
             ("ZRANGEBYSCORE", k.workers, now_ms, "+inf"), ("ZRANGE", k.idle, 0, -1, "WITHSCORES"),
-            ("ZRANGE", k.running, 0, -1)], retry=True)
+            ("ZRANGE", k.running, 0, -1), ("GET", k.registrations)], retry=True)
         live, running = [str(w) for w in live_raw], [str(i) for i in running_raw]
         self.reservations_end = None
         if not live:
             return [], [], set()
-        # forget workers that left: an id that comes back may be another GPU
+        # forget workers that left (an id that comes back may be another GPU), and every
+        # worker's fields after a registration: one may have started again under its id,
+        # still live, on another GPU or serving other levels (registrations are rare)
+        if registrations != self.registrations:
+            self.workers, self.registrations = {}, registrations
         alive = set(live)
         self.workers = {w: v for w, v in self.workers.items() if w in alive}
         names = self.reservation_keys = {w: key for w, key in self.reservation_keys.items() if w in alive}

@@ -68,6 +68,7 @@ class Presence:
             pipe.hset(keys.lanes, wid, identity["levels"])
         # the heartbeat's script renews it from here on; this bridges until the first beat
         pipe.zadd(keys.workers, {wid: now_ms + lease_ms})
+        pipe.incr(keys.registrations)  # the planner's kept GPU fields may be another start's
 
     @contextmanager
     def beat(self, cache: ModelCache, running: int, state: str,

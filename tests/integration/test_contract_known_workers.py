@@ -1,12 +1,16 @@
-"""The scaler's memory of live workers: each one's fixed fields read once per start, its
-state every round; a worker started again under its id read in full again."""
+"""The reaper's memory of live workers. The scaler's: each one's fixed fields read once per
+start, its state every round; a worker started again under its id read in full again. The
+planner's: GPU fields read once, all again after any registration."""
 
 from __future__ import annotations
+
+import time
 
 from helpers import register_worker as register
 
 from gpuq import Queue
 from gpuq.reaper.known_workers import KnownWorkers
+from gpuq.reaper.preempt import Idle, Preemptor
 
 
 def records(q: Queue, known: KnownWorkers, live: list[str]) -> dict[str, tuple[str, str, str] | None]:
@@ -45,3 +49,15 @@ def test_a_gone_hash_reads_none_and_workers_no_longer_live_are_forgotten(queue: 
     assert records(queue, known, ["a", "b"])["a"] is None
     records(queue, known, ["b"])
     assert set(known.kept) == {"b"}
+
+
+def test_the_planner_reads_a_worker_started_again_under_its_id_afresh(queue: Queue) -> None:
+    """A worker restarted under its id while its last lease still runs (a fixed --name) may
+    be another GPU or serve other levels: the planner must not plan from the old start's."""
+    register(queue, "w1", "A100", 80, idle=True)
+    planner = Preemptor(queue.redis, queue.keys, queue.config, queue.scripts, queue.calls)
+    now = int(time.time() * 1000)
+    assert planner.read_workers(now)[1] == [Idle(75.0, "0123", 1)]
+    assert planner.read_workers(now)[1] == [Idle(75.0, "0123", 1)]  # kept: not read again
+    register(queue, "w1", "L4", 24, idle=True, levels="01")  # started again, still live
+    assert planner.read_workers(now)[1] == [Idle(19.0, "01", 1)]
