@@ -61,6 +61,10 @@ class Config:
     on_scale: str = ""  # command run with (class, current, desired) when a class's desired count changes
     scale_target_s: float = 60.0  # desired workers would drain a model's backlog within this
     warm_backlog: int = 4  # queued tasks of a model, all holders busy, before an idle worker preloads it
+    # tenants (gpuq.reaper.tenant_room): each tenant with recent demand d (workers its work
+    # keeps busy) keeps room for d + tenant_headroom x sqrt(d), up to its share; others borrow the rest
+    tenant_headroom: float = 1.0  # 0: no room kept (weights alone)
+    tenant_half_life_s: float = 60.0  # a tenant's demand falls toward what it has with this half-life
     # durability: enqueue, ack, fail and requeue send WAIT replica_acks replica_wait_ms after the
     # script (same round trip); an enqueue fewer replicas took in time raises ReplicaTimeout
     replica_acks: int = 0  # 0: no WAIT (a failover may lose the last acknowledged writes)

@@ -70,6 +70,7 @@ SUFFIXES: dict[str, str] = {
     "tenant_queued": "tenant:queued",
     "tenant_clock": "tenant:clock",
     "tenant_use": "tenant:use",
+    "tenant_work": "tenant:work",
     "reaper_lock": "reaper",
     "children": "children:{task_id}",
     "waiting": "waiting",
@@ -313,8 +314,15 @@ class Keys:
 
     @property
     def tenant_use(self) -> str:
-        """Capped tenants' running use: "gpus:<tenant>" -> tasks, "vram:<tenant>" -> GB."""
+        """Limited tenants' running use: "gpus:<tenant>" -> tasks, "vram:<tenant>" -> GB; and
+        "bound:<tenant>" -> the running tasks the reaper lets it have (lib/quota.lua)."""
         return self._key("tenant_use")
+
+    @property
+    def tenant_work(self) -> str:
+        """While tenancy is on: tenant -> the est_s of every task it enqueued (a running
+        total, HINCRBYFLOAT), the reaper's measure of its demand (gpuq.reaper.tenant_room)."""
+        return self._key("tenant_work")
 
     @property
     def reaper_lock(self) -> str:

@@ -178,7 +178,8 @@ METRIC_NAMES = {
     "gpuq_workers": "gauge", "gpuq_workers_desired": "gauge", "gpuq_workers_current": "gauge",
     "gpuq_model_workers_desired": "gauge", "gpuq_reaper_active": "gauge",
     "gpuq_arrivals_forecast_per_second": "gauge",
-    "gpuq_tenant_queued": "gauge", "gpuq_tenant_running": "gauge", "gpuq_tenant_running_vram_gb": "gauge",
+    "gpuq_tenant_queued": "gauge", "gpuq_tenant_bound": "gauge", "gpuq_tenant_running": "gauge",
+    "gpuq_tenant_running_vram_gb": "gauge",
     "gpuq_tenant_quota_use_ratio": "gauge", "gpuq_tenant_sla_starts_total": "counter",
 }
 
@@ -277,13 +278,15 @@ class PoolCollector(Collector):
 
 def _tenant_families(pool: str,
                      tenants: list[dict[str, Any]]) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-    """Per tenant: queued tasks per priority, running use against its caps (capped tenants),
-    SLA results at handler start."""
+    """Per tenant: queued tasks per priority, the reaper's bound, running use against its caps
+    (limited tenants: caps or a bound), SLA results at handler start."""
     queued = GaugeMetricFamily("gpuq_tenant_queued", "Tasks queued, per tenant and priority.",
                                labels=["pool", "tenant", "priority"])
-    running = GaugeMetricFamily("gpuq_tenant_running", "Running tasks of a capped tenant.",
+    bound = GaugeMetricFamily("gpuq_tenant_bound", "Running tasks the reaper lets a tenant have "
+                              "while other tenants' recent demand needs room.", labels=["pool", "tenant"])
+    running = GaugeMetricFamily("gpuq_tenant_running", "Running tasks of a limited tenant (caps or bound).",
                                 labels=["pool", "tenant"])
-    vram = GaugeMetricFamily("gpuq_tenant_running_vram_gb", "VRAM of a capped tenant's running tasks.",
+    vram = GaugeMetricFamily("gpuq_tenant_running_vram_gb", "VRAM of a limited tenant's running tasks.",
                              labels=["pool", "tenant"])
     ratio = GaugeMetricFamily("gpuq_tenant_quota_use_ratio", "A capped tenant's use over its cap.",
                               labels=["pool", "tenant", "resource"])
@@ -291,6 +294,8 @@ def _tenant_families(pool: str,
         name = t["name"]
         for p in PRIORITIES:
             queued.add_metric([pool, name, p], t["queued"].get(p, 0))
+        if t.get("bound") is not None:
+            bound.add_metric([pool, name], t["bound"])
         if t["running"] is not None:
             running.add_metric([pool, name], t["running"])
             vram.add_metric([pool, name], t["running_vram_gb"])
@@ -299,6 +304,7 @@ def _tenant_families(pool: str,
             if cap is not None:
                 ratio.add_metric([pool, name, resource], (used or 0) / cap if cap else float(bool(used)))
     yield queued
+    yield bound
     yield running
     yield vram
     yield ratio

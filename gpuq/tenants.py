@@ -79,15 +79,17 @@ class TenantState:
 
     tenant: Tenant
     registered: bool
-    running: int | None = None  # capped tenants only: running tasks and their VRAM
+    running: int | None = None  # limited tenants only (caps or bound): running tasks, their VRAM
     running_vram_gb: float | None = None
     queued: dict[str, int] = field(default_factory=dict)  # "P<n>" -> tasks queued
+    bound: int | None = None  # the running tasks the reaper lets it have (gpuq.reaper.tenant_room)
 
     def to_dict(self) -> dict[str, Any]:
         t = self.tenant
         return {"name": t.name, "registered": self.registered, "weight": t.weight,
-                "max_gpus": t.max_gpus, "max_vram_gb": t.max_vram_gb, "running": self.running,
-                "running_vram_gb": self.running_vram_gb, "queued": self.queued}
+                "max_gpus": t.max_gpus, "max_vram_gb": t.max_vram_gb, "bound": self.bound,
+                "running": self.running, "running_vram_gb": self.running_vram_gb,
+                "queued": self.queued}
 
 
 def set_tenant(queue: Queue, tenant: Tenant) -> Tenant | None:
@@ -112,8 +114,8 @@ def require_registered(queue: Queue, on: bool) -> None:
 
 
 def read(client: redis.Redis, keys: Keys) -> tuple[list[TenantState], bool]:
-    """Every registered tenant and every tenant with queued work counted, by name, and
-    whether the pool requires registration."""
+    """Every registered tenant and every tenant with queued work counted or a bound, by
+    name, and whether the pool requires registration."""
     pipe = client.pipeline(transaction=False)
     pipe.hgetall(keys.tenants)
     pipe.hgetall(keys.tenant_queued)
@@ -125,18 +127,23 @@ def read(client: redis.Redis, keys: Keys) -> tuple[list[TenantState], bool]:
             tenant = Tenant.parse(name, value)
             if tenant is not None:
                 states[name] = TenantState(tenant, True)
+    def state_of(name: str) -> TenantState | None:
+        if name not in states:
+            try:
+                states[name] = TenantState(Tenant(name), False)
+            except TenantError:
+                return None
+        return states[name]
+
     for key, count in queued.items():
         level, _, name = key.partition(":")
-        state = states.get(name)
-        if state is None:
-            try:
-                state = states[name] = TenantState(Tenant(name), False)
-            except TenantError:
-                continue
-        if int(count) > 0:
+        if (state := state_of(name)) is not None and int(count) > 0:
             state.queued[f"P{level}"] = int(count)
+    for key, value in use.items():
+        if key.startswith("bound:") and (state := state_of(key[len("bound:"):])) is not None:
+            state.bound = int(float(value))
     for state in states.values():
-        if state.tenant.capped:
+        if state.tenant.capped or state.bound is not None:
             state.running = int(float(use.get(f"gpus:{state.tenant.name}", 0)))
             state.running_vram_gb = round(float(use.get(f"vram:{state.tenant.name}", 0)), 3)
     return sorted(states.values(), key=lambda s: s.tenant.name), registry.get(REQUIRED) == "1"

@@ -2,13 +2,15 @@
 
 Tenant B sends P1 tasks at a steady Poisson rate; tenant A sends P1 tasks of the same model at
 ten times that rate, more than the pool can run, so A's backlog grows for the whole replay.
-The same seeded arrivals are replayed through the real scheduling scripts (``gpuq.sim``) in
-four runs: B alone; A and B with no tenant registered (a tenant is a label: one FIFO by
-start-by time); A and B registered with equal weights (the level shared by weight); and the
-same with A capped at ``--cap`` GPUs. For each run it prints B's P1 waits (arrival to handler
-start) and SLA attainment, and A's throughput.
+The same seeded arrivals are replayed through the real scheduling scripts and the reaper's
+rounds (``gpuq.sim``) in five runs: B alone; A and B with no tenant registered (a tenant is
+a label: one FIFO by start-by time); A and B registered with equal weights and no room kept
+(``tenant_headroom`` 0: the level shared by weight alone); the same with the default room for
+recent demand (gpuq.reaper.tenant_room); and, with no room, A capped at ``--cap`` GPUs. For
+each run it prints B's P1 waits (arrival to handler start) and SLA attainment, and A's
+throughput.
 
-    python scripts/bench_tenants.py            # 8x80 GB, 30 virtual minutes (~1 min)
+    python scripts/bench_tenants.py            # 8x80 GB, 30 virtual minutes (~1-2 min)
     python scripts/bench_tenants.py --json
 """
 
@@ -60,17 +62,20 @@ def main() -> int:
     b = arrivals("b", args.rate_b, args.span_s, args.service_s, rng)
     a = arrivals("a", args.rate_b * args.flood, args.span_s, args.service_s, rng)
     gpus = parse_gpus(args.gpus)
-    runs = [("B alone", b, ()), ("A+B, no tenants", a + b, ()),
-            ("A+B, equal weights", a + b, (Tenant("a"), Tenant("b"))),
-            (f"A+B, A max_gpus {args.cap}", a + b, (Tenant("a", max_gpus=args.cap), Tenant("b")))]
+    equal = (Tenant("a"), Tenant("b"))
+    runs = [("B alone", b, (), Config()), ("A+B, no tenants", a + b, (), Config()),
+            ("A+B, weights, no room", a + b, equal, Config(tenant_headroom=0)),
+            ("A+B, equal weights", a + b, equal, Config()),
+            (f"A+B, A max_gpus {args.cap}", a + b, (Tenant("a", max_gpus=args.cap), Tenant("b")),
+             Config(tenant_headroom=0))]
     out = []
     server = EmbeddedServer("redis").start()
     started = time.monotonic()
     try:
-        for name, tasks, tenants in runs:
+        for name, tasks, tenants, config in runs:
             ordered = sorted(tasks, key=lambda t: t.arrival_s)
             result = simulate(ordered, gpus, "gpuq", speedup=1.0, load_time=lambda _m, _rng: 20.0,
-                              seed=args.seed, config=Config(), server=server, tenants=tenants)
+                              seed=args.seed, config=config, server=server, tenants=tenants)
             # A's tasks run while arrivals last: its share of the pool under the flood
             a_done = sum(1 for t in result.tasks if t.tenant == "a" and t.end_s is not None
                          and t.end_s <= args.span_s)

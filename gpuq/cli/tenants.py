@@ -52,21 +52,22 @@ def require(ctx: click.Context, state: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
 def list_(ctx: click.Context, as_json: bool) -> None:
-    """Tenants registered or with tasks queued: weight, caps, running use, queued tasks."""
+    """Tenants registered or with tasks queued: weight, caps, the reaper's bound (the running
+    tasks it lets a tenant have while others' demand needs room), running use, queued tasks."""
     queue = open_queue(ctx)
     states, required = read(queue.redis, queue.keys)
     if as_json:
         click.echo(json.dumps({"required": required, "tenants": [s.to_dict() for s in states]},
                               indent=2))
         return
-    click.echo(f"{'TENANT':<16}{'WEIGHT':>8}{'MAX GPUS':>10}{'MAX VRAM':>10}{'RUNNING':>9}"
-               f"{'VRAM':>8}  QUEUED")
+    click.echo(f"{'TENANT':<16}{'WEIGHT':>8}{'MAX GPUS':>10}{'MAX VRAM':>10}{'BOUND':>7}"
+               f"{'RUNNING':>9}{'VRAM':>8}  QUEUED")
     for s in states:
         t = s.tenant
         name = t.name if s.registered else f"{t.name}*"
         queued = " ".join(f"{p}={n}" for p, n in sorted(s.queued.items())) or "-"
         click.echo(f"{name:<16}{t.weight:>8g}{_cap(t.max_gpus):>10}{_cap(t.max_vram_gb):>10}"
-                   f"{_cap(s.running):>9}{_cap(s.running_vram_gb):>8}  {queued}")
+                   f"{_cap(s.bound):>7}{_cap(s.running):>9}{_cap(s.running_vram_gb):>8}  {queued}")
     if not all(s.registered for s in states):
         click.echo("* not registered: weight 1, no caps")
     if required:

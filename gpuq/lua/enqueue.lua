@@ -42,6 +42,7 @@
 --@include start
 --@include runtime
 --@include tenancy
+--@include quota
 --@include defer
 
 local now = clock(ARGV[1])
@@ -163,8 +164,13 @@ local function fair_order(p, t, score, sla_ms, est_s, vram)
   return order
 end
 
--- Write the counts and finish tags fair_order kept.
+-- The work (est_s) each tenant enqueued in this call, while tenancy is on: the reaper's
+-- measure of its demand (gpuq/reaper/tenant_room.py)
+local work = {}
+
+-- Write the work, and the counts and finish tags fair_order kept.
 local function fair_flush()
+  for t, est in pairs(work) do redis.call('HINCRBYFLOAT', K_TENANT_WORK, t, est) end
   if not fair then return end
   local tags = {}
   for field, n in pairs(fair.added) do
@@ -206,7 +212,7 @@ local function deferral(id, due, after, any, seen)
 end
 
 -- Tenants (lib/tenancy.lua): while any is registered, a task's score is its tenant's fair order, a
--- capped tenant's task is not handed over (claims keep quotas), unregistered ones may be refused.
+-- limited tenant's task is not handed over (claims keep quotas), unregistered ones may be refused.
 local tenancy = tenancy_on()
 local required = tenancy and redis.call('HGET', K_TENANTS, REQUIRED) == '1'
 local known_tenant = {}
@@ -284,6 +290,7 @@ for i = 1, n do
     if not registered[handler] then return {7, i, handler} end
   end
   vrams[i], ests[i], tries[i], gpus_of[i] = vram, est, attempts, gpus
+  if tenancy then work[tenant] = (work[tenant] or 0) + est end
   local later, why = deferral(id, ARGV[o + 14], ARGV[o + 15], ARGV[o + 16], seen)
   if later == nil then return {1, i, why} end
   held[i] = later or nil
@@ -309,14 +316,7 @@ for _, i in ipairs(ready) do
   -- a call of one task may hand it over; a bulk call's tasks are queued and their workers
   -- woken, so each claim picks the best of the batch (the first task need not be it)
   local tenant = ARGV[o + 10]
-  local capped = false
-  if tenancy then
-    local asked = {}
-    asked[1] = tenant
-    read_terms(asked)
-    capped = terms_of[tenant].gpus or terms_of[tenant].vram
-  end
-  local hand = idle and n == 1 and not capped and handover(w)
+  local hand = idle and n == 1 and not (tenancy and quota_of(tenant)) and handover(w)
   if idle then
     targeted, idle_n = 1, idle_n - 1
   else

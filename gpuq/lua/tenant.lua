@@ -1,11 +1,13 @@
 -- tenant.lua: register, change or remove a tenant, or set the pool's tenant policy.
 --
 -- A tenant's weight is its share of each level against the other tenants with work queued
--- there; max_gpus and max_vram_gb cap its running tasks and their VRAM (lib/tenancy.lua).
--- Setting or removing a tenant recounts its running use from the running set (O(running
--- tasks), an operator's call), so caps bind the tasks already running too: a tenant over a
--- new cap starts nothing until its tasks bring it back under. Removing the last tenant ends
--- tenancy: the finish tags go, queued tasks keep their places, and the queued counts stay,
+-- there; max_gpus and max_vram_gb cap its running tasks and their VRAM (lib/tenancy.lua), as
+-- its bound does (lib/quota.lua). A tenant whose limits come or go has its running use
+-- recounted from the running set (O(running tasks): an operator's call, or a bound the
+-- reaper sets or lifts), so limits bind the tasks already running too: a tenant over a new
+-- limit starts nothing until its tasks bring it back under. Removing the last tenant ends
+-- tenancy: the finish tags, bounds, counts of use and work totals go (running tasks are
+-- no longer charged), queued tasks keep their places, and the queued counts stay,
 -- exact, until the tasks counted there leave their queues (scripts leave them whether
 -- tenancy is on or not).
 --
@@ -14,13 +16,17 @@
 --          "-": none), ARGV[5] max_vram_gb (>= 0, or "-")
 --          "remove": ARGV[2] name
 --          "require": ARGV[2] "1" (enqueue refuses tenants not registered) or "0"
+--          "bound": then pairs: name, the running tasks it may have (an integer >= 1) or
+--          "-" (none): the reaper's (gpuq/reaper/tenant_room.py); a bound lifted or raised
+--          wakes as many idle workers (the tenant's passed-over tasks may start); nothing
+--          while tenancy is off
 -- Returns  {0, previous}   done; previous: the tenant's former value or policy ("" if none)
 --          {4}             NOT_FOUND: remove of a tenant not registered
 --          {1, 0, reason}  INVALID: a malformed argument (nothing written)
 
 --@include args
-
-local REQUIRED = ' required'  -- lib/tenancy.lua's policy field: no tenant name holds a space
+--@include tenancy
+--@include wake
 
 -- Charge (capped) or discharge (not) each running task of tenant t; set its use to the sum.
 local function recount(t, capped)
@@ -41,14 +47,45 @@ local function recount(t, capped)
   if gpus > 0 then redis.call('HSET', K_TENANT_USE, 'gpus:' .. t, gpus, 'vram:' .. t, tostring(vram)) end
 end
 
+-- Whether tenant t is limited (caps, or a bound): its running use is counted.
+local function limited(t)
+  local terms = tenant_terms(redis.call('HGET', K_TENANTS, t))
+  return (terms and (terms.gpus or terms.vram)) ~= nil
+    or redis.call('HEXISTS', K_TENANT_USE, 'bound:' .. t) == 1
+end
+
+local function bad_name(t)
+  return not t or t == '' or #t > 200 or string.find(t, '[%s{},]') ~= nil
+end
+
 local op, name = ARGV[1], ARGV[2]
+if op == 'bound' then
+  if #ARGV % 2 ~= 1 then return {1, 0, 'bound takes name, bound pairs'} end
+  for i = 2, #ARGV, 2 do
+    if bad_name(ARGV[i]) or not (ARGV[i + 1] == '-' or arg_num(i + 1, 1, 1e6, true)) then
+      return {1, 0, 'bound takes tenant names and bounds: integers 1..1e6 or -'}
+    end
+  end
+  if not tenancy_on() then return {0, ''} end  -- removed since the reaper read: no limits
+  local woken = 0
+  for i = 2, #ARGV, 2 do
+    local t, field = ARGV[i], 'bound:' .. ARGV[i]
+    local was, old = limited(t), finite(redis.call('HGET', K_TENANT_USE, field))
+    if ARGV[i + 1] == '-' then redis.call('HDEL', K_TENANT_USE, field)
+    else redis.call('HSET', K_TENANT_USE, field, ARGV[i + 1]) end
+    if limited(t) ~= was then recount(t, not was) end
+    if old and (ARGV[i + 1] == '-' or tonumber(ARGV[i + 1]) > old) then woken = woken + 1 end
+  end
+  if woken > 0 then wake_pool(woken) end
+  return {0, ''}
+end
 if op == 'require' then
   if #ARGV ~= 2 or (name ~= '1' and name ~= '0') then return {1, 0, 'require takes 1 or 0'} end
   local before = redis.call('HGET', K_TENANTS, REQUIRED) or ''
   if name == '1' then redis.call('HSET', K_TENANTS, REQUIRED, '1') else redis.call('HDEL', K_TENANTS, REQUIRED) end
   return {0, before}
 end
-if not name or name == '' or #name > 200 or string.find(name, '[%s{},]') then
+if bad_name(name) then
   return {1, 0, 'tenant name must be a non-empty name without spaces, commas or braces'}
 end
 local before = redis.call('HGET', K_TENANTS, name)
@@ -63,16 +100,20 @@ if op == 'set' then
   local value = table.concat({tostring(w), ARGV[4] == '-' and '-' or tostring(g),
     ARGV[5] == '-' and '-' or tostring(v)}, ' ')
   redis.call('HSET', K_TENANTS, name, value)
-  recount(name, ARGV[4] ~= '-' or ARGV[5] ~= '-')
+  recount(name, limited(name))
   return {0, before or ''}
 end
 if op == 'remove' then
   if #ARGV ~= 2 then return {1, 0, 'remove takes a name'} end
   if not before then return {4} end
-  recount(name, false)
   redis.call('HDEL', K_TENANTS, name)
-  if redis.call('EXISTS', K_TENANTS) == 0 then
-    redis.call('DEL', K_TENANT_CLOCK, K_TENANT_USE)
+  if redis.call('EXISTS', K_TENANTS) == 0 then  -- tenancy ends: nobody is limited or counted
+    for _, id in ipairs(redis.call('ZRANGE', K_RUNNING, 0, -1)) do
+      redis.call('HDEL', task_key(id), 'charged')
+    end
+    redis.call('DEL', K_TENANT_CLOCK, K_TENANT_USE, K_TENANT_WORK)
+  else
+    recount(name, limited(name))
   end
   return {0, before}
 end

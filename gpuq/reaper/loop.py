@@ -4,7 +4,8 @@ Every instance runs this loop; only the lock holder acts. The lock expires after
 ``reaper_lock_s`` unless renewed, so a standby takes over within that time when the active
 reaper dies. A round: recover dead workers' tasks and due retries (reap.lua), expire queued
 tasks that can no longer meet their deadline (expire.lua), plan graceful preemption for
-waiting online work (preempt.py), and publish scale signals and warm hints (scale.py).
+waiting online work (preempt.py), keep room for tenants' recent demand (tenant_room.py), and
+publish scale signals and warm hints (scale.py).
 Each step is bounded; a failing step is logged and the others still run.
 
 Between rounds the active reaper blocks on the pool's ``urgent`` token, which enqueue posts
@@ -36,6 +37,7 @@ from gpuq.connection import redis_errors
 from gpuq.keys import Keys
 from gpuq.reaper.preempt import Preemptor
 from gpuq.reaper.scale import Scaler
+from gpuq.reaper.tenant_room import TenantRoom
 from gpuq.scripts import Calls, ReapResult, Scripts
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,7 @@ class Round:
     scale_signals: int = 0
     warm_hints: int = 0
     scheduled: int = 0  # periodic runs enqueued
+    bounds: int = 0  # tenants' bounds changed (gpuq.reaper.tenant_room)
 
     def summary(self) -> str:
         r = self.recovered
@@ -64,7 +67,7 @@ class Round:
                 f"reserved {self.preemptions.get('reserved', 0)}, "
                 f"asked to yield {self.preemptions.get('yield', 0)}, "
                 f"scale signals {self.scale_signals}, warm hints {self.warm_hints}, "
-                f"periodic runs {self.scheduled}")
+                f"periodic runs {self.scheduled}, tenant bounds changed {self.bounds}")
 
 
 class Reaper:
@@ -77,6 +80,7 @@ class Reaper:
         self.token = uuid.uuid4().hex
         self.preemptor = Preemptor(client, self.keys, config, self.scripts, self.calls)
         self.scaler = Scaler(client, self.keys, config)
+        self.room = TenantRoom(client, self.keys, config, self.scripts, self.calls)
         self.active: bool | None = None  # None: not yet known, so the first round logs
         self.stopped = threading.Event()
 
@@ -133,6 +137,7 @@ class Reaper:
         entries = self._step("catalog", lambda: catalog.read(self.redis, self.keys), None)
         out.expired = self._step("expire", lambda: self.expire(entries=entries), 0)
         out.preemptions = self._step("preempt", self.preemptor.step, {})
+        out.bounds = self._step("tenants", self.room.step, 0)
         plan = self._step("scale", lambda: self.scaler.step(entries=entries), None)
         if plan is not None:
             out.scale_signals, out.warm_hints = len(plan.signals), len(plan.hints)

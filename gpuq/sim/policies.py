@@ -235,12 +235,16 @@ class GpuqScheduler:
         replies = pipe.execute()[0::2]
         return {w: [str(m) for m in msgs][::-1] for w, msgs in zip(workers, replies) if msgs}
 
-    def tick(self, now_ms: int, horizon_ms: int, *, deadlines: bool, urgent: bool) -> dict[str, int]:
+    def tick(self, now_ms: int, horizon_ms: int, *, deadlines: bool, urgent: bool,
+             tenants: bool = False) -> dict[str, int]:
         """The reaper's round at a virtual time: expiry while tasks with deadlines wait,
-        preemption planning while urgent ones do. (Recovery has nothing to do: simulated
-        workers never die, so it is not called.)"""
+        preemption planning while urgent ones do, tenants' room while they are registered
+        (its wake-ups go through the pool's list, as the script posts them). (Recovery has
+        nothing to do: simulated workers never die, so it is not called.)"""
         self._stale()
         expired = self.reaper.expire(now_ms, horizon_ms) if deadlines else 0
+        if tenants:
+            self.reaper.room.step(now_ms)
         return {"expired": expired, **(self.reaper.preemptor.step(now_ms) if urgent else {})}
 
     def quiet_until(self, horizon_ms: int, *, deadlines: bool, urgent: bool) -> int | None:

@@ -1,13 +1,16 @@
 """The reaper in a replay (gpuq only): its rounds and passes on the engine's virtual clock.
 
 Round k runs at k x ``reap_interval_s`` while the reaper has work: a queued deadline may
-lapse, or a queued P0/P1 task has a running, preemptible, lower-priority task to plan
-around. An urgent enqueue brings a preemption pass (as it wakes the real reaper), and a
-pass that decided nothing but said when one could comes again at that time.
+lapse, a queued P0/P1 task has a running, preemptible, lower-priority task to plan
+around, or tenants are registered and tasks queued or running (their demand moves the
+bounds every round: gpuq.reaper.tenant_room). An urgent enqueue brings a preemption pass
+(as it wakes the real reaper), and a pass that decided nothing but said when one could
+comes again at that time.
 
 Skip-ahead: a round that decided nothing and woke no GPU left the pool as it was, so the
 rounds after it are skipped up to the first that could decide something, unless an event
-that may change the pool comes first. That does not change the report
+that may change the pool comes first (never with tenants: their demand decays round by
+round). That does not change the report
 (docs/SIMULATOR.md says why).
 """
 
@@ -65,6 +68,7 @@ class Rounds:
         # skipping: the scheduled round is the first that may decide anything until an
         # event that may change the pool
         self.skip_ahead = True  # False: every round runs (the tests compare)
+        self.tenancy = False  # tenants registered: rounds keep room for their demand
         self.skipping = False
         self.next_plan = -URGENT_GAP_S  # the last urgent pass
         self.timed_plan = -1.0  # the last pass brought forward to a planner's quiet time
@@ -84,6 +88,8 @@ class Rounds:
         """Whether a round could change anything: a queued deadline may lapse, or a queued
         P0/P1 task has a running, preemptible, lower-priority task to plan around."""
         if self.queued_deadlines > 0:
+            return True
+        if self.tenancy and (any(self.queued) or next(self.engine.running(), None) is not None):
             return True
         urgent = next((p for p in (0, 1) if self.queued[p] > 0), None)
         if urgent is None:
@@ -116,7 +122,8 @@ class Rounds:
         self.skipping = False
         done = self.scheduler.tick(self.engine.ms(), int(self.engine.longest_load * 1000),
                                    deadlines=self.queued_deadlines > 0,
-                                   urgent=self.queued[0] + self.queued[1] > 0)
+                                   urgent=self.queued[0] + self.queued[1] > 0,
+                                   tenants=self.tenancy)
         self.queued_deadlines -= done.get("expired", 0)
         self.engine.apply(done)
         self.ensure()
@@ -142,8 +149,8 @@ class Rounds:
         replaces the next one, until an event that may change the pool: that round brings
         the planner's pass forward to that time, as the reaper's would (a round at or after
         it would plan later than production)."""
-        if not self.skip_ahead or self.next is None:
-            return
+        if not self.skip_ahead or self.next is None or self.tenancy:
+            return  # a tenant's demand decays round by round: no round is like the last
         ms, every = self.engine.ms, self.every
         quiet = self.scheduler.quiet_until(int(self.engine.longest_load * 1000),
                                            deadlines=self.queued_deadlines > 0,

@@ -149,11 +149,13 @@ def _progress(view: PoolView) -> list[str]:
 
 
 def _tenants(view: PoolView) -> list[str]:
-    """One line: each tenant's queued tasks, running use against its caps, SLA at start."""
+    """One line: each tenant's queued tasks, running use against its limit (its GPU cap or
+    the reaper's bound, the lower), SLA at start."""
     parts = []
     for t in view.tenants:
         queued = sum(t["queued"].values())
-        cap = f" {t['running']}/{t['max_gpus']}gpu" if t["max_gpus"] is not None else ""
+        limits = [x for x in (t["max_gpus"], t.get("bound")) if x is not None]
+        cap = f" {t['running']}/{min(limits)}gpu" if limits else ""
         met = sum(s["met"] for s in t["sla"].values())
         done = met + sum(s["missed"] for s in t["sla"].values())
         sla = f" {100 * met / done:.0f}%" if done else ""

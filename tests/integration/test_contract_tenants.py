@@ -176,7 +176,7 @@ def test_a_pool_that_requires_registration_refuses_other_tenants_whole_calls(que
     assert enqueue_specs(queue, [spec(tenant="a")], T0) == 1
     states, required = read(queue.redis, queue.keys)
     assert required and [s.to_dict() for s in states] == [
-        {"name": "a", "registered": True, "weight": 1.0, "max_gpus": None, "max_vram_gb": None,
+        {"name": "a", "registered": True, "weight": 1.0, "max_gpus": None, "max_vram_gb": None, "bound": None,
          "running": None, "running_vram_gb": None, "queued": {"P2": 1}}]
     require_registered(queue, False)
     assert enqueue_specs(queue, [spec(tenant="b")], T0) == 1

@@ -2,13 +2,13 @@
 
 Random sequences of enqueue (three tenants, three sizes, four priorities), claims by four
 workers, ack, fail with retry, cancel, yield (requeue), lease expiry (reap), and tenant
-settings changed or removed at any time, caps lowered below the running use included. After
-every step:
+settings and the reaper's bounds changed or removed at any time, caps and bounds lowered
+below the running use included. After every step:
 
-- no start exceeds a quota: a claim that starts a capped tenant's task leaves that tenant's
-  running tasks and VRAM within its caps;
+- no start exceeds a quota: a claim that starts a limited tenant's task leaves that tenant's
+  running tasks and VRAM within its caps and its bound;
 - the use is exact: `tenant_use` equals the sum over the running tasks charged to each
-  tenant, and a running task is charged exactly when its tenant has caps;
+  tenant, and a running task is charged exactly when its tenant is limited (caps or bound);
 - the queued counts are exact, tenancy on or off: `tenant_queued` "<p>:<t>" equals the
   number of queued tasks counted there (their `fair` field).
 """
@@ -56,6 +56,8 @@ class Sim:
             gpus, vram = self.charged()[tenant]
             assert caps.max_gpus is None or gpus <= caps.max_gpus, (tenant, gpus, caps)
             assert caps.max_vram_gb is None or vram <= caps.max_vram_gb + 1e-9, (tenant, vram, caps)
+        bound = self.bounds().get(tenant)
+        assert bound is None or self.charged()[tenant][0] <= bound, (tenant, bound)
 
     def pick(self, k: int) -> tuple[str, int] | None:
         if not self.running:
@@ -99,6 +101,9 @@ class Sim:
     def op_set(self, tenant: str, weight: float, gpus: int | None, vram: float | None) -> None:
         set_tenant(self.q, Tenant(tenant, weight, gpus, vram))
 
+    def op_bound(self, tenant: str, bound: int | None) -> None:
+        self.q.scripts.run(self.q.calls.tenant("bound", tenant, "-" if bound is None else str(bound)))
+
     def op_remove(self, tenant: str) -> None:
         try:
             remove_tenant(self.q, tenant)
@@ -114,6 +119,10 @@ class Sim:
                 out[name] = t
         return out
 
+    def bounds(self) -> dict[str, int]:
+        use = self.q.redis.hgetall(self.q.keys.tenant_use)
+        return {t: int(use[f"bound:{t}"]) for t in TENANTS if f"bound:{t}" in use}
+
     def charged(self) -> dict[str, tuple[int, float]]:
         out: dict[str, tuple[int, float]] = {t: (0, 0.0) for t in TENANTS}
         for tid in self.q.redis.zrange(self.q.keys.running, 0, -1):
@@ -125,7 +134,7 @@ class Sim:
 
     def check(self) -> None:
         r, k = self.q.redis, self.q.keys
-        caps, charged = self.caps(), self.charged()
+        caps, charged, bounds = self.caps(), self.charged(), self.bounds()
         use = r.hgetall(k.tenant_use)
         for t in TENANTS:
             gpus, vram = charged[t]
@@ -133,7 +142,7 @@ class Sim:
             assert abs(float(use.get(f"vram:{t}", 0)) - vram) < 1e-6, (t, use, charged)
         for tid in r.zrange(k.running, 0, -1):
             f = r.hmget(k.task(tid), "tenant", "charged")
-            assert (f[1] is not None) == (f[0] in caps), (tid, f, caps)
+            assert (f[1] is not None) == (f[0] in caps or f[0] in bounds), (tid, f, caps, bounds)
         truth: Counter[str] = Counter()
         for tid in self.ids:
             state, fair = r.hmget(k.task(tid), "state", "fair")
@@ -153,6 +162,7 @@ OPS = st.lists(st.one_of(
     st.tuples(st.just("set"), st.sampled_from(TENANTS), st.sampled_from([0.5, 1.0, 3.0]),
               st.one_of(st.none(), st.integers(0, 3)), st.one_of(st.none(), st.sampled_from([4.0, 12.0]))),
     st.tuples(st.just("remove"), st.sampled_from(TENANTS)),
+    st.tuples(st.just("bound"), st.sampled_from(TENANTS), st.one_of(st.none(), st.integers(1, 3))),
 ), min_size=10, max_size=60)
 
 

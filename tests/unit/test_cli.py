@@ -417,4 +417,4 @@ def test_reaper_once_on_a_quiet_pool(cli_pool: Pool) -> None:
     out = cli_pool.ok("reaper", "--once")
     assert out.strip() == ("requeued 0, failed 0, dead workers 0, retries promoted 0, expired 0, "
                            "reserved 0, asked to yield 0, scale signals 0, warm hints 0, "
-                           "periodic runs 0")
+                           "periodic runs 0, tenant bounds changed 0")

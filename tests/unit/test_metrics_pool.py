@@ -21,3 +21,24 @@ def test_an_empty_pool_exports_a_zero_depth_per_priority() -> None:
 def test_a_priority_with_queued_work_has_only_its_models_series() -> None:
     got = depths(PoolFigures(pool="p", queues=[("P1", "llama", 3, 0.5), ("P1", "mistral", 1, 0.1)]))
     assert got == {("P0", ""): 0, ("P1", "llama"): 3, ("P1", "mistral"): 1, ("P2", ""): 0, ("P3", ""): 0}
+
+
+def test_tenants_export_their_queue_bound_use_and_quota() -> None:
+    sla = {p: {"met": 0, "missed": 0} for p in PRIORITIES}
+    flooder = {"name": "a", "queued": {"P1": 40}, "bound": 5, "running": 5, "running_vram_gb": 100.0,
+               "max_gpus": None, "max_vram_gb": None, "sla": sla}
+    capped = {"name": "b", "queued": {}, "bound": None, "running": 1, "running_vram_gb": 20.0,
+              "max_gpus": 4, "max_vram_gb": None, "sla": sla}
+    light = {"name": "c", "queued": {}, "bound": None, "running": None, "running_vram_gb": None,
+             "max_gpus": None, "max_vram_gb": None, "sla": sla}
+    registry = CollectorRegistry()
+    registry.register(PoolCollector(lambda: PoolFigures(pool="p", tenants=[flooder, capped, light])))
+    got = {(f.name, s.labels["tenant"], s.labels.get("resource", "")): s.value
+           for f in registry.collect() if f.name.startswith("gpuq_tenant_") and f.type == "gauge"
+           for s in f.samples if s.labels.get("priority") in (None, "P1")}
+    assert got == {("gpuq_tenant_queued", "a", ""): 40, ("gpuq_tenant_queued", "b", ""): 0,
+                   ("gpuq_tenant_queued", "c", ""): 0, ("gpuq_tenant_bound", "a", ""): 5,
+                   ("gpuq_tenant_running", "a", ""): 5, ("gpuq_tenant_running", "b", ""): 1,
+                   ("gpuq_tenant_running_vram_gb", "a", ""): 100.0,
+                   ("gpuq_tenant_running_vram_gb", "b", ""): 20.0,
+                   ("gpuq_tenant_quota_use_ratio", "b", "gpus"): 0.25}

@@ -1,0 +1,113 @@
+"""Room for tenants' recent demand: how many running tasks each tenant may borrow up to.
+
+Weights order a level's queue (lib/tenancy.lua) but cannot free a GPU: a tenant flooding the
+pool holds every GPU, and another tenant's task waits for one to free up, however light its
+traffic. So each round, while tenancy is on, the reaper keeps room. A tenant's demand is the
+work it offers: the est_s of the tasks it enqueued per second (enqueue.lua keeps the totals,
+``tenant:work``), averaged with a half-life of ``tenant_half_life_s``, in workers kept busy.
+Work offered, not tasks waiting: a tenant's backlog grows with the wait, and room sized by
+it would grow with every wait it should prevent. Each tenant with demand d is guaranteed room
+for min(its share, d + h x sqrt(d), rounded up) running tasks, h being ``tenant_headroom``
+(square-root staffing: Poisson arrivals of mean load d vary by about sqrt(d), so a light
+tenant needs proportionally more room than a heavy one), its share its weight over the
+weights of the tenants with demand, times the live workers. Every tenant may run what the
+others' guarantees leave (at least its own share, and at least one): its bound, which claims
+enforce as they do a cap (lib/quota.lua), so a flooding tenant leaves idle workers for
+another's next tasks. With one tenant with demand, or ``tenant_headroom`` 0, nobody is
+bound. The demand lives in the reaper's memory: a standby that takes over starts
+from what it reads then.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import redis
+
+from gpuq.clock import server_ms
+from gpuq.config import Config
+from gpuq.keys import Keys
+from gpuq.scripts import Calls, Scripts
+from gpuq.tenants import DEFAULT_WEIGHT, REQUIRED, Tenant
+
+ACTIVE = 0.05  # demand (tasks) below which a tenant has none: its decay's tail is not room
+BOUND = "bound:"  # tenant_use field prefix (lib/quota.lua)
+
+
+def plan_bounds(demand: Mapping[str, float], weights: Mapping[str, float], live: int,
+                headroom: float, tenants: set[str]) -> dict[str, int]:
+    """The bound of each of ``tenants`` that has one: live workers less the room the other
+    tenants with demand are guaranteed (see the module's docstring)."""
+    active = {t: d for t, d in demand.items() if d >= ACTIVE}
+    if len(active) < 2 or headroom <= 0 or live < 1:
+        return {}
+    total = sum(weights.get(t, DEFAULT_WEIGHT) for t in active)
+    room = {t: min(weights.get(t, DEFAULT_WEIGHT) / total * live,
+                   math.ceil(d + headroom * math.sqrt(d) - 1e-9)) for t, d in active.items()}
+    kept = sum(room.values())
+    bounds = {}
+    for t in tenants:
+        bound = max(1, math.floor(live - (kept - room.get(t, 0.0)) + 1e-9))
+        if bound < live:
+            bounds[t] = bound
+    return bounds
+
+
+class TenantRoom:
+    def __init__(self, client: redis.Redis, keys: Keys, config: Config, scripts: Scripts,
+                 calls: Calls) -> None:
+        self.redis = client
+        self.keys = keys
+        self.config = config
+        self.scripts = scripts
+        self.calls = calls
+        self.demand: dict[str, float] = {}  # tenant -> work offered per second, averaged
+        self.work: dict[str, float] = {}  # tenant -> its work total at the last step
+        self.at: int | None = None  # ms of the last step
+
+    def step(self, now_ms: int | None = None) -> int:
+        """Read the work tenants offered since the last step, average their demand, and write the
+        bounds that changed; returns how many did. now_ms: a virtual clock (the simulator)."""
+        k, r = self.keys, self.redis
+        now = server_ms(r) if now_ms is None else now_ms
+        pipe = r.pipeline(transaction=False)
+        pipe.hgetall(k.tenants)
+        pipe.hgetall(k.tenant_work)
+        pipe.hgetall(k.tenant_use)
+        pipe.zcount(k.workers, now, "+inf")
+        registry, work, use, live = pipe.execute()
+        if not registry:  # tenancy is off: the last tenant's removal dropped every bound
+            self.demand, self.work, self.at = {}, {}, None
+            return 0
+        self.decay({str(t): float(v) for t, v in work.items()}, now)
+        weights = {}
+        for name, value in registry.items():
+            if name != REQUIRED and (t := Tenant.parse(str(name), str(value))) is not None:
+                weights[t.name] = t.weight
+        current = {str(f)[len(BOUND):]: int(float(v)) for f, v in use.items()
+                   if str(f).startswith(BOUND)}
+        named = set(weights) | set(self.demand) | set(current)
+        bounds = plan_bounds(self.demand, weights, int(live), self.config.tenant_headroom, named)
+        changed = [(t, str(bounds[t]) if t in bounds else "-") for t in sorted(named)
+                   if bounds.get(t) != current.get(t)]
+        if changed:
+            self.scripts.run(self.calls.tenant("bound", *[x for pair in changed for x in pair]))
+        return len(changed)
+
+    def decay(self, work: Mapping[str, float], now: int) -> None:
+        """Each tenant's demand moves toward the work it offered per second since the last
+        step (its total's rise), with the half-life; the first step only reads the totals."""
+        if self.at is not None and now > self.at:
+            dt = (now - self.at) / 1000
+            half_life = self.config.tenant_half_life_s
+            kept = 0.5 ** (dt / half_life) if half_life > 0 else 0.0
+            demand = {}
+            for t in set(self.demand) | set(work):
+                offered = max(0.0, work.get(t, 0.0) - self.work.get(t, 0.0)) / dt
+                d = offered + (self.demand.get(t, 0.0) - offered) * kept
+                if d >= ACTIVE / 10:
+                    demand[t] = d
+            self.demand = demand
+        if self.at is None or now > self.at:
+            self.work, self.at = dict(work), now
