@@ -6,16 +6,17 @@ traffic. So each round, while tenancy is on, the reaper keeps room. A tenant's d
 work it offers: the est_s of the tasks it enqueued per second (enqueue.lua keeps the totals,
 ``tenant:work``), averaged with a half-life of ``tenant_half_life_s``, in workers kept busy.
 Work offered, not tasks waiting: a tenant's backlog grows with the wait, and room sized by
-it would grow with every wait it should prevent. Each tenant with demand d is guaranteed room
-for min(its share, d + h x sqrt(d), rounded up) running tasks, h being ``tenant_headroom``
-(square-root staffing: Poisson arrivals of mean load d vary by about sqrt(d), so a light
-tenant needs proportionally more room than a heavy one), its share its weight over the
-weights of the tenants with demand, times the live workers. Every tenant may run what the
-others' guarantees leave (at least its own share, and at least one): its bound, which claims
-enforce as they do a cap (lib/quota.lua), so a flooding tenant leaves idle workers for
-another's next tasks. With one tenant with demand, or ``tenant_headroom`` 0, nobody is
-bound. The demand lives in the reaper's memory: a standby that takes over starts
-from what it reads then.
+it would grow with every wait it should prevent. A tenant whose demand is within its share
+(its weight over the weights of the tenants with demand, times the live workers) is never
+bound. One whose demand exceeds its share borrows: it may run what the room the others'
+demand needs leaves, its bound, which claims enforce as they do a cap (lib/quota.lua). The
+others' room is their demand (each counted up to its share), D, plus ``tenant_headroom``
+x sqrt(D), at most their shares: square-root staffing, since Poisson arrivals of mean load D
+vary by about sqrt(D), so the flooding tenant leaves idle workers for the others' next tasks
+without reserving a worker for every light tenant. A bound is at least the tenant's share
+(and one). With one tenant with demand, or ``tenant_headroom`` 0, nobody is bound. The
+demand lives in the reaper's memory: a standby that takes over starts from what it reads
+then.
 """
 
 from __future__ import annotations
@@ -36,19 +37,22 @@ BOUND = "bound:"  # tenant_use field prefix (lib/quota.lua)
 
 
 def plan_bounds(demand: Mapping[str, float], weights: Mapping[str, float], live: int,
-                headroom: float, tenants: set[str]) -> dict[str, int]:
-    """The bound of each of ``tenants`` that has one: live workers less the room the other
-    tenants with demand are guaranteed (see the module's docstring)."""
+                headroom: float) -> dict[str, int]:
+    """The bound of each tenant borrowing beyond its share: live workers less the room the
+    other tenants' demand needs (see the module's docstring)."""
     active = {t: d for t, d in demand.items() if d >= ACTIVE}
     if len(active) < 2 or headroom <= 0 or live < 1:
         return {}
     total = sum(weights.get(t, DEFAULT_WEIGHT) for t in active)
-    room = {t: min(weights.get(t, DEFAULT_WEIGHT) / total * live,
-                   math.ceil(d + headroom * math.sqrt(d) - 1e-9)) for t, d in active.items()}
-    kept = sum(room.values())
+    share = {t: weights.get(t, DEFAULT_WEIGHT) / total * live for t in active}
+    kept = {t: min(d, share[t]) for t, d in active.items()}
     bounds = {}
-    for t in tenants:
-        bound = max(1, math.floor(live - (kept - room.get(t, 0.0)) + 1e-9))
+    for t, d in active.items():
+        if d <= share[t]:
+            continue
+        others = sum(kept.values()) - kept[t]
+        room = min(sum(share.values()) - share[t], others + headroom * math.sqrt(others))
+        bound = max(1, math.floor(live - room + 1e-9))
         if bound < live:
             bounds[t] = bound
     return bounds
@@ -87,10 +91,9 @@ class TenantRoom:
                 weights[t.name] = t.weight
         current = {str(f)[len(BOUND):]: int(float(v)) for f, v in use.items()
                    if str(f).startswith(BOUND)}
-        named = set(weights) | set(self.demand) | set(current)
-        bounds = plan_bounds(self.demand, weights, int(live), self.config.tenant_headroom, named)
-        changed = [(t, str(bounds[t]) if t in bounds else "-") for t in sorted(named)
-                   if bounds.get(t) != current.get(t)]
+        bounds = plan_bounds(self.demand, weights, int(live), self.config.tenant_headroom)
+        changed = [(t, str(bounds[t]) if t in bounds else "-")
+                   for t in sorted(set(bounds) | set(current)) if bounds.get(t) != current.get(t)]
         if changed:
             self.scripts.run(self.calls.tenant("bound", *[x for pair in changed for x in pair]))
         return len(changed)
