@@ -21,6 +21,7 @@ then.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 
@@ -31,6 +32,8 @@ from gpuq.config import Config
 from gpuq.keys import Keys
 from gpuq.scripts import Calls, Scripts
 from gpuq.tenants import DEFAULT_WEIGHT, REQUIRED, Tenant
+
+log = logging.getLogger(__name__)
 
 ACTIVE = 0.05  # demand (tasks) below which a tenant has none: its decay's tail is not room
 BOUND = "bound:"  # tenant_use field prefix (lib/quota.lua)
@@ -96,6 +99,8 @@ class TenantRoom:
                    for t in sorted(set(bounds) | set(current)) if bounds.get(t) != current.get(t)]
         if changed:
             self.scripts.run(self.calls.tenant("bound", *[x for pair in changed for x in pair]))
+            log.info("tenant.bounds pool=%s %s live_workers=%d", self.config.pool,
+                     " ".join(f"{t}={b}" for t, b in changed), int(live))
         return len(changed)
 
     def decay(self, work: Mapping[str, float], now: int) -> None:

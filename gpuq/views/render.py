@@ -43,7 +43,8 @@ def render_status(view: PoolView) -> str:
 
 
 def _tenants(tenants: list[dict[str, Any]], required: bool) -> list[str]:
-    """Tenants: weight, caps and running use, queued tasks, SLA attainment at handler start."""
+    """Tenants: weight, caps (a GPU cap or the reaper's bound, the lower; "b": the bound)
+    and running use, queued tasks, SLA attainment at handler start."""
     if not tenants:
         return []
     lines = ["", "tenants" + (" (tasks of tenants not registered are refused)" if required else "")
@@ -54,10 +55,16 @@ def _tenants(tenants: list[dict[str, Any]], required: bool) -> list[str]:
         queued = " ".join(f"{p}={n}" for p, n in sorted(t["queued"].items())) or "-"
         sla = " ".join(f"{p} {100 * s['met'] / (s['met'] + s['missed']):.1f}%"
                        for p, s in t["sla"].items() if s["met"] + s["missed"]) or "-"
-        gpus, vram = _of(t["running"], t["max_gpus"]), _of(t["running_vram_gb"], t["max_vram_gb"])
+        limits = [x for x in (t["max_gpus"], t.get("bound")) if x is not None]
+        gpus = _of(t["running"], min(limits) if limits else None)
+        if t.get("bound") is not None and t["bound"] == min(limits):
+            gpus += "b"
+        vram = _of(t["running_vram_gb"], t["max_vram_gb"])
         lines.append(f"{name[:19]:<20}{t['weight']:>7g}{gpus:>13}{vram:>14}  {queued[:17]:<18}{sla}")
     if not all(t["registered"] for t in tenants):
         lines.append("* not registered: weight 1, no caps")
+    if any(t.get("bound") is not None for t in tenants):
+        lines.append("b: bound by the reaper while other tenants' recent demand needs room")
     return lines
 
 
