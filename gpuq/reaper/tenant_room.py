@@ -72,6 +72,7 @@ class TenantRoom:
         self.demand: dict[str, float] = {}  # tenant -> work offered per second, averaged
         self.work: dict[str, float] = {}  # tenant -> its work total at the last step
         self.at: int | None = None  # ms of the last step
+        self.binding = False  # whether the last step left any tenant bound
 
     def step(self, now_ms: int | None = None) -> int:
         """Read the work tenants offered since the last step, average their demand, and write the
@@ -85,7 +86,7 @@ class TenantRoom:
         pipe.zcount(k.workers, now, "+inf")
         registry, work, use, live = pipe.execute()
         if not registry:  # tenancy is off: the last tenant's removal dropped every bound
-            self.demand, self.work, self.at = {}, {}, None
+            self.demand, self.work, self.at, self.binding = {}, {}, None, False
             return 0
         self.decay({str(t): float(v) for t, v in work.items()}, now)
         weights = {}
@@ -95,6 +96,7 @@ class TenantRoom:
         current = {str(f)[len(BOUND):]: int(float(v)) for f, v in use.items()
                    if str(f).startswith(BOUND)}
         bounds = plan_bounds(self.demand, weights, int(live), self.config.tenant_headroom)
+        self.binding = bool(bounds)
         changed = [(t, str(bounds[t]) if t in bounds else "-")
                    for t in sorted(set(bounds) | set(current)) if bounds.get(t) != current.get(t)]
         if changed:
@@ -105,15 +107,19 @@ class TenantRoom:
 
     def decay(self, work: Mapping[str, float], now: int) -> None:
         """Each tenant's demand moves toward the work it offered per second since the last
-        step (its total's rise), with the half-life; the first step only reads the totals."""
+        step (its total's rise), with the half-life; the first step only reads the totals. A
+        step later than the reaper's interval (a replay skips quiet rounds) counts the work
+        as offered in its last interval, the rounds before it as offering none."""
         if self.at is not None and now > self.at:
             dt = (now - self.at) / 1000
+            step = min(dt, self.config.reap_interval_s) or dt
             half_life = self.config.tenant_half_life_s
-            kept = 0.5 ** (dt / half_life) if half_life > 0 else 0.0
+            quiet = 0.5 ** ((dt - step) / half_life) if half_life > 0 else 0.0
+            kept = 0.5 ** (step / half_life) if half_life > 0 else 0.0
             demand = {}
             for t in set(self.demand) | set(work):
-                offered = max(0.0, work.get(t, 0.0) - self.work.get(t, 0.0)) / dt
-                d = offered + (self.demand.get(t, 0.0) - offered) * kept
+                offered = max(0.0, work.get(t, 0.0) - self.work.get(t, 0.0)) / step
+                d = offered + (self.demand.get(t, 0.0) * quiet - offered) * kept
                 if d >= ACTIVE / 10:
                     demand[t] = d
             self.demand = demand

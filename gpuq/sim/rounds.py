@@ -9,8 +9,9 @@ comes again at that time.
 
 Skip-ahead: a round that decided nothing and woke no GPU left the pool as it was, so the
 rounds after it are skipped up to the first that could decide something, unless an event
-that may change the pool comes first (never with tenants: their demand decays round by
-round). That does not change the report
+that may change the pool comes first (never while a tenant is bound: its bound follows the
+demand round by round; without a bound, a quiet round only decays demand, which binds
+nobody). That does not change the report
 (docs/SIMULATOR.md says why).
 """
 
@@ -149,8 +150,8 @@ class Rounds:
         replaces the next one, until an event that may change the pool: that round brings
         the planner's pass forward to that time, as the reaper's would (a round at or after
         it would plan later than production)."""
-        if not self.skip_ahead or self.next is None or self.tenancy:
-            return  # a tenant's demand decays round by round: no round is like the last
+        if not self.skip_ahead or self.next is None or (self.tenancy and self.scheduler.reaper.room.binding):
+            return  # a bound follows the tenants' demand round by round: none is like the last
         ms, every = self.engine.ms, self.every
         quiet = self.scheduler.quiet_until(int(self.engine.longest_load * 1000),
                                            deadlines=self.queued_deadlines > 0,

@@ -114,7 +114,9 @@ def simulate(tasks: list[TraceTask], gpus: list[tuple[str, float]], policy: str,
             scheduler = QueueScheduler(policy, {f"t{i:06d}": t for i, t in enumerate(compressed)})
         engine = Engine(scheduler, gpus, compressed, lambda model: load_time(model, rng), cfg, autoscale)
         engine.rounds.skip_ahead = skip_ahead
-        engine.rounds.tenancy = policy == "gpuq" and bool(tenants)
+        # room for tenants' demand needs two tenants with work: rounds every second only then
+        engine.rounds.tenancy = (policy == "gpuq" and bool(tenants)
+                                 and len({t.tenant for t in compressed}) > 1)
         engine.steps.on = engine.steps.on and warm_hints
         engine.steps.every_round = not skip_ahead
         result = engine.run()
