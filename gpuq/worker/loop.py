@@ -294,11 +294,13 @@ class Worker:
             socket.gethostname(), os.getpid(), handover, self.app.handlers)
         if self.config.metrics_port:  # first: a port it cannot bind must not leave it registered
             self.serve_metrics(self.config.metrics_port)
-        with redis_errors(self.config.redis_url):
-            self.presence.register(identity, int(self.config.lease_s * 1000))
+        # before registering: a signal right after it stops the worker, which then leaves,
+        # rather than killing it registered
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)
+        with redis_errors(self.config.redis_url):
+            self.presence.register(identity, int(self.config.lease_s * 1000))
         heartbeat = self.heartbeat()
         with redis_errors(self.config.redis_url):  # gone since it registered: give up, one line
             heartbeat.beat()
