@@ -10,6 +10,7 @@ registers tenants (``tenant.lua``) and reads what the pool holds for them.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ from gpuq.keys import Keys
 
 REQUIRED = " required"  # the policy field of the tenants hash: no tenant name holds a space
 DEFAULT_WEIGHT = 1.0
+BOUND = "bound:"  # tenant:use field prefix of the reaper's bounds (lib/quota.lua)
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,20 @@ def require_registered(queue: Queue, on: bool) -> None:
     queue.scripts.run(queue.calls.tenant("require", "1" if on else "0"))
 
 
+def registered(registry: Mapping[str, str]) -> dict[str, Tenant]:
+    """The well-formed tenants of a ``tenants`` hash, by name (its policy field left out)."""
+    out = {}
+    for name, value in registry.items():
+        if name != REQUIRED and (t := Tenant.parse(name, value)) is not None:
+            out[name] = t
+    return out
+
+
+def bounds_of(use: Mapping[str, str]) -> dict[str, int]:
+    """The reaper's bounds in a ``tenant:use`` hash, by tenant (gpuq.reaper.tenant_room)."""
+    return {k[len(BOUND):]: int(float(v)) for k, v in use.items() if k.startswith(BOUND)}
+
+
 def read(client: redis.Redis, keys: Keys) -> tuple[list[TenantState], bool]:
     """Every registered tenant and every tenant with queued work counted or a bound, by
     name, and whether the pool requires registration."""
@@ -121,12 +137,8 @@ def read(client: redis.Redis, keys: Keys) -> tuple[list[TenantState], bool]:
     pipe.hgetall(keys.tenant_queued)
     pipe.hgetall(keys.tenant_use)
     registry, queued, use = pipe.execute()
-    states: dict[str, TenantState] = {}
-    for name, value in registry.items():
-        if name != REQUIRED:
-            tenant = Tenant.parse(name, value)
-            if tenant is not None:
-                states[name] = TenantState(tenant, True)
+    states = {name: TenantState(t, True) for name, t in registered(registry).items()}
+
     def state_of(name: str) -> TenantState | None:
         if name not in states:
             try:
@@ -139,9 +151,9 @@ def read(client: redis.Redis, keys: Keys) -> tuple[list[TenantState], bool]:
         level, _, name = key.partition(":")
         if (state := state_of(name)) is not None and int(count) > 0:
             state.queued[f"P{level}"] = int(count)
-    for key, value in use.items():
-        if key.startswith("bound:") and (state := state_of(key[len("bound:"):])) is not None:
-            state.bound = int(float(value))
+    for name, bound in bounds_of(use).items():
+        if (state := state_of(name)) is not None:
+            state.bound = bound
     for state in states.values():
         if state.tenant.capped or state.bound is not None:
             state.running = int(float(use.get(f"gpus:{state.tenant.name}", 0)))

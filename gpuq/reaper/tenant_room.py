@@ -31,12 +31,11 @@ from gpuq.clock import server_ms
 from gpuq.config import Config
 from gpuq.keys import Keys
 from gpuq.scripts import Calls, Scripts
-from gpuq.tenants import DEFAULT_WEIGHT, REQUIRED, Tenant
+from gpuq.tenants import DEFAULT_WEIGHT, bounds_of, registered
 
 log = logging.getLogger(__name__)
 
 ACTIVE = 0.05  # demand (tasks) below which a tenant has none: its decay's tail is not room
-BOUND = "bound:"  # tenant_use field prefix (lib/quota.lua)
 
 
 def plan_bounds(demand: Mapping[str, float], weights: Mapping[str, float], live: int,
@@ -88,13 +87,9 @@ class TenantRoom:
         if not registry:  # tenancy is off: the last tenant's removal dropped every bound
             self.demand, self.work, self.at, self.binding = {}, {}, None, False
             return 0
-        self.decay({str(t): float(v) for t, v in work.items()}, now)
-        weights = {}
-        for name, value in registry.items():
-            if name != REQUIRED and (t := Tenant.parse(str(name), str(value))) is not None:
-                weights[t.name] = t.weight
-        current = {str(f)[len(BOUND):]: int(float(v)) for f, v in use.items()
-                   if str(f).startswith(BOUND)}
+        self.decay({t: float(v) for t, v in work.items()}, now)
+        weights = {name: t.weight for name, t in registered(registry).items()}
+        current = bounds_of(use)
         bounds = plan_bounds(self.demand, weights, int(live), self.config.tenant_headroom)
         self.binding = bool(bounds)
         changed = [(t, str(bounds[t]) if t in bounds else "-")
