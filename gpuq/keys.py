@@ -30,7 +30,8 @@ def live_reservation(value: str | bytes | None, now_ms: int) -> tuple[str, int] 
 SUFFIXES: dict[str, str] = {
     "task": "task:{task_id}",
     "queue": "q:{priority}:{model}",
-    "models_with_work": "models:{priority}",
+    "models_with_work": "models",
+    "legacy_models_with_work": "models:{priority}",
     "done": "done:{task_id}",
     "stream": "stream:{task_id}",
     "worker": "worker:{worker_id}",
@@ -116,9 +117,16 @@ class Keys:
         """Queued task ids of one (priority, model), scored by start-by time in ms."""
         return self._key("queue", priority, model)
 
-    def models_with_work(self, priority: int) -> str:
-        """Index: models with queued work at a priority, scored by their queue's head score."""
-        return self._key("models_with_work", priority)
+    @property
+    def models_with_work(self) -> str:
+        """Index: (priority, model) pairs with queued work, ordered by priority, then by their
+        queue's head score (gpuq/work_index.py)."""
+        return self._key("models_with_work")
+
+    def legacy_models_with_work(self, priority: int) -> str:
+        """The per-priority index of releases before the one above; the reaper folds what an
+        older client still writes there into it (gpuq/work_index.py)."""
+        return self._key("legacy_models_with_work", priority)
 
     def done(self, task_id: str) -> str:
         """List a result waiter blocks on; pushed when a task a waiter registered for

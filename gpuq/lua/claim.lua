@@ -15,9 +15,8 @@
 -- it has waited defer ms; that worker is woken, and this one may be told when to look again.
 -- Batch work (P2/P3) also waits, up to the holder wait, for busy workers that hold its model
 -- when they would get to it within that wait (a cold load costs tens of seconds). A task too
--- big for this worker wakes the tightest idle worker that fits it. Cost: O(levels x
--- min(models with work, 64 + held) x scan x log N), a model's holders read once a call (the
--- busy ones: the first 16); no backlog scan.
+-- big for this worker wakes the tightest idle worker that fits it. Cost: O(levels x min(models
+-- with work, 64 + held) x scan x log N), a model's holders read once (busy ones: 16 at most).
 --
 -- KEYS[1]  pool key base
 -- ARGV[1]  worker id
@@ -261,13 +260,16 @@ local function scan_queue(p, m)
 end
 
 local PAGE, PAGES = 16, 4
+local first = redis.call('ZRANGE', K_MODELS_WITH_WORK, 0, PAGE - 1)  -- read once a call
+local has_work = work_levels(first, PAGE)  -- which levels have work, as far as it shows
+
 -- Held models first, then the others in head-score order, a page of the index at a time, at
 -- most PAGES pages (64 models, the oldest heads): a claim's work is bounded however many
 -- models have work. Tasks of later models wait for those ahead to drain or start, or for a
 -- worker holding their model (docs/DECISIONS.md, Bounded work).
 local function find(p)
-  local idx = models_with_work_key(p)
-  local page = redis.call('ZRANGE', idx, 0, PAGE - 1)
+  if has_work[p] == false then return nil end
+  local page = has_work[p] and work_models(first, p) or work_page(p, 0, PAGE)
   if not page[1] then return nil end
   for _, m in ipairs(held_names) do  -- its queue read at once: an empty one costs the same
     local id, use, f, head = scan_queue(p, m)
@@ -282,9 +284,9 @@ local function find(p)
       end
     end
     start = start + PAGE
-    page = #page == PAGE and start < PAGE * PAGES and redis.call('ZRANGE', idx, start, start + PAGE - 1)
-      or {}
+    page = #page == PAGE and start < PAGE * PAGES and work_page(p, start, PAGE) or {}
   end
+  has_work[p] = nil  -- the scan may have dropped its stale entries: read again if asked
   return nil
 end
 
@@ -320,9 +322,7 @@ if reserved then
     if f then id, p, m = reserved, tonumber(r[2]), r[3] end
   end
 end
-if has_key then  -- used, moot (claimed elsewhere, ended) or expired
-  redis.call('DEL', reservation_key(worker))
-end
+if has_key then redis.call('DEL', reservation_key(worker)) end  -- used, moot or expired
 
 local starved = #order - 4
 for i, level in ipairs(order) do
@@ -382,14 +382,14 @@ if more then
   reply[at] = reply[at] - now
   use = use + batch_use
 end
-count_dispatch(p, fair, fair_every, 1 + taken)
+count_dispatch(p, fair, fair_every, 1 + taken, has_work)
 if seen then
   refresh_head(p, m)
 elseif next_head then
   if head[3] then
-    redis.call('ZADD', models_with_work_key(p), head[4], m)
+    redis.call('ZADD', K_MODELS_WITH_WORK, work_score(p, head[4]), work_member(p, m))
   elseif #head < 2 * scan then
-    redis.call('ZREM', models_with_work_key(p), m)
+    redis.call('ZREM', K_MODELS_WITH_WORK, work_member(p, m))
   else
     refresh_head(p, m)
   end

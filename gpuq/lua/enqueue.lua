@@ -365,7 +365,7 @@ for _, i in ipairs(ready) do
     if not heads[qk] or order < heads[qk][3] then heads[qk] = {prio, model, order} end
   end
 end
-for _, h in pairs(heads) do redis.call('ZADD', models_with_work_key(h[1]), 'LT', h[3], h[2]) end
+for _, h in pairs(heads) do index_head(h[1], h[2], ms(h[3])) end
 for i = 1, n do  -- held tasks (lib/defer.lua), in call order
   local o = 6 + (i - 1) * G
   if held[i] then

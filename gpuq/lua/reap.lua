@@ -3,8 +3,8 @@
 -- Expired leases go back to their queues (the attempt counts, so a task that keeps killing
 -- its worker ends "failed" after max_attempts). Workers whose liveness expired are removed
 -- with their idle entry, model holdings, wake and control lists and reservation, and
--- their running tasks requeued
--- at once rather than at lease expiry.
+-- their running tasks requeued at once rather than at lease expiry. Queues a client of an
+-- older release indexed per level (models:<p>) join the work index.
 --
 -- KEYS[1]  pool key base
 -- ARGV[1]  now (ms; "0" = server clock)
@@ -17,6 +17,7 @@
 --@include args
 --@include finish
 --@include push
+--@include queue
 --@include due
 
 if #ARGV ~= 3 then return {1, 0, 'expected 3 arguments'} end
@@ -57,6 +58,20 @@ reclaim_handed(now, limit, ttl)
 
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', K_RUNNING, '-inf', now, 'LIMIT', 0, limit)) do
   recover(id, 'lease expired')
+end
+
+-- queues a client of an older release indexed per level (models:<p>) join the work index
+-- (lib/queue.lua), the lower head score winning: a rolling upgrade strands no task
+local old = {}
+for p = 0, 3 do old[p + 1] = legacy_models_with_work_key(p) end
+if redis.call('EXISTS', unpack(old)) > 0 then
+  for p = 0, 3 do
+    local entries = redis.call('ZRANGE', old[p + 1], 0, limit - 1, 'WITHSCORES')
+    for i = 1, #entries, 2 do
+      index_head(p, entries[i], entries[i + 1])
+      redis.call('ZREM', old[p + 1], entries[i])
+    end
+  end
 end
 
 local promoted = promote_due(now, limit, ttl)

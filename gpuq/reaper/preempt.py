@@ -42,6 +42,7 @@ from typing import NamedTuple
 
 import redis
 
+from gpuq import work_index
 from gpuq.clock import server_ms
 from gpuq.config import Config
 from gpuq.keys import Keys, live_reservation
@@ -251,8 +252,8 @@ class Preemptor:
         k, r = self.keys, self.redis
         pipe = r.pipeline(transaction=False)
         for p in URGENT_LEVELS:
-            pipe.zrange(k.models_with_work(p), 0, models - 1)
-        pairs = [(p, str(m)) for p, models in zip(URGENT_LEVELS, pipe.execute()) for m in models]
+            work_index.read_level(pipe, k, p, 0, models)
+        pairs = [(p, m) for p, got in zip(URGENT_LEVELS, pipe.execute()) for m in work_index.models(got)]
         if not pairs:
             return []
         pipe = r.pipeline(transaction=False)

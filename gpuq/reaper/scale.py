@@ -31,7 +31,7 @@ from typing import Any
 
 import redis
 
-from gpuq import catalog
+from gpuq import catalog, work_index
 from gpuq.clock import server_ms
 from gpuq.config import Config
 from gpuq.errors import ConfigError
@@ -75,13 +75,13 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
     this round."""
     pipe = client.pipeline(transaction=False)
     for level in Priority:
-        pipe.zrange(keys.models_with_work(level), 0, MODELS_PER_LEVEL - 1)
+        work_index.read_level(pipe, keys, level, 0, MODELS_PER_LEVEL)
     pipe.zrangebyscore(keys.workers, now_ms, "+inf")
     pipe.zrange(keys.idle, 0, -1, withscores=True)
     pipe.hgetall(keys.classes)
     pipe.zrange(keys.need, -1, -1, withscores=True)
     *per_level, live, idle, classes, top = pipe.execute()
-    pairs = [(int(p), str(m)) for p, names in zip(Priority, per_level) for m in names]
+    pairs = [(int(p), m) for p, got in zip(Priority, per_level) for m in work_index.models(got)]
     models = sorted({m for _, m in pairs})
     pipe = client.pipeline(transaction=False)
     known = KnownWorkers() if known is None else known

@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from gpuq import catalog, tenants
+from gpuq import catalog, tenants, work_index
 from gpuq.clock import from_time_reply
 from gpuq.keys import Keys, live_reservation
 from gpuq.task import Priority
@@ -91,7 +91,7 @@ def pool_view(client: redis.Redis, keys: Keys, top: int | None = None) -> PoolVi
     pipe = client.pipeline(transaction=False)
     pipe.time()  # the server's clock: the scripts wrote the scores and times read here
     for p in Priority:
-        pipe.zrange(keys.models_with_work(p), 0, -1)
+        work_index.read_level(pipe, keys, p)
     pipe.zrange(keys.workers, 0, -1, withscores=True)
     pipe.zcard(keys.running)
     pipe.zcard(keys.delayed)
@@ -104,6 +104,7 @@ def pool_view(client: redis.Redis, keys: Keys, top: int | None = None) -> PoolVi
     (clock, *per_level, workers, running, delayed, classes, stats, scale, runtimes, waiting,
      schedules) = pipe.execute()
     now = from_time_reply(clock) / 1000
+    per_level = [work_index.models(r) for r in per_level]
 
     queues, named = _queues(client, keys, per_level, now, top)
 

@@ -37,6 +37,7 @@ from gpuq.reaper.preempt import Preemptor, may_be_asked
 from gpuq.scripts import Call, Claim, ClaimRequest
 from gpuq.task import Priority, State
 from gpuq.wire import kept_connection
+from gpuq.work_index import member
 
 MakeQueue = Callable[..., Queue]
 DOCUMENTED = {"id", "handler", "payload", "model", "vram_gb", "priority", "est_s", "deadline",
@@ -766,6 +767,6 @@ def test_a_claim_looks_at_the_64_oldest_models_of_a_level(queue: Queue) -> None:
         enqueue(queue, T0 + i, model=f"big{i:02d}", vram_gb=70)
     small = enqueue(queue, T0 + 100, model="small", vram_gb=10)  # the 66th model by head
     assert claim(queue, "w", 20, now_ms=T0 + 200) is None
-    queue.redis.zrem(queue.keys.models_with_work(2), "big00", "big01")  # now 64th
+    queue.redis.zrem(queue.keys.models_with_work, member(2, "big00"), member(2, "big01"))  # now 64th
     c = claim(queue, "w", 20, now_ms=T0 + 300)
     assert c is not None and c["id"] == small

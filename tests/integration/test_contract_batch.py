@@ -17,6 +17,7 @@ from gpuq.errors import StaleLease
 from gpuq.scripts import Call, ClaimRequest
 from gpuq.task import State
 from gpuq.tenants import Tenant, set_tenant
+from gpuq.work_index import member, score
 
 HELD = [("A", 2.0)]  # the worker holds model A (2 GB): a warm start
 
@@ -280,7 +281,7 @@ def test_a_claim_takes_the_batch_of_its_task_in_the_same_call(queue: Queue) -> N
     assert queue.redis.zrange(queue.keys.queue(0, "A"), 0, -1) == sorted([p0[3], other_handler],
         key=lambda t: (queue.redis.zscore(queue.keys.queue(0, "A"), t), t))
     _, head = queue.redis.zrange(queue.keys.queue(0, "A"), 0, 0, withscores=True)[0]
-    assert queue.redis.zscore(queue.keys.models_with_work(0), "A") == head
+    assert queue.redis.zscore(queue.keys.models_with_work, member(0, "A")) == score(0, head)
 
 
 def test_a_claim_s_batch_follows_claim_batch_s_rules(queue: Queue) -> None:

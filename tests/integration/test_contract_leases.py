@@ -26,6 +26,7 @@ from gpuq.errors import (
 )
 from gpuq.scripts import ReapResult
 from gpuq.task import State
+from gpuq.work_index import member
 
 LEASE_MS = 30_000  # Config.lease_s default
 MakeQueue = Callable[..., Queue]
@@ -140,7 +141,7 @@ def test_cancel_a_queued_task(queue: Queue) -> None:
     r = queue.record(tid)
     assert r.state is State.CANCELED and r.error == "canceled" and r.finished_at is not None
     assert queue.redis.zcard(queue.keys.queue(1, "A")) == 0
-    assert queue.redis.zscore(queue.keys.models_with_work(1), "A") is None
+    assert queue.redis.zscore(queue.keys.models_with_work, member(1, "A")) is None
     assert queue.redis.zscore(queue.keys.need, tid) is None
     assert claim(queue, "w1", 40, now_ms=T0 + 1) is None
 

@@ -97,7 +97,7 @@ def test_an_id_whose_hash_is_gone_leaves_its_queue(real_queue: Queue) -> None:
     assert got is not None and got["id"] == "good"
     assert not real_queue.redis.exists(real_queue.keys.task("bad"))  # nothing made up for it
     assert real_queue.redis.zcard(real_queue.keys.queue(2, "A")) == 0
-    assert real_queue.redis.zcard(real_queue.keys.models_with_work(2)) == 0
+    assert real_queue.redis.zcard(real_queue.keys.models_with_work) == 0
 
 
 def test_a_queue_of_corrupt_tasks_is_cleared_over_claims(real_queue: Queue) -> None:

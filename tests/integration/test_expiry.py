@@ -20,6 +20,7 @@ from gpuq import Queue, catalog
 from gpuq.errors import TaskFailed
 from gpuq.reaper import Reaper
 from gpuq.task import State, TaskRecord
+from gpuq.work_index import member
 
 LEASE_MS = 30_000  # Config.lease_s default
 MakeQueue = Callable[..., Queue]
@@ -72,7 +73,7 @@ def test_a_deadline_passed_while_queued_expires_the_task_and_wakes_its_waiters(
     assert r.finished_at == (T0 + 10_000) / 1000 and r.deadline == (T0 + 10_000) / 1000
     assert r.attempt == 0 and r.worker is None
     assert_unqueued(queue, tid)
-    assert queue.redis.zscore(queue.keys.models_with_work(2), "A") is None
+    assert queue.redis.zscore(queue.keys.models_with_work, member(2, "A")) is None
     assert queue.redis.pttl(queue.keys.task(tid)) > 0  # ended tasks keep the result TTL
 
     # waiters see the end: result() raises naming the state, wait() returns the record

@@ -31,7 +31,7 @@ from helpers import T0, ack, claim, enqueue, fail, reap
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from gpuq import Config, Queue
+from gpuq import Config, Queue, work_index
 from gpuq.errors import StaleLease, TaskAlreadyFinished
 from gpuq.scripts import ReapResult
 
@@ -298,8 +298,7 @@ class Sim:
         cells = [(p, m) for p in range(4) for m in FOOTPRINT]
         for p, m in cells:
             pipe.zrange(k.queue(p, m), 0, -1, withscores=True)
-        for p in range(4):
-            pipe.zrange(k.models_with_work(p), 0, -1, withscores=True)
+        pipe.zrange(k.models_with_work, 0, -1, withscores=True)
         for name in names:
             pipe.smembers(k.worker_tasks(name))
         out = pipe.execute()
@@ -307,13 +306,15 @@ class Sim:
         rest = out[len(ids):]
         running, delayed = dict(rest[0]), dict(rest[1])
         queues = {cell: dict(z) for cell, z in zip(cells, rest[2:2 + len(cells)])}
-        index = rest[2 + len(cells):6 + len(cells)]
-        owned = dict(zip(names, rest[6 + len(cells):]))
+        index = [{work_index.split(e)[1]: s for e, s in rest[2 + len(cells)]
+                  if work_index.split(e)[0] == p} for p in range(4)]
+        owned = dict(zip(names, rest[3 + len(cells):]))
         ledgers = {w.name: w for w in self.workers}
 
         for p in range(4):  # the index of models with work scores each queue's head
-            heads = {m: min(queues[(p, m)].values()) for m in FOOTPRINT if queues[(p, m)]}
-            assert dict(index[p]) == heads
+            heads = {m: work_index.score(p, min(queues[(p, m)].values())) for m in FOOTPRINT
+                     if queues[(p, m)]}
+            assert index[p] == heads
         assert set(running) == set().union(*owned.values())
         for tid, h in hashes.items():
             t = self.tasks[tid]

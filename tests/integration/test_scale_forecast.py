@@ -47,7 +47,7 @@ def test_yesterdays_burst_raises_desired_before_it_comes(make_real_queue: MakeQu
             10 if minute >= 2 else 0)], now_ms=at)
     for minute in range(-30, 0):  # today: bg only, so far
         enqueue_specs(q, [spec(model="bg", est_s=1)], now_ms=NOW + minute * ARRIVAL_BUCKET_MS)
-    q.redis.delete(*[q.keys.queue(2, m) for m in ("bg", "m")], q.keys.models_with_work(2), q.keys.need)
+    q.redis.delete(*[q.keys.queue(2, m) for m in ("bg", "m")], q.keys.models_with_work, q.keys.need)
     scaler = Scaler(q.redis, q.keys, q.config)
     scaler.est_s["m"] = 6.0  # what an earlier round sampled
     result = scaler.step(NOW)

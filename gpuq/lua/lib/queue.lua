@@ -1,15 +1,63 @@
 -- lib/queue.lua: a queued task in its (priority, model) queue and the pool's indexes.
 
+--@include args
 --@include tally
+
+-- The work index (`models`): every (level, model) with queued work in one sorted set, member
+-- "<p>:<model>", score p x LEVEL_SPAN + its queue's head score, so the levels lie in order and
+-- one read of its first page says which levels have work (gpuq/work_index.py reads it too).
+local LEVEL_SPAN = 1e15
+
+local function work_member(p, m) return p .. ':' .. m end
+
+local function work_score(p, score) return tonumber(p) * LEVEL_SPAN + score end
+
+-- The models of level p among index members (others skipped).
+local function work_models(members, p)
+  local out, prefix = {}, p .. ':'
+  for _, v in ipairs(members) do
+    if string.sub(v, 1, 2) == prefix then out[#out + 1] = string.sub(v, 3) end
+  end
+  return out
+end
+
+-- What the index's first n members (first) say of each level: true or false where they show
+-- it in full (a level before the last one they reach, or every level when they are fewer
+-- than n), nil where they cannot tell.
+local function work_levels(first, n)
+  local last, known = first[1] and tonumber(string.sub(first[#first], 1, 1)) or -1, {}
+  for q = 0, 3 do
+    if #first < n or q < last then known[q] = work_models(first, q)[1] ~= nil end
+  end
+  return known
+end
+
+-- The index's first n members from level p on.
+local function work_from(p, n)
+  local lo = tonumber(p) * LEVEL_SPAN - LEVEL_SPAN / 2
+  return redis.call('ZRANGEBYSCORE', K_MODELS_WITH_WORK, ms(lo), '+inf', 'LIMIT', 0, n)
+end
+
+-- Level p's models with work, n from the start-th (0-based), in head-score order.
+local function work_page(p, start, n)
+  local lo = tonumber(p) * LEVEL_SPAN - LEVEL_SPAN / 2
+  return work_models(redis.call('ZRANGEBYSCORE', K_MODELS_WITH_WORK, ms(lo), '(' .. ms(lo + LEVEL_SPAN),
+    'LIMIT', start, n), p)
+end
 
 -- Keep the index score of (p, m) equal to its queue's head score; drop it when empty.
 local function refresh_head(p, m)
   local head = redis.call('ZRANGE', queue_key(p, m), 0, 0, 'WITHSCORES')
   if head[1] then
-    redis.call('ZADD', models_with_work_key(p), head[2], m)
+    redis.call('ZADD', K_MODELS_WITH_WORK, work_score(p, head[2]), work_member(p, m))
   else
-    redis.call('ZREM', models_with_work_key(p), m)
+    redis.call('ZREM', K_MODELS_WITH_WORK, work_member(p, m))
   end
+end
+
+-- Queue (p, m) got a task at score: the index keeps the lower of it and the head score.
+local function index_head(p, m, score)
+  redis.call('ZADD', K_MODELS_WITH_WORK, 'LT', work_score(p, score), work_member(p, m))
 end
 
 -- A task with a deadline is watched by the reaper's expiry pass from its latest start
@@ -23,7 +71,7 @@ end
 -- Index a task whose hash is written into its (priority, model) queue at its score.
 local function index(id, p, m, score, need)
   redis.call('ZADD', queue_key(p, m), score, id)
-  redis.call('ZADD', models_with_work_key(p), 'LT', score, m)
+  index_head(p, m, score)
   redis.call('ZADD', K_NEED, need, id)
 end
 
