@@ -31,7 +31,7 @@ from typing import Any
 import redis
 
 from gpuq.call import Call
-from gpuq.lua_source import _lua_file, script_source
+from gpuq.lua_source import JOINED, _lua_file, joined_source, joined_split, script_source
 
 log = logging.getLogger(__name__)
 # a missing function's error; FCALL unknown to a server before Redis 7
@@ -94,13 +94,24 @@ def _block(name: str, function: str) -> list[str]:
             "local base",
             "local function bind() " + " ".join(f"{k} = {v}" for k, v in key_names) + " end",
             *kept,
-            f"redis.register_function('{function}', function(keys, args)",
+            f"RUN['{name}'] = function(keys, args)",
             "KEYS, ARGV, B = keys, args, keys[1]",
             "if base ~= B then base = B; bind() end",
             *per_call,
             body,
-            "end)",
+            "end",
+            f"redis.register_function('{function}', RUN['{name}'])",
             "end"]
+
+
+def _joined_block(name: str, function: str) -> list[str]:
+    """A joined call's function: its parts' functions called in turn (gpuq.lua_source.JOINED)."""
+    (one, _), (two, _) = JOINED[name]
+    return [f"redis.register_function('{function}', function(keys, args)",
+            "local ARGV = args",
+            joined_split(name),
+            f"return {{RUN['{one}'](keys, first), RUN['{two}'](keys, second)}}",
+            "end)"]
 
 
 def _check_constant(script: str, names: list[str], source: str) -> None:
@@ -114,12 +125,21 @@ def _check_constant(script: str, names: list[str], source: str) -> None:
 @functools.cache
 def library(names: tuple[str, ...]) -> Library:
     """The library of the named scripts (gpuq.scripts.SCRIPT_NAMES)."""
-    digest = hashlib.sha1("\0".join(script_source(n) for n in names).encode()).hexdigest()[:16]
-    functions = {n: function_name(digest, n) for n in names}
-    lines = [f"#!lua name=gpuq_{digest}", "local KEYS, ARGV, B = {}, {}, nil"]
+    joined = _joined(names)
+    sources = [script_source(n) for n in names] + [joined_source(n) for n in joined]
+    digest = hashlib.sha1("\0".join(sources).encode()).hexdigest()[:16]
+    functions = {n: function_name(digest, n) for n in (*names, *joined)}
+    lines = [f"#!lua name=gpuq_{digest}", "local KEYS, ARGV, B = {}, {}, nil", "local RUN = {}"]
     for n in names:
         lines += _block(n, functions[n])
+    for n in joined:
+        lines += _joined_block(n, functions[n])
     return Library(f"gpuq_{digest}", "\n".join(lines) + "\n", functions)
+
+
+def _joined(names: tuple[str, ...]) -> list[str]:
+    """The joined calls whose parts are all among the scripts ``names``."""
+    return [n for n, parts in JOINED.items() if all(p in names for p, _ in parts)]
 
 
 def already_loaded(exc: redis.ResponseError) -> bool:
@@ -130,7 +150,7 @@ def already_loaded(exc: redis.ResponseError) -> bool:
 @functools.cache
 def _evalsha_sources(names: tuple[str, ...]) -> tuple[dict[str, str], dict[str, str]]:
     """Each script's own source and its SHA (EVALSHA's name for it), made once a process."""
-    sources = {n: script_source(n) for n in names}
+    sources = {n: script_source(n) for n in names} | {n: joined_source(n) for n in _joined(names)}
     return sources, {n: hashlib.sha1(s.encode()).hexdigest() for n, s in sources.items()}
 
 

@@ -116,3 +116,44 @@ def assemble(body: str, where: str) -> str:
 def script_source(name: str) -> str:
     """The source of script ``name`` (gpuq/lua/<name>.lua) as it is loaded into Redis."""
     return assemble(_lua_file(f"{name}.lua"), f"{name}.lua")
+
+
+# Calls a client sends together that the server runs as one (gpuq/joined.py): a worker's acks
+# with its next claim. Each: its two parts, with the place of each part's `now` in its ARGV.
+JOINED: dict[str, tuple[tuple[str, int], tuple[str, int]]] = {"ack_claim": (("ack", 3), ("claim", 2))}
+
+# A joined call's arguments: n, the first part's n arguments, then the second's. Each part
+# takes "0" or "" as "now, by the server's clock": the clock is read once for both.
+_SPLIT = """\
+local n = tonumber(ARGV[1])
+if not n or n < 0 or n > #ARGV - 1 or n ~= math.floor(n) then
+  return {{1, 0, 'the first argument must count the arguments of the first part'}}
+end
+local first, second = {{}}, {{}}
+for i = 2, n + 1 do first[i - 1] = ARGV[i] end
+for i = n + 2, #ARGV do second[i - n - 1] = ARGV[i] end
+local a, b = first[{a}] == '0' or first[{a}] == '', second[{b}] == '0' or second[{b}] == ''
+if a or b then
+  local t = redis.call('TIME')
+  local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  if a then first[{a}] = now end
+  if b then second[{b}] = now end
+end
+"""
+
+
+def joined_split(name: str) -> str:
+    """The Lua that splits a joined call's ARGV into its parts' (``first``, ``second``)."""
+    (_, a), (_, b) = JOINED[name]
+    return _SPLIT.format(a=a, b=b)
+
+
+@functools.cache
+def joined_source(name: str) -> str:
+    """A joined call's source for EVALSHA: each part's own source run as a function of its
+    arguments (``ARGV`` there is its parameter), the replies as one: {first's, second's}."""
+    (one, _), (two, _) = JOINED[name]
+    return (f"-- {name}: {one} then {two} in one call (gpuq/joined.py)\n" + joined_split(name)
+            + f"local r1 = (function(ARGV)\n{script_source(one)}\nend)(first)\n"
+            + f"local r2 = (function(ARGV)\n{script_source(two)}\nend)(second)\n"
+            + "return {r1, r2}\n")

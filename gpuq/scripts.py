@@ -27,7 +27,7 @@ from gpuq.claims import ClaimRequest as ClaimRequest
 from gpuq.config import Config
 from gpuq.errors import NotRequeueable, ReplicaTimeout, TenantError
 from gpuq.functions import Sender, missing
-from gpuq.joined import joined_acks, split_replies, wrote
+from gpuq.joined import carried, joined_acks, split_replies, wrote
 from gpuq.keys import Keys
 from gpuq.replies import Code, checked, raise_for
 from gpuq.task import TaskSpec, deferral_args
@@ -317,8 +317,9 @@ class Scripts:
     def pipelined(self, calls: Sequence[Call[Any]], extra: Sequence[tuple[Any, ...]] = ()) -> list[Any]:
         """Run the calls, then the plain commands in ``extra`` (e.g. ``("LPOP", key)``), in
         one round trip; replies raw, in order, the first error raised once all are read.
-        Consecutive acks go as one ack call of several tasks (``joined_acks``)."""
-        joined = joined_acks(calls)
+        Consecutive acks go as one ack call of several tasks (``joined_acks``), and with a
+        claim right after them as one call (``carried``)."""
+        joined = carried(joined_acks(calls))
         sent = [call for call, _ in joined]
         commands = [self.command(c) for c in sent] + list(extra)
         wait = wait_command(sent)

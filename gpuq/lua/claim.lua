@@ -37,27 +37,24 @@
 --           more tasks its batch may take (0..1e4)
 -- ARGV[..]  pairs: loaded model name, its footprint (GB), negative while a running task
 --           of this worker uses it (then it is not in the evictable VRAM)
--- Returns  {0, "none", retry_ms}            nothing this worker can run; it is marked idle.
---                                            retry_ms > 0: a task was left for another worker;
---                                            this one looks again then (lib/lookout.lua)
---          {0, "task", field, value, ...}   the claimed task: id, token, handler, payload,
---                                            model, vram_gb, priority, est_s, attempt,
---                                            deadline, tenant, checkpoint, enqueued_at,
---                                            queued_at, started_at (ms), sla (below)
---          {0, "task", ..., left_ms, started_at, task, ...}   a batch handler's task on a
---                                            held model: then what lib/batch.lua took beside
---                                            it, as claim_batch.lua replies (a cold start: not
---                                            tried)
---          {1, 0, reason}                   INVALID: a malformed argument (nothing written)
--- A queued task no claim could run wedges nothing: an id whose hash is gone (or is no longer
--- queued) leaves its queue; one whose hash has a field missing or malformed (see `readable`)
--- ends failed with "corrupt task: field <name> is missing or malformed" in its error.
+-- Returns  {0, "none", retry_ms}  nothing this worker can run; it is marked idle. retry_ms > 0:
+--            a task was left for another worker; this one looks again then (lib/lookout.lua)
+--          {0, "task", field, value, ...}  the claimed task: id, token, handler, payload, model,
+--            vram_gb, priority, est_s, attempt, deadline, tenant, checkpoint, enqueued_at,
+--            queued_at, started_at (ms), sla (below)
+--          {0, "task", ..., left_ms, started_at, task, ...}  a batch handler's task on a held
+--            model: then what lib/batch.lua took beside it, as claim_batch.lua replies (a
+--            cold start: not tried)
+--          {1, 0, reason}  INVALID: a malformed argument (nothing written)
+-- A queued task no claim could run wedges nothing: an id whose hash is gone (or no longer queued)
+-- leaves its queue; one whose hash has a field missing or malformed (`readable`) ends failed
+-- with "corrupt task: field <name> is missing or malformed" in its error.
 -- A task's SLA is decided once, at its first handler start: in stats as sla_met:P<n> or
 -- sla_missed:P<n> (its handler started by its queue score, the start-by time, or not; a miss
--- also noted in `misses` for gpuq top). A task whose model this worker holds starts its
--- handler at once: decided here (reply sla "met" or "missed"). One started cold (the
--- worker loads its model first) gets sla "pending": the worker calls began.lua when the
--- handler starts. sla "" when an earlier start decided it.
+-- also noted in `misses` for gpuq top). A task whose model this worker holds starts its handler
+-- at once: decided here (reply sla "met" or "missed"). One started cold (the worker loads its
+-- model first) gets sla "pending": the worker calls began.lua when the handler starts. sla ""
+-- when an earlier start decided it.
 
 --@include args
 --@include queue
@@ -106,15 +103,12 @@ for i = 21 + 2 * nb, #ARGV, 2 do
 end
 local claimable = free + evictable
 local tenancy = tenancy_on()  -- tenants registered: fair order and quotas (lib/tenancy.lua)
--- no result TTL here: a task failed as corrupt stays readable for the default 7 days
-local TTL = '604800000'
+local TTL = '604800000'  -- no result TTL here: a task failed as corrupt stays readable 7 days
 
--- Room for a task of model m this worker holds (footprint GB): free VRAM plus the other idle
+-- Room for a task of model m this worker holds (footprint fp GB): free VRAM plus the other idle
 -- models, which the worker evicts for it as for a cold load (its ModelCache does the same).
 -- evictable counts m too while it is idle, not while a running task uses it.
-local function held_room(m, footprint)
-  return free + math.max(0, evictable - (in_use[m] and 0 or footprint))
-end
+local function held_room(m, fp) return free + math.max(0, evictable - (in_use[m] and 0 or fp)) end
 
 promote_due(now, 20, TTL)
 local unread_until = reclaim_handed(now, 8, TTL)
@@ -182,21 +176,24 @@ end
 -- late task still goes before the next level's work. A cold start misses a short SLA anyway,
 -- so other workers take their queues oldest first. With tenancy on, a queue's order is its
 -- tenants' fair order (a flooding tenant's tasks lie ahead of now), kept as it is. Also
--- returns the queue's first `scan` ids and scores as read (the head the index keeps).
+-- returns the ids and scores read (the head the index keeps) and, when only the first two
+-- were, what reads the rest: most claims take the first, and the server formats every score
+-- it replies (as much as a command each).
 local function candidates(q, warm)
-  local head = redis.call('ZRANGE', q, 0, scan - 1, 'WITHSCORES')
+  local head = redis.call('ZRANGE', q, '0', '1', 'WITHSCORES')
   if tenancy or not warm or not head[2] or tonumber(head[2]) >= now then
-    local ids = {}
-    for i = 1, #head, 2 do ids[#ids + 1] = head[i] end
-    return ids, head
+    local ids = {head[1], head[3]}
+    return ids, head, head[3] and scan > 2 and function()  -- from 0: the scan may have removed some
+      for _, id in ipairs(redis.call('ZRANGE', q, '0', ms(scan - 1))) do
+        if id ~= ids[1] and id ~= ids[2] then ids[#ids + 1] = id end
+      end
+    end
   end
-  local ids = redis.call('ZRANGEBYSCORE', q, now, '+inf', 'LIMIT', 0, scan)
+  head = redis.call('ZRANGE', q, '0', ms(scan - 1), 'WITHSCORES')
+  local ids = redis.call('ZRANGEBYSCORE', q, ms(now), '+inf', 'LIMIT', '0', ms(scan))
   local seen = {}
   for _, id in ipairs(ids) do seen[id] = true end
-  for i = 1, #head, 2 do
-    if #ids >= scan then break end
-    if not seen[head[i]] then ids[#ids + 1] = head[i] end
-  end
+  for i = 1, #head, 2 do if #ids < scan and not seen[head[i]] then ids[#ids + 1] = head[i] end end
   return ids, head
 end
 
@@ -206,8 +203,11 @@ end
 -- (defect); one whose tenant is at a quota is passed over.
 local function scan_queue(p, m)
   local footprint = held[m]
-  local ids, head = candidates(queue_key(p, m), footprint ~= nil)
-  for k, id in ipairs(ids) do
+  local ids, head, rest = candidates(queue_key(LEVEL_TEXT[p], m), footprint ~= nil)
+  for k = 1, scan do
+    if not ids[k] and rest then rest(); rest = nil end
+    local id = ids[k]
+    if not id then break end
     local f, all
     if footprint then
       -- with all a claim reply needs: the first that fits is taken (no second read)
@@ -260,7 +260,7 @@ local function scan_queue(p, m)
 end
 
 local PAGE, PAGES = 16, 4
-local first = redis.call('ZRANGE', K_MODELS_WITH_WORK, 0, PAGE - 1)  -- read once a call
+local first = redis.call('ZRANGE', K_MODELS_WITH_WORK, '0', '15')  -- PAGE; read once a call
 local has_work = work_levels(first, PAGE)  -- which levels have work, as far as it shows
 
 -- Held models first, then the others in head-score order, a page of the index at a time, at
@@ -291,12 +291,10 @@ local function find(p)
 end
 
 local serves = {}
-for p = 0, 3 do serves[p] = string.find(levels, tostring(p), 1, true) ~= nil end
+for p = 0, 3 do serves[p] = string.find(levels, LEVEL_TEXT[p], 1, true) ~= nil end
 local fair = redis.call('HMGET', K_FAIRNESS, '1', '2', '3')
 local order = {}
-for p = 1, 3 do
-  if (finite(fair[p]) or 0) >= fair_every then order[#order + 1] = p end
-end
+for p = 1, 3 do if (finite(fair[p]) or 0) >= fair_every then order[#order + 1] = p end end
 for p = 0, 3 do order[#order + 1] = p end
 
 local id, p, m, use, f, head
@@ -368,7 +366,7 @@ end
 -- the model when the read saw the whole queue) instead of reading the queue again.
 local next_head = head and head[1] == id
 local reply = {0, 'task'}
-local values = take(id, p, m, worker, now, now + lease, f, held[m] ~= nil, tenancy, next_head)
+local values = take(id, LEVEL_TEXT[p], m, worker, now, now + lease, f, held[m] ~= nil, tenancy, next_head)
 for i, name in ipairs(TAKEN) do reply[2 * i + 1], reply[2 * i + 2] = name, values[i] end
 -- a batch handler's task on a held model brings its batch: the VRAM left beside it, none
 -- evicted (a cold start's batch waits for its load: claim_batch.lua)

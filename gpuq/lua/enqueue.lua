@@ -381,9 +381,9 @@ end
 fair_flush()
 -- one HINCRBY per model per call (60 s buckets, 8 days kept: keys.ARRIVAL_BUCKET_MS, _TTL_S);
 -- the TTL is set when a model's field is new, not on every call
-local bucket = arrivals_key(math.floor(now / 60000))
+local bucket = arrivals_key(ms(math.floor(now / 60000)))
 for model, c in pairs(arrived) do
-  if redis.call('HINCRBY', bucket, model, c) == c then redis.call('EXPIRE', bucket, 691200) end
+  if redis.call('HINCRBY', bucket, model, ms(c)) == c then redis.call('EXPIRE', bucket, '691200') end
 end
 -- pool-wide wakes for the tasks no idle worker was picked for, and, while other workers
 -- idle, one in case a picked worker died idle (its offer lapses after the defer bound)
@@ -395,5 +395,5 @@ if urgent then
   redis.call('LPUSH', K_URGENT, '1')
   redis.call('LTRIM', K_URGENT, 0, 0)
 end
-redis.call('HINCRBY', K_STATS, 'enqueued', n)
+redis.call('HINCRBY', K_STATS, 'enqueued', ms(n))
 return {0, n}

@@ -136,6 +136,19 @@ def test_fit_counts_evictable_vram_and_a_held_models_footprint(queue: Queue) -> 
     assert c is not None and c["id"] == held
 
 
+@pytest.mark.parametrize("fits_at", [1, 2, 3, 8, 9])
+def test_a_claim_reads_past_the_first_two_tasks_up_to_the_scan(queue: Queue, fits_at: int) -> None:
+    """The claim reads a queue's first two tasks, then the rest of its scan (8) when neither
+    runs here: the first that fits within the scan is taken, one past it is not."""
+    ids = [enqueue(queue, T0 + i, model="A", vram_gb=30 if i + 1 != fits_at else 5) for i in range(10)]
+    c = claim(queue, "w1", 6, loaded=[("A", 1)], now_ms=T0 + 20)
+    if fits_at <= 8:
+        assert c is not None and c["id"] == ids[fits_at - 1]
+    else:
+        assert c is None
+    assert queue.redis.zcard(queue.keys.queue(2, "A")) == 10 - (fits_at <= 8)
+
+
 def test_a_held_models_task_fits_in_the_room_of_the_workers_other_idle_models(
         queue: Queue) -> None:
     # 75 GB usable holding A and B (30 GB each, idle): 15 GB free, 60 evictable, idle score

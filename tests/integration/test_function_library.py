@@ -12,6 +12,7 @@ import redis
 from procs import Procs
 
 from gpuq import acl
+from gpuq.call import Call
 from gpuq.client import Queue
 from gpuq.config import Config
 from gpuq.embedded import EmbeddedServer
@@ -29,6 +30,15 @@ def claimed(queue: Queue, n: int) -> list[dict[str, Any]]:
         assert task is not None
         out.append(task)
     return out
+
+
+def script_calls(q: Queue) -> int | None:
+    """Script calls the server has run (None where it keeps no command stats)."""
+    try:
+        stats = q.redis.info("commandstats")
+    except redis.ResponseError:
+        return None
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("fcall", "evalsha")) or None
 
 
 def test_calls_are_fcall_of_this_version_s_library(queue: Queue) -> None:
@@ -128,3 +138,54 @@ def test_load_functions_against_a_dead_redis_is_one_line() -> None:
     result = CliRunner().invoke(cli, ["--redis", "redis://127.0.0.1:1/0", "load-functions"])
     assert result.exit_code != 0
     assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_acks_and_the_claim_after_them_go_as_one_call_either_way(queue: Queue) -> None:
+    """A worker's acks ride with its next claim as one call (gpuq/joined.py): FCALL of the
+    joined function or EVALSHA of its own source; each part answers as it would alone, a
+    stale ack included, and one clock read stamps the ack's end and the claim's start."""
+    sender = queue.scripts.sender
+    for fcall in (True, False):
+        sender.fcall = fcall
+        one, two = claimed(queue, 2)
+        ids = [queue.enqueue("h", {"i": i}, model="m", vram_gb=1).id for i in range(2)]
+        calls = [queue.calls.ack(one["id"], int(one["token"]), "1"),
+                 queue.calls.ack(two["id"], int(two["token"]) + 1, "2"),  # a stale token
+                 queue.calls.claim(ClaimRequest("w1", 40.0, 0.0, 1))]
+        assert [queue.scripts.command(c)[0] for c in calls] == ["FCALL" if fcall else "EVALSHA"] * 3
+        before = script_calls(queue)
+        acked, stale, reply = queue.scripts.pipelined(calls)
+        if before is not None:  # a server that keeps command stats: one script call
+            assert script_calls(queue) == before + 1
+        assert acked == [0] and stale == [5, "running"]
+        task = calls[2].parse(reply).task
+        assert task is not None and task["id"] == ids[0]
+        finished = queue.redis.hget(queue.keys.task(one["id"]), "finished_at")
+        assert finished == task["started_at"]  # the same clock read
+        assert queue.redis.hget(queue.keys.task(two["id"]), "state") == "running"
+        for t in (two, task):  # leave nothing running for the next round
+            queue.scripts.run(queue.calls.ack(t["id"], int(t["token"]), "3"))
+        queue.redis.delete(queue.keys.queue(2, "m"), queue.keys.models_with_work)
+    sender.fcall = True
+
+
+def test_a_joined_call_with_a_malformed_count_runs_neither_part(queue: Queue) -> None:
+    (one,) = claimed(queue, 1)
+    ack = queue.calls.ack(one["id"], int(one["token"]), "1")
+    for count in ("x", "-1", "99", "1.5"):
+        for fcall in (True, False):
+            queue.scripts.sender.fcall = fcall
+            call = Call("ack_claim", [count, *ack.args, "w1"], lambda r: r)
+            assert queue.scripts.run_raw(call) == [1, 0, "the first argument must count the "
+                                                   "arguments of the first part"]
+    queue.scripts.sender.fcall = True
+    assert queue.redis.hget(queue.keys.task(one["id"]), "state") == "running"
+
+
+def test_a_server_that_lost_the_library_runs_a_joined_call_once_loaded(queue: Queue) -> None:
+    (one,) = claimed(queue, 1)
+    queue.redis.execute_command("FUNCTION", "FLUSH")
+    acked, reply = queue.scripts.pipelined([queue.calls.ack(one["id"], int(one["token"]), "1"),
+                                            queue.calls.claim(ClaimRequest("w1", 40.0, 0.0, 1))])
+    assert acked == [0] and reply[:2] == [0, "none"]
+    assert queue.redis.hget(queue.keys.stats, "succeeded") == "1"

@@ -6,29 +6,38 @@ import pytest
 import redis
 
 from gpuq.functions import Sender, library, missing
+from gpuq.lua_source import JOINED
 from gpuq.scripts import SCRIPT_NAMES
 
 
 def test_every_script_is_a_function_of_one_library_named_by_its_sources() -> None:
     lib = library(SCRIPT_NAMES)
     assert lib.source.startswith(f"#!lua name={lib.name}\n")
-    assert set(lib.functions) == set(SCRIPT_NAMES)
+    assert set(lib.functions) == set(SCRIPT_NAMES) | set(JOINED)
     for name, function in lib.functions.items():
         assert function == f"{lib.name}_{name}"
-        assert f"redis.register_function('{function}', function(keys, args)" in lib.source
+        registered = f"redis.register_function('{function}', RUN['{name}'])" in lib.source
+        assert registered if name in SCRIPT_NAMES else \
+            f"redis.register_function('{function}', function(keys, args)" in lib.source
+
+
+def test_a_joined_call_is_in_a_library_only_with_its_parts() -> None:
+    assert set(library(("ack", "claim")).functions) == {"ack", "claim", "ack_claim"}
+    assert set(library(("ack", "fail")).functions) == {"ack", "fail"}
+    assert library(("ack",)).name != library(("ack", "claim")).name
 
 
 def test_state_of_a_helper_group_is_set_again_at_each_call() -> None:
     """lib/tally.lua's `local tally = false` runs inside the function, not once at load."""
     block = library(("ack",)).source
-    call = block.index("redis.register_function(")
+    call = block.index("RUN['ack'] = function(keys, args)")
     assert "\nlocal tally\n" in block[:call] and "\ntally = false\n" in block[call:]
 
 
 def test_a_constant_of_a_helper_group_is_made_once_at_load() -> None:
     """lib/readable.lua's field lists are made where they stand, outside the function."""
     block = library(("claim",)).source
-    call = block.index("redis.register_function(")
+    call = block.index("RUN['claim'] = function(keys, args)")
     assert "\nlocal READ_HELD = {" in block[:call] and "READ_HELD = {" not in block[call:]
 
 

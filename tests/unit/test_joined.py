@@ -1,9 +1,10 @@
-"""Consecutive acks joined into one script call, and its reply split back per ack."""
+"""Consecutive acks joined into one script call, acks with the claim after them made one
+call, and the replies split back per call."""
 
 from __future__ import annotations
 
 from gpuq.call import Call
-from gpuq.joined import joined_acks, split_replies, wrote
+from gpuq.joined import carried, joined_acks, split_replies, wrote
 
 
 def ack(task: str, now: str = "0", ttl: str = "1000") -> Call[None]:
@@ -34,3 +35,28 @@ def test_replies_split_back_per_call_with_plain_commands_after() -> None:
 def test_a_joined_reply_wrote_when_any_ack_did() -> None:
     assert wrote([0]) and wrote([[5, "queued"], [0]])
     assert not wrote([[5, "queued"], [4]]) and not wrote([1, 0, "bad"]) and not wrote("x")
+
+
+def claim(worker: str = "w1") -> Call[str]:
+    return Call("claim", [worker, "0", "40"], lambda r: "parsed")
+
+
+def test_acks_right_before_a_claim_go_with_it_as_one_call() -> None:
+    calls = [ack("a"), ack("b"), claim(), fail("c"), claim("w2"), ack("d"), claim("w3"), claim("w4")]
+    joined = carried(joined_acks(calls))
+    assert [(c.script, n) for c, n in joined] == [("ack_claim", 3), ("fail", 1), ("claim", 1),
+                                                   ("ack_claim", 2), ("claim", 1)]
+    first = joined[0][0]
+    assert first.args == ["8", "a", "7", "0", '"r-a"', "1000", "b", "7", '"r-b"', "w1", "0", "40"]
+    assert first.parse([]) == "parsed"  # the claim's parser
+    assert joined[3][0].args == ["5", "d", "7", "0", '"r-d"', "1000", "w3", "0", "40"]
+
+
+def test_a_carried_call_s_reply_splits_into_its_acks_and_its_claim() -> None:
+    joined = carried(joined_acks([ack("a"), ack("b"), claim(), ack("c"), claim()]))
+    got = claim_reply = [0, "none", 0]
+    replies = [[[[0], [5, "queued"]], claim_reply], [[0], got], "popped"]
+    assert split_replies(replies, joined) == [[0], [5, "queued"], claim_reply, [0], got, "popped"]
+    invalid = [1, 0, "the first argument must count the arguments of the first part"]
+    error = ValueError("boom")
+    assert split_replies([invalid, error], joined) == [invalid] * 3 + [error] * 2

@@ -23,7 +23,7 @@ end
 -- deadline of those still unread in time (nil if none).
 local function reclaim_handed(now, limit, ttl)
   local pending
-  local entries = redis.call('ZRANGE', K_HANDED, 0, limit - 1, 'WITHSCORES')
+  local entries = redis.call('ZRANGE', K_HANDED, '0', ms(limit - 1), 'WITHSCORES')
   for i = 1, #entries, 2 do
     local id, at = entries[i], tonumber(entries[i + 1])
     local f = redis.call('HMGET', task_key(id), 'state', 'worker')
@@ -44,7 +44,7 @@ end
 -- Move retries whose backoff has passed back into their queues (bounded per call; ttl: how
 -- long one failed for a corrupt hash stays readable).
 local function promote_due(now, limit, ttl)
-  local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, limit)
+  local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', ms(now), 'LIMIT', '0', ms(limit))
   for _, id in ipairs(due) do
     redis.call('ZREM', K_DELAYED, id)
     if redis.call('EXISTS', task_key(id)) == 1 then  -- a hash deleted meanwhile: nothing to run

@@ -6,15 +6,34 @@
 -- The work index (`models`): every (level, model) with queued work in one sorted set, member
 -- "<p>:<model>", score p x LEVEL_SPAN + its queue's head score, so the levels lie in order and
 -- one read of its first page says which levels have work (gpuq/work_index.py reads it too).
+-- Numbers are passed to redis.call as text made here: a Lua number would be formatted by the
+-- server (%.17g), which costs more than the rest of an index write.
 local LEVEL_SPAN = 1e15
+local LEVEL_TEXT = {[0] = '0', '1', '2', '3'}
+local LEVEL_OF = {['0'] = 0, ['1'] = 1, ['2'] = 2, ['3'] = 3}
+-- each level's score range, [low, high)
+local LEVEL_LOW = {[0] = '-500000000000000', '500000000000000', '1500000000000000', '2500000000000000'}
+local LEVEL_HIGH = {[0] = '(500000000000000', '(1500000000000000', '(2500000000000000', '(3500000000000000'}
 
-local function work_member(p, m) return p .. ':' .. m end
+local function work_member(p, m) return (LEVEL_TEXT[p] or p) .. ':' .. m end
 
-local function work_score(p, score) return tonumber(p) * LEVEL_SPAN + score end
+-- p x LEVEL_SPAN + score as text: spliced where score is a whole number of at most 15 digits
+-- (a head score in ms), else computed.
+local function work_score(p, score)
+  local text = score
+  if type(score) == 'number' and score == math.floor(score) and score >= 0 and score < 1e15 then
+    text = ms(score)
+  end
+  if type(text) ~= 'string' or not string.find(text, '^%d+$') or #text > 15 then
+    return string.format('%.17g', tonumber(p) * LEVEL_SPAN + tonumber(score))
+  end
+  if tonumber(p) == 0 then return text end
+  return (LEVEL_TEXT[p] or p) .. string.rep('0', 15 - #text) .. text
+end
 
 -- The models of level p among index members (others skipped).
 local function work_models(members, p)
-  local out, prefix = {}, p .. ':'
+  local out, prefix = {}, (LEVEL_TEXT[p] or p) .. ':'
   for _, v in ipairs(members) do
     if string.sub(v, 1, 2) == prefix then out[#out + 1] = string.sub(v, 3) end
   end
@@ -25,7 +44,7 @@ end
 -- it in full (a level before the last one they reach, or every level when they are fewer
 -- than n), nil where they cannot tell.
 local function work_levels(first, n)
-  local last, known = first[1] and tonumber(string.sub(first[#first], 1, 1)) or -1, {}
+  local last, known = first[1] and LEVEL_OF[string.sub(first[#first], 1, 1)] or -1, {}
   for q = 0, 3 do
     if #first < n or q < last then known[q] = work_models(first, q)[1] ~= nil end
   end
@@ -34,15 +53,14 @@ end
 
 -- The index's first n members from level p on.
 local function work_from(p, n)
-  local lo = tonumber(p) * LEVEL_SPAN - LEVEL_SPAN / 2
-  return redis.call('ZRANGEBYSCORE', K_MODELS_WITH_WORK, ms(lo), '+inf', 'LIMIT', 0, n)
+  return redis.call('ZRANGEBYSCORE', K_MODELS_WITH_WORK, LEVEL_LOW[tonumber(p)], '+inf', 'LIMIT', '0', ms(n))
 end
 
 -- Level p's models with work, n from the start-th (0-based), in head-score order.
 local function work_page(p, start, n)
-  local lo = tonumber(p) * LEVEL_SPAN - LEVEL_SPAN / 2
-  return work_models(redis.call('ZRANGEBYSCORE', K_MODELS_WITH_WORK, ms(lo), '(' .. ms(lo + LEVEL_SPAN),
-    'LIMIT', start, n), p)
+  p = tonumber(p)
+  return work_models(redis.call('ZRANGEBYSCORE', K_MODELS_WITH_WORK, LEVEL_LOW[p], LEVEL_HIGH[p],
+    'LIMIT', ms(start), ms(n)), p)
 end
 
 -- Keep the index score of (p, m) equal to its queue's head score; drop it when empty.

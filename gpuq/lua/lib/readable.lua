@@ -33,7 +33,7 @@ local function readable(id, p, m, now, ttl, f)
   f = f or redis.call('HMGET', task_key(id), unpack(READ_HELD, 1, N_READABLE))
   local attempt, tries = finite(f[7] ~= '' and f[7] or 0), finite(f[16])
   local has_deadline = f[8] and f[8] ~= ''
-  local bad = f[5] ~= tostring(p) and 'priority' or f[3] ~= m and 'model'
+  local bad = f[5] ~= (LEVEL_TEXT[p] or tostring(p)) and 'priority' or f[3] ~= m and 'model'
     or defect(f[5], f[3], f[4], f[6], f[13], f[8])
     or hex(f[4]) and 'vram_gb' or hex(f[6]) and 'est_s'  -- the reply passes both on as stored
   if bad then

@@ -38,13 +38,13 @@ local function start(id, p, m, w, now, lease_until, attempt, score, since, undec
   local token = new_token()
   local at = ms(now)
   if undecided and warm then
-    redis.call('HSET', task_key(id), 'state', 'running', 'worker', w, 'token', token,
+    redis.call('HSET', task_key(id), 'state', 'running', 'worker', w, 'token', ms(token),
       'attempt', attempt, 'started_at', at, 'error', '', 'began_at', at)
   else
-    redis.call('HSET', task_key(id), 'state', 'running', 'worker', w, 'token', token,
+    redis.call('HSET', task_key(id), 'state', 'running', 'worker', w, 'token', ms(token),
       'attempt', attempt, 'started_at', at, 'error', '')
   end
-  set_write('ZADD', K_RUNNING, lease_until, id)
+  set_write('ZADD', K_RUNNING, ms(lease_until), id)
   set_write('SADD', worker_tasks_key(w), id)
   local sla = ''
   if undecided then

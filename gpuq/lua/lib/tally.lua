@@ -30,7 +30,7 @@ end
 -- HINCRBY K_STATS field 1, now or at the flush.
 local function count_stat(field)
   if not tally then
-    redis.call('HINCRBY', K_STATS, field, 1)
+    redis.call('HINCRBY', K_STATS, field, '1')
   elseif tally.counts[field] then
     tally.counts[field] = tally.counts[field] + 1
   else

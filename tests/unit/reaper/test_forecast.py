@@ -28,8 +28,8 @@ def steady(rate_per_min: int, end_ms: int = NOW, buckets: int = N + 1) -> dict[i
 
 def test_the_lua_bucket_and_ttl_are_the_python_constants() -> None:
     lua = resources.files("gpuq").joinpath("lua", "enqueue.lua").read_text()
-    assert re.search(r"arrivals_key\(math\.floor\(now / (\d+)\)\)", lua).group(1) == str(B)  # type: ignore[union-attr]
-    assert re.search(r"'EXPIRE', bucket, (\d+)\)", lua).group(1) == str(ARRIVAL_TTL_S)  # type: ignore[union-attr]
+    assert re.search(r"arrivals_key\(ms\(math\.floor\(now / (\d+)\)\)\)", lua).group(1) == str(B)  # type: ignore[union-attr]
+    assert re.search(r"'EXPIRE', bucket, '(\d+)'\)", lua).group(1) == str(ARRIVAL_TTL_S)  # type: ignore[union-attr]
     # a week of history and the windows around it fit in the TTL
     assert ARRIVAL_TTL_S * 1000 > 7 * DAY_MS + 2 * SET.window_s * 1000
 

@@ -1,0 +1,153 @@
+"""Server instructions per enqueue and per claim + ack, counted under callgrind.
+
+Wall-clock µs of one script call move by 2x from hour to hour on shared VMs; the
+instructions the server runs for it repeat within about 1%, so a change to a script is
+judged by them (docs/BENCHMARKS.md, "Where gpuq's time goes"). The server runs under
+``valgrind --tool=callgrind`` with instrumentation off; it is switched on
+(``callgrind_control -i on``) only around the measured calls:
+
+* enqueue: ``Queue.enqueue`` of one no-op task at a time into a pool without workers;
+* claim + ack: one worker's loop over a deep queue of one model it holds, as
+  ``gpuq.worker`` sends it (the previous task's ack and the next claim in one pipeline,
+  which goes as one ``ack_claim`` call).
+
+Each phase is dumped on its own (``callgrind_control -d``); ``--top N`` prints the N
+functions with the most instructions of each. Needs valgrind and redis-server on PATH. Run
+it in two checkouts to compare them: the figures are of the checkout it runs from.
+
+    python scripts/bench_instructions.py [--steps 300] [--json] [--top 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpuq.claims import ClaimRequest  # noqa: E402
+from gpuq.client import Queue  # noqa: E402
+from gpuq.config import Config  # noqa: E402
+from gpuq.embedded import free_port  # noqa: E402
+
+WARMUP = 100
+
+
+def control(*args: str) -> None:
+    subprocess.run(["callgrind_control", *args], check=True, capture_output=True)
+
+
+def total(path: str) -> int:
+    """The instructions a callgrind dump counted (its `totals:` line; `summary:` is 0 in a
+    dump made while instrumentation is off)."""
+    for line in reversed(Path(path).read_text(errors="replace").splitlines()):
+        if line.startswith("totals:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{path}: no totals line")
+
+
+def measure(url: str, steps: int) -> None:
+    """Run the two phases, instrumented; each dumped when it ends."""
+    client = redis.Redis.from_url(url, decode_responses=True)
+    q = Queue(client, Config(pool="bench-claim"))
+    q.enqueue_many([{"handler": "sim.noop", "payload": {"i": i}, "model": "m", "vram_gb": 1}
+                    for i in range(steps + WARMUP + 10)])
+    prev: dict[str, str] | None = None
+
+    def step() -> None:
+        nonlocal prev
+        calls = [] if prev is None else [q.calls.ack(prev["id"], int(prev["token"]), '{"i":1}')]
+        claim = q.calls.claim(ClaimRequest("w1", 78.0, 0.0, 1, [("m", 1.0)]))
+        prev = claim.parse(q.scripts.pipelined([*calls, claim])[-1]).task
+        if prev is None:
+            raise RuntimeError("the queue ran dry")
+
+    for _ in range(WARMUP):
+        step()
+    control("-i", "on")
+    for _ in range(steps):
+        step()
+    control("-i", "off")
+    control("-d", "claim_ack")
+    e = Queue(client, Config(pool="bench-enqueue"))
+    for i in range(WARMUP):
+        e.enqueue("sim.noop", {"i": i}, model="m", vram_gb=1)
+    control("-i", "on")
+    for i in range(steps):
+        e.enqueue("sim.noop", {"i": i}, model="m", vram_gb=1)
+    control("-i", "off")
+    control("-d", "enqueue")
+
+
+def top(path: str, n: int) -> str:
+    out = subprocess.run(["callgrind_annotate", path], capture_output=True, text=True).stdout
+    lines = [ln for ln in out.splitlines() if ln.strip() and ln.lstrip()[0].isdigit()]
+    return "\n".join(lines[:n + 1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=300, help="measured calls per phase (300)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--top", type=int, default=0, help="also print each phase's top functions")
+    a = ap.parse_args()
+    for tool in ("valgrind", "callgrind_control", "redis-server"):
+        if not shutil.which(tool):
+            print(f"bench_instructions: {tool} is not on PATH", file=sys.stderr)
+            return 2
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="gpuq-callgrind-") as tmp:
+        server = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+             f"--callgrind-out-file={tmp}/callgrind.out", "redis-server", "--port", str(port),
+             "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp,
+            env=dict(os.environ, VALGRIND_OPTS=""))
+        url = f"redis://127.0.0.1:{port}/0"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    redis.Redis.from_url(url).ping()
+                    break
+                except redis.ConnectionError:
+                    if time.monotonic() > deadline or server.poll() is not None:
+                        raise RuntimeError("redis-server under valgrind did not start") from None
+                    time.sleep(0.2)
+            measure(url, a.steps)
+        finally:
+            server.terminate()
+            server.wait(60)
+        dumps = sorted(glob.glob(f"{tmp}/callgrind.out.*"))
+        if len(dumps) < 2:
+            raise RuntimeError(f"expected two dumps, found {dumps}")
+        claim_ack, enqueue = dumps[0], dumps[1]
+        result = {"steps": a.steps,
+                  "enqueue_instructions": round(total(enqueue) / a.steps),
+                  "claim_ack_instructions": round(total(claim_ack) / a.steps),
+                  "server": subprocess.run(["redis-server", "--version"], capture_output=True,
+                                           text=True).stdout.strip()}
+        if a.json:
+            print(json.dumps(result))
+        else:
+            print(f"{result['server']}\n"
+                  f"enqueue       {result['enqueue_instructions']:>9,} instructions a call\n"
+                  f"claim + ack   {result['claim_ack_instructions']:>9,} instructions a task")
+        if a.top:
+            for name, path in (("claim + ack", claim_ack), ("enqueue", enqueue)):
+                print(f"\n{name}: top functions (all {a.steps} calls)\n{top(path, a.top)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
