@@ -12,7 +12,9 @@ each call; its key names are made again only when the base changes (another pool
 constant of its helpers' groups (an ALL_CAPS local, e.g. lib/readable.lua's field lists,
 which no line assigns to or into) is made once, at load; every other statement of those
 groups (state such as lib/tally.lua's ``tally``) runs again at each call, so no call sees
-what an earlier one left. Then its text runs as it would under ``EVALSHA``.
+what an earlier one left. Then its text runs as it would under ``EVALSHA``. Each block's
+function is also kept in the library's table ``RUN``, so a joined call's function
+(``gpuq.lua_source.JOINED``: an ack and the claim after it) calls its parts in turn.
 
 The library's name and its functions' carry a digest of the sources, so clients of two gpuq
 versions on one server (a rolling upgrade) each call their own; an old version's library
