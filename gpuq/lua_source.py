@@ -123,7 +123,9 @@ def script_source(name: str) -> str:
 JOINED: dict[str, tuple[tuple[str, int], tuple[str, int]]] = {"ack_claim": (("ack", 3), ("claim", 2))}
 
 # A joined call's arguments: n, the first part's n arguments, then the second's. Each part
-# takes "0" or "" as "now, by the server's clock": the clock is read once for both.
+# takes "0" or "" as "now, by the server's clock": the clock is read once for both, as
+# lib/args.lua's clock() reads it (the wrapper runs outside the parts' blocks, where that
+# helper is not in scope: the two must stay the same formula).
 _SPLIT = """\
 local n = tonumber(ARGV[1])
 if not n or n < 0 or n > #ARGV - 1 or n ~= math.floor(n) then

@@ -92,3 +92,15 @@ def test_a_top_level_statement_that_would_run_once_is_refused(monkeypatch: pytes
                         lambda name: "local B = KEYS[1]\nredis.call('INCR', B)\nreturn 1\n")
     with pytest.raises(ValueError, match="neither a helper"):
         functions._block("odd", "gpuq_x_odd")
+
+
+def test_a_joined_call_reads_the_clock_as_lib_args_clock_does() -> None:
+    """The joined wrapper runs outside the parts' blocks, so it cannot call clock(): the
+    formula is written twice and must stay the same."""
+    from importlib import resources
+
+    from gpuq.lua_source import joined_split
+
+    formula = "tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)"
+    assert formula in resources.files("gpuq").joinpath("lua", "lib", "args.lua").read_text()
+    assert all(formula in joined_split(name) for name in JOINED)
