@@ -35,6 +35,9 @@ class ClaimRequest:
     # the worker's last claim told it to look again (retry_ms > 0): it is its shape's
     # lookout until this claim (lib/lookout.lua)
     lookout: bool = False
+    # the worker knows it is not in `idle`: it has one slot, and its last claim (or a
+    # hand-over) gave it a task; only a claim that found nothing lists it there again
+    unlisted: bool = False
 
     def fits(self, model: str, need_gb: float, gpus: int = 1) -> bool:
         """claim.lua's fit rule: a task asks no more devices than the group has; a held

@@ -39,7 +39,7 @@ from gpuq.embedded import EmbeddedServer, free_port
 from gpuq.errors import ConfigError, GpuqError
 from gpuq.redact import redact
 from gpuq.report import Gpu, fetch_records, render, summarize
-from gpuq.task import TERMINAL_STATES, Priority
+from gpuq.task import TERMINAL_STATES, Priority, ended_count
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ def drain(queue: Queue, fleet: Fleet, count: int) -> None:
     stop_at = time.monotonic() + DRAIN_CAP_S
     while time.monotonic() < stop_at:
         stats = queue.redis.hgetall(queue.keys.stats)
-        if sum(int(stats.get(s.value, 0)) for s in TERMINAL_STATES) >= count:
+        if sum(ended_count(stats, s.value) for s in TERMINAL_STATES) >= count:
             return
         if all(g.name in fleet.exited() for g in GPUS):
             return

@@ -98,7 +98,7 @@ class Calls:
     def claim(self, req: ClaimRequest, *, now_ms: int = 0) -> Call[Claim]:
         args = [req.worker_id, str(now_ms), _num(req.free_gb), _num(req.evictable_gb), str(req.slots),
                 *self._claim_tail, req.levels, self._scan, *self._defer, *self._hold, str(req.gpus),
-                "1" if req.lookout else "0", str(len(req.batches))]
+                "1" if req.lookout else "2" if req.unlisted else "0", str(len(req.batches))]
         for handler, more in req.batches:
             args += [handler, str(more)]
         for model, footprint in req.loaded:  # negative: a running task uses it

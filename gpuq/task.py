@@ -84,6 +84,13 @@ class State(str, Enum):
 TERMINAL_STATES = frozenset({State.SUCCEEDED, State.FAILED, State.EXPIRED, State.CANCELED})
 
 
+def ended_count(stats: Mapping[Any, Any], state: str) -> int:
+    """Tasks that ended in ``state``, from the pool's `stats` hash: the sum of its counts per
+    priority (``<state>:P<n>``) and of those without a readable one (``<state>:unleveled``,
+    corrupt hashes). A task ending adds one count, not a total beside it (lib/finish.lua)."""
+    return sum(int(stats.get(f"{state}:{k}", 0)) for k in ("P0", "P1", "P2", "P3", "unleveled"))
+
+
 _issued = itertools.count()
 
 

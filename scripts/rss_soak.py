@@ -33,6 +33,7 @@ import redis  # noqa: E402
 
 from gpuq import Config, Queue  # noqa: E402
 from gpuq.embedded import EmbeddedServer  # noqa: E402
+from gpuq.task import ended_count  # noqa: E402
 
 POOL = "soak"
 APP = "workers.sim:app"  # its sim.run handler and any-model loader
@@ -83,7 +84,7 @@ def feed_and_sample(queue: Queue, worker: subprocess.Popen[bytes], n: int, batch
             end = min(n, enqueued + batch)
             queue.enqueue_many(batch_of(enqueued, end))
             enqueued = end
-        count = int(client.hget(stats, "succeeded") or 0)
+        count = ended_count(client.hgetall(stats), "succeeded")
         if count >= marks[0]:
             rss = rss_kb(worker.pid)  # first: the count it goes with is the one just read
             samples.append({"tasks": count, "rss_mb": round(rss / 1024, 2),

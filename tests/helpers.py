@@ -94,6 +94,15 @@ def reap(queue: Queue, now_ms: int = 0, limit: int = 100) -> ReapResult:
     return queue.scripts.run(queue.calls.reap(limit=limit, now_ms=now_ms))
 
 
+def reserve(queue: Queue, worker_id: str, task_id: str, until_ms: int) -> None:
+    """A reservation of worker_id for task_id until until_ms, written as preempt.lua writes it:
+    the key, and the claims' gate moved to cover it (lib/gates.lua)."""
+    pipe = queue.redis.pipeline()
+    pipe.set(queue.keys.reservation(worker_id), f"{task_id} {until_ms}")
+    pipe.hset(queue.keys.fairness, "reserved_until", until_ms)
+    pipe.execute()
+
+
 def raw_enqueue_call(queue: Queue, now_ms: int = T0, **raw: str) -> tuple[str, Call[int]]:
     """An enqueue call whose ARGV fields are overridden with raw strings, as a foreign client
     would send them (e.g. ``vram_gb="abc"``); returns the task id and the call."""

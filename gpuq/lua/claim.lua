@@ -32,7 +32,8 @@
 -- ARGV[14..17]  holder wait of P0..P3 (ms): how long a cold task waits for a busy GPU that
 --               holds its model (0: not at all)
 -- ARGV[18]  GPUs in this worker's group (>= 1)
--- ARGV[19]  "1": this worker is its shape's lookout (its last claim replied retry_ms > 0)
+-- ARGV[19]  "1": this worker is its shape's lookout (its last claim replied retry_ms > 0);
+--           "2": it is not in `idle` (one slot, and its last claim or a hand-over gave it a task)
 -- ARGV[20]  K: the worker's batch handlers (0..1000), then K pairs: handler name, how many
 --           more tasks its batch may take (0..1e4)
 -- ARGV[..]  pairs: loaded model name, its footprint (GB), negative while a running task
@@ -60,7 +61,6 @@
 --@include queue
 --@include corrupt
 --@include readable
---@include tenancy
 --@include quota
 --@include reserve
 --@include wake
@@ -102,7 +102,9 @@ for i = 21 + 2 * nb, #ARGV, 2 do
   held_names[#held_names + 1] = ARGV[i]
 end
 local claimable = free + evictable
-local tenancy = tenancy_on()  -- tenants registered: fair order and quotas (lib/tenancy.lua)
+local fair = redis.call('HMGET', K_FAIRNESS, '1', '2', '3', 'due_at', 'pickup_at', 'tenancy',
+  'reserved_until')  -- the fairness counters (fair[1..3]), then the gates (lib/gates.lua)
+local tenancy, pickup = fair[6] == '1', finite(fair[5])  -- tenancy: fair order, quotas
 local TTL = '604800000'  -- no result TTL here: a task failed as corrupt stays readable 7 days
 
 -- Room for a task of model m this worker holds (footprint fp GB): free VRAM plus the other idle
@@ -110,8 +112,8 @@ local TTL = '604800000'  -- no result TTL here: a task failed as corrupt stays r
 -- evictable counts m too while it is idle, not while a running task uses it.
 local function held_room(m, fp) return free + math.max(0, evictable - (in_use[m] and 0 or fp)) end
 
-promote_due(now, 20, TTL)
-local unread_until = reclaim_handed(now, 8, TTL)
+if (finite(fair[4]) or math.huge) <= now then promote_due(now, 20, TTL) end
+local unread_until = pickup and pickup <= now and reclaim_handed(now, 8, TTL, pickup)
 
 -- Workers woken for a skipped task: the better-placed one, or one a too-big task fits.
 local pass_to, unfit_need, unfit_p, unfit_gpus, retry = {}, nil, nil, nil, nil
@@ -290,15 +292,12 @@ local function find(p)
   return nil
 end
 
-local serves = {}
-for p = 0, 3 do serves[p] = string.find(levels, LEVEL_TEXT[p], 1, true) ~= nil end
-local fair = redis.call('HMGET', K_FAIRNESS, '1', '2', '3')
-local order = {}
+local order, serves = {}, {}
 for p = 1, 3 do if (finite(fair[p]) or 0) >= fair_every then order[#order + 1] = p end end
-for p = 0, 3 do order[#order + 1] = p end
+for p = 0, 3 do order[#order + 1], serves[p] = p, string.find(levels, LEVEL_TEXT[p], 1, true) ~= nil end
 
 local id, p, m, use, f, head
-local reserved, has_key = reserved_task(worker, now)
+local reserved, has_key = reserved_task(worker, now, finite(fair[7]) or 0)
 if reserved then
   local r = redis.call('HMGET', task_key(reserved), 'state', 'priority', 'model', 'vram_gb',
     'tenant', 'gpus')
@@ -357,6 +356,7 @@ if not id then
   -- a lane is listed where wake-ups look, so tasks it does not serve are not offered to it
   if levels ~= '0123' then redis.call('HSET', K_LANES, worker, levels) end
   -- a hand-over not yet picked up: look again at its deadline (taken back if unread)
+  if pickup and pickup > now then unread_until = reclaim_handed(now, 8, TTL, pickup) end
   if unread_until then retry = math.min(retry or math.huge, math.max(1, unread_until - now + 1)) end
   return {0, 'none', look_again(retry or 0)}
 end
@@ -384,8 +384,10 @@ count_dispatch(p, fair, fair_every, 1 + taken, has_work)
 if seen then
   refresh_head(p, m)
 elseif next_head then
-  if head[3] then
-    redis.call('ZADD', K_MODELS_WITH_WORK, work_score(p, head[4]), work_member(p, m))
+  if head[3] then  -- the index moves to the next one's score, unless it is the same (a burst's)
+    if head[4] ~= head[2] then
+      redis.call('ZADD', K_MODELS_WITH_WORK, work_score(p, head[4]), work_member(p, m))
+    end
   elseif #head < 2 * scan then
     redis.call('ZREM', K_MODELS_WITH_WORK, work_member(p, m))
   else
@@ -393,6 +395,6 @@ elseif next_head then
   end
 end
 if slots > 1 then redis.call('ZADD', K_IDLE, claimable - use, worker)
-else redis.call('ZREM', K_IDLE, worker) end
+elseif ARGV[19] ~= '2' then redis.call('ZREM', K_IDLE, worker) end
 if lookout then pass_lookout(worker, claimable, levels, gpus, now) end
 return reply

@@ -44,6 +44,7 @@
 --@include tenancy
 --@include quota
 --@include defer
+--@include gates
 
 local now = clock(ARGV[1])
 local check_fit = ARGV[2] == '1'
@@ -94,8 +95,7 @@ local function largest_with(gpus)  -- the largest class with at least gpus GPUs 
   return largest
 end
 
--- Terms of tenants (registered: theirs; else weight 1, no caps), read once per call in one
--- HMGET for the names not read yet.
+-- Terms of tenants (registered: theirs; else weight 1, no caps): one HMGET of those unread.
 local terms_of = {}
 local function read_terms(names)
   local ask = {}
@@ -349,7 +349,8 @@ for _, i in ipairs(ready) do
       warm)
     if not warm then note_cold_start(id, model, now) end
     if tenancy then count_tenant_sla(prio, tenant, decided) end
-    redis.call('ZADD', K_HANDED, pickup, id)
+    redis.call('ZADD', K_HANDED, ms(pickup), id)
+    gate_before('pickup_at', pickup)
     count_dispatch(tonumber(prio), redis.call('HMGET', K_FAIRNESS, '1', '2', '3'), hand.fair_every)
     redis.call('LPUSH', wake_key(w), cjson.encode({id = id, token = tostring(token),
       handler = ARGV[o + 2], payload = ARGV[o + 3], model = model, vram_gb = vram_s,
@@ -385,10 +386,10 @@ local bucket = arrivals_key(ms(math.floor(now / 60000)))
 for model, c in pairs(arrived) do
   if redis.call('HINCRBY', bucket, model, ms(c)) == c then redis.call('EXPIRE', bucket, '691200') end
 end
--- pool-wide wakes for the tasks no idle worker was picked for, and, while other workers
--- idle, one in case a picked worker died idle (its offer lapses after the defer bound)
-if targeted > 0 and idle_n == 0 then targeted = 0 end
-if unwoken + targeted > 0 then wake_pool(unwoken + targeted) end
+-- while other workers idle, pool-wide wakes for the tasks no idle worker was picked for, and
+-- one in case a picked worker died idle (its offer lapses after the defer bound); none while
+-- nobody idles: only idle workers wait on the lists, and a busy one claims when it is done
+if idle_n > 0 and unwoken + targeted > 0 then wake_pool(unwoken + targeted) end
 -- online or nearline work no idle worker can take: wake the reaper to plan a preemption now
 -- rather than at its next round (one token: it plans for every waiting task at once)
 if urgent then

@@ -17,6 +17,7 @@
 
 --@include args
 --@include finish
+--@include gates
 
 if #ARGV ~= 8 then return {1, 0, 'expected 8 arguments'} end
 local id, token, now, err = ARGV[1], ARGV[2], clock(ARGV[3]), ARGV[4]
@@ -34,7 +35,7 @@ if ARGV[5] == '1' and attempt and max_attempts and attempt < max_attempts then
   local wait = math.floor(math.min(base * 2 ^ math.max(0, attempt - 1), cap))
   redis.call('HSET', tk, 'state', 'delayed', 'error', err, 'worker', '', 'token', '',
     'ready_at', '')
-  redis.call('ZADD', K_DELAYED, now + wait, id)
+  add_delayed(now + wait, id)
   return {0, 'delayed', ms(wait)}
 end
 finish(id, 'failed', now, ttl, 'error', err)

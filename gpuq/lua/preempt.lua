@@ -43,6 +43,9 @@ end
 if v[4] and v[4] ~= '' then return {0, 'stale', 'victim was already asked to yield'} end
 if reserved_task(worker, now) then return {0, 'stale', 'worker is already reserved'} end
 redis.call('SET', reservation_key(worker), waiting .. ' ' .. ms(now + life))
+-- the claims' gate (lib/gates.lua) at or after every reservation's expiry
+local gate = finite(redis.call('HGET', K_FAIRNESS, 'reserved_until'))
+if not gate or now + life > gate then redis.call('HSET', K_FAIRNESS, 'reserved_until', ms(now + life)) end
 redis.call('HSET', task_key(waiting), 'reserved_for', worker)
 if grace == '' then
   redis.call('HINCRBY', K_STATS, 'preempt:reserved', 1)

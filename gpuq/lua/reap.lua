@@ -4,7 +4,8 @@
 -- its worker ends "failed" after max_attempts). Workers whose liveness expired are removed
 -- with their idle entry, model holdings, wake and control lists and reservation, and
 -- their running tasks requeued at once rather than at lease expiry. Queues a client of an
--- older release indexed per level (models:<p>) join the work index.
+-- older release indexed per level (models:<p>) join the work index. The claim's gates for
+-- due retries, hand-overs and tenancy are set from what they guard (lib/gates.lua).
 --
 -- KEYS[1]  pool key base
 -- ARGV[1]  now (ms; "0" = server clock)
@@ -19,6 +20,7 @@
 --@include push
 --@include queue
 --@include due
+--@include gates
 
 if #ARGV ~= 3 then return {1, 0, 'expected 3 arguments'} end
 local now, limit, ttl = clock(ARGV[1]), arg_num(2, 1, 1e6, true), ttl_arg(3)
@@ -75,4 +77,5 @@ if redis.call('EXISTS', unpack(old)) > 0 then
 end
 
 local promoted = promote_due(now, limit, ttl)
+gate_tenancy()  -- due_at and pickup_at were set above (lib/due.lua), from the sets themselves
 return {0, requeued, failed, #dead, promoted}

@@ -27,6 +27,7 @@
 --@include args
 --@include tenancy
 --@include wake
+--@include gates
 
 -- Charge (capped) or discharge (not) each running task of tenant t; set its use to the sum.
 local function recount(t, capped)
@@ -83,6 +84,7 @@ if op == 'require' then
   if #ARGV ~= 2 or (name ~= '1' and name ~= '0') then return {1, 0, 'require takes 1 or 0'} end
   local before = redis.call('HGET', K_TENANTS, REQUIRED) or ''
   if name == '1' then redis.call('HSET', K_TENANTS, REQUIRED, '1') else redis.call('HDEL', K_TENANTS, REQUIRED) end
+  gate_tenancy()
   return {0, before}
 end
 if bad_name(name) then
@@ -100,6 +102,7 @@ if op == 'set' then
   local value = table.concat({tostring(w), ARGV[4] == '-' and '-' or tostring(g),
     ARGV[5] == '-' and '-' or tostring(v)}, ' ')
   redis.call('HSET', K_TENANTS, name, value)
+  gate_tenancy()
   recount(name, limited(name))
   return {0, before or ''}
 end
@@ -107,6 +110,7 @@ if op == 'remove' then
   if #ARGV ~= 2 then return {1, 0, 'remove takes a name'} end
   if not before then return {4} end
   redis.call('HDEL', K_TENANTS, name)
+  gate_tenancy()
   if redis.call('EXISTS', K_TENANTS) == 0 then  -- tenancy ends: nobody is limited or counted
     for _, id in ipairs(redis.call('ZRANGE', K_RUNNING, 0, -1)) do
       redis.call('HDEL', task_key(id), 'charged')

@@ -12,7 +12,7 @@ import redis
 from gpuq import catalog, tenants, work_index
 from gpuq.clock import from_time_reply
 from gpuq.keys import Keys, live_reservation
-from gpuq.task import Priority
+from gpuq.task import TERMINAL_STATES, Priority, ended_count
 from gpuq.worker_record import WorkerFields, WorkerRecord
 
 HEADS = 20  # head tasks read per queue: the oldest wait, and handlers no live worker runs
@@ -121,7 +121,11 @@ def pool_view(client: redis.Redis, keys: Keys, top: int | None = None) -> PoolVi
     return PoolView(
         pool=keys.pool, queues=queues, workers=views, running=int(running), delayed=int(delayed),
         unschedulable=int(unschedulable), unschedulable_ids=[str(i) for i in unschedulable_ids],
-        largest_gpu_gb=largest, stats={k: int(v) for k, v in stats.items()},
+        largest_gpu_gb=largest,
+        # each end is counted per priority; a state's total, once there is one, is their sum (it
+        # replaces a total a release before that kept)
+        stats={k: int(v) for k, v in stats.items()} | {s.value: n for s in TERMINAL_STATES
+                                                       if (n := ended_count(stats, s.value))},
         models=[asdict(e) for e in catalog.read(client, keys)], reservations=reservations,
         **_running_tasks(client, keys, [w for w in views if w.alive], now * 1000),
         scale={k: _parse_signal(v) for k, v in sorted(scale.items())},

@@ -96,12 +96,13 @@ class Worker:
             for call, reply in zip(pending, self.scripts.pipelined(pending)):
                 self.executor.settle(call, reply)
 
-    def claim(self, pending: list[Call[Any]] | None = None,
-              lookout: bool = False) -> tuple[Claimed, Added | None] | float:
+    def claim(self, pending: list[Call[Any]] | None = None, lookout: bool = False,
+              unlisted: bool = False) -> tuple[Claimed, Added | None] | float:
         """Send the previous task's (or batch's) acks or fails and claim the next task (with
         the tasks taken beside a batch handler's), in one round trip. Claims hold the cache
         lock so the VRAM reported is what is free. With nothing to claim, returns when to
-        look again (0: when woken). lookout: the runner's last claim replied a retry."""
+        look again (0: when woken). lookout: the runner's last claim replied a retry;
+        unlisted: this one-slot worker is not in `idle` (ClaimRequest)."""
         pending = pending or []
         with self.cache.lock:
             slots = self.config.concurrency - self.running.slots_used()
@@ -110,7 +111,7 @@ class Worker:
                 return 0.0
             req = ClaimRequest(self.id, self.cache.free_gb(), self.cache.evictable_gb(), slots,
                                self.cache.loaded(), self.levels, self.gpu.count, self.cache.in_use(),
-                               self.batches, lookout)
+                               self.batches, lookout, unlisted)
             call = self.calls.claim(req)
             *done, reply = self.scripts.pipelined([*pending, call])
             for sent, answer in zip(pending, done):
@@ -191,6 +192,9 @@ class Worker:
         from_idle = False  # the task just run was claimed right after such a wait
         online = False  # the task (or batch) just run was P0/P1
         lookout = False  # the last claim said when to look again: this runner is a lookout
+        # a one-slot worker given a task (by its claim or a hand-over) is not in `idle`: only
+        # its own claim that finds nothing lists it, so the next claim need not unlist it
+        unlisted, one_slot = False, self.config.concurrency == 1
         outage, backoff = self.outage, Backoff()
         while not self.stopping.is_set():
             started = time.monotonic()
@@ -203,9 +207,11 @@ class Worker:
                     # (a batch handler's: 30 tasks' starts, about 0.6 ms of server time)
                     self.settle(pending)
                     pending = []
-                claimed = self.claim(pending, lookout)
+                unlisted, was = False, unlisted  # unknown if the claim fails
+                claimed = self.claim(pending, lookout, was)
                 pending = []
                 lookout = not isinstance(claimed, tuple) and claimed > 0
+                unlisted = one_slot and isinstance(claimed, tuple)
                 outage.up(started)
                 backoff.reset()
                 if isinstance(claimed, tuple):
@@ -220,7 +226,7 @@ class Worker:
                 if handed is True:  # woken as its shape's lookout
                     lookout = True
                 elif isinstance(handed, tuple):
-                    from_idle, waited = True, False
+                    from_idle, waited, unlisted = True, False, one_slot
                     online = handed[0].get("priority") in ("0", "1")
                     pending = batch.execute(self.executor, handed, self.stopping, handed=True)
             except redis.RedisError as exc:  # down or restarting: said once, retried with backoff

@@ -8,7 +8,17 @@ import json
 from typing import Any
 
 import pytest
-from helpers import T0, claim, claim_batch, claim_reply, enqueue, pool_keys, raw_enqueue_call, register_worker
+from helpers import (
+    T0,
+    claim,
+    claim_batch,
+    claim_reply,
+    enqueue,
+    pool_keys,
+    raw_enqueue_call,
+    register_worker,
+    reserve,
+)
 
 from gpuq import Queue
 from gpuq.errors import InvalidTask, Unschedulable
@@ -70,7 +80,7 @@ def test_a_reservation_for_a_larger_task_than_the_group_is_not_taken(queue: Queu
     """The planner never makes one; a hand-made one goes and the worker claims as usual."""
     tid = enqueue(queue, T0, model="llama-70b", vram_gb=140, gpus=4, priority="P0")
     other = enqueue(queue, T0, model="m", vram_gb=20)
-    queue.redis.set(queue.keys.reservation("pair"), f"{tid} {T0 + 60_000}")
+    reserve(queue, "pair", tid, T0 + 60_000)
     assert claim(queue, "pair", 150, now_ms=T0 + 1, gpus=2)["id"] == other
     assert queue.record(tid).state is State.QUEUED
     assert not queue.redis.exists(queue.keys.reservation("pair"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from helpers import T0, claim, claim_reply, enqueue
 
 from gpuq import Queue
+from gpuq.claims import ClaimRequest
 
 SHAPE = "70 0123 1"  # claimable GB, levels, GPUs
 
@@ -85,3 +86,20 @@ def test_a_lookout_that_retires_passes_the_duty(queue: Queue) -> None:
     assert queue.scripts.run(queue.calls.retire("c1", now_ms=T0 + 20))[0]
     assert queue.redis.lrange(queue.keys.wake("c2"), 0, -1) == ["look"]
     assert queue.redis.hget(queue.keys.lookouts, SHAPE) == f"{T0 + 20} c2"
+
+
+def test_an_unlisted_worker_is_not_taken_out_of_idle_again(queue: Queue) -> None:
+    """ARGV 19 = "2": a one-slot worker whose last claim gave it a task says it is not in
+    `idle`, and its claim writes nothing there; with "0" the claim takes it out."""
+    q = queue
+    first, second = enqueue(q, T0, model="A"), enqueue(q, T0, model="A")
+
+    def take(unlisted: bool) -> str:
+        req = ClaimRequest("w1", 40.0, 0.0, 1, unlisted=unlisted)
+        got = q.scripts.run(q.calls.claim(req, now_ms=T0 + 1)).task
+        assert got is not None
+        return got["id"]
+
+    q.redis.zadd(q.keys.idle, {"w1": 40})  # as if listed: the flag is what the claim goes by
+    assert take(True) == first and q.redis.zscore(q.keys.idle, "w1") == 40
+    assert take(False) == second and q.redis.zscore(q.keys.idle, "w1") is None

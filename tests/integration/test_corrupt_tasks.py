@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import T0, claim, claim_reply, enqueue, reap
+from helpers import T0, claim, claim_reply, enqueue, reap, reserve
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from test_fuzz_scripts import Bench, as_bytes, open_bench, valid_calls
@@ -27,7 +27,7 @@ from gpuq import Queue
 from gpuq.embedded import EmbeddedServer
 from gpuq.keys import Keys
 from gpuq.scripts import SCRIPT_NAMES, Claim
-from gpuq.task import State
+from gpuq.task import State, ended_count
 
 BAD = "corrupt task: field {} is missing or malformed"
 
@@ -79,7 +79,7 @@ def test_claim_fails_a_corrupt_task_and_claims_the_next(real_queue: Queue, field
     assert got is not None and got["id"] == "good"
     assert_failed(real_queue, "bad", field)
     stats = real_queue.redis.hgetall(real_queue.keys.stats)
-    assert int(stats["failed"]) == 1
+    assert ended_count(stats, "failed") == 1
 
 
 def test_a_deleted_attempt_reads_as_none_yet(real_queue: Queue) -> None:
@@ -118,7 +118,7 @@ def test_a_queue_of_corrupt_tasks_is_cleared_over_claims(real_queue: Queue) -> N
 
 def test_a_reserved_corrupt_task_is_failed_and_the_worker_claims_on(real_queue: Queue) -> None:
     queued_pair(real_queue)
-    real_queue.redis.set(real_queue.keys.reservation("w1"), f"bad {T0 + 60_000}")
+    reserve(real_queue, "w1", "bad", T0 + 60_000)
     corrupt(real_queue, "bad", "handler", None)
     got = claim(real_queue, "w1", 40, now_ms=T0 + 10_000)
     assert got is not None and got["id"] == "good"

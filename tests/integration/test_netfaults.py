@@ -30,6 +30,7 @@ from procs import FAST_ENV, Procs, wait_for
 
 from gpuq import Config, Queue, State
 from gpuq.embedded import EmbeddedServer
+from gpuq.task import ended_count
 
 pytestmark = pytest.mark.slow
 
@@ -131,7 +132,7 @@ def test_partition_past_the_lease_requeues_and_the_stale_worker_stops(
     assert final.token == second.token
     assert final.result["worker"] == "w2" and final.result["attempt"] == 2
     assert final.result == done.result and final.finished_at == done.finished_at
-    assert procs.redis.hget(queue.keys.stats, "succeeded") == "1"
+    assert ended_count(procs.redis.hgetall(queue.keys.stats), "succeeded") == 1
     print(f"partition {partition_s:.1f} s (lease {LEASE_S:g} s); running on w2 {moved_s:.1f} s after "
           f"the cut; w1's result discarded {learned_s:.1f} s after the restore; "
           f"w1's handler stopped after {ends['w1']['ran_s']:.1f} s of 60")
@@ -177,7 +178,7 @@ def test_slow_lossy_link_tasks_complete_each_run_once(
     assert all(r.attempt == 1 and r.worker == "wd" and r.result["worker"] == "wd" for r in records)
     starts = Counter(e["task"] for e in runs(log) if e["event"] == "start")
     assert starts == Counter(ids)  # each task's handler ran once: no lease lapsed
-    assert procs.redis.hget(queue.keys.stats, "succeeded") == str(n)
+    assert ended_count(procs.redis.hgetall(queue.keys.stats), "succeeded") == n
     assert "reaper.recovered" not in reaper.log()  # nothing to requeue, no worker taken for dead
     # No ack refused, no Redis error, nothing but this: a beat lists the tasks running when it
     # starts, and one whose ack overtakes it on the link (another connection) is reported lost

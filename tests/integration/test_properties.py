@@ -301,6 +301,7 @@ class Sim:
         pipe.zrange(k.models_with_work, 0, -1, withscores=True)
         for name in names:
             pipe.smembers(k.worker_tasks(name))
+        pipe.hgetall(k.fairness)
         out = pipe.execute()
         hashes = dict(zip(ids, out[:len(ids)]))
         rest = out[len(ids):]
@@ -310,6 +311,10 @@ class Sim:
                   if work_index.split(e)[0] == p} for p in range(4)]
         owned = dict(zip(names, rest[3 + len(cells):]))
         ledgers = {w.name: w for w in self.workers}
+        # a claim skips the delayed set until its gate's time: the gate never passes a retry
+        # (lib/gates.lua), or the retry would wait past its due time
+        if delayed:
+            assert float(out[-1]["due_at"]) <= min(delayed.values())
 
         for p in range(4):  # the index of models with work scores each queue's head
             heads = {m: work_index.score(p, min(queues[(p, m)].values())) for m in FOOTPRINT

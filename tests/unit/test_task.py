@@ -16,6 +16,7 @@ from gpuq.task import (
     TaskRecord,
     TaskSpec,
     build_specs,
+    ended_count,
     new_task_id,
     parse_payload_text,
 )
@@ -220,3 +221,11 @@ def test_ids_of_a_forked_child_differ_from_its_parents() -> None:
     parent = [new_task_id() for _ in range(3)]
     assert [c[12:18] for c in child] == [p[12:18] for p in parent]  # same counts
     assert not {c[18:] for c in child} & {p[18:] for p in parent}
+
+
+def test_a_states_ended_count_sums_its_counts_per_priority_and_unleveled() -> None:
+    stats = {"succeeded:P0": "2", "succeeded:P3": "5", "succeeded:unleveled": "1",
+             "succeeded": "99",  # a total kept by an older release: not counted again
+             "failed:P1": "4"}
+    assert ended_count(stats, "succeeded") == 8
+    assert ended_count(stats, "failed") == 4 and ended_count(stats, "expired") == 0

@@ -4,6 +4,7 @@
 -- schedule's run here as due now, then queues it.
 
 --@include args
+--@include gates
 
 -- Store held task id (its hash `fields` as enqueue writes a queued one, its deferral d):
 -- delayed, in the delayed set at its due time, its score due + SLA (or its deadline,
@@ -24,7 +25,7 @@ local function hold(id, fields, d, now, sla_ms, deadline_ms, est, tenancy)
     if deadline then score = math.min(score, deadline - math.floor(est * 1000)) end
     redis.call('HSET', tk, 'state', 'delayed', 'score', ms(score), 'due_at', ms(d.due))
     if tenancy then redis.call('HSET', tk, 'order', ms(d.due)) end
-    redis.call('ZADD', K_DELAYED, d.due, id)
+    add_delayed(d.due, id)
     return
   end
   redis.call('HSET', tk, 'state', 'waiting', 'parents', table.concat(d.parents, ','),

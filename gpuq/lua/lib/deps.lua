@@ -3,6 +3,7 @@
 --@include args
 --@include tenancy
 --@include wake
+--@include gates
 
 -- Task id, a parent (its `children` field is "1"), ended in `state` at now; its children
 -- set stays readable for ttl ms (`gpuq task` lists it). A child still waiting counts the
@@ -29,7 +30,7 @@ local function settle_children(id, state, now, ttl)
         if fair == nil then fair = tenancy_on() end
         if fair then redis.call('HSET', tk, 'order', ms(now)) end
         redis.call('ZREM', K_WAITING, c)
-        redis.call('ZADD', K_DELAYED, now, c)
+        add_delayed(now, c)
         released = released + 1
       end
     elseif f[1] == 'waiting' then

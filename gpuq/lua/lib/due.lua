@@ -2,6 +2,7 @@
 
 --@include args
 --@include push
+--@include gates
 
 -- The wake list entry of task id handed over to worker w, while the worker has not popped it.
 local function unread_handover(w, id)
@@ -20,8 +21,9 @@ end
 -- script that ends a task looks at the set: the next claim or reaper round tidies it); one
 -- still unread at its deadline (its worker died idle, or stalls) is taken off the wake list,
 -- so it cannot run there, and requeued with its attempt given back. Returns the earliest
--- deadline of those still unread in time (nil if none).
-local function reclaim_handed(now, limit, ttl)
+-- deadline of those still unread in time (nil if none). The gate moves to what is left
+-- (gate: its value as the caller read it, if it did).
+local function reclaim_handed(now, limit, ttl, gate)
   local pending
   local entries = redis.call('ZRANGE', K_HANDED, '0', ms(limit - 1), 'WITHSCORES')
   for i = 1, #entries, 2 do
@@ -38,11 +40,14 @@ local function reclaim_handed(now, limit, ttl)
       end
     end
   end
+  if #entries == 2 * limit then gate_head('pickup_at', K_HANDED)  -- more may be listed
+  elseif pending and pending ~= gate then redis.call('HSET', K_FAIRNESS, 'pickup_at', ms(pending))
+  elseif not pending then redis.call('HDEL', K_FAIRNESS, 'pickup_at') end
   return pending
 end
 
 -- Move retries whose backoff has passed back into their queues (bounded per call; ttl: how
--- long one failed for a corrupt hash stays readable).
+-- long one failed for a corrupt hash stays readable); the gate moves to what is left.
 local function promote_due(now, limit, ttl)
   local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', ms(now), 'LIMIT', '0', ms(limit))
   for _, id in ipairs(due) do
@@ -52,5 +57,6 @@ local function promote_due(now, limit, ttl)
       push(id, now, ttl)
     end
   end
+  gate_head('due_at', K_DELAYED)
   return #due
 end

@@ -14,7 +14,8 @@ local function release(id, worker, charged)
 end
 
 -- End a task: terminal state, wake its waiters, keep it readable for ttl ms; counted per
--- state and per state and priority ("<state>:P<n>"; p read from the task unless given).
+-- state and priority ("<state>:P<n>"; p read from the task unless given; "<state>:unleveled"
+-- for a corrupt hash without one): one count a task, totals are their sum (gpuq/task.py).
 -- Its done list is pushed only when a waiter registered (field `waited`, wait.lua): a task
 -- nobody waits on leaves no done key.
 -- A task marked `streamed` (it emitted a chunk, or a reader follows it: emit.lua,
@@ -28,9 +29,8 @@ local function finish(id, state, now, ttl, field, value, p, streamed, kids, wait
   local tk = task_key(id)
   redis.call('HSET', tk, 'state', state, 'finished_at', ms(now), field, value)
   p = level(p or redis.call('HGET', tk, 'priority'))  -- none in a corrupt hash
-  if p then count_stat(state .. ':P' .. p) end
+  count_stat(state .. (p and ':P' .. p or ':unleveled'))
   redis.call('PEXPIRE', tk, ttl)
-  count_stat(state)
   local report = false
   if state ~= 'succeeded' or streamed == nil then
     local g = redis.call('HMGET', tk, 'report_end', 'streamed', 'children', 'waited')

@@ -5,7 +5,10 @@
 -- The task worker w is reserved for ("<task> <expires ms>" in reserve:<w>), if the
 -- reservation has not expired by now. The expiry is in the value, not the key's TTL, so a
 -- replay on a virtual clock sees it end at the same virtual time however fast it runs.
-local function reserved_task(w, now)
+-- Also whether the key was read and found. gate: the claims' gate (lib/gates.lua), if read:
+-- at or before now, every reservation has expired and the key is not read.
+local function reserved_task(w, now, gate)
+  if gate and gate <= now then return nil, false end
   local v = redis.call('GET', reservation_key(w))
   if not v then return nil, false end
   local id, at = string.match(v, '^(%S+) (%d+)$')

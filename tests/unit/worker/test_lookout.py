@@ -1,12 +1,15 @@
-"""A runner's duty as its shape's lookout (lib/lookout.lua): what it tells its claims, on fakeredis."""
+"""What a runner tells its claims, on fakeredis: its duty as its shape's lookout (lib/lookout.lua), and
+whether it is in `idle`."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import fakeredis
+import pytest
 
 from gpuq import Config
+from gpuq.worker import loop
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.loop import Worker
 from workers.sim import app
@@ -32,7 +35,7 @@ def test_a_runner_claims_as_the_lookout_after_a_retry_or_a_look_token() -> None:
     wakes: list[Any] = [None, True, None]  # timed out; a "look" token; a plain wake-up
     sent: list[bool] = []
 
-    def claim(pending: object = None, lookout: bool = False) -> float:
+    def claim(pending: object = None, lookout: bool = False, unlisted: bool = False) -> float:
         sent.append(lookout)
         if len(sent) == len(replies):
             w.stopping.set()
@@ -44,3 +47,28 @@ def test_a_runner_claims_as_the_lookout_after_a_retry_or_a_look_token() -> None:
     # after the retry: the lookout; after a claim with nothing to look for: not, until the
     # "look" token; then not again
     assert sent == [False, True, True, False]
+
+
+def test_a_one_slot_runner_given_a_task_tells_its_next_claim_it_is_not_idle(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only its own claim that finds nothing puts a one-slot worker in `idle`; a claim or a
+    hand-over that gives it a task leaves it out, so the claim after need not take it out."""
+    w = worker()
+    task = (({"id": "t", "priority": "2"}, None, None), None)
+    replies: list[Any] = [task, task, 0.0, 0.0, 0.0]
+    wakes: list[Any] = [None, (({"id": "h", "priority": "2"}), None, None)]
+    sent: list[bool] = []
+
+    def claim(pending: object = None, lookout: bool = False, unlisted: bool = False) -> Any:
+        sent.append(unlisted)
+        if len(sent) == len(replies):
+            w.stopping.set()
+        return replies[len(sent) - 1]
+
+    monkeypatch.setattr(loop.batch, "execute", lambda *args, **kw: [])
+    w.claim = claim  # type: ignore[assignment,method-assign]
+    w.wait_for_work = lambda retry_s: wakes.pop(0)  # type: ignore[method-assign]
+    w.runner()
+    # unknown at first; after each task taken: unlisted; after nothing: listed; after a
+    # hand-over (which took it out of `idle`): unlisted
+    assert sent == [False, True, True, False, True]
