@@ -102,6 +102,16 @@ def test_a_heartbeat_for_a_hand_over_leaves_handed(queue: Queue) -> None:
     assert queue.redis.zscore(queue.keys.running, tid) == T0 + 20 + LEASE_MS
 
 
+def test_enqueue_pushes_pool_wakes_only_while_a_worker_idles(queue: Queue) -> None:
+    """Only idle workers block on the wake lists; a busy one claims again when it is done,
+    so a token pushed while nobody idles would only wake a worker later, for nothing."""
+    enqueue(queue, T0, model="m", vram_gb=30)  # no worker at all
+    assert queue.redis.llen(queue.keys.pool_wake) == 0
+    register(queue, "w1")  # idles with 19 GB: a 30 GB task is for nobody here
+    enqueue(queue, T0 + 1, model="m", vram_gb=30)
+    assert queue.redis.llen(queue.keys.pool_wake) == 1
+
+
 def test_a_pickup_not_confirmed_in_time_goes_to_the_next_claim(queue: Queue) -> None:
     """The worker it was handed to died idle: another idle worker, woken by the pool-wide
     token, is told to look again at the pickup deadline, then takes the task."""
