@@ -110,8 +110,7 @@ if op == 'remove' then
   if #ARGV ~= 2 then return {1, 0, 'remove takes a name'} end
   if not before then return {4} end
   redis.call('HDEL', K_TENANTS, name)
-  gate_tenancy()
-  if redis.call('EXISTS', K_TENANTS) == 0 then  -- tenancy ends: nobody is limited or counted
+  if not gate_tenancy() then  -- tenancy ends: nobody is limited or counted
     for _, id in ipairs(redis.call('ZRANGE', K_RUNNING, 0, -1)) do
       redis.call('HDEL', task_key(id), 'charged')
     end

@@ -34,8 +34,10 @@ local function gate_head(name, key)
   else redis.call('HDEL', K_FAIRNESS, name) end
 end
 
--- Set the tenancy gate from whether the `tenants` hash exists.
+-- Set the tenancy gate from whether the `tenants` hash exists; returns whether it does.
 local function gate_tenancy()
-  if redis.call('EXISTS', K_TENANTS) == 1 then redis.call('HSET', K_FAIRNESS, 'tenancy', '1')
+  local on = redis.call('EXISTS', K_TENANTS) == 1
+  if on then redis.call('HSET', K_FAIRNESS, 'tenancy', '1')
   else redis.call('HDEL', K_FAIRNESS, 'tenancy') end
+  return on
 end

@@ -29,14 +29,13 @@ def test_a_look_token_wakes_the_worker_as_its_shapes_lookout() -> None:
     assert w.wait_for_work(0.0) is None
 
 
-def test_a_runner_claims_as_the_lookout_after_a_retry_or_a_look_token() -> None:
-    w = worker()
-    replies: list[float] = [1.5, 0.0, 0.0, 0.0]  # a retry, then nothing to look again for
-    wakes: list[Any] = [None, True, None]  # timed out; a "look" token; a plain wake-up
-    sent: list[bool] = []
+def run(w: Worker, replies: list[Any], wakes: list[Any]) -> list[tuple[bool, bool]]:
+    """Run ``w``'s runner on scripted claim replies and wake-ups; what each claim was told:
+    (lookout, unlisted)."""
+    sent: list[tuple[bool, bool]] = []
 
-    def claim(pending: object = None, lookout: bool = False, unlisted: bool = False) -> float:
-        sent.append(lookout)
+    def claim(pending: object = None, lookout: bool = False, unlisted: bool = False) -> Any:
+        sent.append((lookout, unlisted))
         if len(sent) == len(replies):
             w.stopping.set()
         return replies[len(sent) - 1]
@@ -44,31 +43,24 @@ def test_a_runner_claims_as_the_lookout_after_a_retry_or_a_look_token() -> None:
     w.claim = claim  # type: ignore[assignment,method-assign]
     w.wait_for_work = lambda retry_s: wakes.pop(0)  # type: ignore[method-assign]
     w.runner()
+    return sent
+
+
+def test_a_runner_claims_as_the_lookout_after_a_retry_or_a_look_token() -> None:
+    # a retry, then nothing to look again for; timed out, a "look" token, a plain wake-up
+    sent = run(worker(), [1.5, 0.0, 0.0, 0.0], [None, True, None])
     # after the retry: the lookout; after a claim with nothing to look for: not, until the
     # "look" token; then not again
-    assert sent == [False, True, True, False]
+    assert [lookout for lookout, _ in sent] == [False, True, True, False]
 
 
 def test_a_one_slot_runner_given_a_task_tells_its_next_claim_it_is_not_idle(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Only its own claim that finds nothing puts a one-slot worker in `idle`; a claim or a
     hand-over that gives it a task leaves it out, so the claim after need not take it out."""
-    w = worker()
     task = (({"id": "t", "priority": "2"}, None, None), None)
-    replies: list[Any] = [task, task, 0.0, 0.0, 0.0]
-    wakes: list[Any] = [None, (({"id": "h", "priority": "2"}), None, None)]
-    sent: list[bool] = []
-
-    def claim(pending: object = None, lookout: bool = False, unlisted: bool = False) -> Any:
-        sent.append(unlisted)
-        if len(sent) == len(replies):
-            w.stopping.set()
-        return replies[len(sent) - 1]
-
     monkeypatch.setattr(loop.batch, "execute", lambda *args, **kw: [])
-    w.claim = claim  # type: ignore[assignment,method-assign]
-    w.wait_for_work = lambda retry_s: wakes.pop(0)  # type: ignore[method-assign]
-    w.runner()
+    sent = run(worker(), [task, task, 0.0, 0.0, 0.0], [None, (({"id": "h", "priority": "2"}), None, None)])
     # unknown at first; after each task taken: unlisted; after nothing: listed; after a
     # hand-over (which took it out of `idle`): unlisted
-    assert sent == [False, True, True, False, True]
+    assert [unlisted for _, unlisted in sent] == [False, True, True, False, True]
