@@ -63,15 +63,12 @@ local function bad_chars(s)
   return string.find(s, '%s') or string.find(s, '{', 1, true) or string.find(s, '}', 1, true)
     or string.find(s, ',', 1, true)
 end
-local function bad_name(s)
-  return s == '' or #s > 200 or bad_chars(s) ~= nil
-end
+local function bad_name(s) return s == '' or #s > 200 or bad_chars(s) ~= nil end
 
 -- An idle worker's hand-over settings (defer bound, fair_every, lease ms) if it takes hand-overs
 -- (one slot); nil for a worker with more slots (woken instead) or a burst worker.
 local function handover(w)
-  local h = redis.call('HMGET', worker_key(w), 'concurrency', 'handover_defer_ms', 'fair_every',
-    'lease_ms')
+  local h = redis.call('HMGET', worker_key(w), 'concurrency', 'handover_defer_ms', 'fair_every', 'lease_ms')
   local defer, fair_every, lease = finite(h[2]), finite(h[3]), finite(h[4])
   if h[1] ~= '1' or not (defer and fair_every and lease) then return nil end
   return {defer = defer, fair_every = fair_every, lease = lease}
@@ -150,9 +147,7 @@ local function fair_order(p, t, score, sla_ms, est_s, vram)
   if s.lag[p] == nil then s.lag[p] = finite(redis.call('HGET', K_TENANT_CLOCK, p)) or 0 end
   local order = score - sla_ms - s.lag[p]
   if backlog > 0 then
-    if s.finish[field] == nil then
-      s.finish[field] = finite(redis.call('HGET', K_TENANT_CLOCK, field)) or 0
-    end
+    s.finish[field] = s.finish[field] or finite(redis.call('HGET', K_TENANT_CLOCK, field)) or 0
     order = math.max(order, s.finish[field])
   end
   local terms = terms_of[t]
@@ -213,7 +208,12 @@ end
 
 -- Tenants (lib/tenancy.lua): while any is registered, a task's score is its tenant's fair order, a
 -- limited tenant's task is not handed over (claims keep quotas), unregistered ones may be refused.
-local tenancy = tenancy_on()
+-- One EXISTS counts three keys a busy pool's enqueue usually finds absent: the tenants hash,
+-- the first task's hash (its id taken) and the idle set; only a count > 0 asks each alone
+local present = redis.call('EXISTS', K_TENANTS, task_key(ARGV[7]), K_IDLE)
+local idle_n = present > 0 and redis.call('ZCARD', K_IDLE) or 0  -- only the wakes below change it
+local tenancy = present > math.min(idle_n, 1) and tenancy_on()
+local first_taken = present > math.min(idle_n, 1) + (tenancy and 1 or 0)
 local required = tenancy and redis.call('HGET', K_TENANTS, REQUIRED) == '1'
 local known_tenant = {}
 
@@ -277,7 +277,8 @@ for i = 1, n do
   end
   if #payload > 1048576 then return {1, i, 'payload is larger than 1048576 bytes'} end
   if not is_json(payload) then return {1, i, 'payload is not valid JSON'} end
-  if seen[id] or redis.call('EXISTS', task_key(id)) == 1 then return {2, i, id} end
+  local taken = i > 1 and redis.call('EXISTS', task_key(id)) == 1 or i == 1 and first_taken
+  if seen[id] or taken then return {2, i, id} end
   seen[id] = true
   if check_fit then
     local largest = largest_with(gpus)
@@ -300,7 +301,6 @@ end
 local function add(h, field, value) local n = #h; h[n + 1] = field; h[n + 2] = value; return h end
 local unwoken, targeted, heads, urgent, arrived = 0, 0, {}, false, {}
 local now_ms = ms(now)
-local idle_n = redis.call('ZCARD', K_IDLE)  -- read once: only the wakes below change it
 for _, i in ipairs(ready) do
   local o = 6 + (i - 1) * G
   local id, model, prio, deadline = ARGV[o + 1], ARGV[o + 4], ARGV[o + 6], ARGV[o + 8]
@@ -370,8 +370,7 @@ for _, h in pairs(heads) do index_head(h[1], h[2], ms(h[3])) end
 for i = 1, n do  -- held tasks (lib/defer.lua), in call order
   local o = 6 + (i - 1) * G
   if held[i] then
-    local id = ARGV[o + 1]
-    hold(id, {'id', id, 'handler', ARGV[o + 2], 'payload', ARGV[o + 3], 'model', ARGV[o + 4],
+    hold(ARGV[o + 1], {'id', ARGV[o + 1], 'handler', ARGV[o + 2], 'payload', ARGV[o + 3], 'model', ARGV[o + 4],
       'vram_gb', tostring(vrams[i]), 'priority', ARGV[o + 6], 'est_s', tostring(ests[i]),
       'preemptible', ARGV[o + 9], 'tenant', ARGV[o + 10], 'max_attempts', ms(tries[i]),
       'enqueued_at', ms(now), 'queued_at', ms(now), 'report_end', ARGV[o + 12],

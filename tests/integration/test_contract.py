@@ -37,6 +37,7 @@ from gpuq.errors import DuplicateTask, InvalidTask, UnregisteredHandler, Unsched
 from gpuq.reaper.preempt import Preemptor, may_be_asked
 from gpuq.scripts import Call, Claim, ClaimRequest
 from gpuq.task import Priority, State
+from gpuq.tenants import Tenant, set_tenant
 from gpuq.wire import kept_connection
 from gpuq.work_index import member
 
@@ -562,6 +563,38 @@ def test_duplicate_task_id_is_rejected_and_nothing_overwritten(queue: Queue) -> 
     r = queue.record("job-1")
     assert (r.handler, r.payload, r.model, r.priority) == ("first", {"v": 1}, "A", Priority.P2)
     assert queue.redis.zcard(queue.keys.queue(0, "B")) == 0
+
+
+@pytest.mark.parametrize("tenants", [False, True])
+@pytest.mark.parametrize("idle", [False, True])
+@pytest.mark.parametrize("taken", [None, 0, 1])  # None: new ids; else where the taken one is
+def test_enqueue_tells_tenants_a_taken_id_and_an_idle_worker_apart(
+        queue: Queue, tenants: bool, idle: bool, taken: int | None) -> None:
+    """Enqueue counts the tenants hash, the first task's hash and the idle set in one EXISTS:
+    whatever mix of them is there, each is told apart."""
+    if tenants:
+        set_tenant(queue, Tenant("a"))
+    enqueue(queue, T0, task_id="old", model="x", vram_gb=100)  # fits no worker here
+    if idle:
+        assert claim(queue, "w1", 80, now_ms=T0) is None
+    ids = ["new1", "new2"]
+    if taken is not None:
+        ids[taken] = "old"
+    specs = [spec(task_id=t, model="m", tenant="a", priority="P1") for t in ids]
+    if taken is not None:
+        before = queue.redis.hgetall(queue.keys.task("old"))
+        with pytest.raises(DuplicateTask) as err:
+            queue.scripts.run(queue.calls.enqueue(specs, now_ms=T0 + 1))
+        assert err.value.task_id == "old"
+        assert queue.redis.hgetall(queue.keys.task("old")) == before
+        assert not queue.redis.exists(queue.keys.task("new1"), queue.keys.task("new2"))
+        return
+    queue.scripts.run(queue.calls.enqueue(specs[:1], now_ms=T0 + 1))
+    fields = queue.redis.hgetall(queue.keys.task("new1"))
+    assert ("fair" in fields) == tenants  # queued in its tenant's fair order
+    assert fields.get("offered") == ("w1" if idle else None)  # offered to the idle worker
+    queue.scripts.run(queue.calls.enqueue(specs[1:], now_ms=T0 + 1))
+    assert queue.redis.hget(queue.keys.task("new2"), "state") == "queued"
 
 
 def test_check_fit_without_any_registered_class_is_unschedulable(queue: Queue) -> None:
