@@ -63,8 +63,9 @@ ROLES: dict[str, Role] = {
     "reaper": Role(
         "recover, expire, preempt, publish scale signals, fire periodic tasks (one active per pool)",
         ("lead", "reap", "expire", "preempt", "requeue", "fire"),
-        # planning reads, scale signals (MULTI/EXEC), the urgent list, settings, warm hints
-        (*OBSERVER_READS, "mget", "multi", "exec", "blpop", "del", "hset", "hincrby", "lpush")),
+        # planning reads (the catalog a page a round: SSCAN), scale signals (MULTI/EXEC), the
+        # urgent list, settings, warm hints
+        (*OBSERVER_READS, "mget", "sscan", "multi", "exec", "blpop", "del", "hset", "hincrby", "lpush")),
     "operator": Role("register tenants and set the pool's tenant policy (gpuq tenant); add and "
                      "remove periodic tasks (gpuq schedule)", ("tenant",),
                      (*OBSERVER_READS, "hsetnx", "hdel", "multi", "exec")),

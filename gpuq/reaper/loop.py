@@ -110,9 +110,10 @@ class Reaper:
         """Expire queued tasks whose deadline passed or can no longer be met: bounded calls
         of 100, paging past the tasks each call keeps. now_ms and horizon_ms: the simulator's
         virtual clock and its longest load so far (by default the server's clock and the
-        catalog's longest mean load; entries: the catalog, if the round read it already)."""
+        catalog's longest mean load; entries: the catalog, if the round read it already, else
+        a page of it, catalog.CatalogPages)."""
         if horizon_ms is None:
-            entries = catalog.read(self.redis, self.keys) if entries is None else entries
+            entries = self.scaler.catalog.read(self.redis, self.keys) if entries is None else entries
             longest = max((m.mean_load_s for m in entries), default=0.0)
             horizon_ms = min(MAX_LOAD_HORIZON_MS, int(longest * 1000))
         total = offset = 0
@@ -133,8 +134,8 @@ class Reaper:
         self.redis.hset(self.keys.settings, "min_workers", self.config.min_workers)
         out.recovered = self._step("recover", self.reap_once, out.recovered)
         out.scheduled = self._step("schedules", self.fire_schedules, 0)
-        # the catalog (a hash a model) is read once for the two steps that read it
-        entries = self._step("catalog", lambda: catalog.read(self.redis, self.keys), None)
+        # the catalog (a hash a model; a page of them a round) is read once for the two steps
+        entries = self._step("catalog", lambda: self.scaler.catalog.read(self.redis, self.keys), None)
         out.expired = self._step("expire", lambda: self.expire(entries=entries), 0)
         out.preemptions = self._step("preempt", self.preemptor.step, {})
         out.bounds = self._step("tenants", self.room.step, 0)

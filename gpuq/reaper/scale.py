@@ -68,7 +68,8 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
     """The pool as ``plan`` needs it, in five pipelined reads (and the catalog's two), each
     bounded: per queue its ZCARD and SAMPLE_REST head tasks (SAMPLE for the DEEP deepest;
     at most SAMPLE_BUDGET task reads in all, ``Samples``), per live worker a few hash
-    fields, the ``need`` index counted by VRAM bands, the arrival buckets the forecast reads.
+    fields, the ``need`` index counted by VRAM bands, the arrival buckets the forecast reads,
+    the holders of the queued models and of at most MODELS_PER_LEVEL others with a forecast.
     est_s: the mean est_s last sampled per model, arrivals: the buckets read before,
     samples: each queue's last sample, known: the live workers' fixed fields (the scaler's
     memory; see ``read_forecasts``); entries: the model catalog, if the caller read it
@@ -122,15 +123,20 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
     load_s = {e.name: e.mean_load_s for e in entries if e.loads}
     config = config or Config()
     forecasts = read_forecasts(client, keys, now_ms, config, load_s, arrivals)
-    unread = [m for m in forecasts if m not in holders]
-    if unread and config.scale_signal == "forecast":  # the forecast's warm hints weigh them
+    # the forecast's warm hints and rising signals weigh holders: read for the models rising
+    # first, then the fastest arriving, MODELS_PER_LEVEL of them at most (a read a model)
+    unread = sorted((m for m in forecasts if m not in holders),
+                    key=lambda m: (not forecasts[m].rising, -forecasts[m].forecast_per_s, m))
+    unread = unread[:MODELS_PER_LEVEL]
+    if unread and config.scale_signal == "forecast":
         pipe = client.pipeline(transaction=False)
         for m in unread:
             pipe.smembers(keys.holders(m))
         holders.update((m, frozenset(got) & ids) for m, got in zip(unread, pipe.execute()))
     return Snapshot(tuple(workers), backlogs, sizes, holders, load_s,
                     {e.name: e.vram_gb for e in entries if e.vram_gb > 0}, bands,
-                    float(top[0][1]) if top else 0.0, unregistered, forecasts, dict(est_s or {}))
+                    float(top[0][1]) if top else 0.0, unregistered, forecasts, dict(est_s or {}),
+                    frozenset(holders))
 
 
 def forecast_settings(config: Config) -> forecast.Settings:
@@ -222,11 +228,13 @@ class Scaler:
         self.samples = Samples()  # each queue's last full sample (a round's reads are bounded)
         self.known = KnownWorkers()  # live workers' fields that do not change while they run
         self.arrivals: dict[int, dict[str, int]] = {}  # arrival buckets no longer written
+        self.catalog = catalog.CatalogPages()  # a page of it a round (the reaper's too)
 
     def step(self, now_ms: int | None = None,
              entries: list[catalog.ModelEntry] | None = None) -> ScalePlan:
-        """entries: the model catalog, if the round read it already."""
+        """entries: the model catalog, if the round read it already (else a page of it)."""
         now = server_ms(self.redis) if now_ms is None else now_ms
+        entries = self.catalog.read(self.redis, self.keys) if entries is None else entries
         snapshot = read_snapshot(self.redis, self.keys, now, self.config, self.est_s, self.arrivals,
                                  self.samples, entries, self.known)
         result = plan(snapshot, self.config, now, self.hinted)

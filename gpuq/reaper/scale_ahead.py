@@ -29,7 +29,7 @@ Measured: docs/BENCHMARKS.md, Autoscaling.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from gpuq.config import Config
 from gpuq.reaper.forecast import Forecast
@@ -47,15 +47,17 @@ def held_by(holders: Mapping[str, frozenset[str] | set[str]]) -> dict[str, list[
 def ahead_hints(spare: Sequence[tuple[str, float]], holders: Mapping[str, frozenset[str] | set[str]],
                 forecasts: Mapping[str, Forecast], footprint_gb: Mapping[str, float], config: Config,
                 now_ms: int, recent: Mapping[str, int], every_ms: int,
-                used: set[str]) -> list[tuple[str, str, float]]:
+                used: set[str], weighed: Collection[str] | None = None) -> list[tuple[str, str, float]]:
     """(worker, model, footprint GB) to preload. spare: the idle workers that may take a
-    hint, (id, usable GB), tightest first; used: workers hinted this step (updated)."""
+    hint, (id, usable GB), tightest first; used: workers hinted this step (updated);
+    weighed: the models whose holders were read, the only ones hinted (None: all)."""
     window_s = max(config.forecast_window_s, 1.0)
     idle_ids = {wid for wid, _ in spare}
     wanted = sorted((f for m, f in forecasts.items()
                      if f.forecast_per_s * window_s >= 1 and footprint_gb.get(m, 0.0) > 0
                      and not idle_ids & set(holders.get(m, ()))
-                     and now_ms - recent.get(m, -every_ms) >= every_ms),
+                     and now_ms - recent.get(m, -every_ms) >= every_ms
+                     and (weighed is None or m in weighed)),
                     key=lambda f: (-f.forecast_per_s, f.model))
     models_of = held_by(holders)
     out = []

@@ -107,6 +107,9 @@ class Snapshot:
     unregistered: Mapping[str, int] = field(default_factory=dict)
     forecasts: Mapping[str, Forecast] = field(default_factory=dict)  # model -> its forecast
     est_s: Mapping[str, float] = field(default_factory=dict)  # model -> mean est_s seen before
+    # the models whose holders were read (None: every one with a forecast): only they may be
+    # warmed ahead or signalled as rising, since holders unread look like none
+    weighed: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -351,7 +354,8 @@ def plan(snapshot: Snapshot, config: Config, now_ms: int,
     # models with a rise and no queued work: their need is their catalog footprint
     rising = [_Model(name, need_gb=snapshot.footprint_gb.get(name, 0.0))
               for name, f in snapshot.forecasts.items()
-              if f.rising and name not in queued and config.scale_signal == "forecast"]
+              if f.rising and name not in queued and config.scale_signal == "forecast"
+              and (snapshot.weighed is None or name in snapshot.weighed)]
     holders = {m.name: set(snapshot.holders.get(m.name, ())) & live for m in models + rising}
     spare = _spare(snapshot)
     model_signals = []
@@ -383,7 +387,7 @@ def plan(snapshot: Snapshot, config: Config, now_ms: int,
         held = {m: frozenset(ids) & live for m, ids in snapshot.holders.items()}
         hints += [WarmHint(w, m, gb) for w, m, gb in ahead_hints(
             [(w.id, w.usable_gb) for w in spare], held, snapshot.forecasts, snapshot.footprint_gb,
-            config, now_ms, recent, HINT_EVERY_MS, {h.worker for h in hints})]
+            config, now_ms, recent, HINT_EVERY_MS, {h.worker for h in hints}, snapshot.weighed)]
     unschedulable = sum(n for bound, n in snapshot.need_bands if math.isinf(bound))
     return ScalePlan(signals, hints, unschedulable, snapshot.largest_need_gb if unschedulable else 0.0,
                      max(_sizes(snapshot).values(), default=0.0))

@@ -213,3 +213,44 @@ def test_pool_view_shows_reservations_yield_requests_and_scale(make_real_queue: 
     text = render_status(v)
     assert "w-1 held for t-wait" in text and "running-on-w-1 on w-1: yield within" in text
     assert "scale signals:" in text
+
+
+def test_the_catalog_is_read_a_page_a_round_and_whole_over_a_pass(make_real_queue: MakeQueue) -> None:
+    q = make_real_queue()
+    names = [f"m{i:03d}" for i in range(200)]  # past a small set's one-reply encoding
+    pipe = q.redis.pipeline()
+    for i, name in enumerate(names):
+        catalog.record_load(pipe, q.keys, name, 10 + i, 1 + i / 100)
+    pipe.execute()
+    pages = catalog.CatalogPages(page=16)
+    got, rounds = pages.read(q.redis, q.keys), 1
+    assert len(got) < len(names)  # one round reads a page, not the catalog
+    while pages.cursor:
+        before = len(got)
+        got, rounds = pages.read(q.redis, q.keys), rounds + 1
+        assert len(got) - before <= 3 * 16
+    assert rounds > 4 and got == catalog.read(q.redis, q.keys)
+    q.redis.srem(q.keys.catalog, "m007")  # left the catalog: forgotten after the next pass
+    got = pages.read(q.redis, q.keys)
+    assert "m007" in {e.name for e in got}
+    while pages.cursor:
+        got = pages.read(q.redis, q.keys)
+    assert got == catalog.read(q.redis, q.keys) and "m007" not in {e.name for e in got}
+
+
+def test_holders_are_read_for_a_bounded_number_of_forecast_models(
+        make_real_queue: MakeQueue, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuq.keys import ARRIVAL_BUCKET_MS
+    from gpuq.reaper import scale
+    monkeypatch.setattr(scale, "MODELS_PER_LEVEL", 2)
+    q = make_real_queue(min_workers=0, scale_signal="forecast")
+    now = 1_800_000_000_000 - 1_800_000_000_000 % ARRIVAL_BUCKET_MS
+    for minute in range(-10, 0):  # arrivals only, none queued: a history per model
+        for model, n in (("a", 8), ("b", 4), ("c", 2), ("d", 1), ("e", 1)):
+            q.redis.hincrby(q.keys.arrivals(now // ARRIVAL_BUCKET_MS + minute), model, n)
+    enqueue(q, 1, "q", 16)
+    snap = scale.read_snapshot(q.redis, q.keys, now, q.config)
+    assert set(snap.forecasts) >= {"a", "b", "c", "d", "e"}  # the class forecast weighs all
+    ranked = sorted((m for m in snap.forecasts if m != "q"),
+                    key=lambda m: (not snap.forecasts[m].rising, -snap.forecasts[m].forecast_per_s, m))
+    assert snap.weighed == frozenset({"q", *ranked[:2]}) == frozenset(snap.holders)
