@@ -39,6 +39,7 @@ in the scale hash (docs/DECISIONS.md, Scaling and warm hints).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -117,19 +118,31 @@ def ahead_window(then_ms: int, horizon_s: float, settings: Settings) -> tuple[in
 
 def _decayed(counts: Mapping[int, int], end_ms: int, settings: Settings) -> float:
     """The decayed rate (per second) over the window ending at ``end_ms``."""
+    weights, den = _weights(end_ms, settings.window_buckets, settings.half_life_s)
+    num = 0.0
+    for k, w in weights:
+        num += counts.get(k, 0) * w
+    return num / den if den else 0.0
+
+
+@functools.lru_cache(maxsize=64)
+def _weights(end_ms: int, window_buckets: int, half_life_s: float
+             ) -> tuple[tuple[tuple[int, float], ...], float]:
+    """Each bucket's weight in the window ending at ``end_ms``, and the weighted seconds they
+    span: the same for every model of a round, so made once (10,000 models a round)."""
     b = ARRIVAL_BUCKET_MS
     last = bucket_of(end_ms)
-    num = den = 0.0
-    for k in range(last - settings.window_buckets + 1, last + 1):
+    weights, den = [], 0.0
+    for k in range(last - window_buckets + 1, last + 1):
         start = k * b
         length = min(b, end_ms - start)
         if length <= 0:
             continue
         age_s = (end_ms - (start + length / 2)) / 1000
-        w = 0.5 ** (age_s / settings.half_life_s) if settings.half_life_s > 0 else 1.0
-        num += counts.get(k, 0) * w
+        w = 0.5 ** (age_s / half_life_s) if half_life_s > 0 else 1.0
+        weights.append((k, w))
         den += length / 1000 * w
-    return num / den if den else 0.0
+    return tuple(weights), den
 
 
 def _rate(counts: Mapping[int, int], start_ms: int, end_ms: int) -> float:
@@ -158,19 +171,26 @@ def forecast(model: str, counts: Mapping[int, int], seen: Sequence[int] | set[in
     level = _decayed(counts, now_ms, settings)
     trend = max(0.0, level + _slope(counts, now_ms, settings) * horizon_s)
     seasons = []
-    have = set(seen)
     window_ms = settings.window_buckets * ARRIVAL_BUCKET_MS
     floor = 1000 / window_ms  # one task per window, per second
-    for season in settings.seasons_ms:
+    for season in _with_history(tuple(seen), now_ms, window_ms, settings.seasons_ms):
         then = now_ms - season
-        if not any(bucket_of(then - window_ms) < k <= bucket_of(then) for k in have):
-            continue  # no history a season ago
         past_level = _decayed(counts, then, settings)
         ahead = _rate(counts, *ahead_window(then, horizon_s, settings))
         ratio = min(RATIO_BOUND, max(1 / RATIO_BOUND, (level + floor) / (past_level + floor)))
         seasons.append(ahead * ratio)
     season_rate = sum(seasons) / len(seasons) if seasons else None
     return Forecast(model, level, max(trend, season_rate or 0.0), horizon_s, trend, season_rate)
+
+
+@functools.lru_cache(maxsize=16)
+def _with_history(seen: tuple[int, ...], now_ms: int, window_ms: int,
+                  seasons_ms: tuple[int, ...]) -> tuple[int, ...]:
+    """The seasons whose window a season ago holds a bucket of ``seen`` (the pool's history):
+    the same for every model of a round."""
+    return tuple(season for season in seasons_ms
+                 if any(bucket_of(now_ms - season - window_ms) < k <= bucket_of(now_ms - season)
+                        for k in seen))
 
 
 def forecasts(buckets: Mapping[int, Mapping[str, int]], now_ms: int, horizons_s: Mapping[str, float],
