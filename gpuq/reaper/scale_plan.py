@@ -233,11 +233,13 @@ def _class_extra(snap: Snapshot, models: Sequence[_Model], holders: Mapping[str,
     why: dict[str, list[str]] = {}
     for m, sig in zip(models, signals):
         short = sig.desired - sig.current
-        for w in list(spare):
-            if short > 0 and w.id not in holders[m.name] and (w.idle_gb or 0) >= m.need_gb \
+        for w in list(spare) if short > 0 else ():
+            if w.id not in holders[m.name] and (w.idle_gb or 0) >= m.need_gb \
                     and any(w.serves(p) for p in m.by_level):
                 spare.remove(w)  # an idle worker takes one model's work, not every model's
                 short -= 1
+                if short == 0:
+                    break
         fit = next((c for c, gb in by_size if gb >= m.need_gb), None)
         if short > 0 and fit is not None:
             extra[fit] += short
@@ -329,12 +331,13 @@ def _hints(snap: Snapshot, config: Config, models: Sequence[_Model],
            holders: Mapping[str, set[str]], now_ms: int,
            recent: Mapping[str, int]) -> list[WarmHint]:
     spare = _spare(snap)
+    spare_ids = {w.id for w in spare}
     wanted = max(config.warm_backlog, 1)
     out: list[WarmHint] = []
     used: set[str] = set()
     for m in models:
         if (m.depth < config.warm_backlog or now_ms - recent.get(m.name, -HINT_EVERY_MS) < HINT_EVERY_MS
-                or any(w.id in holders[m.name] for w in spare)):
+                or not holders[m.name].isdisjoint(spare_ids)):
             continue  # small backlog, hinted lately, or a holder can take it now
         pick = next((w for w in spare if w.id not in used and w.id not in holders[m.name]
                      and (w.idle_gb or 0) >= m.need_gb
@@ -357,11 +360,14 @@ def plan(snapshot: Snapshot, config: Config, now_ms: int,
               if f.rising and name not in queued and config.scale_signal == "forecast"
               and (snapshot.weighed is None or name in snapshot.weighed)]
     holders = {m.name: set(snapshot.holders.get(m.name, ())) & live for m in models + rising}
+    # per level, the most idle VRAM of a spare worker serving it: a model's late work fits
+    # one now if any of its levels has room for its need (one pass over the workers)
     spare = _spare(snapshot)
+    roomiest = {p: max(((w.idle_gb or 0) for w in spare if w.serves(p)), default=-math.inf)
+                for p in range(4)}
     model_signals = []
     for m in models:
-        idle_fit = any((w.idle_gb or 0) >= m.need_gb and any(w.serves(p) for p in m.late)
-                       for w in spare)
+        idle_fit = any(roomiest.get(p, -math.inf) >= m.need_gb for p in m.late)
         model_signals.append(_model_signal(m, len(holders[m.name]), snapshot.load_s.get(m.name, 0.0),
                                            config, idle_fit))
     # the class's forecast covers every model with history, queued or not
