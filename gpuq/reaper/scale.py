@@ -19,6 +19,7 @@ environment (arguments stay three, so existing hooks keep working).
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import math
@@ -125,10 +126,10 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
     forecasts = read_forecasts(client, keys, now_ms, config, load_s, arrivals)
     # the forecast's warm hints and rising signals weigh holders: read for the models rising
     # first, then the fastest arriving, MODELS_PER_LEVEL of them at most (a read a model)
-    unread = sorted((m for m in forecasts if m not in holders),
-                    key=lambda m: (not forecasts[m].rising, -forecasts[m].forecast_per_s, m))
-    unread = unread[:MODELS_PER_LEVEL]
-    if unread and config.scale_signal == "forecast":
+    unread = heapq.nsmallest(MODELS_PER_LEVEL, (m for m in forecasts if m not in holders),
+                             key=lambda m: (not forecasts[m].rising, -forecasts[m].forecast_per_s, m)
+                             ) if config.scale_signal == "forecast" else []
+    if unread:
         pipe = client.pipeline(transaction=False)
         for m in unread:
             pipe.smembers(keys.holders(m))
