@@ -376,7 +376,7 @@ if more then
   reply[at], reply[at + 1] = 0, ms(now)
   taken, batch_use, reply[at], seen = take_batch(p, m, f[1], gpus, worker, now, now + lease,
     math.max(0, free - use), held[m], true, more, math.max(scan, 4 * more), tenancy, TTL,
-    tonumber(f[13]), reply)
+    f.score, reply)
   reply[at] = reply[at] - now
   use = use + batch_use
 end

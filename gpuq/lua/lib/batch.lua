@@ -43,12 +43,12 @@ local function take_batch(p, m, h, gpus, w, now, lease_until, free, footprint, w
       unqueue(id, p, m, nil, true)  -- a stale entry: nothing to run
     elseif g[1] == h and (tonumber(g[x + 3]) or 1) <= gpus then
       local f = readable(id, p, m, now, ttl, g)  -- nil: corrupt, failed
-      local need = f and tonumber(f[4])
+      local need = f and f.vram
       local use = need and math.max(0, need - footprint)
       if f and use <= free - used + 1e-9 and not (tenancy and over_quota(f[9], need)) then
         out[#out + 1] = take(id, p, m, w, now, lease_until, f, warm, tenancy, true, true)
         used, taken = used + use, taken + 1
-        bound = math.min(bound, tonumber(f[13]))
+        bound = math.min(bound, f.score)
       end
     end
   end

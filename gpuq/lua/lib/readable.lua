@@ -28,13 +28,17 @@ end
 -- attempt and times in the reply's form; or nil when one is missing or malformed: the task
 -- is then failed (at now, its result kept ttl ms) with that field in its error, so a corrupt
 -- hash reaches no worker. f: the first N_READABLE fields of READ_HELD, read by the caller
--- (nil: read here).
+-- (nil: read here). Each number is read from its text once (a tonumber of a 13-digit text
+-- is two strtod calls): f.vram, f.score and f.enqueued keep vram_gb, score and enqueued_at
+-- as numbers for the claim that goes on with them.
 local function readable(id, p, m, now, ttl, f)
   f = f or redis.call('HMGET', task_key(id), unpack(READ_HELD, 1, N_READABLE))
   local attempt, tries = finite(f[7] ~= '' and f[7] or 0), finite(f[16])
   local has_deadline = f[8] and f[8] ~= ''
+  local vram, score, deadline = finite(f[4]), finite(f[13]), has_deadline and epoch(f[8])
+  local enqueued, queued = epoch(f[11]), epoch(f[12])
   local bad = f[5] ~= (LEVEL_TEXT[p] or tostring(p)) and 'priority' or f[3] ~= m and 'model'
-    or defect(f[5], f[3], f[4], f[6], f[13], f[8])
+    or defect(f[5], f[3], vram, f[6], score, deadline or f[8])
     or hex(f[4]) and 'vram_gb' or hex(f[6]) and 'est_s'  -- the reply passes both on as stored
   if bad then
   elseif not f[1] or f[1] == '' then bad = 'handler'
@@ -43,16 +47,17 @@ local function readable(id, p, m, now, ttl, f)
   elseif not (attempt and attempt >= 0 and attempt < 1e6 and attempt == math.floor(attempt)) then
     bad = 'attempt'
   elseif not (tries and tries >= 1 and tries == math.floor(tries)) then bad = 'max_attempts'
-  elseif has_deadline and not epoch(f[8]) then bad = 'deadline'
-  elseif not epoch(f[11]) then bad = 'enqueued_at'
-  elseif not epoch(f[12]) then bad = 'queued_at'
+  elseif has_deadline and not deadline then bad = 'deadline'
+  elseif not enqueued then bad = 'enqueued_at'
+  elseif not queued then bad = 'queued_at'
   elseif f[10] and f[10] ~= '' and not is_json(f[10]) then bad = 'checkpoint'
   end
   if bad then
     fail_corrupt(id, bad, tostring(p), m, now, ttl)
     return nil
   end
-  f[7], f[11], f[12] = ms(attempt + 1), ms(epoch(f[11])), ms(epoch(f[12]))
-  f[8] = has_deadline and ms(epoch(f[8])) or ''
+  f[7], f[11], f[12] = ms(attempt + 1), ms(enqueued), ms(queued)
+  f[8] = has_deadline and ms(deadline) or ''
+  f.vram, f.score, f.enqueued = vram, score, enqueued
   return f
 end

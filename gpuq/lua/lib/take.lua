@@ -22,13 +22,13 @@ local function take(id, p, m, w, now, lease_until, f, warm, tenancy, keep_head, 
   withdraw_yield(id, f[14], f[15], now)
   local undecided = not f[17] or f[17] == ''  -- no handler start has decided its SLA yet
   -- a miss's wait counts from when the task was due (a delayed or released one), else enqueued
-  local token, sla = start(id, p, m, w, now, lease_until, f[7], f[13], finite(f[20]) or f[11],
+  local token, sla = start(id, p, m, w, now, lease_until, f[7], f.score, finite(f[20]) or f.enqueued,
     undecided, warm)
   if tenancy then
-    charge(id, f[9], tonumber(f[4]))
+    charge(id, f[9], f.vram)
     count_tenant_sla(p, f[9], sla)
     -- the level's lag: how far behind its place in the queue service is now (fair_order)
-    local place = finite(f[19]) or finite(f[13]) or now
+    local place = finite(f[19]) or f.score or now
     redis.call('HSET', K_TENANT_CLOCK, tostring(p), ms(math.max(0, now - place)))
   end
   if not warm then note_cold_start(id, m, now) end
