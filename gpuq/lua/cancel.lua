@@ -1,5 +1,6 @@
 -- cancel.lua: end a task as "canceled" wherever it is. A running task's lease is dropped,
--- so its worker's next heartbeat reports it lost and its ack is rejected. A waiting task
+-- so its worker's next heartbeat reports it lost and its ack is rejected; one handed over at
+-- enqueue and still unread on its worker's wake list leaves that list. A waiting task
 -- (enqueued with `after`) leaves `waiting`; its parents' release skips it. Its own waiting
 -- children are canceled in turn (lib/finish.lua, lib/deps.lua).
 --
@@ -16,6 +17,7 @@
 --@include reserve
 --@include finish
 --@include tenancy
+--@include due
 
 if #ARGV ~= 3 then return {1, 0, 'expected 3 arguments'} end
 local id, now, ttl = ARGV[1], clock(ARGV[2]), ttl_arg(3)
@@ -39,6 +41,9 @@ elseif state == 'waiting' then  -- its parents' release skips it: it no longer w
   redis.call('ZREM', K_WAITING, id)
 elseif state == 'running' then
   release(id, f[4], f[7])
+  -- handed over at enqueue and not yet popped: its worker must not start it
+  local msg = f[4] and f[4] ~= '' and unread_handover(f[4], id)
+  if msg then redis.call('LREM', wake_key(f[4]), 1, msg) end
 else
   return {6, state}
 end

@@ -33,8 +33,10 @@ release(id, f[3], f[6])
 local attempt, max_attempts = finite(f[4]), finite(f[5])
 if ARGV[5] == '1' and attempt and max_attempts and attempt < max_attempts then
   local wait = math.floor(math.min(base * 2 ^ math.max(0, attempt - 1), cap))
+  -- a yield asked of this run is moot: its retry may be asked again (preempt.lua refuses a
+  -- victim whose yield_by is set)
   redis.call('HSET', tk, 'state', 'delayed', 'error', err, 'worker', '', 'token', '',
-    'ready_at', '')
+    'ready_at', '', 'yield_by', '', 'yield_for', '')
   add_delayed(now + wait, id)
   return {0, 'delayed', ms(wait)}
 end

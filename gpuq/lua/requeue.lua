@@ -28,6 +28,19 @@
 --@include json
 --@include push
 
+-- Task id, ended and now run again (an operator's requeue): a child still waiting counted
+-- its end (settle_children), so it waits for its next end once more; its children set,
+-- which the end gave a TTL, is kept for as long as it waits.
+local function recount_children(id)
+  local ck = children_key(id)
+  redis.call('PERSIST', ck)
+  for _, c in ipairs(redis.call('SMEMBERS', ck)) do
+    if redis.call('HGET', task_key(c), 'state') == 'waiting' then
+      redis.call('HINCRBY', task_key(c), 'pending', 1)
+    end
+  end
+end
+
 if #ARGV < 6 or #ARGV > 8 then return {1, 0, 'expected 8 arguments'} end
 local id, token, now, ttl = ARGV[1], ARGV[2], clock(ARGV[3]), ttl_arg(6)
 local kind, checkpoint = ARGV[7] or '', ARGV[8] or ''
@@ -48,7 +61,9 @@ if token == '' and f[1] ~= 'running' then
     redis.call('PERSIST', tk)
     redis.call('DEL', done_key(id), stream_key(id))  -- its stream starts afresh
     redis.call('HSET', tk, 'attempt', '0', 'deadline', '', 'finished_at', '', 'worker', '',
-      'token', '', 'streamed', '', 'progress', '', 'progress_msg', '')
+      'token', '', 'streamed', '', 'progress', '', 'progress_msg', '', 'yield_by', '',
+      'yield_for', '')
+    recount_children(id)
   else
     return {1, 0, 'task is ' .. f[1] .. ': there is nothing to requeue'}
   end

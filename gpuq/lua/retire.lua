@@ -2,8 +2,11 @@
 --
 -- Atomic, so two workers timing out together cannot both leave a pool at its minimum.
 -- On success the worker is no longer live nor idle (claims stop finding it) and it exits
--- cleanly; its hash and holdings are removed by its own leave. Its duty as its shape's
--- lookout, if it had it, passes to another idle worker of its shape (lib/lookout.lua).
+-- cleanly. Its holdings and lane go at once: it takes no task, so a claim must not wait
+-- for it as a busy holder (lib/wake.lua). Its hash and lists are removed by its own leave;
+-- should it die first, the reaper, which looks only at live workers, never would, so
+-- they expire a day after. Its duty as its shape's lookout, if it had it, passes to
+-- another idle worker of its shape (lib/lookout.lua).
 --
 -- KEYS[1]  pool key base
 -- ARGV[1]  worker id
@@ -30,8 +33,13 @@ local claimable = tonumber(redis.call('ZSCORE', K_IDLE, worker))
 redis.call('ZREM', K_WORKERS, worker)
 redis.call('ZREM', K_IDLE, worker)
 redis.call('HSET', worker_key(worker), 'state', 'retiring')
-if claimable then
-  pass_lookout(worker, claimable, redis.call('HGET', K_LANES, worker) or '0123',
-    tonumber(redis.call('HGET', worker_key(worker), 'gpus')) or 1, now)
+local wk = worker_key(worker)
+local w = redis.call('HMGET', wk, 'models', 'gpus')
+local lanes = redis.call('HGET', K_LANES, worker)
+if claimable then pass_lookout(worker, claimable, lanes or '0123', tonumber(w[2]) or 1, now) end
+for m in string.gmatch(w[1] or '', '[^,]+') do redis.call('SREM', holders_key(m), worker) end
+if lanes then redis.call('HDEL', K_LANES, worker) end
+for _, k in ipairs({wk, wake_key(worker), control_key(worker), reservation_key(worker)}) do
+  redis.call('PEXPIRE', k, 86400000)
 end
 return {0, 1, live}

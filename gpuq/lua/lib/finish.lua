@@ -24,18 +24,19 @@ end
 -- it cancels end here in turn. `streamed`, `children` and `waited` are read with
 -- report_end, or given by a caller that ends the task succeeded and read them already (ack
 -- reads them with the lease, so a task that never streamed, has no children and no waiter
--- costs it nothing more).
-local function finish(id, state, now, ttl, field, value, p, streamed, kids, waited)
+-- costs it nothing more). They are read before the hash's TTL is set: a TTL of 0 deletes it.
+-- Returns the children it cancels, {child, reason} each.
+local function end_task(id, state, now, ttl, field, value, p, streamed, kids, waited)
   local tk = task_key(id)
   redis.call('HSET', tk, 'state', state, 'finished_at', ms(now), field, value)
   p = level(p or redis.call('HGET', tk, 'priority'))  -- none in a corrupt hash
   count_stat(state .. (p and ':P' .. p or ':unleveled'))
-  redis.call('PEXPIRE', tk, ttl)
   local report = false
   if state ~= 'succeeded' or streamed == nil then
     local g = redis.call('HMGET', tk, 'report_end', 'streamed', 'children', 'waited')
     report, streamed, kids, waited = g[1] == '1', g[2], g[3], g[4]
   end
+  redis.call('PEXPIRE', tk, ttl)
   if waited == '1' then
     local done = done_key(id)
     redis.call('LPUSH', done, state)
@@ -50,9 +51,21 @@ local function finish(id, state, now, ttl, field, value, p, streamed, kids, wait
   -- than succeeded (canceled, expired, a lost last attempt, a handler missing) is listed for
   -- that producer to report the end
   if report and state ~= 'succeeded' then redis.call('LPUSH', K_ENDED, id) end
-  if kids == '1' then
-    for _, c in ipairs(settle_children(id, state, now, ttl)) do
-      finish(c[1], 'canceled', now, ttl, 'error', c[2])
+  if kids == '1' then return settle_children(id, state, now, ttl) end
+  return nil
+end
+
+-- End a task (end_task), and the waiting descendants its end cancels: a work list rather
+-- than recursion, so a chain of any length ends whole within Lua's stack.
+local function finish(id, state, now, ttl, field, value, p, streamed, kids, waited)
+  local todo = end_task(id, state, now, ttl, field, value, p, streamed, kids, waited)
+  local i = 1
+  while todo and todo[i] do
+    local c = todo[i]
+    todo[i] = false  -- done: its memory goes
+    for _, more in ipairs(end_task(c[1], 'canceled', now, ttl, 'error', c[2]) or {}) do
+      todo[#todo + 1] = more
     end
+    i = i + 1
   end
 end
