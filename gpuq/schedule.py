@@ -14,6 +14,7 @@ reapers or their restarts. Periods missed while no reaper ran give one run on it
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +28,9 @@ from gpuq.keys import Keys
 from gpuq.replies import Code, checked
 from gpuq.scripts import Call, Calls, Scripts
 from gpuq.task import TaskSpec
+from gpuq.tenants import REQUIRED
 
+log = logging.getLogger(__name__)
 GRACE_MS = 60_000  # skip_missed: a period fired later than this after its time is skipped
 _NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 _EVERY = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?")
@@ -92,8 +95,9 @@ def add(client: redis.Redis, keys: Keys, name: str, handler: str, payload: Any =
         every: str | None = None, cron: str | None = None, skip_missed: bool = False,
         **options: Any) -> Schedule:
     """Store a schedule (ScheduleError, nothing stored, when the name is taken or bad, both
-    or neither of every and cron are given, or either is malformed; InvalidTask for a bad
-    task template). ``options``: TaskSpec.build's, but no delay, at or after."""
+    or neither of every and cron are given, or either is malformed, or its tenant is not
+    registered in a pool that requires it; InvalidTask for a bad task template).
+    ``options``: TaskSpec.build's, but no delay, at or after."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ScheduleError(f"name {name!r}: 1..100 letters, digits or _ . : -")
     if (every is None) == (cron is None):
@@ -103,6 +107,10 @@ def add(client: redis.Redis, keys: Keys, name: str, handler: str, payload: Any =
     if set(options) & {"delay_s", "at", "after", "after_any_outcome", "task_id"}:
         raise ScheduleError("a schedule's runs take no delay, at, after or task_id")
     spec = TaskSpec.build(handler, payload, **options)
+    required, known = client.hmget(keys.tenants, REQUIRED, spec.tenant)
+    if required == "1" and known is None:
+        raise ScheduleError(f"tenant {spec.tenant} is not registered (this pool requires it: "
+                            "gpuq tenant set)")
     task = {"handler": spec.handler, "payload": spec.payload, "model": spec.model,
             "vram_gb": spec.vram_gb, "priority": int(spec.priority), "preemptible": spec.preemptible,
             "tenant": spec.tenant, "max_attempts": spec.max_attempts}
@@ -146,7 +154,8 @@ def remove(client: redis.Redis, keys: Keys, name: str) -> None:
 
 def fire_call(calls: Calls, name: str, period_ms: int, *, skip: bool = False,
               now_ms: int = 0) -> Call[str]:
-    """fire.lua for one schedule and period; the reply: the run's id, "skipped" or "done"."""
+    """fire.lua for one schedule and period; the reply: the run's id, "skipped", "done" or
+    "failed" (the run ended failed at once: fire.lua says why in its error)."""
     cfg = calls.config
     args = [str(now_ms), name, str(period_ms), "1" if skip else "0",
             *(str(x) for x in cfg.sla_ms()), str(int(cfg.result_ttl_s * 1000))]
@@ -163,7 +172,8 @@ def fire_call(calls: Calls, name: str, period_ms: int, *, skip: bool = False,
 def fire_due(client: redis.Redis, keys: Keys, scripts: Scripts, calls: Calls,
              now_ms: int = 0) -> int:
     """Fire each schedule's latest due period not fired yet (the reaper's round); returns
-    the runs enqueued. now_ms: a virtual clock (0: the server's)."""
+    the runs enqueued (a run that ended failed at once is logged, not counted). now_ms: a
+    virtual clock (0: the server's)."""
     schedules = list_schedules(client, keys)
     if not schedules:
         return 0
@@ -175,5 +185,7 @@ def fire_due(client: redis.Redis, keys: Keys, scripts: Scripts, calls: Calls,
             continue
         skip = s.skip_missed and now - period > GRACE_MS
         out = scripts.run(fire_call(calls, s.name, period, skip=skip, now_ms=now_ms))
-        runs += out not in ("skipped", "done")
+        if out == "failed":
+            log.warning("schedule.run_failed schedule=%s period=%d: see the run's error", s.name, period)
+        runs += out not in ("skipped", "done", "failed")
     return runs

@@ -42,9 +42,11 @@
 --@include start
 --@include runtime
 --@include tenancy
+--@include fair
 --@include quota
 --@include defer
 --@include gates
+--@include arrivals
 
 local now = clock(ARGV[1])
 local check_fit = ARGV[2] == '1'
@@ -90,90 +92,6 @@ local function largest_with(gpus)  -- the largest class with at least gpus GPUs 
   local largest = 0
   for _, c in ipairs(classes) do if c.gpus >= gpus then largest = math.max(largest, c.gb) end end
   return largest
-end
-
--- Terms of tenants (registered: theirs; else weight 1, no caps): one HMGET of those unread.
-local terms_of = {}
-local function read_terms(names)
-  local ask = {}
-  for _, t in ipairs(names) do
-    if terms_of[t] == nil then ask[#ask + 1] = t end
-  end
-  if ask[1] then
-    local vs = redis.call('HMGET', K_TENANTS, unpack(ask))
-    for i, t in ipairs(ask) do terms_of[t] = tenant_terms(vs[i]) or {weight = 1} end
-  end
-end
-
--- The per-call state of fair ordering: queued counts, finish tags, lags, each level's total
--- weight of tenants with work, live workers.
-local fair
-local function fair_state()
-  if fair then return fair end
-  fair = {queued = {}, finish = {}, lag = {}, total = {}, added = {}}
-  local kv = redis.call('HGETALL', K_TENANT_QUEUED)
-  for i = 1, #kv, 2 do
-    local n = tonumber(kv[i + 1]) or 0
-    if n > 0 then fair.queued[kv[i]] = n end
-  end
-  fair.live = math.max(1, redis.call('ZCARD', K_WORKERS))
-  return fair
-end
-
--- The queue score of a task of tenant t at level p (start-by `score`, SLA sla_ms, est_s, need
--- vram), counted as queued (fair_flush writes counts and tags). Its base is where service is
--- now: start-by less SLA less the level's lag (`tenant_clock` p), so a tenant without a backlog
--- joins at the front; with one it goes after its own last task, the next spaced by est_s over
--- the GPUs its share gives it (weight over the level's tenants with work x live workers, capped).
-local function fair_order(p, t, score, sla_ms, est_s, vram)
-  local s = fair_state()
-  local field = p .. ':' .. t
-  local backlog = s.queued[field] or 0
-  -- the level's tenants with work, t among them once this task is counted: summed again
-  -- only when t joins them (a bulk call of one tenant sums once)
-  if backlog == 0 or not s.total[p] then
-    local names, prefix = {}, p .. ':'
-    names[1] = t
-    for f in pairs(s.queued) do
-      if string.sub(f, 1, 2) == prefix and f ~= field then names[#names + 1] = string.sub(f, 3) end
-    end
-    table.sort(names)  -- a sum in a fixed order: replays stay byte-identical
-    read_terms(names)
-    local total = 0
-    for _, name in ipairs(names) do total = total + terms_of[name].weight end
-    s.total[p] = total
-  end
-  local total = s.total[p]
-  if s.lag[p] == nil then s.lag[p] = finite(redis.call('HGET', K_TENANT_CLOCK, p)) or 0 end
-  local order = score - sla_ms - s.lag[p]
-  if backlog > 0 then
-    s.finish[field] = s.finish[field] or finite(redis.call('HGET', K_TENANT_CLOCK, field)) or 0
-    order = math.max(order, s.finish[field])
-  end
-  local terms = terms_of[t]
-  local gpus = math.min(terms.weight / total * s.live, terms.gpus or math.huge,
-    terms.vram and terms.vram / vram or math.huge)
-  s.finish[field] = order + math.floor(est_s * 1000 / math.max(gpus, 1e-3))
-  s.queued[field] = backlog + 1
-  s.added[field] = (s.added[field] or 0) + 1
-  return order
-end
-
--- The work (est_s) each tenant enqueued in this call, while tenancy is on: the reaper's
--- measure of its demand (gpuq/reaper/tenant_room.py)
-local work = {}
-
--- Write the work, and the counts and finish tags fair_order kept.
-local function fair_flush()
-  for t, est in pairs(work) do redis.call('HINCRBYFLOAT', K_TENANT_WORK, t, est) end
-  if not fair then return end
-  local tags = {}
-  for field, n in pairs(fair.added) do
-    redis.call('HINCRBY', K_TENANT_QUEUED, field, n)
-    tags[#tags + 1] = field
-    tags[#tags + 1] = ms(fair.finish[field])
-  end
-  if tags[1] then redis.call('HSET', K_TENANT_CLOCK, unpack(tags)) end
 end
 
 -- The deferral of task id (its fields due, after, after_any; lib/defer.lua holds it): false
@@ -379,12 +297,7 @@ for i = 1, n do  -- held tasks (lib/defer.lua), in call order
   end
 end
 fair_flush()
--- one HINCRBY per model per call (60 s buckets, 8 days kept: keys.ARRIVAL_BUCKET_MS, _TTL_S);
--- the TTL is set when a model's field is new, not on every call
-local bucket = arrivals_key(ms(math.floor(now / 60000)))
-for model, c in pairs(arrived) do
-  if redis.call('HINCRBY', bucket, model, ms(c)) == c then redis.call('EXPIRE', bucket, '691200') end
-end
+count_arrivals(now, arrived)
 -- while other workers idle, pool-wide wakes for the tasks no idle worker was picked for, and
 -- one in case a picked worker died idle (its offer lapses after the defer bound); none while
 -- nobody idles: only idle workers wait on the lists, and a busy one claims when it is done

@@ -4,7 +4,11 @@
 -- the period recorded in this one call, so reapers that race, or one restarted, enqueue a
 -- period's run once. A run is a normal task, id "<name>@<period>", field `schedule` =
 -- "<name> <period>", queued now (held as due now, lib/defer.lua, then pushed: its score
--- now + its SLA, or its deadline, from now, less its estimate if earlier).
+-- now + its SLA, or its deadline, from now, less its estimate if earlier), and a new
+-- arrival as an enqueued task is: counted in its model's arrivals (the forecast's
+-- history) and, while tenants are registered, placed by its tenant's fair order and
+-- counted in its work (lib/fair.lua). In a pool that requires registered tenants, a run
+-- of another tenant ends failed at once, with why.
 --
 -- KEYS[1]  pool key base
 -- ARGV[1]  now (ms; "0" = server clock)
@@ -14,7 +18,8 @@
 -- ARGV[5..8]  SLA of P0..P3 (ms)
 -- ARGV[9]  result TTL (ms): how long a run whose stored fields are corrupt stays readable
 -- Returns  {0, "enqueued", id} | {0, "skipped"} | {0, "done"} (this period, or a later
---          one, was fired already)
+--          one, was fired already) | {0, "failed", id} (the run ended failed: its tenant is
+--          not registered where that is required, or the stored task is corrupt)
 --          {4} NOT_FOUND: no such schedule
 --          {1, 0, reason} INVALID: a malformed argument or stored schedule (nothing written)
 
@@ -22,7 +27,10 @@
 --@include runtime
 --@include tenancy
 --@include defer
+--@include finish
 --@include push
+--@include fair
+--@include arrivals
 
 if #ARGV ~= 9 then return {1, 0, 'expected 9 arguments'} end
 local now, name, period, ttl = clock(ARGV[1]), ARGV[2], arg_num(3, 0, 1e15, true), ttl_arg(9)
@@ -53,15 +61,30 @@ if not est then
   history = est and 'history' or ''
   est = est or 1
 end
+local tenant, tenancy = tostring(t.tenant or 'default'), tenancy_on()
 hold(id, {'id', id, 'handler', t.handler, 'payload', t.payload, 'model', t.model,
   'vram_gb', tostring(t.vram_gb), 'priority', prio, 'est_s', tostring(est),
-  'preemptible', t.preemptible == false and '0' or '1', 'tenant', tostring(t.tenant or 'default'),
+  'preemptible', t.preemptible == false and '0' or '1', 'tenant', tenant,
   'max_attempts', ms(tonumber(t.max_attempts) or 3), 'enqueued_at', ms(now), 'queued_at', ms(now),
   'est_from', history or '', 'schedule', name .. ' ' .. ms(period),
   'gpus', tostring(math.floor(tonumber(t.gpus) or 1))},
-  {due = now}, now, sla[prio], tonumber(t.deadline_ms), est, tenancy_on())
+  {due = now}, now, sla[prio], tonumber(t.deadline_ms), est, tenancy)
 redis.call('ZREM', K_DELAYED, id)
-redis.call('HSET', task_key(id), 'state', 'queued')
-push(id, now, ttl)
 redis.call('HINCRBY', K_STATS, 'enqueued', 1)
+count_arrivals(now, {[t.model] = 1})
+if tenancy and redis.call('HGET', K_TENANTS, REQUIRED) == '1'
+    and redis.call('HEXISTS', K_TENANTS, tenant) == 0 then
+  finish(id, 'failed', now, ttl, 'error',
+    'tenant ' .. tenant .. ' is not registered (this pool requires it: gpuq tenant set)')
+  return {0, 'failed', id}
+end
+if tenancy then
+  local score = tonumber(redis.call('HGET', task_key(id), 'score'))
+  redis.call('HSET', task_key(id), 'order', ms(fair_order(prio, tenant, score, sla[prio], est,
+    tonumber(t.vram_gb))))
+  work[tenant] = est
+end
+redis.call('HSET', task_key(id), 'state', 'queued')
+if push(id, now, ttl) ~= 'queued' then return {0, 'failed', id} end
+if tenancy then fair_flush(true) end  -- push counted it as queued
 return {0, 'enqueued', id}

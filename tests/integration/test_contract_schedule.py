@@ -8,12 +8,13 @@ fakeredis and on the real server (``backend``).
 from __future__ import annotations
 
 import pytest
-from helpers import T0, claim
+from helpers import T0, claim, enqueue_specs, spec
 
 from gpuq import Queue
 from gpuq import schedule as sched
 from gpuq.errors import InvalidTask, ScheduleError
 from gpuq.task import State
+from gpuq.tenants import Tenant, require_registered, set_tenant
 
 
 def add(q: Queue, name: str = "nightly", anchor: int = T0, **options: object) -> sched.Schedule:
@@ -110,3 +111,35 @@ def test_a_name_is_added_once(queue: Queue) -> None:
         add(queue, every="2m")
     (only,) = sched.list_schedules(queue.redis, queue.keys)
     assert only.every_ms == 60_000 and only.to_dict(T0)["next_period"] == (T0 + 60_000) / 1000
+
+
+def test_a_run_arrives_as_an_enqueued_task_does(queue: Queue) -> None:
+    """Counted in its model's arrivals; behind its tenant's own backlog by fair order, counted
+    in its tenant's work and queued tasks."""
+    set_tenant(queue, Tenant("acme", 1.0))
+    enqueue_specs(queue, [spec(model="A", tenant="acme", priority=2, est_s=100) for _ in range(3)],
+                  now_ms=T0)
+    backlog = [float(queue.redis.hget(queue.keys.task(t), "order"))
+               for t in queue.redis.zrange(queue.keys.queue(2, "A"), 0, -1)]
+    work = float(queue.redis.hget(queue.keys.tenant_work, "acme"))
+    add(queue, every="1m", tenant="acme", priority=2, est_s=100)
+    period = T0 + 60_000
+    assert fire(queue, period) == 1
+    run = f"nightly@{period}"
+    assert float(queue.redis.hget(queue.keys.task(run), "order")) > max(backlog)
+    assert float(queue.redis.hget(queue.keys.tenant_work, "acme")) == work + 100
+    assert queue.redis.hget(queue.keys.tenant_queued, "2:acme") == "4"
+    assert queue.redis.hget(queue.keys.arrivals(period // 60_000), "A") == "1"
+
+
+def test_a_run_of_an_unregistered_tenant_fails_where_registration_is_required(queue: Queue) -> None:
+    add(queue, every="1m", tenant="ghost")
+    set_tenant(queue, Tenant("acme", 1.0))
+    require_registered(queue, True)
+    with pytest.raises(ScheduleError, match="tenant ghost is not registered"):
+        add(queue, name="later", every="1m", tenant="ghost")
+    period = T0 + 60_000
+    assert fire(queue, period) == 0  # the run ends failed at once, with why
+    rec = queue.record(f"nightly@{period}")
+    assert rec.state is State.FAILED and "tenant ghost is not registered" in (rec.error or "")
+    assert queue.redis.zcard(queue.keys.queue(2, "A")) == 0
