@@ -17,8 +17,10 @@ from typing import Any, TypeVar
 import redis.asyncio as aredis
 import redis.exceptions
 
+from gpuq import bulk
 from gpuq.config import Config
 from gpuq.connection import Tls, connect_async, redis_errors
+from gpuq.errors import GpuqError, PartialEnqueue
 from gpuq.functions import Sender
 from gpuq.keys import Keys
 from gpuq.producer import PENDING, Producer, Waiting, stored
@@ -163,8 +165,30 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
         """Bulk enqueue (see gpuq.client.Queue.enqueue_many)."""
         specs, calls = self._bulk(tasks, check_fit)
         with redis_errors(self.url):
-            await self.scripts.streamed(calls)
+            several = len(specs) > bulk.BULK_CHUNK
+            if several and bulk.check(specs, await self._plain(bulk.preflight(self.keys, specs))):
+                bulk.taken(specs, await self._plain(bulk.exists_each(self.keys, specs)))
+            try:
+                await self.scripts.streamed(calls)
+            except (GpuqError, redis.exceptions.RedisError) as exc:
+                if not several:
+                    raise
+                raise await self._partial(specs, exc) from exc
         return [AsyncTask(self, s.task_id, exists=True) for s in specs]
+
+    async def _plain(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        return await self.scripts.pipelined([], commands)
+
+    async def _partial(self, specs: list[TaskSpec], exc: Exception) -> Exception:
+        """PartialEnqueue naming the tasks stored, or ``exc`` (gpuq.client.Queue._partial)."""
+        try:
+            stored = bulk.written(specs, await self._plain(bulk.exists_each(self.keys, specs)))
+        except (GpuqError, redis.exceptions.RedisError):
+            return exc
+        if not stored:
+            return exc
+        return PartialEnqueue([AsyncTask(self, s.task_id, exists=True) for s in stored], len(specs),
+                              exc)
 
     def task(self, task_id: str) -> AsyncTask:
         return AsyncTask(self, task_id)

@@ -14,8 +14,10 @@ from typing import Any
 
 import redis
 
+from gpuq import bulk
 from gpuq.config import Config
 from gpuq.connection import Tls, connect, redis_errors
+from gpuq.errors import GpuqError, PartialEnqueue
 from gpuq.producer import PENDING, Producer, Waiting, stored
 from gpuq.scripts import Scripts
 from gpuq.stream import Chunk, Follow, follow_call, parse_progress
@@ -54,12 +56,36 @@ class Queue(Producer[redis.Redis, "Task"]):
         on one connection (the server enqueues a chunk while the next is sent).
 
         Each mapping holds ``handler``, ``payload`` and TaskSpec.build's options. A task
-        rejected by validation writes nothing at all; the server rejects a chunk whole.
+        rejected by validation, or by the pool's state as it is, writes nothing at all;
+        PartialEnqueue, naming the tasks stored, if a later call of a large bulk fails
+        all the same (gpuq.bulk).
         """
         specs, calls = self._bulk(tasks, check_fit)
         with redis_errors(self.url):
-            self.scripts.streamed(calls)
+            several = len(specs) > bulk.BULK_CHUNK
+            if several and bulk.check(specs, self._plain(bulk.preflight(self.keys, specs))):
+                bulk.taken(specs, self._plain(bulk.exists_each(self.keys, specs)))
+            try:
+                self.scripts.streamed(calls)
+            except (GpuqError, redis.RedisError) as exc:
+                if not several:
+                    raise
+                raise self._partial(specs, exc) from exc
         return [Task(self, s.task_id, exists=True) for s in specs]
+
+    def _plain(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        return self.scripts.pipelined([], commands)
+
+    def _partial(self, specs: list[TaskSpec], exc: Exception) -> Exception:
+        """PartialEnqueue naming the tasks stored, or ``exc`` when none was (or the server
+        cannot say)."""
+        try:
+            stored = bulk.written(specs, self._plain(bulk.exists_each(self.keys, specs)))
+        except (GpuqError, redis.RedisError):
+            return exc
+        if not stored:
+            return exc
+        return PartialEnqueue([Task(self, s.task_id, exists=True) for s in stored], len(specs), exc)
 
     def task(self, task_id: str) -> Task:
         return Task(self, task_id)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpuq.redact import redact
 
 
@@ -82,6 +84,18 @@ class TaskAlreadyFinished(GpuqError):
         self.task_id = task_id
         self.state = state
         super().__init__(f"task {task_id} already ended ({state})")
+
+
+class PartialEnqueue(GpuqError):
+    """A bulk enqueue of several calls stopped after some of them: ``enqueued`` holds the
+    handles of the tasks stored (they stand and will run), ``cause`` what stopped the rest
+    (gpuq.bulk)."""
+
+    def __init__(self, enqueued: list[Any], total: int, cause: BaseException) -> None:
+        self.enqueued = enqueued
+        self.cause = cause
+        super().__init__(f"bulk enqueue stopped: {len(enqueued)} of {total} tasks were enqueued "
+                         f"(they stand: see .enqueued), the rest not: {cause}")
 
 
 class TaskFailed(GpuqError):

@@ -85,6 +85,7 @@ SUFFIXES: dict[str, str] = {
 # Lua side has the same two numbers (tests/unit/reaper/test_forecast.py checks).
 ARRIVAL_BUCKET_MS = 60_000
 ARRIVAL_TTL_S = 8 * 86400
+REQUIRED = " required"  # the policy field of the tenants hash: no tenant name holds a space
 
 
 def suffix_parts(name: str) -> list[tuple[str, str | None]]:

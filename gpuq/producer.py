@@ -12,15 +12,15 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
+from gpuq.bulk import BULK_CHUNK
 from gpuq.clock import from_time_reply
 from gpuq.config import Config
-from gpuq.errors import ResultTimeout, TaskFailed, TaskNotFound, WorkerNotFound
+from gpuq.errors import ConfigError, ResultTimeout, TaskFailed, TaskNotFound, WorkerNotFound
 from gpuq.keys import Keys
 from gpuq.replies import pairs_to_dict, raise_for
 from gpuq.scripts import Call, Calls, raise_first_error
 from gpuq.task import Priority, State, TaskRecord, TaskSpec, build_specs
 
-BULK_CHUNK = 200  # tasks per enqueue call in a bulk enqueue
 PENDING = object()  # Waiting.outcome: the task has not ended yet
 
 ClientT = TypeVar("ClientT")
@@ -74,7 +74,8 @@ class Producer(Generic[ClientT, EnqueuedT]):
     def _bulk(self, tasks: Iterable[Mapping[str, Any]],
               check_fit: bool) -> tuple[list[TaskSpec], Iterator[Call[int]]]:
         """Every task validated first (nothing sent if one is bad), then its enqueue calls,
-        BULK_CHUNK tasks each, built as they are sent."""
+        BULK_CHUNK tasks each, built as they are sent; more than one call: the pool's state
+        checked first (gpuq.bulk)."""
         specs = build_specs(tasks)
         return specs, (self.calls.enqueue(specs[i:i + BULK_CHUNK], check_fit=check_fit)
                        for i in range(0, len(specs), BULK_CHUNK))
@@ -95,6 +96,9 @@ class Waiting:
     OUTCOME = ("state", "result", "error")  # what a result wait reads of the task
 
     def __init__(self, task_id: str, timeout: float | None, client: Any = None) -> None:
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not timeout >= 0):  # nan fails the comparison
+            raise ConfigError(f"timeout must be seconds >= 0 (or None: no limit), got {timeout!r}")
         self.task_id = task_id
         self.timeout = timeout
         self.deadline = None if timeout is None else time.monotonic() + timeout

@@ -24,11 +24,10 @@ import redis
 from gpuq.clock import server_ms
 from gpuq.cron import Cron
 from gpuq.errors import GpuqError, ScheduleError
-from gpuq.keys import Keys
+from gpuq.keys import REQUIRED, Keys
 from gpuq.replies import Code, checked
 from gpuq.scripts import Call, Calls, Scripts
 from gpuq.task import TaskSpec
-from gpuq.tenants import REQUIRED
 
 log = logging.getLogger(__name__)
 GRACE_MS = 60_000  # skip_missed: a period fired later than this after its time is skipped

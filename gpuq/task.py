@@ -28,6 +28,8 @@ MAX_RESULT_BYTES = 1 << 20  # 1 MiB: results too (ack.lua refuses larger); outpu
 JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 MAX_NAME_LEN = 200
 MAX_GPUS = 64  # devices a task may run across (enqueue.lua refuses more)
+MAX_SECONDS = 1e10  # est_s and deadline_s at most (enqueue.lua's bounds: about 300 years)
+MAX_VRAM_GB = 1e6  # a task's VRAM over all its GPUs at most: a petabyte is no task's
 
 
 class Priority(IntEnum):
@@ -105,13 +107,18 @@ def new_task_id() -> str:
     return f"{ms & 0xFFFFFFFFFFFF:012x}{next(_issued) & 0xFFFFFF:06x}{random.getrandbits(56):014x}"
 
 
-def _positive_number(name: str, value: object, *, allow_zero: bool = False) -> float:
+def _positive_number(name: str, value: object, *, allow_zero: bool = False,
+                     most: float = math.inf) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidTask(f"{name} must be a number, got {value!r}")
-    number = float(value)
-    if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
+    try:
+        number = float(value)
+    except OverflowError:  # an int past a float's range
+        number = math.inf
+    if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero) or number > most:
         bound = ">= 0" if allow_zero else "> 0"
-        raise InvalidTask(f"{name} must be a finite number {bound}, got {value!r}")
+        upto = f" and at most {most:g}" if most < math.inf else ""
+        raise InvalidTask(f"{name} must be a finite number {bound}{upto}, got {value!r}")
     return number
 
 
@@ -204,8 +211,8 @@ class TaskSpec(NamedTuple):
         after_any_outcome: bool = False,
     ) -> TaskSpec:
         delay_s, at, parents = _deferral(delay_s, at, after)
-        if deadline_s is not None:
-            _positive_number("deadline_s", deadline_s)
+        if deadline_s is not None:  # enqueue.lua takes under 1e13 ms (about 300 years)
+            deadline_s = _positive_number("deadline_s", deadline_s, most=MAX_SECONDS)
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not (
             1 <= max_attempts <= 100
         ):
@@ -216,24 +223,32 @@ class TaskSpec(NamedTuple):
             handler=_name("handler", handler),
             payload=encode_payload(payload),
             model=_name("model", model),
-            vram_gb=_positive_number("vram_gb", vram_gb),
+            vram_gb=_positive_number("vram_gb", vram_gb, most=MAX_VRAM_GB),
             priority=Priority.parse(priority),
-            est_s=None if est_s is None else _positive_number("est_s", est_s, allow_zero=True),
+            est_s=None if est_s is None else _positive_number("est_s", est_s, allow_zero=True,
+                                                              most=MAX_SECONDS),
             deadline_s=None if deadline_s is None else float(deadline_s),
-            preemptible=bool(preemptible),
+            preemptible=_flag("preemptible", preemptible),
             tenant=_name("tenant", tenant),
             max_attempts=max_attempts,
             task_id=_name("task_id", task_id) if task_id is not None else new_task_id(),
-            report_end=bool(report_end),
+            report_end=_flag("report_end", report_end),
             gpus=gpus,
             delay_s=delay_s,
             at=at,
             after=parents,
-            after_any_outcome=bool(after_any_outcome),
+            after_any_outcome=_flag("after_any_outcome", after_any_outcome),
         )
 
 
 MAX_PARENTS = 100  # ids in one task's `after`
+
+
+def _flag(name: str, value: object) -> bool:
+    """A yes/no option: a bool (or 0/1); a text such as "no" would read as true."""
+    if value in (True, False):  # 0 and 1 compare equal to them
+        return bool(value)
+    raise InvalidTask(f"{name} must be True or False, got {value!r}")
 
 
 def _deferral(delay_s: object, at: object,
@@ -249,6 +264,10 @@ def _deferral(delay_s: object, at: object,
         raise InvalidTask(f"delay_s must be at most 1e10 seconds, got {delay_s!r}")
     if when is not None and when > 1e12:
         raise InvalidTask(f"at must be epoch seconds, got {at!r}")
+    if after is None:
+        after = ()
+    if not isinstance(after, (str, Iterable)):
+        raise InvalidTask(f"after must be task ids, got {after!r}")
     ids = (after,) if isinstance(after, str) else tuple(after)
     parents = tuple(dict.fromkeys(_name("parent id", p) for p in ids))  # once each, in order
     if len(parents) > MAX_PARENTS:
@@ -268,6 +287,8 @@ def deferral_args(spec: TaskSpec) -> tuple[str, str, str]:
 
 def build_specs(tasks: Iterable[Mapping[str, Any]]) -> list[TaskSpec]:
     """Validate every task of a bulk enqueue before anything is sent."""
+    if isinstance(tasks, (str, bytes, Mapping)) or not isinstance(tasks, Iterable):
+        raise InvalidTask(f"a bulk enqueue takes a list of task mappings, got {type(tasks).__name__}")
     specs = []
     for i, t in enumerate(tasks):
         try:

@@ -18,9 +18,8 @@ import redis
 
 from gpuq.client import Queue
 from gpuq.errors import TenantError
-from gpuq.keys import Keys
+from gpuq.keys import REQUIRED, Keys
 
-REQUIRED = " required"  # the policy field of the tenants hash: no tenant name holds a space
 DEFAULT_WEIGHT = 1.0
 BOUND = "bound:"  # tenant:use field prefix of the reaper's bounds (lib/quota.lua)
 

@@ -181,7 +181,7 @@ for i = 1, n do
   end
   if not est or est ~= est or est < 0 or est > 1e10 then return {1, i, 'est_s must be 0..1e10 or empty'} end
   local d = tonumber(deadline)
-  if deadline ~= '' and not (d and d > 0 and d < 1e13) then  -- 1e13 ms: about 300 years
+  if deadline ~= '' and not (d and d > 0 and d <= 1e13) then  -- 1e13 ms: about 300 years
     return {1, i, 'deadline must be ms > 0 or empty'}
   end
   if pre ~= '0' and pre ~= '1' then return {1, i, 'preemptible must be 0 or 1'} end

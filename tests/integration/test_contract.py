@@ -24,6 +24,7 @@ from helpers import (
     enqueue,
     pool_keys,
     raw_enqueue_call,
+    register_worker,
     reserve,
     spec,
     task_keys,
@@ -33,7 +34,7 @@ from redis.retry import Retry
 
 from gpuq import Queue, catalog
 from gpuq.embedded import EmbeddedServer
-from gpuq.errors import DuplicateTask, InvalidTask, UnregisteredHandler, Unschedulable
+from gpuq.errors import DuplicateTask, InvalidTask, PartialEnqueue, UnregisteredHandler, Unschedulable
 from gpuq.reaper.preempt import Preemptor, may_be_asked
 from gpuq.scripts import Call, Claim, ClaimRequest
 from gpuq.task import Priority, State
@@ -544,14 +545,15 @@ def test_a_forked_child_does_not_use_its_parents_kept_connection(real_queue: Que
 
 def test_a_chunk_rejected_by_the_server_is_not_written_and_the_stream_stays_in_step(
         queue: Queue) -> None:
-    queue.enqueue("h", model="A", vram_gb=1, task_id="taken")
-    batch = [task(payload={"i": i}) for i in range(450)]
-    batch[250] = task(task_id="taken")  # the second chunk of 200
-    with pytest.raises(DuplicateTask):
-        queue.enqueue_many(batch)
-    # the first and third chunks are written, the second not at all
-    assert queue.redis.zcard(queue.keys.queue(2, "A")) == 1 + 200 + 50
-    assert queue.record("taken").payload is None
+    """A refusal the bulk's preflight cannot foresee (gpuq.bulk): check_fit's handlers."""
+    register_worker(queue, "w1")
+    batch = [task(payload={"i": i}, task_id=f"b{i}") for i in range(450)]
+    batch[250]["handler"] = "unknown"  # the second chunk of 200
+    with pytest.raises(PartialEnqueue, match="250 of 450 tasks were enqueued") as caught:
+        queue.enqueue_many(batch, check_fit=True)
+    # the first and third chunks are written, the second not at all, and said so
+    assert queue.redis.zcard(queue.keys.queue(2, "A")) == 200 + 50
+    assert {t.id for t in caught.value.enqueued} == {b["task_id"] for b in batch[:200] + batch[400:]}
     assert len(queue.enqueue_many([task() for _ in range(3)])) == 3  # the connection is in step
 
 

@@ -61,13 +61,13 @@ def test_build_valid_spec_defaults() -> None:
 
 
 @pytest.mark.parametrize("vram", [0, -1, -0.5, math.nan, math.inf, -math.inf, True, False,
-                                  "8", None, [8]])
+                                  "8", None, [8], 1e308, 10**400, 1.1e6])
 def test_build_rejects_bad_vram(vram: object) -> None:
     with pytest.raises(InvalidTask, match="vram_gb"):
         build(vram_gb=vram)
 
 
-@pytest.mark.parametrize("est", [-1, math.nan, math.inf, True, "1"])
+@pytest.mark.parametrize("est", [-1, math.nan, math.inf, True, "1", 1e11, 10**400])
 def test_build_rejects_bad_estimate(est: object) -> None:
     with pytest.raises(InvalidTask, match="est_s"):
         build(est_s=est)
@@ -143,7 +143,8 @@ def test_build_rejects_max_attempts_out_of_range(attempts: object) -> None:
         build(max_attempts=attempts)
 
 
-@pytest.mark.parametrize("deadline", [0, -1, math.nan, math.inf, True, "5", [1]])
+@pytest.mark.parametrize("deadline", [0, -1, math.nan, math.inf, True, "5", [1], 1e308, 1e20,
+                                      10**400])
 def test_build_rejects_bad_deadline(deadline: object) -> None:
     with pytest.raises(InvalidTask, match="deadline_s"):
         build(deadline_s=deadline)
@@ -229,3 +230,28 @@ def test_a_states_ended_count_sums_its_counts_per_priority_and_unleveled() -> No
              "failed:P1": "4"}
     assert ended_count(stats, "succeeded") == 8
     assert ended_count(stats, "failed") == 4 and ended_count(stats, "expired") == 0
+
+
+def test_the_largest_bounds_pass_as_enqueue_lua_takes_them() -> None:
+    s = build(vram_gb=1e6, est_s=1e10, deadline_s=1e10)
+    assert (s.vram_gb, s.est_s, s.deadline_s) == (1e6, 1e10, 1e10)
+
+
+@pytest.mark.parametrize("option", ["preemptible", "report_end", "after_any_outcome"])
+@pytest.mark.parametrize("value", ["no", "", None, 2, [False]])
+def test_a_yes_no_option_takes_a_bool_only(option: str, value: object) -> None:
+    with pytest.raises(InvalidTask, match=option):
+        build(**{option: value})
+    assert getattr(build(**{option: 0}), option) is False
+
+
+def test_after_none_means_no_parents_and_a_non_iterable_is_refused() -> None:
+    assert build(after=None).after == ()
+    with pytest.raises(InvalidTask, match="after must be task ids"):
+        build(after=5)
+
+
+@pytest.mark.parametrize("tasks", [None, "abc", {"handler": "h"}, 7])
+def test_a_bulk_of_something_other_than_a_list_of_tasks_is_refused(tasks: object) -> None:
+    with pytest.raises(InvalidTask, match="list of task mappings"):
+        build_specs(tasks)  # type: ignore[arg-type]
