@@ -3,7 +3,8 @@
 -- Expired leases go back to their queues (the attempt counts, so a task that keeps killing
 -- its worker ends "failed" after max_attempts). Workers whose liveness expired are removed
 -- with their idle entry, model holdings, wake and control lists and reservation, and
--- their running tasks requeued at once rather than at lease expiry. Queues a client of an
+-- their running tasks requeued at once rather than at lease expiry (a task handed over to
+-- one and still unread on its wake list with its attempt given back: it never started). Queues a client of an
 -- older release indexed per level (models:<p>) join the work index. The claim's gates for
 -- due retries, hand-overs and tenancy are set from what they guard (lib/gates.lua).
 --
@@ -27,13 +28,13 @@ local now, limit, ttl = clock(ARGV[1]), arg_num(2, 1, 1e6, true), ttl_arg(3)
 if not (now and limit and ttl) then return {1, 0, 'now and ttl must be ms >= 0, limit 1..1e6'} end
 local requeued, failed = 0, 0
 
-local function recover(id, reason)
+local function recover(id, reason, consume)
   local f = redis.call('HMGET', task_key(id), 'state', 'worker', 'charged')
   if f[1] ~= 'running' then
     release(id, f[2], f[3])
     return
   end
-  if requeue(id, now, reason, true, ttl) == 'queued' then
+  if requeue(id, now, reason, consume ~= false, ttl) == 'queued' then
     requeued = requeued + 1
   else
     failed = failed + 1
@@ -50,7 +51,10 @@ for _, w in ipairs(dead) do
   redis.call('ZREM', K_WORKERS, w)
   redis.call('HDEL', K_LANES, w)
   for _, id in ipairs(redis.call('SMEMBERS', worker_tasks_key(w))) do
-    recover(id, 'worker ' .. w .. ' died')
+    -- handed over at enqueue and never popped: it did not start, so its attempt is given
+    -- back, as at its pickup deadline (lib/due.lua)
+    local unread = unread_handover(w, id) ~= nil
+    recover(id, unread and 'its worker died before picking it up' or 'worker ' .. w .. ' died', not unread)
   end
   redis.call('DEL', wk, worker_tasks_key(w), wake_key(w), control_key(w), reservation_key(w))
 end

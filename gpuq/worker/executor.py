@@ -212,6 +212,8 @@ class Executor:
         """Check the reply of an ack, fail or yield; a stale token means another attempt
         owns the task."""
         task_id = call.args[0]
+        if call.args[1]:  # the run's lease is renewed no more (gpuq.worker.running)
+            self.running.settled(task_id, int(call.args[1]))
         run = self.unacked.pop((task_id, call.args[1]), None) if call.script == "ack" else None
         try:
             done = call.parse(reply)

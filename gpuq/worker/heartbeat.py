@@ -53,10 +53,10 @@ class Heartbeat(threading.Thread):
 
     def beat(self) -> None:
         gpu = self.gpu
-        running = self.running.snapshot()
+        running, settling = self.running.snapshot(), self.running.settling()
         used = nvml_used_gb(gpu.indices) if gpu.source == "nvml" and gpu.indices else None
         state = "draining" if self.stopping.is_set() else ("busy" if running else "idle")
-        call = self.calls.heartbeat(self.id, [(r.task_id, r.token) for r in running])
+        call = self.calls.heartbeat(self.id, [(r.task_id, r.token) for r in running] + settling)
         with self.presence.beat(self.cache, len(running), state,
                                 None if used is None else sum(used)) as shown:
             replies = self.scripts.pipelined([call], [shown.command])
@@ -68,6 +68,9 @@ class Heartbeat(threading.Thread):
             # the reaper took this worker for dead (a long pause) and dropped its holdings
             log.warning("worker.revived worker=%s: restoring model holdings", self.id)
             self.presence.restore(self.cache)
+        for task_id, token in settling:  # ended: its answer no longer matters to its run
+            if task_id in lost:
+                self.running.settled(task_id, token)
         still = {r.task_id for r in self.running.snapshot()}  # a task acked since the snapshot is not lost
         for r in running:
             if r.task_id in lost and not r.ctx.lost and r.task_id in still:

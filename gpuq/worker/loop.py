@@ -132,16 +132,25 @@ class Worker:
         self.give_back(fields["id"], int(fields["token"]))
         return None
 
-    def give_back(self, task_id: str, token: int) -> None:
-        """Requeue a task this worker was given but will not run (its attempt given back)."""
-        try:
-            self.scripts.run(self.calls.requeue(task_id, token, "worker shut down", consume=False))
-            log.warning("task.requeued task=%s worker=%s reason=shutdown", task_id, self.id)
-        except StaleLease:
-            pass
-        except redis.RedisError as exc:
-            log.error("task.requeue_failed task=%s error=%s (the reaper will recover it)",
-                      task_id, exc)
+    def give_back(self, task_id: str, token: int, until: float = 0.0) -> None:
+        """Requeue a task this worker was given but will not run (its attempt given back).
+        Redis away: tried again with backoff until ``until`` (monotonic), since the reaper
+        would recover it as a dead worker's, its attempt used."""
+        backoff = Backoff()
+        while True:
+            try:
+                self.scripts.run(self.calls.requeue(task_id, token, "worker shut down", consume=False))
+                log.warning("task.requeued task=%s worker=%s reason=shutdown", task_id, self.id)
+                return
+            except StaleLease:
+                return
+            except redis.RedisError as exc:
+                wait = min(backoff.delay(), until - time.monotonic())
+                if wait <= 0:
+                    log.error("task.requeue_failed task=%s error=%s (the reaper will recover it)",
+                              task_id, exc)
+                    return
+                time.sleep(wait)
 
     def wait_for_work(self, retry_s: float) -> Claimed | bool | None:
         """Block on this worker's wake list and the pool's (no sleep loop). A task left for a
@@ -360,9 +369,11 @@ class Worker:
         # the heartbeat keeps their leases meanwhile
         for t in runners:
             t.join(None if grace_end is None else max(0.0, grace_end - time.monotonic()))
+        # with Redis away, keep trying the give-backs to the grace's end (at least stop_s)
+        until = max(grace_end or 0.0, time.monotonic() + self.config.stop_s)
         for r in self.running.snapshot():
             if not r.stopped:  # a stopped task was requeued when it was stopped
-                self.give_back(r.task_id, r.token)
+                self.give_back(r.task_id, r.token, until)
         self.give_back_unread()
         heartbeat.stop()  # before leaving: a late beat would list this worker again
         held = self.cache.model_names()

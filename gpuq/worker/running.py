@@ -66,6 +66,10 @@ class RunningSet:
     def __init__(self) -> None:
         self._changed = threading.Condition()
         self._running: dict[str, Running] = {}
+        # runs that ended whose ack, fail or requeue is not answered yet (it rides with the
+        # next claim, which an outage holds back): task id -> token. Their leases stay
+        # renewed, or a reaper would take back a finished task and its result be refused
+        self._settling: dict[str, int] = {}
         self._last_active = time.monotonic()  # a task started or ended
         self.tasks_run = 0
 
@@ -78,11 +82,24 @@ class RunningSet:
             self._last_active = time.monotonic()
 
     def untrack(self, task_id: str) -> None:
+        """The run ended (its slot is free); its lease is kept until ``settled``."""
         with self._changed:
-            self._running.pop(task_id, None)
+            run = self._running.pop(task_id, None)
+            if run is not None:
+                self._settling[task_id] = run.token
             self.tasks_run += 1
             self._last_active = time.monotonic()
             self._changed.notify_all()
+
+    def settled(self, task_id: str, token: int) -> None:
+        """The run's ack, fail or requeue was answered (or its lease is gone): no more renewals."""
+        with self._changed:
+            if self._settling.get(task_id) == token:
+                del self._settling[task_id]
+
+    def settling(self) -> list[tuple[str, int]]:
+        with self._changed:
+            return list(self._settling.items())
 
     def slots_used(self) -> int:
         """Runner slots taken: one per task, or per batch."""

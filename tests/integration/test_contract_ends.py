@@ -161,3 +161,16 @@ def test_a_retired_worker_holds_nothing_and_leaves_nothing_for_good(queue: Queue
     tid = enqueue(queue, later, model="A", vram_gb=10, priority=2)
     t = claim(queue, "other", 75, now_ms=later + 3_000)
     assert t is not None and t["id"] == tid
+
+
+def test_a_hand_over_to_a_worker_that_died_unread_gives_its_attempt_back(queue: Queue) -> None:
+    """The reaper finds the worker dead before it looks at the hand-over's pickup deadline."""
+    register_worker(queue, "w1", idle=True, holds=("A",))
+    queue.redis.hset(queue.keys.worker("w1"),
+                     mapping={"handover_defer_ms": 100, "fair_every": 4, "lease_ms": 30_000})
+    heartbeat(queue, "w1", [], now_ms=T0)
+    tid = enqueue(queue, T0, model="A", vram_gb=10, max_attempts=1)
+    assert queue.redis.hmget(queue.keys.task(tid), "state", "worker") == ["running", "w1"]
+    assert reap(queue, now_ms=T0 + 60_000).dead_workers == 1
+    assert queue.redis.hmget(queue.keys.task(tid), "state", "attempt", "error") == [
+        "queued", "0", "its worker died before picking it up"]

@@ -40,3 +40,43 @@ def test_a_task_acked_during_the_beat_is_not_reported_lost(caplog: pytest.LogCap
     assert task.status().value == "succeeded"
     assert not running.ctx.lost
     assert "lease.lost" not in caplog.text
+
+
+def test_a_finished_run_keeps_its_lease_until_its_ack_is_answered() -> None:
+    """The ack rides with the runner's next claim, which an outage holds back: until it is
+    answered the run's lease is renewed, or a reaper would take back a finished task (and
+    refuse its result) once the lease ran out; an answered or lost one is renewed no more."""
+    client = fakeredis.FakeRedis(decode_responses=True)
+    config = Config(pool="hb", lease_s=30).validate()
+    queue = Queue(client, config)
+    worker = Worker(client, config, app, GpuInfo("sim", "x", 80, None, "declared"), worker_id="w")
+    worker.presence.register(worker_record.identity("w", worker.gpu, 5, 1, "0123", "h", 1), 30_000)
+    queue.enqueue("sim.noop", 1, model="m", vram_gb=1)
+    got = worker.claim(None)
+    assert isinstance(got, tuple)
+    fields, res, running = got[0]
+    ack = worker.executor.execute(fields, res, running)
+    assert ack is not None and not worker.running.slots_used()
+    assert worker.running.settling() == [(running.task_id, running.token)]
+    client.zadd(queue.keys.running, {running.task_id: 0})  # as if its lease had nearly run out
+    worker.heartbeat().beat()
+    assert float(client.zscore(queue.keys.running, running.task_id)) > 0
+    worker.settle([ack])
+    assert worker.running.settling() == []
+    assert queue.record(running.task_id).state.value == "succeeded"
+
+
+def test_a_finished_run_whose_lease_is_gone_is_dropped_from_the_renewals() -> None:
+    client = fakeredis.FakeRedis(decode_responses=True)
+    config = Config(pool="hb").validate()
+    queue = Queue(client, config)
+    worker = Worker(client, config, app, GpuInfo("sim", "x", 80, None, "declared"), worker_id="w")
+    worker.presence.register(worker_record.identity("w", worker.gpu, 5, 1, "0123", "h", 1), 30_000)
+    task = queue.enqueue("sim.noop", 1, model="m", vram_gb=1)
+    got = worker.claim(None)
+    assert isinstance(got, tuple)
+    fields, res, running = got[0]
+    assert worker.executor.execute(fields, res, running) is not None
+    task.cancel()
+    worker.heartbeat().beat()
+    assert worker.running.settling() == []

@@ -1,0 +1,57 @@
+"""A worker's give-back at shutdown (gpuq.worker.loop.Worker.give_back), on fakeredis."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import fakeredis
+import redis
+
+from gpuq import Config, Queue, worker_record
+from gpuq.worker.gpu import GpuInfo
+from gpuq.worker.loop import Worker
+from workers.sim import app
+
+
+def claimed_worker() -> tuple[Queue, Worker, Any]:
+    client = fakeredis.FakeRedis(decode_responses=True)
+    config = Config(pool="sd").validate()
+    queue = Queue(client, config)
+    worker = Worker(client, config, app, GpuInfo("sim", "x", 80, None, "declared"), worker_id="w")
+    worker.presence.register(worker_record.identity("w", worker.gpu, 5, 1, "0123", "h", 1), 30_000)
+    queue.enqueue("sim.noop", 1, model="m", vram_gb=1, max_attempts=1)
+    got = worker.claim(None)
+    assert isinstance(got, tuple)
+    return queue, worker, got[0][2]
+
+
+def test_a_give_back_outlasts_a_short_outage_and_returns_the_attempt() -> None:
+    """Tried once, a give-back during an outage left the task to the reaper, which counts
+    its attempt (a max_attempts=1 task ended failed without having failed)."""
+    queue, worker, running = claimed_worker()
+    run, down = worker.scripts.run, [2]
+
+    def flaky(call: Any) -> Any:
+        if down[0]:
+            down[0] -= 1
+            raise redis.ConnectionError("Connection refused")
+        return run(call)
+
+    worker.scripts.run = flaky  # type: ignore[method-assign]
+    worker.give_back(running.task_id, running.token, until=time.monotonic() + 5)
+    record = queue.record(running.task_id)
+    assert (record.state.value, record.attempt) == ("queued", 0)
+
+
+def test_a_give_back_stops_trying_at_its_deadline() -> None:
+    queue, worker, running = claimed_worker()
+
+    def down(call: Any) -> Any:
+        raise redis.ConnectionError("Connection refused")
+
+    worker.scripts.run = down  # type: ignore[method-assign]
+    t0 = time.monotonic()
+    worker.give_back(running.task_id, running.token, until=t0 + 0.3)
+    assert time.monotonic() - t0 < 1.0
+    assert queue.record(running.task_id).state.value == "running"
