@@ -110,8 +110,11 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
     queues = [(p, m, int(next(replies)), next(replies)) for p, m in pairs]
     ids = {w.id for w in workers}
     holders = {m: frozenset(next(replies)) & ids for m in models}
-    sizes = {str(c): as_float(v) for c, v in classes.items()}
-    bounds = [*sorted(set(sizes.values()) | {w.usable_gb for w in workers}), math.inf]
+    # a size that is no finite number (an older worker declared nan or inf) is no class: a
+    # score bound of nan would fail the round's reads
+    sizes = {str(c): gb for c, v in classes.items() if math.isfinite(gb := as_float(v))}
+    bounds = [*sorted(b for b in set(sizes.values()) | {w.usable_gb for w in workers}
+                      if math.isfinite(b)), math.inf]
     samples = Samples() if samples is None else samples
     reads = samples.reads([(p, m, depth) for p, m, depth, _ in queues])
     read, bands, named = read_backlogs(client, keys, deepen(client, keys, queues, reads), reads, bounds)

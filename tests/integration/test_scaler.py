@@ -254,3 +254,14 @@ def test_holders_are_read_for_a_bounded_number_of_forecast_models(
     ranked = sorted((m for m in snap.forecasts if m != "q"),
                     key=lambda m: (not snap.forecasts[m].rising, -snap.forecasts[m].forecast_per_s, m))
     assert snap.weighed == frozenset({"q", *ranked[:2]}) == frozenset(snap.holders)
+
+
+def test_a_class_size_that_is_no_finite_number_is_passed_over(make_real_queue: MakeQueue) -> None:
+    """An older worker could declare nan or inf GB: the round's reads took it as a score
+    bound, which the server refuses, and every round failed."""
+    q = make_real_queue(min_workers=0)
+    register(q, "w-h", "A100-80", 80, holds=("m",))
+    q.redis.hset(q.keys.classes, mapping={"broken": "nan", "huge": "inf"})
+    enqueue(q, 10, "m", 16, est_s=2)
+    plan = Scaler(q.redis, q.keys, q.config).step()
+    assert "class:A100-80" in {s.hash_field for s in plan.signals}
