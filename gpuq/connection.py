@@ -37,16 +37,19 @@ from gpuq.errors import (
     AuthenticationFailed,
     ConfigError,
     ConnectionFailed,
+    GpuqError,
     NoMaster,
     PermissionDenied,
+    ServerRefused,
     TlsFailed,
 )
 from gpuq.redact import redact
 
 # no read timeout: workers and result waiters block on list pops for seconds at a time;
-# keepalive and the connect timeout still catch a dead server
+# keepalive and the connect timeout (which covers the handshake too: _start) catch a dead server
 CONNECT_OPTIONS: dict[str, Any] = {"decode_responses": True, "socket_timeout": None,
                                    "socket_connect_timeout": 5, "socket_keepalive": True}
+TCP_ONLY = ("socket_keepalive",)  # redis-py's unix socket connections refuse it
 SENTINEL_TIMEOUT_S = 5.0  # a Sentinel answers at once; one that hangs must not hang us
 SENTINEL_QUERY = ("sentinel_username", "sentinel_password")
 _DENIED = ("NOPERM", "can't run this command", "no permissions")
@@ -108,6 +111,37 @@ class SentinelTlsConnection(_BoundedHandshake, redis.sentinel.SentinelManagedSSL
     pass
 
 
+def _no_reply(conn: Any) -> redis.TimeoutError:
+    return redis.TimeoutError(f"timed out: no reply within {conn.socket_connect_timeout:g} s of "
+                              "connecting (a hung server, or not a Redis)")
+
+
+def _start(conn: Any) -> None:
+    """A new connection's handshake (redis-py's on_connect: CLIENT SETINFO, and AUTH, HELLO or
+    SELECT as needed, so at least one reply) under the connect timeout, the read timeout unset
+    again after it: a server that accepts and never answers fails the first command instead of
+    hanging it, while blocking pops later still wait as long as they ask."""
+    conn._sock.settimeout(conn.socket_connect_timeout)  # the parser keeps socket_timeout (None)
+    try:
+        conn.on_connect()
+    except redis.TimeoutError:
+        raise _no_reply(conn) from None
+    finally:
+        if conn._sock is not None:  # None: a failed read disconnected it
+            conn._sock.settimeout(conn.socket_timeout)
+
+
+async def _start_async(conn: Any) -> None:
+    """_start for redis.asyncio, whose reads take socket_timeout as each one starts."""
+    kept, conn.socket_timeout = conn.socket_timeout, conn.socket_connect_timeout
+    try:
+        await conn.on_connect()
+    except redis.TimeoutError:
+        raise _no_reply(conn) from None
+    finally:
+        conn.socket_timeout = kept
+
+
 @contextmanager
 def url_checked(url: str) -> Iterator[None]:
     """A Redis URL that cannot be parsed is a configuration error, not a stack trace."""
@@ -163,12 +197,36 @@ def redis_errors(url: str) -> Iterator[None]:
         if cause is not None:
             raise TlsFailed(url, cause) from None
         raise ConnectionFailed(url, _first_line(exc)) from None
+    except redis.exceptions.InvalidResponse as exc:  # e.g. an HTTP server's "HTTP/1.1 400 ..."
+        raise ConnectionFailed(url, f"the reply is not the Redis protocol, is this a Redis server? "
+                                    f"({_first_line(exc)})") from None
     except redis.ResponseError as exc:
-        # inside a script the ACL refusal comes back as "ERR The user executing the script
-        # can't run this command" (Redis 7.0) or "... NOPERM ..."
-        if any(sign in str(exc) for sign in _DENIED):
-            raise PermissionDenied(url, _first_line(exc)) from None
-        raise
+        refused = _refusal(url, exc)
+        if refused is None:
+            raise
+        raise refused from None
+
+
+def _refusal(url: str, exc: redis.ResponseError) -> GpuqError | None:
+    """The gpuq error for a server's refusal that no retry or other command would get
+    past; None for the errors callers handle themselves (WRONGTYPE, BUSYGROUP ...)."""
+    text, line = str(exc), _first_line(exc)
+    # inside a script the refusal comes back wrapped: "ERR The user executing the script
+    # can't run this command" (an ACL refusal, Redis 7.0), "... NOPERM ...", "... OOM ..."
+    if any(sign in text for sign in _DENIED):
+        return PermissionDenied(url, line)
+    if isinstance(exc, redis.exceptions.ReadOnlyError) or "read only replica" in text:
+        return ServerRefused(url, "it is a read-only replica: point the URL (--redis) at the master")
+    if isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM command not allowed" in text:
+        return ServerRefused(url, "it is out of memory (used memory > maxmemory): free memory "
+                                  "or raise maxmemory")
+    if "DB index is out of range" in text:  # SELECT of the URL's database
+        return ConfigError(f"Redis URL {redact(url)!r} names a database the server does not have "
+                           f"({line}; the server's `databases` setting, 16 by default, bounds it)")
+    if "unknown command" in text and "'sentinel'" in text.lower():
+        return NoMaster(url, "it is a plain Redis, not a Sentinel (unknown command SENTINEL): use "
+                             "redis:// for it, or give redis+sentinel:// the Sentinels' addresses")
+    return None
 
 
 @dataclass(frozen=True)
@@ -239,6 +297,22 @@ def _plain_tls(url: str, tls: Tls) -> dict[str, Any]:
     return {**tls.options(), "connection_class": TlsConnection} if scheme == "rediss" else {}
 
 
+def _single(url: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` for a redis://, rediss:// or unix:// URL: without the TCP options for a unix
+    socket (redis-py's unix connections refuse them), and a path that is not a database number
+    refused (redis-py would quietly use db 0)."""
+    parts = urlsplit(url)
+    if _scheme(url) == "unix":
+        return {k: v for k, v in kwargs.items() if k not in TCP_ONLY}
+    db = unquote(parts.path).replace("/", "")  # as redis-py reads it, dropping what int() refuses
+    if db and "db" not in dict(parse_qsl(parts.query)):
+        try:
+            int(db)
+        except ValueError:
+            raise ValueError(f"the database {db!r} (the path) is not a number") from None
+    return kwargs
+
+
 def connect(url: str, *, tls: Tls | None = None, pool: str = "default", **options: Any) -> redis.Redis:
     """A client for ``url`` (see the module docstring); ``options`` override CONNECT_OPTIONS.
     Nothing is sent until the first command: callers ping inside ``redis_errors``."""
@@ -247,6 +321,9 @@ def connect(url: str, *, tls: Tls | None = None, pool: str = "default", **option
     with url_checked(url):
         secure = _plain_tls(url, tls)
         scheme = _scheme(url)
+        if scheme.endswith("+cluster"):  # cluster_client makes its own connections
+            return _cluster(url, tls, pool, kwargs)
+        kwargs["redis_connect_func"] = _start
         if scheme.endswith("+sentinel"):
             nodes, name, master, sentinels = _sentinel_args(url, tls)
             if master.pop("ssl", False):
@@ -255,15 +332,13 @@ def connect(url: str, *, tls: Tls | None = None, pool: str = "default", **option
             client: redis.Redis = found.master_for(  # type: ignore[no-untyped-call]
                 name, redis_class=redis.Redis, **master, **kwargs)
             return client
-        if scheme.endswith("+cluster"):
-            return _cluster(url, tls, pool, kwargs)
-        return redis.Redis.from_url(url, **kwargs, **secure)
+        return redis.Redis.from_url(url, **_single(url, kwargs), **secure)
 
 
 def connect_async(url: str, *, tls: Tls | None = None, **options: Any) -> aredis.Redis:
     """The asyncio client for ``url`` (Sentinel included; Cluster is sync only)."""
     tls = tls or Tls()
-    kwargs = {**CONNECT_OPTIONS, **options}
+    kwargs = {**CONNECT_OPTIONS, "redis_connect_func": _start_async, **options}
     with url_checked(url):
         secure = _plain_tls(url, tls)
         scheme = _scheme(url)
@@ -274,8 +349,8 @@ def connect_async(url: str, *, tls: Tls | None = None, **options: Any) -> aredis
             return client
         if scheme.endswith("+cluster"):
             raise ConfigError("the asyncio client does not support redis+cluster:// URLs")
-        secure.pop("connection_class", None)  # asyncio bounds the handshake itself
-        return aredis.Redis.from_url(url, **kwargs, **secure)
+        secure.pop("connection_class", None)  # asyncio bounds the TLS handshake itself
+        return aredis.Redis.from_url(url, **_single(url, kwargs), **secure)
 
 
 def _cluster(url: str, tls: Tls, pool: str, options: dict[str, Any]) -> redis.Redis:

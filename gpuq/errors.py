@@ -152,6 +152,12 @@ class NoMaster(ConnectionFailed):
     what = "no master from the Sentinels at {url}"
 
 
+class ServerRefused(ConnectionFailed):
+    """The server answered but cannot serve gpuq: a read-only replica, or out of memory."""
+
+    what = "Redis at {url} refused the command"
+
+
 class ReplicaTimeout(GpuqError):
     """A write the master made, acknowledged by fewer replicas than ``replica_acks`` asks
     within ``replica_wait_ms``: it stands on the master, but a failover before the master

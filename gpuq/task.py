@@ -117,7 +117,7 @@ def _positive_number(name: str, value: object, *, allow_zero: bool = False,
         number = math.inf
     if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero) or number > most:
         bound = ">= 0" if allow_zero else "> 0"
-        upto = f" and at most {most:g}" if most < math.inf else ""
+        upto = f" and at most {most:g}".replace("e+0", "e").replace("e+", "e") if most < math.inf else ""
         raise InvalidTask(f"{name} must be a finite number {bound}{upto}, got {value!r}")
     return number
 

@@ -6,6 +6,7 @@ helpers commands share.
 from __future__ import annotations
 
 import inspect
+import os
 import re
 from collections.abc import Callable
 from dataclasses import replace
@@ -17,7 +18,7 @@ from gpuq import logs
 from gpuq.client import Queue
 from gpuq.config import Config
 from gpuq.connection import Tls, connect, redis_errors
-from gpuq.errors import GpuqError
+from gpuq.errors import ConfigError, GpuqError
 from gpuq.redact import redact
 from gpuq.task import Priority, TaskSpec
 
@@ -52,6 +53,9 @@ def config_of(ctx: click.Context) -> Config:
 
 def open_queue(ctx: click.Context) -> Queue:
     cfg = config_of(ctx)
+    if ctx.obj.get("empty_url"):  # e.g. --redis "$UNSET": the default server is not what was meant
+        raise ConfigError("the Redis URL given (--redis or GPUQ_REDIS_URL) is empty: give one, or "
+                          f"leave both out for {DEFAULT_URL}")
     url = cfg.redis_url or DEFAULT_URL
     with redis_errors(url):
         client = connect(url, tls=Tls.of(cfg), pool=cfg.pool)
@@ -89,7 +93,7 @@ def no_preempt_option(help: str) -> Callable[[F], F]:
 
 
 @click.group(cls=Cli)
-@click.option("--redis", "redis_url", envvar="GPUQ_REDIS_URL", default="",
+@click.option("--redis", "redis_url", envvar="GPUQ_REDIS_URL", default=None,
               help=f"Redis URL (env GPUQ_REDIS_URL; default {DEFAULT_URL}, the demo embeds one): "
                    "redis://, rediss:// (TLS), unix://, redis+sentinel://HOST:PORT[,...]/MASTER[/DB], "
                    "redis+cluster://HOST:PORT[,...].")
@@ -105,7 +109,7 @@ def no_preempt_option(help: str) -> Callable[[F], F]:
               type=click.Choice(["text", "json"]),
               help="json: one object per line with the event name and fields (env GPUQ_LOG_FORMAT).")
 @click.pass_context
-def cli(ctx: click.Context, redis_url: str, tls_ca: str | None, tls_cert: str | None,
+def cli(ctx: click.Context, redis_url: str | None, tls_ca: str | None, tls_cert: str | None,
         tls_key: str | None, pool: str, log_level: str, log_format: str) -> None:
     """gpuq: a Redis-backed task queue that schedules AI inference work onto GPUs."""
     logs.configure(log_level, log_format)
@@ -114,4 +118,6 @@ def cli(ctx: click.Context, redis_url: str, tls_ca: str | None, tls_cert: str | 
                                              tls_cert=tls_cert, tls_key=tls_key)
     except GpuqError as exc:
         raise click.ClickException(str(exc)) from None
-    ctx.obj = {"config": cfg}
+    # click reads an empty variable as not set, and Config an empty URL as "the default"
+    empty = redis_url == "" or (redis_url is None and os.environ.get("GPUQ_REDIS_URL") == "")
+    ctx.obj = {"config": cfg, "empty_url": empty}

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import ssl
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +16,11 @@ import redis
 import redis.asyncio.sentinel
 import redis.sentinel
 
+from gpuq.aio import AsyncQueue
 from gpuq.client import Queue
 from gpuq.config import Config
 from gpuq.connection import (
+    CONNECT_OPTIONS,
     Hosts,
     SentinelTlsConnection,
     Tls,
@@ -30,6 +35,7 @@ from gpuq.errors import (
     ConnectionFailed,
     NoMaster,
     PermissionDenied,
+    ServerRefused,
     TlsFailed,
 )
 from gpuq.redact import redact
@@ -102,6 +108,18 @@ def test_redis_errors_name_the_fault() -> None:
         (redis.TimeoutError("Timeout connecting to server"), ConnectionFailed, "Timeout connecting"),
         (_ssl_wrapped(ssl.SSLCertVerificationError(1, "certificate verify failed")), TlsFailed,
          "TLS handshake with Redis at redis://:***@h:1/0 failed: certificate verify failed"),
+        (redis.exceptions.InvalidResponse('Protocol error, got "H" as reply type byte'), ConnectionFailed,
+         'cannot reach Redis at redis://:***@h:1/0: the reply is not the Redis protocol, is this a Redis'),
+        (redis.exceptions.ReadOnlyError("You can't write against a read only replica."), ServerRefused,
+         "Redis at redis://:***@h:1/0 refused the command: it is a read-only replica"),
+        (redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),
+         ServerRefused, "refused the command: it is out of memory"),
+        (redis.ResponseError("Error running script (call to f_1): @user_script:1: OOM command not "
+                             "allowed when used memory > 'maxmemory'."), ServerRefused, "out of memory"),
+        (redis.ResponseError("DB index is out of range"), ConfigError,
+         "Redis URL 'redis://:***@h:1/0' names a database the server does not have"),
+        (redis.ResponseError("unknown command 'SENTINEL', with args beginning with: 'MASTERS' "),
+         NoMaster, "no master from the Sentinels at redis://:***@h:1/0: it is a plain Redis"),
     ]
     for exc, kind, fragment in cases:
         raised = _raised_by(exc)
@@ -156,11 +174,32 @@ def test_tls_sentinel_url_uses_tls_to_master_and_sentinels(tmp_path: Path) -> No
     ("redis+sentinel://:s3cret@/m", "no host"),
     ("redis+sentinel://:s3cret@h:port/m", "invalid literal"),
     ("redis://:s3cret@h:port/0", "Port could not be cast"),
+    ("redis://:s3cret@h:1/abc", "the database 'abc' \\(the path\\) is not a number"),
+    ("rediss://:s3cret@h:1/0x", "the database '0x'"),
 ])
 def test_malformed_urls_are_configuration_errors(url: str, fragment: str) -> None:
-    with pytest.raises(ConfigError, match=fragment) as info:
-        connect(url)
-    assert SECRET not in str(info.value)
+    for make in (connect, connect_async):
+        with pytest.raises(ConfigError, match=fragment) as info:
+            make(url)
+        assert SECRET not in str(info.value)
+
+
+def test_database_numbers_redis_py_reads() -> None:
+    """A number, or ?db=, or no path at all are databases; -1 is the server's to refuse."""
+    for url, db in (("redis://h:1/3", 3), ("redis://h:1/x?db=2", 2), ("redis://h:1", 0),
+                    ("redis://h:1/-1", -1)):
+        assert connect(url).connection_pool.connection_kwargs.get("db", 0) == db, url
+
+
+def test_unix_socket_urls_take_no_tcp_options() -> None:
+    """redis-py's unix socket connections refuse socket_keepalive (a TypeError at first use)."""
+    sync = connect("unix:///tmp/gpuq-none.sock?db=1").connection_pool
+    asynchronous = connect_async("unix:///tmp/gpuq-none.sock").connection_pool
+    for pool in (sync, asynchronous):
+        assert "socket_keepalive" not in pool.connection_kwargs
+        assert pool.connection_kwargs["socket_connect_timeout"] == 5
+        pool.make_connection()  # would raise the TypeError
+    assert sync.connection_kwargs["db"] == 1
 
 
 def test_tls_files_are_checked_and_need_rediss(tmp_path: Path) -> None:
@@ -228,3 +267,73 @@ def test_tls_handshake_with_a_silent_port_times_out() -> None:
                 client.ping()
         assert time.monotonic() - started < 3
         client.close()
+
+
+@pytest.fixture
+def fake_server() -> Iterator[Callable[[bytes | None], int]]:
+    """Start a TCP server on a free port that answers every read with ``reply`` (None: never
+    answers); returns its port."""
+    opened: list[socket.socket] = []
+
+    def start(reply: bytes | None) -> int:
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        opened.append(listener)
+
+        def serve() -> None:
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                opened.append(conn)
+                if reply is not None:
+                    try:
+                        conn.recv(65536)
+                        conn.sendall(reply)
+                    except OSError:
+                        pass
+
+        threading.Thread(target=serve, daemon=True).start()
+        return int(listener.getsockname()[1])
+
+    yield start
+    for sock in opened:
+        sock.close()
+
+
+def _enqueue_async(url: str) -> None:
+    async def go() -> None:
+        async with AsyncQueue.from_url(url) as queue:
+            await asyncio.wait_for(queue.enqueue("h", None, model="m", vram_gb=1), 10)
+
+    asyncio.run(go())
+
+
+def test_silent_server_fails_the_first_command_in_the_connect_timeout(
+        fake_server: Callable[[bytes | None], int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that accepts and never answers: the handshake of a new connection runs under
+    the connect timeout (gpuq has no read timeout), so the first command fails instead of
+    hanging, from the sync and the asyncio API alike."""
+    monkeypatch.setitem(CONNECT_OPTIONS, "socket_connect_timeout", 0.3)
+    url = f"redis://:{SECRET}@127.0.0.1:{fake_server(None)}/0"
+    for first_use in (lambda: connect(url).ping(),
+                      lambda: Queue.from_url(url).enqueue("h", None, model="m", vram_gb=1),
+                      lambda: _enqueue_async(url)):
+        started = time.monotonic()
+        with pytest.raises(ConnectionFailed, match="timed out: no reply within 0.3 s of connecting") as info:
+            with redis_errors(url):
+                first_use()
+        assert time.monotonic() - started < 3
+        assert type(info.value) is ConnectionFailed and SECRET not in str(info.value)
+
+
+def test_not_a_redis_server(fake_server: Callable[[bytes | None], int]) -> None:
+    """An HTTP server on the port: one ConnectionFailed that asks, not a protocol error."""
+    port = fake_server(b"HTTP/1.0 400 Bad Request\r\n\r\n")
+    url = f"redis://127.0.0.1:{port}/0"
+    for first_use in (lambda: Queue.from_url(url).enqueue("h", None, model="m", vram_gb=1),
+                      lambda: _enqueue_async(url)):
+        with pytest.raises(ConnectionFailed, match="is this a Redis server"):
+            first_use()

@@ -27,7 +27,7 @@ def steady(rate_per_min: int, end_ms: int = NOW, buckets: int = N + 1) -> dict[i
 
 
 def test_the_lua_bucket_and_ttl_are_the_python_constants() -> None:
-    lua = resources.files("gpuq").joinpath("lua", "enqueue.lua").read_text()
+    lua = resources.files("gpuq").joinpath("lua", "lib", "arrivals.lua").read_text()
     assert re.search(r"arrivals_key\(ms\(math\.floor\(now / (\d+)\)\)\)", lua).group(1) == str(B)  # type: ignore[union-attr]
     assert re.search(r"'EXPIRE', bucket, '(\d+)'\)", lua).group(1) == str(ARRIVAL_TTL_S)  # type: ignore[union-attr]
     # a week of history and the windows around it fit in the TTL
