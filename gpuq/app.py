@@ -35,6 +35,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol, TypeVar
@@ -43,6 +44,7 @@ from gpuq.errors import AppError, StaleLease
 from gpuq.stream import Memory, Sink
 from gpuq.task import JSON
 
+_SINK_MADE = threading.Lock()  # a Context's sink is made once (rare: most runs emit nothing)
 Loader = Callable[[str], Any]  # may be async def
 Unloader = Callable[[Any], Any]  # may be async def
 MAX_BATCH = 10_000  # claim_batch.lua takes at most this many tasks a call
@@ -70,9 +72,11 @@ class Context:
         self.lost = False  # lease lost, task canceled, or stopped past its yield deadline
         self.yield_requested = False  # a higher-priority task waits for this GPU
         self.saved: str | None = None  # checkpoint JSON text to hand to the next run
-        # where emit and progress go: the worker sets the task's gpuq.stream.Emitter; a
-        # Context made elsewhere (gpuq.testing, a handler's tests) keeps them in a Memory
+        # where emit and progress go: the worker sets how to make the task's
+        # gpuq.stream.Emitter (new_sink); a Context made elsewhere (gpuq.testing, a handler's
+        # tests) keeps them in a Memory
         self.sink: Sink | None = None
+        self.new_sink: Callable[[], Sink] | None = None
 
     def emit(self, value: Any) -> None:
         """Send a chunk (any JSON value) to the task's stream now: producers reading
@@ -97,7 +101,9 @@ class Context:
 
     def _sink(self) -> Sink:
         if self.sink is None:
-            self.sink = Memory()
+            with _SINK_MADE:  # two threads' first chunks must share one sink (its numbering)
+                if self.sink is None:
+                    self.sink = Memory() if self.new_sink is None else self.new_sink()
         return self.sink
 
     def should_stop(self) -> bool:

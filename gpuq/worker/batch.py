@@ -54,7 +54,9 @@ def begin_added(ex: Executor, batch: Batch | None) -> Added | None:
     as the claim); None when it did not try."""
     if batch is None:
         return None
-    return [(t, *ex.begin(t, batched=True)) for t in batch.tasks], batch.left_ms
+    added = [(t, *ex.begin(t, batched=True, track=False)) for t in batch.tasks]
+    ex.running.track(*(run for _, _, run in added))
+    return added, batch.left_ms
 
 
 def execute(ex: Executor, claimed: Claimed, stopping: threading.Event | None = None,
@@ -160,10 +162,10 @@ def run(ex: Executor, spec: HandlerSpec, items: list[Claimed]) -> list[Call[Any]
         if live:
             calls += settle(ex, spec, live)
     finally:
-        for _, res, running in live:
+        for _, res, _ in live:
             if res is not None:
                 ex.cache.release(res)
-            ex.running.untrack(running.task_id)
+        ex.running.untrack(*(running.task_id for _, _, running in live))
     return calls
 
 

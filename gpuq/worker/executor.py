@@ -8,6 +8,7 @@ heartbeat thread sends them to learn.lua (``gpuq.worker.runtimes``)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -50,22 +51,29 @@ class Executor:
         self.unacked: dict[tuple[str, str], Run] = {}
         self.id = presence.worker_id
         self.model_loads = 0
+        # (handler, model) -> why this app cannot run it (None: it can); the app's handlers
+        # and loaders are fixed once the worker runs, and a batch asks once per task
+        self._problems: dict[tuple[str, str], str | None] = {}
 
-    def begin(self, fields: dict[str, str], *,
-              batched: bool = False) -> tuple[Reservation | None, Running]:
+    def begin(self, fields: dict[str, str], *, batched: bool = False,
+              track: bool = True) -> tuple[Reservation | None, Running]:
         """Take a task this worker now runs (claimed, handed over at enqueue, or added to a
-        batch: ``batched``, no slot of its own): its VRAM, its context, its slot. Called
-        with the cache lock held."""
+        batch: ``batched``, no slot of its own): its VRAM, its context, its slot (unless
+        ``track`` is False: the caller tracks a batch's runs at once). Called with the cache
+        lock held."""
         ctx, problem = self.context_of(fields)
         # a task this worker cannot run reserves nothing: execute fails it, and a reservation
         # would have evicted held models and left a placeholder that never loads
         res = None if problem else self.cache.reserve(ctx.model, ctx.vram_gb)
         running = Running(fields["id"], int(fields["token"]), ctx, time.monotonic(),
                           threading.get_ident(), rejected=problem, batched=batched)
-        # ctx.emit and ctx.progress: sent at once, fenced by this run's token (gpuq.stream)
-        ctx.sink = Emitter(self.scripts, self.calls.config, running.task_id, running.token)
+        # ctx.emit and ctx.progress: sent at once, fenced by this run's token (gpuq.stream);
+        # made at the first of them (most runs emit nothing)
+        ctx.new_sink = functools.partial(Emitter, self.scripts, self.calls.config, running.task_id,
+                                         running.token)
         self.observer.started(fields)
-        self.running.track(running)  # before the lock is released: the next claim sees one slot fewer
+        if track:  # before the lock is released: the next claim sees one slot fewer
+            self.running.track(running)
         return res, running
 
     def context_of(self, fields: dict[str, str]) -> tuple[Context, str | None]:
@@ -78,7 +86,12 @@ class Executor:
                           json.loads(saved) if saved else None)
             if not 0 < ctx.vram_gb < math.inf or not 0 <= ctx.est_s < math.inf:
                 raise ValueError(f"vram_gb {fields['vram_gb']!r}, est_s {fields['est_s']!r}")
-            return ctx, self.app.check(fields["handler"], fields["model"])
+            names = (fields["handler"], fields["model"])
+            if names not in self._problems:
+                if len(self._problems) >= 4096:
+                    self._problems.clear()
+                self._problems[names] = self.app.check(*names)
+            return ctx, self._problems[names]
         except (KeyError, ValueError) as exc:
             stand_in = Context(fields["id"], 0, self.id, fields.get("model", ""), 0.0, 0.0)
             return stand_in, f"task fields cannot be read: {type(exc).__name__}: {exc}"

@@ -76,18 +76,20 @@ class RunningSet:
     def __len__(self) -> int:
         return len(self._running)
 
-    def track(self, running: Running) -> None:
-        with self._changed:
-            self._running[running.task_id] = running
+    def track(self, *runs: Running) -> None:
+        with self._changed:  # a batch's runs under one lock
+            for run in runs:
+                self._running[run.task_id] = run
             self._last_active = time.monotonic()
 
-    def untrack(self, task_id: str) -> None:
-        """The run ended (its slot is free); its lease is kept until ``settled``."""
+    def untrack(self, *task_ids: str) -> None:
+        """The runs ended (their slots are free); their leases are kept until ``settled``."""
         with self._changed:
-            run = self._running.pop(task_id, None)
-            if run is not None:
-                self._settling[task_id] = run.token
-            self.tasks_run += 1
+            for task_id in task_ids:
+                run = self._running.pop(task_id, None)
+                if run is not None:
+                    self._settling[task_id] = run.token
+            self.tasks_run += len(task_ids)
             self._last_active = time.monotonic()
             self._changed.notify_all()
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+import time
 from typing import Any
 
 import fakeredis
@@ -84,6 +86,26 @@ def test_a_context_off_a_worker_keeps_what_it_would_send() -> None:
         ctx.emit({1, 2})
     with pytest.raises(EmitError):
         ctx.progress(2)
+
+
+def test_a_worker_s_sink_is_made_once_at_the_first_chunk_whatever_the_threads() -> None:
+    """The worker gives a context how to make its Emitter (most runs emit nothing); two
+    threads' first chunks must share one (its chunk numbering)."""
+    made: list[Memory] = []
+
+    def new_sink() -> Memory:
+        time.sleep(0.01)  # both threads in here at once, were it not for the lock
+        made.append(Memory())
+        return made[-1]
+
+    ctx = Context("t", 1, "w", "m", 1.0, 0.0)
+    ctx.new_sink = new_sink
+    threads = [threading.Thread(target=ctx.emit, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(made) == 1 and sorted(made[0].chunks) == [0, 1, 2, 3]
 
 
 # -- the worker side: fenced by the lease ----------------------------------------------
