@@ -9,7 +9,9 @@ judged by them (docs/BENCHMARKS.md, "Where gpuq's time goes"). The server runs u
 * enqueue: ``Queue.enqueue`` of one no-op task at a time into a pool without workers;
 * claim + ack: one worker's loop over a deep queue of one model it holds, as
   ``gpuq.worker`` sends it (the previous task's ack and the next claim in one pipeline,
-  which goes as one ``ack_claim`` call).
+  which goes as one ``ack_claim`` call);
+* batched task: the same loop for a batch handler of 32 (a claim takes the batch, the
+  batch's acks ride with the next claim), counted per task.
 
 Each phase is dumped on its own (``callgrind_control -d``); ``--top N`` prints the N
 functions with the most instructions of each. Needs valgrind and redis-server on PATH. Run
@@ -41,6 +43,7 @@ from gpuq.config import Config  # noqa: E402
 from gpuq.embedded import free_port  # noqa: E402
 
 WARMUP = 100
+BATCH = 32  # tasks a batch handler's claim takes
 
 
 def control(*args: str) -> None:
@@ -87,6 +90,29 @@ def measure(url: str, steps: int) -> None:
         e.enqueue("sim.noop", {"i": i}, model="m", vram_gb=1)
     control("-i", "off")
     control("-d", "enqueue")
+    b = Queue(client, Config(pool="bench-batch"))
+    n = (steps // BATCH + WARMUP // BATCH + 2) * BATCH
+    for i in range(0, n, 1000):
+        b.enqueue_many([{"handler": "h", "payload": {"i": j}, "model": "m", "vram_gb": 1}
+                        for j in range(i, min(n, i + 1000))])
+    batch: list[dict[str, str]] = []
+
+    def batch_step() -> None:
+        nonlocal batch
+        calls = [b.calls.ack(t["id"], int(t["token"]), '{"i":1}') for t in batch]
+        claim = b.calls.claim(ClaimRequest("w1", 78.0, 0.0, 1, [("m", 1.0)], batches=[("h", BATCH - 1)]))
+        got = claim.parse(b.scripts.pipelined([*calls, claim])[-1])
+        if got.task is None:
+            raise RuntimeError("the queue ran dry")
+        batch = [got.task, *(got.batch.tasks if got.batch else [])]
+
+    for _ in range(WARMUP // BATCH):
+        batch_step()
+    control("-i", "on")
+    for _ in range(steps // BATCH):
+        batch_step()
+    control("-i", "off")
+    control("-d", "batched")
 
 
 def top(path: str, n: int) -> str:
@@ -129,12 +155,13 @@ def main() -> int:
             server.terminate()
             server.wait(60)
         dumps = sorted(glob.glob(f"{tmp}/callgrind.out.*"))
-        if len(dumps) < 2:
-            raise RuntimeError(f"expected two dumps, found {dumps}")
-        claim_ack, enqueue = dumps[0], dumps[1]
+        if len(dumps) < 3:
+            raise RuntimeError(f"expected three dumps, found {dumps}")
+        claim_ack, enqueue, batched = dumps[0], dumps[1], dumps[2]
         result = {"steps": a.steps,
                   "enqueue_instructions": round(total(enqueue) / a.steps),
                   "claim_ack_instructions": round(total(claim_ack) / a.steps),
+                  "batched_task_instructions": round(total(batched) / (a.steps // BATCH * BATCH)),
                   "server": subprocess.run(["redis-server", "--version"], capture_output=True,
                                            text=True).stdout.strip()}
         if a.json:
@@ -142,9 +169,11 @@ def main() -> int:
         else:
             print(f"{result['server']}\n"
                   f"enqueue       {result['enqueue_instructions']:>9,} instructions a call\n"
-                  f"claim + ack   {result['claim_ack_instructions']:>9,} instructions a task")
+                  f"claim + ack   {result['claim_ack_instructions']:>9,} instructions a task\n"
+                  f"batched task  {result['batched_task_instructions']:>9,} instructions a task "
+                  f"(batches of {BATCH})")
         if a.top:
-            for name, path in (("claim + ack", claim_ack), ("enqueue", enqueue)):
+            for name, path in (("claim + ack", claim_ack), ("enqueue", enqueue), ("batched", batched)):
                 print(f"\n{name}: top functions (all {a.steps} calls)\n{top(path, a.top)}")
     return 0
 
