@@ -28,6 +28,10 @@ from gpuq.errors import ConfigError
 from gpuq.keys import Keys
 from gpuq.lua_source import script_source
 
+# an ACL user name: printable ASCII but space, quotes and backslash, which redis-cli splits or
+# unquotes on (a name "evil on >pw +@all" would add rules); glob characters a pool may hold stay
+USER_NAME = re.compile(r"[!#-&(-\[\]-~]+")
+
 # every role: health checks, SELECT of a non-zero db, the scripts' functions, else the
 # scripts (loaded again after a server restart or flush), WAIT after writes when
 # replica_acks is set
@@ -100,6 +104,9 @@ def rules(role: str, pool: str, prefix: str = "gpuq") -> list[str]:
 def setuser(role: str, pool: str, user: str, password: str, prefix: str = "gpuq") -> str:
     """One ``ACL SETUSER`` line; the password goes in as its SHA-256 (``#<hex>``), so the line
     can be stored or shown without revealing it."""
+    if not USER_NAME.fullmatch(user):
+        raise ConfigError(f"ACL user name {user!r} must be printable ASCII without spaces, quotes "
+                          "or backslashes")
     if not password:
         raise ConfigError("the ACL user needs a password")
     digest = hashlib.sha256(password.encode()).hexdigest()

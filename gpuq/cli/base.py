@@ -59,6 +59,7 @@ def open_queue(ctx: click.Context) -> Queue:
     url = cfg.redis_url or DEFAULT_URL
     with redis_errors(url):
         client = connect(url, tls=Tls.of(cfg), pool=cfg.pool)
+        ctx.call_on_close(client.close)  # no socket outlives its command (in-process callers)
         client.ping()
     return Queue(client, replace(cfg, redis_url=url), url=url)
 

@@ -4,6 +4,8 @@ status, top, demo; and its tools: simulate (trace replay), acl (least-privilege 
 from __future__ import annotations
 
 import json
+import math
+import re
 from typing import Any
 
 import click
@@ -18,9 +20,33 @@ from gpuq.cli.base import (
     priority_type,
     task_option,
 )
+from gpuq.cli.tasks import within
 from gpuq.connection import Tls, redis_errors
-from gpuq.task import Priority
+from gpuq.errors import ConfigError
+from gpuq.task import MAX_NAME_LEN, Priority
 from gpuq.views.inspect import pool_view
+
+# a number given must be finite (nan passes every comparison click's ranges make)
+SECONDS = within("a finite number >= 0", lambda v: 0 <= v < math.inf)
+POSITIVE = within("a finite number > 0", lambda v: 0 < v < math.inf)
+_BAD_WORKER_ID = re.compile(r"[{},\s]")  # as task names: braces break the hash tag, commas lists
+
+
+def _worker_id(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--name: a worker id is part of its keys and listed in status, so it holds no space,
+    brace, comma or control character."""
+    if value is not None and (not value or len(value) > MAX_NAME_LEN or not value.isprintable()
+                              or _BAD_WORKER_ID.search(value)):
+        raise ConfigError(f"--name {value!r}: a worker id must be 1..{MAX_NAME_LEN} printable "
+                          "characters without spaces, commas or braces")
+    return value
+
+
+def _levels(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--priorities: an empty item is a typo, not "no level" (P0,,P1)."""
+    if value is not None and any(not p.strip() for p in value.split(",")):
+        raise ConfigError(f"--priorities {value!r}: an item is empty; use a list like P0,P1")
+    return value
 
 
 @click.command()
@@ -31,18 +57,20 @@ from gpuq.views.inspect import pool_view
 @click.option("--gpu-count", type=int, default=None,
               help="GPUs in the group (declared with --vram-gb, else NVML devices 0..N-1).")
 @click.option("--vram-gb", type=float, default=None,
-              help="Declare GPUs of this size (each, in a group) instead of NVML.")
+              help="Declare GPUs of this size (each, in a group; at most 1000000) instead of NVML.")
 @click.option("--gpu-name", default=None, help="Name of the declared GPU class.")
 @click.option("--concurrency", type=int, default=None,
               help=f"Tasks run at once (default {DEFAULTS.concurrency}).")
-@click.option("--name", "worker_id", default=None, help="Worker id (default host-gpu-random).")
+@click.option("--name", "worker_id", default=None, callback=_worker_id,
+              help="Worker id (default host-gpu-random).")
 @click.option("--burst", is_flag=True, help="Exit when nothing is left that this worker can run.")
-@click.option("--idle-timeout", "idle_timeout_s", type=float, default=None,
+@click.option("--idle-timeout", "idle_timeout_s", type=float, default=None, callback=SECONDS,
               help="Idle seconds before unloading models and retiring above the pool's "
                    f"min_workers (default {DEFAULTS.idle_timeout_s:g}; 0: never; env GPUQ_IDLE_TIMEOUT_S).")
-@click.option("--priorities", default=None,
+@click.option("--priorities", default=None, callback=_levels,
               help="Serve only these priorities, e.g. P0,P1: a dedicated lane (env GPUQ_PRIORITIES).")
 @click.option("--metrics-port", type=int, default=None,
+              callback=within("0..65535 (0: none)", lambda p: 0 <= p <= 65535),
               help="Serve this worker's Prometheus metrics on this port (env GPUQ_METRICS_PORT).")
 @click.option("--metrics-host", help=f"Address of the metrics port (default {DEFAULTS.metrics_host}; "
               "0.0.0.0: every interface, e.g. in a container; env GPUQ_METRICS_HOST).")
@@ -75,10 +103,10 @@ def worker(ctx: click.Context, app_path: str, gpu_index: str | None, gpu_count: 
 
 @click.command()
 @click.option("--once", is_flag=True, help="One round (recovery, expiry, preemption, scaling), then exit.")
-@click.option("--max-wait", "max_wait_s", type=float, default=None,
+@click.option("--max-wait", "max_wait_s", type=float, default=None, callback=SECONDS,
               help="Wait for a victim ending within this many seconds instead of interrupting "
                    f"one (default {DEFAULTS.max_wait_s:g}; env GPUQ_MAX_WAIT_S).")
-@click.option("--grace", "grace_s", type=float, default=None,
+@click.option("--grace", "grace_s", type=float, default=None, callback=SECONDS,
               help=f"Seconds a task asked to yield has before it is stopped (default {DEFAULTS.grace_s:g}; "
                    "env GPUQ_GRACE_S).")
 @click.option("--min-workers", type=int, default=None,
@@ -137,7 +165,8 @@ def rq_bridge(ctx: click.Context, /, rq_queues: tuple[str, ...], rq_url: str | N
 
 
 @click.command()
-@click.option("--port", type=int, default=9108, show_default=True, help="HTTP port of /metrics.")
+@click.option("--port", type=int, default=9108, show_default=True, help="HTTP port of /metrics.",
+              callback=within("1..65535", lambda p: 1 <= p <= 65535))
 @click.option("--host", envvar="GPUQ_EXPORTER_HOST", default="127.0.0.1", show_default=True,
               help="Address to listen on (0.0.0.0: every interface; env GPUQ_EXPORTER_HOST).")
 @click.option("--top-models", "exporter_models", type=int, default=None,
@@ -156,7 +185,7 @@ def exporter(ctx: click.Context, port: int, host: str, exporter_models: int | No
 
 
 @click.command()
-@click.option("--interval", "interval_s", type=float, default=1.0, show_default=True,
+@click.option("--interval", "interval_s", type=float, default=1.0, show_default=True, callback=POSITIVE,
               help="Seconds between refreshes.")
 @click.option("--once", is_flag=True, help="Print one frame and exit (also when not a terminal).")
 @click.pass_context
@@ -194,11 +223,12 @@ def status(ctx: click.Context, as_json: bool) -> None:
 @click.option("--traces-dir", default=None,
               help="Folder of the shared traces and measured load times (env GPUQ_TRACES).")
 @click.option("--gpus", default="4x80,2x48,2x24", show_default=True,
-              help="COUNTxGB[/LEVELS],...; COUNTxGPUSxGB for workers of GPUS-GPU groups, e.g. 2x4x80.")
+              help="COUNTxGB[/LEVELS],...; COUNTxGPUSxGB for workers of GPUS-GPU groups, e.g. 2x4x80 "
+                   "(4096 GPUs at most).")
 @click.option("--mix-70b", type=float, default=0.0,
               help="Make this share (0..1) of the trace's models 70B: 144 GB over two GPUs.")
-@click.option("--speedup", type=float, default=None, help="Divide arrival times by K.")
-@click.option("--target-load", type=float, default=None,
+@click.option("--speedup", type=float, default=None, callback=POSITIVE, help="Divide arrival times by K.")
+@click.option("--target-load", type=float, default=None, callback=POSITIVE,
               help="Pick the speedup so offered work is this share of the pool (default 0.8).")
 @click.option("--policy", type=click.Choice(["gpuq", "fifo", "priority", "all"]), default="all",
               show_default=True, help="Scheduler to replay the trace with.")
@@ -209,6 +239,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
 @click.option("--find-gpus", is_flag=True,
               help="Search the smallest pool of the --gpus kind (e.g. 1x80) meeting --sla-target.")
 @click.option("--sla-target", type=float, default=0.99, show_default=True,
+              callback=within("0..1", lambda v: 0 <= v <= 1),
               help="With --find-gpus: the share of --sla-priority tasks to start within SLA.")
 @click.option("--sla-priority", type=priority_type, default="P0", show_default=True,
               help="With --find-gpus: the priority whose SLA must be met.")
@@ -220,11 +251,11 @@ def status(ctx: click.Context, as_json: bool) -> None:
               help="gpuq with an autoscaler over the one --gpus kind (docs/SIMULATOR.md).")
 @click.option("--scale-signal", type=click.Choice(["reactive", "forecast", "both"]), default="both",
               show_default=True, help="With --autoscale: the scale signal(s) to replay.")
-@click.option("--boot-s", type=float, default=60.0, show_default=True,
+@click.option("--boot-s", type=float, default=60.0, show_default=True, callback=SECONDS,
               help="With --autoscale: a new GPU's cold start before it joins.")
-@click.option("--idle-s", type=float, default=300.0, show_default=True,
+@click.option("--idle-s", type=float, default=300.0, show_default=True, callback=SECONDS,
               help="With --autoscale: a GPU idle this long leaves (above MIN).")
-@click.option("--scale-every-s", type=float, default=15.0, show_default=True,
+@click.option("--scale-every-s", type=float, default=15.0, show_default=True, callback=POSITIVE,
               help="With --autoscale: how often the autoscaler reads the scale signals.")
 @click.pass_context
 def simulate(ctx: click.Context, trace_name: str, traces_dir: str | None, gpus: str,
@@ -315,7 +346,8 @@ def acl(ctx: click.Context, role: str, user: str | None, password_env: str) -> N
     from gpuq.acl import setuser_from_env
 
     cfg = config_of(ctx)
-    click.echo(setuser_from_env(role, cfg.pool, user or f"gpuq-{role}-{cfg.pool}", password_env, cfg.prefix))
+    name = f"gpuq-{role}-{cfg.pool}" if user is None else user  # "" is refused, not defaulted
+    click.echo(setuser_from_env(role, cfg.pool, name, password_env, cfg.prefix))
 
 
 @click.command("load-functions")

@@ -8,8 +8,8 @@ from typing import Any
 import click
 
 from gpuq import schedule as schedules
-from gpuq.cli.base import open_queue
-from gpuq.cli.tasks import spec_options
+from gpuq.cli.base import one_line
+from gpuq.cli.tasks import opened, spec_options
 from gpuq.clock import server_ms
 from gpuq.task import parse_payload_text
 
@@ -45,11 +45,11 @@ def add(ctx: click.Context, /, name: str, every: str | None, cron: str | None, s
                                            standalone_mode=False)
     if not isinstance(given, dict):  # --help of the task part: printed already
         return
-    queue = open_queue(ctx)
     payload, no_preempt = given.pop("payload"), given.pop("no_preempt")
-    s = schedules.add(queue.redis, queue.keys, name, given.pop("handler"), parse_payload_text(payload),
-                      every=every, cron=cron, skip_missed=skip_missed,
-                      preemptible=not no_preempt, **given)
+    with opened(ctx) as queue:
+        s = schedules.add(queue.redis, queue.keys, name, given.pop("handler"),
+                          parse_payload_text(payload), every=every, cron=cron,
+                          skip_missed=skip_missed, preemptible=not no_preempt, **given)
     nxt = s.next_ms(s.anchor_ms)
     click.echo(f"added {name}: first run at {nxt / 1000 if nxt else 'never'} (epoch s)")
 
@@ -59,9 +59,9 @@ def add(ctx: click.Context, /, name: str, every: str | None, cron: str | None, s
 @click.pass_context
 def list_(ctx: click.Context, as_json: bool) -> None:
     """Every schedule: its interval or cron, last and next period (epoch s), its task."""
-    queue = open_queue(ctx)
-    now = server_ms(queue.redis)
-    found = [s.to_dict(now) for s in schedules.list_schedules(queue.redis, queue.keys)]
+    with opened(ctx) as queue:
+        now = server_ms(queue.redis)
+        found = [s.to_dict(now) for s in schedules.list_schedules(queue.redis, queue.keys)]
     if as_json:
         click.echo(json.dumps(found, indent=2))
         return
@@ -70,9 +70,9 @@ def list_(ctx: click.Context, as_json: bool) -> None:
     for d in found:
         when = f"every {d['every_s']:g}s" if d["every_s"] else f"cron {d['cron']!r}"
         t = d["task"]
-        click.echo(f"{d['name']}: {when}{' skip-missed' if d['skip_missed'] else ''}, "
-                   f"last {d['last_period']}, next {d['next_period']}: {t['handler']} "
-                   f"model={t['model']} P{t['priority']}")
+        click.echo(one_line(f"{d['name']}: {when}{' skip-missed' if d['skip_missed'] else ''}, "
+                            f"last {d['last_period']}, next {d['next_period']}: {t['handler']} "
+                            f"model={t['model']} P{t['priority']}"))
 
 
 @schedule.command("remove")
@@ -80,8 +80,8 @@ def list_(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def remove(ctx: click.Context, name: str) -> None:
     """Remove a schedule (runs already enqueued stay)."""
-    queue = open_queue(ctx)
-    schedules.remove(queue.redis, queue.keys, name)
+    with opened(ctx) as queue:
+        schedules.remove(queue.redis, queue.keys, name)
     click.echo(f"removed {name}")
 
 

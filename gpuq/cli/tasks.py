@@ -4,17 +4,46 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import click
 
-from gpuq.cli.base import PRIORITY_HELP, no_preempt_option, open_queue, task_option
+from gpuq.cli.base import PRIORITY_HELP, no_preempt_option, one_line, open_queue, task_option
 from gpuq.client import Queue
+from gpuq.connection import redis_errors
+from gpuq.errors import ConfigError
 from gpuq.task import parse_payload_text
 from gpuq.views.inspect import task_children
 
 F = TypeVar("F", bound=Callable[..., Any])
+Check = Callable[[click.Context, click.Parameter, Any], Any]
+
+
+def within(rule: str, ok: Callable[[float], bool]) -> Check:
+    """An option callback refusing, in one line, a given number ``ok`` rejects. Write ``ok``
+    as what a good value is (``t >= 0``): nan then fails it, as it fails every comparison
+    (click's ranges let it through)."""
+
+    def check(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+        if value is not None and not ok(value):
+            raise ConfigError(f"{param.opts[0]} must be {rule}, got {value}")
+        return value
+
+    return check
+
+
+@contextmanager
+def opened(ctx: click.Context) -> Iterator[Queue]:
+    """The pool's queue for a command's Redis work: a refusal (ACL, read-only replica) is one
+    line, and the client is closed at the end, not left to the collector by a traceback."""
+    queue = open_queue(ctx)
+    try:
+        with redis_errors(queue.url):
+            yield queue
+    finally:
+        queue.close()
 
 
 def spec_options(command: F) -> F:
@@ -53,6 +82,7 @@ def spec_options(command: F) -> F:
               help="Print each chunk the handler emits (JSON, one a line) as it comes, then the "
                    "result, as --wait does; a new run's restart is noted on stderr.")
 @click.option("--timeout", type=float, default=None,
+              callback=within("a number of seconds >= 0 (inf: no limit)", lambda t: t >= 0),
               help="With --wait or --stream: seconds to wait in all.")
 @click.pass_context
 def enqueue(ctx: click.Context, /, handler: str, payload: str, no_preempt: bool, check_fit: bool,
@@ -113,7 +143,8 @@ def task(ctx: click.Context, task_id: str, as_json: bool) -> None:
         return
     for key, value in record.items():
         shown = json.dumps(value) if isinstance(value, (dict, list)) else value
-        click.echo(f"{key:<13} {'' if value is None else shown}")
+        # names and errors are producers' text: no terminal escape reaches the operator's screen
+        click.echo(one_line(f"{key:<13} {'' if value is None else shown}"))
 
 
 COMMANDS = (enqueue, task, cancel, requeue, drain)

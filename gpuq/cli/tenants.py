@@ -6,7 +6,8 @@ import json
 
 import click
 
-from gpuq.cli.base import open_queue
+from gpuq.cli.base import one_line
+from gpuq.cli.tasks import opened
 from gpuq.tenants import Tenant, read, remove_tenant, require_registered, set_tenant
 
 
@@ -26,8 +27,9 @@ def set_(ctx: click.Context, name: str, weight: float, max_gpus: int | None,
          max_vram_gb: float | None) -> None:
     """Register a tenant or change it (unset caps are removed)."""
     t = Tenant(name, weight, max_gpus, max_vram_gb)
-    before = set_tenant(open_queue(ctx), t)
-    click.echo(f"{'changed' if before else 'registered'} {_line(t)}")
+    with opened(ctx) as queue:
+        before = set_tenant(queue, t)
+    click.echo(one_line(f"{'changed' if before else 'registered'} {_line(t)}"))
 
 
 @tenant.command("rm")
@@ -35,7 +37,8 @@ def set_(ctx: click.Context, name: str, weight: float, max_gpus: int | None,
 @click.pass_context
 def rm(ctx: click.Context, name: str) -> None:
     """Remove a tenant (its tasks stay; the last one ends tenant sharing)."""
-    remove_tenant(open_queue(ctx), name)
+    with opened(ctx) as queue:
+        remove_tenant(queue, name)
     click.echo(f"removed {name}")
 
 
@@ -44,7 +47,8 @@ def rm(ctx: click.Context, name: str) -> None:
 @click.pass_context
 def require(ctx: click.Context, state: str) -> None:
     """Whether enqueue refuses tasks of tenants not registered."""
-    require_registered(open_queue(ctx), state == "on")
+    with opened(ctx) as queue:
+        require_registered(queue, state == "on")
     click.echo(f"registered tenants {'required' if state == 'on' else 'not required'}")
 
 
@@ -54,8 +58,8 @@ def require(ctx: click.Context, state: str) -> None:
 def list_(ctx: click.Context, as_json: bool) -> None:
     """Tenants registered or with tasks queued: weight, caps, the reaper's bound (the running
     tasks it lets a tenant have while others' demand needs room), running use, queued tasks."""
-    queue = open_queue(ctx)
-    states, required = read(queue.redis, queue.keys)
+    with opened(ctx) as queue:
+        states, required = read(queue.redis, queue.keys)
     if as_json:
         click.echo(json.dumps({"required": required, "tenants": [s.to_dict() for s in states]},
                               indent=2))
@@ -66,8 +70,10 @@ def list_(ctx: click.Context, as_json: bool) -> None:
         t = s.tenant
         name = t.name if s.registered else f"{t.name}*"
         queued = " ".join(f"{p}={n}" for p, n in sorted(s.queued.items())) or "-"
-        click.echo(f"{name:<16}{t.weight:>8g}{_cap(t.max_gpus):>10}{_cap(t.max_vram_gb):>10}"
-                   f"{_cap(s.bound):>7}{_cap(s.running):>9}{_cap(s.running_vram_gb):>8}  {queued}")
+        # names are users' text: escaped, as status does, so no terminal escape gets through
+        click.echo(one_line(f"{name:<16}{t.weight:>8g}{_cap(t.max_gpus):>10}{_cap(t.max_vram_gb):>10}"
+                            f"{_cap(s.bound):>7}{_cap(s.running):>9}{_cap(s.running_vram_gb):>8}"
+                            f"  {queued}"))
     if not all(s.registered for s in states):
         click.echo("* not registered: weight 1, no caps")
     if required:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -23,6 +25,26 @@ from gpuq.sim.run import parse_gpus, sim_config, simulate, speedup_for
 from gpuq.tenants import Tenant
 
 log = logging.getLogger(__name__)
+MAX_GPUS = 4096  # GPUs one replay simulates, in all: past any pool it sizes, short of a runaway
+
+
+def pool_gpus(spec: str) -> list[tuple[str, float]]:
+    """``--gpus`` parsed (run.parse_gpus), its GPUs counted first: parse_gpus makes a worker
+    per GPU group, so 1000000x80 would fill memory before the replay ran for ever."""
+    total = 0
+    for part in spec.split(","):  # a malformed part is parse_gpus's to refuse
+        if m := re.match(r"\s*(\d+)\s*[xX]\s*(?:(\d+)\s*[xX])?", part):
+            total += int(m.group(1)) * int(m.group(2) or 1)
+    if total > MAX_GPUS:
+        raise ConfigError(f"--gpus {spec!r}: {total} GPUs; a replay simulates at most {MAX_GPUS}")
+    return parse_gpus(spec)
+
+
+def check_plot_path(path: str) -> None:
+    """``--plot``: refused before the replay, not after it (a replay may take minutes)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise ConfigError(f"--plot {path!r}: not a file that can be written in an existing folder")
 
 
 def read_trace(name: str, traces_dir: str | None, seed: int,
@@ -67,7 +89,9 @@ def run_simulations(trace_name: str, traces_dir: str | None, gpus_spec: str, spe
         raise ConfigError("give --speedup or --target-load, not both")
     if limit is not None and limit < 1:
         raise ConfigError("--limit must be >= 1")
-    gpus = parse_gpus(gpus_spec)
+    if plot_path:
+        check_plot_path(plot_path)
+    gpus = pool_gpus(gpus_spec)
     tasks, loads = read_trace(trace_name, traces_dir, seed, limit)
     large: list[str] = []
     if mix_70b:
@@ -105,7 +129,7 @@ def run_autoscaled(trace_name: str, traces_dir: str | None, gpus_spec: str, spee
     """gpuq with an autoscaler (``--autoscale MIN:MAX``) over GPUs of the one ``--gpus`` kind,
     once per scale signal (reactive, forecast or both), on the same arrivals and load draws.
     A report's ``policy`` names its signal. settings: Autoscale's boot_s, idle_s, every_s."""
-    kinds = {gb for _, gb in parse_gpus(gpus_spec)}
+    kinds = {gb for _, gb in pool_gpus(gpus_spec)}
     if len(kinds) != 1 or "/" in gpus_spec:
         raise ConfigError("--autoscale needs one GPU kind, e.g. --gpus 1x80")
     if signal not in (*SIGNALS, "both"):
@@ -113,6 +137,8 @@ def run_autoscaled(trace_name: str, traces_dir: str | None, gpus_spec: str, spee
     if speedup is not None and target_load is not None:
         raise ConfigError("give --speedup or --target-load, not both")
     autoscale = Autoscale.parse(spec, kinds.pop(), **settings)
+    if autoscale.max > MAX_GPUS:
+        raise ConfigError(f"--autoscale {spec!r}: a replay simulates at most {MAX_GPUS} GPUs")
     tasks, loads = read_trace(trace_name, traces_dir, seed, limit)
     if speedup is None:  # the load is offered to the largest pool
         speedup = speedup_for(tasks, autoscale.max, 0.8 if target_load is None else target_load)
@@ -134,7 +160,7 @@ def find_gpus(trace_name: str, traces_dir: str | None, gpus_spec: str, speedup: 
     """The smallest pool of one GPU kind (``--gpus 1x80``) whose gpuq replay meets the SLA
     target at ``priority`` (handlers started, models loaded, within the SLA): doubling, then
     bisection (attainment grows with the pool, up to what cold starts leave)."""
-    kinds = {gb for _, gb in parse_gpus(gpus_spec)}
+    kinds = {gb for _, gb in pool_gpus(gpus_spec)}
     if len(kinds) != 1 or "/" in gpus_spec:
         raise ConfigError("--find-gpus needs one GPU kind, e.g. --gpus 1x80")
     (size,) = kinds

@@ -108,7 +108,7 @@ def pool_view(client: redis.Redis, keys: Keys, top: int | None = None) -> PoolVi
 
     queues, named = _queues(client, keys, per_level, now, top)
 
-    largest = max((float(v) for v in classes), default=0.0)
+    largest = max((gb for v in classes if (gb := class_gb(v)) is not None), default=0.0)
     unschedulable_ids = client.zrangebyscore(keys.need, f"({largest}", "+inf", start=0, num=20)
     unschedulable = client.zcount(keys.need, f"({largest}", "+inf")
 
@@ -131,6 +131,16 @@ def pool_view(client: redis.Redis, keys: Keys, top: int | None = None) -> PoolVi
         scale={k: _parse_signal(v) for k, v in sorted(scale.items())},
         unregistered=dict(sorted(unregistered.items())), runtimes=learned_runtimes(runtimes),
         waiting=int(waiting), schedules=int(schedules), **_tenants(client, keys, stats))
+
+
+def class_gb(raw: str) -> float | None:
+    """A ``classes`` entry's usable GB; None when not a finite number (an older worker
+    declared nan or inf, which Redis refuses as a score bound: status must still work)."""
+    try:
+        gb = float(raw)
+    except ValueError:
+        return None
+    return gb if math.isfinite(gb) else None
 
 
 def task_children(client: redis.Redis, keys: Keys, task_id: str) -> list[str]:

@@ -15,6 +15,7 @@ from gpuq.errors import ConfigError
 
 log = logging.getLogger(__name__)
 GIB = float(1 << 30)
+MAX_DECLARED_GB = 1e6  # per device: far above any GPU, low enough that every sum stays finite
 
 
 @dataclass(frozen=True)
@@ -114,8 +115,9 @@ def probe(gpu: str | None, vram_gb: float | None, name: str | None, worker_id: s
     if count is not None and indices is not None and count != len(indices):
         raise ConfigError(f"--gpu-count {count} disagrees with --gpu {gpu} ({len(indices)} GPUs)")
     if vram_gb is not None:
-        if vram_gb <= 0:
-            raise ConfigError(f"--vram-gb must be > 0, got {vram_gb}")
+        if not 0 < vram_gb <= MAX_DECLARED_GB:  # nan fails it too: a class size must be a number
+            raise ConfigError(f"--vram-gb must be > 0 and <= {MAX_DECLARED_GB:.0f} (GB per GPU), "
+                              f"got {vram_gb}")
         n = count or (len(indices) if indices else 1)
         info = GpuInfo(class_name(name or f"declared-{vram_gb:g}GB", n), f"declared-{worker_id}",
                        vram_gb * n, indices[0] if indices else None, "declared", n, indices or ())

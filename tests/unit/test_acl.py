@@ -57,3 +57,22 @@ def test_gpuq_acl_prints_the_line_for_this_pool() -> None:
     assert missing.exit_code == 1
     assert missing.stderr == ("Error: configuration: --password-env GPUQ_ACL_UNSET: the variable is "
                               "unset or empty\n")
+
+
+@pytest.mark.parametrize("user", ["", "evil on >pw +@all ~*", "a\tb", "a\x1bb", "a'b", 'a"b', "a\\b",
+                                  "n\u00e9"])
+def test_a_user_name_the_line_could_misread_is_refused(user: str) -> None:
+    result = CliRunner().invoke(cli, ["acl", "--role", "producer", "--password-env", "GPUQ_ACL_PW",
+                                      "--user", user], env={"GPUQ_ACL_PW": SECRET})
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr.startswith("Error: configuration: ACL user name ")
+    assert "printable ASCII without spaces, quotes or backslashes" in result.stderr
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_user_names_of_odd_pools_and_addresses_are_kept() -> None:
+    assert acl.setuser("producer", "p", "svc.gpuq@host:1", SECRET).startswith("ACL SETUSER svc.gpuq@host:1 ")
+    result = CliRunner().invoke(cli, ["--pool", "a*", "acl", "--role", "observer", "--password-env",
+                                      "GPUQ_ACL_PW"], env={"GPUQ_ACL_PW": SECRET})
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("ACL SETUSER gpuq-observer-a* reset on #")

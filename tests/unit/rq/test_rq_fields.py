@@ -51,7 +51,8 @@ def test_the_task_id_changes_when_rq_enqueues_the_job_again() -> None:
 @pytest.mark.parametrize(("meta", "defaults", "reason"), [
     ({}, {}, "no model or vram_gb"),
     ({"gpuq": {"model": "m"}}, {}, "no vram_gb"),
-    ({"gpuq": {"model": "m", "vram_gb": -4}}, {}, "vram_gb must be a finite number > 0 and at most 1e6, got -4"),
+    ({"gpuq": {"model": "m", "vram_gb": -4}}, {},
+     "vram_gb must be a finite number > 0 and at most 1e6, got -4"),
     ({"gpuq": {"model": "m", "vram_gb": 8, "priority": "urgent"}}, {}, "unknown priority 'urgent'"),
     ({"gpuq": {"model": "m", "vram_gb": "8"}}, {}, "vram_gb must be a number"),
     ({"gpuq": {"model": "m", "vram_gb": 8, "gpus": 2}}, {}, "unknown field(s) gpus"),

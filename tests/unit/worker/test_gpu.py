@@ -93,3 +93,12 @@ def test_a_group_exports_its_vram_per_device() -> None:
     assert got == {("w:0", None): 80 * 2**30, ("w:1", None): 80 * 2**30,
                    ("w:0", "ledger"): 0.5, ("w:1", "ledger"): 0.5,
                    ("w:0", "nvml"): 30 / 80, ("w:1", "nvml"): 50 / 80}
+
+
+@pytest.mark.parametrize("vram_gb, count", [(float("nan"), None), (float("inf"), None), (1e308, None),
+                                            (1e308, 2), (1e6 + 1, 4), (0.0, None)])
+def test_a_declared_size_must_be_a_finite_sane_number(vram_gb: float, count: int | None) -> None:
+    """nan or inf would become the class size every reader of the pool chokes on."""
+    with pytest.raises(ConfigError, match=r"--vram-gb must be > 0 and <= 1000000 \(GB per GPU\)"):
+        probe(None, vram_gb, "L4", "w", count)
+    assert probe(None, 1e6, "big", "w", 64).total_gb == 64e6  # the bound itself is accepted
