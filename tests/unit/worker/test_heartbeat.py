@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import fakeredis
 import pytest
 
 from gpuq import Config, Queue, worker_record
+from gpuq.worker.executor import Claimed
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.loop import Worker
 from workers.sim import app
 
 
-def test_a_task_acked_during_the_beat_is_not_reported_lost(caplog: pytest.LogCaptureFixture) -> None:
-    """Regression: the beat snapshots the running tasks, then its script call; a runner's ack
-    landing in between made the script report the task's lease gone, and the beat logged
-    ``lease.lost`` for a task that had succeeded."""
+def claimed() -> tuple[Queue, Worker, Any, Claimed]:
+    """A worker on fakeredis that claimed the one task enqueued: the queue, the worker, the
+    task's handle and what the claim gave the worker."""
     client = fakeredis.FakeRedis(decode_responses=True)
     config = Config(pool="hb").validate()
     queue = Queue(client, config)
@@ -25,8 +26,14 @@ def test_a_task_acked_during_the_beat_is_not_reported_lost(caplog: pytest.LogCap
     task = queue.enqueue("sim.noop", 1, model="m", vram_gb=1)
     got = worker.claim(None)
     assert isinstance(got, tuple)
-    claimed = got[0]
-    running = claimed[2]
+    return queue, worker, task, got[0]
+
+
+def test_a_task_acked_during_the_beat_is_not_reported_lost(caplog: pytest.LogCaptureFixture) -> None:
+    """Regression: the beat snapshots the running tasks, then its script call; a runner's ack
+    landing in between made the script report the task's lease gone, and the beat logged
+    ``lease.lost`` for a task that had succeeded."""
+    _, worker, task, (_, _, running) = claimed()
     beat_call = worker.calls.heartbeat
 
     def ack_lands_first(*args: object, **kwargs: object) -> object:
@@ -46,36 +53,20 @@ def test_a_finished_run_keeps_its_lease_until_its_ack_is_answered() -> None:
     """The ack rides with the runner's next claim, which an outage holds back: until it is
     answered the run's lease is renewed, or a reaper would take back a finished task (and
     refuse its result) once the lease ran out; an answered or lost one is renewed no more."""
-    client = fakeredis.FakeRedis(decode_responses=True)
-    config = Config(pool="hb", lease_s=30).validate()
-    queue = Queue(client, config)
-    worker = Worker(client, config, app, GpuInfo("sim", "x", 80, None, "declared"), worker_id="w")
-    worker.presence.register(worker_record.identity("w", worker.gpu, 5, 1, "0123", "h", 1), 30_000)
-    queue.enqueue("sim.noop", 1, model="m", vram_gb=1)
-    got = worker.claim(None)
-    assert isinstance(got, tuple)
-    fields, res, running = got[0]
+    queue, worker, _, (fields, res, running) = claimed()
     ack = worker.executor.execute(fields, res, running)
     assert ack is not None and not worker.running.slots_used()
     assert worker.running.settling() == [(running.task_id, running.token)]
-    client.zadd(queue.keys.running, {running.task_id: 0})  # as if its lease had nearly run out
+    queue.redis.zadd(queue.keys.running, {running.task_id: 0})  # as if its lease had nearly run out
     worker.heartbeat().beat()
-    assert float(client.zscore(queue.keys.running, running.task_id)) > 0
+    assert float(queue.redis.zscore(queue.keys.running, running.task_id)) > 0
     worker.settle([ack])
     assert worker.running.settling() == []
     assert queue.record(running.task_id).state.value == "succeeded"
 
 
 def test_a_finished_run_whose_lease_is_gone_is_dropped_from_the_renewals() -> None:
-    client = fakeredis.FakeRedis(decode_responses=True)
-    config = Config(pool="hb").validate()
-    queue = Queue(client, config)
-    worker = Worker(client, config, app, GpuInfo("sim", "x", 80, None, "declared"), worker_id="w")
-    worker.presence.register(worker_record.identity("w", worker.gpu, 5, 1, "0123", "h", 1), 30_000)
-    task = queue.enqueue("sim.noop", 1, model="m", vram_gb=1)
-    got = worker.claim(None)
-    assert isinstance(got, tuple)
-    fields, res, running = got[0]
+    _, worker, task, (fields, res, running) = claimed()
     assert worker.executor.execute(fields, res, running) is not None
     task.cancel()
     worker.heartbeat().beat()
