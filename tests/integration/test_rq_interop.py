@@ -100,7 +100,7 @@ def test_jobs_without_gpu_fields_or_with_bad_ones_are_failed_in_rq_with_the_reas
     assert real_queue.redis.hget(real_queue.keys.stats, "enqueued") is None
     assert bare.get_status() == "failed" and negative.get_status() == "failed"
     assert "no model or vram_gb" in failure_text(bare)
-    assert "vram_gb must be a finite number > 0, got -1" in failure_text(negative)
+    assert "vram_gb must be a finite number > 0 and at most 1e6, got -1" in failure_text(negative)
     assert set(rq_queue.failed_job_registry.get_job_ids()) == {bare.id, negative.id}
 
 

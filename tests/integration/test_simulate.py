@@ -274,7 +274,7 @@ def test_cli_json_report(procs: Procs, trace_dir: Path) -> None:
     (["--gpus", "4 by 80"], "--gpus '4 by 80': use COUNTx[GPUSx]GB"),
     (["--trace", "nope"], "unknown trace 'nope'"),
     (["--speedup", "2", "--target-load", "0.5"], "not both"),
-    (["--speedup", "0"], "--speedup must be > 0"),
+    (["--speedup", "0"], "--speedup must be a finite number > 0"),
 ])
 def test_cli_bad_options_give_one_error_line(procs: Procs, trace_dir: Path, args: list[str],
                                             message: str) -> None:
