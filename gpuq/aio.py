@@ -20,7 +20,7 @@ import redis.exceptions
 from gpuq import bulk
 from gpuq.config import Config
 from gpuq.connection import Tls, connect_async, redis_errors
-from gpuq.errors import GpuqError, PartialEnqueue
+from gpuq.errors import GpuqError
 from gpuq.functions import Sender
 from gpuq.keys import Keys
 from gpuq.producer import PENDING, Producer, Waiting, stored
@@ -166,7 +166,8 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
         specs, calls = self._bulk(tasks, check_fit)
         with redis_errors(self.url):
             several = len(specs) > bulk.BULK_CHUNK
-            if several and bulk.check(specs, await self._plain(bulk.preflight(self.keys, specs))):
+            flight = bulk.Preflight(specs) if several else None
+            if flight and flight.check(await self._plain(flight.commands(self.keys))):
                 bulk.taken(specs, await self._plain(bulk.exists_each(self.keys, specs)))
             try:
                 await self.scripts.streamed(calls)
@@ -182,13 +183,10 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
     async def _partial(self, specs: list[TaskSpec], exc: Exception) -> Exception:
         """PartialEnqueue naming the tasks stored, or ``exc`` (gpuq.client.Queue._partial)."""
         try:
-            stored = bulk.written(specs, await self._plain(bulk.exists_each(self.keys, specs)))
+            stored = await self._plain(bulk.exists_each(self.keys, specs))
         except (GpuqError, redis.exceptions.RedisError):
             return exc
-        if not stored:
-            return exc
-        return PartialEnqueue([AsyncTask(self, s.task_id, exists=True) for s in stored], len(specs),
-                              exc)
+        return bulk.outcome(specs, stored, exc, lambda tid: AsyncTask(self, tid, exists=True))
 
     def task(self, task_id: str) -> AsyncTask:
         return AsyncTask(self, task_id)

@@ -17,7 +17,7 @@ import redis
 from gpuq import bulk
 from gpuq.config import Config
 from gpuq.connection import Tls, connect, redis_errors
-from gpuq.errors import GpuqError, PartialEnqueue
+from gpuq.errors import GpuqError
 from gpuq.producer import PENDING, Producer, Waiting, stored
 from gpuq.scripts import Scripts
 from gpuq.stream import Chunk, Follow, follow_call, parse_progress
@@ -63,7 +63,8 @@ class Queue(Producer[redis.Redis, "Task"]):
         specs, calls = self._bulk(tasks, check_fit)
         with redis_errors(self.url):
             several = len(specs) > bulk.BULK_CHUNK
-            if several and bulk.check(specs, self._plain(bulk.preflight(self.keys, specs))):
+            flight = bulk.Preflight(specs) if several else None
+            if flight and flight.check(self._plain(flight.commands(self.keys))):
                 bulk.taken(specs, self._plain(bulk.exists_each(self.keys, specs)))
             try:
                 self.scripts.streamed(calls)
@@ -80,12 +81,10 @@ class Queue(Producer[redis.Redis, "Task"]):
         """PartialEnqueue naming the tasks stored, or ``exc`` when none was (or the server
         cannot say)."""
         try:
-            stored = bulk.written(specs, self._plain(bulk.exists_each(self.keys, specs)))
+            stored = self._plain(bulk.exists_each(self.keys, specs))
         except (GpuqError, redis.RedisError):
             return exc
-        if not stored:
-            return exc
-        return PartialEnqueue([Task(self, s.task_id, exists=True) for s in stored], len(specs), exc)
+        return bulk.outcome(specs, stored, exc, lambda tid: Task(self, tid, exists=True))
 
     def task(self, task_id: str) -> Task:
         return Task(self, task_id)

@@ -122,7 +122,7 @@ def _positive_number(name: str, value: object, *, allow_zero: bool = False,
     return number
 
 
-_BAD_NAME = re.compile(r"[{},\s]")  # braces would break the hash tag; commas the model lists
+BAD_NAME = re.compile(r"[{},\s]")  # braces would break the hash tag; commas the model lists
 
 
 _good_names: set[str] = set()  # handler, model and tenant names repeat: check each once
@@ -133,7 +133,7 @@ def _name(field: str, value: object) -> str:
         raise InvalidTask(f"{field} must be a non-empty string")
     if value in _good_names:
         return value
-    if len(value) > MAX_NAME_LEN or _BAD_NAME.search(value):
+    if len(value) > MAX_NAME_LEN or BAD_NAME.search(value):
         raise InvalidTask(f"{field} {value!r} is too long or holds spaces, commas or braces")
     if field not in ("task_id", "parent id"):  # ids are one-off
         if len(_good_names) >= 4096:
@@ -211,7 +211,7 @@ class TaskSpec(NamedTuple):
         after_any_outcome: bool = False,
     ) -> TaskSpec:
         delay_s, at, parents = _deferral(delay_s, at, after)
-        if deadline_s is not None:  # enqueue.lua takes under 1e13 ms (about 300 years)
+        if deadline_s is not None:  # enqueue.lua takes at most 1e13 ms (about 300 years)
             deadline_s = _positive_number("deadline_s", deadline_s, most=MAX_SECONDS)
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not (
             1 <= max_attempts <= 100

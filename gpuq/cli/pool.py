@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any
 
 import click
@@ -23,20 +22,19 @@ from gpuq.cli.base import (
 from gpuq.cli.tasks import within
 from gpuq.connection import Tls, redis_errors
 from gpuq.errors import ConfigError
-from gpuq.task import MAX_NAME_LEN, Priority
+from gpuq.task import BAD_NAME, MAX_NAME_LEN, Priority
 from gpuq.views.inspect import pool_view
 
 # a number given must be finite (nan passes every comparison click's ranges make)
 SECONDS = within("a finite number >= 0", lambda v: 0 <= v < math.inf)
 POSITIVE = within("a finite number > 0", lambda v: 0 < v < math.inf)
-_BAD_WORKER_ID = re.compile(r"[{},\s]")  # as task names: braces break the hash tag, commas lists
 
 
 def _worker_id(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """--name: a worker id is part of its keys and listed in status, so it holds no space,
     brace, comma or control character."""
     if value is not None and (not value or len(value) > MAX_NAME_LEN or not value.isprintable()
-                              or _BAD_WORKER_ID.search(value)):
+                              or BAD_NAME.search(value)):
         raise ConfigError(f"--name {value!r}: a worker id must be 1..{MAX_NAME_LEN} printable "
                           "characters without spaces, commas or braces")
     return value

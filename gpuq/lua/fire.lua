@@ -68,7 +68,7 @@ hold(id, {'id', id, 'handler', t.handler, 'payload', t.payload, 'model', t.model
   'max_attempts', ms(tonumber(t.max_attempts) or 3), 'enqueued_at', ms(now), 'queued_at', ms(now),
   'est_from', history or '', 'schedule', name .. ' ' .. ms(period),
   'gpus', tostring(math.floor(tonumber(t.gpus) or 1))},
-  {due = now}, now, sla[prio], tonumber(t.deadline_ms), est, tenancy)
+  {due = now}, now, sla[prio], tonumber(t.deadline_ms), est, false)  -- its order: below
 redis.call('ZREM', K_DELAYED, id)
 redis.call('HINCRBY', K_STATS, 'enqueued', 1)
 count_arrivals(now, {[t.model] = 1})

@@ -4,8 +4,8 @@
 -- its worker ends "failed" after max_attempts). Workers whose liveness expired are removed
 -- with their idle entry, model holdings, wake and control lists and reservation, and
 -- their running tasks requeued at once rather than at lease expiry (a task handed over to
--- one and still unread on its wake list with its attempt given back: it never started). Queues a client of an
--- older release indexed per level (models:<p>) join the work index. The claim's gates for
+-- one and still unread on its wake list with its attempt given back: it never started).
+-- Queues a client of an older release indexed per level (models:<p>) join the work index. The claim's gates for
 -- due retries, hand-overs and tenancy are set from what they guard (lib/gates.lua).
 --
 -- KEYS[1]  pool key base

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -21,23 +20,10 @@ from gpuq.sim.model import SimResult, SimTask, TraceTask
 from gpuq.sim.policies import POLICIES
 from gpuq.sim.reference import Request, first_request_misses
 from gpuq.sim.report import summarize
-from gpuq.sim.run import parse_gpus, sim_config, simulate, speedup_for
+from gpuq.sim.run import MAX_GPUS, parse_gpus, sim_config, simulate, speedup_for
 from gpuq.tenants import Tenant
 
 log = logging.getLogger(__name__)
-MAX_GPUS = 4096  # GPUs one replay simulates, in all: past any pool it sizes, short of a runaway
-
-
-def pool_gpus(spec: str) -> list[tuple[str, float]]:
-    """``--gpus`` parsed (run.parse_gpus), its GPUs counted first: parse_gpus makes a worker
-    per GPU group, so 1000000x80 would fill memory before the replay ran for ever."""
-    total = 0
-    for part in spec.split(","):  # a malformed part is parse_gpus's to refuse
-        if m := re.match(r"\s*(\d+)\s*[xX]\s*(?:(\d+)\s*[xX])?", part):
-            total += int(m.group(1)) * int(m.group(2) or 1)
-    if total > MAX_GPUS:
-        raise ConfigError(f"--gpus {spec!r}: {total} GPUs; a replay simulates at most {MAX_GPUS}")
-    return parse_gpus(spec)
 
 
 def check_plot_path(path: str) -> None:
@@ -91,7 +77,7 @@ def run_simulations(trace_name: str, traces_dir: str | None, gpus_spec: str, spe
         raise ConfigError("--limit must be >= 1")
     if plot_path:
         check_plot_path(plot_path)
-    gpus = pool_gpus(gpus_spec)
+    gpus = parse_gpus(gpus_spec)
     tasks, loads = read_trace(trace_name, traces_dir, seed, limit)
     large: list[str] = []
     if mix_70b:
@@ -129,7 +115,7 @@ def run_autoscaled(trace_name: str, traces_dir: str | None, gpus_spec: str, spee
     """gpuq with an autoscaler (``--autoscale MIN:MAX``) over GPUs of the one ``--gpus`` kind,
     once per scale signal (reactive, forecast or both), on the same arrivals and load draws.
     A report's ``policy`` names its signal. settings: Autoscale's boot_s, idle_s, every_s."""
-    kinds = {gb for _, gb in pool_gpus(gpus_spec)}
+    kinds = {gb for _, gb in parse_gpus(gpus_spec)}
     if len(kinds) != 1 or "/" in gpus_spec:
         raise ConfigError("--autoscale needs one GPU kind, e.g. --gpus 1x80")
     if signal not in (*SIGNALS, "both"):
@@ -160,7 +146,7 @@ def find_gpus(trace_name: str, traces_dir: str | None, gpus_spec: str, speedup: 
     """The smallest pool of one GPU kind (``--gpus 1x80``) whose gpuq replay meets the SLA
     target at ``priority`` (handlers started, models loaded, within the SLA): doubling, then
     bisection (attainment grows with the pool, up to what cold starts leave)."""
-    kinds = {gb for _, gb in pool_gpus(gpus_spec)}
+    kinds = {gb for _, gb in parse_gpus(gpus_spec)}
     if len(kinds) != 1 or "/" in gpus_spec:
         raise ConfigError("--find-gpus needs one GPU kind, e.g. --gpus 1x80")
     (size,) = kinds

@@ -20,6 +20,7 @@ from gpuq.sim.policies import POLICIES, GpuqScheduler, QueueScheduler, Scheduler
 from gpuq.tenants import Tenant, set_tenant
 
 LoadSampler = Callable[[str, random.Random], float]  # (model, rng) -> seconds
+MAX_GPUS = 4096  # GPUs one replay simulates, in all: past any pool it sizes, short of a runaway
 
 
 def parse_gpus(spec: str) -> list[tuple[str, float]]:
@@ -27,8 +28,10 @@ def parse_gpus(spec: str) -> list[tuple[str, float]]:
     COUNTxGB is COUNT one-GPU workers; COUNTxDEVICESxGB is COUNT workers, each a group of
     DEVICES GPUs of GB each (ids "gpu4x80-0": the id carries the group, ``devices_of``).
     A "/LEVELS" suffix makes them a dedicated lane serving only those priorities (e.g. /01:
-    P0 and P1); the levels are carried in the worker id ("gpu24-0@01")."""
+    P0 and P1); the levels are carried in the worker id ("gpu24-0@01"). At most MAX_GPUS
+    GPUs in all, counted before each part's workers are made."""
     gpus: list[tuple[str, float]] = []
+    total = 0
     made: dict[str, int] = {}  # workers of each kind so far: ids stay unique
     for part in spec.split(","):
         m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(?:(\d+)\s*[xX]\s*)?(\d+(?:\.\d+)?)\s*(?:/([0-3]+))?\s*",
@@ -37,6 +40,9 @@ def parse_gpus(spec: str) -> list[tuple[str, float]]:
             raise ConfigError(f"--gpus {spec!r}: use COUNTx[GPUSx]GB[/LEVELS][,...], "
                               "e.g. 4x80,2x24/01,2x4x80")
         count, devices, size = int(m.group(1)), int(m.group(2) or 1), float(m.group(3))
+        total += count * devices
+        if total > MAX_GPUS:
+            raise ConfigError(f"--gpus {spec!r}: {total} GPUs; a replay simulates at most {MAX_GPUS}")
         lane = "".join(sorted(set(m.group(4)))) if m.group(4) else ""
         kind = f"gpu{size:g}" if devices == 1 else f"gpu{devices}x{size:g}"
         suffix = f"@{lane}" if lane else ""

@@ -28,7 +28,7 @@ from gpuq.worker.models import ModelCache, Reservation
 from gpuq.worker.observer import Observer
 from gpuq.worker.presence import Presence
 from gpuq.worker.running import Running, RunningSet
-from gpuq.worker.runtimes import Run, RunTimes
+from gpuq.worker.runtimes import NAMES_KEPT, Run, RunTimes
 
 log = logging.getLogger(__name__)
 Claimed = tuple[dict[str, str], Reservation | None, Running]  # task fields, its VRAM, its run
@@ -51,9 +51,9 @@ class Executor:
         self.unacked: dict[tuple[str, str], Run] = {}
         self.id = presence.worker_id
         self.model_loads = 0
-        # (handler, model) -> why this app cannot run it (None: it can); the app's handlers
-        # and loaders are fixed once the worker runs, and a batch asks once per task
-        self._problems: dict[tuple[str, str], str | None] = {}
+        # why this app cannot run (handler, model), None: it can; the app's handlers and
+        # loaders are fixed once the worker runs, and a batch asks once per task
+        self._check = functools.lru_cache(maxsize=NAMES_KEPT)(app.check)
 
     def begin(self, fields: dict[str, str], *, batched: bool = False,
               track: bool = True) -> tuple[Reservation | None, Running]:
@@ -86,12 +86,7 @@ class Executor:
                           json.loads(saved) if saved else None)
             if not 0 < ctx.vram_gb < math.inf or not 0 <= ctx.est_s < math.inf:
                 raise ValueError(f"vram_gb {fields['vram_gb']!r}, est_s {fields['est_s']!r}")
-            names = (fields["handler"], fields["model"])
-            if names not in self._problems:
-                if len(self._problems) >= 4096:
-                    self._problems.clear()
-                self._problems[names] = self.app.check(*names)
-            return ctx, self._problems[names]
+            return ctx, self._check(fields["handler"], fields["model"])
         except (KeyError, ValueError) as exc:
             stand_in = Context(fields["id"], 0, self.id, fields.get("model", ""), 0.0, 0.0)
             return stand_in, f"task fields cannot be read: {type(exc).__name__}: {exc}"

@@ -18,7 +18,8 @@ from test_cli import BASE, DEAD_REDIS, Pool, assert_clean_error
 from gpuq.cli import cli
 from gpuq.embedded import EmbeddedServer
 from gpuq.errors import ConfigError
-from gpuq.sim.cli import check_plot_path, pool_gpus
+from gpuq.sim.cli import check_plot_path
+from gpuq.sim.run import parse_gpus
 from gpuq.views.exporter import read_figures
 from gpuq.views.inspect import class_gb
 
@@ -94,8 +95,8 @@ def test_plot_paths_and_gpu_counts(tmp_path: Path) -> None:
     check_plot_path(str(tmp_path / "x.png"))
     with pytest.raises(ConfigError, match="not a file that can be written"):
         check_plot_path(str(tmp_path))  # a folder
-    assert len(pool_gpus("4095x80,1x80/01")) == 4096
-    assert len(pool_gpus("1024x4x80")) == 1024  # one worker per group of four
+    assert len(parse_gpus("4095x80,1x80/01")) == 4096
+    assert len(parse_gpus("1024x4x80")) == 1024  # one worker per group of four
 
 
 # -- refused before anything is registered or enqueued --------------------------------------
