@@ -253,8 +253,11 @@ def worker_keys(procs: Procs, name: str) -> set[str]:
 @pytest.mark.slow
 def test_cli_drain_finishes_the_running_task_then_exits(procs: Procs, real_queue: Queue) -> None:
     worker = procs.worker("w1")
-    first = real_queue.enqueue("sim.run", model="m", vram_gb=10, est_s=est(0.8))
-    procs.wait_state(first.id, State.RUNNING)
+    first = real_queue.enqueue("sim.run", model="m", vram_gb=10, est_s=est(1.5))
+    # its model loaded: the worker began it (a hand-over popped but not yet begun when the
+    # drain lands goes back to its queue, its attempt given back: it had not started)
+    wait_for(lambda: "model.loaded" in worker.log(), timeout=10,
+             message=lambda: f"w1 to load the first task's model; log:\n{worker.log()}")
     assert procs.run_cli("drain", "w1").strip() == "draining w1"
     wait_for(lambda: "worker.draining" in worker.log(), timeout=5,
              message=lambda: f"w1 to start draining; log:\n{worker.log()}")
@@ -263,7 +266,8 @@ def test_cli_drain_finishes_the_running_task_then_exits(procs: Procs, real_queue
 
     assert worker.wait(15) == 0, worker.log()
     record = first.record()
-    assert record.state is State.SUCCEEDED and record.worker == "w1" and record.attempt == 1
+    assert (record.state, record.worker, record.attempt) == (State.SUCCEEDED, "w1", 1), \
+        worker.log()
     later = second.record()
     assert later.state is State.QUEUED and later.attempt == 0 and later.worker is None
     # it left the pool cleanly: nothing of it is left behind
