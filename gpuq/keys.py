@@ -323,7 +323,8 @@ class Keys:
 
     @property
     def tenant_use(self) -> str:
-        """Limited tenants' running use: "gpus:<tenant>" -> tasks, "vram:<tenant>" -> GB; and
+        """Limited tenants' running use: "tasks:<tenant>", "gpus:<tenant>" (the GPUs they run
+        across), "vram:<tenant>" (GB); and
         "bound:<tenant>" -> the running tasks the reaper lets it have (lib/quota.lua)."""
         return self._key("tenant_use")
 

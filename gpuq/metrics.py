@@ -179,7 +179,7 @@ METRIC_NAMES = {
     "gpuq_model_workers_desired": "gauge", "gpuq_reaper_active": "gauge",
     "gpuq_arrivals_forecast_per_second": "gauge",
     "gpuq_tenant_queued": "gauge", "gpuq_tenant_bound": "gauge", "gpuq_tenant_running": "gauge",
-    "gpuq_tenant_running_vram_gb": "gauge",
+    "gpuq_tenant_running_gpus": "gauge", "gpuq_tenant_running_vram_gb": "gauge",
     "gpuq_tenant_quota_use_ratio": "gauge", "gpuq_tenant_sla_starts_total": "counter",
 }
 
@@ -286,6 +286,8 @@ def _tenant_families(pool: str,
                               "while other tenants' recent demand needs room.", labels=["pool", "tenant"])
     running = GaugeMetricFamily("gpuq_tenant_running", "Running tasks of a limited tenant (caps or bound).",
                                 labels=["pool", "tenant"])
+    gpus = GaugeMetricFamily("gpuq_tenant_running_gpus", "GPUs a limited tenant's running tasks run "
+                             "across.", labels=["pool", "tenant"])
     vram = GaugeMetricFamily("gpuq_tenant_running_vram_gb", "VRAM of a limited tenant's running tasks.",
                              labels=["pool", "tenant"])
     ratio = GaugeMetricFamily("gpuq_tenant_quota_use_ratio", "A capped tenant's use over its cap.",
@@ -298,14 +300,16 @@ def _tenant_families(pool: str,
             bound.add_metric([pool, name], t["bound"])
         if t["running"] is not None:
             running.add_metric([pool, name], t["running"])
+            gpus.add_metric([pool, name], t["running_gpus"])
             vram.add_metric([pool, name], t["running_vram_gb"])
-        for resource, used, cap in (("gpus", t["running"], t["max_gpus"]),
+        for resource, used, cap in (("gpus", t["running_gpus"], t["max_gpus"]),
                                     ("vram", t["running_vram_gb"], t["max_vram_gb"])):
             if cap is not None:
                 ratio.add_metric([pool, name, resource], (used or 0) / cap if cap else float(bool(used)))
     yield queued
     yield bound
     yield running
+    yield gpus
     yield vram
     yield ratio
     yield _counter("gpuq_tenant_sla_starts", "First handler starts by the start-by time or not, per tenant.",

@@ -28,7 +28,7 @@ BOUND = "bound:"  # tenant:use field prefix of the reaper's bounds (lib/quota.lu
 class Tenant:
     name: str
     weight: float = DEFAULT_WEIGHT
-    max_gpus: int | None = None  # running tasks (one GPU each)
+    max_gpus: int | None = None  # GPUs its running tasks run across (a gpus=N task: N)
     max_vram_gb: float | None = None  # their VRAM, weights included
 
     def __post_init__(self) -> None:
@@ -80,7 +80,9 @@ class TenantState:
 
     tenant: Tenant
     registered: bool
-    running: int | None = None  # limited tenants only (caps or bound): running tasks, their VRAM
+    # limited tenants only (caps or bound): running tasks, the GPUs they run across, their VRAM
+    running: int | None = None
+    running_gpus: int | None = None
     running_vram_gb: float | None = None
     queued: dict[str, int] = field(default_factory=dict)  # "P<n>" -> tasks queued
     bound: int | None = None  # the running tasks the reaper lets it have (gpuq.reaper.tenant_room)
@@ -89,7 +91,8 @@ class TenantState:
         t = self.tenant
         return {"name": t.name, "registered": self.registered, "weight": t.weight,
                 "max_gpus": t.max_gpus, "max_vram_gb": t.max_vram_gb, "bound": self.bound,
-                "running": self.running, "running_vram_gb": self.running_vram_gb,
+                "running": self.running, "running_gpus": self.running_gpus,
+                "running_vram_gb": self.running_vram_gb,
                 "queued": self.queued}
 
 
@@ -155,6 +158,9 @@ def read(client: redis.Redis, keys: Keys) -> tuple[list[TenantState], bool]:
             state.bound = bound
     for state in states.values():
         if state.tenant.capped or state.bound is not None:
-            state.running = int(float(use.get(f"gpus:{state.tenant.name}", 0)))
+            gpus = int(float(use.get(f"gpus:{state.tenant.name}", 0)))
+            # no task count: counted before GPUs were, when each task held one GPU
+            state.running = int(float(use.get(f"tasks:{state.tenant.name}", gpus)))
+            state.running_gpus = gpus
             state.running_vram_gb = round(float(use.get(f"vram:{state.tenant.name}", 0)), 3)
     return sorted(states.values(), key=lambda s: s.tenant.name), registry.get(REQUIRED) == "1"

@@ -65,14 +65,15 @@ def list_(ctx: click.Context, as_json: bool) -> None:
                               indent=2))
         return
     click.echo(f"{'TENANT':<16}{'WEIGHT':>8}{'MAX GPUS':>10}{'MAX VRAM':>10}{'BOUND':>7}"
-               f"{'RUNNING':>9}{'VRAM':>8}  QUEUED")
+               f"{'RUNNING':>9}{'GPUS':>6}{'VRAM':>8}  QUEUED")
     for s in states:
         t = s.tenant
         name = t.name if s.registered else f"{t.name}*"
         queued = " ".join(f"{p}={n}" for p, n in sorted(s.queued.items())) or "-"
         # names are users' text: escaped, as status does, so no terminal escape gets through
         click.echo(one_line(f"{name:<16}{t.weight:>8g}{_cap(t.max_gpus):>10}{_cap(t.max_vram_gb):>10}"
-                            f"{_cap(s.bound):>7}{_cap(s.running):>9}{_cap(s.running_vram_gb):>8}"
+                            f"{_cap(s.bound):>7}{_cap(s.running):>9}{_cap(s.running_gpus):>6}"
+                            f"{_cap(s.running_vram_gb):>8}"
                             f"  {queued}"))
     if not all(s.registered for s in states):
         click.echo("* not registered: weight 1, no caps")

@@ -227,7 +227,7 @@ local function scan_queue(p, m)
       unqueue(id, p, m)  -- a stale entry: nothing to run
     elseif bad then
       fail_corrupt(id, bad, tostring(p), m, now, TTL)
-    elseif tenancy and f[6] and over_quota(f[6], need) then
+    elseif tenancy and f[6] and over_quota(f[6], need, wants) then
       -- at its tenant's cap: the next task of the queue may be another tenant's
     elseif wants > gpus then
       if not unfit_need then unfit_need, unfit_p, unfit_gpus = need, p, wants end
@@ -305,7 +305,7 @@ if reserved then
   -- a corrupt one is left to the scan of its queue, which fails it; one whose tenant has
   -- reached a quota since is not taken (the reservation goes, the worker claims as usual)
   if r[1] == 'queued' and level(r[2]) and r[3] and need and need > 0 and (tonumber(r[6]) or 1) <= gpus
-      and not (tenancy and r[5] and over_quota(r[5], need)) then
+      and not (tenancy and r[5] and over_quota(r[5], need, tonumber(r[6]) or 1)) then
     if footprint and need - footprint <= held_room(r[3], footprint) then
       use = math.max(0, need - footprint)
     elseif not footprint and need <= claimable then

@@ -243,7 +243,9 @@ for _, i in ipairs(ready) do
   end
   -- numbers formatted once (a float's formatting costs as much as a command), normalized
   local order = score
-  if tenancy and not hand then order = fair_order(prio, tenant, score, sla[prio], ests[i], vram) end
+  if tenancy and not hand then
+    order = fair_order(prio, tenant, score, sla[prio], ests[i], vram, gpus_of[i])
+  end
   local est_s, vram_s, score_ms = tostring(ests[i]), tostring(vram), ms(score)
   -- optional fields only when there is one: each costs about a small command (PROTOCOL)
   local h = {'id', id, 'handler', ARGV[o + 2], 'payload', ARGV[o + 3],

@@ -81,7 +81,7 @@ end
 if tenancy then
   local score = tonumber(redis.call('HGET', task_key(id), 'score'))
   redis.call('HSET', task_key(id), 'order', ms(fair_order(prio, tenant, score, sla[prio], est,
-    tonumber(t.vram_gb))))
+    tonumber(t.vram_gb), math.floor(tonumber(t.gpus) or 1))))
   work[tenant] = est
 end
 redis.call('HSET', task_key(id), 'state', 'queued')

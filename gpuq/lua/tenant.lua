@@ -1,8 +1,8 @@
 -- tenant.lua: register, change or remove a tenant, or set the pool's tenant policy.
 --
 -- A tenant's weight is its share of each level against the other tenants with work queued
--- there; max_gpus and max_vram_gb cap its running tasks and their VRAM (lib/tenancy.lua), as
--- its bound does (lib/quota.lua). A tenant whose limits come or go has its running use
+-- there; max_gpus and max_vram_gb cap the GPUs its running tasks run across and their VRAM,
+-- and its bound caps its running tasks (lib/quota.lua). A tenant whose limits come or go has its running use
 -- recounted from the running set (O(running tasks): an operator's call, or a bound the
 -- reaper sets or lifts), so limits bind the tasks already running too: a tenant over a new
 -- limit starts nothing until its tasks bring it back under. Removing the last tenant ends
@@ -31,21 +31,23 @@
 
 -- Charge (capped) or discharge (not) each running task of tenant t; set its use to the sum.
 local function recount(t, capped)
-  local gpus, vram = 0, 0
+  local gpus, tasks, vram = 0, 0, 0
   for _, id in ipairs(redis.call('ZRANGE', K_RUNNING, 0, -1)) do
-    local f = redis.call('HMGET', task_key(id), 'tenant', 'vram_gb', 'state')
+    local f = redis.call('HMGET', task_key(id), 'tenant', 'vram_gb', 'state', 'gpus')
     if f[1] == t and f[3] == 'running' then
-      if capped then
-        local v = finite(f[2]) or 0
-        redis.call('HSET', task_key(id), 'charged', t .. ' ' .. tostring(v))
-        gpus, vram = gpus + 1, vram + v
+      if capped then  -- as lib/quota.lua charge does
+        local v, g = finite(f[2]) or 0, tonumber(f[4]) or 1
+        redis.call('HSET', task_key(id), 'charged', t .. ' ' .. tostring(v) .. (g > 1 and ' ' .. g or ''))
+        gpus, tasks, vram = gpus + g, tasks + 1, vram + v
       else
         redis.call('HDEL', task_key(id), 'charged')
       end
     end
   end
-  redis.call('HDEL', K_TENANT_USE, 'gpus:' .. t, 'vram:' .. t)
-  if gpus > 0 then redis.call('HSET', K_TENANT_USE, 'gpus:' .. t, gpus, 'vram:' .. t, tostring(vram)) end
+  redis.call('HDEL', K_TENANT_USE, 'gpus:' .. t, 'tasks:' .. t, 'vram:' .. t)
+  if tasks > 0 then
+    redis.call('HSET', K_TENANT_USE, 'gpus:' .. t, gpus, 'tasks:' .. t, tasks, 'vram:' .. t, tostring(vram))
+  end
 end
 
 -- Whether tenant t is limited (caps, or a bound): its running use is counted.

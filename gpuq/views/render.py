@@ -43,28 +43,28 @@ def render_status(view: PoolView) -> str:
 
 
 def _tenants(tenants: list[dict[str, Any]], required: bool) -> list[str]:
-    """Tenants: weight, caps (a GPU cap or the reaper's bound, the lower; "b": the bound)
-    and running use, queued tasks, SLA attainment at handler start."""
+    """Tenants: weight, running GPUs and VRAM against their caps, running tasks against the
+    reaper's bound, queued tasks, SLA attainment at handler start."""
     if not tenants:
         return []
     lines = ["", "tenants" + (" (tasks of tenants not registered are refused)" if required else "")
-             + ":", f"{'TENANT':<20}{'WEIGHT':>7}{'RUNNING/CAP':>13}{'VRAM/CAP':>14}  "
-             f"{'QUEUED':<18}SLA AT START"]
+             + ":", f"{'TENANT':<20}{'WEIGHT':>7}{'GPUS/CAP':>10}{'VRAM/CAP':>14}"
+             f"{'TASKS/BOUND':>13}  {'QUEUED':<18}SLA AT START"]
     for t in tenants:
         name = t["name"] if t["registered"] else t["name"] + "*"
         queued = " ".join(f"{p}={n}" for p, n in sorted(t["queued"].items())) or "-"
         sla = " ".join(f"{p} {100 * s['met'] / (s['met'] + s['missed']):.1f}%"
                        for p, s in t["sla"].items() if s["met"] + s["missed"]) or "-"
-        limits = [x for x in (t["max_gpus"], t.get("bound")) if x is not None]
-        gpus = _of(t["running"], min(limits) if limits else None)
-        if t.get("bound") is not None and t["bound"] == min(limits):
-            gpus += "b"
+        gpus = _of(t.get("running_gpus"), t["max_gpus"])
         vram = _of(t["running_vram_gb"], t["max_vram_gb"])
-        lines.append(f"{name[:19]:<20}{t['weight']:>7g}{gpus:>13}{vram:>14}  {queued[:17]:<18}{sla}")
+        bound = _of(t["running"], t.get("bound"))
+        lines.append(f"{name[:19]:<20}{t['weight']:>7g}{gpus:>10}{vram:>14}{bound:>13}  "
+                     f"{queued[:17]:<18}{sla}")
     if not all(t["registered"] for t in tenants):
         lines.append("* not registered: weight 1, no caps")
     if any(t.get("bound") is not None for t in tenants):
-        lines.append("b: bound by the reaper while other tenants' recent demand needs room")
+        lines.append("bound: running tasks the reaper allows while other tenants' recent demand "
+                     "needs room")
     return lines
 
 

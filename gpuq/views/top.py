@@ -149,13 +149,14 @@ def _progress(view: PoolView) -> list[str]:
 
 
 def _tenants(view: PoolView) -> list[str]:
-    """One line: each tenant's queued tasks, running use against its limit (its GPU cap or
-    the reaper's bound, the lower), SLA at start."""
+    """One line: each tenant's queued tasks, running GPUs against its cap, running tasks
+    against the reaper's bound, SLA at start."""
     parts = []
     for t in view.tenants:
         queued = sum(t["queued"].values())
-        limits = [x for x in (t["max_gpus"], t.get("bound")) if x is not None]
-        cap = f" {t['running']}/{min(limits)}gpu" if limits else ""
+        cap = "" if t["max_gpus"] is None else f" {t.get('running_gpus') or 0}/{t['max_gpus']}gpu"
+        if t.get("bound") is not None:
+            cap += f" {t['running'] or 0}/{t['bound']}b"
         met = sum(s["met"] for s in t["sla"].values())
         done = met + sum(s["missed"] for s in t["sla"].values())
         sla = f" {100 * met / done:.0f}%" if done else ""

@@ -34,7 +34,8 @@ def test_a_bound_counts_the_running_tasks_and_binds_the_next_starts(queue: Queue
     b1 = enqueue(queue, T0 + 2, priority="P2", model="m", tenant="b", vram_gb=4)
     assert queue.redis.hgetall(queue.keys.tenant_use) == {}  # nobody limited: nothing counted
     bound(queue, "a", "2")
-    assert queue.redis.hgetall(queue.keys.tenant_use) == {"gpus:a": "2", "vram:a": "8", "bound:a": "2"}
+    assert queue.redis.hgetall(queue.keys.tenant_use) == {"gpus:a": "2", "tasks:a": "2", "vram:a": "8",
+                                                         "bound:a": "2"}
     assert queue.redis.hget(queue.keys.task(a1), "charged") == "a 4"
     assert take(queue, "w3", T0 + 3) == b1  # a3 passed over: a is at its bound
     assert take(queue, "w4", T0 + 3) is None
@@ -54,7 +55,7 @@ def test_a_capped_tenant_stays_counted_when_its_bound_is_lifted(queue: Queue) ->
     assert take(queue, "w1", T0 + 1) == a1
     bound(queue, "a", "1")
     bound(queue, "a", "-")
-    assert queue.redis.hgetall(queue.keys.tenant_use) == {"gpus:a": "1", "vram:a": "4"}
+    assert queue.redis.hgetall(queue.keys.tenant_use) == {"gpus:a": "1", "tasks:a": "1", "vram:a": "4"}
     remove_tenant(queue, "a")  # the last one: tenancy ends, its counts and work totals go
     assert not queue.redis.exists(queue.keys.tenant_use, queue.keys.tenant_work)
 

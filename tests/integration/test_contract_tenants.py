@@ -88,6 +88,20 @@ def test_backlogged_tenants_share_a_level_by_weight(queue: Queue) -> None:
     assert 14 <= first["a"] <= 16 and first["a"] + first["b"] == 20
 
 
+def test_a_gpu_capped_tenants_backlog_is_spaced_by_the_tasks_it_runs_at_once(queue: Queue) -> None:
+    """The fair order spaces a backlogged tenant's tasks by est_s over the tasks its share
+    runs at once: a cap of 4 GPUs runs two 2-GPU tasks at once, four 1-GPU ones."""
+    set_tenant(queue, Tenant("a", max_gpus=4))
+    live_workers(queue, 8)
+    orders = {}
+    for gpus in (1, 2):
+        specs = [spec(priority="P2", model=f"m{gpus}", tenant="a", est_s=8, gpus=gpus) for _ in range(2)]
+        enqueue_specs(queue, specs, T0 + 1000 * gpus)
+        first, second = (int(queue.redis.hget(queue.keys.task(s.task_id), "order")) for s in specs)
+        orders[gpus] = second - first
+    assert orders == {1: 8000 // 4, 2: 8000 // 2}
+
+
 def test_counts_follow_every_way_out_of_a_queue(queue: Queue) -> None:
     set_tenant(queue, Tenant("a"))
     ids = [enqueue(queue, T0, priority="P2", model="m", tenant="a", deadline_s=1, est_s=0.5)
@@ -118,7 +132,7 @@ def test_a_tenant_at_its_gpu_cap_waits_while_others_run(queue: Queue) -> None:
     assert first is not None and second is not None
     assert (first["id"], second["id"]) == (a1, b1)
     assert claim(queue, "w3", 100, loaded=HELD, now_ms=T0 + 2) is None  # a2 passed over
-    assert queue.redis.hgetall(queue.keys.tenant_use) == {"gpus:a": "1", "vram:a": "4"}
+    assert queue.redis.hgetall(queue.keys.tenant_use) == {"gpus:a": "1", "tasks:a": "1", "vram:a": "4"}
     assert queue.redis.hget(queue.keys.task(a1), "charged") == "a 4"
     wakes = queue.redis.llen(queue.keys.pool_wake)
     ack(queue, a1, first["token"], now_ms=T0 + 3)
@@ -126,6 +140,40 @@ def test_a_tenant_at_its_gpu_cap_waits_while_others_run(queue: Queue) -> None:
     assert queue.redis.llen(queue.keys.pool_wake) == min(16, wakes + 1)  # the waiting can start
     third = claim(queue, "w3", 100, loaded=HELD, now_ms=T0 + 4)
     assert third is not None and third["id"] == a2
+
+
+def test_a_gpu_cap_counts_the_gpus_a_task_runs_across(queue: Queue) -> None:
+    set_tenant(queue, Tenant("a", max_gpus=3))
+    wide, narrow, last = (enqueue(queue, T0 + i, priority="P1", model="m", tenant="a", vram_gb=4,
+                                  gpus=g) for i, g in enumerate((2, 1, 2)))
+    first = claim(queue, "w1", 100, loaded=HELD, now_ms=T0 + 5, gpus=2)
+    second = claim(queue, "w2", 100, loaded=HELD, now_ms=T0 + 5, gpus=2)
+    assert first is not None and second is not None and (first["id"], second["id"]) == (wide, narrow)
+    assert claim(queue, "w3", 100, loaded=HELD, now_ms=T0 + 5, gpus=2) is None  # 3 + 2 > 3
+    assert queue.redis.hgetall(queue.keys.tenant_use) == {"gpus:a": "3", "tasks:a": "2", "vram:a": "8"}
+    assert queue.redis.hget(queue.keys.task(wide), "charged") == "a 4 2"
+    (state,), _ = read(queue.redis, queue.keys)
+    assert (state.running, state.running_gpus, state.running_vram_gb) == (2, 3, 8.0)
+    ack(queue, wide, first["token"], now_ms=T0 + 6)  # gives back its two GPUs
+    assert queue.redis.hgetall(queue.keys.tenant_use) == {"gpus:a": "1", "tasks:a": "1", "vram:a": "4"}
+    third = claim(queue, "w3", 100, loaded=HELD, now_ms=T0 + 7, gpus=2)
+    assert third is not None and third["id"] == last
+    # a cap set later recounts the running tasks' GPUs the same way
+    set_tenant(queue, Tenant("a", max_gpus=4))
+    assert queue.redis.hgetall(queue.keys.tenant_use) == {"gpus:a": "3", "tasks:a": "2", "vram:a": "8"}
+    assert queue.redis.hget(queue.keys.task(last), "charged") == "a 4 2"
+
+
+def test_use_counted_before_gpus_were_is_given_back(queue: Queue) -> None:
+    """A task charged as "<tenant> <vram>" (one GPU, no task count) by an earlier version."""
+    set_tenant(queue, Tenant("a", max_gpus=2))
+    tid = enqueue(queue, T0, priority="P1", model="m", tenant="a", vram_gb=4)
+    got = claim(queue, "w1", 100, loaded=HELD, now_ms=T0 + 1)
+    assert got is not None
+    queue.redis.hset(queue.keys.task(tid), "charged", "a 4")
+    queue.redis.hdel(queue.keys.tenant_use, "tasks:a")
+    ack(queue, tid, got["token"], now_ms=T0 + 2)
+    assert queue.redis.hgetall(queue.keys.tenant_use) == {}
 
 
 def test_a_vram_cap_counts_the_running_tasks_needs(queue: Queue) -> None:
@@ -143,7 +191,7 @@ def test_caps_set_later_bind_running_tasks_and_removal_gives_them_back(queue: Qu
     assert got is not None and got["id"] == a1
     before = set_tenant(queue, Tenant("a", weight=2, max_gpus=1))
     assert before is None
-    assert queue.redis.hgetall(queue.keys.tenant_use) == {"gpus:a": "1", "vram:a": "4"}
+    assert queue.redis.hgetall(queue.keys.tenant_use) == {"gpus:a": "1", "tasks:a": "1", "vram:a": "4"}
     assert claim(queue, "w2", 100, loaded=HELD, now_ms=T0 + 2) is None
     assert set_tenant(queue, Tenant("a", weight=2)) == Tenant("a", 2.0, 1, None)
     assert queue.redis.hgetall(queue.keys.tenant_use) == {}
@@ -177,7 +225,7 @@ def test_a_pool_that_requires_registration_refuses_other_tenants_whole_calls(que
     states, required = read(queue.redis, queue.keys)
     assert required and [s.to_dict() for s in states] == [
         {"name": "a", "registered": True, "weight": 1.0, "max_gpus": None, "max_vram_gb": None, "bound": None,
-         "running": None, "running_vram_gb": None, "queued": {"P2": 1}}]
+         "running": None, "running_gpus": None, "running_vram_gb": None, "queued": {"P2": 1}}]
     require_registered(queue, False)
     assert enqueue_specs(queue, [spec(tenant="b")], T0) == 1
 

@@ -1,14 +1,15 @@
 """Property-based test of tenant quotas and counts (hypothesis), under a virtual clock.
 
-Random sequences of enqueue (three tenants, three sizes, four priorities), claims by four
-workers, ack, fail with retry, cancel, yield (requeue), lease expiry (reap), and tenant
+Random sequences of enqueue (three tenants, three sizes, one or two GPUs, four priorities),
+claims by four two-GPU workers, ack, fail with retry, cancel, yield (requeue), lease expiry (reap), and tenant
 settings and the reaper's bounds changed or removed at any time, caps and bounds lowered
 below the running use included. After every step:
 
-- no start exceeds a quota: a claim that starts a limited tenant's task leaves that tenant's
-  running tasks and VRAM within its caps and its bound;
-- the use is exact: `tenant_use` equals the sum over the running tasks charged to each
-  tenant, and a running task is charged exactly when its tenant is limited (caps or bound);
+- no start exceeds a quota: a claim that starts a limited tenant's task leaves the GPUs that
+  tenant's running tasks run across and their VRAM within its caps, and its running tasks
+  within its bound;
+- the use is exact: `tenant_use` (tasks, GPUs, VRAM) equals the sum over the running tasks
+  charged to each tenant, and a running task is charged exactly when its tenant is limited (caps or bound);
 - the queued counts are exact, tenancy on or off: `tenant_queued` "<p>:<t>" equals the
   number of queued tasks counted there (their `fair` field).
 """
@@ -39,21 +40,21 @@ class Sim:
         self.q, self.now, self.ids = queue, T0, []  # type: list[str]
         self.running: dict[str, int] = {}  # task id -> token
 
-    def op_enqueue(self, tenant: str, vram: float, priority: int) -> None:
+    def op_enqueue(self, tenant: str, vram: float, priority: int, gpus: int) -> None:
         self.now += 10
         self.ids.append(enqueue(self.q, self.now, tenant=tenant, vram_gb=vram, model="m",
-                                priority=f"P{priority}", est_s=5))
+                                priority=f"P{priority}", est_s=5, gpus=gpus))
 
     def op_claim(self, worker: int) -> None:
         self.now += 10
-        got = claim(self.q, f"w{worker}", 40, loaded=[("m", 1.0)], now_ms=self.now)
+        got = claim(self.q, f"w{worker}", 40, loaded=[("m", 1.0)], now_ms=self.now, gpus=2)
         if got is None:
             return
         self.running[got["id"]] = int(got["token"])
         tenant = self.q.redis.hget(self.q.keys.task(got["id"]), "tenant")
         caps = self.caps().get(tenant)
         if caps is not None:
-            gpus, vram = self.charged()[tenant]
+            _, gpus, vram = self.charged()[tenant]
             assert caps.max_gpus is None or gpus <= caps.max_gpus, (tenant, gpus, caps)
             assert caps.max_vram_gb is None or vram <= caps.max_vram_gb + 1e-9, (tenant, vram, caps)
         bound = self.bounds().get(tenant)
@@ -123,13 +124,16 @@ class Sim:
         use = self.q.redis.hgetall(self.q.keys.tenant_use)
         return {t: int(use[f"bound:{t}"]) for t in TENANTS if f"bound:{t}" in use}
 
-    def charged(self) -> dict[str, tuple[int, float]]:
-        out: dict[str, tuple[int, float]] = {t: (0, 0.0) for t in TENANTS}
+    def charged(self) -> dict[str, tuple[int, int, float]]:
+        """Each tenant's charged running tasks, the GPUs they run across (from the tasks'
+        own `gpus`) and their VRAM."""
+        out: dict[str, tuple[int, int, float]] = {t: (0, 0, 0.0) for t in TENANTS}
         for tid in self.q.redis.zrange(self.q.keys.running, 0, -1):
-            value = self.q.redis.hget(self.q.keys.task(tid), "charged")
+            value, gpus = self.q.redis.hmget(self.q.keys.task(tid), "charged", "gpus")
             if value:
-                t, vram = value.split(" ")
-                out[t] = (out[t][0] + 1, out[t][1] + float(vram))
+                t, vram, *_ = value.split(" ")
+                tasks, used, gb = out[t]
+                out[t] = (tasks + 1, used + int(gpus or 1), gb + float(vram))
         return out
 
     def check(self) -> None:
@@ -137,7 +141,8 @@ class Sim:
         caps, charged, bounds = self.caps(), self.charged(), self.bounds()
         use = r.hgetall(k.tenant_use)
         for t in TENANTS:
-            gpus, vram = charged[t]
+            tasks, gpus, vram = charged[t]
+            assert int(use.get(f"tasks:{t}", 0)) == tasks, (t, use, charged)
             assert int(use.get(f"gpus:{t}", 0)) == gpus, (t, use, charged)
             assert abs(float(use.get(f"vram:{t}", 0)) - vram) < 1e-6, (t, use, charged)
         for tid in r.zrange(k.running, 0, -1):
@@ -154,7 +159,7 @@ class Sim:
 
 OPS = st.lists(st.one_of(
     st.tuples(st.just("enqueue"), st.sampled_from(TENANTS), st.sampled_from([2.0, 5.0, 10.0]),
-              st.integers(0, 3)),
+              st.integers(0, 3), st.sampled_from([1, 1, 2])),
     st.tuples(st.just("claim"), st.integers(0, 3)),
     st.tuples(st.just("end"), st.sampled_from(["ack", "fail", "yield", "cancel"]), st.integers(0, 9)),
     st.tuples(st.just("cancel"), st.integers(0, 30)),

@@ -25,11 +25,14 @@ def test_a_priority_with_queued_work_has_only_its_models_series() -> None:
 
 def test_tenants_export_their_queue_bound_use_and_quota() -> None:
     sla = {p: {"met": 0, "missed": 0} for p in PRIORITIES}
-    flooder = {"name": "a", "queued": {"P1": 40}, "bound": 5, "running": 5, "running_vram_gb": 100.0,
+    flooder = {"name": "a", "queued": {"P1": 40}, "bound": 5, "running": 5, "running_gpus": 5,
+               "running_vram_gb": 100.0,
                "max_gpus": None, "max_vram_gb": None, "sla": sla}
-    capped = {"name": "b", "queued": {}, "bound": None, "running": 1, "running_vram_gb": 20.0,
-              "max_gpus": 4, "max_vram_gb": None, "sla": sla}
-    light = {"name": "c", "queued": {}, "bound": None, "running": None, "running_vram_gb": None,
+    # one task across two GPUs: the GPU cap's use counts both
+    capped = {"name": "b", "queued": {}, "bound": None, "running": 1, "running_gpus": 2,
+              "running_vram_gb": 20.0, "max_gpus": 4, "max_vram_gb": None, "sla": sla}
+    light = {"name": "c", "queued": {}, "bound": None, "running": None, "running_gpus": None,
+             "running_vram_gb": None,
              "max_gpus": None, "max_vram_gb": None, "sla": sla}
     registry = CollectorRegistry()
     registry.register(PoolCollector(lambda: PoolFigures(pool="p", tenants=[flooder, capped, light])))
@@ -39,6 +42,7 @@ def test_tenants_export_their_queue_bound_use_and_quota() -> None:
     assert got == {("gpuq_tenant_queued", "a", ""): 40, ("gpuq_tenant_queued", "b", ""): 0,
                    ("gpuq_tenant_queued", "c", ""): 0, ("gpuq_tenant_bound", "a", ""): 5,
                    ("gpuq_tenant_running", "a", ""): 5, ("gpuq_tenant_running", "b", ""): 1,
+                   ("gpuq_tenant_running_gpus", "a", ""): 5, ("gpuq_tenant_running_gpus", "b", ""): 2,
                    ("gpuq_tenant_running_vram_gb", "a", ""): 100.0,
                    ("gpuq_tenant_running_vram_gb", "b", ""): 20.0,
-                   ("gpuq_tenant_quota_use_ratio", "b", "gpus"): 0.25}
+                   ("gpuq_tenant_quota_use_ratio", "b", "gpus"): 0.5}

@@ -45,7 +45,8 @@ local function take_batch(p, m, h, gpus, w, now, lease_until, free, footprint, w
       local f = readable(id, p, m, now, ttl, g)  -- nil: corrupt, failed
       local need = f and f.vram
       local use = need and math.max(0, need - footprint)
-      if f and use <= free - used + 1e-9 and not (tenancy and over_quota(f[9], need)) then
+      local over = f and tenancy and over_quota(f[9], need, tonumber(g[x + 3]) or 1)
+      if f and use <= free - used + 1e-9 and not over then
         out[#out + 1] = take(id, p, m, w, now, lease_until, f, warm, tenancy, true, true)
         used, taken = used + use, taken + 1
         bound = math.min(bound, f.score)

@@ -39,8 +39,9 @@ end
 -- vram), counted as queued (fair_flush writes counts and tags). Its base is where service is
 -- now: start-by less SLA less the level's lag (`tenant_clock` p), so a tenant without a backlog
 -- joins at the front; with one it goes after its own last task, the next spaced by est_s over
--- the GPUs its share gives it (weight over the level's tenants with work x live workers, capped).
-local function fair_order(p, t, score, sla_ms, est_s, vram)
+-- the tasks its share runs at once (weight over the level's tenants with work x live workers,
+-- capped: max_gpus over the task's gpus, max_vram_gb over its vram).
+local function fair_order(p, t, score, sla_ms, est_s, vram, gpus)
   local s = fair_state()
   local field = p .. ':' .. t
   local backlog = s.queued[field] or 0
@@ -66,9 +67,9 @@ local function fair_order(p, t, score, sla_ms, est_s, vram)
     order = math.max(order, s.finish[field])
   end
   local terms = terms_of[t]
-  local gpus = math.min(terms.weight / total * s.live, terms.gpus or math.huge,
+  local at_once = math.min(terms.weight / total * s.live, terms.gpus and terms.gpus / gpus or math.huge,
     terms.vram and terms.vram / vram or math.huge)
-  s.finish[field] = order + math.floor(est_s * 1000 / math.max(gpus, 1e-3))
+  s.finish[field] = order + math.floor(est_s * 1000 / math.max(at_once, 1e-3))
   s.queued[field] = backlog + 1
   s.added[field] = (s.added[field] or 0) + 1
   return order

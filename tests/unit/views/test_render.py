@@ -72,3 +72,20 @@ def test_view_with_new_fields_stays_json() -> None:
     assert data["workers"][0]["levels"] == "0123"
     assert data["reservations"] == [{"worker": "w-1", "task": "t"}]
     assert data["yield_requests"] == [] and data["scale"] == {"class:x": {"current": 0}}
+
+
+def test_tenants_show_gpus_against_the_cap_and_tasks_against_the_bound() -> None:
+    sla = {"P1": {"met": 3, "missed": 1}}
+    tenants = [
+        {"name": "a", "registered": True, "weight": 2.0, "max_gpus": 8, "max_vram_gb": None,
+         "bound": 3, "running": 2, "running_gpus": 6, "running_vram_gb": 120.0,
+         "queued": {"P1": 4}, "sla": sla},
+        {"name": "b", "registered": False, "weight": 1.0, "max_gpus": None, "max_vram_gb": None,
+         "bound": None, "running": None, "running_gpus": None, "running_vram_gb": None,
+         "queued": {}, "sla": {}}]
+    lines = render_status(view(tenants=tenants)).splitlines()
+    header = lines.index("tenants:") + 1
+    assert lines[header].split()[:5] == ["TENANT", "WEIGHT", "GPUS/CAP", "VRAM/CAP", "TASKS/BOUND"]
+    assert lines[header + 1].split() == ["a", "2", "6/8", "-", "2/3", "P1=4", "P1", "75.0%"]
+    assert lines[header + 2].split() == ["b*", "1", "-", "-", "-", "-", "-"]
+    assert lines[-1].startswith("bound: running tasks the reaper allows")

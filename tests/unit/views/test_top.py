@@ -136,6 +136,16 @@ def test_formatting_helpers() -> None:
                                                                                 None, None]
 
 
+def test_tenants_line_shows_gpus_against_the_cap_and_tasks_against_the_bound() -> None:
+    tenants = [{"name": "a", "queued": {"P1": 4}, "max_gpus": 8, "bound": 3, "running": 2,
+                "running_gpus": 6, "sla": {"P1": {"met": 3, "missed": 1}}},
+               {"name": "b", "queued": {}, "max_gpus": None, "bound": None, "running": None,
+                "running_gpus": None, "sla": {}}]
+    v = PoolView(pool="p", queues=[], workers=[], running=0, delayed=0, unschedulable=0,
+                 unschedulable_ids=[], largest_gpu_gb=0.0, stats={}, tenants=tenants)
+    assert top._tenants(v) == ["", "tenants: a q4 6/8gpu 2/3b 75%, b q0"]
+
+
 # -- against Redis -------------------------------------------------------------------------
 
 class FakeTty(io.StringIO):
