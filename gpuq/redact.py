@@ -1,4 +1,5 @@
-"""Credentials masked out of any text: URLs in errors, log lines and reports.
+"""Text made safe to show: credentials masked out of URLs in errors, log lines and reports;
+control characters escaped where users' names are printed (``one_line``).
 
 ``redact`` works on free text, not on one parsed URL, so it also covers a URL that does not
 parse, one embedded in a longer message, and a Sentinel or Cluster URL listing several hosts
@@ -21,3 +22,10 @@ def redact(text: str) -> str:
     """``text`` with every URL password replaced by ***: ``redis://user:***@host:6379/0``.
     A bare ``redis://name@host`` is a user name in URL terms and stays."""
     return _QUERY.sub(rf"\g<1>{MASK}", _USERINFO.sub(rf"\g<1>{MASK}@", text))
+
+
+def one_line(message: str) -> str:
+    """A message that names user input stays one line and sends no terminal escape: control
+    characters escaped (a task's model or handler, a worker's GPU name, a tenant may hold
+    any of them but whitespace)."""
+    return re.sub(r"[\x00-\x1f\x7f\x85\u2028\u2029]", lambda m: repr(m.group())[1:-1], message)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import re
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar, get_args, get_type_hints
@@ -19,7 +18,7 @@ from gpuq.client import Queue
 from gpuq.config import Config
 from gpuq.connection import Tls, connect, redis_errors
 from gpuq.errors import ConfigError, GpuqError
-from gpuq.redact import redact
+from gpuq.redact import one_line, redact
 from gpuq.task import Priority, TaskSpec
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
@@ -39,11 +38,6 @@ class Cli(click.Group):
             raise click.ClickException(one_line(redact(str(exc)))) from None
         except UnicodeEncodeError as exc:  # a lone surrogate: bytes given that were not UTF-8
             raise click.ClickException(f"{exc.object[:80]!r} is not valid UTF-8 text") from None
-
-
-def one_line(message: str) -> str:
-    """A message that names user input stays one line: control characters escaped."""
-    return re.sub(r"[\x00-\x1f\x7f\x85\u2028\u2029]", lambda m: repr(m.group())[1:-1], message)
 
 
 def config_of(ctx: click.Context) -> Config:

@@ -8,9 +8,9 @@ from typing import Any
 import click
 
 from gpuq import schedule as schedules
-from gpuq.cli.base import one_line
 from gpuq.cli.tasks import opened, spec_options
 from gpuq.clock import server_ms
+from gpuq.redact import one_line
 from gpuq.task import parse_payload_text
 
 

@@ -10,10 +10,11 @@ from typing import Any, TypeVar
 
 import click
 
-from gpuq.cli.base import PRIORITY_HELP, no_preempt_option, one_line, open_queue, task_option
+from gpuq.cli.base import PRIORITY_HELP, no_preempt_option, open_queue, task_option
 from gpuq.client import Queue
 from gpuq.connection import redis_errors
 from gpuq.errors import ConfigError
+from gpuq.redact import one_line
 from gpuq.task import parse_payload_text
 from gpuq.views.inspect import task_children
 

@@ -6,8 +6,8 @@ import json
 
 import click
 
-from gpuq.cli.base import one_line
 from gpuq.cli.tasks import opened
+from gpuq.redact import one_line
 from gpuq.tenants import Tenant, read, remove_tenant, require_registered, set_tenant
 
 

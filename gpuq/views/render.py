@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuq.redact import one_line
 from gpuq.task import Priority
 from gpuq.views.inspect import PoolView
 
@@ -39,7 +40,7 @@ def render_status(view: PoolView) -> str:
         lines.append("(no workers)")
     lines += (_preemption(view) + _scale(view.scale) + _runtimes(view.runtimes)
               + _tenants(view.tenants, view.tenants_required))
-    return "\n".join(lines)
+    return "\n".join(map(one_line, lines))  # names are users' text: no terminal escape gets through
 
 
 def _tenants(tenants: list[dict[str, Any]], required: bool) -> list[str]:

@@ -20,6 +20,7 @@ import redis
 
 from gpuq.clock import server_ms
 from gpuq.keys import Keys
+from gpuq.redact import one_line
 from gpuq.task import Priority
 from gpuq.views.inspect import PoolView, QueueView, WorkerView, pool_view, recent_misses
 from gpuq.views.render import attainment, levels_label
@@ -38,7 +39,8 @@ def render_top(view: PoolView, misses: list[dict[str, Any]], width: int = 80, *,
     on the server's clock, which stamped the misses."""
     lines = (_header(view, now) + _queues(view, width) + _signals(view) + _progress(view)
              + _tenants(view) + _misses(misses, now) + _workers(view.workers, width))
-    return "\n".join(clip(line, width) for line in lines)
+    # names are users' text: escaped before the width is counted (gpuq.redact.one_line)
+    return "\n".join(clip(one_line(line), width) for line in lines)
 
 
 def run_top(client: redis.Redis, keys: Keys, *, interval_s: float = 1.0, once: bool = False,

@@ -89,3 +89,14 @@ def test_tenants_show_gpus_against_the_cap_and_tasks_against_the_bound() -> None
     assert lines[header + 1].split() == ["a", "2", "6/8", "-", "2/3", "P1=4", "P1", "75.0%"]
     assert lines[header + 2].split() == ["b*", "1", "-", "-", "-", "-", "-"]
     assert lines[-1].startswith("bound: running tasks the reaper allows")
+
+
+def test_names_with_control_characters_are_escaped() -> None:
+    """A model may hold any character but whitespace, braces and commas: an escape sequence
+    in its name must not reach the terminal."""
+    worker = WorkerView("w-1", "A100\x1b[2J", 80, 40, ["m\x1b]0;x\x07"], "busy", [], True, levels="0")
+    v = PoolView(pool="p", queues=[QueueView("P0", "m\x1b[31m", 3, 1.5)], workers=[worker], running=0,
+                 delayed=0, unschedulable=0, unschedulable_ids=[], largest_gpu_gb=75.0, stats={})
+    text = render_status(v)
+    assert "\x1b" not in text and "\x07" not in text
+    assert "m\\x1b[31m" in text and "A100\\x1b[2J" in text

@@ -146,6 +146,14 @@ def test_tenants_line_shows_gpus_against_the_cap_and_tasks_against_the_bound() -
     assert top._tenants(v) == ["", "tenants: a q4 6/8gpu 2/3b 75%, b q0"]
 
 
+def test_names_with_control_characters_are_escaped_in_the_frame() -> None:
+    worker = WorkerView("w-1", "A100\x1b[2J", 80, 40, ["m\x1b]0;x\x07"], "busy", [], True, levels="0")
+    v = PoolView(pool="p", queues=[QueueView("P0", "m\x1b[31m", 3, 1.5)], workers=[worker], running=0,
+                 delayed=0, unschedulable=0, unschedulable_ids=[], largest_gpu_gb=75.0, stats={})
+    frame = render_top(v, [], width=120, now=0.0)
+    assert "\x1b" not in frame and "\x07" not in frame and "m\\x1b[31m" in frame
+
+
 # -- against Redis -------------------------------------------------------------------------
 
 class FakeTty(io.StringIO):
