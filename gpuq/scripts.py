@@ -203,11 +203,11 @@ class Calls:
                     lambda r: ReapResult(*(int(x) for x in checked(r)[1:5])))
 
     def expire(self, *, limit: int = 100, horizon_ms: int = 0, offset: int = 0,
-               now_ms: int = 0) -> Call[tuple[int, int]]:
-        """(expired, looked at) of one bounded expiry call; offset skips the tasks at the
-        front of the window that earlier calls of the same pass kept."""
+               now_ms: int = 0) -> Call[tuple[int, int, int]]:
+        """(expired, looked at, kept) of one bounded expiry call; offset skips the tasks at
+        the front of the window that earlier calls of the same pass kept."""
         return Call("expire", [str(now_ms), str(limit), self._ttl, str(horizon_ms), str(offset)],
-                    lambda r: (int(checked(r)[1]), int(r[2])))
+                    lambda r: (int(checked(r)[1]), int(r[2]), int(r[3])))
 
     def preempt(self, waiting_id: str, worker_id: str, victim_id: str, victim_token: int, *,
                 reserve_ms: int, grace_ms: int | None, now_ms: int = 0) -> Call[tuple[str, str]]:

@@ -13,8 +13,10 @@
 -- ARGV[4]  horizon (ms): the longest model load time worth looking ahead for
 -- ARGV[5]  offset: tasks at the front of the window to skip (kept by earlier calls of
 --          this pass: they can still start in time)
--- Returns  {0, expired, looked_at} (a queued task whose hash is corrupt is failed, with the
---          field in its error, and not counted as expired)
+-- Returns  {0, expired, looked_at, kept}: kept, those looked at that stay in the window (the
+--          next call's offset grows by them; the others left it: expired, ended, corrupt).
+--          A queued task whose hash is corrupt is failed, with the field in its error, and
+--          not counted as expired
 --          {1, 0, reason} INVALID: a malformed argument (nothing written)
 
 --@include args
@@ -31,7 +33,7 @@ local horizon, offset = arg_num(4, 0, 1e13, true), arg_num(5, 0, 1e9, true) or n
 if not (now and limit and ttl and horizon and offset) then
   return {1, 0, 'now, ttl and horizon must be ms >= 0, limit 1..1e6, offset >= 0'}
 end
-local expired = 0
+local expired, kept = 0, 0
 local ids = redis.call('ZRANGEBYSCORE', K_DEADLINES, '-inf', now + horizon, 'LIMIT', offset, limit)
 
 -- mean measured load time of a model no live worker holds (0 when one holds it)
@@ -76,7 +78,9 @@ for _, id in ipairs(ids) do
       local at = redis.call('HMGET', task_key(id), 'due_at', 'enqueued_at')  -- waited since
       note_miss(id, f[4], f[5], now - (finite(at[1]) or finite(at[2]) or now), now, 'expired')
       expired = expired + 1
+    else
+      kept = kept + 1
     end
   end
 end
-return {0, expired, #ids}
+return {0, expired, #ids, kept}

@@ -118,10 +118,12 @@ class Reaper:
             horizon_ms = min(MAX_LOAD_HORIZON_MS, int(longest * 1000))
         total = offset = 0
         for _ in range(EXPIRE_PAGES):
-            expired, looked = self.scripts.run(self.calls.expire(
+            expired, looked, kept = self.scripts.run(self.calls.expire(
                 limit=100, horizon_ms=horizon_ms, offset=offset, now_ms=now_ms))
             total += expired
-            offset += looked - expired  # the kept ones stay in front: page past them
+            # the kept ones stay in front: page past them (and only them: the expired, the
+            # ended and the corrupt left the window)
+            offset += kept
             if looked < 100:
                 break
         if total:

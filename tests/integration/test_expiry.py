@@ -28,7 +28,9 @@ MakeQueue = Callable[..., Queue]
 
 def expire(queue: Queue, now_ms: int, limit: int = 100, horizon_ms: int = 0) -> tuple[int, int]:
     """One expiry pass at a virtual time: (expired, looked at)."""
-    return queue.scripts.run(queue.calls.expire(limit=limit, horizon_ms=horizon_ms, now_ms=now_ms))
+    expired, looked, _ = queue.scripts.run(queue.calls.expire(limit=limit, horizon_ms=horizon_ms,
+                                                              now_ms=now_ms))
+    return expired, looked
 
 
 def kept(queue: Queue, tid: str, now_ms: int, horizon_ms: int = 0, looked: int = 1) -> None:
@@ -268,6 +270,31 @@ def test_tasks_that_can_still_start_in_time_do_not_hide_one_that_cannot(queue: Q
     assert Reaper(queue.redis, queue.config).expire() == 1
     assert queue.record(cold).state is State.EXPIRED
     assert all(queue.record(t.id).state is State.QUEUED for t in warm)
+
+
+def test_entries_that_left_the_window_do_not_move_the_next_page_past_unseen_tasks(
+        queue: Queue) -> None:
+    """A page's entries that leave the window (a task whose hash is gone) are not kept in
+    front of it: the next page starts after the kept ones only, so a task that cannot meet
+    its deadline behind them is still seen in the same round."""
+    measured_loads(queue, "warm", 30.0)
+    measured_loads(queue, "cold", 30.0)  # look-ahead: 30 s
+    assert heartbeat(queue, "w1", []) == []
+    queue.redis.sadd(queue.keys.holders("warm"), "w1")
+    seconds, micros = queue.redis.time()
+    now = int(seconds) * 1000 + int(micros) // 1000
+    queue.redis.zadd(queue.keys.deadlines, {f"gone{i:02}": now - 1000 for i in range(50)})
+
+    def warm(deadline_s: float, n: int) -> None:
+        queue.enqueue_many({"handler": "h", "model": "warm", "vram_gb": 1, "est_s": 4,
+                            "deadline_s": deadline_s} for _ in range(n))
+    warm(10, 50)  # latest start: now + 6 s
+    cold = enqueue(queue, model="cold", deadline_s=20, est_s=4)  # needs 34 s of its 20
+    warm(29, 100)  # latest start: now + 25 s
+    # 50 gone + 50 kept, then 100 from the 51st kept: the cold one among them
+    assert Reaper(queue.redis, queue.config).expire() == 1
+    assert queue.record(cold).state is State.EXPIRED
+    assert queue.redis.zcard(queue.keys.deadlines) == 150
 
 
 def test_a_blocked_waiter_wakes_when_its_task_expires(real_queue: Queue) -> None:

@@ -271,7 +271,8 @@ def ok_reply(name: str, r: list[Any], argv: Sequence[bytes]) -> bool:
     if name == "reap":
         return len(tail) == 4 and all(is_count(x) for x in tail)
     if name == "expire":
-        return len(tail) == 2 and is_count(tail[0]) and is_count(tail[1]) and tail[0] <= tail[1]
+        return (len(tail) == 3 and all(is_count(x) for x in tail)
+                and tail[0] + tail[2] <= tail[1])  # expired and kept, of those looked at
     if name == "preempt":
         return tail in ([b"reserved"], [b"yield"]) or (len(tail) == 2 and tail[0] == b"stale")
     if name == "retire":
