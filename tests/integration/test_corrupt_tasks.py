@@ -189,8 +189,8 @@ def test_a_delayed_corrupt_task_is_failed_when_due_and_a_gone_one_dropped(real_q
 def test_expire_fails_a_corrupt_task_it_watches(real_queue: Queue, field: str, value: str | None) -> None:
     enqueue(real_queue, T0, task_id="bad", model="A", vram_gb=4, deadline_s=5)
     corrupt(real_queue, "bad", field, value)
-    expired, looked = real_queue.scripts.run(real_queue.calls.expire(now_ms=T0 + 60_000))
-    assert (expired, looked) == (0, 1)
+    expired, looked, kept = real_queue.scripts.run(real_queue.calls.expire(now_ms=T0 + 60_000))
+    assert (expired, looked, kept) == (0, 1, 0)  # failed: it left the window
     assert real_queue.redis.hget(real_queue.keys.task("bad"), "error") == BAD.format(field)
     assert real_queue.redis.zcard(real_queue.keys.deadlines) == 0
 

@@ -36,7 +36,7 @@ def claimed(queue: Queue, worker: str = "w1", now_ms: int = T0) -> dict[str, str
     return c
 
 
-def expire(queue: Queue, now_ms: int) -> tuple[int, int]:
+def expire(queue: Queue, now_ms: int) -> tuple[int, int, int]:
     return queue.scripts.run(queue.calls.expire(now_ms=now_ms))
 
 
@@ -109,11 +109,11 @@ def test_requeue_a_failed_task_starts_it_afresh(queue: Queue) -> None:
 
 def test_requeue_an_expired_task_then_it_is_claimed_and_never_expires(queue: Queue) -> None:
     tid = enqueue(queue, T0, deadline_s=1, est_s=0)
-    assert expire(queue, T0 + 2_000) == (1, 1)
+    assert expire(queue, T0 + 2_000) == (1, 1, 0)
     assert queue.record(tid).state is State.EXPIRED
     assert queue.requeue(tid) == "queued"
     assert_fresh(queue, tid)
-    assert expire(queue, T0 + 3_600_000) == (0, 0)  # no deadline any more
+    assert expire(queue, T0 + 3_600_000) == (0, 0, 0)  # no deadline any more
     assert queue.record(tid).state is State.QUEUED
     c = claimed(queue, "w1", now_ms=T0 + 3_600_001)
     assert c["id"] == tid and c["attempt"] == "1"
