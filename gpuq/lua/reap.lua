@@ -22,6 +22,7 @@
 --@include queue
 --@include due
 --@include gates
+--@include depart
 
 if #ARGV ~= 3 then return {1, 0, 'expected 3 arguments'} end
 local now, limit, ttl = clock(ARGV[1]), arg_num(2, 1, 1e6, true), ttl_arg(3)
@@ -44,12 +45,7 @@ end
 local dead = redis.call('ZRANGEBYSCORE', K_WORKERS, '-inf', now, 'LIMIT', 0, limit)
 for _, w in ipairs(dead) do
   local wk = worker_key(w)
-  -- forget the worker first, so its requeued tasks are not offered back to it
-  local models = redis.call('HGET', wk, 'models') or ''
-  for m in string.gmatch(models, '[^,]+') do redis.call('SREM', holders_key(m), w) end
-  redis.call('ZREM', K_IDLE, w)
-  redis.call('ZREM', K_WORKERS, w)
-  redis.call('HDEL', K_LANES, w)
+  depart(w, redis.call('HGET', wk, 'models'))  -- first: its requeued tasks are not offered back to it
   for _, id in ipairs(redis.call('SMEMBERS', worker_tasks_key(w))) do
     -- handed over at enqueue and never popped: it did not start, so its attempt is given
     -- back, as at its pickup deadline (lib/due.lua)

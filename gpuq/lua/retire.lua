@@ -18,6 +18,7 @@
 
 --@include args
 --@include lookout
+--@include depart
 
 if #ARGV ~= 3 then return {1, 0, 'expected 3 arguments'} end
 local worker, now, min = ARGV[1], clock(ARGV[2]), arg_num(3, 0, 1e9, true)
@@ -30,15 +31,12 @@ if live <= min or redis.call('SCARD', worker_tasks_key(worker)) > 0 then
   return {0, 0, live}
 end
 local claimable = tonumber(redis.call('ZSCORE', K_IDLE, worker))
-redis.call('ZREM', K_WORKERS, worker)
-redis.call('ZREM', K_IDLE, worker)
-redis.call('HSET', worker_key(worker), 'state', 'retiring')
 local wk = worker_key(worker)
 local w = redis.call('HMGET', wk, 'models', 'gpus')
 local lanes = redis.call('HGET', K_LANES, worker)
+depart(worker, w[1])
+redis.call('HSET', wk, 'state', 'retiring')
 if claimable then pass_lookout(worker, claimable, lanes or '0123', tonumber(w[2]) or 1, now) end
-for m in string.gmatch(w[1] or '', '[^,]+') do redis.call('SREM', holders_key(m), worker) end
-if lanes then redis.call('HDEL', K_LANES, worker) end
 for _, k in ipairs({wk, wake_key(worker), control_key(worker), reservation_key(worker)}) do
   redis.call('PEXPIRE', k, 86400000)
 end
