@@ -28,7 +28,7 @@ import redis
 
 from gpuq.app import App, BatchContext, HandlerSpec, Yielded
 from gpuq.claims import Batch
-from gpuq.errors import StaleLease, TaskError, TaskNotFound
+from gpuq.errors import GpuqError, StaleLease, TaskError, TaskNotFound
 from gpuq.scripts import Call
 from gpuq.worker.executor import Claimed, Executor
 from gpuq.worker.running import Running
@@ -105,8 +105,10 @@ def fill(ex: Executor, spec: HandlerSpec, first: Claimed, stopping: threading.Ev
 
 def claim_more(ex: Executor, first: Claimed, count: int,
                stopping: threading.Event | None) -> Added | None:
-    """claim_batch for up to count more tasks, begun; None when stopping, or when the first
-    task is gone (it runs alone: moot)."""
+    """claim_batch for up to count more tasks, begun; None when stopping, when the first
+    task is gone (it runs alone: moot), or when the call fails (Redis away or refusing): the
+    batch runs with what it has, since its tasks hold their memory and slots until run
+    settles them, and a raise here would skip that."""
     fields, res, _ = first
     assert res is not None
     with ex.cache.lock:
@@ -117,6 +119,10 @@ def claim_more(ex: Executor, first: Claimed, count: int,
         try:
             return begin_added(ex, ex.scripts.run(call))
         except (StaleLease, TaskNotFound):
+            return None
+        except (redis.RedisError, GpuqError) as exc:
+            log.warning("batch.claim_failed worker=%s handler=%s error=%s: running the batch as "
+                        "it is", ex.id, fields.get("handler"), exc)
             return None
 
 

@@ -8,9 +8,11 @@ import threading
 from typing import Any
 
 import pytest
+import redis
 
 from gpuq.app import App, BatchContext
 from gpuq.client import Queue
+from gpuq.errors import GpuqError
 from gpuq.scripts import ClaimRequest
 from gpuq.task import State
 from gpuq.testing import drain, memory_queue
@@ -174,6 +176,28 @@ def test_a_warm_claim_brings_its_batch_and_claim_batch_is_not_called() -> None:
     run_one_batch(q, ex)  # warm: the claim took the batch
     assert counting.scripts == ["claim"]
     assert seen == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+@pytest.mark.parametrize("error", [redis.ConnectionError("Connection reset by peer"),
+                                   redis.ReadOnlyError("You can't write against a read only replica."),
+                                   GpuqError("claim_batch: unexpected reply")])
+def test_a_failed_claim_batch_runs_the_batch_as_it_is(error: Exception) -> None:
+    """Regression: a Redis error from claim_batch (cold: it runs right after the claim) left
+    batch.execute before run, so the first task's memory, model placeholder and slot were
+    never given back: the worker never claimed again and its lease was renewed forever."""
+    q = memory_queue()
+    enqueue(q, "h", 3)
+    ex = executor(q, app_with(lambda model, payloads, ctx: payloads))
+    real = ex.scripts.run
+
+    def failing(call: Any) -> Any:
+        if call.script == "claim_batch":
+            raise error
+        return real(call)
+
+    ex.scripts.run = failing  # type: ignore[method-assign]
+    assert run_one_batch(q, ex) == ["ack"]  # the first task alone; the ledger and slot whole
+    assert ex.cache.model_names() == ["bge"]
 
 
 class Counting:
