@@ -93,6 +93,8 @@ class Control:
         res = w.cache.reserve(model, vram_gb)
         if res is None:
             return  # no room: the worker skips it
+        for old in res.evict:  # a simulated unload takes no time
+            w.cache.unload(old)
         if res.evict:
             self.scheduler.unhold(w.id, [r.spec.name for r in res.evict])
         seconds = e.load_time(model)

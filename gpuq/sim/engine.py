@@ -229,6 +229,8 @@ class Engine:
         res = cache.reserve(task.model, task.vram_gb)
         if res is None:
             raise RuntimeError(f"{self.scheduler.name} gave {w.id} task {got.task_id}, which does not fit")
+        for old in res.evict:  # a simulated unload takes no time
+            cache.unload(old)
         work_from = self.now
         if task.model in w.preloading:  # the handler waits for the preload's end
             work_from = w.preloading[task.model][0]

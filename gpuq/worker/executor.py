@@ -97,8 +97,8 @@ class Executor:
         resident = cache.get(res.model)
         if res.evict:  # for a cold load, or for the working memory of a held model's task
             for old in res.evict:
-                cache.unload(old)
-                log.info("model.evicted worker=%s model=%s", self.id, old.spec.name)
+                if cache.unload(old):
+                    log.info("model.evicted worker=%s model=%s", self.id, old.spec.name)
             # before a load: until then wake-ups would still pick this worker
             self.presence.show(cache, dropped=[old.spec.name for old in res.evict])
         if not res.cold:

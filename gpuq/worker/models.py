@@ -16,6 +16,7 @@ loop (``aio``, gpuq.worker.eventloop), where the model's async handlers run too.
 from __future__ import annotations
 
 import inspect
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -25,6 +26,8 @@ from typing import Any
 from gpuq.app import App, ModelSpec
 from gpuq.worker.eventloop import EventLoop
 from gpuq.worker_record import usable_gb
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -57,9 +60,13 @@ class ModelCache:
         self.lock = threading.RLock()
         self.resident: OrderedDict[str, Resident] = OrderedDict()  # LRU order: oldest first
         self.working_gb = 0.0
+        # models evicted from the ledger whose unload (outside the lock) has not ended: their
+        # memory is not free yet, or another runner's claim could load into it
+        self.unloading: list[Resident] = []
 
     def free_gb(self) -> float:
-        used = sum(r.footprint_gb for r in self.resident.values()) + self.working_gb
+        used = (sum(r.footprint_gb for r in self.resident.values()) + self.working_gb
+                + sum(r.footprint_gb for r in self.unloading))
         return usable_gb(self.total_gb, self.reserve_gb) - used
 
     def evictable_gb(self) -> float:
@@ -117,8 +124,10 @@ class ModelCache:
         return evict if free >= need_gb - 1e-9 else None
 
     def _drop(self, evict: list[Resident]) -> None:
+        """Take idle models off the ledger; each counts as unloading until ``unload``."""
         for resident in evict:
             del self.resident[resident.spec.name]
+        self.unloading += evict
 
     def get(self, model: str) -> Resident:
         return self.resident[model]
@@ -151,17 +160,28 @@ class ModelCache:
             resident.ready.set()
         return time.perf_counter() - start
 
-    def unload(self, resident: Resident) -> None:
-        if resident.spec.unload is not None and resident.obj is not None:
-            done = resident.spec.unload(resident.obj)
-            if inspect.isawaitable(done):
-                self.aio.wait(done)
-        resident.obj = None
+    def unload(self, resident: Resident) -> bool:
+        """Run the app's unloader of an evicted model (outside the lock); its memory counts
+        as free once this returns. False when the unloader raised (logged): the app's error,
+        which must not keep the other evicted models loaded nor stop the worker."""
+        try:
+            if resident.spec.unload is not None and resident.obj is not None:
+                done = resident.spec.unload(resident.obj)
+                if inspect.isawaitable(done):
+                    self.aio.wait(done)
+            return True
+        except Exception as exc:
+            log.error("model.unload_failed model=%s error=%s: %s", resident.spec.name,
+                      type(exc).__name__, exc)
+            return False
+        finally:
+            resident.obj = None
+            with self.lock:
+                self.unloading = [r for r in self.unloading if r is not resident]
 
     def evict_idle(self) -> list[Resident]:
         """Drop every idle model from the ledger (idle timeout); the caller unloads them."""
         with self.lock:
             idle = [r for r in self.resident.values() if r.in_use == 0 and r.ready.is_set()]
-            for resident in idle:
-                del self.resident[resident.spec.name]
+            self._drop(idle)
             return idle

@@ -134,11 +134,12 @@ def test_held_models_task_evicts_other_idle_models_for_its_working_memory() -> N
     assert res is not None and not res.cold and res.working_gb == pytest.approx(40.0)
     assert [r.spec.name for r in res.evict] == ["b"]
     assert [name for name, _ in cache.loaded()] == ["a"]
-    assert cache.free_gb() == pytest.approx(75 - 20 - 40)
+    assert cache.free_gb() == pytest.approx(75 - 20 - 40 - 30)  # b is not unloaded yet
     assert cache.reserve("a", 36.0) is None  # 16 GB more: nothing idle left to evict
     for old in res.evict:
         cache.unload(old)
     assert unloads == ["weights:b"]
+    assert cache.free_gb() == pytest.approx(75 - 20 - 40)
 
 
 def test_lru_eviction_of_idle_models_only(cache: ModelCache) -> None:
@@ -156,10 +157,11 @@ def test_lru_eviction_of_idle_models_only(cache: ModelCache) -> None:
     assert res is not None and res.cold
     assert [r.spec.name for r in res.evict] == ["b"]
     assert [name for name, _ in cache.loaded()] == ["a", "c"]
-    assert cache.free_gb() == pytest.approx(75 - 20 - 40)
+    assert cache.free_gb() == pytest.approx(75 - 20 - 40 - 30)  # b's memory until its unload
     for old in res.evict:  # the executor unloads what the ledger evicted
         cache.unload(old)
     assert unloads == ["weights:b"]
+    assert cache.free_gb() == pytest.approx(75 - 20 - 40)
 
 
 def test_eviction_takes_lru_first_and_as_many_as_needed(cache: ModelCache) -> None:
@@ -279,3 +281,37 @@ def test_a_cold_reservation_released_before_its_load_frees_the_ledger(cache: Mod
     assert cache.loaded() == [] and cache.free_gb() == pytest.approx(75.0)
     again = cache.reserve("d", 10.0)
     assert again is not None and again.cold  # a later task loads it afresh
+
+
+def test_an_evicted_model_holds_its_memory_until_its_unload_ends(cache: ModelCache) -> None:
+    """Regression: eviction took a model off the ledger before its unload (outside the lock)
+    ended, so another runner's claim could load into memory the GPU still held."""
+    cache.release(loaded(cache, "a", 20.0))
+    cache.release(loaded(cache, "b", 30.0))  # 25 GB free
+    res = cache.reserve("c", 40.0)  # evicts a (the LRU one)
+    assert res is not None and [r.spec.name for r in res.evict] == ["a"]
+    assert cache.free_gb() == pytest.approx(75 - 30 - 40 - 20)  # a is still being unloaded
+    assert cache.reserve("sim-d", 20.0) is None  # evicting b too would leave 15 GB
+    cache.unload(res.evict[0])
+    assert cache.free_gb() == pytest.approx(75 - 30 - 40)
+    idle = cache.evict_idle()  # the idle timeout: b counts until its caller unloads it
+    assert [r.spec.name for r in idle] == ["b"] and cache.free_gb() == pytest.approx(75 - 30 - 40)
+    cache.unload(idle[0])
+    assert cache.free_gb() == pytest.approx(75 - 40)
+
+
+def test_an_unloader_that_raises_is_reported_and_frees_the_ledger() -> None:
+    """Regression: the first unloader that raised stopped the executor's unloads, leaving the
+    later evicted models loaded and their holders in Redis, and failed the task; an unload at
+    the idle timeout that raised stopped the worker's main loop."""
+    app = make_app()
+
+    def broken(obj: str) -> None:
+        raise RuntimeError("driver error")
+
+    app.model("x", vram_gb=30, unload=broken)(lambda name: name)
+    cache = ModelCache(app, TOTAL, RESERVE)
+    cache.release(loaded(cache, "x", 30.0))
+    idle = cache.evict_idle()
+    assert cache.unload(idle[0]) is False  # logged (model.unload_failed), not raised
+    assert cache.free_gb() == pytest.approx(75.0) and cache.unloading == []
