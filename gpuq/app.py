@@ -35,6 +35,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import os
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -267,10 +269,15 @@ class App:
 
 
 def load_app(path: str) -> App:
-    """Import ``module:attr`` and return the App it names."""
+    """Import ``module:attr`` and return the App it names. The current directory is searched
+    too, after the installed packages: ``gpuq worker --app myapp:app`` next to myapp.py finds
+    it, as ``python -m`` would (the ``gpuq`` script's own path is its bin directory)."""
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise AppError(f"--app must look like module:attr, got {path!r}")
+    here = os.getcwd()
+    if "" not in sys.path and here not in sys.path:
+        sys.path.append(here)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from procs import SCALE, Procs, est, wait_for
@@ -261,6 +264,24 @@ def test_worker_with_unknown_app_exits_with_a_clear_error(procs: Procs) -> None:
     assert out.returncode != 0
     assert out.stderr.strip().splitlines()[-1].startswith("Error: cannot import app module")
     assert "Traceback" not in out.stderr
+
+
+def test_the_gpuq_script_finds_an_app_module_in_the_current_directory(
+        procs: Procs, real_queue: Queue, tmp_path: Path) -> None:
+    """A new user's `gpuq worker --app myapp:app` next to myapp.py (the console script's
+    sys.path starts at its bin directory, not the current one)."""
+    (tmp_path / "gpuq_readme_app.py").write_text(
+        "from gpuq import App\napp = App('mine')\n\n\n@app.any_model()\ndef load(name):\n"
+        "    return name\n\n\n@app.handler('echo')\ndef echo(model, payload, ctx):\n"
+        "    return payload\n")
+    task = real_queue.enqueue("echo", {"x": 1}, model="m", vram_gb=4)
+    script = Path(sys.executable).parent / "gpuq"
+    out = subprocess.run([str(script), "--redis", procs.url, "--pool", procs.pool, "worker", "--app",
+                          "gpuq_readme_app:app", "--vram-gb", "24", "--gpu-name", "L4", "--burst"],
+                         env=procs.environment(), cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    assert task.result(timeout=5) == {"x": 1}
 
 
 def test_unknown_handler_fails_without_retry(procs: Procs, real_queue: Queue) -> None:
