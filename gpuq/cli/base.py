@@ -30,10 +30,35 @@ SPEC = inspect.signature(TaskSpec.build).parameters
 SPEC_TYPES = get_type_hints(TaskSpec.build)
 
 
+class UsageLine(click.ClickException):
+    """A usage error (a missing or malformed option) as one line naming the command's help,
+    exit 2: click's own would print the usage and a hint above it."""
+
+    exit_code = 2
+
+    @classmethod
+    def of(cls, exc: click.UsageError) -> UsageLine:
+        command = ["gpuq", *exc.ctx.command_path.split()[1:]] if exc.ctx is not None else ["gpuq"]
+        return cls(f"{one_line(exc.format_message())} (see {' '.join(command)} --help)")
+
+
 class Cli(click.Group):
+    def make_context(self, info_name: str | None, args: list[str],
+                     parent: click.Context | None = None, **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:  # the options before the command
+            raise UsageLine.of(exc) from None
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.exceptions.NoArgsIsHelpError:  # `gpuq tenant`: the group's help
+            raise
+        except click.UsageError as exc:
+            raise UsageLine.of(exc) from None
         except GpuqError as exc:
             raise click.ClickException(one_line(redact(str(exc)))) from None
         except UnicodeEncodeError as exc:  # a lone surrogate: bytes given that were not UTF-8

@@ -90,6 +90,10 @@ def enqueue(ctx: click.Context, /, handler: str, payload: str, no_preempt: bool,
             wait: bool, stream: bool, timeout: float | None, **options: Any) -> None:
     """Enqueue a task; print its id (or its result with --wait, its chunks then its result
     with --stream)."""
+    if timeout is not None and not (wait or stream):  # it would be ignored: say so
+        raise click.UsageError("--timeout needs --wait or --stream", ctx)
+    if options.get("after_any_outcome") and not options.get("after"):
+        raise click.UsageError("--after-any-outcome needs --after", ctx)
     data = parse_payload_text(payload)
     queue = open_queue(ctx)
     task = queue.enqueue(handler, data, preemptible=not no_preempt, check_fit=check_fit, **options)

@@ -344,8 +344,8 @@ def test_every_command_has_help(command: str) -> None:
 
 def test_usage_errors_exit_2_without_traceback(cli_pool: Pool) -> None:
     result = cli_pool.invoke("enqueue", "sim.run", "--vram-gb", "16")  # --model missing
-    assert result.exit_code == 2
-    assert "Missing option '--model'" in result.stderr and "Traceback" not in result.output
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr == "Error: Missing option '--model'. (see gpuq enqueue --help)\n"
     result = cli_pool.invoke("enqueue", *BASE, "--vram-gb", "lots")
     assert result.exit_code == 2 and "'lots' is not a valid float" in result.stderr
     assert cli_pool.all_keys() == set()
@@ -418,3 +418,13 @@ def test_reaper_once_on_a_quiet_pool(cli_pool: Pool) -> None:
     assert out.strip() == ("requeued 0, failed 0, dead workers 0, retries promoted 0, expired 0, "
                            "reserved 0, asked to yield 0, scale signals 0, warm hints 0, "
                            "periodic runs 0, tenant bounds changed 0")
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--timeout", "5"), "--timeout needs --wait or --stream"),
+    (("--after-any-outcome",), "--after-any-outcome needs --after")])
+def test_an_option_that_would_be_ignored_is_a_usage_error(cli_pool: Pool, args: tuple[str, ...],
+                                                         message: str) -> None:
+    result = cli_pool.invoke("enqueue", *BASE, *args)
+    assert result.exit_code == 2 and result.stderr == f"Error: {message} (see gpuq enqueue --help)\n"
+    assert cli_pool.all_keys() == set()  # refused before anything was written
