@@ -62,7 +62,8 @@ def _refused(s: TaskSpec, i: int, unregistered: bool, now_ms: int, position: dic
         raise InvalidTask(f"tenant {s.tenant} is not registered (this pool requires it: "
                           "gpuq tenant set)", s.task_id)
     if s.at is not None and int(s.at * 1000) < now_ms:
-        raise InvalidTask(f"at is in the past: {int(s.at * 1000)} < server time {now_ms}", s.task_id)
+        raise InvalidTask(f"at is in the past: {int(s.at * 1000) / 1000:.3f} < server time "
+                          f"{now_ms / 1000:.3f} (epoch s)", s.task_id)
     for p in s.after:
         if p == s.task_id:
             raise InvalidTask("a task cannot wait for itself", s.task_id)

@@ -40,7 +40,12 @@ from gpuq.worker.runtimes import RunTimes
 
 
 def memory_queue(pool: str = "test", config: Config | None = None) -> Queue:
-    import fakeredis
+    """A queue on an in-memory server (fakeredis with Lua) that runs gpuq's real scripts."""
+    try:
+        import fakeredis
+    except ImportError:
+        raise AppError("gpuq.testing.memory_queue needs fakeredis with Lua: "
+                       "pip install 'gpuq[testing]'") from None
 
     cfg = config or Config(pool=pool)
     return Queue(fakeredis.FakeRedis(decode_responses=True), cfg, url="fakeredis")

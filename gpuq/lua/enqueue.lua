@@ -104,7 +104,9 @@ local function deferral(id, due, after, any, seen)
   if due ~= '' then
     local rel, t = string.byte(due) == 43, string.find(due, '^%+?%d+$') and tonumber(string.match(due, '%d+'))
     if not t or t > 1e13 or after ~= '' then return nil, 'due must be +<ms> or epoch ms, without after' end
-    if not rel and t < now then return nil, 'at is in the past: ' .. due .. ' < server time ' .. ms(now) end
+    if not rel and t < now then
+      return nil, string.format('at is in the past: %.3f < server time %.3f (epoch s)', t / 1000, now / 1000)
+    end
     t = rel and now + t or t
     return t > now and {due = t}
   end

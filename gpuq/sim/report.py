@@ -176,10 +176,7 @@ def render_split(reports: list[dict[str, Any]], key: str = "tenants", title: str
     for r in reports:
         for name, f in r.get(key, {}).items():
             within = "-" if f["sla_attainment"] is None else f"{100 * f['sla_attainment']:.1f}%"
-            lines.append(f"{r['policy']:<11}{name[:15]:<16}{f['tasks']:>7}{_secs(f['wait_p50_s']):>10}"
-                         f"{_secs(f['wait_p99_s']):>10}{within:>8}")
+            lines.append(f"{r['policy']:<11}{name[:15]:<16}{f['tasks']:>7}{_duration(f['wait_p50_s']):>10}"
+                         f"{_duration(f['wait_p99_s']):>10}{within:>8}")
     return "\n".join(lines)
 
-
-def _secs(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}s"

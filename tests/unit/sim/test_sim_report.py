@@ -9,7 +9,7 @@ import pytest
 
 from gpuq.errors import ConfigError
 from gpuq.sim.model import SimResult, SimTask, TraceTask
-from gpuq.sim.report import render, summarize
+from gpuq.sim.report import render, render_split, summarize
 from gpuq.sim.run import parse_gpus, speedup_for
 
 
@@ -128,3 +128,11 @@ def test_table_keeps_columns_apart_for_waits_of_days() -> None:
                                "0"]
     assert waits["P2"] == ["12.50s", "12.50s"] and waits["P3"] == ["66.7min", "66.7min"]
     assert report["priorities"]["P0"]["wait_p50_s"] == 5883873.0  # the JSON keeps seconds
+
+
+def test_split_tables_keep_columns_apart_for_long_waits() -> None:
+    """The 70B and tenant tables print waits as the main table does (27358.90s131095.38s
+    ran together before)."""
+    part = {"tasks": 1105, "wait_p50_s": 27358.9, "wait_p99_s": 131095.38, "sla_attainment": 0.0}
+    rows = render_split([{"policy": "fifo", "by_size": {"70b": part}}], "by_size", "MODELS").splitlines()
+    assert rows[1].split() == ["fifo", "70b", "1105", "7.6h", "36.4h", "0.0%"]
