@@ -71,7 +71,7 @@ def list_(ctx: click.Context, as_json: bool) -> None:
         when = f"every {d['every_s']:g}s" if d["every_s"] else f"cron {d['cron']!r}"
         t = d["task"]
         click.echo(one_line(f"{d['name']}: {when}{' skip-missed' if d['skip_missed'] else ''}, "
-                            f"last {d['last_period']}, next {d['next_period']}: {t['handler']} "
+                            f"last {d['last_period'] or '-'}, next {d['next_period']}: {t['handler']} "
                             f"model={t['model']} P{t['priority']}"))
 
 

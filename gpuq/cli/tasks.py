@@ -131,7 +131,7 @@ drain = verb("drain", "worker_id", Queue.drain_worker, "draining {id}",
 requeue = verb("requeue", "task_id", Queue.requeue, "requeued {id} ({state})",
                "Put a task back in its queue (running, waiting to retry, failed, expired or canceled).")
 cancel = verb("cancel", "task_id", Queue.cancel, "canceled {id} (was {state})",
-              "Cancel a queued, delayed or running task.")
+              "Cancel a queued, delayed, waiting or running task.")
 
 
 @click.command()

@@ -84,6 +84,8 @@ def trace_dir(path: Path | str | None = None) -> Path:
 def trace_path(name: str, path: Path | str | None = None) -> Path:
     """The file of trace ``name``; ``path`` may be the file itself or its directory."""
     if name not in TRACES:
+        if "/" in name or name.endswith((".csv", ".csv.gz")):  # meant as a file
+            raise FileNotFoundError(f"trace file {name} not found")
         raise ValueError(f"unknown trace {name!r}; known traces: {', '.join(sorted(TRACES))}; "
                          "or the path of a CSV file")
     return _locate(TRACES[name], path)

@@ -80,9 +80,14 @@ def _runtimes(runtimes: list[dict[str, Any]]) -> list[str]:
     lines = ["", "run times learned from successful runs (most runs first):",
              f"{'HANDLER':<24}{'MODEL':<24}{'MEAN':>10}{'P90':>10}{'RUNS':>8}"]
     for r in runtimes:
-        lines.append(f"{r['handler'][:23]:<24}{r['model'][:23]:<24}{r['mean_s']:>9.3g}s"
-                     f"{r['p90_s']:>9.3g}s{r['samples']:>8}")
+        lines.append(f"{r['handler'][:23]:<24}{r['model'][:23]:<24}{_seconds(r['mean_s']):>10}"
+                     f"{_seconds(r['p90_s']):>10}{r['samples']:>8}")
     return lines
+
+
+def _seconds(x: float) -> str:
+    """A run time without an exponent (a no-op's 4.5e-06 s reads 0.000s)."""
+    return f"{x:.3f}s" if x < 100 else f"{x:.0f}s"
 
 
 def _sla(stats: dict[str, int]) -> list[str]:

@@ -146,7 +146,7 @@ def test_enqueue_without_an_estimate_takes_the_learned_one(cli_pool: Pool) -> No
     text = cli_pool.ok("status")
     assert "run times learned from successful runs" in text
     assert [line.split() for line in text.splitlines() if line.startswith("sim.run")] == [
-        ["sim.run", "llama3-8b", "3.5s", "6s", "20"]]
+        ["sim.run", "llama3-8b", "3.500s", "6.000s", "20"]]
     assert json.loads(cli_pool.ok("status", "--json"))["runtimes"] == [
         {"handler": "sim.run", "model": "llama3-8b", "mean_s": 3.5, "p90_s": 6.0, "samples": 20}]
 

@@ -125,7 +125,7 @@ def test_an_unreadable_file_is_one_error(tmp_path: Path) -> None:
     latin = "arrival_s,model,priority,service_s\n1,caf\xe9,P0,1\n".encode("latin-1")
     (tmp_path / "latin.csv").write_bytes(latin)
     assert "is not readable CSV text" in message(tmp_path / "latin.csv")
-    with pytest.raises(ValueError, match="unknown trace '.*absent.csv'; known traces: .*; or the path"):
+    with pytest.raises(FileNotFoundError, match="trace file .*absent.csv not found"):
         read_trace(str(tmp_path / "absent.csv"))
 
 
