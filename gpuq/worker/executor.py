@@ -99,8 +99,12 @@ class Executor:
             for old in res.evict:
                 if cache.unload(old):
                     log.info("model.evicted worker=%s model=%s", self.id, old.spec.name)
+            # their memory is free only now (models.ModelCache.unloading): another runner of
+            # this worker whose claim found no room looks again
+            pipe = self.presence.pipeline()
+            pipe.lpush(self.presence.keys.wake(self.id), "1")
             # before a load: until then wake-ups would still pick this worker
-            self.presence.show(cache, dropped=[old.spec.name for old in res.evict])
+            self.presence.show(cache, pipe, dropped=[old.spec.name for old in res.evict])
         if not res.cold:
             resident.ready.wait()
             if resident.error is not None:
