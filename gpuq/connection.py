@@ -50,6 +50,13 @@ from gpuq.redact import redact
 CONNECT_OPTIONS: dict[str, Any] = {"decode_responses": True, "socket_timeout": None,
                                    "socket_connect_timeout": 5, "socket_keepalive": True}
 TCP_ONLY = ("socket_keepalive",)  # redis-py's unix socket connections refuse it
+try:  # redis-py >= 6.4: with maintenance notifications on (its default), the asyncio pool
+    # skips its check for a socket the server closed, and the first call on each connection a
+    # restart or a server timeout dropped fails (the sync pool checks: gpuq.wire)
+    from redis.maint_notifications import MaintNotificationsConfig
+    _NO_MAINT: dict[str, Any] = {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
+except ImportError:  # older redis-py: no notifications, nothing to turn off
+    _NO_MAINT = {}
 SENTINEL_TIMEOUT_S = 5.0  # a Sentinel answers at once; one that hangs must not hang us
 SENTINEL_QUERY = ("sentinel_username", "sentinel_password")
 _DENIED = ("NOPERM", "can't run this command", "no permissions")
@@ -338,7 +345,7 @@ def connect(url: str, *, tls: Tls | None = None, pool: str = "default", **option
 def connect_async(url: str, *, tls: Tls | None = None, **options: Any) -> aredis.Redis:
     """The asyncio client for ``url`` (Sentinel included; Cluster is sync only)."""
     tls = tls or Tls()
-    kwargs = {**CONNECT_OPTIONS, "redis_connect_func": _start_async, **options}
+    kwargs = {**CONNECT_OPTIONS, "redis_connect_func": _start_async, **_NO_MAINT, **options}
     with url_checked(url):
         secure = _plain_tls(url, tls)
         scheme = _scheme(url)

@@ -111,6 +111,33 @@ def test_a_call_whose_connection_breaks_mid_send_follows_the_retry_policy(
     run(scenario())
 
 
+def test_every_call_works_after_the_server_dropped_the_connections(
+        redis_server: EmbeddedServer, pool: str, prefix: str) -> None:
+    """Regression: with redis-py's maintenance notifications on (its default), the asyncio
+    pool handed out connections the server had closed (a restart, a server timeout, CLIENT
+    KILL): the first call on each failed with ConnectionFailed, where the sync client's
+    succeeded."""
+    admin = redis.Redis.from_url(redis_server.url)
+
+    async def scenario() -> None:
+        q = make(redis_server, pool, prefix)
+        try:
+            t = await q.enqueue("h", None, model="m", vram_gb=2)
+            calls = (lambda: q.enqueue("h", None, model="m", vram_gb=2), lambda: q.record(t.id),
+                     lambda: t.status(), lambda: q.cancel(t.id))
+            for call in calls:
+                admin.client_kill_filter(_type="normal", skipme=True)
+                await asyncio.sleep(0.1)  # the loop runs and reads the end of the stream
+                await call()
+        finally:
+            await q.close()
+
+    try:
+        run(scenario())
+    finally:
+        admin.close()
+
+
 def test_malformed_url_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="malformed"):
         AsyncQueue.from_url("redis://h:abc/0")
