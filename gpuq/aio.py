@@ -162,7 +162,9 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
 
     async def enqueue_many(self, tasks: Iterable[Mapping[str, Any]], *,
                            check_fit: bool = False) -> list[AsyncTask]:
-        """Bulk enqueue (see gpuq.client.Queue.enqueue_many)."""
+        """Bulk enqueue (see gpuq.client.Queue.enqueue_many). Cancelled (asyncio.wait_for) while
+        a bulk of several calls is in flight, the calls sent by then stay stored: read back
+        the tasks' ids to know which."""
         specs, calls = self._bulk(tasks, check_fit)
         with redis_errors(self.url):
             several = len(specs) > bulk.BULK_CHUNK

@@ -15,7 +15,14 @@ from typing import Any, Generic, TypeVar
 from gpuq.bulk import BULK_CHUNK
 from gpuq.clock import from_time_reply
 from gpuq.config import Config
-from gpuq.errors import ConfigError, ResultTimeout, TaskFailed, TaskNotFound, WorkerNotFound
+from gpuq.errors import (
+    ConfigError,
+    CorruptTask,
+    ResultTimeout,
+    TaskFailed,
+    TaskNotFound,
+    WorkerNotFound,
+)
 from gpuq.keys import Keys
 from gpuq.replies import pairs_to_dict, raise_for
 from gpuq.scripts import Call, Calls, raise_first_error
@@ -132,7 +139,11 @@ class Waiting:
             raise TaskNotFound(self.task_id)
         if state == State.SUCCEEDED.value:
             return json.loads(result) if result else None
-        if State(state).terminal:
+        try:
+            ended = State(state).terminal
+        except ValueError:  # a hash damaged or written by hand
+            raise CorruptTask(self.task_id, f"field state is {state!r}") from None
+        if ended:
             raise TaskFailed(self.task_id, state, error or "")
         return PENDING
 

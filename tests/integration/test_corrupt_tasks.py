@@ -25,6 +25,7 @@ from test_fuzz_scripts import Bench, as_bytes, open_bench, valid_calls
 
 from gpuq import Queue
 from gpuq.embedded import EmbeddedServer
+from gpuq.errors import CorruptTask
 from gpuq.keys import Keys
 from gpuq.scripts import SCRIPT_NAMES, Claim
 from gpuq.task import State, ended_count
@@ -279,3 +280,11 @@ def test_any_script_on_a_corrupt_field(bench: Bench, task: str, field: str, valu
         got = Claim.parse([x.decode() if isinstance(x, bytes) else x for x in reply])
         if got.task is not None:
             well_formed(got.task)
+
+
+def test_a_result_wait_on_a_task_with_an_unknown_state_is_a_corrupt_task(real_queue: Queue) -> None:
+    """Regression: the wait raised a bare ValueError ('garbage' is not a valid State)."""
+    task = real_queue.enqueue("h", model="A", vram_gb=1)
+    real_queue.redis.hset(real_queue.keys.task(task.id), "state", "garbage")
+    with pytest.raises(CorruptTask, match="field state is 'garbage'"):
+        task.result(timeout=0)
