@@ -19,7 +19,7 @@ import redis.exceptions
 
 from gpuq import bulk
 from gpuq.config import Config
-from gpuq.connection import Tls, connect_async, redis_errors
+from gpuq.connection import Tls, connect_async, redis_errors, sentinels_of
 from gpuq.errors import GpuqError
 from gpuq.functions import Sender
 from gpuq.keys import Keys
@@ -267,6 +267,8 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
 
     async def close(self) -> None:
         await self.redis.aclose()
+        for sentinel in sentinels_of(self.redis):
+            await sentinel.aclose()
 
 
 class AsyncTask:

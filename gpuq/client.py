@@ -16,7 +16,7 @@ import redis
 
 from gpuq import bulk
 from gpuq.config import Config
-from gpuq.connection import Tls, connect, redis_errors
+from gpuq.connection import Tls, connect, redis_errors, sentinels_of
 from gpuq.errors import GpuqError
 from gpuq.producer import PENDING, Producer, Waiting, stored
 from gpuq.scripts import Scripts
@@ -170,6 +170,8 @@ class Queue(Producer[redis.Redis, "Task"]):
 
     def close(self) -> None:
         self.redis.close()
+        for sentinel in sentinels_of(self.redis):
+            sentinel.close()
 
 
 class Task:

@@ -360,6 +360,13 @@ def connect_async(url: str, *, tls: Tls | None = None, **options: Any) -> aredis
         return aredis.Redis.from_url(url, **_single(url, kwargs), **secure)
 
 
+def sentinels_of(client: redis.Redis | aredis.Redis) -> list[Any]:
+    """The Sentinel clients behind a client made for a redis+sentinel:// URL (none for the
+    others): closing the client leaves their connections open, so its closer closes them."""
+    manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
+    return list(getattr(manager, "sentinels", ()))
+
+
 def _cluster(url: str, tls: Tls, pool: str, options: dict[str, Any]) -> redis.Redis:
     from gpuq.cluster import cluster_client  # only Cluster URLs need it
 

@@ -337,3 +337,31 @@ def test_not_a_redis_server(fake_server: Callable[[bytes | None], int]) -> None:
                       lambda: _enqueue_async(url)):
         with pytest.raises(ConnectionFailed, match="is this a Redis server"):
             first_use()
+
+
+def test_closing_a_queue_closes_its_sentinel_clients_too() -> None:
+    """Regression: close() (and a `with` block's end) left the Sentinel connections open."""
+    from gpuq.aio import AsyncQueue
+    from gpuq.client import Queue
+    from gpuq.connection import sentinels_of
+
+    closed: list[str] = []
+    sync = Queue(connect("redis+sentinel://127.0.0.1:1,127.0.0.1:2/mymaster"), Config())
+    assert len(sentinels_of(sync.redis)) == 2
+    for i, sentinel in enumerate(sentinels_of(sync.redis)):
+        sentinel.close = lambda i=i: closed.append(f"sync{i}")  # type: ignore[method-assign]
+    sync.close()
+
+    async def close_async() -> None:
+        q = AsyncQueue(connect_async("redis+sentinel://127.0.0.1:1/mymaster"), Config())
+
+        async def aclose() -> None:
+            closed.append("async")
+
+        for sentinel in sentinels_of(q.redis):
+            sentinel.aclose = aclose
+        await q.close()
+
+    asyncio.run(close_async())
+    assert closed == ["sync0", "sync1", "async"]
+    assert sentinels_of(connect("redis://127.0.0.1:1/0")) == []
