@@ -37,6 +37,7 @@ next round, and the simulator skips the rounds in between.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -46,6 +47,7 @@ from gpuq import work_index
 from gpuq.clock import server_ms
 from gpuq.config import Config
 from gpuq.keys import Keys, live_reservation
+from gpuq.reaper.backlog_sample import as_float
 from gpuq.replies import scored
 from gpuq.scripts import Calls, Scripts
 from gpuq.wire import exchange
@@ -78,7 +80,10 @@ class Victim:
     started_ms: int  # when its work began: its start, or for a cold start its model's load end
     est_s: float
     preemptions: int
-    usable_gb: float  # the worker's VRAM total - KV reserve (its whole group's)
+    # the worker's usable VRAM (its whole group's) less what its other running tasks need:
+    # what the waiting task finds once this victim ends (a batch's siblings or a
+    # non-preemptible neighbour keep theirs)
+    room_gb: float
     levels: str  # priorities the worker serves
     gpus: int = 1  # devices in the worker's group
 
@@ -145,7 +150,7 @@ def candidates_for(w: Waiting, victims: list[Victim], idle: list[Idle],
     """The victims that could make room for ``w``; while an idle worker could claim it (and
     load its model cold), only those on the busy holder of its model it was offered to."""
     fits = [v for v in victims if v.priority > w.priority and v.worker not in used
-            and v.usable_gb >= w.need_gb and str(w.priority) in v.levels and v.gpus >= w.gpus]
+            and v.room_gb >= w.need_gb and str(w.priority) in v.levels and v.gpus >= w.gpus]
     if idle_fits(w, idle):
         return [v for v in fits if v.worker == w.offered]
     return fits
@@ -306,7 +311,7 @@ class Preemptor:
             GPU_FIELDS.read(pipe, k, w)
         for i in running:
             pipe.hmget(k.task(i), "state", "token", "worker", "priority", "started_at", "est_s",
-                       "preemptible", "preemptions", "yield_by", "ready_at")
+                       "preemptible", "preemptions", "yield_by", "ready_at", "vram_gb")
         held, *rows = pipe.execute()
         for w, f in zip(unknown, rows):
             if (record := GPU_FIELDS.record(w, f)) is not None:
@@ -318,17 +323,29 @@ class Preemptor:
         info = {w: self.workers[w] for w in live if w in self.workers}
         idle = list(dict.fromkeys(Idle(float(gb), info[str(w)][1], info[str(w)][2])
                                   for w, gb in scored(idle_raw) if str(w) in info))
+        tasks = rows[len(unknown):]
+        load: dict[str, float] = {}  # worker -> VRAM its running tasks need
+        for f in tasks:
+            if f[0] == "running" and f[2]:
+                load[f[2]] = load.get(f[2], 0.0) + vram_of(f[10])
         victims = []
-        for i, f in zip(running, rows[len(unknown):]):
-            state, token, worker, prio, started, est, pre, count, asked, ready = f
+        for i, f in zip(running, tasks):
+            state, token, worker, prio, started, est, pre, count, asked, ready, vram = f
             if state != "running" or pre != "1" or asked or worker not in info or not started:
                 continue
             usable, levels, gpus = info[worker]
             # a cold start's work begins once its model is loaded (claim.lua: ready_at)
             began = max(int(started), int(ready or 0))
             victims.append(Victim(i, int(token), worker, int(prio), began, float(est),
-                                  int(count or 0), usable, levels, gpus))
+                                  int(count or 0), usable - (load[worker] - vram_of(vram)),
+                                  levels, gpus))
         return victims, idle, reserved
+
+
+def vram_of(value: object) -> float:
+    """A running task's vram_gb; 0 when unreadable (a damaged hash must not hide its worker)."""
+    gb = as_float(value)
+    return gb if math.isfinite(gb) and gb > 0 else 0.0
 
 
 def _ms(value: object, fallback: int) -> int:

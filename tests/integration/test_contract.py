@@ -770,6 +770,29 @@ def test_the_planner_counts_a_cold_victims_runtime_from_its_models_load(queue: Q
     assert not may_be_asked(v, queue.config, now)
 
 
+def test_the_planner_weighs_what_a_victims_neighbours_keep(queue: Queue) -> None:
+    """Regression: on a two-slot worker the planner took the worker's whole usable VRAM as
+    the room a victim's end leaves, and asked a 10 GB task to yield for a 40 GB P0 while a
+    non-preemptible 60 GB neighbour kept all but 15 GB: a lost run and a blocked worker."""
+    now = int(time.time() * 1000)
+    queue.redis.hset(queue.keys.worker("w1"), mapping={"vram_total_gb": 80, "kv_reserve_gb": 5})
+    queue.redis.zadd(queue.keys.workers, {"w1": now + 60_000})
+    big = enqueue(queue, now - 60_000, model="B", vram_gb=60, priority="P3", est_s=600,
+                  preemptible=False)
+    small = enqueue(queue, now - 60_000, model="B", vram_gb=10, priority="P3", est_s=600)
+    for tid, free in ((big, 75), (small, 15)):
+        c = claim(queue, "w1", free, slots=2, loaded=[("B", 0)], now_ms=now - 60_000)
+        assert c is not None and c["id"] == tid
+    planner = Preemptor(queue.redis, queue.keys, queue.config, queue.scripts, queue.calls)
+    (v,) = planner.read_workers(now)[0]
+    assert v.id == small and v.room_gb == 15  # 75 usable less the neighbour's 60
+    enqueue(queue, now, model="A", vram_gb=40, priority="P0", est_s=5)
+    assert planner.step(now) == {}
+    assert queue.redis.hget(queue.keys.task(small), "yield_by") is None
+    enqueue(queue, now, model="A", vram_gb=12, priority="P0", est_s=5)  # fits once it ends
+    assert planner.step(now) == {"yield": 1}
+
+
 def test_a_claim_reads_at_most_sixteen_busy_holders_of_a_model(make_queue: MakeQueue) -> None:
     """Bounded work: the busy holders are read in name order, the first 16 of them; a large
     enough one past those is not waited for (docs/DECISIONS.md, Bounded work)."""
