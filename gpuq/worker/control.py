@@ -117,8 +117,9 @@ class Control:
         r.stopped = True  # before the requeue: the handler's result, if any, is moot now
         r.ctx.lost = True
         try:
+            # the checkpoint its handler saved so far goes with it, as with a yield
             ex.scripts.run(ex.calls.requeue(r.task_id, r.token, "stopped: did not yield in time",
-                                            preempted="stopped"))
+                                            preempted="stopped", checkpoint=r.ctx.saved or ""))
         except GpuqError as exc:  # it ended or was requeued meanwhile: nothing to stop
             log.info("preempt.stop_skipped task=%s worker=%s: %s", r.task_id, self.id, exc)
             return

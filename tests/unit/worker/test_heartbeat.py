@@ -71,3 +71,16 @@ def test_a_finished_run_whose_lease_is_gone_is_dropped_from_the_renewals() -> No
     task.cancel()
     worker.heartbeat().beat()
     assert worker.running.settling() == []
+
+
+def test_a_victim_stopped_past_its_yield_deadline_keeps_its_saved_checkpoint() -> None:
+    """Regression: the stop requeued the victim without the checkpoint its handler had saved
+    (ctx.save_checkpoint), so its next run started over; a yield kept it."""
+    queue, worker, task, (_, _, running) = claimed()
+    running.ctx.save_checkpoint({"done_s": 123})
+    control = worker.heartbeat().control
+    control.on_yield(task.id, 0)
+    control.watch()  # past its deadline: stopped and requeued
+    record = queue.record(task.id)
+    assert running.stopped and record.state.value == "queued"
+    assert record.checkpoint == {"done_s": 123}
