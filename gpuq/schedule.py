@@ -179,11 +179,15 @@ def fire_due(client: redis.Redis, keys: Keys, scripts: Scripts, calls: Calls,
     now = now_ms or server_ms(client)
     runs = 0
     for s in schedules:
-        period = s.due_period(now)
-        if period is None or (s.last_ms is not None and period <= s.last_ms):
+        try:
+            period = s.due_period(now)
+            if period is None or (s.last_ms is not None and period <= s.last_ms):
+                continue
+            skip = s.skip_missed and now - period > GRACE_MS
+            out = scripts.run(fire_call(calls, s.name, period, skip=skip, now_ms=now_ms))
+        except GpuqError as exc:  # a stored schedule damaged: the others still fire
+            log.error("schedule.unfireable schedule=%s error=%s", s.name, exc)
             continue
-        skip = s.skip_missed and now - period > GRACE_MS
-        out = scripts.run(fire_call(calls, s.name, period, skip=skip, now_ms=now_ms))
         if out == "failed":
             log.warning("schedule.run_failed schedule=%s period=%d: see the run's error", s.name, period)
         runs += out not in ("skipped", "done", "failed")

@@ -7,6 +7,8 @@ fakeredis and on the real server (``backend``).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from helpers import T0, claim, enqueue_specs, spec
 
@@ -47,6 +49,21 @@ def test_every_fires_once_per_period(queue: Queue) -> None:
     assert rec.payload == {"n": 1}
     c = claim(queue, "w1", 20, now_ms=T0 + 21_000)
     assert c is not None and c["id"] == f"nightly@{T0 + 10_000}"
+
+
+def test_a_damaged_schedule_does_not_keep_the_others_from_firing(queue: Queue) -> None:
+    """Regression: a stored schedule whose task the fire script refused, or whose cron did
+    not parse, raised out of the round: every schedule after it by name never fired."""
+    add(queue, "a-bad", every="10s")
+    add(queue, "b-good", every="10s")
+    stored = json.loads(queue.redis.hget(queue.keys.schedules, "a-bad"))
+    stored["task"]["priority"] = 9
+    queue.redis.hset(queue.keys.schedules, "a-bad", json.dumps(stored))
+    assert fire(queue, T0 + 10_000) == 1
+    queue.redis.hset(queue.keys.schedules, "a-bad", json.dumps({**stored, "cron": "bogus",
+                                                                 "every_ms": None}))
+    assert fire(queue, T0 + 20_000) == 1
+    assert runs(queue) == [f"b-good@{T0 + 10_000}", f"b-good@{T0 + 20_000}"]
 
 
 def test_two_reapers_firing_the_same_period_enqueue_one_run(queue: Queue) -> None:
