@@ -63,6 +63,10 @@ if token == '' and f[1] ~= 'running' then
     redis.call('HSET', tk, 'attempt', '0', 'deadline', '', 'finished_at', '', 'worker', '',
       'token', '', 'streamed', '', 'progress', '', 'progress_msg', '', 'yield_by', '',
       'yield_for', '')
+    -- a child canceled while it waited for its parents never got a start-by score: it gets
+    -- the one its release would have given (its parents are not waited for again)
+    local s = redis.call('HMGET', tk, 'score', 'sla_ms')
+    if not finite(s[1]) then redis.call('HSET', tk, 'score', ms(now + (finite(s[2]) or 0))) end
     recount_children(id)
   else
     return {1, 0, 'task is ' .. f[1] .. ': there is nothing to requeue'}

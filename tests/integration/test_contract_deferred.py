@@ -186,6 +186,17 @@ def test_canceling_a_waiting_child_makes_the_release_skip_it(queue: Queue) -> No
     assert state(queue, b) == "canceled" and reap(queue, T0 + 20).promoted == 0
 
 
+def test_a_child_canceled_while_waiting_runs_when_an_operator_requeues_it(queue: Queue) -> None:
+    """Regression: the requeue answered queued, then push found no start-by score (a waiting
+    child gets one only at its release) and failed the task as corrupt."""
+    a = enqueue(queue, T0)
+    b = enqueue(queue, T0, after=[a], priority="P1")
+    assert queue.cancel(b) is State.WAITING
+    assert queue.requeue(b) is State.QUEUED
+    c = claim(queue, "w1", 20)
+    assert c is not None and c["id"] == b  # P1 first: its parent is not waited for again
+
+
 def test_a_child_of_parents_that_already_succeeded_is_queued_at_once(queue: Queue) -> None:
     a = enqueue(queue, T0)
     ack(queue, a, run(queue, a, T0)["token"], now_ms=T0 + 10)
