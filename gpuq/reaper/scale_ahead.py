@@ -15,7 +15,8 @@ or no model it holds has recent arrivals or a forecast (the worker evicts idle m
 recently used first, so each of them must be one nobody asks for). Room without eviction is
 preferred, then the worker whose most asked-for model is asked for least. A model is hinted
 at most once per ``HINT_EVERY_MS`` (as the backlog's hints). The forecast does not know a
-model's priorities, so a lane worker may preload a model whose tasks it does not serve.
+model's priorities, so lane workers (``--priorities``) get none: their room is kept for the
+levels they serve (``scale_plan.plan`` leaves them out).
 
 **Calm classes.** A worker asked for now starts work only after the lead (``forecast_lead_s``,
 the boot) and its first model load. When the class's live workers finish its queued work

@@ -122,3 +122,15 @@ def test_the_margin_leaves_part_of_a_worker_of_forecast_load_to_the_live_ones() 
                  est_s={"m": 10.0})
     assert signal(plan(s, CFG, NOW), "class", "A100").desired == 2
     assert signal(plan(s, replace(CFG, forecast_margin=0.25), NOW), "class", "A100").desired == 1
+
+
+def test_forecast_hints_leave_lane_workers_alone() -> None:
+    """The forecast knows no priorities: a P0/P1 lane's room is kept for its levels (a lane
+    preloading a batch model sent the next 8 GB P1 task to another GPU)."""
+    lane = WorkerState("lane", "A100", CLASSES["A100"], "01", 75.0)
+    full = WorkerState("full", "A100", CLASSES["A100"], "0123", 75.0)
+    s = Snapshot((lane,), (), CLASSES, {}, footprint_gb={"m": 30.0},
+                 forecasts={"m": rise("m", 0.05, 0.4)}, est_s={"m": 5.0})
+    assert plan(s, CFG, NOW).hints == []
+    hints = plan(replace(s, workers=(lane, full)), CFG, NOW).hints
+    assert [(h.worker, h.model) for h in hints] == [("full", "m")]
