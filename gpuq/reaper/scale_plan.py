@@ -391,11 +391,9 @@ def plan(snapshot: Snapshot, config: Config, now_ms: int,
     if config.scale_signal == "forecast":
         recent = {**(recent_hints or {}), **{h.model: now_ms for h in hints}}
         held = {m: frozenset(ids) & live for m, ids in snapshot.holders.items()}
-        # not on a lane (a worker serving only some levels): the forecast does not know a
-        # model's priorities, and a lane's room is kept for the levels it serves
+        full = [(w.id, w.usable_gb) for w in spare if (w.levels or "0123") == "0123"]  # no lanes
         hints += [WarmHint(w, m, gb) for w, m, gb in ahead_hints(
-            [(w.id, w.usable_gb) for w in spare if (w.levels or "0123") == "0123"], held,
-            snapshot.forecasts, snapshot.footprint_gb,
+            full, held, snapshot.forecasts, snapshot.footprint_gb,
             config, now_ms, recent, HINT_EVERY_MS, {h.worker for h in hints}, snapshot.weighed)]
     unschedulable = sum(n for bound, n in snapshot.need_bands if math.isinf(bound))
     return ScalePlan(signals, hints, unschedulable, snapshot.largest_need_gb if unschedulable else 0.0,
