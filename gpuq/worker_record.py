@@ -95,13 +95,13 @@ class WorkerRecord:
             return None
         levels = "".join(c for c in str(fields.get("levels") or "") if c in ALL_LEVELS)
         return cls(id=worker_id, gpu_name=str(fields.get("gpu_name") or "?"),
-                   vram_total_gb=_number(fields.get("vram_total_gb")),
-                   kv_reserve_gb=_number(fields.get("kv_reserve_gb")),
-                   vram_free_gb=_number(fields.get("vram_free_gb")),
+                   vram_total_gb=field_number(fields.get("vram_total_gb")),
+                   kv_reserve_gb=field_number(fields.get("kv_reserve_gb")),
+                   vram_free_gb=field_number(fields.get("vram_free_gb")),
                    models=_names(fields.get("models")), state=str(fields.get("state") or ""),
                    levels=levels or ALL_LEVELS, handlers=_names(fields.get("handlers")),
-                   concurrency=max(1, int(_number(fields.get("concurrency")))),
-                   gpus=max(1, int(_number(fields.get("gpus")))))
+                   concurrency=max(1, int(field_number(fields.get("concurrency")))),
+                   gpus=max(1, int(field_number(fields.get("gpus")))))
 
 
 @dataclass(frozen=True)
@@ -118,8 +118,8 @@ class WorkerFields:
         return WorkerRecord.parse(worker_id, dict(zip(self.names, reply)))
 
 
-def _number(value: object) -> float:
-    """A non-negative finite number from a field, else 0."""
+def field_number(value: object) -> float:
+    """A non-negative finite number from a hash field (a worker's, a task's), else 0."""
     try:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):

@@ -37,7 +37,6 @@ next round, and the simulator skips the rounds in between.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -47,11 +46,10 @@ from gpuq import work_index
 from gpuq.clock import server_ms
 from gpuq.config import Config
 from gpuq.keys import Keys, live_reservation
-from gpuq.reaper.backlog_sample import as_float
 from gpuq.replies import scored
 from gpuq.scripts import Calls, Scripts
 from gpuq.wire import exchange
-from gpuq.worker_record import WorkerFields
+from gpuq.worker_record import WorkerFields, field_number
 
 log = logging.getLogger(__name__)
 
@@ -327,7 +325,8 @@ class Preemptor:
         load: dict[str, float] = {}  # worker -> VRAM its running tasks need
         for f in tasks:
             if f[0] == "running" and f[2]:
-                load[f[2]] = load.get(f[2], 0.0) + vram_of(f[10])
+                # an unreadable vram_gb counts 0: a damaged hash must not hide its worker
+                load[f[2]] = load.get(f[2], 0.0) + field_number(f[10])
         victims = []
         for i, f in zip(running, tasks):
             state, token, worker, prio, started, est, pre, count, asked, ready, vram = f
@@ -337,15 +336,9 @@ class Preemptor:
             # a cold start's work begins once its model is loaded (claim.lua: ready_at)
             began = max(int(started), int(ready or 0))
             victims.append(Victim(i, int(token), worker, int(prio), began, float(est),
-                                  int(count or 0), usable - (load[worker] - vram_of(vram)),
+                                  int(count or 0), usable - (load[worker] - field_number(vram)),
                                   levels, gpus))
         return victims, idle, reserved
-
-
-def vram_of(value: object) -> float:
-    """A running task's vram_gb; 0 when unreadable (a damaged hash must not hide its worker)."""
-    gb = as_float(value)
-    return gb if math.isfinite(gb) and gb > 0 else 0.0
 
 
 def _ms(value: object, fallback: int) -> int:
