@@ -28,6 +28,7 @@
 --@include tenancy
 --@include wake
 --@include gates
+--@include quota
 
 -- Charge (capped) or discharge (not) each running task of tenant t; set its use to the sum.
 local function recount(t, capped)
@@ -35,9 +36,9 @@ local function recount(t, capped)
   for _, id in ipairs(redis.call('ZRANGE', K_RUNNING, 0, -1)) do
     local f = redis.call('HMGET', task_key(id), 'tenant', 'vram_gb', 'state', 'gpus')
     if f[1] == t and f[3] == 'running' then
-      if capped then  -- as lib/quota.lua charge does
+      if capped then
         local v, g = finite(f[2]) or 0, tonumber(f[4]) or 1
-        redis.call('HSET', task_key(id), 'charged', t .. ' ' .. tostring(v) .. (g > 1 and ' ' .. g or ''))
+        redis.call('HSET', task_key(id), 'charged', charged_value(t, v, g))
         gpus, tasks, vram = gpus + g, tasks + 1, vram + v
       else
         redis.call('HDEL', task_key(id), 'charged')

@@ -39,6 +39,11 @@ local function over_quota(t, vram, gpus)
     or q.vram and q.used_vram + vram > q.vram + 1e-9
 end
 
+-- The `charged` value of a task of tenant t that needs vram GB across gpus GPUs.
+local function charged_value(t, vram, gpus)
+  return t .. ' ' .. tostring(vram) .. (gpus > 1 and ' ' .. gpus or '')
+end
+
 -- Count a started task against its tenant's limits (when it has any).
 local function charge(id, t, vram)
   local q = quota_of(t)
@@ -48,7 +53,7 @@ local function charge(id, t, vram)
   redis.call('HINCRBY', K_TENANT_USE, 'gpus:' .. t, gpus)
   redis.call('HINCRBY', K_TENANT_USE, 'tasks:' .. t, 1)
   redis.call('HINCRBYFLOAT', K_TENANT_USE, 'vram:' .. t, vram)
-  redis.call('HSET', task_key(id), 'charged', t .. ' ' .. tostring(vram) .. (gpus > 1 and ' ' .. gpus or ''))
+  redis.call('HSET', task_key(id), 'charged', charged_value(t, vram, gpus))
 end
 
 -- A charged task stops running (its `charged` field): its use is given back, and a worker
