@@ -20,6 +20,8 @@
 -- ARGV[8]  checkpoint (JSON text; "" keeps the one stored)
 -- Returns  {0, "queued" | "failed"} ("failed" also for a task whose hash is corrupt: it
 --          ends failed with the field in its error)
+--          {0, "kept"}: a stop (kind "stopped") of a task no longer asked to yield (the
+--                       request was withdrawn before the worker read "unyield"): it runs on
 --          {1, 0, reason} INVALID: a malformed argument, the checkpoint is not JSON text,
 --                         or (operator) the task is queued or succeeded
 --          {4} NOT_FOUND | {5, state} STALE_LEASE
@@ -49,7 +51,7 @@ if kind ~= '' and kind ~= 'yielded' and kind ~= 'stopped' then
   return {1, 0, 'preemption kind must be "", "yielded" or "stopped"'}
 end
 local tk = task_key(id)
-local f = redis.call('HMGET', tk, 'state', 'token')
+local f = redis.call('HMGET', tk, 'state', 'token', 'yield_by')
 if not f[1] then return {4} end
 if token == '' and f[1] ~= 'running' then
   -- an operator's requeue of a task that is not running: a retry waiting out its backoff
@@ -75,6 +77,9 @@ if token == '' and f[1] ~= 'running' then
   return {0, push(id, now, ttl)}
 end
 if f[1] ~= 'running' or (token ~= '' and f[2] ~= token) then return {5, f[1]} end
+-- the waiting task started or ended between the stop's deadline and the worker's reading
+-- of "unyield": stopping would throw away work nobody waits for
+if kind == 'stopped' and (f[3] or '') == '' then return {0, 'kept'} end
 if checkpoint ~= '' then
   if #checkpoint > 1048576 or not is_json(checkpoint) then
     return {1, 0, 'checkpoint is not valid JSON of at most 1048576 bytes'}

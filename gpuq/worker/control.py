@@ -6,7 +6,8 @@ blocks on it between beats, so a request reaches the worker at once:
 - ``yield <task> <grace_ms>``: a higher-priority task waits for this GPU. The handler sees
   ``ctx.should_yield()`` (a task still loading its model yields when the load ends, before
   its handler starts); past the grace the worker stops it itself: it requeues the task
-  (fenced by its token, so exactly once), tells the handler to stop and raises StopTask in
+  (fenced by its token, so exactly once; not if the request was withdrawn meanwhile, the
+  ``unyield`` not read yet), tells the handler to stop and raises StopTask in
   its thread (an async handler: its asyncio task is cancelled). A handler stuck in native
   code (or blocking the event loop) cannot be stopped in-process: after ``stop_s`` more the
   worker requeues its other tasks and exits with EXIT_STUCK, for its supervisor to restart it.
@@ -114,15 +115,21 @@ class Control:
 
     def stop(self, r: Running) -> None:
         ex = self.executor
-        r.stopped = True  # before the requeue: the handler's result, if any, is moot now
-        r.ctx.lost = True
         try:
             # the checkpoint its handler saved so far goes with it, as with a yield
-            ex.scripts.run(ex.calls.requeue(r.task_id, r.token, "stopped: did not yield in time",
-                                            preempted="stopped", checkpoint=r.ctx.saved or ""))
+            kept = ex.scripts.run(ex.calls.requeue(r.task_id, r.token, "stopped: did not yield in time",
+                                                   preempted="stopped", checkpoint=r.ctx.saved or ""))
         except GpuqError as exc:  # it ended or was requeued meanwhile: nothing to stop
+            r.yield_deadline = None
             log.info("preempt.stop_skipped task=%s worker=%s: %s", r.task_id, self.id, exc)
             return
+        if kept == "kept":  # withdrawn before this worker read "unyield": it runs on
+            self.on_unyield(r.task_id)
+            return
+        # only now: a handler that ended during the requeue sends its ack, which the
+        # requeue fenced out (a Redis error leaves the stop to the next watch)
+        r.stopped = True
+        r.ctx.lost = True
         log.warning("preempt.stopped task=%s worker=%s: past its yield deadline", r.task_id,
                     self.id)
         ex.observer.observe(r.task_id, "stopped")

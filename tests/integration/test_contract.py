@@ -235,6 +235,12 @@ def test_a_yield_request_is_withdrawn_when_its_task_starts_elsewhere_or_ends(que
     assert queue.redis.lrange(keys.control("w2"), 0, -1) == [f"unyield {victims['w2'][0]}"]
     assert queue.redis.exists(keys.reservation("w2")) == 0
     assert queue.redis.hget(keys.stats, "preempt:withdrawn") == "2"
+    # w2 passing the grace before it reads "unyield": its stop leaves the task running
+    victim, token = victims["w2"]
+    assert queue.scripts.run(queue.calls.requeue(victim, token, "stopped", preempted="stopped",
+                                                 now_ms=T0 + 6)) == "kept"
+    assert queue.redis.hmget(keys.task(victim), "state", "token") == ["running", str(token)]
+    assert queue.redis.hget(keys.stats, "preempt:stopped") is None
     # a victim that has yielded is not told anything
     third = enqueue(queue, T0 + 7, model="A", vram_gb=30, priority="P0")
     assert ask(third, "w1", T0 + 8) == ("yield", "")

@@ -80,6 +80,8 @@ def test_an_async_handler_ignoring_a_stop_is_cancelled_at_the_deadline_and_reque
     task = enqueue(real_queue, "engine.stubborn", {"seconds": 60})
     wait_for(lambda: f"engine.stubborn task={task} first=True" in worker.log(), 10,
              message=lambda: f"the handler to start; log:\n{worker.log()}")
+    # as preempt.lua asks: the stop past the grace requeues only a task still asked to yield
+    procs.redis.hset(procs.keys.task(task), mapping={"yield_by": "1", "yield_for": "p0"})
     procs.redis.lpush(procs.keys.control("w1"), f"yield {task} 300")
     # cancelled inside (CancelledError at its await), requeued, then run again (at once:
     # the handler is stubborn only the first time)

@@ -219,6 +219,7 @@ def test_a_stubborn_async_handler_is_cancelled_at_its_yield_deadline(q: Queue, e
         if running.in_handler:
             break
         threading.Event().wait(0.01)
+    q.redis.hset(q.keys.task(t.id), mapping={"yield_by": "1", "yield_for": "p0"})  # as preempt.lua
     control.on_yield(t.id, 0)
     control.watch()  # past the deadline: requeued, then cancelled
     runner.join(10)

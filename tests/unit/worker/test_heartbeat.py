@@ -7,6 +7,7 @@ from typing import Any
 
 import fakeredis
 import pytest
+import redis
 
 from gpuq import Config, Queue, worker_record
 from gpuq.worker.executor import Claimed
@@ -73,14 +74,57 @@ def test_a_finished_run_whose_lease_is_gone_is_dropped_from_the_renewals() -> No
     assert worker.running.settling() == []
 
 
+def asked_to_yield(queue: Queue, task_id: str) -> None:
+    """What preempt.lua writes into a victim's hash with its "yield" message."""
+    queue.redis.hset(queue.keys.task(task_id), mapping={"yield_by": "1", "yield_for": "t-p0"})
+
+
 def test_a_victim_stopped_past_its_yield_deadline_keeps_its_saved_checkpoint() -> None:
     """Regression: the stop requeued the victim without the checkpoint its handler had saved
     (ctx.save_checkpoint), so its next run started over; a yield kept it."""
     queue, worker, task, (_, _, running) = claimed()
     running.ctx.save_checkpoint({"done_s": 123})
     control = worker.heartbeat().control
+    asked_to_yield(queue, task.id)
     control.on_yield(task.id, 0)
     control.watch()  # past its deadline: stopped and requeued
     record = queue.record(task.id)
     assert running.stopped and record.state.value == "queued"
     assert record.checkpoint == {"done_s": 123}
+
+
+def test_a_stop_after_the_yield_was_withdrawn_keeps_the_task_running() -> None:
+    """Regression: the yield was withdrawn in Redis (the waiting task started elsewhere)
+    just before its deadline, and the worker reached the deadline before it read
+    "unyield": the stop still requeued the task, throwing its work away."""
+    queue, worker, task, (_, _, running) = claimed()
+    control = worker.heartbeat().control
+    control.on_yield(task.id, 0)  # asked, then withdrawn: its hash holds no yield_by
+    control.watch()
+    record = queue.record(task.id)
+    assert record.state.value == "running" and record.preemptions == 0
+    assert not running.stopped and not running.ctx.lost
+    assert running.yield_deadline is None and not running.ctx.should_yield()
+    assert "preempt:stopped" not in queue.redis.hgetall(queue.keys.stats)
+
+
+def test_a_stop_that_redis_did_not_answer_is_tried_again() -> None:
+    """Regression: the stop marked the task stopped before its requeue, so a Redis error
+    left a task nobody would requeue (its handler's result dropped as moot) until the
+    reaper took it back with an attempt used."""
+    queue, worker, task, (_, _, running) = claimed()
+    control = worker.heartbeat().control
+    asked_to_yield(queue, task.id)
+    control.on_yield(task.id, 0)
+    run = worker.scripts.run
+
+    def down(*args: object, **kwargs: object) -> object:
+        raise redis.ConnectionError("down")
+
+    worker.scripts.run = down  # type: ignore[method-assign]
+    with pytest.raises(redis.ConnectionError):
+        control.watch()
+    assert not running.stopped
+    worker.scripts.run = run  # type: ignore[method-assign]
+    control.watch()
+    assert running.stopped and queue.record(task.id).state.value == "queued"
