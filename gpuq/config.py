@@ -6,6 +6,7 @@ Each field has a default and may be set through a ``GPUQ_<FIELD>`` environment v
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -108,6 +109,8 @@ class Config:
             raise ConfigError(f"pool {self.pool!r} must be non-empty without braces, colons or spaces")
         for f in fields(self):
             value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):  # "nan" parses as a float
+                raise ConfigError(f"{f.name} must be a finite number, got {value}")
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
                 raise ConfigError(f"{f.name} must be >= 0, got {value}")
         if self.fair_every < 1:

@@ -18,7 +18,8 @@ worker takes to come up) and S a season (``forecast_day_s``, and 7 of them for a
 - **season**, for each of a day and a week ago, when the pool has history there (any model's
   arrivals in W before t − S: a pool that did not exist then, or was down, says nothing):
   the model's rate over the W/4 around t − S + H (what came one horizon later a season ago,
-  over W/4 so that one task a season ago is not a rise, and not sooner than t − S) scaled by
+  and not sooner than t − S: a single task there reads as four a window, a rise that may
+  warm an idle GPU with room but moves a class's count only past ``forecast_margin``) scaled by
   today's level against the level a season ago, (L + 1/W) / (L_S + 1/W) (one task per
   window added to both, so a model idle both times scales by 1, not 0/0), the ratio kept
   within [1/4, 4]. With both seasons, the mean of the two.

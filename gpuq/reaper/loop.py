@@ -89,6 +89,8 @@ class Reaper:
         if active != self.active:
             log.info("reaper.%s pool=%s token=%s", "active" if active else "standby",
                      self.config.pool, self.token[:8])
+            if active:  # what it told the hook before its standby may have been overridden
+                self.scaler.forget()
         self.active = active
         return active
 

@@ -23,11 +23,7 @@ import heapq
 import json
 import logging
 import math
-import os
-import shlex
-import subprocess
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import redis
@@ -35,11 +31,11 @@ import redis
 from gpuq import catalog, work_index
 from gpuq.clock import server_ms
 from gpuq.config import Config
-from gpuq.errors import ConfigError
 from gpuq.keys import Keys, live_reservation
 from gpuq.reaper import forecast
 from gpuq.reaper.backlog_sample import SAMPLE_REST, Samples, as_float, deepen, read_backlogs
 from gpuq.reaper.known_workers import KnownWorkers
+from gpuq.reaper.scale_hook import CommandHook
 from gpuq.reaper.scale_plan import (
     AWAY,
     HINT_EVERY_MS,
@@ -57,7 +53,6 @@ log = logging.getLogger(__name__)
 Hook = Callable[[str, int, int], None]  # (GPU class, current, desired)
 
 MODELS_PER_LEVEL = 500  # bounds the read even if producers invent models without end
-HOOK_TIMEOUT_S = 30.0
 
 
 def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config | None = None,
@@ -173,50 +168,10 @@ def read_forecasts(client: redis.Redis, keys: Keys, now_ms: int, config: Config,
     return forecast.forecasts(buckets, now_ms, load_s, settings)
 
 
-class CommandHook:
-    """Runs ``command class current desired`` (no shell) on a thread of its own, calls in
-    order: a slow command must not hold up the reaper, whose lock would lapse meanwhile."""
-
-    def __init__(self, command: str, timeout_s: float = HOOK_TIMEOUT_S) -> None:
-        try:
-            self.argv = shlex.split(command)
-        except ValueError as exc:
-            raise ConfigError(f"on_scale {command!r}: {exc}") from None
-        if not self.argv:
-            raise ConfigError("on_scale must name a command")
-        self.timeout_s = timeout_s
-        self.runner = ThreadPoolExecutor(1, thread_name_prefix="gpuq-scale-hook")
-        self.last: Future[bool] | None = None
-
-    def __call__(self, cls: str, current: int, desired: int,
-                 env: Mapping[str, str] | None = None) -> None:
-        self.last = self.runner.submit(self.run, cls, current, desired, env)
-
-    def wait(self, timeout_s: float | None = None) -> None:
-        """Block until every call made so far has run (tests, orderly shutdown)."""
-        if self.last is not None:
-            self.last.result(timeout_s)
-
-    def run(self, cls: str, current: int, desired: int, env: Mapping[str, str] | None = None) -> bool:
-        """Run the command now (``env`` added to this process's environment); failures are
-        logged, never raised."""
-        argv = [*self.argv, cls, str(current), str(desired)]
-        try:
-            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  timeout=self.timeout_s, check=False,
-                                  env={**os.environ, **env} if env else None)
-        except (OSError, subprocess.SubprocessError) as exc:
-            log.warning("scale.hook_failed class=%s desired=%d error=%s", cls, desired, exc)
-            return False
-        if done.returncode != 0:
-            log.warning("scale.hook_failed class=%s desired=%d rc=%d stderr=%s", cls, desired,
-                        done.returncode, done.stderr.strip()[-500:])
-        return done.returncode == 0
-
-
 class Scaler:
     """Plans each round; remembers what the hook was told per class and when each model
-    was last hinted (in memory: a new active reaper starts afresh)."""
+    was last hinted (in memory: a new active reaper, or one active again after a standby,
+    starts afresh: ``forget``)."""
 
     def __init__(self, client: redis.Redis, keys: Keys, config: Config,
                  hook: Hook | None = None) -> None:
@@ -233,6 +188,11 @@ class Scaler:
         self.known = KnownWorkers()  # live workers' fields that do not change while they run
         self.arrivals: dict[int, dict[str, int]] = {}  # arrival buckets no longer written
         self.catalog = catalog.CatalogPages()  # a page of it a round (the reaper's too)
+
+    def forget(self) -> None:
+        """Another reaper may have told the hook other counts meanwhile."""
+        self.told.clear()
+        self.hinted.clear()
 
     def step(self, now_ms: int | None = None,
              entries: list[catalog.ModelEntry] | None = None) -> ScalePlan:
@@ -276,11 +236,14 @@ class Scaler:
                      h.worker, h.model, decimal(h.vram_gb))
 
     def _tell(self, s: ScaleSignal) -> None:
-        if s.desired == self.told.setdefault(s.name, s.current):
+        told = self.told.setdefault(s.name, s.current)
+        if s.desired == told and not (isinstance(self.hook, CommandHook)
+                                      and self.hook.due_again(s.name)):
             return
         self.told[s.name] = s.desired
-        log.info("scale.signal pool=%s class=%s current=%d desired=%d reason=%s",
-                 self.keys.pool, s.name, s.current, s.desired, s.reason)
+        log.info("scale.signal pool=%s class=%s current=%d desired=%d reason=%s%s",
+                 self.keys.pool, s.name, s.current, s.desired, s.reason,
+                 "" if s.desired != told else " (told again: the hook's last call failed)")
         if self.hook is None:
             return
         try:

@@ -13,7 +13,8 @@ from helpers import enqueue_specs, spec
 
 from gpuq import Queue, worker_record
 from gpuq.keys import ARRIVAL_BUCKET_MS
-from gpuq.reaper.scale import CommandHook, Scaler
+from gpuq.reaper.scale import Scaler
+from gpuq.reaper.scale_hook import CommandHook
 from gpuq.views.exporter import read_figures
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.presence import Presence

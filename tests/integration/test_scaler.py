@@ -15,7 +15,8 @@ import pytest
 from helpers import register_worker as register
 
 from gpuq import Config, Queue, catalog
-from gpuq.reaper.scale import CommandHook, Scaler
+from gpuq.reaper.scale import Scaler
+from gpuq.reaper.scale_hook import CommandHook
 from gpuq.views.inspect import pool_view
 from gpuq.views.render import render_status
 

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from test_cli import BASE, DEAD_REDIS, Pool, assert_clean_error
 
 from gpuq.cli import cli
+from gpuq.config import Config
 from gpuq.embedded import EmbeddedServer
 from gpuq.errors import ConfigError
 from gpuq.sim.cli import check_plot_path
@@ -164,3 +165,12 @@ def test_task_text_escapes_control_characters(cli_pool: Pool) -> None:
     assert "handler       sim\\x1b[31mrun" in out.splitlines()
     assert "tenant        t\\x01" in out.splitlines()
     assert json.loads(cli_pool.ok("task", task_id, "--json"))["handler"] == "sim\x1b[31mrun"
+
+
+@pytest.mark.parametrize("name, value", [("GPUQ_FORECAST_DAY_S", "nan"),
+                                         ("GPUQ_FORECAST_LEAD_S", "inf"),
+                                         ("GPUQ_SCALE_TARGET_S", "-inf")])
+def test_settings_that_are_not_finite_are_refused_at_start(name: str, value: str) -> None:
+    """Regression: "nan" passed the >= 0 check and broke the reaper's scale step each round."""
+    with pytest.raises(ConfigError, match="must be a finite number"):
+        Config.from_env({name: value})
