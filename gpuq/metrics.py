@@ -6,7 +6,8 @@ pool-level figures read from Redis at scrape time (queues, outcomes, SLA attainm
 preemptions, model loads, workers, scale signals), which stay right across worker restarts
 and whatever language the workers are written in. Labels are pool, priority (P0..P3), model,
 gpu (the worker id: one worker per GPU), gpu_class (its GPU name), kind, outcome, state,
-phase; never a task id.
+phase, result, source, resource, preempted_priority, tenant; never a task id. A scrape whose
+figures cannot be read (Redis away) answers 503 with one log line (gpuq.metrics_http).
 
 Worker (``WorkerMetrics``, one registry per worker process):
 
@@ -25,7 +26,7 @@ scrape; served by ``gpuq exporter``):
 
 | metric | type | labels | source |
 |---|---|---|---|
-| gpuq_queue_depth | gauge | pool, priority, model | `q:<p>:<model>` sizes; 0 with model "" for a priority whose queues are all empty, so no priority's series goes missing; per priority the `exporter_models` (50) deepest queues, the rest summed as model `other` (their oldest wait in the next row) |
+| gpuq_queue_depth | gauge | pool, priority, model | `q:<p>:<model>` sizes; 0 with model "" for a priority whose queues are all empty, so no priority's series goes missing; per priority the `exporter_models` (50) deepest queues, the rest (and a model named `other`) summed as model `other` (their oldest wait in the next row) |
 | gpuq_queue_oldest_wait_seconds | gauge | pool, priority, model | the queue head's enqueue time |
 | gpuq_tasks_running / gpuq_tasks_delayed / gpuq_tasks_waiting / gpuq_tasks_unschedulable | gauge | pool | running set, delayed set (retries in backoff, tasks enqueued with a delay), tasks waiting for their parents, tasks larger than every GPU class |
 | gpuq_schedules | gauge | pool | periodic tasks (`gpuq schedule`) |
@@ -36,12 +37,17 @@ scrape; served by ``gpuq exporter``):
 | gpuq_preemptions_total | counter | pool, kind (reserved, yield_requested, yielded, stopped, withdrawn), preempted_priority | `stats` `preempt:<kind>:P<n>` |
 | gpuq_fair_dispatches_total | counter | pool, priority | `stats` `fair:P<n>`: claims made by the fairness rule |
 | gpuq_warm_hints_total | counter | pool | `stats` warm_hints |
-| gpuq_model_loads_total / gpuq_model_load_seconds_total | counter | pool, model | the model catalog: the `exporter_models` most loaded models, the rest summed as `other` |
+| gpuq_model_loads_total / gpuq_model_load_seconds_total | counter | pool, model | the model catalog: the `exporter_models` most loaded models, the rest summed as `other`; a model shown keeps its series for the exporter's life (so `other` never falls, which would read as a reset), and a model named `other` is counted in that row |
 | gpuq_workers | gauge | pool, gpu_class, state (idle, busy, draining, dead) | worker hashes and liveness |
 | gpuq_workers_desired / gpuq_workers_current | gauge | pool, gpu_class | the reaper's scale signals (`scale` hash) |
 | gpuq_model_workers_desired | gauge | pool, model | the reaper's scale signals: the `exporter_models` models desiring the most workers (and their arrival rates below) |
 | gpuq_arrivals_forecast_per_second | gauge | pool, kind (now, forecast), gpu_class, model | the scale signals' arrival rates (`rate_per_s`, `forecast_per_s`): per class (model "") and per model (gpu_class "") |
 | gpuq_reaper_active | gauge | pool | 1 while a reaper holds the pool's lock |
+| gpuq_tenant_queued | gauge | pool, tenant, priority | tasks queued per tenant (tenancy on: `gpuq tenant`) |
+| gpuq_tenant_bound | gauge | pool, tenant | the running tasks the reaper lets the tenant have (`tenant:use` `bound:<t>`), while it sets one |
+| gpuq_tenant_running / gpuq_tenant_running_gpus / gpuq_tenant_running_vram_gb | gauge | pool, tenant | a limited tenant's (caps or a bound) running tasks, the GPUs and VRAM they use (`tenant:use`) |
+| gpuq_tenant_quota_use_ratio | gauge | pool, tenant, resource (gpus, vram) | a capped tenant's use over its cap |
+| gpuq_tenant_sla_starts_total | counter | pool, tenant, priority, result (met, missed) | per tenant, as gpuq_sla_starts_total |
 """
 
 from __future__ import annotations
@@ -50,11 +56,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-
-from gpuq.errors import ConfigError
 
 # fine below a second (P0's 200 ms SLA, P1's 1 s), then wide enough for P2's 5 minutes
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0,
@@ -63,14 +67,6 @@ PHASES = ("queue", "load", "run")
 WORKER_OUTCOMES = ("succeeded", "failed", "retried", "yielded", "stopped", "lost")
 
 
-
-def serve_http(registry: CollectorRegistry, host: str, port: int, what: str) -> None:
-    """Serve ``registry`` on http://host:port/metrics from a daemon thread; a port taken or an
-    address not on this host is one ConfigError line, not a traceback."""
-    try:
-        start_http_server(port, addr=host, registry=registry)
-    except OSError as exc:
-        raise ConfigError(f"{what} port {host}:{port}: {exc.strerror or exc}") from None
 
 class WorkerMetrics:
     """The metrics one worker process serves about its own GPU and the tasks it runs."""

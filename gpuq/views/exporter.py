@@ -16,24 +16,45 @@ import redis
 from prometheus_client import CollectorRegistry
 
 from gpuq.keys import Keys
-from gpuq.metrics import PoolCollector, PoolFigures, serve_http
+from gpuq.metrics import PoolCollector, PoolFigures
+from gpuq.metrics_http import serve_http
 from gpuq.views.inspect import OTHER, pool_view
 
 log = logging.getLogger(__name__)
 
 
-def top_loads(loads: list[tuple[str, int, float]], keep: int) -> list[tuple[str, int, float]]:
-    """The ``keep`` most loaded models and ``other``, their loads and seconds summed."""
-    rows = sorted(loads, key=lambda m: (-m[1], m[0]))
-    if len(rows) <= keep:
+class TopLoads:
+    """The models the load counters show as series of their own, at most ``keep``, the rest
+    summed as ``other``. Sticky for the exporter's life: a model shown stays shown while the
+    catalog lists it, so a model rising into the top does not take its count out of
+    ``other`` (a counter that falls reads as a reset: ``rate()`` would count it again). A
+    model named ``other`` always joins the summed row."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.shown: list[str] = []
+
+    def __call__(self, loads: list[tuple[str, int, float]]) -> list[tuple[str, int, float]]:
+        by_name = {m[0]: m for m in loads}
+        self.shown = [name for name in self.shown if name in by_name]
+        for name, _, _ in sorted(loads, key=lambda m: (-m[1], m[0])):
+            if len(self.shown) >= self.keep:
+                break
+            if name not in self.shown and name != OTHER:
+                self.shown.append(name)
+        shown = set(self.shown)
+        rest = [m for m in loads if m[0] not in shown]
+        rows = sorted((by_name[name] for name in self.shown), key=lambda m: (-m[1], m[0]))
+        if rest:
+            rows.append((OTHER, sum(m[1] for m in rest), sum(m[2] for m in rest)))
         return rows
-    rest = rows[keep:]
-    return rows[:keep] + [(OTHER, sum(m[1] for m in rest), sum(m[2] for m in rest))]
 
 
-def read_figures(client: redis.Redis, keys: Keys, keep: int = 50) -> PoolFigures:
+def read_figures(client: redis.Redis, keys: Keys, keep: int = 50,
+                 loads: TopLoads | None = None) -> PoolFigures:
     """The pool's figures for one scrape; per-model series capped at ``keep`` models per
-    metric (``Config.exporter_models``)."""
+    metric (``Config.exporter_models``); loads: the exporter's models shown in the load
+    counters (None: this scrape's most loaded)."""
     view = pool_view(client, keys, top=keep)
     workers: dict[tuple[str, str], int] = {}
     for w in view.workers:
@@ -61,8 +82,9 @@ def read_figures(client: redis.Redis, keys: Keys, keep: int = 50) -> PoolFigures
         running=view.running, delayed=view.delayed, waiting=view.waiting, schedules=view.schedules,
         unschedulable=view.unschedulable,
         stats=view.stats,
-        model_loads=top_loads([(m["name"], int(m["loads"]), float(m["mean_load_s"]) * int(m["loads"]))
-                               for m in view.models], keep),
+        model_loads=(loads or TopLoads(keep))([(m["name"], int(m["loads"]),
+                                                float(m["mean_load_s"]) * int(m["loads"]))
+                                               for m in view.models]),
         workers=workers, desired=desired, forecast=forecast,
         reaper_active=bool(client.exists(keys.reaper_lock)), tenants=view.tenants)
 
@@ -70,7 +92,8 @@ def read_figures(client: redis.Redis, keys: Keys, keep: int = 50) -> PoolFigures
 class Exporter:
     def __init__(self, client: redis.Redis, keys: Keys, keep_models: int = 50) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(PoolCollector(lambda: read_figures(client, keys, keep_models)))
+        loads = TopLoads(keep_models)
+        self.registry.register(PoolCollector(lambda: read_figures(client, keys, keep_models, loads)))
         self.keys = keys
         self.stopped = threading.Event()
 

@@ -133,14 +133,20 @@ def pool_view(client: redis.Redis, keys: Keys, top: int | None = None) -> PoolVi
         waiting=int(waiting), schedules=int(schedules), **_tenants(client, keys, stats))
 
 
-def class_gb(raw: str) -> float | None:
-    """A ``classes`` entry's usable GB; None when not a finite number (an older worker
-    declared nan or inf, which Redis refuses as a score bound: status must still work)."""
+def finite(raw: str | None) -> float | None:
+    """A stored number; None when absent or not a finite number (a foreign or older writer:
+    status and the exporter must still work)."""
     try:
-        gb = float(raw)
+        value = float(raw) if raw else None
     except ValueError:
         return None
-    return gb if math.isfinite(gb) else None
+    return value if value is not None and math.isfinite(value) else None
+
+
+def class_gb(raw: str) -> float | None:
+    """A ``classes`` entry's usable GB; None when not a finite number (an older worker
+    declared nan or inf, which Redis refuses as a score bound)."""
+    return finite(raw)
 
 
 def task_children(client: redis.Redis, keys: Keys, task_id: str) -> list[str]:
@@ -192,7 +198,9 @@ def _queues(client: redis.Redis, keys: Keys, per_level: list[list[str]], now: fl
     rows: list[tuple[Priority, str, list[tuple[Priority, str]]]] = []  # level, model, queues
     for p, models in zip(Priority, per_level):
         level = [(p, m) for m in models]  # index order: the earliest head start-by first
-        kept = level if top is None else sorted(level, key=lambda q: -depths[q])[:top]
+        # a model named "other" joins the summed row: two series of one label set would clash
+        kept = level if top is None else sorted((q for q in level if q[1] != OTHER),
+                                                key=lambda q: -depths[q])[:top]
         rows += [(p, m, [(p, m)]) for p, m in kept]
         shown = set(kept)
         if rest := [q for q in level if q not in shown]:
@@ -210,8 +218,8 @@ def _queues(client: redis.Redis, keys: Keys, per_level: list[list[str]], now: fl
     queues, named = [], []
     for (p, m, qs), ids in zip(rows, ids_of):
         fields = [next(read) for _ in ids]
-        at = fields[0][0] if fields else None
-        wait = max(0.0, now - int(at) / 1000) if at else 0.0
+        at = finite(fields[0][0]) if fields else None  # a foreign write: no wait shown
+        wait = max(0.0, now - at / 1000) if at is not None else 0.0
         queues.append(QueueView(p.label, m, sum(depths[q] for q in qs), round(wait, 3)))
         if top is None:
             named += [(tid, h) for tid, (_, h) in zip(ids, fields) if h]
@@ -254,9 +262,9 @@ def _running_tasks(client: redis.Redis, keys: Keys, live: list[WorkerView],
         pipe.hmget(keys.task(task_id), "yield_by", "yield_for", "progress", "progress_msg")
     requests, progress = [], {}
     for (wid, task_id), (by, waiting, fraction, message) in zip(running, pipe.execute()):
-        if by:
+        if (by_ms := finite(by)) is not None:
             requests.append({"task": task_id, "worker": wid,
-                             "yield_by_s": round((float(by) - now_ms) / 1000, 3),
+                             "yield_by_s": round((by_ms - now_ms) / 1000, 3),
                              "for": waiting or ""})
         if (value := _fraction(fraction)) is not None:
             progress[task_id] = {"fraction": value, "message": message or ""}

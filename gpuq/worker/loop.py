@@ -34,7 +34,8 @@ from gpuq.config import Config
 from gpuq.connection import redis_errors
 from gpuq.errors import StaleLease
 from gpuq.keys import Keys
-from gpuq.metrics import WorkerMetrics, serve_http
+from gpuq.metrics import WorkerMetrics
+from gpuq.metrics_http import serve_http
 from gpuq.scripts import Call, Calls, ClaimRequest, Scripts
 from gpuq.worker import batch
 from gpuq.worker.batch import Added

@@ -9,13 +9,36 @@ from prometheus_client import CollectorRegistry, generate_latest
 from gpuq import Queue
 from gpuq.config import Config
 from gpuq.metrics import PoolCollector
-from gpuq.views.exporter import OTHER, read_figures, top_loads
+from gpuq.views.exporter import OTHER, TopLoads, read_figures
 
 
 def test_the_most_loaded_models_keep_their_series() -> None:
     loads = [("b", 5, 50.0), ("a", 5, 40.0), ("c", 1, 9.0), ("d", 2, 20.0)]
-    assert top_loads(loads, 2) == [("a", 5, 40.0), ("b", 5, 50.0), (OTHER, 3, 29.0)]
-    assert top_loads(loads, 4) == sorted(loads, key=lambda m: (-m[1], m[0]))
+    assert TopLoads(2)(loads) == [("a", 5, 40.0), ("b", 5, 50.0), (OTHER, 3, 29.0)]
+    assert TopLoads(4)(loads) == sorted(loads, key=lambda m: (-m[1], m[0]))
+
+
+def test_the_other_load_counters_never_fall() -> None:
+    """Regression: the models were ranked anew each scrape, so one rising into the top took
+    its count out of ``other``, which Prometheus reads as a counter reset."""
+    top = TopLoads(1)
+    assert top([("a", 10, 10.0), ("b", 5, 50.0), ("c", 4, 40.0)]) == [
+        ("a", 10, 10.0), (OTHER, 9, 90.0)]
+    assert top([("a", 10, 10.0), ("b", 11, 110.0), ("c", 4, 40.0)]) == [
+        ("a", 10, 10.0), (OTHER, 15, 150.0)]  # b stays in other, a keeps its series
+    assert top([("b", 11, 110.0), ("c", 4, 40.0)]) == [("b", 11, 110.0), (OTHER, 4, 40.0)]
+
+
+def test_a_model_named_other_is_counted_once_in_the_summed_row() -> None:
+    """Regression: a real model "other" got a series of its own beside the summed row of the
+    same labels; Prometheus kept one and a pool's depths summed short (6 of 8 queued)."""
+    assert TopLoads(2)([("other", 9, 9.0), ("a", 1, 1.0)]) == [("a", 1, 1.0), (OTHER, 9, 9.0)]
+    q = Queue(fakeredis.FakeRedis(decode_responses=True), Config(pool="p"))
+    q.enqueue_many([{"handler": "h", "model": m, "vram_gb": 1, "priority": "P2"}
+                    for m in ["other"] * 3 + ["m1"] * 3 + ["m2", "m3"]])
+    p2 = [row for row in read_figures(q.redis, q.keys, keep=2).queues if row[0] == "P2"]
+    assert [row[1] for row in p2].count(OTHER) == 1
+    assert sum(row[2] for row in p2) == 8
 
 
 def test_a_pool_of_many_models_exports_a_bounded_number_of_series() -> None:
@@ -34,3 +57,15 @@ def test_a_pool_of_many_models_exports_a_bounded_number_of_series() -> None:
               if line and not line.startswith("#")]
     assert len([s for s in series if s.startswith("gpuq_queue_depth{")]) == 21 + 3  # + empty levels
     assert len(series) < 200
+
+
+def test_a_corrupt_queued_task_does_not_break_a_scrape_or_status() -> None:
+    """Regression: an ``enqueued_at`` that was not an integer (a foreign write) at a queue's
+    head made every scrape answer 500 and ``gpuq status`` print a traceback."""
+    q = Queue(fakeredis.FakeRedis(decode_responses=True), Config(pool="p"))
+    for bad in ("abc", "1.5e12", "nan"):
+        t = q.enqueue("h", model=f"m-{bad}", vram_gb=1)
+        q.redis.hset(q.keys.task(t.id), "enqueued_at", bad)
+    figures = read_figures(q.redis, q.keys)
+    assert sum(row[2] for row in figures.queues) == 3
+    assert all(row[3] >= 0 for row in figures.queues)
