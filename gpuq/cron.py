@@ -36,10 +36,10 @@ def _field(text: str, index: int) -> frozenset[int]:
     name, lo, hi = FIELDS[index]
     out: set[int] = set()
     for item in text.split(","):
-        span, _, step_text = item.partition("/")
+        span, slash, step_text = item.partition("/")
         try:
-            step = int(step_text) if step_text else 1
-            if step_text and not step_text.isdigit() or step < 1:
+            step = int(step_text) if step_text.isdigit() else 1
+            if slash and not step_text.isdigit() or step < 1:  # "5/" is no step
                 raise ValueError(f"step {step_text!r} must be a number >= 1")
             if span == "*":
                 start, end = lo, hi

@@ -152,9 +152,11 @@ def rq_bridge(ctx: click.Context, /, rq_queues: tuple[str, ...], rq_url: str | N
 
     require()
     from gpuq.rq.bridge import Bridge
+    from gpuq.rq.fields import check_defaults
 
-    queue = open_queue(ctx)
     defaults["preemptible"] = None if not no_preempt else False  # None: not given
+    check_defaults(defaults)
+    queue = open_queue(ctx)
     url = rq_url or queue.url
     bridge = Bridge(queue, rq_client(url, Tls.of(queue.config)), url, list(rq_queues), defaults, burst=burst)
     code = bridge.run()

@@ -36,6 +36,7 @@ from rq.queue import Queue as RqQueue
 from gpuq.client import Queue
 from gpuq.connection import redis_errors
 from gpuq.errors import DuplicateTask, TaskNotFound
+from gpuq.redact import one_line
 from gpuq.rq import outcome
 from gpuq.rq.fields import JobRefused, task_spec
 from gpuq.rq.unpickle import Allowlist, RestrictedSerializer
@@ -112,6 +113,14 @@ class Bridge:
             log.warning("rq.vanished queue=%s job=%s", name, job_id)
             self.drop(name, job_id)
             return
+        except redis.RedisError:
+            raise
+        except Exception as exc:  # a damaged job hash: RQ cannot read it, nor be told about it
+            self.refused += 1
+            log.error("rq.unreadable queue=%s job=%s error=%s: %s (dropped)", name, job_id,
+                      type(exc).__name__, one_line(str(exc)))
+            self.drop(name, job_id)
+            return
         if job.get_status(refresh=False) in (JobStatus.CANCELED, JobStatus.STOPPED):
             log.info("rq.skipped queue=%s job=%s status=%s", name, job_id, job.get_status(refresh=False))
             self.drop(name, job_id)
@@ -151,6 +160,12 @@ class Bridge:
         try:
             job = Job.fetch(job_id, connection=self.rq, serializer=self.serializer)
         except NoSuchJobError:
+            return
+        except redis.RedisError:
+            raise
+        except Exception as exc:  # a damaged job hash: its end cannot be written
+            log.error("rq.unreadable job=%s task=%s error=%s: %s (its end not reported)", job_id,
+                      task_id, type(exc).__name__, one_line(str(exc)))
             return
         if job.get_status(refresh=False) in RQ_ENDED:  # the handler (or RQ) already said
             return

@@ -64,6 +64,13 @@ def task_options(job_id: str, meta: Any, defaults: Mapping[str, Any],
     return options
 
 
+def check_defaults(defaults: Mapping[str, Any]) -> None:
+    """The bridge's defaults, checked once at its start (InvalidTask): a bad one would have it
+    take every job and mark each failed in RQ."""
+    options = {"model": "m", "vram_gb": 1, **{k: v for k, v in defaults.items() if v is not None}}
+    TaskSpec.build(HANDLER, {}, **options)
+
+
 def task_spec(job_id: str, rq_queue: str, enqueued_at: datetime | None, meta: Any,
               defaults: Mapping[str, Any], retries_left: int | None = None) -> TaskSpec:
     """The gpuq task for one RQ job; JobRefused (with the validation's reason) if invalid."""

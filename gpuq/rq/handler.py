@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 from rq.exceptions import DeserializationError, NoSuchJobError
-from rq.job import Job
+from rq.job import Job, JobStatus
 from rq.utils import import_attribute
 
 from gpuq.app import App, Context, HandlerSpec, Yielded
@@ -47,6 +47,9 @@ class RqHandler:
             log.warning("rq.refused job=%s task=%s reason=%s", job.id, ctx.task_id, exc.reason)
             outcome.failed(job, str(exc), ctx.worker_id)
             raise TaskError(str(exc), False) from None
+        if job.get_status(refresh=False) in (JobStatus.CANCELED, JobStatus.STOPPED):
+            # canceled through RQ's API after the bridge moved it: it must not run
+            raise TaskError(f"rq job {job.id} was {job.get_status(refresh=False).value} in RQ", False)
         outcome.started(job, ctx.worker_id)
         try:
             with running(RqContext(model, ctx, job)):
@@ -54,7 +57,7 @@ class RqHandler:
         except (Yielded, StopTask):  # gave way to other work: the task is queued again
             outcome.queued_again(job)
             raise
-        except Exception:
+        except (Exception, SystemExit):  # RQ's worker fails a job that calls sys.exit() too
             if self.last_attempt(ctx):
                 outcome.failed(job, traceback.format_exc(), ctx.worker_id)
             else:
@@ -80,6 +83,11 @@ class RqHandler:
             return Job.fetch(job_id, connection=self.rq, serializer=RestrictedSerializer(self.allow))
         except NoSuchJobError:
             raise TaskError(f"rq job {job_id} no longer exists in RQ's Redis", False) from None
+        except redis.RedisError:
+            raise
+        except Exception as exc:  # a damaged job hash (RQ raises what its parsers raise)
+            raise TaskError(f"rq job {job_id} is unreadable in RQ's Redis: {type(exc).__name__}: "
+                            f"{exc}", False) from None
 
     def check(self, job: Job) -> None:
         """JobRefused unless the job's call reads through the restricted unpickler and names an

@@ -41,9 +41,11 @@ def finished(job: Job, value: Any, worker_name: str) -> None:
             job._handle_success(result_ttl, pipeline=pipe, worker_name=worker_name)
         else:
             job.set_status(JobStatus.FINISHED, pipeline=pipe)
+        pipe.execute()
+    _dependents(job)  # before the cleanup: a result_ttl of 0 deletes the job's dependents
+    with job.connection.pipeline() as pipe:
         job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
         pipe.execute()
-    _dependents(job)
 
 
 def failed(job: Job, exc_string: str, worker_name: str = "") -> None:

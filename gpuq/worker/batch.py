@@ -199,13 +199,13 @@ def settle(ex: Executor, spec: HandlerSpec, items: list[Claimed]) -> list[Call[A
         return calls + [give_back(ex, r, YIELDED, "yielded") if r.ctx.yield_requested
                         else give_back(ex, r, f"its batch {YIELDED}", "")
                         for _, _, r in items if not r.stopped]
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a handler's sys.exit() must not end the runner
         if any(r.stopped for _, _, r in items):  # a task stopped past its yield deadline
             return calls + [give_back(ex, r, "its batch was stopped", "")
                             for _, _, r in items if not r.stopped]
         retry = exc.retry if isinstance(exc, TaskError) else True
         message = str(exc) if isinstance(exc, TaskError) else f"{type(exc).__name__}: {exc}"
-        log.info("task.failed tasks=%d worker=%s retry=%s error=%s", len(items), ex.id, retry, message)
+        log.info("task.failed tasks=%d worker=%s retryable=%s error=%s", len(items), ex.id, retry, message)
         return calls + [ex.calls.fail(r.task_id, r.token, message, retry=retry)
                         for _, _, r in items if not r.stopped]
     return calls + results_of(ex, spec, items, results, ran_s)
@@ -227,7 +227,7 @@ def results_of(ex: Executor, spec: HandlerSpec, items: list[Claimed], results: A
         got = (f"{len(results)} results" if isinstance(results, list)
                else f"a {type(results).__name__}, not a list,")
         message = f"batch handler {spec.name!r} returned {got} for {n} tasks"
-        log.info("task.failed tasks=%d worker=%s retry=True error=%s", n, ex.id, message)
+        log.info("task.failed tasks=%d worker=%s retryable=True error=%s", n, ex.id, message)
         return [ex.calls.fail(r.task_id, r.token, message) for _, _, r in items if not r.stopped]
     calls: list[Call[Any]] = []
     for (fields, _, r), result in zip(items, results):

@@ -163,12 +163,12 @@ class Executor:
                      "saved" if ctx.saved else "none")
             return self.calls.requeue(task_id, token, "yielded to a higher-priority task",
                                       preempted="yielded", checkpoint=ctx.saved or "")
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a handler's sys.exit() must not end the runner
             if running.stopped:  # StopTask, or whatever the stop broke: the task is requeued
                 return None
             retry = exc.retry if isinstance(exc, TaskError) else True
             message = str(exc) if isinstance(exc, TaskError) else f"{type(exc).__name__}: {exc}"
-            log.info("task.failed task=%s worker=%s retry=%s error=%s", task_id, self.id, retry,
+            log.info("task.failed task=%s worker=%s retryable=%s error=%s", task_id, self.id, retry,
                      message)
             return self.calls.fail(task_id, token, message, retry=retry)
         finally:

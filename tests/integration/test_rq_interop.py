@@ -9,6 +9,7 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -211,3 +212,81 @@ def test_tasks_that_end_without_their_handler_end_their_rq_jobs_too(
     assert bridge.run() == 0
     assert len(rq_queue.failed_job_registry.get_job_ids()) == 1
     assert real_queue.redis.llen(real_queue.keys.ended) == 0
+
+
+def rq_app(real_queue: Queue, rq_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """An app with a loader for any model and the rq handler, allowing tests.rq_jobs (the
+    repository's root on the path, as a worker started there has it)."""
+    from gpuq import App
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))
+    from gpuq.rq.handler import install
+    from gpuq.rq.unpickle import Allowlist
+
+    app = App("rq-test")
+
+    @app.any_model()
+    def load(name: str) -> str:
+        return name
+
+    install(app, Allowlist(["tests.rq_jobs"]), rq_redis, real_queue.redis, real_queue.keys)
+    return app
+
+
+def test_a_damaged_rq_job_is_dropped_and_the_bridge_goes_on(
+        real_queue: Queue, rq_redis: redis.Redis, rq_queue: rq.Queue, redis_server: EmbeddedServer) -> None:
+    """Regression: a job hash RQ itself cannot read (a bad status, date or count) raised out
+    of the bridge; its id stayed in the taken list, so every restart died on it first."""
+    from gpuq.rq.bridge import Bridge
+
+    bad = rq_queue.enqueue("tests.rq_jobs.add", 1, 2, meta={"gpuq": GPU})
+    rq_redis.hset(bad.key, "status", "bogus")
+    good = rq_queue.enqueue("tests.rq_jobs.add", 3, 4, meta={"gpuq": GPU})
+    for _ in range(2):
+        bridge = Bridge(real_queue, rq_redis, redis_server.url, [rq_queue.name], {}, burst=True)
+        assert bridge.run() == 0
+    assert real_queue.redis.hget(real_queue.keys.stats, "enqueued") == "1"  # the good one
+    assert rq_redis.llen(real_queue.keys.rq_taken(rq_queue.name)) == 0
+    assert good.get_status() == "queued"
+
+
+def test_jobs_canceled_in_rq_or_calling_sys_exit_end_as_rq_would(
+        real_queue: Queue, rq_redis: redis.Redis, rq_queue: rq.Queue, redis_server: EmbeddedServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regressions: a job canceled through RQ's API after the bridge moved it still ran and
+    was marked finished; a job calling sys.exit() ended the runner (the worker wedged, the
+    job left started)."""
+    from gpuq import State, testing
+    from gpuq.rq.bridge import Bridge
+    from gpuq.rq.fields import task_id_for
+
+    canceled = rq_queue.enqueue("tests.rq_jobs.add", 1, 2, meta={"gpuq": GPU})
+    leaving = rq_queue.enqueue("tests.rq_jobs.leave", meta={"gpuq": GPU})
+    after = rq_queue.enqueue("tests.rq_jobs.add", 5, 6, meta={"gpuq": GPU})
+    assert Bridge(real_queue, rq_redis, redis_server.url, [rq_queue.name], {}, burst=True).run() == 0
+    rq.job.Job.fetch(canceled.id, connection=rq_redis).cancel()
+    assert testing.drain(real_queue, rq_app(real_queue, rq_redis, monkeypatch), vram_gb=24) == 3
+    task = task_id_for(canceled.id, rq.job.Job.fetch(canceled.id, connection=rq_redis).enqueued_at)
+    record = real_queue.record(task)
+    assert record.state is State.FAILED and "canceled in RQ" in (record.error or "")
+    assert canceled.get_status() == "canceled"
+    assert canceled.id not in rq_queue.finished_job_registry.get_job_ids()
+    assert leaving.get_status() == "failed" and "SystemExit" in failure_text(leaving)
+    assert after.return_value() == 11
+
+
+def test_a_job_keeping_no_result_still_releases_its_dependents(
+        real_queue: Queue, rq_redis: redis.Redis, rq_queue: rq.Queue, redis_server: EmbeddedServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: with result_ttl=0 the job's cleanup deleted its dependents before they
+    were enqueued: the child stayed deferred, where RQ's own worker runs it."""
+    from gpuq import testing
+    from gpuq.rq.bridge import Bridge
+
+    parent = rq_queue.enqueue("tests.rq_jobs.add", 1, 2, meta={"gpuq": GPU}, result_ttl=0)
+    child = rq_queue.enqueue("tests.rq_jobs.add", 2, 2, meta={"gpuq": GPU}, depends_on=parent)
+    app = rq_app(real_queue, rq_redis, monkeypatch)
+    for _ in range(2):  # the parent, then its released child
+        assert Bridge(real_queue, rq_redis, redis_server.url, [rq_queue.name], {}, burst=True).run() == 0
+        testing.drain(real_queue, app, vram_gb=24)
+    assert child.get_status() == "finished" and child.return_value() == 4

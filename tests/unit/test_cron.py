@@ -56,6 +56,8 @@ def test_leap_day_is_found_years_away() -> None:
     ("* * * 13 *", "month field"),
     ("* * * * 8", "day of week field"),
     ("*/0 * * * *", "step"),
+    ("*/ * * * *", "step"),  # regression: an empty step read as 1
+    ("5/ * * * *", "step"),
     ("5-1 * * * *", "runs backwards"),
     ("1,,2 * * * *", "minute field"),
     ("a * * * *", "minute field"),

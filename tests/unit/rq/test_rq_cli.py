@@ -44,3 +44,16 @@ def test_an_rq_other_than_2x_is_refused(monkeypatch: pytest.MonkeyPatch) -> None
     assert result.exit_code == 1
     assert result.output.strip() == ("Error: configuration: RQ interop supports rq 2.x, found rq "
                                      "3.0.0: pip install 'gpuq[rq]'")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--model", "m", "--vram-gb", "-1"], "vram_gb must be a finite number > 0"),
+    (["--max-attempts", "0"], "max_attempts must be an integer in 1..100"),
+])
+def test_bad_bridge_defaults_are_refused_at_start(args: list[str], fragment: str) -> None:
+    """Regression: they were checked job by job: the bridge took every queued job, marked
+    each failed in RQ, and exited 0."""
+    pytest.importorskip("rq")
+    result = CliRunner().invoke(cli, ["--redis", DEAD_REDIS, "rq-bridge", "--rq-queue", "gpu", *args])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+    assert fragment in result.output
