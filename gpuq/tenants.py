@@ -10,7 +10,7 @@ registers tenants (``tenant.lua``) and reads what the pool holds for them.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,3 +164,18 @@ def read(client: redis.Redis, keys: Keys) -> tuple[list[TenantState], bool]:
             state.running_gpus = gpus
             state.running_vram_gb = round(float(use.get(f"vram:{state.tenant.name}", 0)), 3)
     return sorted(states.values(), key=lambda s: s.tenant.name), registry.get(REQUIRED) == "1"
+
+
+def at_limit(states: Iterable[TenantState]) -> frozenset[str]:
+    """The tenants whose running tasks are at a cap or at the reaper's bound: claims take none
+    of their tasks until some end, so more GPUs would not start them (the scaler leaves their
+    queued tasks out)."""
+    out = set()
+    for s in states:
+        t = s.tenant
+        if s.running is not None and (
+                t.max_gpus is not None and (s.running_gpus or 0) >= t.max_gpus
+                or t.max_vram_gb is not None and (s.running_vram_gb or 0.0) >= t.max_vram_gb
+                or s.bound is not None and s.running >= s.bound):
+            out.add(t.name)
+    return frozenset(out)

@@ -49,14 +49,15 @@ def deepen(client: redis.Redis, keys: Keys, queues: list[tuple[int, str, int, li
 
 def read_backlogs(client: redis.Redis, keys: Keys,
                   queues: list[tuple[int, str, int, list[tuple[str, float]]]],
-                  reads: list[int], bounds: list[float]
+                  reads: list[int], bounds: list[float], held_back: frozenset[str] = frozenset()
                   ) -> tuple[list[Backlog], tuple[tuple[float, int], ...], list[str]]:
     """Each queue's backlog from its first head tasks (reads: how many a queue), the need
-    bands, and the sampled tasks' handlers."""
+    bands, and the sampled tasks' handlers. held_back: tenants at a cap or bound; their
+    sampled tasks are left out and the queue's depth shrinks by their share of the sample."""
     pipe = client.pipeline(transaction=False)
     for (*_, head), n in zip(queues, reads):
         for tid, _ in head[:n]:
-            pipe.hmget(keys.task(tid), "vram_gb", "est_s", "handler", "score")
+            pipe.hmget(keys.task(tid), "vram_gb", "est_s", "handler", "score", "tenant")
     lower = "-inf"
     for bound in bounds:
         pipe.zcount(keys.need, lower, "+inf" if math.isinf(bound) else bound)
@@ -64,13 +65,16 @@ def read_backlogs(client: redis.Redis, keys: Keys,
     replies = iter(pipe.execute())
     backlogs, named = [], []
     for (p, m, depth, head), n in zip(queues, reads):
-        got = [next(replies) for _ in head[:n]]
         # a task that ended between the reads has no hash left: it is just not sampled
-        sample = tuple((as_float(v), as_float(e)) for v, e, _, _ in got if v is not None)
-        named += [str(h) for v, _, h, _ in got if v is not None and h]
+        read = [t for t in (next(replies) for _ in head[:n]) if t[0] is not None]
+        named += [str(h) for _, _, h, _, _ in read if h]
+        got = [t for t in read if t[4] not in held_back]
+        if len(got) < len(read):
+            depth = round(depth * len(got) / len(read))
+        sample = tuple((as_float(v), as_float(e)) for v, e, _, _, _ in got)
         # the head's start-by: its `score` (the queue's score is its fair order with tenants)
         start_by = as_float(got[0][3]) if got and got[0][3] is not None else (
-            float(head[0][1]) if head else math.inf)
+            float(head[0][1]) if head and len(got) == len(read) else math.inf)
         backlogs.append(Backlog(p, m, depth, start_by, sample))
     return backlogs, tuple(zip(bounds, (int(n) for n in replies))), named
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import redis
 
-from gpuq import catalog, work_index
+from gpuq import catalog, tenants, work_index
 from gpuq.clock import server_ms
 from gpuq.config import Config
 from gpuq.keys import Keys, live_reservation
@@ -77,7 +77,9 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
     pipe.zrange(keys.idle, 0, -1, withscores=True)
     pipe.hgetall(keys.classes)
     pipe.zrange(keys.need, -1, -1, withscores=True)
-    *per_level, live, idle, classes, top = pipe.execute()
+    pipe.exists(keys.tenants)
+    *per_level, live, idle, classes, top, tenancy = pipe.execute()
+    held_back = tenants.at_limit(tenants.read(client, keys)[0]) if tenancy else frozenset()
     pairs = [(int(p), m) for p, got in zip(Priority, per_level) for m in work_index.models(got)]
     models = sorted({m for _, m in pairs})
     pipe = client.pipeline(transaction=False)
@@ -112,7 +114,8 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
                       if math.isfinite(b)), math.inf]
     samples = Samples() if samples is None else samples
     reads = samples.reads([(p, m, depth) for p, m, depth, _ in queues])
-    read, bands, named = read_backlogs(client, keys, deepen(client, keys, queues, reads), reads, bounds)
+    read, bands, named = read_backlogs(client, keys, deepen(client, keys, queues, reads), reads, bounds,
+                                       held_back)
     backlogs = samples.fill(read, now_ms)  # queues not read in full: their kept sample
     entries = catalog.read(client, keys) if entries is None else entries
     unregistered: dict[str, int] = {}

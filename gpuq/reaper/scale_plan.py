@@ -7,7 +7,7 @@ Per model with queued work (its queues summed over priorities):
 - backlog n = the queues' ZCARD; work = Σ depth × mean ``est_s`` of the first ``SAMPLE`` tasks
   of each queue; need = the largest ``vram_gb`` among those samples that some registered class
   fits (larger tasks are unschedulable and reported as such); late = a queue head is past its
-  start-by. current = its live holders.
+  start-by. current = its live holders that serve a level its work is at.
 - desired = enough workers to drain the work within ``scale_target_s``, where a holder drains
   the whole target and a new worker first loads the model (catalog mean load time, counted at
   most half the target, so slow loads still get workers); at least 1; at least current + 1
@@ -171,10 +171,7 @@ def decimal(x: float) -> str:
 
 
 def _sizes(snap: Snapshot) -> dict[str, float]:
-    sizes = dict(snap.classes)
-    for w in snap.workers:
-        sizes.setdefault(w.gpu, w.usable_gb)
-    return sizes
+    return {**{w.gpu: w.usable_gb for w in reversed(snap.workers)}, **snap.classes}  # first worker's
 
 
 def _spare(snap: Snapshot) -> list[WorkerState]:
@@ -359,7 +356,9 @@ def plan(snapshot: Snapshot, config: Config, now_ms: int,
               for name, f in snapshot.forecasts.items()
               if f.rising and name not in queued and config.scale_signal == "forecast"
               and (snapshot.weighed is None or name in snapshot.weighed)]
-    holders = {m.name: set(snapshot.holders.get(m.name, ())) & live for m in models + rising}
+    by_id = {w.id: w for w in snapshot.workers}  # a lane holding a model drains only its levels' work
+    holders = {m.name: {w for w in set(snapshot.holders.get(m.name, ())) & live if not m.by_level
+                        or any(map(by_id[w].serves, m.by_level))} for m in models + rising}
     # per level, the most idle VRAM of a spare worker serving it: a model's late work fits
     # one now if any of its levels has room for its need (one pass over the workers)
     spare = _spare(snapshot)

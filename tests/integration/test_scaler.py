@@ -266,3 +266,26 @@ def test_a_class_size_that_is_no_finite_number_is_passed_over(make_real_queue: M
     enqueue(q, 10, "m", 16, est_s=2)
     plan = Scaler(q.redis, q.keys, q.config).step()
     assert "class:A100-80" in {s.hash_field for s in plan.signals}
+
+
+def test_work_of_a_tenant_at_its_cap_asks_for_no_workers(make_real_queue: MakeQueue) -> None:
+    """Regression: the scaler counted a capped tenant's backlog, which no claim would take:
+    it asked for 21 workers for 20 tasks of a tenant allowed no GPU, and the new workers
+    idled out and were asked for again."""
+    from gpuq.tenants import Tenant, set_tenant
+
+    q = make_real_queue(min_workers=0)
+    register(q, "w-h", "A100-80", 80, holds=("m",))
+    set_tenant(q, Tenant("capped", 1.0, 0, None))
+    set_tenant(q, Tenant("free", 1.0))
+    q.enqueue_many([{"handler": "h", "model": "m", "vram_gb": 16, "est_s": 6, "priority": "P2",
+                     "tenant": "capped"} for _ in range(20)])
+    Scaler(q.redis, q.keys, q.config).step()
+    got = scale_hash(q)
+    assert (got["class:A100-80"]["current"], got["class:A100-80"]["desired"]) == (1, 1)
+    assert "model:m" not in got or got["model:m"]["desired"] <= 1
+    q.enqueue_many([{"handler": "h", "model": "m", "vram_gb": 16, "est_s": 6, "priority": "P2",
+                     "tenant": "free"} for _ in range(20)])
+    Scaler(q.redis, q.keys, q.config).step()
+    got = scale_hash(q)  # the free tenant's 20 tasks (120 s of work) still ask for workers
+    assert got["class:A100-80"]["desired"] > 1

@@ -203,3 +203,16 @@ def test_a_zero_target_asks_for_one_worker_per_task(target: float) -> None:
 def test_a_queue_that_emptied_since_the_index_was_read_is_ignored() -> None:
     result = plan(snap([], [Backlog(0, "m", 0, math.inf)]), CFG, NOW)
     assert [s for s in result.signals if s.kind == "model"] == []
+
+
+def test_a_lane_holding_the_model_is_no_capacity_for_work_it_does_not_serve() -> None:
+    """Regression: a P0/P1 lane holding the model counted as a worker draining its P3
+    backlog: nothing was asked for until the tasks were a day late."""
+    s = snap([worker("lane", levels="01", idle_gb=60)], [queue("m", 2, priority=3, est_s=30.0)],
+             {"m": {"lane"}})
+    result = plan(s, CFG, NOW)
+    assert (signal(result, "model", "m").current, signal(result, "model", "m").desired) == (0, 1)
+    assert counts(result)["L4"] == (0, 1)
+    online = snap([worker("lane", levels="01")], [queue("m", 2, priority=0, est_s=30.0)],
+                  {"m": {"lane"}})
+    assert signal(plan(online, CFG, NOW), "model", "m").current == 1
