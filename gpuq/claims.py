@@ -11,10 +11,10 @@ from gpuq.replies import checked, pairs_to_dict
 # A claimed task's fields, in the order of the claim reply's pairs (lib/take.lua)
 TASK_FIELDS = ("id", "token", "handler", "payload", "model", "vram_gb", "priority", "est_s",
                "attempt", "deadline", "tenant", "checkpoint", "enqueued_at", "queued_at",
-               "started_at", "sla")
+               "started_at", "sla", "due_at")
 # A task taken beside a batch's first: the values that differ from the first's, in order
 BATCHED_FIELDS = ("id", "token", "payload", "vram_gb", "est_s", "attempt", "deadline", "tenant",
-                  "checkpoint", "enqueued_at", "queued_at", "sla")
+                  "checkpoint", "enqueued_at", "queued_at", "sla", "due_at")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,12 @@ from __future__ import annotations
 from gpuq.metrics import WorkerMetrics
 
 
+def origin(fields: dict[str, str]) -> int:
+    """Where a task's schedule latency starts, as its SLA's: when it was due (a delayed task,
+    a child released by its parents), else its enqueue."""
+    return int(fields.get("due_at") or fields["enqueued_at"])
+
+
 class Observer:
     def __init__(self) -> None:
         self.metrics: WorkerMetrics | None = None
@@ -25,14 +31,13 @@ class Observer:
         started = int(fields["started_at"])
         self.metrics.queued(label, (started - int(fields["queued_at"])) / 1000)
         if fields.get("sla") in ("met", "missed"):
-            self.metrics.first_start(label, (started - int(fields["enqueued_at"])) / 1000)
+            self.metrics.first_start(label, (started - origin(fields)) / 1000)
 
     def began(self, fields: dict[str, str], now_ms: int) -> None:
         """A cold-started task's handler starts (began.lua decided its SLA at now_ms)."""
         if self.metrics is None or fields["id"] not in self._labels:
             return
-        self.metrics.first_start(self._labels[fields["id"]],
-                                 (now_ms - int(fields["enqueued_at"])) / 1000)
+        self.metrics.first_start(self._labels[fields["id"]], (now_ms - origin(fields)) / 1000)
 
     def observe(self, task_id: str, outcome: str | None = None, phase: str = "",
                 seconds: float = 0.0) -> None:

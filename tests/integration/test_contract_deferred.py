@@ -47,6 +47,7 @@ def test_a_delayed_task_is_claimable_at_its_due_time_and_not_before(queue: Queue
     assert claim(queue, "w1", 20, loaded=[("A", 1)], now_ms=T0 + 4999) is None
     c = run(queue, tid, T0 + 5000 + 150)
     assert c["sla"] == "met"  # its SLA counts from the due time, not from enqueue
+    assert c["due_at"] == str(T0 + 5000)  # the worker's latency histogram counts from it too
     assert field(queue, tid, "queued_at") == str(T0 + 5150)
     assert queue.record(tid).due_at == (T0 + 5000) / 1000
 

@@ -233,7 +233,12 @@ def mutations(base: Sequence[str]) -> st.SearchStrategy[list[bytes]]:
 
 CLAIM_FIELDS = [b"id", b"token", b"handler", b"payload", b"model", b"vram_gb", b"priority", b"est_s",
                 b"attempt", b"deadline", b"tenant", b"checkpoint", b"enqueued_at", b"queued_at",
-                b"started_at", b"sla"]
+                b"started_at", b"sla", b"due_at"]
+
+
+def due(x: Any) -> bool:
+    """A claim reply's due_at: epoch ms, or empty."""
+    return x == b"" or (isinstance(x, bytes) and x.isdigit())
 
 
 def is_count(x: Any) -> bool:
@@ -249,11 +254,11 @@ def ok_reply(name: str, r: list[Any], argv: Sequence[bytes]) -> bool:
         if tail[:1] == [b"none"]:
             return len(tail) == 2 and is_count(tail[1])
         return (tail[:1] == [b"task"] and tail[1::2] == CLAIM_FIELDS and None not in tail
-                and tail[-1] in (b"met", b"missed", b"pending", b""))
+                and tail[-3] in (b"met", b"missed", b"pending", b"") and due(tail[-1]))
     if name == "claim_batch":
         return (len(tail) >= 2 and isinstance(tail[0], int) and tail[1].isdigit() and all(
             isinstance(t, list) and len(t) == len(BATCHED_FIELDS) and None not in t  # in order
-            and t[-1] in (b"met", b"missed", b"pending", b"") for t in tail[2:]))
+            and t[-2] in (b"met", b"missed", b"pending", b"") and due(t[-1]) for t in tail[2:]))
     if name == "began":
         return len(tail) == 2 and tail[0] in (b"met", b"missed", b"") and tail[1].isdigit()
     if name == "heartbeat":

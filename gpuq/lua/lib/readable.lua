@@ -58,6 +58,7 @@ local function readable(id, p, m, now, ttl, f)
   end
   f[7], f[11], f[12] = ms(attempt + 1), ms(enqueued), ms(queued)
   f[8] = has_deadline and ms(deadline) or ''
-  f.vram, f.score, f.enqueued = vram, score, enqueued
+  -- when it was due (a delayed or released task): its SLA counts from then; not a time: enqueue's
+  f.vram, f.score, f.enqueued, f.due = vram, score, enqueued, epoch(f[20])
   return f
 end

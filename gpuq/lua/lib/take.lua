@@ -22,7 +22,7 @@ local function take(id, p, m, w, now, lease_until, f, warm, tenancy, keep_head, 
   withdraw_yield(id, f[14], f[15], now)
   local undecided = not f[17] or f[17] == ''  -- no handler start has decided its SLA yet
   -- a miss's wait counts from when the task was due (a delayed or released one), else enqueued
-  local token, sla = start(id, p, m, w, now, lease_until, f[7], f.score, finite(f[20]) or f.enqueued,
+  local token, sla = start(id, p, m, w, now, lease_until, f[7], f.score, f.due or f.enqueued,
     undecided, warm)
   if tenancy then
     charge(id, f[9], f.vram)
@@ -32,15 +32,17 @@ local function take(id, p, m, w, now, lease_until, f, warm, tenancy, keep_head, 
     redis.call('HSET', K_TENANT_CLOCK, tostring(p), ms(math.max(0, now - place)))
   end
   if not warm then note_cold_start(id, m, now) end
+  local due = f.due and ms(f.due) or ''
   if batched then
-    return {id, token, f[2], f[4], f[6], f[7], f[8], f[9], f[10] or '', f[11], f[12], sla}
+    return {id, token, f[2], f[4], f[6], f[7], f[8], f[9], f[10] or '', f[11], f[12], sla, due}
   end
   return {id, token, f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10] or '', f[11],
-    f[12], ms(now), sla}
+    f[12], ms(now), sla, due}
 end
 
 -- The names of the claim reply's pairs, in the order `take` gives their values. A batch's
 -- further tasks go as values alone, without their handler, model and priority (the first's)
 -- and start time (the call's): gpuq/claims.py TASK_FIELDS and BATCHED_FIELDS.
 local TAKEN = {'id', 'token', 'handler', 'payload', 'model', 'vram_gb', 'priority', 'est_s',
-  'attempt', 'deadline', 'tenant', 'checkpoint', 'enqueued_at', 'queued_at', 'started_at', 'sla'}
+  'attempt', 'deadline', 'tenant', 'checkpoint', 'enqueued_at', 'queued_at', 'started_at', 'sla',
+  'due_at'}
