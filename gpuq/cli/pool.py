@@ -266,8 +266,10 @@ def simulate(ctx: click.Context, trace_name: str, traces_dir: str | None, gpus: 
              mix_70b: float, warm_hints: bool) -> None:
     """Replay a production trace through the real scheduling scripts on a virtual clock,
     next to FIFO and strict-priority baselines."""
-    from gpuq.sim.cli import run_simulations
+    from gpuq.sim.cli import run_simulations, unused_options
 
+    unused_options(autoscale is not None, find_gpus, plot_path=plot_path, mix_70b=mix_70b,
+                   tenants=tenant_specs, policy=policy, warm_hints=warm_hints)
     if autoscale is not None:
         from gpuq.sim.cli import run_autoscaled
 

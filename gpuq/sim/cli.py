@@ -62,6 +62,22 @@ def replaying() -> Iterator[EmbeddedServer]:
         server.stop()
 
 
+def unused_options(autoscale: bool, find_gpus: bool, *, plot_path: str | None, mix_70b: float,
+                   tenants: Sequence[str], policy: str, warm_hints: bool) -> None:
+    """A ConfigError for an option the chosen replay would pass over: --autoscale and
+    --find-gpus replay gpuq alone, without a plot, a 70B mix or tenants."""
+    if not (autoscale or find_gpus):
+        return
+    mode = "--autoscale" if autoscale else "--find-gpus"
+    given = [name for name, on in (("--plot", plot_path), ("--mix-70b", mix_70b), ("--tenant", tenants),
+                                   ("--policy " + policy, policy not in ("all", "gpuq")),
+                                   ("--warm-hints", warm_hints and not autoscale)) if on]
+    if autoscale and find_gpus:
+        given.insert(0, "--find-gpus")
+    if given:  # (an autoscaled replay takes warm hints anyway: --warm-hints is no change there)
+        raise ConfigError(f"{mode} replays gpuq alone; it does not take {', '.join(given)}")
+
+
 def run_simulations(trace_name: str, traces_dir: str | None, gpus_spec: str, speedup: float | None,
                     target_load: float | None, policy: str, limit: int | None, seed: int,
                     config: Config, plot_path: str | None = None,
@@ -146,6 +162,8 @@ def find_gpus(trace_name: str, traces_dir: str | None, gpus_spec: str, speedup: 
     """The smallest pool of one GPU kind (``--gpus 1x80``) whose gpuq replay meets the SLA
     target at ``priority`` (handlers started, models loaded, within the SLA): doubling, then
     bisection (attainment grows with the pool, up to what cold starts leave)."""
+    if speedup is not None and target_load is not None:
+        raise ConfigError("give --speedup or --target-load, not both")
     kinds = {gb for _, gb in parse_gpus(gpus_spec)}
     if len(kinds) != 1 or "/" in gpus_spec:
         raise ConfigError("--find-gpus needs one GPU kind, e.g. --gpus 1x80")

@@ -75,6 +75,9 @@ def autoscaled_config(config: Config, autoscale: Autoscale, speedup: float) -> C
                    forecast_lead_s=autoscale.boot_s).validate()
 
 
+MAX_SPAN_S = 1e11  # virtual seconds a replay may run: EPOCH_MS + this stays within 1e15 ms
+
+
 def simulate(tasks: list[TraceTask], gpus: list[tuple[str, float]], policy: str, *,
              speedup: float, load_time: LoadSampler, seed: int = 1,
              config: Config | None = None, server: EmbeddedServer | None = None,
@@ -105,6 +108,10 @@ def simulate(tasks: list[TraceTask], gpus: list[tuple[str, float]], policy: str,
     kept = [t for t in tasks if any(n >= t.gpus and t.vram_gb <= gb for n, gb in usable.items())]
     first = min((t.arrival_s for t in kept), default=0.0)
     compressed = [replace(t, arrival_s=(t.arrival_s - first) / speedup) for t in kept]
+    span_s = max((t.arrival_s + t.service_s / speedup for t in compressed), default=0.0)
+    if span_s > MAX_SPAN_S:  # the scripts' clock takes epoch ms up to 1e15
+        raise ConfigError(f"the trace spans {span_s:.3g} s at speedup {speedup:g}: more than a "
+                          f"replay's clock holds ({MAX_SPAN_S:g} s)")
     rng = random.Random(seed)
     own = server is None
     srv = server or EmbeddedServer("redis").start()

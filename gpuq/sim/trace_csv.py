@@ -40,6 +40,7 @@ REQUIRED = ("arrival_s", "model", "priority", "service_s")
 OPTIONAL = ("vram_gb", "est_s", "deadline_s", "preemptible", "tenant", "load_s")
 # without vram_gb memory never limits placement or caching; give it to replay them
 DEFAULT_VRAM_GB = 1.0
+MAX_SECONDS = 1e10  # the most a duration or an arrival may be (enqueue caps est_s there too)
 BOOLEANS = {"1": True, "true": True, "yes": True, "y": True,
             "0": False, "false": False, "no": False, "n": False}
 GZIP_MAGIC = b"\x1f\x8b"
@@ -78,7 +79,7 @@ def header(file: Path) -> list[str]:
 def records(file: Path) -> Iterator[dict[str, str]]:
     """The rows as ``{column: value}`` (a short row lacks its last columns)."""
     rows = lines(file)
-    names = next((fields for _, fields in rows), [])
+    names = next(([n.strip() for n in fields] for _, fields in rows), [])
     for _, fields in rows:
         yield dict(zip(names, fields))
 
@@ -175,17 +176,21 @@ def _number(text: str, column: str) -> float:
 def _duration(text: str, column: str) -> float:
     """A duration the scheduler never sees (so TaskSpec does not check it): a number >= 0."""
     value = _number(text, column)
-    if value < 0:
-        raise InvalidTask(f"{column} must be >= 0, got {text!r}")
+    if not 0 <= value <= MAX_SECONDS:  # a replay's clock must hold it
+        raise InvalidTask(f"{column} must be >= 0 and at most {MAX_SECONDS:g}, got {text!r}")
     return value
 
 
 def _time(text: str) -> float:
     """Seconds, or an ISO 8601 time as epoch seconds (UTC when it names no zone)."""
     try:
-        return _number(text, "arrival_s")
+        value = _number(text, "arrival_s")
     except InvalidTask:
         pass
+    else:
+        if abs(value) > MAX_SECONDS:
+            raise InvalidTask(f"arrival_s must be at most {MAX_SECONDS:g} in size, got {text!r}")
+        return value
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:

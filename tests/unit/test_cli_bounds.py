@@ -71,6 +71,13 @@ SIMULATE: list[tuple[list[str], str]] = [
     (["--gpus", "4000x1x80,2x64x80"], "4128 GPUs; a replay simulates at most 4096"),
     (["--find-gpus", "--gpus", "10000x80"], "10000 GPUs; a replay simulates at most 4096"),
     (["--autoscale", "1:100000", "--gpus", "1x80"], "--autoscale '1:100000': a replay simulates at most"),
+    # regressions: passed over without a word (no plot written, no 70B mix, no tenants)
+    (["--autoscale", "1:2", "--gpus", "1x80", "--plot", "x.png", "--tenant", "a"],
+     "--autoscale replays gpuq alone; it does not take --plot, --tenant"),
+    (["--find-gpus", "--gpus", "1x80", "--mix-70b", "0.5", "--policy", "fifo"],
+     "--find-gpus replays gpuq alone; it does not take --mix-70b, --policy fifo"),
+    (["--find-gpus", "--gpus", "1x80", "--speedup", "1", "--target-load", "0.5"],
+     "give --speedup or --target-load, not both"),
 ]
 
 

@@ -95,7 +95,11 @@ def test_a_missing_or_repeated_column_is_one_error(tmp_path: Path, text: str, ex
     ("soon,m,P0,1", "arrival_s 'soon' is neither seconds nor an ISO 8601 time"),
     ("1,m,P9,1", "unknown priority 'P9'"),
     ("1,m,P0,fast", "service_s 'fast' is not a number"),
-    ("1,m,P0,-2", "service_s must be >= 0, got '-2'"),
+    ("1,m,P0,-2", "service_s must be >= 0 and at most 1e+10, got '-2'"),
+    # regressions: past what a replay's clock holds, a traceback or an error naming est_s
+    ("1,m,P0,2e10", "service_s must be >= 0 and at most 1e+10, got '2e10'"),
+    ("1,m,P0,1,,,,1e308", "load_s must be >= 0 and at most 1e+10"),
+    ("1e13,m,P0,1", "arrival_s must be at most 1e+10 in size, got '1e13'"),
     ("1,m,P0,inf", "service_s must be a finite number, got 'inf'"),
     ("1,,P0,1", "model must be a non-empty string"),
     ("1,my model,P0,1", "model 'my model' is too long or holds spaces, commas or braces"),
@@ -164,3 +168,13 @@ def test_a_broken_file_of_a_known_format_is_one_error(tmp_path: Path) -> None:
     file = write(tmp_path / "openb.csv", f"{header}\n0,j,x,,,1,1,16,1,1,LS,P0,Running,0,0\n")
     assert traces.known_format(file) == "openb"
     assert "has the columns of the openb trace, but a row is not one of it" in message(file)
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared traces not found at {SHARED}")
+def test_a_shared_trace_whose_header_has_spaces_is_still_read(tmp_path: Path) -> None:
+    """Regression: its format was known from the stripped header, then its rows were read
+    with the unstripped names, and the error blamed the rows."""
+    with gzip.open(SHARED / traces.TRACES["azure"], "rt") as f:
+        head, *rows = [next(f) for _ in range(50)]
+    spaced = write(tmp_path / "az.csv", head.replace(",", ", ") + "".join(rows))
+    assert len(read_trace(str(spaced), seed=1).tasks) == 49
