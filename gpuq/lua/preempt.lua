@@ -3,7 +3,8 @@
 -- The planner (gpuq/reaper/preempt.py) chose, for a waiting P0/P1 task that fits no idle worker, a
 -- running lower-priority task (the victim) on a worker large enough. Either way the worker is
 -- reserved for the waiting task (reserve:<worker>, until now + lifetime): its next claim takes that
--- task. With yield, the victim is also asked to give way: its hash gets yield_by (deadline, ms) and
+-- task; reserve only: the worker's control list gets "reserved <waiting>" (a batch waiting for
+-- more tasks runs at once). With yield, the victim is also asked to give way: its hash gets yield_by (deadline, ms) and
 -- yield_for, and the worker's control list gets "yield <victim> <grace_ms>", which its heartbeat
 -- thread reads at once.
 --
@@ -48,6 +49,8 @@ local gate = finite(redis.call('HGET', K_FAIRNESS, 'reserved_until'))
 if not gate or now + life > gate then redis.call('HSET', K_FAIRNESS, 'reserved_until', ms(now + life)) end
 redis.call('HSET', task_key(waiting), 'reserved_for', worker)
 if grace == '' then
+  -- a batch waiting to fill up on that worker runs now, not after its batch wait
+  redis.call('LPUSH', control_key(worker), 'reserved ' .. waiting)
   redis.call('HINCRBY', K_STATS, 'preempt:reserved', 1)
   if level(v[5]) then redis.call('HINCRBY', K_STATS, 'preempt:reserved:P' .. v[5], 1) end
   return {0, 'reserved'}

@@ -10,6 +10,7 @@ otherwise, or with ``once``, it prints one frame without escape codes.
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import time
@@ -129,7 +130,7 @@ def _busiest(queues: list[QueueView], room: int) -> str:
 def _signals(view: PoolView) -> list[str]:
     lines = []
     if view.reservations:
-        lines.append("reserved: " + ", ".join(f"{r['worker']} for {r['task'][:8]}"
+        lines.append("reserved: " + ", ".join(f"{r['worker']} for {short_id(r['task'])}"
                                               for r in view.reservations))
     if view.yield_requests:
         lines.append("yielding: " + ", ".join(_yield(y) for y in view.yield_requests))
@@ -145,7 +146,7 @@ def _signals(view: PoolView) -> list[str]:
 
 def _progress(view: PoolView) -> list[str]:
     """One line: running tasks that reported progress, "<task> <percent> <message>"."""
-    parts = [f"{task[:8]} {100 * p['fraction']:.0f}%" + (f" {p['message']}" if p["message"] else "")
+    parts = [f"{short_id(task)} {100 * p['fraction']:.0f}%" + (f" {p['message']}" if p["message"] else "")
              for task, p in sorted(view.progress.items())]
     return ["", "progress: " + ", ".join(parts)] if parts else []
 
@@ -169,7 +170,7 @@ def _tenants(view: PoolView) -> list[str]:
 def _yield(y: dict[str, Any]) -> str:
     left = number(y.get("yield_by_s")) or 0.0
     when = f"{left:.0f}s left" if left >= 0 else f"overdue {-left:.0f}s"
-    return f"{str(y.get('task', '?'))[:8]} on {y.get('worker', '?')} ({when})"
+    return f"{short_id(str(y.get('task', '?')))} on {y.get('worker', '?')} ({when})"
 
 
 def _misses(misses: list[dict[str, Any]], now: float) -> list[str]:
@@ -184,7 +185,7 @@ def _misses(misses: list[dict[str, Any]], now: float) -> list[str]:
         lines.append(f"{age:>7}  {str(m.get('priority', '?')):<4}"
                      f"{shorten(str(m.get('model', '?')), 19):<20}"
                      f"{duration(wait) if wait is not None else '?':>8}  "
-                     f"{str(m.get('kind', '?')):<8}{str(m.get('id', ''))[:8]}")
+                     f"{str(m.get('kind', '?')):<8}{short_id(str(m.get('id', '')))}")
     return lines
 
 
@@ -196,7 +197,7 @@ def _workers(workers: list[WorkerView], width: int) -> list[str]:
     for w in sorted(workers, key=lambda w: w.id):  # by id: rows keep their place between frames
         used = max(0.0, w.vram_total_gb - w.vram_free_gb)
         vram = f"{bar(used, w.vram_total_gb, 6)} {used:>3.0f}/{w.vram_total_gb:<3.0f}"
-        first = w.running[0][:6] if w.running else "-"
+        first = short_id(w.running[0], 6) if w.running else "-"
         models = fit_list(w.models, len(w.models), width - id_w - 53) or "-"
         gpu = clip(w.gpu.replace("NVIDIA ", "", 1), 9)  # NVML names all start so (after "4x")
         lines.append(f"{shorten(w.id, id_w - 1):<{id_w}}{gpu:<10}{vram:<17}"
@@ -253,6 +254,15 @@ def duration(seconds: float) -> str:
         return f"{minutes}m{secs:02d}s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m" if hours < 24 else f"{hours // 24}d{hours % 24:02d}h"
+
+
+GENERATED_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def short_id(task_id: str, n: int = 8) -> str:
+    """A task id cut to n characters: a generated id's tail (its head is the enqueue time,
+    the same for every task of a few hours), another id's head."""
+    return task_id[-n:] if GENERATED_ID.fullmatch(task_id) else task_id[:n]
 
 
 def number(value: Any) -> float | None:

@@ -4,12 +4,14 @@ A claimed task whose handler has ``batch`` > 1 is the first of a batch: ``fill``
 ``batch - 1`` more queued tasks of its handler and model from its own queue
 (claim_batch.lua), each under its own lease and fencing token, their working memory
 reserved in the ledger; short of ``batch``, it waits up to ``batch_wait_ms``, never past the
-batch's earliest start-by time, and asks once more. ``run`` calls the handler once with the
-payloads and settles each task alone: N results, N acks (sent together with the runner's
-next claim, one round trip); a wrong count or a non-list fails every task with that reason
-(retried as a handler error); an exception fails each task as it would fail one task. A
-yield gives every task back (attempt not used); a task stopped past its yield deadline is
-requeued by the worker and the others of its batch given back.
+batch's earliest start-by time, and asks once more. A stop, a yield asked of one of its
+tasks, or a reservation of the worker for a waiting task (control ``reserved``) ends the
+wait at once: the batch runs with what it has, rather than hold the GPU idle. ``run`` calls
+the handler once with the payloads and settles each task alone: N results, N acks (sent
+together with the runner's next claim, one round trip); a wrong count or a non-list fails
+every task with that reason (retried as a handler error); an exception fails each task as it
+would fail one task. A yield gives every task back (attempt not used); a task stopped past
+its yield deadline is requeued by the worker and the others of its batch given back.
 
 Each task's learned run time is the batch's handler time divided by its tasks: the mean
 then says how much worker time a task of that handler costs, which is what a backlog's
@@ -96,11 +98,27 @@ def fill(ex: Executor, spec: HandlerSpec, first: Claimed, stopping: threading.Ev
         wait_s = min(spec.batch_wait_ms, left_ms) / 1000
         if waited or stopping is None or len(items) >= spec.batch or wait_s <= 0:
             break
-        stopping.wait(wait_s)
+        if wait_for_more(ex, items, stopping, wait_s):
+            break  # cut short: it runs with what it has
         waited = True
     if len(items) > 1:
         log.debug("batch.claimed worker=%s handler=%s tasks=%d", ex.id, spec.name, len(items))
     return items
+
+
+def wait_for_more(ex: Executor, items: list[Claimed], stopping: threading.Event,
+                  wait_s: float) -> bool:
+    """The batch's wait for more tasks; True when cut short by a stop, a yield asked of one
+    of its tasks, or a reservation of this worker for a waiting task (its next claim): the
+    batch then runs with what it has, rather than hold the GPU idle."""
+    runs, seen = [r for _, _, r in items], ex.running.reservations
+
+    def cut() -> bool:
+        return (stopping.is_set() or ex.running.reservations != seen
+                or any(r.ctx.yield_requested for r in runs))
+
+    ex.running.wait_until(cut, wait_s)
+    return cut()
 
 
 def claim_more(ex: Executor, first: Claimed, count: int,

@@ -14,6 +14,8 @@ blocks on it between beats, so a request reaches the worker at once:
 - ``unyield <task>``: the task the yield was for started elsewhere or ended first: the
   request is withdrawn (``ctx.should_yield()`` is false again, no stop), unless the handler
   already yielded.
+- ``reserved <task>``: the planner reserved this worker for a waiting task (its next claim
+  takes it): a batch waiting to fill up runs at once.
 - ``preload <model> <vram_gb>``: the reaper saw a backlog for a model this idle worker can
   hold; load it now so the tasks find it warm.
 - ``drain``: take no more tasks, finish the running ones, exit 0 (``gpuq drain``).
@@ -68,6 +70,8 @@ class Control:
                 self.on_yield(args[0], int(args[1]))
             elif verb == "unyield" and len(args) == 1:
                 self.on_unyield(args[0])
+            elif verb == "reserved" and len(args) == 1:
+                self.running.nudge(reserved=True)
             elif verb == "preload" and len(args) == 2:
                 self.preload(args[0], float(args[1]))
             elif verb == "drain" and not args:
@@ -82,6 +86,7 @@ class Control:
             if r.task_id == task_id and r.yield_deadline is None:
                 r.yield_deadline = time.monotonic() + grace_ms / 1000
                 r.ctx.yield_requested = True
+                self.running.nudge()  # a batch waiting for more tasks gives way now
                 log.info("preempt.yield_requested task=%s worker=%s grace_s=%.3f", task_id,
                          self.id, grace_ms / 1000)
 

@@ -257,6 +257,7 @@ class Worker:
             log.info("worker.stopping worker=%s running=%d", self.id, len(self.running))
         self.stopping.set()
         self.done.set()
+        self.running.nudge()  # a batch waiting for more tasks runs now
 
     def serve_metrics(self, port: int) -> None:
         metrics = self.observer.metrics = WorkerMetrics(self.config.pool, self.id, self.gpu.name,

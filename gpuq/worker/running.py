@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpuq.app import Context
@@ -72,6 +73,7 @@ class RunningSet:
         self._settling: dict[str, int] = {}
         self._last_active = time.monotonic()  # a task started or ended
         self.tasks_run = 0
+        self.reservations = 0  # "reserved" control messages read: the planner holds this worker
 
     def __len__(self) -> int:
         return len(self._running)
@@ -120,6 +122,18 @@ class RunningSet:
                 return False
             self._changed.wait(timeout)
             return True
+
+    def nudge(self, reserved: bool = False) -> None:
+        """Wake a batch waiting for more tasks (``wait_until``): the worker stops, a yield
+        was asked, or (``reserved``) the planner reserved this worker for a waiting task."""
+        with self._changed:
+            self.reservations += reserved
+            self._changed.notify_all()
+
+    def wait_until(self, done: Callable[[], bool], timeout: float) -> None:
+        """Wait up to ``timeout`` for ``done``, checked at every change and nudge."""
+        with self._changed:
+            self._changed.wait_for(done, timeout)
 
     def idle_s(self) -> float:
         """Seconds since a task last started or ended."""

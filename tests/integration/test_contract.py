@@ -189,6 +189,8 @@ def test_a_reservation_ends_at_its_expiry_on_the_callers_clock(queue: Queue) -> 
 
     assert preempt(T0 + 10) == ("reserved", "")
     assert queue.redis.get(queue.keys.reservation("w1")) == f"{waiting} {T0 + 1010}"
+    # the worker is told, so a batch waiting there to fill up runs at once
+    assert queue.redis.lrange(queue.keys.control("w1"), 0, -1) == [f"reserved {waiting}"]
     assert preempt(T0 + 1009) == ("stale", "worker is already reserved")
     assert preempt(T0 + 1010) == ("reserved", "")  # the first one has expired: renewed
     assert queue.redis.get(queue.keys.reservation("w1")) == f"{waiting} {T0 + 2010}"

@@ -58,6 +58,22 @@ def test_enqueue_offers_a_multi_gpu_task_to_a_group_not_to_a_single_gpu(queue: Q
     assert queue.redis.hget(queue.keys.task(tid), "offered") == "pair"
 
 
+def test_a_group_is_found_behind_many_single_gpus_that_fit_the_vram(queue: Queue) -> None:
+    """Regression: the wake rule read only the 8 tightest idle workers: with 8 one-GPU
+    workers of 187 GB idle, a 4-GPU task of 150 GB was offered to nobody, and the 4-GPU
+    group found it only at its next idle look (up to 5 s: a P0 SLA missed)."""
+    for i in range(12):
+        register_worker(queue, f"single-{i:02d}", "B200", 192, idle=True)
+    register_worker(queue, "quad", device_gb=80, gpus=4, idle=True)
+    tid = enqueue(queue, T0, model="tp4", vram_gb=150, gpus=4, priority="P0")
+    assert queue.redis.hget(queue.keys.task(tid), "offered") == "quad"
+    assert queue.redis.lrange(queue.keys.wake("quad"), 0, -1) == ["1"]
+    queue.redis.zadd(queue.keys.idle, {"quad": 300})
+    queue.redis.delete(queue.keys.wake("quad"))
+    assert claim(queue, "single-00", 187, now_ms=T0 + 1) is None  # the unfit claim wakes it
+    assert queue.redis.lrange(queue.keys.wake("quad"), 0, -1) == ["1"]
+
+
 def test_one_gpu_work_leaves_a_group_free_while_a_single_gpu_fits_it(queue: Queue) -> None:
     """Best fit by group: the tightest idle worker is the one-GPU worker, so the task is
     offered to it and the group's own claim leaves it there (until the defer bound)."""

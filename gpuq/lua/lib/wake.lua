@@ -65,12 +65,20 @@ end
 -- runs others). A group's claimable VRAM spans its devices, so the tightest fit is also the
 -- smallest group that holds the task: one-GPU work leaves a four-GPU group free while a
 -- one-GPU worker that fits it idles.
+-- A task on several GPUs reads on, up to 64 of the tightest, then the 8 roomiest (a group's
+-- VRAM spans its devices): one-GPU workers that fit its VRAM do not hide the group.
 local function tightest(need, upper, except, p, unoccupied, gpus)
-  for _, w in ipairs(redis.call('ZRANGEBYSCORE', K_IDLE, need, upper, 'LIMIT', 0, 8)) do
-    if w ~= except and serves(w, p) and has_gpus(w, gpus)
-        and not (unoccupied and redis.call('SCARD', worker_tasks_key(w)) > 0) then
-      return w
+  local reads = gpus > 1 and {{0, 64, 'ZRANGEBYSCORE', need, upper}, {0, 8, 'ZREVRANGEBYSCORE', upper, need}}
+    or {{0, 8, 'ZRANGEBYSCORE', need, upper}}
+  for _, r in ipairs(reads) do
+    local got = redis.call(r[3], K_IDLE, r[4], r[5], 'LIMIT', r[1], r[2])
+    for _, w in ipairs(got) do
+      if w ~= except and serves(w, p) and has_gpus(w, gpus)
+          and not (unoccupied and redis.call('SCARD', worker_tasks_key(w)) > 0) then
+        return w
+      end
     end
+    if #got < r[2] then return nil end  -- every idle worker in range was looked at
   end
   return nil
 end

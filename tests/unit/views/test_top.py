@@ -134,6 +134,10 @@ def test_formatting_helpers() -> None:
     assert top.bar(90, 80, 4) == "[####]" and top.bar(1, 0, 2) == "[..]"
     assert [top.number(v) for v in ("2.5", None, "x", True, float("nan"))] == [2.5, None, None,
                                                                                 None, None]
+    # regression: a generated id begins with its enqueue time, the same for hours of tasks
+    assert top.short_id("01a23c5bed87000001a1b2c3d4e5f607") == "d4e5f607"
+    assert top.short_id("01a23c5bed9c000002ffeeddccbbaa99", 6) == "bbaa99"
+    assert top.short_id("rq-3f2a9c-1700000000000") == "rq-3f2a9"
 
 
 def test_tenants_line_shows_gpus_against_the_cap_and_tasks_against_the_bound() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -238,3 +239,45 @@ def test_a_task_handed_to_a_holder_starts_alone_unless_its_handler_waits(wait_ms
         ex.settle(call, q.scripts.run_raw(call))
     assert seen == ran
     assert [q.record(t).state for t in ids[len(ran[0]):]] == [State.QUEUED] * (4 - len(ran[0]))
+
+
+@pytest.mark.parametrize("cut", ["reserved", "yield", "stop"])
+def test_a_reservation_a_yield_or_a_stop_ends_the_batch_wait(cut: str) -> None:
+    """Regression: a lone P3 batch task waited out its batch_wait_ms (8 s) holding the
+    worker's only slot, while the planner had reserved the worker for a waiting P0 task
+    (or asked the task to yield): the P0 started 7.9 s late."""
+    q = memory_queue()
+    app = App("t")
+    app.model("bge", vram_gb=2)(lambda name: name)
+    app.handler("h", model="bge", batch=8, batch_wait_ms=8000)(lambda model, payloads, ctx: payloads)
+    ex = executor(q, app)
+    enqueue(q, "h", 1)
+    run_one_batch(q, ex)  # loads the model
+    tid = q.enqueue("h", 1, model="bge", vram_gb=3, priority="P3").id
+    req = ClaimRequest("w", ex.cache.free_gb(), ex.cache.evictable_gb(), 1, ex.cache.loaded(),
+                       batches=batch.wanted(app))
+    claim = q.scripts.run(q.calls.claim(req))
+    assert claim.task is not None and claim.task["id"] == tid
+    stopping = threading.Event()
+    with ex.cache.lock:
+        claimed = (claim.task, *ex.begin(claim.task))
+        added = batch.begin_added(ex, claim.batch)
+    running = claimed[2]
+
+    def interrupt() -> None:
+        if cut == "reserved":
+            ex.running.nudge(reserved=True)  # as Control does on "reserved <task>"
+        elif cut == "yield":
+            running.ctx.yield_requested = True
+            ex.running.nudge()
+        else:
+            stopping.set()
+            ex.running.nudge()
+
+    timer = threading.Timer(0.2, interrupt)
+    timer.start()
+    started = time.monotonic()
+    items = batch.fill(ex, app.handlers["h"], claimed, stopping, added)
+    assert time.monotonic() - started < 3  # not the 8 s wait
+    assert [i[2].task_id for i in items] == [tid]
+    timer.join()

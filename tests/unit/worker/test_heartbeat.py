@@ -128,3 +128,10 @@ def test_a_stop_that_redis_did_not_answer_is_tried_again() -> None:
     worker.scripts.run = run  # type: ignore[method-assign]
     control.watch()
     assert running.stopped and queue.record(task.id).state.value == "queued"
+
+
+def test_a_reservation_message_nudges_a_waiting_batch() -> None:
+    _, worker, _, _ = claimed()
+    control = worker.heartbeat().control
+    control.handle("reserved t-p0")
+    assert worker.running.reservations == 1
