@@ -196,7 +196,7 @@ def _workers(workers: list[WorkerView], width: int) -> list[str]:
                  f"{'RUN':>3} {'TASK':<7}{'LEVEL':<6}MODELS"]
     for w in sorted(workers, key=lambda w: w.id):  # by id: rows keep their place between frames
         used = max(0.0, w.vram_total_gb - w.vram_free_gb)
-        vram = f"{bar(used, w.vram_total_gb, 6)} {used:>3.0f}/{w.vram_total_gb:<3.0f}"
+        vram = f"{bar(used, w.vram_total_gb, 6)} {size(used):>3}/{size(w.vram_total_gb):<3}"
         first = short_id(w.running[0], 6) if w.running else "-"
         models = fit_list(w.models, len(w.models), width - id_w - 53) or "-"
         gpu = clip(w.gpu.replace("NVIDIA ", "", 1), 9)  # NVML names all start so (after "4x")
@@ -209,6 +209,11 @@ def _workers(workers: list[WorkerView], width: int) -> list[str]:
 
 
 # -- formatting ----------------------------------------------------------------------------
+
+def size(gb: float) -> str:
+    """GB in at most 4 characters (a group of eight 141 GB GPUs holds 1128): 1.1T past 999."""
+    return f"{gb:.0f}" if gb < 999.5 else f"{gb / 1000:.1f}T"
+
 
 def clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[:max(0, width - 1)] + "~"

@@ -138,6 +138,8 @@ def test_formatting_helpers() -> None:
     assert top.short_id("01a23c5bed87000001a1b2c3d4e5f607") == "d4e5f607"
     assert top.short_id("01a23c5bed9c000002ffeeddccbbaa99", 6) == "bbaa99"
     assert top.short_id("rq-3f2a9c-1700000000000") == "rq-3f2a9"
+    # a group of 8 x 141 GB kept the VRAM column's width (it was one character over)
+    assert [top.size(v) for v in (0, 80.4, 999.4, 1128)] == ["0", "80", "999", "1.1T"]
 
 
 def test_tenants_line_shows_gpus_against_the_cap_and_tasks_against_the_bound() -> None:
