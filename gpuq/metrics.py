@@ -31,7 +31,7 @@ scrape; served by ``gpuq exporter``):
 | gpuq_tasks_running / gpuq_tasks_delayed / gpuq_tasks_waiting / gpuq_tasks_unschedulable | gauge | pool | running set, delayed set (retries in backoff, tasks enqueued with a delay), tasks waiting for their parents, tasks larger than every GPU class |
 | gpuq_schedules | gauge | pool | periodic tasks (`gpuq schedule`) |
 | gpuq_tasks_enqueued_total | counter | pool | `stats` enqueued |
-| gpuq_tasks_total | counter | pool, priority, outcome (succeeded, failed, expired, canceled) | `stats` `<outcome>:P<n>` |
+| gpuq_tasks_total | counter | pool, priority, outcome (succeeded, failed, expired, canceled) | `stats` `<outcome>:P<n>`; priority `unleveled` (only once there is one) for corrupt hashes without a readable priority |
 | gpuq_sla_starts_total | counter | pool, priority, result (met, missed) | `stats` `sla_met:P<n>` / `sla_missed:P<n>`, once per task at its first handler start (claim for a worker holding its model, began after a cold load): the handler started, model loaded, by the task's start-by time or not |
 | gpuq_sla_attainment_ratio | gauge | pool, priority | met / (met + missed) since the pool began: the share of handler starts within SLA |
 | gpuq_preemptions_total | counter | pool, kind (reserved, yield_requested, yielded, stopped, withdrawn), preempted_priority | `stats` `preempt:<kind>:P<n>` |
@@ -214,8 +214,11 @@ class PoolCollector(Collector):
             yield gauge
         yield _counter("gpuq_tasks_enqueued", "Tasks enqueued.", ["pool"],
                        [([pool], stats.get("enqueued", 0))])
+        # "unleveled": corrupt hashes without a readable priority, ended (failed) all the same
         yield _counter("gpuq_tasks", "Tasks ended, by outcome.", ["pool", "priority", "outcome"],
-                       [([pool, p, o], stats.get(f"{o}:{p}", 0)) for p in PRIORITIES for o in OUTCOMES])
+                       [([pool, p, o], stats.get(f"{o}:{p}", 0)) for p in PRIORITIES for o in OUTCOMES]
+                       + [([pool, "unleveled", o], n) for o in OUTCOMES
+                          if (n := stats.get(f"{o}:unleveled", 0))])
         yield _counter("gpuq_sla_starts",
                        "First handler starts (model loaded) by the task's start-by time or not.",
                        ["pool", "priority", "result"],

@@ -148,9 +148,11 @@ class Executor:
                 self.observer.observe(task_id, "lost")
                 return None
             began = time.monotonic()
-            result = self.invoke(spec, [running], model, payload, ctx)
-            ran_s = time.monotonic() - began
-            self.observer.observe(task_id, phase="run", seconds=ran_s)
+            try:
+                result = self.invoke(spec, [running], model, payload, ctx)
+            finally:  # a run that raised spent its GPU time too
+                ran_s = time.monotonic() - began
+                self.observer.observe(task_id, phase="run", seconds=ran_s)
             if running.stopped:
                 return None
             ack = self.calls.ack(task_id, token, self.encode(result))

@@ -46,3 +46,16 @@ def test_tenants_export_their_queue_bound_use_and_quota() -> None:
                    ("gpuq_tenant_running_vram_gb", "a", ""): 100.0,
                    ("gpuq_tenant_running_vram_gb", "b", ""): 20.0,
                    ("gpuq_tenant_quota_use_ratio", "b", "gpus"): 0.5}
+
+
+def test_corrupt_tasks_without_a_priority_are_counted_once_there_is_one() -> None:
+    """Regression: stats ``failed:unleveled`` was not exported, so corrupt tasks were missing
+    from the failure-rate alert."""
+    def tasks_total(stats: dict[str, float]) -> dict[tuple[str, str], float]:
+        registry = CollectorRegistry()
+        registry.register(PoolCollector(lambda: PoolFigures(pool="p", stats=stats)))
+        return {(s.labels["priority"], s.labels["outcome"]): s.value for family in registry.collect()
+                if family.name == "gpuq_tasks" for s in family.samples if s.name == "gpuq_tasks_total"}
+
+    assert not any(p == "unleveled" for p, _ in tasks_total({}))
+    assert tasks_total({"failed:unleveled": 2, "failed:P1": 1})[("unleveled", "failed")] == 2

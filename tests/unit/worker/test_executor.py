@@ -95,3 +95,29 @@ def test_a_cold_start_reports_its_handler_start_unless_its_lease_is_gone() -> No
         assert (call is None) is cancel and (task.id in ran) is not cancel
     stats = client.hgetall(queue.keys.stats)
     assert int(stats.get("sla_met:P0", 0)) + int(stats.get("sla_missed:P0", 0)) == 1
+
+
+def test_a_handler_that_raises_counts_its_run_time() -> None:
+    """Regression: the run phase was observed only for a handler that returned, so the
+    queue/load/run split left out the GPU time of failing runs."""
+    from gpuq.metrics import WorkerMetrics
+
+    app = App("executor-test")
+    app.any_model()(lambda name: name)
+
+    @app.handler("boom")
+    def boom(model: Any, payload: Any, ctx: Context) -> None:
+        raise ValueError("no")
+
+    worker = Worker(fakeredis.FakeRedis(decode_responses=True), Config(pool="p"), app,
+                    GpuInfo("L4", "uuid", 24, None, "declared"), worker_id="w")
+    worker.observer.metrics = metrics = WorkerMetrics("p", "w", "L4")
+    fields = {"id": "t1", "handler": "boom", "model": "m", "payload": "1", "vram_gb": "4",
+              "attempt": "1", "est_s": "1", "token": "7", "priority": "2", "started_at": "1000",
+              "queued_at": "900", "enqueued_at": "900", "sla": "met"}
+    with worker.cache.lock:
+        res, running = worker.executor.begin(fields)
+    call = worker.executor.execute(fields, res, running)
+    assert call is not None and call.script == "fail"
+    assert metrics.registry.get_sample_value(
+        "gpuq_task_phase_seconds_count", {"pool": "p", "priority": "P2", "phase": "run"}) == 1
