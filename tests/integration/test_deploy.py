@@ -277,6 +277,25 @@ def test_dashboard_filters_every_query_by_the_pool_variable() -> None:
                 assert m.group(1) and 'pool="$pool"' in m.group(1), (title, expr)
 
 
+WORKER_FAMILIES = {"gpuq_schedule_latency_seconds", "gpuq_task_phase_seconds", "gpuq_worker_tasks_total",
+                   "gpuq_gpu_vram_total_bytes", "gpuq_gpu_vram_usage_ratio", "gpuq_worker_running_tasks",
+                   "gpuq_worker_loaded_models"}
+
+
+def test_dashboard_sums_of_pool_figures_count_one_exporter() -> None:
+    """Regression: the dashboard summed the exporter's pool-level series, so two exporters of
+    one pool (as the rules allow: they take max()) doubled its depths and rates."""
+    for title, expr in dashboard_exprs():
+        if not expr.lstrip().startswith("sum"):
+            continue
+        for name in metric_names(expr):
+            if re.sub(r"_(bucket|sum|count)$", "", name) in WORKER_FAMILIES:
+                continue
+            for m in re.finditer(rf"(?:rate\()?{name}\{{", expr):
+                before = expr[:m.start()]
+                assert before.endswith("max without (instance, job) ("), (title, expr)
+
+
 def test_dashboard_uses_the_provisioned_datasource() -> None:
     (source,) = load_yaml(GRAFANA / "provisioning" / "datasources" / "prometheus.yml")["datasources"]
     assert source["url"] == "http://prometheus:9090"
