@@ -101,7 +101,7 @@ class Queue(Producer[redis.Redis, "Task"]):
         """Put a task back in its queue: a running one (its attempt given back), a retry
         waiting out its backoff (now), or one that ended failed, expired or canceled (fresh
         attempts, no deadline); returns its state now (failed: its hash was damaged).
-        NotRequeueable if it is queued or succeeded."""
+        NotRequeueable if it is queued, waiting for its parents or succeeded."""
         with redis_errors(self.url):
             return State(self.scripts.run(self.calls.requeue(task_id, None, reason)))
 

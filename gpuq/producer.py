@@ -40,6 +40,10 @@ class Producer(Generic[ClientT, EnqueuedT]):
     def __init__(self, client: ClientT, config: Config | None = None, *, url: str = "") -> None:
         self.config = config or Config()
         self.url = url or self.config.redis_url or "redis"
+        encoder = getattr(client, "get_encoder", None)
+        if encoder is not None and not encoder().decode_responses:  # every reader takes text
+            raise ConfigError("the Redis client must decode replies: make it with "
+                              "decode_responses=True, or use gpuq.connect(url)")
         self.redis = client
         self.keys = Keys(self.config.pool, self.config.prefix)
         self.calls = Calls(self.config)

@@ -211,6 +211,8 @@ class TaskSpec(NamedTuple):
         after_any_outcome: bool = False,
     ) -> TaskSpec:
         delay_s, at, parents = _deferral(delay_s, at, after)
+        if after_any_outcome and not parents:  # as the CLI refuses it: it would do nothing
+            raise InvalidTask("after_any_outcome needs after (the parent tasks it waits for)")
         if deadline_s is not None:  # enqueue.lua takes at most 1e13 ms (about 300 years)
             deadline_s = _positive_number("deadline_s", deadline_s, most=MAX_SECONDS)
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not (

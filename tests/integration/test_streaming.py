@@ -108,7 +108,7 @@ def test_progress_is_visible_through_the_api_and_the_cli(procs: Procs, real_queu
     assert wait_for(task.progress, message="a progress report") == (1 / 3, "chunk 1 of 3")
     shown = json.loads(procs.run_cli("task", task.id, "--json"))
     assert shown["progress"] == pytest.approx(1 / 3) and shown["progress_msg"] == "chunk 1 of 3"
-    assert f"progress: {task.id[:8]} 33% chunk 1 of 3" in procs.run_cli("top", "--once")
+    assert f"progress: {task.id[-8:]} 33% chunk 1 of 3" in procs.run_cli("top", "--once")
     assert f"progress {1 / 3!r}" in " ".join(procs.run_cli("task", task.id).split())
     assert task.result(timeout=20) == 3
     assert task.progress() == (1.0, "chunk 3 of 3")

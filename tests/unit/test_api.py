@@ -168,3 +168,20 @@ async def _async_learned() -> tuple[float, str | None]:
     record = await task.record()
     await q.close()
     return record.est_s, record.est_from
+
+
+def test_a_client_that_returns_bytes_is_refused_at_once() -> None:
+    """Regression: a Queue on a client without decode_responses stored tasks, then called
+    them corrupt (result) or raised a bare ValueError (cancel, requeue)."""
+    from gpuq.errors import ConfigError
+
+    for make in (lambda: Queue(fakeredis.FakeRedis()), lambda: AsyncQueue(fakeredis.FakeAsyncRedis())):
+        with pytest.raises(ConfigError, match="decode_responses=True"):
+            make()
+
+
+def test_after_any_outcome_without_parents_is_refused_as_the_cli_refuses_it() -> None:
+    with pytest.raises(InvalidTask, match="after_any_outcome needs after"):
+        TaskSpec.build("h", None, model="m", vram_gb=1, after_any_outcome=True)
+    spec = TaskSpec.build("h", None, model="m", vram_gb=1, after=["p"], after_any_outcome=True)
+    assert spec.after == ("p",)

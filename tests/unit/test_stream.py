@@ -294,7 +294,7 @@ def test_status_and_top_show_running_tasks_progress(q: Queue) -> None:
     view = pool_view(q.redis, q.keys)
     assert view.progress == {tid: {"fraction": 0.456, "message": "chunk 4 of 10"}}
     frame = render_top(view, [], width=80, now=T0 / 1000)
-    assert f"progress: {tid[:8]} 46% chunk 4 of 10" in frame.splitlines()
+    assert f"progress: {tid[-8:]} 46% chunk 4 of 10" in frame.splitlines()
 
 
 def test_a_yield_reruns_with_the_same_attempt_and_the_reader_sees_a_restart(q: Queue) -> None:

@@ -25,8 +25,7 @@ local function serves(w, p)
   return lane_serves(redis.call('HGET', K_LANES, w), p)
 end
 
--- Whether worker w's GPU group has at least `gpus` devices: read only for a task that asks
--- for more than one, so one-GPU work pays nothing.
+-- Whether worker w's group has `gpus` devices: read only for a task asking for more than one.
 local function has_gpus(w, gpus)
   return gpus <= 1 or (tonumber(redis.call('HGET', worker_key(w), 'gpus')) or 1) >= gpus
 end
@@ -60,27 +59,21 @@ local function idle_holder(m, need, except, p, gpus)
 end
 
 -- The idle worker other than `except` serving priority p, with `gpus` devices, with the
--- least claimable VRAM in [need, upper] (among the 8 tightest: lanes are few); with
--- `unoccupied`, only one running no task (a worker with free slots stays in `idle` while it
--- runs others). A group's claimable VRAM spans its devices, so the tightest fit is also the
--- smallest group that holds the task: one-GPU work leaves a four-GPU group free while a
--- one-GPU worker that fits it idles.
--- A task on several GPUs reads on, up to 64 of the tightest, then the 8 roomiest (a group's
--- VRAM spans its devices): one-GPU workers that fit its VRAM do not hide the group.
+-- least claimable VRAM in [need, upper] (among the 8 tightest: lanes are few; for a task on
+-- several GPUs, 64, then the 8 roomiest: one-GPU workers with room must not hide a group);
+-- with `unoccupied`, only one running no task (one with free slots stays in `idle` while it
+-- runs others). A group's VRAM spans its devices: one-GPU work leaves a four-GPU group free.
 local function tightest(need, upper, except, p, unoccupied, gpus)
-  local reads = gpus > 1 and {{0, 64, 'ZRANGEBYSCORE', need, upper}, {0, 8, 'ZREVRANGEBYSCORE', upper, need}}
-    or {{0, 8, 'ZRANGEBYSCORE', need, upper}}
+  local reads = gpus > 1 and {{64, 'ZRANGEBYSCORE', need, upper}, {8, 'ZREVRANGEBYSCORE', upper, need}}
+    or {{8, 'ZRANGEBYSCORE', need, upper}}
   for _, r in ipairs(reads) do
-    local got = redis.call(r[3], K_IDLE, r[4], r[5], 'LIMIT', r[1], r[2])
+    local got = redis.call(r[2], K_IDLE, r[3], r[4], 'LIMIT', 0, r[1])
     for _, w in ipairs(got) do
       if w ~= except and serves(w, p) and has_gpus(w, gpus)
-          and not (unoccupied and redis.call('SCARD', worker_tasks_key(w)) > 0) then
-        return w
-      end
+          and not (unoccupied and redis.call('SCARD', worker_tasks_key(w)) > 0) then return w end
     end
-    if #got < r[2] then return nil end  -- every idle worker in range was looked at
+    if #got < r[1] then return nil end  -- every idle worker in range was looked at
   end
-  return nil
 end
 
 -- The busy workers other than `except` that hold model m, serve priority p and are large

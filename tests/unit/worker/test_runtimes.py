@@ -107,7 +107,8 @@ def test_send_makes_one_call_per_256_runs_and_puts_back_on_a_failure() -> None:
     assert learned(q)["h m"].endswith(" 600")
     assert buf.send(q.scripts, q.calls, rounds=None) == 0
 
-    dead = Queue(redis.Redis(port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)),
+    dead = Queue(redis.Redis(port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0),
+                             decode_responses=True),
                  Config(pool="p"))
     for run in runs(3):
         buf.add(*run)
