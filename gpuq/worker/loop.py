@@ -252,9 +252,13 @@ class Worker:
                 log.error("task.ack_failed task=%s error=%s (the reaper will recover it)",
                           ",".join(c.args[0] for c in pending), exc)
 
-    def request_stop(self, *_: object) -> None:
+    def request_stop(self, *signal_args: object) -> None:
         if not self.stopping.is_set():
             log.info("worker.stopping worker=%s running=%d", self.id, len(self.running))
+        elif signal_args and self.draining:  # SIGTERM during a drain: the grace bounds it now
+            self.draining = False
+            log.info("worker.stopping worker=%s running=%d: the drain is cut to the %g s grace",
+                     self.id, len(self.running), self.config.shutdown_grace_s)
         self.stopping.set()
         self.done.set()
         self.running.nudge()  # a batch waiting for more tasks runs now
@@ -348,6 +352,19 @@ class Worker:
                          outage=self.outage, stopping=self.stopping, retired=self.retired,
                          metrics=self.observer.metrics)
 
+    def join_runners(self, runners: list[threading.Thread]) -> float:
+        """Wait for the runners (each exits after its last ack) for ``shutdown_grace_s``; a
+        drain waits however long they take, until a SIGTERM cuts it to the grace from then.
+        Returns when the grace ends (monotonic)."""
+        grace_end = time.monotonic() + self.config.shutdown_grace_s
+        while self.draining and any(t.is_alive() for t in runners):
+            for t in runners:
+                t.join(0.2)
+            grace_end = time.monotonic() + self.config.shutdown_grace_s
+        for t in runners:
+            t.join(max(0.0, grace_end - time.monotonic()))
+        return grace_end
+
     def give_back_unread(self) -> None:
         """Tasks handed over at enqueue that no runner read (left behind the stop wake-ups)
         go back to their queues before leaving deletes the wake list."""
@@ -365,12 +382,7 @@ class Worker:
                 self.redis.lpush(self.keys.wake(self.id), "stop")
         except redis.RedisError:
             pass
-        grace = None if self.draining else self.config.shutdown_grace_s
-        grace_end = None if grace is None else time.monotonic() + grace
-        # runners exit after sending their last ack, so joining them means no result is lost;
-        # the heartbeat keeps their leases meanwhile
-        for t in runners:
-            t.join(None if grace_end is None else max(0.0, grace_end - time.monotonic()))
+        grace_end = self.join_runners(runners)
         # with Redis away, keep trying the give-backs to the grace's end (at least stop_s)
         until = max(grace_end or 0.0, time.monotonic() + self.config.stop_s)
         for r in self.running.snapshot():

@@ -57,6 +57,16 @@ class Presence:
         pipe.delete(*self._own_keys())
         pipe.hset(keys.worker(wid), mapping={
             **identity, **status_fields(usable, 0, [], "idle", None), "seen_at": now_ms})
+        self.add_published(pipe)
+        # the heartbeat's script renews it from here on; this bridges until the first beat
+        pipe.zadd(keys.workers, {wid: now_ms + lease_ms})
+        pipe.incr(keys.registrations)  # the planner's kept GPU fields may be another start's
+
+    def add_published(self, pipe: redis.client.Pipeline) -> None:
+        """What the pool learns of this worker beside its hash: its GPU class (and a group's
+        size), its app's handlers and its lane."""
+        wid, keys, identity = self.worker_id, self.keys, self.identity
+        usable = usable_gb(identity["vram_total_gb"], identity["kv_reserve_gb"])
         pipe.hset(keys.classes, identity["gpu_name"], usable)
         if int(identity["gpus"]) > 1:  # enqueue's check_fit: a class of groups holds multi-GPU tasks
             pipe.hset(keys.class_gpus, identity["gpu_name"], identity["gpus"])
@@ -66,9 +76,6 @@ class Presence:
             pipe.hdel(keys.lanes, wid)
         else:  # wake-ups and offers skip a lane worker for the priorities it does not serve
             pipe.hset(keys.lanes, wid, identity["levels"])
-        # the heartbeat's script renews it from here on; this bridges until the first beat
-        pipe.zadd(keys.workers, {wid: now_ms + lease_ms})
-        pipe.incr(keys.registrations)  # the planner's kept GPU fields may be another start's
 
     @contextmanager
     def beat(self, cache: ModelCache, running: int, state: str,
@@ -112,11 +119,15 @@ class Presence:
 
     def restore(self, cache: ModelCache) -> None:
         """Hold again what the cache holds, after the reaper took this worker for dead and
-        dropped its holdings; under the cache's lock, so no eviction slips in between."""
+        dropped its holdings (under the cache's lock, so no eviction slips in between), and
+        publish its class, handlers and lane again (Redis may have restarted empty: enqueue
+        would find no class to fit a task)."""
         with cache.lock:
             pipe = self.pipeline()
             for model in cache.model_names():
                 self.hold(pipe, model, True)
+            if self.identity:
+                self.add_published(pipe)
             pipe.execute()
 
     def leave(self, models: list[str]) -> None:

@@ -281,6 +281,24 @@ def test_cli_drain_finishes_the_running_task_then_exits(procs: Procs, real_queue
     assert second.result(timeout=15)["worker"] == "w2"
 
 
+def test_a_sigterm_during_a_drain_bounds_it_by_the_grace(procs: Procs, real_queue: Queue) -> None:
+    """Regression: a SIGTERM after ``gpuq drain`` (a pod removed while draining) was passed
+    over: the worker kept running the task with no bound, until the kubelet's SIGKILL left
+    it to the reaper with its attempt used."""
+    worker = procs.worker("w1", env={"GPUQ_SHUTDOWN_GRACE_S": "0.5"})
+    task = real_queue.enqueue("sim.run", model="m", vram_gb=10, est_s=est(30))
+    wait_for(lambda: "model.loaded" in worker.log(), timeout=10,
+             message=lambda: f"w1 to load the task's model; log:\n{worker.log()}")
+    assert procs.run_cli("drain", "w1").strip() == "draining w1"
+    wait_for(lambda: "worker.draining" in worker.log(), timeout=5,
+             message=lambda: f"w1 to start draining; log:\n{worker.log()}")
+    worker.terminate()
+    assert worker.wait(10) == 0, worker.log()
+    assert "the drain is cut to the 0.5 s grace" in worker.log()
+    record = task.record()
+    assert (record.state, record.attempt) == (State.QUEUED, 0), worker.log()  # given back
+
+
 def start_worker(procs: Procs, name: str, *extra: str, env: dict[str, str] | None = None) -> Proc:
     args = ["worker", "--app", SIM_APP, "--vram-gb", "80", "--gpu-name", "sim-80GB",
             "--name", name, *extra]

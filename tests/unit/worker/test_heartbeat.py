@@ -135,3 +135,13 @@ def test_a_reservation_message_nudges_a_waiting_batch() -> None:
     control = worker.heartbeat().control
     control.handle("reserved t-p0")
     assert worker.running.reservations == 1
+
+
+def test_a_worker_revived_after_redis_lost_its_data_publishes_its_class_again() -> None:
+    """Regression: after a Redis restart without its data, live workers restored their
+    holdings only: no GPU class or handler was listed again, so status called fitting tasks
+    unschedulable and enqueue --check-fit refused everything."""
+    queue, worker, _, _ = claimed()
+    queue.redis.flushall()
+    worker.heartbeat().beat()
+    assert float(queue.redis.hget(queue.keys.classes, "sim")) == 75
