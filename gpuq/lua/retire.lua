@@ -1,4 +1,5 @@
--- retire.lua: let an idle worker leave the pool while more than min_workers stay live.
+-- retire.lua: let an idle worker leave the pool while more than min_workers stay live (not
+-- counting those draining or stopping, near the minimum).
 --
 -- Atomic, so two workers timing out together cannot both leave a pool at its minimum.
 -- On success the worker is no longer live nor idle (claims stop finding it) and it exits
@@ -27,7 +28,16 @@ if worker == '' or not now or not min then
 end
 min = finite(redis.call('HGET', K_SETTINGS, 'min_workers')) or min
 local live = redis.call('ZCOUNT', K_WORKERS, now, '+inf')
-if live <= min or redis.call('SCARD', worker_tasks_key(worker)) > 0 then
+-- near the minimum, live workers on their way out (draining, stopping) do not count: they
+-- would leave the pool below it (far from it, their states are not read)
+local staying = live
+if live > min and live - min <= 64 then
+  for _, w in ipairs(redis.call('ZRANGEBYSCORE', K_WORKERS, now, '+inf')) do
+    local state = redis.call('HGET', worker_key(w), 'state')
+    if w ~= worker and (state == 'draining' or state == 'retiring') then staying = staying - 1 end
+  end
+end
+if staying <= min or redis.call('SCARD', worker_tasks_key(worker)) > 0 then
   return {0, 0, live}
 end
 local claimable = tonumber(redis.call('ZSCORE', K_IDLE, worker))

@@ -308,11 +308,10 @@ class Worker:
                      "minimum", self.id, live, ",".join(self.cache.model_names()))
 
     def run(self) -> int:
-        handover = None if self.burst else (int(self.config.defer_s * 1000), self.config.fair_every,
-                                            int(self.config.lease_s * 1000))
-        identity = worker_record.identity(
-            self.id, self.gpu, self.config.kv_reserve_gb, self.config.concurrency, self.levels,
-            socket.gethostname(), os.getpid(), handover, self.app.handlers)
+        cfg = self.config
+        handover = None if self.burst else (int(cfg.defer_s * 1000), cfg.fair_every, int(cfg.lease_s * 1000))
+        identity = worker_record.identity(self.id, self.gpu, cfg.kv_reserve_gb, cfg.concurrency, self.levels,
+                                          socket.gethostname(), os.getpid(), handover, self.app.handlers)
         if self.config.metrics_port:  # first: a port it cannot bind must not leave it registered
             self.serve_metrics(self.config.metrics_port)
         # before registering: a signal right after it stops the worker, which then leaves,
@@ -320,8 +319,8 @@ class Worker:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)
-        with redis_errors(self.config.redis_url):
-            self.presence.register(identity, int(self.config.lease_s * 1000))
+        with redis_errors(self.config.redis_url):  # a twin beating within 1.5 heartbeats: refused
+            self.presence.register(identity, int(cfg.lease_s * 1000), int(1500 * cfg.heartbeat_s))
         heartbeat = self.heartbeat()
         with redis_errors(self.config.redis_url):  # gone since it registered: give up, one line
             heartbeat.beat()

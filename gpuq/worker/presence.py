@@ -18,6 +18,7 @@ from typing import Any
 import redis
 
 from gpuq.clock import server_ms
+from gpuq.errors import ConfigError
 from gpuq.keys import Keys
 from gpuq.worker.models import ModelCache
 from gpuq.worker_record import ALL_LEVELS, Fields, model_fields, status_fields, usable_gb
@@ -40,10 +41,24 @@ class Presence:
         self.identity: Fields = {}  # the fields that do not change: rewritten by every beat
         self._shown = threading.Lock()  # the hash's view of the models: taken and written in turn
 
-    def register(self, identity: Fields, lease_ms: int) -> None:
-        """Appear in the pool: a fresh hash, the GPU class, handlers, lane and liveness."""
+    def register(self, identity: Fields, lease_ms: int, fresh_ms: int = 0) -> None:
+        """Appear in the pool: a fresh hash, the GPU class, handlers, lane and liveness. A
+        live worker of this id that beat within ``fresh_ms`` is another process (ConfigError:
+        registering would wipe its state); one that stopped beating (this id's crashed
+        process, restarted) is replaced, the holdings it listed dropped."""
+        wid, keys = self.worker_id, self.keys
         now_ms = server_ms(self.redis)  # the clock liveness is judged by
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zscore(keys.workers, wid)
+        pipe.hmget(keys.worker(wid), "seen_at", "models")
+        alive, (seen, models) = pipe.execute()
+        if alive is not None and alive > now_ms and seen and now_ms - float(seen) < fresh_ms:
+            raise ConfigError(f"worker {wid} is already running (it beat "
+                              f"{(now_ms - float(seen)) / 1000:.1f} s ago): give this one "
+                              "another --name")
         pipe = self.redis.pipeline(transaction=True)
+        for model in filter(None, (models or "").split(",")):
+            self.hold(pipe, model, False)
         self.add_registration(pipe, identity, lease_ms, now_ms)
         pipe.execute()
 

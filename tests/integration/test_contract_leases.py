@@ -315,3 +315,15 @@ def test_retire_keeps_min_workers_and_a_late_heartbeat_does_not_revive(make_queu
     assert q.scripts.run(q.calls.retire("b", now_ms=T0 + 3)) == (False, 1)
     q.redis.hset(q.keys.settings, "min_workers", 0)  # the reaper's setting wins
     assert q.scripts.run(q.calls.retire("b", now_ms=T0 + 4)) == (True, 1)
+
+
+def test_a_draining_worker_does_not_count_toward_min_workers(make_queue: MakeQueue) -> None:
+    """Regression: an idle worker retired while the only other live one was draining (its
+    hash says so from its next beat): both left, the pool fell below min_workers."""
+    q = make_queue(min_workers=1)
+    for w in ("idle", "leaving"):
+        heartbeat(q, w, [], now_ms=T0)
+    q.redis.hset(q.keys.worker("leaving"), "state", "draining")
+    assert q.scripts.run(q.calls.retire("idle", now_ms=T0 + 1)) == (False, 2)
+    q.redis.hset(q.keys.worker("leaving"), "state", "busy")
+    assert q.scripts.run(q.calls.retire("idle", now_ms=T0 + 2)) == (True, 2)
