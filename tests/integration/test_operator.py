@@ -250,17 +250,21 @@ def worker_keys(procs: Procs, name: str) -> set[str]:
 
 
 
+def drain_once_begun(procs: Procs, worker: Proc) -> None:
+    """``gpuq drain w1`` once w1 loaded its task's model (it began it: a hand-over popped but
+    not yet begun when the drain lands goes back to its queue, its attempt given back)."""
+    wait_for(lambda: "model.loaded" in worker.log(), timeout=10,
+             message=lambda: f"w1 to load the task's model; log:\n{worker.log()}")
+    assert procs.run_cli("drain", "w1").strip() == "draining w1"
+    wait_for(lambda: "worker.draining" in worker.log(), timeout=5,
+             message=lambda: f"w1 to start draining; log:\n{worker.log()}")
+
+
 @pytest.mark.slow
 def test_cli_drain_finishes_the_running_task_then_exits(procs: Procs, real_queue: Queue) -> None:
     worker = procs.worker("w1")
     first = real_queue.enqueue("sim.run", model="m", vram_gb=10, est_s=est(1.5))
-    # its model loaded: the worker began it (a hand-over popped but not yet begun when the
-    # drain lands goes back to its queue, its attempt given back: it had not started)
-    wait_for(lambda: "model.loaded" in worker.log(), timeout=10,
-             message=lambda: f"w1 to load the first task's model; log:\n{worker.log()}")
-    assert procs.run_cli("drain", "w1").strip() == "draining w1"
-    wait_for(lambda: "worker.draining" in worker.log(), timeout=5,
-             message=lambda: f"w1 to start draining; log:\n{worker.log()}")
+    drain_once_begun(procs, worker)
     second = real_queue.enqueue("sim.run", model="m", vram_gb=10, est_s=est(0.1))
     assert first.status() is State.RUNNING, "the first task ended before the drain began"
 
@@ -287,11 +291,7 @@ def test_a_sigterm_during_a_drain_bounds_it_by_the_grace(procs: Procs, real_queu
     it to the reaper with its attempt used."""
     worker = procs.worker("w1", env={"GPUQ_SHUTDOWN_GRACE_S": "0.5"})
     task = real_queue.enqueue("sim.run", model="m", vram_gb=10, est_s=est(30))
-    wait_for(lambda: "model.loaded" in worker.log(), timeout=10,
-             message=lambda: f"w1 to load the task's model; log:\n{worker.log()}")
-    assert procs.run_cli("drain", "w1").strip() == "draining w1"
-    wait_for(lambda: "worker.draining" in worker.log(), timeout=5,
-             message=lambda: f"w1 to start draining; log:\n{worker.log()}")
+    drain_once_begun(procs, worker)
     worker.terminate()
     assert worker.wait(10) == 0, worker.log()
     assert "the drain is cut to the 0.5 s grace" in worker.log()
