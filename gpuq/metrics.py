@@ -43,7 +43,7 @@ scrape; served by ``gpuq exporter``):
 | gpuq_model_workers_desired | gauge | pool, model | the reaper's scale signals: the `exporter_models` models desiring the most workers (and their arrival rates below) |
 | gpuq_arrivals_forecast_per_second | gauge | pool, kind (now, forecast), gpu_class, model | the scale signals' arrival rates (`rate_per_s`, `forecast_per_s`): per class (model "") and per model (gpu_class "") |
 | gpuq_reaper_active | gauge | pool | 1 while a reaper holds the pool's lock |
-| gpuq_tenant_queued | gauge | pool, tenant, priority | tasks queued per tenant (tenancy on: `gpuq tenant`) |
+| gpuq_tenant_queued | gauge | pool, tenant, priority | tasks queued per tenant (tenancy on: `gpuq tenant`); the tenant families show every registered tenant and the `exporter_models` unregistered ones with the most queued tasks |
 | gpuq_tenant_bound | gauge | pool, tenant | the running tasks the reaper lets the tenant have (`tenant:use` `bound:<t>`), while it sets one |
 | gpuq_tenant_running / gpuq_tenant_running_gpus / gpuq_tenant_running_vram_gb | gauge | pool, tenant | a limited tenant's (caps or a bound) running tasks, the GPUs and VRAM they use (`tenant:use`) |
 | gpuq_tenant_quota_use_ratio | gauge | pool, tenant, resource (gpus, vram) | a capped tenant's use over its cap |

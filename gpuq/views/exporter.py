@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from typing import Any
 
 import redis
 from prometheus_client import CollectorRegistry
@@ -86,7 +87,15 @@ def read_figures(client: redis.Redis, keys: Keys, keep: int = 50,
                                                 float(m["mean_load_s"]) * int(m["loads"]))
                                                for m in view.models]),
         workers=workers, desired=desired, forecast=forecast,
-        reaper_active=bool(client.exists(keys.reaper_lock)), tenants=view.tenants)
+        reaper_active=bool(client.exists(keys.reaper_lock)), tenants=capped_tenants(view.tenants, keep))
+
+
+def capped_tenants(tenants: list[dict[str, Any]], keep: int) -> list[dict[str, Any]]:
+    """Every registered tenant, and the ``keep`` unregistered ones with the most queued tasks:
+    producers name those, so their count has no bound of its own."""
+    named = sorted((t for t in tenants if not t.get("registered")),
+                   key=lambda t: (-sum(t.get("queued", {}).values()), t["name"]))
+    return [t for t in tenants if t.get("registered")] + named[:keep]
 
 
 class Exporter:

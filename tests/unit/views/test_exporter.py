@@ -69,3 +69,17 @@ def test_a_corrupt_queued_task_does_not_break_a_scrape_or_status() -> None:
     figures = read_figures(q.redis, q.keys)
     assert sum(row[2] for row in figures.queues) == 3
     assert all(row[3] >= 0 for row in figures.queues)
+
+
+def test_tenant_series_are_capped_to_the_registered_and_the_busiest_others() -> None:
+    """Regression: every tenant name a producer sent (tenancy on, registration not required)
+    made series of its own, without a bound."""
+    from gpuq.tenants import Tenant, set_tenant
+
+    q = Queue(fakeredis.FakeRedis(decode_responses=True), Config(pool="p"))
+    set_tenant(q, Tenant("paying", 2.0))
+    q.enqueue_many([{"handler": "h", "model": "m", "vram_gb": 1, "tenant": f"t{i:02d}"}
+                    for i in range(30) for _ in range(1 + i % 4)])
+    names = [t["name"] for t in read_figures(q.redis, q.keys, keep=5).tenants]
+    assert names[0] == "paying" and len(names) == 6
+    assert set(names[1:]) <= {f"t{i:02d}" for i in range(30) if i % 4 == 3}
