@@ -394,6 +394,6 @@ class Worker:
             self.cache.unload(resident)
         self.cache.aio.close()  # async tasks still running past the grace are cancelled
         try:
-            self.presence.leave(held)
+            self.presence.leave(held, until)
         except redis.RedisError as exc:
             log.error("worker.leave_failed worker=%s error=%s", self.id, exc)

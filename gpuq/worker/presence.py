@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import Any
 
 import redis
 
+from gpuq.backoff import Backoff
 from gpuq.clock import server_ms
 from gpuq.errors import ConfigError
 from gpuq.keys import Keys
@@ -145,17 +147,28 @@ class Presence:
                 self.add_published(pipe)
             pipe.execute()
 
-    def leave(self, models: list[str]) -> None:
-        """Clean exit: nothing of this worker is left for the reaper to recover."""
+    def leave(self, models: list[str], until: float = 0.0) -> None:
+        """Clean exit: nothing of this worker is left for the reaper to recover. With Redis
+        away, tried again with backoff until ``until`` (monotonic): a worker still listed
+        idle would be handed tasks until its lease ran out."""
         wid, keys = self.worker_id, self.keys
-        pipe = self.redis.pipeline(transaction=True)
-        for model in models:
-            self.hold(pipe, model, False)
-        pipe.zrem(keys.idle, wid)
-        pipe.zrem(keys.workers, wid)
-        pipe.hdel(keys.lanes, wid)
-        pipe.delete(*self._own_keys())
-        pipe.execute()
+        backoff = Backoff()
+        while True:
+            pipe = self.redis.pipeline(transaction=True)
+            for model in models:
+                self.hold(pipe, model, False)
+            pipe.zrem(keys.idle, wid)
+            pipe.zrem(keys.workers, wid)
+            pipe.hdel(keys.lanes, wid)
+            pipe.delete(*self._own_keys())
+            try:
+                pipe.execute()
+                return
+            except redis.RedisError:
+                wait = min(backoff.delay(), until - time.monotonic())
+                if wait <= 0:
+                    raise
+                time.sleep(wait)
 
     def _own_keys(self) -> tuple[str, ...]:
         """The keys named after this worker: fresh at registration, gone when it leaves."""

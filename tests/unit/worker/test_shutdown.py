@@ -55,3 +55,30 @@ def test_a_give_back_stops_trying_at_its_deadline() -> None:
     worker.give_back(running.task_id, running.token, until=t0 + 0.3)
     assert time.monotonic() - t0 < 1.0
     assert queue.record(running.task_id).state.value == "running"
+
+
+def test_leaving_outlasts_a_short_outage() -> None:
+    """Regression: leave was tried once; a worker that met a brief outage at its exit stayed
+    listed live and idle (handed tasks) until its lease ran out."""
+    queue, worker, _ = claimed_worker()
+    presence, pipeline, down = worker.presence, worker.presence.redis.pipeline, [2]
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        pipe = pipeline(*args, **kwargs)
+        if down[0]:
+            down[0] -= 1
+            pipe.execute = lambda: (_ for _ in ()).throw(redis.ConnectionError("refused"))
+        return pipe
+
+    presence.redis.pipeline = flaky  # type: ignore[method-assign]
+    presence.leave([], until=time.monotonic() + 5)
+    assert queue.redis.zscore(queue.keys.workers, "w") is None
+    down[0] = 5
+    t0 = time.monotonic()
+    try:
+        presence.leave([], until=t0 + 0.3)
+    except redis.ConnectionError:
+        pass
+    else:
+        raise AssertionError("an outage past the deadline raises")
+    assert time.monotonic() - t0 < 1.0
