@@ -42,9 +42,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol, TypeVar
 
-from gpuq.errors import AppError, StaleLease
+from gpuq.errors import AppError, InvalidTask, StaleLease
 from gpuq.stream import Memory, Sink
-from gpuq.task import JSON
+from gpuq.task import JSON, MAX_CHECKPOINT_BYTES
 
 _SINK_MADE = threading.Lock()  # a Context's sink is made once (rare: most runs emit nothing)
 Loader = Callable[[str], Any]  # may be async def
@@ -119,8 +119,13 @@ class Context:
         return self.yield_requested or self.lost
 
     def save_checkpoint(self, state: Any) -> None:
-        """Keep JSON-able state for the task's next run (``ctx.checkpoint`` there)."""
-        self.saved = JSON.encode(state)
+        """Keep JSON-able state for the task's next run (``ctx.checkpoint`` there); at most
+        1 MiB of JSON (InvalidTask), as the server takes with a requeue."""
+        text = JSON.encode(state)
+        if len(text) > MAX_CHECKPOINT_BYTES:  # the requeue would be refused: the yield lost
+            raise InvalidTask(f"checkpoint of {len(text)} bytes is more than the "
+                              f"{MAX_CHECKPOINT_BYTES} allowed: keep large state elsewhere")
+        self.saved = text
 
     def yield_now(self, state: Any = None) -> NoReturn:
         """Give the GPU back now: requeue the task (attempt not used), with ``state`` as its

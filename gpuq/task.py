@@ -22,6 +22,7 @@ from gpuq.errors import CorruptTask, DuplicateTask, InvalidTask
 
 MAX_PAYLOAD_BYTES = 1 << 20  # 1 MiB: a task carries parameters, not tensors
 MAX_RESULT_BYTES = 1 << 20  # 1 MiB: results too (ack.lua refuses larger); outputs go to storage
+MAX_CHECKPOINT_BYTES = 1 << 20  # and a checkpoint (requeue.lua refuses larger)
 # strict, compact JSON for payloads and results; one encoder (json.dumps with options
 # would build a new one per call, a third of a bulk enqueue's client time); it escapes every
 # non-ASCII character, so a text's length is its size in bytes

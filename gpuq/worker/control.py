@@ -150,7 +150,8 @@ class Control:
             if other.stopped:
                 continue
             try:
-                ex.scripts.run(ex.calls.requeue(other.task_id, other.token, "worker restarted"))
+                ex.scripts.run(ex.calls.requeue(other.task_id, other.token, "worker restarted",
+                                                checkpoint=other.ctx.saved or ""))
             except (GpuqError, redis.RedisError) as exc:
                 log.error("task.requeue_failed task=%s error=%s (the reaper will recover it)",
                           other.task_id, exc)

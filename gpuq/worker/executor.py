@@ -9,6 +9,7 @@ heartbeat thread sends them to learn.lua (``gpuq.worker.runtimes``)."""
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import logging
 import math
@@ -187,7 +188,15 @@ class Executor:
         for r in runs:
             r.enter(aio)
         try:
-            return spec.fn(*args) if aio is None else aio.run(spec.fn(*args))
+            if aio is not None:
+                return aio.run(spec.fn(*args))
+            result = spec.fn(*args)
+            if not inspect.iscoroutine(result):
+                return result
+            aio = self.cache.aio.call()  # an async def behind a plain decorator: awaited there
+            for r in runs:
+                r.enter(aio)
+            return aio.run(result)
         finally:
             for r in runs:
                 r.leave()

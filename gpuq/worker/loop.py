@@ -133,14 +133,15 @@ class Worker:
         self.give_back(fields["id"], int(fields["token"]))
         return None
 
-    def give_back(self, task_id: str, token: int, until: float = 0.0) -> None:
-        """Requeue a task this worker was given but will not run (its attempt given back).
-        Redis away: tried again with backoff until ``until`` (monotonic), since the reaper
-        would recover it as a dead worker's, its attempt used."""
+    def give_back(self, task_id: str, token: int, until: float = 0.0, checkpoint: str = "") -> None:
+        """Requeue a task this worker was given but will not finish (its attempt given back,
+        the checkpoint its handler saved kept). Redis away: tried again with backoff until
+        ``until`` (monotonic), since the reaper would recover it as a dead worker's."""
         backoff = Backoff()
         while True:
             try:
-                self.scripts.run(self.calls.requeue(task_id, token, "worker shut down", consume=False))
+                self.scripts.run(self.calls.requeue(task_id, token, "worker shut down",
+                                                    checkpoint=checkpoint))
                 log.warning("task.requeued task=%s worker=%s reason=shutdown", task_id, self.id)
                 return
             except StaleLease:
@@ -386,7 +387,7 @@ class Worker:
         until = max(grace_end or 0.0, time.monotonic() + self.config.stop_s)
         for r in self.running.snapshot():
             if not r.stopped:  # a stopped task was requeued when it was stopped
-                self.give_back(r.task_id, r.token, until)
+                self.give_back(r.task_id, r.token, until, r.ctx.saved or "")
         self.give_back_unread()
         heartbeat.stop()  # before leaving: a late beat would list this worker again
         held = self.cache.model_names()

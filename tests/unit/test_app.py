@@ -6,6 +6,7 @@ import functools
 import sys
 import types
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -165,3 +166,43 @@ def test_load_app_missing_attribute(fake_module: types.ModuleType) -> None:
 def test_load_app_not_an_app(fake_module: types.ModuleType) -> None:
     with pytest.raises(AppError, match=r"gpuq_test_fake_app:not_an_app is not a gpuq.App"):
         load_app("gpuq_test_fake_app:not_an_app")
+
+
+def test_a_checkpoint_past_the_limit_is_refused_where_it_is_saved() -> None:
+    """Regression: a checkpoint over 1 MiB was kept, then the server refused the yield's
+    requeue: the task sat running without a handler until its lease ran out."""
+    from gpuq.app import Context
+    from gpuq.errors import InvalidTask
+
+    ctx = Context("t", 1, "w", "m", 1.0, 1.0)
+    with pytest.raises(InvalidTask, match="checkpoint of 2097154 bytes is more than the 1048576"):
+        ctx.save_checkpoint("x" * (2 << 20))
+    ctx.save_checkpoint({"i": 1})
+    assert ctx.saved == '{"i":1}'
+
+
+def test_an_async_handler_behind_a_plain_decorator_is_awaited() -> None:
+    """Regression: a functools.wraps wrapper hides async def from inspect: the worker called
+    it, got a coroutine back, and failed the task (result not JSON) without awaiting it."""
+    import functools
+
+    from gpuq.testing import drain, memory_queue
+
+    def logged(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*args: Any) -> Any:
+            return fn(*args)
+        return wrapper
+
+    app = App("t")
+    app.model("m", vram_gb=1)(lambda name: name)
+
+    @app.handler("h", model="m")
+    @logged
+    async def handler(model: Any, payload: Any, ctx: Any) -> Any:
+        return {"ok": payload}
+
+    q = memory_queue()
+    task = q.enqueue("h", 7, model="m", vram_gb=2)
+    assert drain(q, app) == 1
+    assert task.result(timeout=1) == {"ok": 7}

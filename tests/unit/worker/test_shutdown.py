@@ -82,3 +82,13 @@ def test_leaving_outlasts_a_short_outage() -> None:
     else:
         raise AssertionError("an outage past the deadline raises")
     assert time.monotonic() - t0 < 1.0
+
+
+def test_a_task_given_back_at_shutdown_keeps_its_saved_checkpoint() -> None:
+    """Regression: a SIGTERM's give-back requeued the task without the checkpoint its
+    handler had saved: its next run started over (a stop past a yield deadline kept it)."""
+    queue, worker, running = claimed_worker()
+    running.ctx.save_checkpoint({"done": 30})
+    worker.shutdown([], worker.heartbeat())
+    record = queue.record(running.task_id)
+    assert (record.state.value, record.attempt, record.checkpoint) == ("queued", 0, {"done": 30})
