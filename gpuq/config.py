@@ -105,8 +105,11 @@ class Config:
         return "".join(str(p) for p in sorted(picked))
 
     def validate(self) -> Config:
-        if not self.pool or any(c in self.pool for c in "{}: \n"):
-            raise ConfigError(f"pool {self.pool!r} must be non-empty without braces, colons or spaces")
+        # a pool names keys and goes into ACL rules (gpuq acl): whitespace or a quote there
+        # would split a rule or add one
+        if not self.pool or any(c.isspace() or not c.isprintable() or c in "{}:\"'" for c in self.pool):
+            raise ConfigError(f"pool {self.pool!r} must be non-empty without braces, colons, "
+                              "quotes or spaces")
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):  # "nan" parses as a float

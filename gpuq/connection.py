@@ -214,6 +214,15 @@ def redis_errors(url: str) -> Iterator[None]:
         raise refused from None
 
 
+def denied(exc: redis.RedisError) -> bool:
+    """Whether the server refused this user the command (ACL, credentials): no retry will
+    get past it, unlike an outage, a failover's read-only replica or a full memory."""
+    if isinstance(exc, (redis.AuthenticationError, redis.exceptions.NoPermissionError,
+                        redis.exceptions.AuthorizationError)):
+        return True
+    return isinstance(exc, redis.ResponseError) and isinstance(_refusal("", exc), PermissionDenied)
+
+
 def _refusal(url: str, exc: redis.ResponseError) -> GpuqError | None:
     """The gpuq error for a server's refusal that no retry or other command would get
     past; None for the errors callers handle themselves (WRONGTYPE, BUSYGROUP ...)."""
@@ -304,11 +313,20 @@ def _plain_tls(url: str, tls: Tls) -> dict[str, Any]:
     return {**tls.options(), "connection_class": TlsConnection} if scheme == "rediss" else {}
 
 
+SINGLE_QUERY = ("db", "username", "password")  # what a redis://, rediss:// or unix:// URL may carry
+
+
 def _single(url: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     """``kwargs`` for a redis://, rediss:// or unix:// URL: without the TCP options for a unix
     socket (redis-py's unix connections refuse them), and a path that is not a database number
     refused (redis-py would quietly use db 0)."""
     parts = urlsplit(url)
+    # only what names the database and the user: redis-py would hand other keys to the
+    # connection (a traceback at the first command) or let them override gpuq's own settings
+    # (?ssl_cert_reqs=none turned certificate checks off)
+    unknown = sorted({k for k, _ in parse_qsl(parts.query)} - set(SINGLE_QUERY))
+    if unknown:
+        raise ValueError(f"unknown parameters {unknown}; known: {', '.join(SINGLE_QUERY)}")
     if _scheme(url) == "unix":
         return {k: v for k, v in kwargs.items() if k not in TCP_ONLY}
     db = unquote(parts.path).replace("/", "")  # as redis-py reads it, dropping what int() refuses

@@ -15,7 +15,7 @@ MASK = "***"
 # unencoded "@" or "/" in it is masked too (at worst a little more than the password is)
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/@]*:)[^\s]*@")
 # ?password=... and ?sentinel_password=... query parameters
-_QUERY = re.compile(r"(?i)([?&][a-z_]*password=)[^&\s#]*")
+_QUERY = re.compile(r"(?i)([?&][a-z_]*password=)[^&\s#'\"]*")  # not the quote that ends a shown URL
 
 
 def redact(text: str) -> str:

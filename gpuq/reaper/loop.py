@@ -33,7 +33,7 @@ import redis
 from gpuq import backoff, catalog, schedule
 from gpuq.clock import from_time_reply, server_ms
 from gpuq.config import Config
-from gpuq.connection import redis_errors
+from gpuq.connection import denied, redis_errors
 from gpuq.keys import Keys
 from gpuq.reaper.preempt import Preemptor
 from gpuq.reaper.scale import Scaler
@@ -187,6 +187,8 @@ class Reaper:
                     if due_at < next_round and time.monotonic() >= due_at:
                         self._step("promote", self.reap_once, None)
                 except redis.RedisError as exc:  # down or restarting: said once, retried with backoff
+                    if denied(exc):  # this user may not: one line and exit 1, as at --once
+                        raise
                     outage.down(exc)
                     next_round = 0.0  # the round that failed runs again once Redis answers
                     self.stopped.wait(retry.delay())

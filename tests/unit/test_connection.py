@@ -176,6 +176,11 @@ def test_tls_sentinel_url_uses_tls_to_master_and_sentinels(tmp_path: Path) -> No
     ("redis://:s3cret@h:port/0", "Port could not be cast"),
     ("redis://:s3cret@h:1/abc", "the database 'abc' \\(the path\\) is not a number"),
     ("rediss://:s3cret@h:1/0x", "the database '0x'"),
+    # regressions: an unknown key went to the connection (a traceback at the first command),
+    # and an ssl_* key overrode the certificate checks gpuq always asks for
+    ("redis://:s3cret@h:1/0?foo=bar", "unknown parameters \\['foo'\\]"),
+    ("rediss://:s3cret@h:1/0?ssl_cert_reqs=none", "unknown parameters \\['ssl_cert_reqs'\\]"),
+    ("unix:///tmp/x.sock?db=1&socket_timeout=1", "unknown parameters \\['socket_timeout'\\]"),
 ])
 def test_malformed_urls_are_configuration_errors(url: str, fragment: str) -> None:
     for make in (connect, connect_async):
@@ -365,3 +370,29 @@ def test_closing_a_queue_closes_its_sentinel_clients_too() -> None:
     asyncio.run(close_async())
     assert closed == ["sync0", "sync1", "async"]
     assert sentinels_of(connect("redis://127.0.0.1:1/0")) == []
+
+
+def test_a_pool_name_that_would_split_an_acl_rule_is_refused() -> None:
+    """Regression: a tab in the pool went into `gpuq acl`'s rule line, which redis-cli split
+    into extra rules (a key pattern of all keys)."""
+    for pool in ("x\tallkeys", 'a"b', "a'b", "a b"):
+        with pytest.raises(ConfigError, match="without braces, colons, quotes or spaces"):
+            Config(pool=pool).validate()
+
+
+def test_a_reaper_refused_by_the_acl_exits_instead_of_retrying(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: a running reaper took NOPERM for an outage and retried until killed."""
+    import fakeredis
+    import redis
+
+    from gpuq.errors import PermissionDenied
+    from gpuq.reaper.loop import Reaper
+
+    reaper = Reaper(fakeredis.FakeRedis(decode_responses=True), Config(pool="p").validate())
+
+    def refused() -> bool:
+        raise redis.exceptions.NoPermissionError("this user has no permissions to run the 'fcall' command")
+
+    monkeypatch.setattr(reaper, "lead", refused)
+    with pytest.raises(PermissionDenied):
+        reaper.run()
