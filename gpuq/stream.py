@@ -123,12 +123,20 @@ class Emitter:
         self.task_id = task_id
         self.token = token
         self.seq = 0  # the next chunk's number
+        self.unanswered: str | None = None  # the chunk sent as seq whose reply was lost
         self._lock = threading.Lock()
 
     def emit(self, value: Any) -> None:
         text = encode_chunk(value, self.config.stream_chunk_max_bytes, self.task_id)
-        with self._lock:  # a chunk whose reply was lost keeps its seq: readers skip a repeat
+        with self._lock:
+            # a chunk whose reply was lost may be stored: sent again, it keeps its seq (readers
+            # skip the repeat); another chunk after it takes the next one (a reader skipping it
+            # as a repeat would lose it; a gap, if the lost one was never stored, loses nothing)
+            if self.unanswered is not None and text != self.unanswered:
+                self.seq += 1
+            self.unanswered = text
             self.scripts.run(emit_call(self.task_id, self.token, self.seq, text, self.config))
+            self.unanswered = None
             self.seq += 1
 
     def progress(self, fraction: Any, message: Any) -> None:

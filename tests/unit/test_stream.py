@@ -11,6 +11,7 @@ from typing import Any
 
 import fakeredis
 import pytest
+import redis
 from helpers import T0, claim, enqueue
 
 from gpuq import App, Config, Queue
@@ -120,6 +121,32 @@ def test_emit_appends_entries_numbered_per_run(q: Queue) -> None:
         {"attempt": "1", "token": str(token), "seq": "1", "data": '"one"'}]
     assert q.redis.hget(q.keys.task(tid), "streamed") == "1"
     assert q.redis.pttl(q.keys.stream(tid)) == -1  # no TTL while the task runs
+
+
+@pytest.mark.parametrize("again, seqs", [(False, ["0", "1", "2", "3"]), (True, ["0", "1", "1", "2"])])
+def test_a_chunk_after_one_whose_reply_was_lost_takes_the_next_number(
+        q: Queue, again: bool, seqs: list[str]) -> None:
+    """Regression: a chunk whose reply was lost kept its seq, so a different chunk emitted
+    next (the handler caught the error and went on) went out under the same seq, and readers
+    skipped it as a repeat. Sent again, the same chunk keeps its seq (a repeat to skip)."""
+    tid, token = running(q)
+    e = emitter(q, tid, token)
+    run, calls = e.scripts.run, [0]
+
+    def reply_lost(call: Any) -> Any:
+        calls[0] += 1
+        got = run(call)
+        if calls[0] == 2:  # stored, then the connection drops before the reply
+            raise redis.ConnectionError("Connection reset by peer")
+        return got
+
+    e.scripts.run = reply_lost  # type: ignore[method-assign]
+    e.emit("A")
+    with pytest.raises(redis.ConnectionError):
+        e.emit("B")
+    e.emit("B" if again else "C")
+    e.emit("D")
+    assert [x["seq"] for x in entries(q, tid)] == seqs
 
 
 def test_a_stale_token_or_an_ended_task_appends_nothing(q: Queue) -> None:
