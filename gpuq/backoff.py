@@ -37,6 +37,15 @@ class Backoff:
     def reset(self) -> None:
         self._next = self.first
 
+    def pause_until(self, until: float) -> bool:
+        """Sleep the next delay, cut short at ``until`` (monotonic); False, without sleeping,
+        when no time is left: the caller gives up."""
+        wait = min(self.delay(), until - time.monotonic())
+        if wait <= 0:
+            return False
+        time.sleep(wait)
+        return True
+
 
 class Outage:
     """Whether Redis is down for one process (``who``, e.g. ``worker=w1``), shared by its loops.

@@ -4,9 +4,9 @@
 -- running lower-priority task (the victim) on a worker large enough. Either way the worker is
 -- reserved for the waiting task (reserve:<worker>, until now + lifetime): its next claim takes that
 -- task; reserve only: the worker's control list gets "reserved <waiting>" (a batch waiting for
--- more tasks runs at once). With yield, the victim is also asked to give way: its hash gets yield_by (deadline, ms) and
--- yield_for, and the worker's control list gets "yield <victim> <grace_ms>", which its heartbeat
--- thread reads at once.
+-- more tasks runs at once). With yield, the victim is also asked to give way: its hash gets
+-- yield_by (deadline, ms) and yield_for, and the worker's control list gets
+-- "yield <victim> <grace_ms>", which its heartbeat thread reads at once.
 --
 -- KEYS[1]  pool key base
 -- ARGV[1]  now (ms; "0" = server clock)

@@ -171,7 +171,8 @@ def decimal(x: float) -> str:
 
 
 def _sizes(snap: Snapshot) -> dict[str, float]:
-    return {**{w.gpu: w.usable_gb for w in reversed(snap.workers)}, **snap.classes}  # first worker's
+    # a registered class's size, else the first live worker's of that class (reversed: it wins)
+    return {**{w.gpu: w.usable_gb for w in reversed(snap.workers)}, **snap.classes}
 
 
 def _spare(snap: Snapshot) -> list[WorkerState]:

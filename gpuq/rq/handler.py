@@ -47,9 +47,10 @@ class RqHandler:
             log.warning("rq.refused job=%s task=%s reason=%s", job.id, ctx.task_id, exc.reason)
             outcome.failed(job, str(exc), ctx.worker_id)
             raise TaskError(str(exc), False) from None
-        if job.get_status(refresh=False) in (JobStatus.CANCELED, JobStatus.STOPPED):
+        status = job.get_status(refresh=False)
+        if status in (JobStatus.CANCELED, JobStatus.STOPPED):
             # canceled through RQ's API after the bridge moved it: it must not run
-            raise TaskError(f"rq job {job.id} was {job.get_status(refresh=False).value} in RQ", False)
+            raise TaskError(f"rq job {job.id} was {status.value} in RQ", False)
         outcome.started(job, ctx.worker_id)
         try:
             with running(RqContext(model, ctx, job)):

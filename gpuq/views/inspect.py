@@ -133,20 +133,23 @@ def pool_view(client: redis.Redis, keys: Keys, top: int | None = None) -> PoolVi
         waiting=int(waiting), schedules=int(schedules), **_tenants(client, keys, stats))
 
 
-def finite(raw: str | None) -> float | None:
-    """A stored number; None when absent or not a finite number (a foreign or older writer:
-    status and the exporter must still work)."""
-    try:
-        value = float(raw) if raw else None
-    except ValueError:
+def number(value: Any) -> float | None:
+    """A finite float from a stored field, or None: fields are written by scripts, workers
+    and anyone with the pool's keys (a foreign or older writer: status, top and the exporter
+    must still work)."""
+    if isinstance(value, bool):
         return None
-    return value if value is not None and math.isfinite(value) else None
+    try:
+        result = float(value)
+    except (TypeError, ValueError):
+        return None
+    return result if math.isfinite(result) else None
 
 
 def class_gb(raw: str) -> float | None:
     """A ``classes`` entry's usable GB; None when not a finite number (an older worker
     declared nan or inf, which Redis refuses as a score bound)."""
-    return finite(raw)
+    return number(raw)
 
 
 def task_children(client: redis.Redis, keys: Keys, task_id: str) -> list[str]:
@@ -218,7 +221,7 @@ def _queues(client: redis.Redis, keys: Keys, per_level: list[list[str]], now: fl
     queues, named = [], []
     for (p, m, qs), ids in zip(rows, ids_of):
         fields = [next(read) for _ in ids]
-        at = finite(fields[0][0]) if fields else None  # a foreign write: no wait shown
+        at = number(fields[0][0]) if fields else None  # a foreign write: no wait shown
         wait = max(0.0, now - at / 1000) if at is not None else 0.0
         queues.append(QueueView(p.label, m, sum(depths[q] for q in qs), round(wait, 3)))
         if top is None:
@@ -262,7 +265,7 @@ def _running_tasks(client: redis.Redis, keys: Keys, live: list[WorkerView],
         pipe.hmget(keys.task(task_id), "yield_by", "yield_for", "progress", "progress_msg")
     requests, progress = [], {}
     for (wid, task_id), (by, waiting, fraction, message) in zip(running, pipe.execute()):
-        if (by_ms := finite(by)) is not None:
+        if (by_ms := number(by)) is not None:
             requests.append({"task": task_id, "worker": wid,
                              "yield_by_s": round((by_ms - now_ms) / 1000, 3),
                              "for": waiting or ""})

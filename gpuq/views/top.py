@@ -23,7 +23,7 @@ from gpuq.clock import server_ms
 from gpuq.keys import Keys
 from gpuq.redact import one_line
 from gpuq.task import Priority
-from gpuq.views.inspect import PoolView, QueueView, WorkerView, pool_view, recent_misses
+from gpuq.views.inspect import PoolView, QueueView, WorkerView, number, pool_view, recent_misses
 from gpuq.views.render import attainment, levels_label
 
 MIN_WIDTH = 60
@@ -268,14 +268,3 @@ def short_id(task_id: str, n: int = 8) -> str:
     """A task id cut to n characters: a generated id's tail (its head is the enqueue time,
     the same for every task of a few hours), another id's head."""
     return task_id[-n:] if GENERATED_ID.fullmatch(task_id) else task_id[:n]
-
-
-def number(value: Any) -> float | None:
-    """A float from a stored field, or None: misses are written by scripts, read by anyone."""
-    if isinstance(value, bool):
-        return None
-    try:
-        result = float(value)
-    except (TypeError, ValueError):
-        return None
-    return result if result == result and abs(result) != float("inf") else None

@@ -147,12 +147,10 @@ class Worker:
             except StaleLease:
                 return
             except redis.RedisError as exc:
-                wait = min(backoff.delay(), until - time.monotonic())
-                if wait <= 0:
+                if not backoff.pause_until(until):
                     log.error("task.requeue_failed task=%s error=%s (the reaper will recover it)",
                               task_id, exc)
                     return
-                time.sleep(wait)
 
     def wait_for_work(self, retry_s: float) -> Claimed | bool | None:
         """Block on this worker's wake list and the pool's (no sleep loop). A task left for a
@@ -384,7 +382,7 @@ class Worker:
             pass
         grace_end = self.join_runners(runners)
         # with Redis away, keep trying the give-backs to the grace's end (at least stop_s)
-        until = max(grace_end or 0.0, time.monotonic() + self.config.stop_s)
+        until = max(grace_end, time.monotonic() + self.config.stop_s)
         for r in self.running.snapshot():
             if not r.stopped:  # a stopped task was requeued when it was stopped
                 self.give_back(r.task_id, r.token, until, r.ctx.saved or "")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -165,10 +164,8 @@ class Presence:
                 pipe.execute()
                 return
             except redis.RedisError:
-                wait = min(backoff.delay(), until - time.monotonic())
-                if wait <= 0:
+                if not backoff.pause_until(until):
                     raise
-                time.sleep(wait)
 
     def _own_keys(self) -> tuple[str, ...]:
         """The keys named after this worker: fresh at registration, gone when it leaves."""
