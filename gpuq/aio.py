@@ -19,7 +19,7 @@ import redis.exceptions
 
 from gpuq import bulk
 from gpuq.config import Config
-from gpuq.connection import Tls, connect_async, redis_errors, sentinels_of
+from gpuq.connection import connect_async, redis_errors, sentinels_of
 from gpuq.errors import GpuqError
 from gpuq.functions import Sender
 from gpuq.keys import Keys
@@ -27,6 +27,7 @@ from gpuq.producer import PENDING, Producer, Waiting, stored
 from gpuq.scripts import SCRIPT_NAMES, Call, Resend, wait_command
 from gpuq.stream import Chunk, Follow, follow_call, parse_progress
 from gpuq.task import State, TaskRecord, TaskSpec
+from gpuq.tls import Tls
 
 T = TypeVar("T")
 

@@ -16,12 +16,13 @@ import redis
 
 from gpuq import bulk
 from gpuq.config import Config
-from gpuq.connection import Tls, connect, redis_errors, sentinels_of
+from gpuq.connection import connect, redis_errors, sentinels_of
 from gpuq.errors import GpuqError
 from gpuq.producer import PENDING, Producer, Waiting, stored
 from gpuq.scripts import Scripts
 from gpuq.stream import Chunk, Follow, follow_call, parse_progress
 from gpuq.task import State, TaskRecord, TaskSpec
+from gpuq.tls import Tls
 
 
 class Queue(Producer[redis.Redis, "Task"]):

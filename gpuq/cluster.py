@@ -29,6 +29,9 @@ from gpuq.keys import Keys
 QUERY_TIMEOUT_S = 2.0  # a node asked for the slot map: a dead one must not hang the connect
 REDIRECTS = (redis.exceptions.AskError, redis.exceptions.ClusterDownError,
              redis.exceptions.TryAgainError, redis.exceptions.ReadOnlyError)
+# a node's refusal of the login or of CLUSTER SLOTS: every node of a cluster shares it
+REFUSALS = (redis.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError,
+            redis.exceptions.NoPermissionError, redis.exceptions.AuthorizationError)
 # the options of a connection that the slot-map queries share (login, TLS)
 _SHARED = ("username", "password", "credential_provider", "ssl_keyfile", "ssl_certfile",
            "ssl_cert_reqs", "ssl_ca_certs", "ssl_check_hostname", "ssl_ca_data", "ssl_ca_path")
@@ -68,18 +71,23 @@ class SlotMap:
             if self.hint is not None:
                 found, self.hint = self.hint, None
                 return found
-            failures = []
+            failures: list[str] = []
+            last: BaseException | None = None
             for node in list(self.nodes):
                 try:
                     found = self._ask(node)
+                except REFUSALS:
+                    raise  # wrong credentials or ACL: a message of its own, not "cannot reach"
                 except (redis.RedisError, OSError, ValueError) as exc:
                     failures.append(f"{node[0]}:{node[1]}: {exc}")
+                    last = exc
                     continue
                 self.nodes.remove(node)
                 self.nodes.insert(0, node)
                 return found
+            # chained, so that a TLS failure under it is reported as one
             raise redis.ConnectionError(f"no cluster node named the master of slot {self.slot}: "
-                                        + "; ".join(failures))
+                                        + "; ".join(failures)) from last
 
     def _ask(self, node: tuple[str, int]) -> tuple[str, int]:
         kind = redis.SSLConnection if self._ssl else redis.Connection

@@ -17,10 +17,7 @@ Errors and log lines show URLs with the password masked (``gpuq.redact``).
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,7 +29,6 @@ import redis.asyncio as aredis
 import redis.asyncio.sentinel
 import redis.sentinel
 
-from gpuq.config import Config
 from gpuq.errors import (
     AuthenticationFailed,
     ConfigError,
@@ -44,6 +40,7 @@ from gpuq.errors import (
     TlsFailed,
 )
 from gpuq.redact import redact
+from gpuq.tls import ClosedAfterHandshake, SentinelTlsConnection, Tls, TlsConnection, cause_of
 
 # no read timeout: workers and result waiters block on list pops for seconds at a time;
 # keepalive and the connect timeout (which covers the handshake too: _start) catch a dead server
@@ -61,61 +58,6 @@ SENTINEL_TIMEOUT_S = 5.0  # a Sentinel answers at once; one that hangs must not 
 SENTINEL_QUERY = ("sentinel_username", "sentinel_password")
 _DENIED = ("NOPERM", "can't run this command", "no permissions")
 _SENTINEL_ERROR = re.compile(r"\)> - (?:\w+:)?(\w+)")  # "<client repr> - [network:]ConnectionError..."
-
-
-@dataclass(frozen=True)
-class Tls:
-    """TLS files: the CA that signed the server's certificate, and the client's own
-    certificate and key when the server asks for one (``tls-auth-clients yes``)."""
-
-    ca: str = ""
-    cert: str = ""
-    key: str = ""
-
-    @classmethod
-    def of(cls, config: Config) -> Tls:
-        return cls(config.tls_ca, config.tls_cert, config.tls_key)
-
-    def __bool__(self) -> bool:
-        return bool(self.ca or self.cert or self.key)
-
-    def options(self) -> dict[str, Any]:
-        """redis-py's ssl_* arguments, files checked first (a missing file is a
-        configuration error, not a failed handshake)."""
-        for flag, path in (("--tls-ca", self.ca), ("--tls-cert", self.cert), ("--tls-key", self.key)):
-            if path and not os.access(path, os.R_OK):
-                raise ConfigError(f"{flag} {path!r}: no such readable file")
-        if self.key and not self.cert:
-            raise ConfigError("--tls-key needs --tls-cert (the client certificate it belongs to)")
-        return {"ssl_ca_certs": self.ca or None, "ssl_certfile": self.cert or None,
-                "ssl_keyfile": self.key or None, "ssl_cert_reqs": "required"}
-
-
-class _BoundedHandshake:
-    """For redis-py's TLS connections: the handshake is part of connecting, so it gets the
-    connect timeout. redis-py runs it under the read timeout, which gpuq leaves unset (for
-    blocking pops), so rediss:// to a plain port would hang forever."""
-
-    socket_timeout: float | None
-    socket_connect_timeout: float | None
-
-    def _connect(self) -> socket.socket:
-        kept = self.socket_timeout
-        self.socket_timeout = self.socket_connect_timeout
-        try:
-            sock: socket.socket = super()._connect()  # type: ignore[misc]
-        finally:
-            self.socket_timeout = kept
-        sock.settimeout(kept)
-        return sock
-
-
-class TlsConnection(_BoundedHandshake, redis.SSLConnection):
-    pass
-
-
-class SentinelTlsConnection(_BoundedHandshake, redis.sentinel.SentinelManagedSSLConnection):
-    pass
 
 
 def _no_reply(conn: Any) -> redis.TimeoutError:
@@ -145,6 +87,10 @@ async def _start_async(conn: Any) -> None:
         await conn.on_connect()
     except redis.TimeoutError:
         raise _no_reply(conn) from None
+    except redis.ConnectionError as exc:
+        if isinstance(conn, aredis.SSLConnection):  # the sync client sees the TLS alert itself
+            raise ClosedAfterHandshake(str(exc)) from exc
+        raise
     finally:
         conn.socket_timeout = kept
 
@@ -161,23 +107,6 @@ def url_checked(url: str) -> Iterator[None]:
 def _first_line(exc: BaseException) -> str:
     text = str(exc)
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _tls_cause(exc: BaseException) -> str | None:
-    """Why a TLS handshake failed, if an ssl error lies under ``exc``."""
-    seen: BaseException | None = exc
-    for _ in range(5):  # redis-py wraps the ssl error once or twice
-        if seen is None:
-            return None
-        if isinstance(seen, ssl.SSLCertVerificationError):
-            detail = getattr(seen, "verify_message", None)  # set by the ssl module's own raise
-            return "certificate verify failed" + (f": {detail}" if detail else "")
-        if isinstance(seen, ssl.SSLError):
-            return str(seen.reason or _first_line(seen)).lower().replace("_", " ")
-        if isinstance(seen, TimeoutError) and "handshake" in str(seen):
-            return "no TLS handshake within the connect timeout (is the port a TLS port?)"
-        seen = seen.__cause__ or seen.__context__
-    return None
 
 
 def _no_master_cause(exc: BaseException) -> str:
@@ -200,10 +129,15 @@ def redis_errors(url: str) -> Iterator[None]:
     except (redis.exceptions.NoPermissionError, redis.exceptions.AuthorizationError) as exc:
         raise PermissionDenied(url, _first_line(exc)) from None
     except (redis.ConnectionError, redis.TimeoutError) as exc:
-        cause = _tls_cause(exc)
+        cause = cause_of(exc)
         if cause is not None:
             raise TlsFailed(url, cause) from None
-        raise ConnectionFailed(url, _first_line(exc)) from None
+        line = _first_line(exc)
+        if url.lower().startswith("rediss") and "Timeout connecting" in line:
+            # asyncio bounds connect and handshake together: either may have timed out
+            line += (" (no TCP connection or no TLS handshake within the connect timeout: is the "
+                     "port a TLS port?)")
+        raise ConnectionFailed(url, line) from None
     except redis.exceptions.InvalidResponse as exc:  # e.g. an HTTP server's "HTTP/1.1 400 ..."
         raise ConnectionFailed(url, f"the reply is not the Redis protocol, is this a Redis server? "
                                     f"({_first_line(exc)})") from None

@@ -16,10 +16,11 @@ import click
 from gpuq import logs
 from gpuq.client import Queue
 from gpuq.config import Config
-from gpuq.connection import Tls, connect, redis_errors
+from gpuq.connection import connect, redis_errors
 from gpuq.errors import ConfigError, GpuqError
 from gpuq.redact import one_line, redact
 from gpuq.task import Priority, TaskSpec
+from gpuq.tls import Tls
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULTS = Config()  # the defaults option help states

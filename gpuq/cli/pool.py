@@ -20,9 +20,10 @@ from gpuq.cli.base import (
     task_option,
 )
 from gpuq.cli.tasks import within
-from gpuq.connection import Tls, redis_errors
+from gpuq.connection import redis_errors
 from gpuq.errors import ConfigError
 from gpuq.task import BAD_NAME, MAX_NAME_LEN, Priority
+from gpuq.tls import Tls
 from gpuq.views.inspect import pool_view
 
 # a number given must be finite (nan passes every comparison click's ranges make)

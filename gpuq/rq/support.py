@@ -8,8 +8,9 @@ import redis
 
 from gpuq.app import App
 from gpuq.client import Queue
-from gpuq.connection import Tls, connect
+from gpuq.connection import connect
 from gpuq.errors import ConfigError
+from gpuq.tls import Tls
 
 
 def require() -> None:

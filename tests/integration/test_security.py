@@ -8,6 +8,7 @@ may reach any output or log line.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -21,9 +22,11 @@ from procs import Procs, est, wait_for
 
 from gpuq import State
 from gpuq.acl import setuser
+from gpuq.aio import AsyncQueue
 from gpuq.client import Queue
 from gpuq.config import Config
 from gpuq.embedded import EmbeddedServer, free_port, stop_process
+from gpuq.errors import TlsFailed
 from gpuq.functions import library
 from gpuq.keys import Keys
 from gpuq.scripts import SCRIPT_NAMES
@@ -123,6 +126,27 @@ def test_a_wrong_password_is_one_line_that_never_shows_it(servers: Callable[...,
         procs.close()
 
 
+@needs_redis
+def test_a_cluster_that_refuses_the_login_says_so(servers: Callable[..., Server],
+                                                  tmp_path: Path) -> None:
+    """The defect: a redis+cluster:// URL with a wrong or missing password printed "cannot
+    reach Redis" (the slot-map lookup folded the refusal into a connection error)."""
+    server = servers("--cluster-enabled", "yes", "--cluster-config-file", str(tmp_path / "nodes.conf"),
+                     "--cluster-port", str(free_port()),  # not port + 10000, which may pass 65535
+                     "--requirepass", "another-password")
+    admin = server.wait(redis.Redis(port=server.port, password="another-password"))
+    admin.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+    procs = Procs(f"redis://127.0.0.1:{server.port}/0", "p", "gpuq", tmp_path)
+    try:
+        for auth, shown in ((f":{SECRET}@", ":***@"), ("", "")):
+            url = f"redis+cluster://{auth}127.0.0.1:{server.port}"
+            line = one_line_error(cli_at(procs, url, "status"),
+                                  f"authentication failed for Redis at redis+cluster://{shown}127.0.0.1")
+            assert "cannot reach" not in line
+    finally:
+        procs.close()
+
+
 def make_certs(tmp_path: Path) -> dict[str, str]:
     """A CA, a server certificate for 127.0.0.1 and a client certificate, with openssl."""
     if shutil.which("openssl") is None:
@@ -176,9 +200,16 @@ def test_tls_with_client_certificates_end_to_end(servers: Callable[..., Server],
         assert "self-signed" in no_ca or "local issuer" in no_ca or "unable to get" in no_ca, no_ca
         no_client_cert = procs.cli("status", env={"GPUQ_TLS_CA": certs["ca.crt"]})
         one_line_error(no_client_cert, f"TLS handshake with Redis at {tls_url} failed: ")
+        with pytest.raises(TlsFailed, match="client certificate"):  # asyncio saw only a reset
+            asyncio.run(async_enqueue(tls_url, Config(tls_ca=certs["ca.crt"])))
         plain = f"redis://127.0.0.1:{port}/0"
         one_line_error(cli_at(procs, plain, "status"), f"cannot reach Redis at {plain}")
         one_line_error(cli_at(procs, plain, "status", env=env), "is not TLS: use rediss://")
+
+
+async def async_enqueue(url: str, config: Config) -> None:
+    async with AsyncQueue.from_url(url, pool="p", config=config) as q:
+        await q.enqueue("sim.noop", {}, model="m", vram_gb=1)
 
 
 def cli_at(procs: Procs, url: str, *args: str, env: dict[str, str] | None = None

@@ -22,9 +22,6 @@ from gpuq.config import Config
 from gpuq.connection import (
     CONNECT_OPTIONS,
     Hosts,
-    SentinelTlsConnection,
-    Tls,
-    TlsConnection,
     connect,
     connect_async,
     redis_errors,
@@ -39,6 +36,7 @@ from gpuq.errors import (
     TlsFailed,
 )
 from gpuq.redact import redact
+from gpuq.tls import SentinelTlsConnection, Tls, TlsConnection
 
 SECRET = "s3cret"
 
@@ -272,6 +270,24 @@ def test_tls_handshake_with_a_silent_port_times_out() -> None:
                 client.ping()
         assert time.monotonic() - started < 3
         client.close()
+
+
+def test_async_tls_to_a_silent_port_names_both_causes() -> None:
+    """asyncio bounds the TCP connect and the TLS handshake with one timeout, so its error
+    cannot tell them apart: the message names both instead of a bare "Timeout connecting"."""
+    async def ping(port: int) -> None:
+        client = connect_async(f"rediss://127.0.0.1:{port}/0", socket_connect_timeout=0.3, retry=None)
+        try:
+            with redis_errors(f"rediss://127.0.0.1:{port}/0"):
+                await client.ping()
+        finally:
+            await client.aclose()
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        with pytest.raises(ConnectionFailed, match="no TCP connection or no TLS handshake"):
+            asyncio.run(ping(silent.getsockname()[1]))
 
 
 @pytest.fixture
