@@ -62,7 +62,9 @@ def _levels(ctx: click.Context, param: click.Parameter, value: str | None) -> st
               help=f"Tasks run at once (default {DEFAULTS.concurrency}).")
 @click.option("--name", "worker_id", default=None, callback=_worker_id,
               help="Worker id (default host-gpu-random); one whose worker still beats is refused.")
-@click.option("--burst", is_flag=True, help="Exit when nothing is left that this worker can run.")
+@click.option("--burst", is_flag=True,
+              help="Exit when no queued task is left that this worker can run; delayed tasks "
+                   "(retries in backoff too) are left to other workers.")
 @click.option("--idle-timeout", "idle_timeout_s", type=float, default=None, callback=SECONDS,
               help="Idle seconds before unloading models and retiring above the pool's "
                    f"min_workers (default {DEFAULTS.idle_timeout_s:g}; 0: never; env GPUQ_IDLE_TIMEOUT_S).")
