@@ -30,7 +30,7 @@ from typing import TypeVar
 
 import redis
 
-from gpuq import backoff, catalog, schedule
+from gpuq import backoff, catalog, eviction, schedule
 from gpuq.clock import from_time_reply, server_ms
 from gpuq.config import Config
 from gpuq.connection import denied, redis_errors
@@ -162,6 +162,8 @@ class Reaper:
             signal.signal(signal.SIGTERM, lambda *_: self.stopped.set())
             signal.signal(signal.SIGINT, lambda *_: self.stopped.set())
         with redis_errors(self.config.redis_url):
+            if (risk := eviction.risk(self.redis)) is not None:
+                log.warning("redis.may_evict pool=%s: %s", self.config.pool, risk)
             if once:
                 self.round()
                 return 0

@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from gpuq import catalog, tenants, work_index
+from gpuq import catalog, eviction, tenants, work_index
 from gpuq.clock import from_time_reply
 from gpuq.keys import Keys, live_reservation
 from gpuq.task import TERMINAL_STATES, Priority, ended_count
@@ -78,6 +78,7 @@ class PoolView:
     progress: dict[str, dict[str, Any]] = field(default_factory=dict)
     waiting: int = 0  # tasks waiting for their parents (enqueued with `after`)
     schedules: int = 0  # periodic tasks (gpuq schedule)
+    warnings: list[str] = field(default_factory=list)  # about the server (gpuq.eviction)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,7 +131,8 @@ def pool_view(client: redis.Redis, keys: Keys, top: int | None = None) -> PoolVi
         **_running_tasks(client, keys, [w for w in views if w.alive], now * 1000),
         scale={k: _parse_signal(v) for k, v in sorted(scale.items())},
         unregistered=dict(sorted(unregistered.items())), runtimes=learned_runtimes(runtimes),
-        waiting=int(waiting), schedules=int(schedules), **_tenants(client, keys, stats))
+        waiting=int(waiting), schedules=int(schedules), **_tenants(client, keys, stats),
+        warnings=[w for w in (eviction.risk(client),) if w])
 
 
 def number(value: Any) -> float | None:

@@ -13,6 +13,7 @@ def render_status(view: PoolView) -> str:
     lines = [f"pool {view.pool}: {sum(q.depth for q in view.queues)} queued, {view.running} running, "
              f"{view.delayed} delayed, {view.waiting} waiting for parents, {view.schedules} schedules, "
              f"{len(view.workers)} workers"]
+    lines += [f"warning: {w}" for w in view.warnings]
     lines.append("")
     lines.append(f"{'PRIORITY':<9}{'MODEL':<24}{'DEPTH':>8}{'OLDEST WAIT':>14}")
     for q in view.queues:

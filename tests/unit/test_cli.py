@@ -160,7 +160,7 @@ def test_status_json_shape(cli_pool: Pool) -> None:
                      "largest_gpu_gb": 0.0, "stats": {}, "models": [], "reservations": [],
                      "yield_requests": [], "scale": {}, "unregistered": {}, "runtimes": [],
                      "tenants": [], "tenants_required": False, "progress": {}, "waiting": 0,
-                     "schedules": 0}
+                     "schedules": 0, "warnings": []}
 
     cli_pool.register_gpu("w-a100", "A100-40", 40)
     ids = [cli_pool.ok("enqueue", *BASE, "--priority", "P0").strip() for _ in range(2)]
