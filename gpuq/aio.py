@@ -24,7 +24,7 @@ from gpuq.errors import GpuqError
 from gpuq.functions import Sender
 from gpuq.keys import Keys
 from gpuq.producer import PENDING, Producer, Waiting, stored
-from gpuq.scripts import SCRIPT_NAMES, Call, Resend, wait_command
+from gpuq.scripts import RELOADS, SCRIPT_NAMES, Call, Resend, wait_command
 from gpuq.stream import Chunk, Follow, follow_call, parse_progress
 from gpuq.task import State, TaskRecord, TaskSpec
 from gpuq.tls import Tls
@@ -115,7 +115,9 @@ class AsyncScripts:
                       wait: tuple[Any, ...] | None = None) -> list[Any]:
         """gpuq.scripts.Scripts._loaded, awaited."""
         resend = Resend(replies, calls, wait)
-        if resend.missing:
+        for _ in range(RELOADS):
+            if not resend.missing:
+                break
             await self.load()
             resend.merge(await exchange(self.client, resend.commands(self.command), retry=True))
         return resend.checked()

@@ -39,6 +39,7 @@ SCRIPT_NAMES = ("enqueue", "claim", "claim_batch", "began", "heartbeat", "ack", 
                 "cancel", "reap", "lead", "expire", "preempt", "retire", "learn", "tenant", "fire",
                 "emit", "progress", "follow", "wait")  # emit, progress, follow: gpuq.stream's calls
 LEARN_MAX_RUNS = 256  # learn.lua's limit per call
+RELOADS = 3  # loads of the scripts a call may need: each server flush meanwhile costs one
 
 
 @dataclass(frozen=True)
@@ -279,6 +280,8 @@ class Resend:
             self.acked = again.pop()
         for i, reply in zip(self.missing, again):
             self.replies[i] = reply
+        # flushed again between the load and the resend: sent again (up to RELOADS times)
+        self.missing = [i for i in self.missing if missing(self.replies[i])]
 
     def checked(self) -> list[Any]:
         raise_first_error(self.replies)
@@ -350,7 +353,9 @@ class Scripts:
         """The replies, with the calls that found their code missing sent again once it is
         loaded (``Resend``)."""
         resend = Resend(replies, calls, wait)
-        if resend.missing:
+        for _ in range(RELOADS):
+            if not resend.missing:
+                break
             self.load()
             resend.merge(exchange(self.client, resend.commands(self.command), retry=True))
         return resend.checked()

@@ -395,6 +395,7 @@ def plan(snapshot: Snapshot, config: Config, now_ms: int,
         hints += [WarmHint(w, m, gb) for w, m, gb in ahead_hints(
             full, held, snapshot.forecasts, snapshot.footprint_gb,
             config, now_ms, recent, HINT_EVERY_MS, {h.worker for h in hints}, snapshot.weighed)]
-    unschedulable = sum(n for bound, n in snapshot.need_bands if math.isinf(bound))
+    # with no class and no worker known, no task is larger than one (producers come first)
+    unschedulable = sum(n for bound, n in snapshot.need_bands if math.isinf(bound)) if _sizes(snapshot) else 0
     return ScalePlan(signals, hints, unschedulable, snapshot.largest_need_gb if unschedulable else 0.0,
                      max(_sizes(snapshot).values(), default=0.0))

@@ -110,8 +110,12 @@ def pool_view(client: redis.Redis, keys: Keys, top: int | None = None) -> PoolVi
     queues, named = _queues(client, keys, per_level, now, top)
 
     largest = max((gb for v in classes if (gb := class_gb(v)) is not None), default=0.0)
-    unschedulable_ids = client.zrangebyscore(keys.need, f"({largest}", "+inf", start=0, num=20)
-    unschedulable = client.zcount(keys.need, f"({largest}", "+inf")
+    # with no class registered yet (producers before workers) no task is larger than one
+    unschedulable_ids: list[str] = []
+    unschedulable = 0
+    if largest:
+        unschedulable_ids = [str(i) for i in client.zrangebyscore(keys.need, f"({largest}", "+inf", 0, 20)]
+        unschedulable = client.zcount(keys.need, f"({largest}", "+inf")
 
     views, reservations = _workers(client, keys, workers, now * 1000)
     runnable = {h for w in views if w.alive for h in w.handlers}
@@ -121,7 +125,7 @@ def pool_view(client: redis.Redis, keys: Keys, top: int | None = None) -> PoolVi
             unregistered.setdefault(handler, []).append(tid)
     return PoolView(
         pool=keys.pool, queues=queues, workers=views, running=int(running), delayed=int(delayed),
-        unschedulable=int(unschedulable), unschedulable_ids=[str(i) for i in unschedulable_ids],
+        unschedulable=int(unschedulable), unschedulable_ids=unschedulable_ids,
         largest_gpu_gb=largest,
         # each end is counted per priority; a state's total, once there is one, is their sum (it
         # replaces a total a release before that kept)

@@ -59,6 +59,26 @@ def test_a_server_that_lost_the_library_gets_it_again(queue: Queue) -> None:
     assert queue.scripts.sender.fcall
 
 
+def test_a_flush_between_the_load_and_the_resend_is_loaded_again(queue: Queue,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The defect: a call whose resend found the library flushed again (two flushes in a row)
+    raised a bare "Function not found", which workers took for an outage."""
+    load, flushes = queue.scripts.load, [2]
+
+    def load_then_lose() -> None:
+        load()
+        if flushes[0]:
+            flushes[0] -= 1
+            queue.redis.execute_command("FUNCTION", "FLUSH")
+            queue.redis.script_flush()
+
+    monkeypatch.setattr(queue.scripts, "load", load_then_lose)
+    queue.redis.execute_command("FUNCTION", "FLUSH")
+    queue.redis.script_flush()
+    queue.enqueue("h", None, model="m", vram_gb=1)
+    assert queue.redis.zcard(queue.keys.queue(2, "m")) == 1 and flushes == [0]
+
+
 def test_no_call_sees_what_an_earlier_one_left(queue: Queue) -> None:
     """A batch's joined ack leaves lib/tally.lua's state on; the next call of the library
     starts from none (else its counters and set writes would wait for a flush that never

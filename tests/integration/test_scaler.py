@@ -126,6 +126,16 @@ def test_task_too_big_for_live_workers_raises_the_smallest_fitting_class(make_re
     assert got["unschedulable"] == {"tasks": 1, "largest_gb": 200.0, "class_gb": 136.0}
 
 
+def test_with_no_class_known_no_task_is_unschedulable(make_real_queue: MakeQueue) -> None:
+    """Producers before any worker (a pool's bring-up): the defect called every queued task
+    larger than the largest class, which was no class at all."""
+    q = make_real_queue(min_workers=0)
+    enqueue(q, 1, "m", 4)
+    Scaler(q.redis, q.keys, q.config).step()
+    got = scale_hash(q)
+    assert "unschedulable" not in got and got["model:m"]["desired"] == 1
+
+
 def test_tasks_whose_handler_no_live_worker_registers_are_named(make_real_queue: MakeQueue) -> None:
     q = make_real_queue(min_workers=0)
     register(q, "w-l4", "L4", 24)

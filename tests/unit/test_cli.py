@@ -191,6 +191,10 @@ def test_status_text(cli_pool: Pool) -> None:
     text = cli_pool.ok("status")
     assert f"pool {cli_pool.name}: 0 queued, 0 running" in text
     assert "(no queued tasks)" in text and "(no workers)" in text
+    # producers before any worker: no GPU class known, so no task is larger than one
+    first = cli_pool.ok("enqueue", "sim.run", "--model", "m", "--vram-gb", "4").strip()
+    assert json.loads(cli_pool.ok("status", "--json"))["unschedulable"] == 0
+    assert "unschedulable" not in cli_pool.ok("status") and first in cli_pool.ok("status")
     cli_pool.register_gpu("w-l4", "L4", 24)
     big = cli_pool.ok("enqueue", "sim.run", "--model", "m", "--vram-gb", "40").strip()
     text = cli_pool.ok("status")
