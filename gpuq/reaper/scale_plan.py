@@ -151,7 +151,7 @@ class WarmHint:
 class ScalePlan:
     signals: list[ScaleSignal]
     hints: list[WarmHint]
-    unschedulable: int = 0  # queued tasks larger than every class
+    unschedulable: int = 0  # queued tasks larger than every class (none while no class is known)
     largest_need_gb: float = 0.0  # the largest of them
     largest_class_gb: float = 0.0
 
@@ -395,7 +395,6 @@ def plan(snapshot: Snapshot, config: Config, now_ms: int,
         hints += [WarmHint(w, m, gb) for w, m, gb in ahead_hints(
             full, held, snapshot.forecasts, snapshot.footprint_gb,
             config, now_ms, recent, HINT_EVERY_MS, {h.worker for h in hints}, snapshot.weighed)]
-    # with no class and no worker known, no task is larger than one (producers come first)
-    unschedulable = sum(n for bound, n in snapshot.need_bands if math.isinf(bound)) if _sizes(snapshot) else 0
+    unschedulable = sum(n for b, n in snapshot.need_bands if math.isinf(b)) if _sizes(snapshot) else 0
     return ScalePlan(signals, hints, unschedulable, snapshot.largest_need_gb if unschedulable else 0.0,
                      max(_sizes(snapshot).values(), default=0.0))

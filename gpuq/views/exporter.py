@@ -87,7 +87,7 @@ def read_figures(client: redis.Redis, keys: Keys, keep: int = 50,
                                                 float(m["mean_load_s"]) * int(m["loads"]))
                                                for m in view.models]),
         workers=workers, desired=desired, forecast=forecast,
-        reaper_active=bool(client.exists(keys.reaper_lock)), tenants=capped_tenants(view.tenants, keep))
+        reaper_active=view.reaper_active, tenants=capped_tenants(view.tenants, keep))
 
 
 def capped_tenants(tenants: list[dict[str, Any]], keep: int) -> list[dict[str, Any]]:

@@ -79,6 +79,7 @@ class PoolView:
     waiting: int = 0  # tasks waiting for their parents (enqueued with `after`)
     schedules: int = 0  # periodic tasks (gpuq schedule)
     warnings: list[str] = field(default_factory=list)  # about the server (gpuq.eviction)
+    reaper_active: bool = False  # a reaper holds the pool's lock
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,8 +103,9 @@ def pool_view(client: redis.Redis, keys: Keys, top: int | None = None) -> PoolVi
     pipe.hgetall(keys.runtimes)  # at most 4096 pairs (lua/learn.lua)
     pipe.zcard(keys.waiting)
     pipe.hlen(keys.schedules)
+    pipe.exists(keys.reaper_lock)
     (clock, *per_level, workers, running, delayed, classes, stats, scale, runtimes, waiting,
-     schedules) = pipe.execute()
+     schedules, reaper) = pipe.execute()
     now = from_time_reply(clock) / 1000
     per_level = [work_index.models(r) for r in per_level]
 
@@ -136,7 +138,7 @@ def pool_view(client: redis.Redis, keys: Keys, top: int | None = None) -> PoolVi
         scale={k: _parse_signal(v) for k, v in sorted(scale.items())},
         unregistered=dict(sorted(unregistered.items())), runtimes=learned_runtimes(runtimes),
         waiting=int(waiting), schedules=int(schedules), **_tenants(client, keys, stats),
-        warnings=[w for w in (eviction.risk(client),) if w])
+        warnings=[w for w in (eviction.risk(client),) if w], reaper_active=bool(reaper))
 
 
 def number(value: Any) -> float | None:

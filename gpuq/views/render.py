@@ -12,7 +12,7 @@ from gpuq.views.inspect import PoolView
 def render_status(view: PoolView) -> str:
     lines = [f"pool {view.pool}: {sum(q.depth for q in view.queues)} queued, {view.running} running, "
              f"{view.delayed} delayed, {view.waiting} waiting for parents, {view.schedules} schedules, "
-             f"{len(view.workers)} workers"]
+             f"{len(view.workers)} workers, " + ("a reaper active" if view.reaper_active else "no reaper")]
     lines += [f"warning: {w}" for w in view.warnings]
     lines.append("")
     lines.append(f"{'PRIORITY':<9}{'MODEL':<24}{'DEPTH':>8}{'OLDEST WAIT':>14}")

@@ -100,6 +100,7 @@ def _header(view: PoolView, now: float) -> list[str]:
         workers += f", {states['draining']} draining"
     if len(alive) < len(view.workers):
         workers += f", {len(view.workers) - len(alive)} not responding"
+    workers += "; a reaper active" if view.reaper_active else "; no reaper"
     return [f"gpuq top - pool {view.pool} - {time.strftime('%H:%M:%S', time.localtime(now))}",
             f"tasks: {queued} queued, {view.running} running, {view.delayed} delayed, "
             f"{view.waiting} waiting, {view.unschedulable} unschedulable",

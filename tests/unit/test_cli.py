@@ -160,7 +160,7 @@ def test_status_json_shape(cli_pool: Pool) -> None:
                      "largest_gpu_gb": 0.0, "stats": {}, "models": [], "reservations": [],
                      "yield_requests": [], "scale": {}, "unregistered": {}, "runtimes": [],
                      "tenants": [], "tenants_required": False, "progress": {}, "waiting": 0,
-                     "schedules": 0, "warnings": []}
+                     "schedules": 0, "warnings": [], "reaper_active": False}
 
     cli_pool.register_gpu("w-a100", "A100-40", 40)
     ids = [cli_pool.ok("enqueue", *BASE, "--priority", "P0").strip() for _ in range(2)]
@@ -191,6 +191,9 @@ def test_status_text(cli_pool: Pool) -> None:
     text = cli_pool.ok("status")
     assert f"pool {cli_pool.name}: 0 queued, 0 running" in text
     assert "(no queued tasks)" in text and "(no workers)" in text
+    assert text.splitlines()[0].endswith(", 0 workers, no reaper")
+    cli_pool.redis.set(cli_pool.keys.reaper_lock, "token", px=60_000)  # as a reaper holds it
+    assert cli_pool.ok("status").splitlines()[0].endswith(", 0 workers, a reaper active")
     # producers before any worker: no GPU class known, so no task is larger than one
     first = cli_pool.ok("enqueue", "sim.run", "--model", "m", "--vram-gb", "4").strip()
     assert json.loads(cli_pool.ok("status", "--json"))["unschedulable"] == 0

@@ -42,7 +42,8 @@ def pool(**extra: Any) -> PoolView:
     fields: dict[str, Any] = dict(
         pool="prod", queues=queues, workers=workers, running=2, delayed=4, unschedulable=1,
         unschedulable_ids=["big"], largest_gpu_gb=75.0,
-        stats={"sla_met:P0": 1203, "sla_missed:P0": 18, "sla_met:P1": 40, "sla_missed:P2": 3})
+        stats={"sla_met:P0": 1203, "sla_missed:P0": 18, "sla_met:P1": 40, "sla_missed:P2": 3},
+        reaper_active=True)
     return PoolView(**{**fields, **extra})
 
 
@@ -64,7 +65,7 @@ def test_frame_fits_80_columns_and_shows_every_section() -> None:
     lines = lines_of(render_top(pool(), misses, width=80, now=NOW), 80)
     assert lines[0].startswith("gpuq top - pool prod - ")
     assert lines[1] == "tasks: 357 queued, 2 running, 4 delayed, 0 waiting, 1 unschedulable"
-    assert lines[2] == "workers: 1 busy, 1 idle, 1 not responding"
+    assert lines[2] == "workers: 1 busy, 1 idle, 1 not responding; a reaper active"
 
     rows = {line.split()[0]: line for line in lines if re.match(r"P\d ", line)}
     assert list(rows) == ["P0", "P1", "P2", "P3"]
@@ -105,7 +106,7 @@ def test_empty_pool() -> None:
                      unschedulable_ids=[], largest_gpu_gb=0.0, stats={})
     lines = lines_of(render_top(empty, [], now=NOW), 80)
     assert lines[1:3] == ["tasks: 0 queued, 0 running, 0 delayed, 0 waiting, 0 unschedulable",
-                          "workers: 0 busy, 0 idle"]
+                          "workers: 0 busy, 0 idle; no reaper"]
     assert "(no workers)" in lines and not any("MISSES" in line for line in lines)
     assert not any(line.startswith(("reserved", "yielding", "scale")) for line in lines)
 
