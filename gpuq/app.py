@@ -38,6 +38,7 @@ import math
 import os
 import sys
 import threading
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol, TypeVar
@@ -287,6 +288,10 @@ def load_app(path: str) -> App:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise AppError(f"cannot import app module {module_name!r}: {exc}") from None
+    except Exception as exc:  # the module's own code failed: one line, with where it raised
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        raise AppError(f"cannot import app module {module_name!r}: {type(exc).__name__}: {exc} "
+                       f"({where.filename}:{where.lineno})") from None
     app = getattr(module, attr, None)
     if not isinstance(app, App):
         raise AppError(f"{path} is not a gpuq.App")

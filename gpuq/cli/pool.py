@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 from typing import Any
 
 import click
@@ -103,7 +104,8 @@ def worker(ctx: click.Context, app_path: str, gpu_index: str | None, gpu_count: 
 
 
 @click.command()
-@click.option("--once", is_flag=True, help="One round (recovery, expiry, preemption, scaling), then exit.")
+@click.option("--once", is_flag=True, help="One round (recovery, expiry, preemption, scaling), then exit; "
+              "none while another reaper holds the pool's lock.")
 @click.option("--max-wait", "max_wait_s", type=float, default=None, callback=SECONDS,
               help="Wait for a victim ending within this many seconds instead of interrupting "
                    f"one (default {DEFAULTS.max_wait_s:g}; env GPUQ_MAX_WAIT_S).")
@@ -129,7 +131,12 @@ def reaper(ctx: click.Context, once: bool, max_wait_s: float | None, grace_s: fl
     r = Reaper(queue.redis, cfg)
     if once:
         with redis_errors(queue.url):
-            click.echo(r.round().summary())
+            done = r.once()
+        if done is None:
+            click.echo(f"another reaper holds pool {cfg.pool}'s lock and runs its rounds: this one "
+                       "did nothing", err=True)
+            return
+        click.echo(done.summary())
         return
     ctx.exit(r.run())
 
@@ -162,6 +169,7 @@ def rq_bridge(ctx: click.Context, /, rq_queues: tuple[str, ...], rq_url: str | N
     queue = open_queue(ctx)
     url = rq_url or queue.url
     bridge = Bridge(queue, rq_client(url, Tls.of(queue.config)), url, list(rq_queues), defaults, burst=burst)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a pod's stop ends it as Ctrl-C does
     code = bridge.run()
     click.echo(f"rq-bridge: {bridge.delivered} delivered, {bridge.refused} refused", err=True)
     ctx.exit(code)

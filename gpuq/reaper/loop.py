@@ -94,6 +94,16 @@ class Reaper:
         self.active = active
         return active
 
+    def once(self) -> Round | None:
+        """One round under the pool's lock, the lock given back after it; None while another
+        reaper holds it (two rounds at once would recover, expire and preempt side by side)."""
+        if not self.lead():
+            return None
+        try:
+            return self.round()
+        finally:
+            self.scripts.run(self.calls.lead(self.token, release=True))
+
     def reap_once(self) -> ReapResult:
         """One full recovery pass (repeats the bounded script until nothing is left)."""
         total = ReapResult(0, 0, 0, 0)
@@ -165,7 +175,7 @@ class Reaper:
             if (risk := eviction.risk(self.redis)) is not None:
                 log.warning("redis.may_evict pool=%s: %s", self.config.pool, risk)
             if once:
-                self.round()
+                self.once()
                 return 0
             next_round = next_urgent = 0.0
             outage = backoff.Outage(f"reaper={self.token[:8]} pool={self.config.pool}", log)

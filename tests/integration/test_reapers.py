@@ -102,3 +102,22 @@ def test_a_reaper_stopped_with_sigterm_hands_the_lock_over_at_once(procs: Procs,
     wait_for(lambda: "reaper.active" in standby.log(), timeout=LOCK_S + 5,
              message=lambda: f"the standby to take over; log:\n{standby.log()}")
     assert time.monotonic() - stopped_at < LOCK_S, "the standby waited for the lock to expire"
+
+
+@pytest.mark.slow
+def test_reaper_once_runs_no_round_while_another_reaper_holds_the_lock(procs: Procs,
+                                                                      real_queue: Queue) -> None:
+    """The defect: `gpuq reaper --once` ran a whole round beside the active reaper (two
+    recoveries, expiries and preemption passes at once)."""
+    active = procs.reaper()
+    wait_for(lambda: active_ones([active]), timeout=15, message=lambda: procs.logs())
+    token = procs.redis.get(real_queue.keys.reaper_lock)
+    out = procs.cli("reaper", "--once")
+    assert out.returncode == 0 and out.stdout == "", out
+    assert "another reaper holds pool" in out.stderr and "did nothing" in out.stderr
+    assert procs.redis.get(real_queue.keys.reaper_lock) == token
+    active.terminate()
+    assert active.wait(10) == 0
+    out = procs.cli("reaper", "--once")  # alone: one round, and the lock given back after it
+    assert out.stdout.startswith("requeued 0, failed 0"), out
+    assert procs.redis.get(real_queue.keys.reaper_lock) is None

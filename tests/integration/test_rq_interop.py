@@ -290,3 +290,15 @@ def test_a_job_keeping_no_result_still_releases_its_dependents(
         assert Bridge(real_queue, rq_redis, redis_server.url, [rq_queue.name], {}, burst=True).run() == 0
         testing.drain(real_queue, app, vram_gb=24)
     assert child.get_status() == "finished" and child.return_value() == 4
+
+
+@pytest.mark.slow
+def test_a_bridge_stopped_with_sigterm_exits_0_with_its_summary(procs: Procs, rq_queue: rq.Queue) -> None:
+    """The defect: SIGTERM (how Docker and Kubernetes stop it) killed the bridge without the
+    summary line its docs promise, exit -15; Ctrl-C printed it."""
+    rq_queue.enqueue("tests.rq_jobs.add", 2, 3, meta={"gpuq": GPU})
+    proc = bridge(procs, rq_queue)  # not --burst: it blocks on the empty queue after the move
+    wait_for(lambda: "rq.delivered" in proc.log(), 15, 0.05, "the job to move")
+    proc.terminate()
+    assert proc.wait(10) == 0, proc.log()
+    assert "rq-bridge: 1 delivered, 0 refused" in proc.log()

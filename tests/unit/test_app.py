@@ -6,6 +6,7 @@ import functools
 import sys
 import types
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -156,6 +157,16 @@ def test_load_app_malformed_path(path: str) -> None:
 def test_load_app_import_error() -> None:
     with pytest.raises(AppError, match="cannot import app module 'no_such_module_gpuq'"):
         load_app("no_such_module_gpuq:app")
+
+
+def test_load_app_whose_module_raises_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The defect: an app module that raised anything but ImportError at import ended the
+    worker in a 40-line traceback."""
+    (tmp_path / "gpuq_test_raising_app.py").write_text("import gpuq\nraise RuntimeError('boom at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(AppError, match=r"cannot import app module 'gpuq_test_raising_app': "
+                                       r"RuntimeError: boom at import \(.*gpuq_test_raising_app.py:2\)"):
+        load_app("gpuq_test_raising_app:app")
 
 
 def test_load_app_missing_attribute(fake_module: types.ModuleType) -> None:
