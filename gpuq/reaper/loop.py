@@ -48,6 +48,7 @@ MAX_LOAD_HORIZON_MS = 600_000  # expiry looks ahead at most this far for cold mo
 # tokens posted meanwhile wait for the next pass, which plans for every waiting task at once
 URGENT_GAP_S = 0.05
 EXPIRE_PAGES = 50  # calls of 100 tasks per round: bounds a round's expiry work
+STALE_LOOKOUT_MS = 60_000  # a lookout this far past its due time has died or changed shape
 
 
 @dataclass
@@ -154,9 +155,23 @@ class Reaper:
         out.preemptions = self._step("preempt", self.preemptor.step, {})
         out.bounds = self._step("tenants", self.room.step, 0)
         plan = self._step("scale", lambda: self.scaler.step(entries=entries), None)
+        self._step("lookouts", self.prune_lookouts, 0)
         if plan is not None:
             out.scale_signals, out.warm_hints = len(plan.signals), len(plan.hints)
         return out
+
+    def prune_lookouts(self) -> int:
+        """Drop lookouts long past due: only a claim of the same shape replaces one, so the
+        entries of dead workers and of shapes gone (a worker's free VRAM moves) would stay.
+        Not atomic: an entry a claim rewrites meanwhile may go too, which costs at most one
+        more idle worker looking again when the deferral ends."""
+        now = server_ms(self.redis)
+        stale = [shape for shape, value in self.redis.hgetall(self.keys.lookouts).items()
+                 if not (due := str(value).partition(" ")[0]).isdigit()
+                 or int(due) < now - STALE_LOOKOUT_MS]
+        if stale:
+            self.redis.hdel(self.keys.lookouts, *stale)
+        return len(stale)
 
     def _step(self, name: str, step: Callable[[], T], default: T) -> T:
         try:

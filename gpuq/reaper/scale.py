@@ -49,6 +49,7 @@ from gpuq.reaper.scale_plan import (
 from gpuq.task import Priority
 
 log = logging.getLogger(__name__)
+HINT_TTL_MS = 60_000  # a live worker reads its control list at once; a hint is advisory
 
 Hook = Callable[[str, int, int], None]  # (GPU class, current, desired)
 
@@ -208,6 +209,10 @@ class Scaler:
         for b in snapshot.backlogs:
             if b.sample:
                 self.est_s[b.model] = sum(e for _, e in b.sample) / len(b.sample)
+        # kept while a model has work or recent arrivals (its forecast reads it), else forgotten:
+        # a pool's models come and go, and this is copied into every round's snapshot
+        current = {b.model for b in snapshot.backlogs if b.depth} | set(snapshot.forecasts)
+        self.est_s = {m: e for m, e in self.est_s.items() if m in current}
         self._write(result, now, snapshot.unregistered)
         self.hinted = {m: t for m, t in self.hinted.items() if now - t < HINT_EVERY_MS}
         self.hinted.update((h.model, now) for h in result.hints)
@@ -231,6 +236,8 @@ class Scaler:
             pipe.hset(self.keys.scale, mapping=fields)
         for h in result.hints:
             pipe.lpush(self.keys.control(h.worker), h.message)
+            # a worker that left since the snapshot was read never deletes the list it recreated
+            pipe.pexpire(self.keys.control(h.worker), HINT_TTL_MS)
         if result.hints:
             pipe.hincrby(self.keys.stats, "warm_hints", len(result.hints))
         pipe.execute()

@@ -103,3 +103,17 @@ def test_an_unlisted_worker_is_not_taken_out_of_idle_again(queue: Queue) -> None
     q.redis.zadd(q.keys.idle, {"w1": 40})  # as if listed: the flag is what the claim goes by
     assert take(True) == first and q.redis.zscore(q.keys.idle, "w1") == 40
     assert take(False) == second and q.redis.zscore(q.keys.idle, "w1") is None
+
+
+def test_the_reaper_drops_lookouts_long_past_due(queue: Queue) -> None:
+    """The defect: only a claim of the same shape replaced a lookout, so the entries of dead
+    workers and of shapes gone (free VRAM moves with what a worker runs) stayed forever."""
+    from gpuq.clock import server_ms
+    from gpuq.reaper.loop import STALE_LOOKOUT_MS, Reaper
+
+    now = server_ms(queue.redis)
+    queue.redis.hset(queue.keys.lookouts, mapping={
+        "12.5 0123 1": f"{now - STALE_LOOKOUT_MS - 1000} w-dead", "70 01 1": f"{now + 500} w-live",
+        "8 0123 2": f"{now - 5000} w-late", "9 0123 1": "garbage"})
+    assert Reaper(queue.redis, queue.config).prune_lookouts() == 2
+    assert set(queue.redis.hkeys(queue.keys.lookouts)) == {"70 01 1", "8 0123 2"}

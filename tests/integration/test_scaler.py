@@ -15,6 +15,7 @@ import pytest
 from helpers import register_worker as register
 
 from gpuq import Config, Queue, catalog
+from gpuq.clock import server_ms
 from gpuq.reaper.scale import Scaler
 from gpuq.reaper.scale_hook import CommandHook
 from gpuq.views.inspect import pool_view
@@ -160,6 +161,8 @@ def test_warm_hint_goes_to_the_right_worker_once(make_real_queue: MakeQueue) -> 
     plan = scaler.step()
     assert [(h.worker, h.model) for h in plan.hints] == [("w-tight", "m")]
     assert q.redis.lrange(q.keys.control("w-tight"), 0, -1) == ["preload m 30"]
+    # a worker that left after the snapshot never deletes the list its hint recreated
+    assert 0 < q.redis.pttl(q.keys.control("w-tight")) <= 60_000
     for other in ("w-small", "w-lane", "w-big", "w-holder"):
         assert q.redis.llen(q.keys.control(other)) == 0
     assert q.redis.hget(q.keys.stats, "warm_hints") == "1"
@@ -299,3 +302,21 @@ def test_work_of_a_tenant_at_its_cap_asks_for_no_workers(make_real_queue: MakeQu
     Scaler(q.redis, q.keys, q.config).step()
     got = scale_hash(q)  # the free tenant's 20 tasks (120 s of work) still ask for workers
     assert got["class:A100-80"]["desired"] > 1
+
+
+def test_estimates_of_models_long_gone_are_forgotten(make_real_queue: MakeQueue) -> None:
+    """The defect: the scaler kept a model's mean est_s for as long as the reaper ran, one
+    entry per model ever queued, copied into every round's snapshot."""
+    q = make_real_queue(min_workers=0)
+    for i in range(5):
+        enqueue(q, 1, f"gone{i}", 4, est_s=3.0)
+    scaler = Scaler(q.redis, q.keys, q.config)
+    now = server_ms(q.redis)
+    scaler.step(now_ms=now)
+    assert {f"gone{i}" for i in range(5)} <= set(scaler.est_s)
+    for key in q.redis.scan_iter(match=q.keys.queue(2, "*")):  # as if every task had ended
+        q.redis.delete(key)
+    enqueue(q, 1, "stays", 4, est_s=2.0)
+    later = now + int(q.config.forecast_window_s * 1000) + 3_600_000  # past every arrival read
+    scaler.step(now_ms=later)
+    assert set(scaler.est_s) == {"stays"}
