@@ -31,7 +31,7 @@ import redis
 from gpuq import catalog, tenants, work_index
 from gpuq.clock import server_ms
 from gpuq.config import Config
-from gpuq.keys import Keys, live_reservation
+from gpuq.keys import ARRIVAL_TTL_S, Keys, live_reservation
 from gpuq.reaper import forecast
 from gpuq.reaper.backlog_sample import SAMPLE_REST, Samples, as_float, deepen, read_backlogs
 from gpuq.reaper.known_workers import KnownWorkers
@@ -188,6 +188,7 @@ class Scaler:
         self.told: dict[str, int] = {}
         self.hinted: dict[str, int] = {}
         self.est_s: dict[str, float] = {}  # model -> mean est_s of its last sampled queue
+        self.est_seen: dict[str, int] = {}  # model -> when (ms) it last had work or arrivals
         self.samples = Samples()  # each queue's last full sample (a round's reads are bounded)
         self.known = KnownWorkers()  # live workers' fields that do not change while they run
         self.arrivals: dict[int, dict[str, int]] = {}  # arrival buckets no longer written
@@ -209,10 +210,12 @@ class Scaler:
         for b in snapshot.backlogs:
             if b.sample:
                 self.est_s[b.model] = sum(e for _, e in b.sample) / len(b.sample)
-        # kept while a model has work or recent arrivals (its forecast reads it), else forgotten:
-        # a pool's models come and go, and this is copied into every round's snapshot
-        current = {b.model for b in snapshot.backlogs if b.depth} | set(snapshot.forecasts)
-        self.est_s = {m: e for m, e in self.est_s.items() if m in current}
+        # kept while the arrival buckets a forecast reads may name the model (a season ago),
+        # then forgotten: a pool's models come and go, and this is copied into every snapshot
+        self.est_seen.update((m, now) for m in {b.model for b in snapshot.backlogs if b.depth}
+                             | set(snapshot.forecasts))
+        self.est_seen = {m: t for m, t in self.est_seen.items() if now - t <= ARRIVAL_TTL_S * 1000}
+        self.est_s = {m: e for m, e in self.est_s.items() if m in self.est_seen}
         self._write(result, now, snapshot.unregistered)
         self.hinted = {m: t for m, t in self.hinted.items() if now - t < HINT_EVERY_MS}
         self.hinted.update((h.model, now) for h in result.hints)

@@ -16,6 +16,7 @@ from helpers import register_worker as register
 
 from gpuq import Config, Queue, catalog
 from gpuq.clock import server_ms
+from gpuq.keys import ARRIVAL_TTL_S
 from gpuq.reaper.scale import Scaler
 from gpuq.reaper.scale_hook import CommandHook
 from gpuq.views.inspect import pool_view
@@ -317,6 +318,7 @@ def test_estimates_of_models_long_gone_are_forgotten(make_real_queue: MakeQueue)
     for key in q.redis.scan_iter(match=q.keys.queue(2, "*")):  # as if every task had ended
         q.redis.delete(key)
     enqueue(q, 1, "stays", 4, est_s=2.0)
-    later = now + int(q.config.forecast_window_s * 1000) + 3_600_000  # past every arrival read
-    scaler.step(now_ms=later)
+    scaler.step(now_ms=now + 3_600_000)  # a season may bring them back: still known
+    assert {f"gone{i}" for i in range(5)} <= set(scaler.est_s)
+    scaler.step(now_ms=now + ARRIVAL_TTL_S * 1000 + 60_000)  # past every arrival a forecast reads
     assert set(scaler.est_s) == {"stays"}
