@@ -37,6 +37,15 @@ Claimed = tuple[dict[str, str], Reservation | None, Running]  # task fields, its
 SETTLED = {"ack": "succeeded", "requeue": "yielded"}  # fail: "delayed" is a retry
 
 
+def handed_over(message: object) -> dict[str, str] | None:
+    """The fields of a task handed over at enqueue, if a wake list entry is one (a JSON
+    object; the other entries are plain tokens)."""
+    text = str(message)
+    if not text.startswith("{"):
+        return None
+    return {str(k): str(v) for k, v in json.loads(text).items()}
+
+
 class Executor:
     def __init__(self, app: App, cache: ModelCache, presence: Presence, running: RunningSet,
                  scripts: Scripts, calls: Calls, observer: Observer, runtimes: RunTimes) -> None:

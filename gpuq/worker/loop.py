@@ -5,8 +5,8 @@ runs the task (with the batch it starts, for a batch handler: ``gpuq.worker.batc
 own thread and loops; with nothing to claim it blocks on its wake lists, never a sleep loop
 (a batch short of its size waits up to its batch_wait_ms, once). SIGTERM stops claiming,
 lets running tasks finish for ``shutdown_grace_s``, requeues what is still running (the
-attempt is given back), and exits. A drain (``gpuq drain``) waits for running tasks without a limit. Idle for
-``idle_timeout_s``, the worker unloads its models and, while the pool keeps more than
+attempt is given back), and exits; a second signal ends the grace. A drain (``gpuq drain``)
+waits for running tasks without a limit. Idle for ``idle_timeout_s``, the worker unloads its models and, while the pool keeps more than
 ``min_workers`` live, retires: it leaves and exits 0, so no autoscaler kills a busy worker.
 
 An ``async def`` handler runs on the worker's one event loop while its runner thread waits
@@ -15,7 +15,6 @@ An ``async def`` handler runs on the worker's one event loop while its runner th
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -40,7 +39,7 @@ from gpuq.scripts import Call, Calls, ClaimRequest, Scripts
 from gpuq.worker import batch
 from gpuq.worker.batch import Added
 from gpuq.worker.control import Control
-from gpuq.worker.executor import Claimed, Executor
+from gpuq.worker.executor import Claimed, Executor, handed_over
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.heartbeat import Heartbeat
 from gpuq.worker.models import ModelCache
@@ -50,15 +49,6 @@ from gpuq.worker.running import RunningSet
 from gpuq.worker.runtimes import RunTimes
 
 log = logging.getLogger(__name__)
-
-
-def handed_over(message: object) -> dict[str, str] | None:
-    """The fields of a task handed over at enqueue, if a wake list entry is one (a JSON
-    object; the other entries are plain tokens)."""
-    text = str(message)
-    if not text.startswith("{"):
-        return None
-    return {str(k): str(v) for k, v in json.loads(text).items()}
 
 
 class Worker:
@@ -80,6 +70,7 @@ class Worker:
         self.stopping = threading.Event()
         self.done = threading.Event()
         self.draining = False  # drain: finish running tasks however long they take
+        self.hurry = threading.Event()  # a second SIGTERM/SIGINT: give running tasks back now
         self.retired = threading.Event()  # left the pool after its idle timeout
         self.running = RunningSet()
         self.presence = Presence(client, self.keys, self.id)
@@ -258,6 +249,10 @@ class Worker:
             self.draining = False
             log.info("worker.stopping worker=%s running=%d: the drain is cut to the %g s grace",
                      self.id, len(self.running), self.config.shutdown_grace_s)
+        elif signal_args and not self.hurry.is_set():  # a second signal: no more grace
+            self.hurry.set()
+            log.warning("worker.stopping worker=%s running=%d: a second signal, running tasks are "
+                        "given back now", self.id, len(self.running))
         self.stopping.set()
         self.done.set()
         self.running.nudge()  # a batch waiting for more tasks runs now
@@ -361,8 +356,10 @@ class Worker:
             for t in runners:
                 t.join(0.2)
             grace_end = time.monotonic() + self.config.shutdown_grace_s
-        for t in runners:
-            t.join(max(0.0, grace_end - time.monotonic()))
+        while not self.hurry.is_set() and (alive := [t for t in runners if t.is_alive()]):
+            if (left := grace_end - time.monotonic()) <= 0:
+                break
+            alive[0].join(min(0.1, left))  # a second signal cuts the grace short
         return grace_end
 
     def give_back_unread(self) -> None:

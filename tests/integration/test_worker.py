@@ -247,6 +247,25 @@ def test_sigterm_with_short_grace_requeues_then_another_worker_completes(
     assert finished.attempt == 1 and finished.result["worker"] == "w2"
 
 
+def test_a_second_sigint_gives_running_tasks_back_at_once(procs: Procs, real_queue: Queue) -> None:
+    """Ctrl-C twice: the second ends the grace (30 s here) and the task goes back, attempt
+    given back, as when the grace runs out."""
+    worker = procs.worker("w1", env={"GPUQ_SHUTDOWN_GRACE_S": "30"})
+    task = real_queue.enqueue("sim.run", model="m", vram_gb=10, est_s=est(60))
+    procs.wait_state(task.id, State.RUNNING)
+    wait_for(lambda: real_queue.redis.hget(real_queue.keys.task(task.id), "began_at"), 15,
+             message="the handler to start")
+    worker.signal(signal.SIGINT)
+    wait_for(lambda: "worker.stopping" in worker.log(), 10, message="the first stop")
+    started = time.monotonic()
+    worker.signal(signal.SIGINT)
+    assert worker.wait(15) == 0, worker.log()
+    assert time.monotonic() - started < 10
+    record = task.record()
+    assert (record.state, record.attempt, record.error) == (State.QUEUED, 0, "worker shut down")
+    assert "a second signal" in worker.log() and not procs.registered("w1")
+
+
 def test_catalog_records_model_load_time(procs: Procs, real_queue: Queue) -> None:
     procs.worker("w1")
     task = real_queue.enqueue("sim.noop", model="bge-m3", vram_gb=3)  # LOAD_S 2.0 s x SCALE
