@@ -6,8 +6,9 @@ own thread and loops; with nothing to claim it blocks on its wake lists, never a
 (a batch short of its size waits up to its batch_wait_ms, once). SIGTERM stops claiming,
 lets running tasks finish for ``shutdown_grace_s``, requeues what is still running (the
 attempt is given back), and exits; a second signal ends the grace. A drain (``gpuq drain``)
-waits for running tasks without a limit. Idle for ``idle_timeout_s``, the worker unloads its models and, while the pool keeps more than
-``min_workers`` live, retires: it leaves and exits 0, so no autoscaler kills a busy worker.
+waits for running tasks without a limit. Idle for ``idle_timeout_s``, the worker unloads its
+models and, while the pool keeps more than ``min_workers`` live, retires: it leaves and exits
+0, so no autoscaler kills a busy worker.
 
 An ``async def`` handler runs on the worker's one event loop while its runner thread waits
 (gpuq.worker.eventloop), so N runners give N concurrent coroutines sharing one model.
