@@ -114,6 +114,8 @@ class ModelCache:
         """The idle models other than ``keep`` to evict, least recently used first, for
         need_gb to fit; None if even all of them would not make room."""
         evict: list[Resident] = []
+        if need_gb <= 0:  # a held model's task within its weights: nothing more to hold, as
+            return evict  # claim.lua sees it, even while an evicted model still unloads
         free = self.free_gb()
         for resident in self.resident.values():
             if free >= need_gb - 1e-9:

@@ -300,6 +300,21 @@ def test_an_evicted_model_holds_its_memory_until_its_unload_ends(cache: ModelCac
     assert cache.free_gb() == pytest.approx(75 - 40)
 
 
+def test_a_held_models_task_within_its_weights_fits_while_another_unloads(cache: ModelCache) -> None:
+    """The defect: claim.lua took a task of a held model needing no more than the weights
+    (its fit: need - footprint <= room, below zero) while an evicted model still unloaded
+    and free was below zero; the ledger refused it and the task failed, an attempt used."""
+    cache.release(loaded(cache, "a", 20.0))
+    cache.release(loaded(cache, "b", 30.0))
+    res = cache.reserve("c", 40.0)  # evicts a; it unloads outside the lock
+    assert res is not None and [r.spec.name for r in res.evict] == ["a"]
+    cache.load(cache.get("c"))
+    assert cache.free_gb() == pytest.approx(75 - 30 - 40 - 20)  # a still counts
+    assert cache.reserve("c", 40.0) == Reservation("c", 0.0, False, ())  # c's weights serve it
+    more = cache.reserve("c", 46.0)  # 6 GB of working memory still needs room: b goes
+    assert more is not None and [r.spec.name for r in more.evict] == ["b"]
+
+
 def test_an_unloader_that_raises_is_reported_and_frees_the_ledger() -> None:
     """Regression: the first unloader that raised stopped the executor's unloads, leaving the
     later evicted models loaded and their holders in Redis, and failed the task; an unload at
