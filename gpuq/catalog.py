@@ -1,8 +1,16 @@
-"""The pool's model catalog: each model's VRAM footprint and its measured load times."""
+"""The pool's model catalog: each model's VRAM footprint and its measured load times.
+
+An entry lives ``TTL_MS`` (30 days) after the model was last loaded or held: each load and
+each heartbeat of a worker holding it renew it, and the reaper's pass takes the names of
+expired entries out of the set. A pool that mints model names keeps those in use, not
+every name it ever loaded; a model back after a month is loaded as a new one (its mean
+load time is learned again).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -18,6 +26,9 @@ class ModelEntry:
     last_load_s: float
 
 
+TTL_MS = 30 * 86_400_000
+
+
 def record_load(pipe: redis.client.Pipeline, keys: Keys, model: str, vram_gb: float,
                 seconds: float) -> None:
     key = keys.catalog_model(model)
@@ -25,12 +36,18 @@ def record_load(pipe: redis.client.Pipeline, keys: Keys, model: str, vram_gb: fl
     pipe.hset(key, mapping={"vram_gb": vram_gb, "last_load_s": round(seconds, 4)})
     pipe.hincrby(key, "loads", 1)
     pipe.hincrbyfloat(key, "total_load_s", round(seconds, 4))
+    pipe.pexpire(key, TTL_MS)
+
+
+def renewals(keys: Keys, models: list[str]) -> list[tuple[Any, ...]]:
+    """The commands a heartbeat sends for the models its worker holds."""
+    return [("PEXPIRE", keys.catalog_model(m), TTL_MS) for m in models]
 
 
 def read(client: redis.Redis, keys: Keys) -> list[ModelEntry]:
-    """Every entry, by name."""
+    """Every entry, by name (an expired one the reaper has not taken out yet left out)."""
     names = sorted(str(n) for n in client.smembers(keys.catalog))
-    return [entry(name, f) for name, f in zip(names, read_entries(client, keys, names))]
+    return [entry(name, f) for name, f in zip(names, read_entries(client, keys, names)) if f]
 
 
 def read_entries(client: redis.Redis, keys: Keys, names: list[str]) -> list[dict[str, str]]:
@@ -67,9 +84,15 @@ class CatalogPages:
         """Every entry known, by name, after reading the next page."""
         cursor, got = client.sscan(keys.catalog, self.cursor, count=self.page)
         names = sorted({str(n) for n in got})
+        expired = []
         for name, f in zip(names, read_entries(client, keys, names)):
-            self.entries[name] = entry(name, f)
-        self.passed.update(names)
+            if f:
+                self.entries[name] = entry(name, f)
+            else:  # unused for TTL_MS: its name leaves the set too
+                expired.append(name)
+        if expired:
+            client.srem(keys.catalog, *expired)
+        self.passed.update(set(names) - set(expired))
         self.cursor = int(cursor)
         if self.cursor == 0:
             self.entries = {n: e for n, e in self.entries.items() if n in self.passed}

@@ -37,7 +37,7 @@ scrape; served by ``gpuq exporter``):
 | gpuq_preemptions_total | counter | pool, kind (reserved, yield_requested, yielded, stopped, withdrawn), preempted_priority | `stats` `preempt:<kind>:P<n>` |
 | gpuq_fair_dispatches_total | counter | pool, priority | `stats` `fair:P<n>`: claims made by the fairness rule |
 | gpuq_warm_hints_total | counter | pool | `stats` warm_hints |
-| gpuq_model_loads_total / gpuq_model_load_seconds_total | counter | pool, model | the model catalog: the `exporter_models` most loaded models, the rest summed as `other`; a model shown keeps its series for the exporter's life (so `other` never falls, which would read as a reset), and a model named `other` is counted in that row |
+| gpuq_model_loads_total / gpuq_model_load_seconds_total | counter | pool, model | the model catalog: the `exporter_models` most loaded models, the rest summed as `other`; a model shown keeps its series while the catalog lists it (an entry unused for 30 days leaves it), `other` keeps the counts of its models that leave (it never falls, which would read as a reset), and a model named `other` is counted in that row |
 | gpuq_workers | gauge | pool, gpu_class, state (idle, busy, draining, dead) | worker hashes and liveness |
 | gpuq_workers_desired / gpuq_workers_current | gauge | pool, gpu_class | the reaper's scale signals (`scale` hash) |
 | gpuq_model_workers_desired | gauge | pool, model | the reaper's scale signals: the `exporter_models` models desiring the most workers (and their arrival rates below) |

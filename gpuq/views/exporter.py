@@ -29,25 +29,34 @@ class TopLoads:
     summed as ``other``. Sticky for the exporter's life: a model shown stays shown while the
     catalog lists it, so a model rising into the top does not take its count out of
     ``other`` (a counter that falls reads as a reset: ``rate()`` would count it again). A
-    model named ``other`` always joins the summed row."""
+    model named ``other`` always joins the summed row, and a model of that row whose entry
+    leaves the catalog (unused for its TTL: gpuq.catalog) stays counted in it."""
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
         self.shown: list[str] = []
+        self.summed: dict[str, tuple[int, float]] = {}  # the last scrape's ``other`` models
+        self.gone = (0, 0.0)  # loads and seconds of those that left the catalog since
 
     def __call__(self, loads: list[tuple[str, int, float]]) -> list[tuple[str, int, float]]:
         by_name = {m[0]: m for m in loads}
+        for name in set(self.summed) - set(by_name):
+            n, seconds = self.summed.pop(name)
+            self.gone = (self.gone[0] + n, self.gone[1] + seconds)
         self.shown = [name for name in self.shown if name in by_name]
         for name, _, _ in sorted(loads, key=lambda m: (-m[1], m[0])):
             if len(self.shown) >= self.keep:
                 break
-            if name not in self.shown and name != OTHER:
+            # a slot a model shown left is for a model new to the exporter, not one of other's
+            if name not in self.shown and name != OTHER and name not in self.summed:
                 self.shown.append(name)
         shown = set(self.shown)
         rest = [m for m in loads if m[0] not in shown]
+        self.summed = {m[0]: (m[1], m[2]) for m in rest}
         rows = sorted((by_name[name] for name in self.shown), key=lambda m: (-m[1], m[0]))
-        if rest:
-            rows.append((OTHER, sum(m[1] for m in rest), sum(m[2] for m in rest)))
+        if rest or self.gone[0]:
+            rows.append((OTHER, self.gone[0] + sum(m[1] for m in rest),
+                         self.gone[1] + sum(m[2] for m in rest)))
         return rows
 
 

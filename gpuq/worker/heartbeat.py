@@ -13,7 +13,7 @@ import time
 
 import redis
 
-from gpuq import backoff
+from gpuq import backoff, catalog
 from gpuq.backoff import Outage
 from gpuq.errors import GpuqError
 from gpuq.metrics import WorkerMetrics
@@ -59,7 +59,8 @@ class Heartbeat(threading.Thread):
         call = self.calls.heartbeat(self.id, [(r.task_id, r.token) for r in running] + settling)
         with self.presence.beat(self.cache, len(running), state,
                                 None if used is None else sum(used)) as shown:
-            replies = self.scripts.pipelined([call], [shown.command])
+            replies = self.scripts.pipelined(
+                [call], [shown.command, *catalog.renewals(self.presence.keys, shown.models)])
         revived, lost = call.parse(replies[0])
         if self.metrics is not None:
             self.metrics.gpu_state(gpu.total_gb, gpu.total_gb - shown.free_gb, used, len(running),

@@ -253,6 +253,20 @@ def test_the_catalog_is_read_a_page_a_round_and_whole_over_a_pass(make_real_queu
     assert got == catalog.read(q.redis, q.keys) and "m007" not in {e.name for e in got}
 
 
+def test_a_catalog_entry_unused_for_its_ttl_leaves_the_catalog(make_real_queue: MakeQueue) -> None:
+    """The defect: the catalog kept a set member and a hash for every model ever loaded."""
+    q = make_real_queue()
+    pipe = q.redis.pipeline()
+    for name in ("kept", "gone"):
+        catalog.record_load(pipe, q.keys, name, 10, 2.0)
+    pipe.execute()
+    assert 0 < q.redis.pttl(q.keys.catalog_model("gone")) <= catalog.TTL_MS
+    q.redis.delete(q.keys.catalog_model("gone"))  # as its TTL ends: no load nor holder since
+    assert [e.name for e in catalog.read(q.redis, q.keys)] == ["kept"]
+    assert [e.name for e in catalog.CatalogPages().read(q.redis, q.keys)] == ["kept"]
+    assert q.redis.smembers(q.keys.catalog) == {"kept"}  # the reaper's pass took the name out
+
+
 def test_holders_are_read_for_a_bounded_number_of_forecast_models(
         make_real_queue: MakeQueue, monkeypatch: pytest.MonkeyPatch) -> None:
     from gpuq.keys import ARRIVAL_BUCKET_MS

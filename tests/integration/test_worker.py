@@ -276,6 +276,9 @@ def test_catalog_records_model_load_time(procs: Procs, real_queue: Queue) -> Non
     assert entry.mean_load_s == pytest.approx(entry.last_load_s)
     (model,) = procs.status()["models"]
     assert model["name"] == "bge-m3" and model["loads"] == 1
+    key = real_queue.keys.catalog_model("bge-m3")  # each beat of its holder renews the entry
+    procs.redis.pexpire(key, 60_000)
+    wait_for(lambda: procs.redis.pttl(key) > 60_000, 15, 0.1, "a heartbeat to renew the entry")
 
 
 def test_worker_with_unknown_app_exits_with_a_clear_error(procs: Procs) -> None:

@@ -26,7 +26,12 @@ def test_the_other_load_counters_never_fall() -> None:
         ("a", 10, 10.0), (OTHER, 9, 90.0)]
     assert top([("a", 10, 10.0), ("b", 11, 110.0), ("c", 4, 40.0)]) == [
         ("a", 10, 10.0), (OTHER, 15, 150.0)]  # b stays in other, a keeps its series
-    assert top([("b", 11, 110.0), ("c", 4, 40.0)]) == [("b", 11, 110.0), (OTHER, 4, 40.0)]
+    # a shown model leaves the catalog (unused for its TTL): its series ends, and other keeps
+    # its models, so it does not fall; a model new to the exporter takes the free slot
+    assert top([("b", 11, 110.0), ("c", 4, 40.0)]) == [(OTHER, 15, 150.0)]
+    assert top([("b", 11, 110.0), ("c", 4, 40.0), ("d", 1, 1.0)]) == [("d", 1, 1.0), (OTHER, 15, 150.0)]
+    # a model of other leaves the catalog: other keeps its count
+    assert top([("b", 12, 120.0), ("d", 1, 1.0)]) == [("d", 1, 1.0), (OTHER, 16, 160.0)]
 
 
 def test_a_model_named_other_is_counted_once_in_the_summed_row() -> None:
