@@ -46,8 +46,9 @@ class Role:
     commands: tuple[str, ...]  # what its Python code sends besides scripts
 
 
+# info: status and the reaper read INFO memory, to warn of a server that may evict keys
 OBSERVER_READS = ("time", "exists", "get", "hget", "hmget", "hgetall", "hlen", "hvals", "lrange", "smembers",
-                  "zcard", "zcount", "zrange", "zrangebyscore", "zscore")
+                  "zcard", "zcount", "zrange", "zrangebyscore", "zscore", "info")
 
 ROLES: dict[str, Role] = {
     "producer": Role(

@@ -69,6 +69,8 @@ class Cron:
 
     @classmethod
     def parse(cls, text: str) -> Cron:
+        if not isinstance(text, str):
+            raise ScheduleError(f"cron {text!r}: expected text of 5 fields")
         parts = text.split()
         if len(parts) != 5:
             raise ScheduleError(f"cron {text!r}: expected 5 fields (minute hour day-of-month "

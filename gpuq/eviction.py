@@ -5,7 +5,9 @@ Redis evicts only once `maxmemory` is set and reached; under any `maxmemory-poli
 (the `volatile-*` policies pick among keys with a TTL, which gpuq's leases, locks and ended
 tasks carry). No guarantee of gpuq holds then: a task can vanish, or two reapers act at once.
 Under `noeviction` a full server refuses writes instead, which gpuq reports (out of memory)
-and its workers retry. The worker and the reaper log this at start; `gpuq status` shows it.
+and its workers retry. The reaper logs this at start; `gpuq status` shows it (and the
+exporter's pool view carries it). INFO is in the roles that read the pool (gpuq.acl), not in
+the worker's.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import redis
 
 def risk(client: Any) -> str | None:
     """One line saying the server may evict keys, or None (also when this user may not run
-    INFO: least-privilege ACL users, whose server an operator has configured)."""
+    INFO: an ACL user of the server's own making)."""
     try:
         info = client.info("memory")
     except (redis.exceptions.NoPermissionError, redis.ResponseError):

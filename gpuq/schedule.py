@@ -38,7 +38,7 @@ _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 def parse_every(text: str) -> int:
     """An interval such as "10m", "90s", "1.5h", "2d" or "30" (seconds), in ms; >= 1 s."""
-    m = _EVERY.fullmatch(text.strip())
+    m = _EVERY.fullmatch(text.strip()) if isinstance(text, str) else None
     if not m:
         raise ScheduleError(f"every {text!r}: expected a number and a unit (ms, s, m, h, d)")
     every = int(float(m.group(1)) * _UNITS_MS[m.group(2) or "s"])

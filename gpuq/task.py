@@ -265,8 +265,8 @@ def _deferral(delay_s: object, at: object,
     when = None if at is None else _positive_number("at", at)
     if delay is not None and delay > 1e10:
         raise InvalidTask(f"delay_s must be at most 1e10 seconds, got {delay_s!r}")
-    if when is not None and when > 1e12:
-        raise InvalidTask(f"at must be epoch seconds, got {at!r}")
+    if when is not None and when > 1e10:  # enqueue.lua's bound on a due time (1e13 ms)
+        raise InvalidTask(f"at must be epoch seconds up to 1e10, got {at!r}")
     if after is None:
         after = ()
     if not isinstance(after, (str, Iterable)):

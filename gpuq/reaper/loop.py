@@ -206,7 +206,8 @@ class Reaper:
                         retry.reset()
                     plan_at = self.planned_pass(next_round)
                     due_at = self.next_due(next_round)
-                    if self.wait_urgent(next_urgent, min(plan_at, due_at)):
+                    woken = self.wait_urgent(next_urgent, min(plan_at, due_at))
+                    if woken == "1":
                         self.urgent()
                         next_urgent = time.monotonic() + URGENT_GAP_S
                     elif plan_at < next_round and time.monotonic() >= plan_at:
@@ -253,18 +254,21 @@ class Reaper:
         """Enqueue the due run of each periodic task (gpuq.schedule); the runs enqueued."""
         return schedule.fire_due(self.redis, self.keys, self.scripts, self.calls)
 
-    def wait_urgent(self, not_before: float, until: float) -> bool:
+    def wait_urgent(self, not_before: float, until: float) -> str | None:
         """Until the next round (monotonic ``until``): the active reaper blocks on the urgent
-        token from ``not_before`` on (a standby must not take it); True if one came."""
+        list from ``not_before`` on (a standby must not take it). Returns the token that came:
+        "1", online work waits (plan preemption now); "due", a delayed task became the first
+        due (the loop reads the due time again)."""
         if not self.active:
             self.stopped.wait(max(0.0, until - time.monotonic()))
-            return False
+            return None
         if not_before > time.monotonic():
             self.stopped.wait(min(not_before, until) - time.monotonic())
         seconds = until - time.monotonic()
         if seconds <= 0:
-            return False
-        return self.redis.blpop([self.keys.urgent], timeout=max(0.01, seconds)) is not None
+            return None
+        popped = self.redis.blpop([self.keys.urgent], timeout=max(0.01, seconds))
+        return None if popped is None else str(popped[1])
 
     def urgent(self) -> dict[str, int]:
         """A preemption pass now, for online work that found no idle worker."""

@@ -121,7 +121,7 @@ class GpuqScheduler:
         reply, *rest = self.scripts.pipelined([call], self._with_drain(extra))
         token, self.counts = rest[-4], rest[-3:]
         call.parse(reply)
-        return token is not None
+        return bool(token == "1")  # "due": a delayed task became first due (a replay keeps time)
 
     def claim(self, worker_id: str, req: ClaimRequest, now_ms: int,
               finished: Offer | None = None) -> Offer | float:

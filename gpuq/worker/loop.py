@@ -27,7 +27,7 @@ from typing import Any
 
 import redis
 
-from gpuq import eviction, worker_record
+from gpuq import worker_record
 from gpuq.app import App
 from gpuq.backoff import Backoff, Outage
 from gpuq.config import Config
@@ -316,8 +316,6 @@ class Worker:
             signal.signal(signal.SIGINT, self.request_stop)
         with redis_errors(self.config.redis_url):  # a twin beating within 1.5 heartbeats: refused
             self.presence.register(identity, int(cfg.lease_s * 1000), int(1500 * cfg.heartbeat_s))
-            if (risk := eviction.risk(self.redis)) is not None:
-                log.warning("redis.may_evict worker=%s: %s", self.id, risk)
         heartbeat = self.heartbeat()
         with redis_errors(self.config.redis_url):  # gone since it registered: give up, one line
             heartbeat.beat()

@@ -1,6 +1,6 @@
 """A server that may evict keys (maxmemory set, a policy other than noeviction) loses tasks:
-the worker and the reaper say so at start, and ``gpuq status`` shows it, against a real
-server this module starts."""
+the reaper says so at start, and ``gpuq status`` shows it, against a real server this
+module starts."""
 
 from __future__ import annotations
 
@@ -25,14 +25,13 @@ def evicting() -> Iterator[EmbeddedServer]:
     server.stop()
 
 
-def test_a_server_that_may_evict_is_named_by_worker_reaper_and_status(
+def test_a_server_that_may_evict_is_named_by_the_reaper_and_status(
         evicting: EmbeddedServer, prefix: str, tmp_path: Path) -> None:
     with Procs(evicting.url, "p", prefix, tmp_path) as procs:
         status = procs.cli("status")
         assert status.returncode == 0 and WARNING in status.stdout.splitlines()[1], status.stdout
-        worker, reaper = procs.worker("w1"), procs.reaper()
-        for proc in (worker, reaper):
-            wait_for(lambda p=proc: "redis.may_evict" in p.log(), 10, 0.05, f"{proc.name}'s warning")
+        reaper = procs.reaper()
+        wait_for(lambda: "redis.may_evict" in reaper.log(), 10, 0.05, "the reaper's warning")
         client = redis.Redis(port=evicting.port)
         client.config_set("maxmemory-policy", "noeviction")
         assert "warning" not in procs.cli("status").stdout

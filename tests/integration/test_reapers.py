@@ -121,3 +121,23 @@ def test_reaper_once_runs_no_round_while_another_reaper_holds_the_lock(procs: Pr
     out = procs.cli("reaper", "--once")  # alone: one round, and the lock given back after it
     assert out.stdout.startswith("requeued 0, failed 0"), out
     assert procs.redis.get(real_queue.keys.reaper_lock) is None
+
+
+@pytest.mark.slow
+def test_a_delayed_task_enqueued_while_the_reaper_waits_is_queued_when_due(
+        procs: Procs, real_queue: Queue) -> None:
+    """The defect: the reaper read the first due time once and slept on it; a delayed task
+    enqueued meanwhile, due sooner, was queued up to a round late (a P0 task missed its
+    SLA). Rounds of 5 s here, so a round late is unmistakable; a retry in backoff goes the
+    same way (lib/gates.lua add_delayed)."""
+    reaper = procs.start("reaper", ["reaper"], env={"GPUQ_REAP_INTERVAL_S": "5"})
+    wait_for(lambda: active_ones([reaper]), timeout=15, message=lambda: procs.logs())
+    late = []
+    for i in range(4):
+        time.sleep(0.4 + 0.3 * i)  # at different points of the reaper's wait
+        task = real_queue.enqueue("sim.noop", model="m", vram_gb=1, priority="P0", delay_s=0.5)
+        record = procs.wait_state(task.id, State.QUEUED, timeout=10)
+        queued_at = float(real_queue.redis.hget(real_queue.keys.task(task.id), "queued_at")) / 1000
+        assert record.due_at is not None
+        late.append(queued_at - record.due_at)
+    assert max(late) < 1.0, late  # a round late would be up to 5 s

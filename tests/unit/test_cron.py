@@ -124,3 +124,13 @@ def test_matches_follows_the_fields(text: str, at: int) -> None:
     day = (dom or dow) if not parts[2].startswith("*") and not parts[4].startswith("*") else (dom and dow)
     expected = t.minute in c.minutes and t.hour in c.hours and t.month in c.months and day
     assert c.matches(at) == expected
+
+
+def test_a_cron_or_interval_that_is_not_text_is_a_schedule_error() -> None:
+    """The defect: the Python API raised AttributeError for every=10 or cron=5."""
+    from gpuq.schedule import parse_every
+
+    with pytest.raises(ScheduleError, match="expected text"):
+        Cron.parse(5)  # type: ignore[arg-type]
+    with pytest.raises(ScheduleError, match="expected a number and a unit"):
+        parse_every(10)  # type: ignore[arg-type]

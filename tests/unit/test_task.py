@@ -255,3 +255,11 @@ def test_after_none_means_no_parents_and_a_non_iterable_is_refused() -> None:
 def test_a_bulk_of_something_other_than_a_list_of_tasks_is_refused(tasks: object) -> None:
     with pytest.raises(InvalidTask, match="list of task mappings"):
         build_specs(tasks)  # type: ignore[arg-type]
+
+
+def test_a_due_time_past_what_enqueue_takes_is_refused_with_its_bound() -> None:
+    """The defect: at between 1e10 and 1e12 passed here, then the script refused it with a
+    message about `after`, which the caller never gave."""
+    assert build(at=9_999_999_999).at == 9_999_999_999
+    with pytest.raises(InvalidTask, match=r"at must be epoch seconds up to 1e10, got 99999999999"):
+        build(at=99_999_999_999)

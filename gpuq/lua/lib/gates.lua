@@ -15,16 +15,25 @@
 
 --@include args
 
--- Keep gate `name` at or before time `at` (ms), for an entry added at `at`.
+-- Keep gate `name` at or before time `at` (ms), for an entry added at `at`; true if moved.
 local function gate_before(name, at)
   local g = finite(redis.call('HGET', K_FAIRNESS, name))
-  if not g or at < g then redis.call('HSET', K_FAIRNESS, name, ms(at)) end
+  if not g or at < g then
+    redis.call('HSET', K_FAIRNESS, name, ms(at))
+    return true
+  end
+  return false
 end
 
--- Task id into `delayed`, due at time `at` (ms), its gate moved.
+-- Task id into `delayed`, due at time `at` (ms), its gate moved. A new earliest due time
+-- wakes the active reaper (token "due", behind a pending "1": that wake reads it too), which
+-- may be waiting for a later one: it promotes the task at its due time, not a round late.
 local function add_delayed(at, id)
   redis.call('ZADD', K_DELAYED, ms(at), id)
-  gate_before('due_at', at)
+  if gate_before('due_at', at) and redis.call('LINDEX', K_URGENT, 0) ~= '1' then
+    redis.call('LPUSH', K_URGENT, 'due')
+    redis.call('LTRIM', K_URGENT, 0, 0)
+  end
 end
 
 -- Set gate `name` to the first score of sorted set `key`, or drop it when the set is empty.
