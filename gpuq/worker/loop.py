@@ -72,6 +72,7 @@ class Worker:
         self.done = threading.Event()
         self.draining = False  # drain: finish running tasks however long they take
         self.hurry = threading.Event()  # a second SIGTERM/SIGINT: give running tasks back now
+        self.stop_lock = threading.RLock()  # RLock: a signal may land while main holds it
         self.retired = threading.Event()  # left the pool after its idle timeout
         self.running = RunningSet()
         self.presence = Presence(client, self.keys, self.id)
@@ -244,18 +245,19 @@ class Worker:
                           ",".join(c.args[0] for c in pending), exc)
 
     def request_stop(self, *signal_args: object) -> None:
-        if not self.stopping.is_set():
-            log.info("worker.stopping worker=%s running=%d", self.id, len(self.running))
-        elif signal_args and self.draining:  # SIGTERM during a drain: the grace bounds it now
-            self.draining = False
-            log.info("worker.stopping worker=%s running=%d: the drain is cut to the %g s grace",
-                     self.id, len(self.running), self.config.shutdown_grace_s)
-        elif signal_args and not self.hurry.is_set():  # a second signal: no more grace
-            self.hurry.set()
-            log.warning("worker.stopping worker=%s running=%d: a second signal, running tasks are "
-                        "given back now", self.id, len(self.running))
-        self.stopping.set()
-        self.done.set()
+        with self.stop_lock:  # a drain (heartbeat thread) and a signal (main thread) may cross
+            if signal_args and self.draining:  # SIGTERM during a drain: the grace bounds it now
+                self.draining = False
+                log.info("worker.stopping worker=%s running=%d: the drain is cut to the %g s grace",
+                         self.id, len(self.running), self.config.shutdown_grace_s)
+            elif not self.stopping.is_set():
+                log.info("worker.stopping worker=%s running=%d", self.id, len(self.running))
+            elif signal_args and not self.hurry.is_set():  # a second signal: no more grace
+                self.hurry.set()
+                log.warning("worker.stopping worker=%s running=%d: a second signal, running tasks "
+                            "are given back now", self.id, len(self.running))
+            self.stopping.set()
+            self.done.set()
         self.running.nudge()  # a batch waiting for more tasks runs now
 
     def serve_metrics(self, port: int) -> None:
@@ -267,9 +269,11 @@ class Worker:
 
     def drain(self) -> None:
         """Take no more tasks; finish the running ones however long they take; exit 0."""
-        log.info("worker.draining worker=%s running=%d", self.id, len(self.running))
-        self.draining = True
-        self.request_stop()
+        with self.stop_lock:
+            if not self.stopping.is_set():  # a stop that came first keeps its grace
+                log.info("worker.draining worker=%s running=%d", self.id, len(self.running))
+                self.draining = True
+            self.request_stop()
 
     def check_idle(self) -> None:
         """Idle past the timeout: retire, unloading the models, unless the pool is at its

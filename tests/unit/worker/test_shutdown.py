@@ -92,3 +92,19 @@ def test_a_task_given_back_at_shutdown_keeps_its_saved_checkpoint() -> None:
     worker.shutdown([], worker.heartbeat())
     record = queue.record(running.task_id)
     assert (record.state.value, record.attempt, record.checkpoint) == ("queued", 0, {"done": 30})
+
+
+def test_a_drain_and_a_sigterm_in_either_order_leave_the_grace_in_force() -> None:
+    """The defect (a flaky CI run): a SIGTERM handled just before the drain's own stop was
+    taken for the first stop, and the drain then waited for the task without a bound."""
+    _, worker, _ = claimed_worker()
+    worker.request_stop(15, None)  # SIGTERM first
+    worker.drain()  # the drain message read after it
+    assert not worker.draining and worker.stopping.is_set()
+    _, other, _ = claimed_worker()
+    other.drain()
+    assert other.draining
+    other.request_stop(15, None)  # SIGTERM during the drain: the grace bounds it
+    assert not other.draining and not other.hurry.is_set()
+    other.request_stop(2, None)  # a second signal: the grace ends
+    assert other.hurry.is_set()
