@@ -5,9 +5,8 @@ Redis evicts only once `maxmemory` is set and reached; under any `maxmemory-poli
 (the `volatile-*` policies pick among keys with a TTL, which gpuq's leases, locks and ended
 tasks carry). No guarantee of gpuq holds then: a task can vanish, or two reapers act at once.
 Under `noeviction` a full server refuses writes instead, which gpuq reports (out of memory)
-and its workers retry. The reaper logs this at start; `gpuq status` shows it (and the
-exporter's pool view carries it). INFO is in the roles that read the pool (gpuq.acl), not in
-the worker's.
+and its workers retry. The reaper logs this at start; `gpuq status` shows it. INFO is in
+the roles that read the pool (gpuq.acl), not in the worker's.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ def risk(client: Any) -> str | None:
     INFO: an ACL user of the server's own making)."""
     try:
         info = client.info("memory")
-    except (redis.exceptions.NoPermissionError, redis.ResponseError):
+    except redis.ResponseError:  # NOPERM included
         return None
     policy = str(info.get("maxmemory_policy", "noeviction"))
     try:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import math
 import signal
+from dataclasses import replace
 from typing import Any
 
 import click
 import redis
 
+from gpuq import eviction
 from gpuq.cli.base import (
     DEFAULTS,
     PRIORITY_HELP,
@@ -215,8 +217,9 @@ def top(ctx: click.Context, interval_s: float, once: bool) -> None:
 def status(ctx: click.Context, as_json: bool) -> None:
     """Queues by priority and model; workers, their GPUs and what they run."""
     queue = open_queue(ctx)
-    with redis_errors(queue.url):
+    with redis_errors(queue.url):  # the server check here, not in every scrape's view
         view = pool_view(queue.redis, queue.keys)
+        view = replace(view, warnings=[w for w in (eviction.risk(queue.redis),) if w])
     if as_json:
         click.echo(json.dumps(view.to_dict(), indent=2))
         return

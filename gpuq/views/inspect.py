@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from gpuq import catalog, eviction, tenants, work_index
+from gpuq import catalog, tenants, work_index
 from gpuq.clock import from_time_reply
 from gpuq.keys import Keys, live_reservation
 from gpuq.task import TERMINAL_STATES, Priority, ended_count
@@ -78,7 +78,7 @@ class PoolView:
     progress: dict[str, dict[str, Any]] = field(default_factory=dict)
     waiting: int = 0  # tasks waiting for their parents (enqueued with `after`)
     schedules: int = 0  # periodic tasks (gpuq schedule)
-    warnings: list[str] = field(default_factory=list)  # about the server (gpuq.eviction)
+    warnings: list[str] = field(default_factory=list)  # about the server: gpuq status adds them
     reaper_active: bool = False  # a reaper holds the pool's lock
 
     def to_dict(self) -> dict[str, Any]:
@@ -138,7 +138,7 @@ def pool_view(client: redis.Redis, keys: Keys, top: int | None = None) -> PoolVi
         scale={k: _parse_signal(v) for k, v in sorted(scale.items())},
         unregistered=dict(sorted(unregistered.items())), runtimes=learned_runtimes(runtimes),
         waiting=int(waiting), schedules=int(schedules), **_tenants(client, keys, stats),
-        warnings=[w for w in (eviction.risk(client),) if w], reaper_active=bool(reaper))
+        reaper_active=bool(reaper))
 
 
 def number(value: Any) -> float | None:
