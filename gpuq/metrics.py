@@ -15,7 +15,7 @@ Worker (``WorkerMetrics``, one registry per worker process):
 |---|---|---|---|
 | gpuq_schedule_latency_seconds | histogram | pool, priority | at a task's first handler start (once per task, as its SLA is decided: at claim when the worker holds its model, after the load when cold): enqueue (a delayed or released task: its due time) to handler start |
 | gpuq_task_phase_seconds | histogram | pool, priority, phase (queue, load, run) | queue: at claim, every attempt (time since it was last queued); load: after a cold load; run: when the handler returns |
-| gpuq_worker_tasks_total | counter | pool, gpu, priority, outcome (succeeded, failed, retried, yielded, stopped, lost) | when the worker settles a task |
+| gpuq_worker_tasks_total | counter | pool, gpu, priority, outcome (succeeded, failed, retried, passed, yielded, stopped, lost) | when the worker settles a task |
 | gpuq_gpu_vram_total_bytes | gauge | pool, gpu, gpu_class | at start |
 | gpuq_gpu_vram_usage_ratio | gauge | pool, gpu, gpu_class, source (ledger, nvml) | every heartbeat; nvml only on NVML GPUs |
 | gpuq_worker_running_tasks | gauge | pool, gpu | every heartbeat |

@@ -165,11 +165,14 @@ class Calls:
         return Call("tenant", [op, *args], parse)
 
     def fail(self, task_id: str, token: int, error: str, *, retry: bool = True,
-             now_ms: int = 0) -> Call[str]:
+             now_ms: int = 0, pass_ms: int | None = None) -> Call[str]:
+        """pass_ms: pass the task on instead (another worker runs its handler): its attempt
+        is given back and it waits pass_ms; the reply is then "passed"."""
         c = self.config
-        args = [task_id, str(token), str(now_ms), error.replace("\n", " ")[:2000],
-                "1" if retry else "0", str(int(c.retry_base_s * 1000)),
-                str(int(c.retry_max_s * 1000)), self._ttl]
+        mode = "2" if pass_ms is not None else "1" if retry else "0"
+        base = pass_ms if pass_ms is not None else int(c.retry_base_s * 1000)
+        args = [task_id, str(token), str(now_ms), error.replace("\n", " ")[:2000], mode,
+                str(base), str(int(c.retry_max_s * 1000)), self._ttl]
 
         def parse(r: list[Any]) -> str:
             raise_for(r, task_id)

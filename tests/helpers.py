@@ -78,8 +78,9 @@ def ack(queue: Queue, task_id: str, token: int | str, result: Any = "ok", now_ms
 
 
 def fail(queue: Queue, task_id: str, token: int | str, error: str = "boom", *, retry: bool = True,
-         now_ms: int = 0) -> str:
-    return queue.scripts.run(queue.calls.fail(task_id, int(token), error, retry=retry, now_ms=now_ms))
+         now_ms: int = 0, pass_ms: int | None = None) -> str:
+    return queue.scripts.run(queue.calls.fail(task_id, int(token), error, retry=retry, now_ms=now_ms,
+                                              pass_ms=pass_ms))
 
 
 def heartbeat(queue: Queue, worker_id: str, leases: Sequence[tuple[str, int | str]],

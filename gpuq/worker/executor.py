@@ -27,6 +27,7 @@ from gpuq.stream import Emitter
 from gpuq.task import JSON, MAX_RESULT_BYTES
 from gpuq.worker.models import ModelCache, Reservation
 from gpuq.worker.observer import Observer
+from gpuq.worker.passing import PASS_S, Elsewhere
 from gpuq.worker.presence import Presence
 from gpuq.worker.running import Running, RunningSet
 from gpuq.worker.runtimes import NAMES_KEPT, Run, RunTimes
@@ -34,7 +35,10 @@ from gpuq.worker.runtimes import NAMES_KEPT, Run, RunTimes
 log = logging.getLogger(__name__)
 Claimed = tuple[dict[str, str], Reservation | None, Running]  # task fields, its VRAM, its run
 
-SETTLED = {"ack": "succeeded", "requeue": "yielded"}  # fail: "delayed" is a retry
+SETTLED = {"ack": "succeeded", "requeue": "yielded"}
+# fail's replies: "delayed" a retry, "passed" given to the workers that run its handler
+FAILED = {"delayed": "retried", "passed": "passed"}
+UNREADABLE = "task fields cannot be read"
 
 
 def handed_over(message: object) -> dict[str, str] | None:
@@ -56,6 +60,7 @@ class Executor:
         self.scripts = scripts
         self.calls = calls
         self.observer = observer
+        self.elsewhere = Elsewhere(presence)  # who else runs a handler this app lacks
         self.runtimes = runtimes
         # (task id, token) -> its run, until its ack's reply: only an acked run is learned
         self.unacked: dict[tuple[str, str], Run] = {}
@@ -99,7 +104,7 @@ class Executor:
             return ctx, self._check(fields["handler"], fields["model"])
         except (KeyError, ValueError) as exc:
             stand_in = Context(fields["id"], 0, self.id, fields.get("model", ""), 0.0, 0.0)
-            return stand_in, f"task fields cannot be read: {type(exc).__name__}: {exc}"
+            return stand_in, f"{UNREADABLE}: {type(exc).__name__}: {exc}"
 
     def prepare_model(self, res: Reservation, task_id: str = "") -> Any:
         """Unload what must make room, load the model if this task is the one to, return it."""
@@ -143,6 +148,13 @@ class Executor:
         task_id, token, ctx = running.task_id, running.token, running.ctx
         try:
             if running.rejected:
+                handler = fields.get("handler", "")
+                if (not running.rejected.startswith(UNREADABLE) and handler not in self.app.handlers
+                        and self.elsewhere.runs(handler, fields.get("priority", ""))):
+                    log.warning("task.passed task=%s worker=%s error=%s (another worker runs it)",
+                                task_id, self.id, running.rejected)
+                    return self.calls.fail(task_id, token, running.rejected,
+                                           pass_ms=int(PASS_S * 1000))
                 raise TaskError(running.rejected, False)
             if res is None:
                 raise TaskError(f"task needs {fields['vram_gb']} GB with model {fields['model']}, "
@@ -257,7 +269,7 @@ class Executor:
             self.observer.observe(task_id, "lost")
             log.error("task.settle_failed task=%s worker=%s error=%s", task_id, self.id, exc)
         else:
-            outcome = SETTLED.get(call.script) or ("retried" if done == "delayed" else "failed")
+            outcome = SETTLED.get(call.script) or FAILED.get(done, "failed")
             self.observer.observe(task_id, outcome)
             if run is not None:
                 self.runtimes.add(*run)

@@ -135,6 +135,24 @@ def test_fail_without_retry_ends_at_once_and_a_stale_fail_is_rejected(queue: Que
         fail(queue, tid, c["token"], "again")
 
 
+def test_a_task_passed_on_gives_its_attempt_back_and_waits_the_pass(queue: Queue) -> None:
+    """A worker whose app lacks the handler passes the task on (gpuq/worker/passing.py):
+    no attempt used, even on the last one, and it waits the pass, not a backoff."""
+    tid = enqueue(queue, T0, max_attempts=1)
+    c = claimed(queue, "w")
+    assert fail(queue, tid, c["token"], "handler 'x' is not registered", now_ms=T0 + 10,
+                pass_ms=1000) == "passed"
+    r = queue.record(tid)
+    assert r.state is State.DELAYED and r.attempt == 0 and r.worker is None
+    assert r.error == "handler 'x' is not registered"
+    assert queue.redis.zscore(queue.keys.delayed, tid) == T0 + 10 + 1000
+    assert claim(queue, "w", 40, now_ms=T0 + 1009) is None
+    c = claimed(queue, "w", now_ms=T0 + 1010)
+    assert c["id"] == tid and c["attempt"] == "1"
+    ack(queue, tid, c["token"], 1, now_ms=T0 + 1020)
+    assert queue.record(tid).state is State.SUCCEEDED
+
+
 def test_cancel_a_queued_task(queue: Queue) -> None:
     tid = enqueue(queue, T0, model="A", priority="P1")
     assert queue.cancel(tid) == "queued"

@@ -1,0 +1,39 @@
+"""Workers of two apps in one pool (a rolling upgrade): a task one app lacks the handler of is
+passed on to the workers that run it (gpuq/worker/passing.py), real processes, real Redis."""
+
+from __future__ import annotations
+
+import pytest
+from procs import Procs
+
+from gpuq import Queue, State
+from gpuq.errors import TaskFailed
+
+pytestmark = pytest.mark.slow
+
+
+def chaos_worker(procs: Procs, name: str) -> None:
+    """A worker of the other app (workers.chaos: handler chaos.run, which the sim app lacks)."""
+    proc = procs.start(name, ["worker", "--app", "workers.chaos:app", "--vram-gb", "80",
+                              "--gpu-name", "sim-80GB", "--name", name])
+    procs.wait_registered(proc)
+
+
+def test_a_task_only_another_app_runs_is_passed_on_not_failed(procs: Procs, real_queue: Queue) -> None:
+    chaos_worker(procs, "new")
+    busy = real_queue.enqueue("chaos.run", {"s": 2.0}, model="m-small", vram_gb=4, priority="P1")
+    procs.wait_running_on(busy.id, "new")
+    old = procs.worker("old")  # idle while "new" is busy: it is the one offered the next task
+    procs.wait_idle("old")
+    task = real_queue.enqueue("chaos.run", {"s": 0.05}, model="m-mid", vram_gb=10, priority="P1")
+    record = procs.wait_state(task.id, State.SUCCEEDED, timeout=20)
+    assert record.worker == "new" and record.attempt == 1  # the passes used no attempt
+    assert "task.passed task=" + task.id in old.log()
+    assert "task.failed" not in old.log()
+
+
+def test_a_handler_no_live_worker_runs_still_fails(procs: Procs, real_queue: Queue) -> None:
+    procs.worker("old")
+    task = real_queue.enqueue("chaos.run", {"s": 0.05}, model="m-mid", vram_gb=10)
+    with pytest.raises(TaskFailed, match="not registered"):
+        task.result(timeout=15)
