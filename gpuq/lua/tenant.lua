@@ -20,6 +20,11 @@
 --          "-" (none): the reaper's (gpuq/reaper/tenant_room.py); a bound lifted or raised
 --          wakes as many idle workers (the tenant's passed-over tasks may start); nothing
 --          while tenancy is off
+--          "forget": ARGV[2] cutoff (ms), then pairs: name, its work total as the reaper read
+--          it: the state of an unregistered tenant gone quiet goes (its work total, finish
+--          tags and SLA counts in `stats`) unless it is registered, its total moved, it has
+--          tasks queued, running use or a bound counted, or a finish tag after the cutoff
+--          (gpuq/reaper/tenant_room.py); reply {0, the names forgotten, comma-separated}
 -- Returns  {0, previous}   done; previous: the tenant's former value or policy ("" if none)
 --          {4}             NOT_FOUND: remove of a tenant not registered
 --          {1, 0, reason}  INVALID: a malformed argument (nothing written)
@@ -62,7 +67,41 @@ local function bad_name(t)
   return not t or t == '' or #t > 200 or string.find(t, '[%s{},]') ~= nil
 end
 
+-- Whether tenant t keeps its state: registered, its work total not `total`, tasks queued, use
+-- or a bound counted, or a finish tag after `cutoff` (a later task of it may still queue
+-- behind it: lib/fair.lua reads a tag while the tenant has tasks queued at that level).
+local function keeps(t, total, cutoff)
+  if redis.call('HEXISTS', K_TENANTS, t) == 1 or redis.call('HGET', K_TENANT_WORK, t) ~= total then
+    return true
+  end
+  for _, kind in ipairs({'tasks:', 'bound:'}) do
+    if redis.call('HEXISTS', K_TENANT_USE, kind .. t) == 1 then return true end
+  end
+  for p = 0, 3 do
+    if redis.call('HEXISTS', K_TENANT_QUEUED, p .. ':' .. t) == 1 then return true end
+    if (finite(redis.call('HGET', K_TENANT_CLOCK, p .. ':' .. t)) or 0) > cutoff then return true end
+  end
+  return false
+end
+
 local op, name = ARGV[1], ARGV[2]
+if op == 'forget' then
+  local cutoff = arg_num(2, 0, 1e15)
+  if not cutoff or #ARGV % 2 ~= 0 then return {1, 0, 'forget takes a cutoff, then name, total pairs'} end
+  local gone = {}
+  for i = 3, #ARGV, 2 do
+    local t = ARGV[i]
+    if not bad_name(t) and not keeps(t, ARGV[i + 1], cutoff) then
+      redis.call('HDEL', K_TENANT_WORK, t)
+      for p = 0, 3 do
+        redis.call('HDEL', K_TENANT_CLOCK, p .. ':' .. t)
+        redis.call('HDEL', K_STATS, 'sla_met:P' .. p .. ':' .. t, 'sla_missed:P' .. p .. ':' .. t)
+      end
+      gone[#gone + 1] = t
+    end
+  end
+  return {0, table.concat(gone, ',')}
+end
 if op == 'bound' then
   if #ARGV % 2 ~= 1 then return {1, 0, 'bound takes name, bound pairs'} end
   for i = 2, #ARGV, 2 do
@@ -123,4 +162,4 @@ if op == 'remove' then
   end
   return {0, before}
 end
-return {1, 0, 'the first argument must be set, remove or require'}
+return {1, 0, 'the first argument must be set, remove, require, bound or forget'}

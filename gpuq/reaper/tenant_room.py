@@ -36,6 +36,8 @@ from gpuq.tenants import DEFAULT_WEIGHT, bounds_of, registered
 log = logging.getLogger(__name__)
 
 ACTIVE = 0.05  # demand (tasks) below which a tenant has none: its decay's tail is not room
+QUIET_MS = 86_400_000  # an unregistered tenant with no task queued after this is forgotten
+FORGET_PER_ROUND = 100  # tenants looked at a round, in turn by name
 
 
 def plan_bounds(demand: Mapping[str, float], weights: Mapping[str, float], live: int,
@@ -72,6 +74,7 @@ class TenantRoom:
         self.work: dict[str, float] = {}  # tenant -> its work total at the last step
         self.at: int | None = None  # ms of the last step
         self.binding = False  # whether the last step left any tenant bound
+        self.forget_from = ""  # the name after which the next round looks for quiet tenants
 
     def step(self, now_ms: int | None = None) -> int:
         """Read the work tenants offered since the last step, average their demand, and write the
@@ -88,6 +91,7 @@ class TenantRoom:
             self.demand, self.work, self.at, self.binding = {}, {}, None, False
             return 0
         self.decay({t: float(v) for t, v in work.items()}, now)
+        self.forget(work, registry, now)
         weights = {name: t.weight for name, t in registered(registry).items()}
         current = bounds_of(use)
         bounds = plan_bounds(self.demand, weights, int(live), self.config.tenant_headroom)
@@ -99,6 +103,23 @@ class TenantRoom:
             log.info("tenant.bounds pool=%s %s live_workers=%d", self.config.pool,
                      " ".join(f"{t}={b}" for t, b in changed), int(live))
         return len(changed)
+
+    def forget(self, work: Mapping[str, str], registry: Mapping[str, str], now: int) -> None:
+        """Unregistered tenants without demand: their state goes once they have had no task
+        queued for QUIET_MS (tenant.lua "forget" checks the rest atomically), so a pool that
+        names a tenant per customer does not keep every name it has seen. A round looks at
+        FORGET_PER_ROUND of them, taking turns by name."""
+        quiet = sorted(t for t in work if t not in self.demand and t not in registry)
+        turn = [t for t in quiet if t > self.forget_from][:FORGET_PER_ROUND]
+        self.forget_from = turn[-1] if len(turn) == FORGET_PER_ROUND else ""
+        if not turn:
+            return
+        gone = self.scripts.run(self.calls.tenant(
+            "forget", str(now - QUIET_MS), *[x for t in turn for x in (t, work[t])]))
+        for t in filter(None, gone.split(",")):
+            self.work.pop(t, None)
+        if gone:
+            log.info("tenant.forgotten pool=%s tenants=%d", self.config.pool, gone.count(",") + 1)
 
     def decay(self, work: Mapping[str, float], now: int) -> None:
         """Each tenant's demand moves toward the work it offered per second since the last

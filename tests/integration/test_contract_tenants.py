@@ -238,7 +238,9 @@ def test_a_pool_that_requires_registration_refuses_other_tenants_whole_calls(que
     (("set", "a", "1", "-", "-3"), "max_vram_gb"),
     (("set", "a", "1", "-"), "set takes"),
     (("require", "yes"), "require takes"),
-    (("drop", "a"), "set, remove or require"),
+    (("drop", "a"), "set, remove, require, bound or forget"),
+    (("forget", "soon", "a", "1"), "forget takes"),
+    (("forget", "0", "a"), "forget takes"),
 ])
 def test_tenant_refuses_malformed_arguments_and_writes_nothing(queue: Queue, args: tuple[str, ...],
                                                               message: str) -> None:

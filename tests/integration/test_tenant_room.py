@@ -60,3 +60,42 @@ def test_no_tenants_no_room(queue: Queue) -> None:
     assert bounds(queue) == {"bound:a": "2", "bound:b": "2"}  # both borrow; b weighs 1 unregistered
     remove_tenant(queue, "a")  # tenancy ends: its counts go, and the reaper forgets
     assert r.step(T0 + 2000) == 0 and r.demand == {}
+
+
+def test_an_unregistered_tenant_gone_quiet_is_forgotten(queue: Queue) -> None:
+    """A pool that names a tenant per customer keeps no state for every name it has seen:
+    once an unregistered tenant has had no task queued for a day, its work total, finish tags
+    and SLA counts go; a registered tenant, and one with tasks queued, keep theirs."""
+    heartbeat(queue, "w", [], now_ms=T0)
+    set_tenant(queue, Tenant("a"))
+    r = room(queue)
+    offer(queue, "a", 1, T0)
+    offer(queue, "cust1", 1, T0)
+    offer(queue, "cust2", 1, T0)
+    queue.redis.hset(queue.keys.stats, mapping={"sla_met:P2:cust1": 3, "sla_missed:P0:cust1": 1})
+    for tid in queue.redis.zrange(queue.keys.queue(2, "m"), 0, -1):
+        if queue.redis.hget(queue.keys.task(tid), "tenant") != "cust2":
+            queue.scripts.run(queue.calls.cancel(tid, now_ms=T0 + 10))  # cust2's task stays queued
+    day = 86_400_000
+    r.step(T0 + 1000)
+    r.step(T0 + day - 1000)  # a day has not passed since cust1's last task
+    assert queue.redis.hexists(queue.keys.tenant_work, "cust1")
+    r.step(T0 + day + 60_000)  # its finish tag (T0 + its 4 s spaced by its share) is past
+    assert sorted(queue.redis.hkeys(queue.keys.tenant_work)) == ["a", "cust2"]
+    assert not any(":cust1" in f for f in queue.redis.hkeys(queue.keys.tenant_clock))
+    assert not any(f.endswith(":cust1") for f in queue.redis.hkeys(queue.keys.stats))
+    assert "cust1" not in r.work
+    # it comes back: its new work counts whole, as if it had never left
+    offer(queue, "cust1", 2, T0 + day + 61_000)
+    assert queue.redis.hget(queue.keys.tenant_work, "cust1") == "8"
+
+
+def test_forget_keeps_a_tenant_whose_work_moved_since_it_was_read(queue: Queue) -> None:
+    set_tenant(queue, Tenant("a"))
+    offer(queue, "cust", 1, T0)
+    tid = queue.redis.zrange(queue.keys.queue(2, "m"), 0, -1)[0]
+    queue.scripts.run(queue.calls.cancel(tid, now_ms=T0 + 10))
+    cutoff = str(T0 + 10_000)
+    assert queue.scripts.run(queue.calls.tenant("forget", cutoff, "cust", "3")) == ""  # total is 4
+    assert queue.scripts.run(queue.calls.tenant("forget", cutoff, "a", "")) == ""  # registered
+    assert queue.scripts.run(queue.calls.tenant("forget", cutoff, "cust", "4")) == "cust"
