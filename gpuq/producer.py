@@ -43,7 +43,8 @@ class Producer(Generic[ClientT, EnqueuedT]):
         encoder = getattr(client, "get_encoder", None)
         if encoder is not None and not encoder().decode_responses:  # every reader takes text
             raise ConfigError("the Redis client must decode replies: make it with "
-                              "decode_responses=True, or use gpuq.connect(url)")
+                              "decode_responses=True, or use gpuq.connection.connect(url) "
+                              "(connect_async for the asyncio client)")
         self.redis = client
         self.keys = Keys(self.config.pool, self.config.prefix)
         self.calls = Calls(self.config)

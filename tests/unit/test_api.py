@@ -176,8 +176,11 @@ def test_a_client_that_returns_bytes_is_refused_at_once() -> None:
     from gpuq.errors import ConfigError
 
     for make in (lambda: Queue(fakeredis.FakeRedis()), lambda: AsyncQueue(fakeredis.FakeAsyncRedis())):
-        with pytest.raises(ConfigError, match="decode_responses=True"):
+        with pytest.raises(ConfigError, match="decode_responses=True") as err:
             make()
+        # the function it names exists (it once named a gpuq.connect that did not)
+        import gpuq.connection
+        assert "gpuq.connection.connect(url)" in str(err.value) and gpuq.connection.connect
 
 
 def test_after_any_outcome_without_parents_is_refused_as_the_cli_refuses_it() -> None:

@@ -117,6 +117,7 @@ def test_a_name_seen_valid_does_not_pass_another_kind_of_value() -> None:
 @pytest.mark.parametrize("item, match", [
     ({"model": "m", "vram_gb": 1}, "handler"),
     ({"handler": "h", "model": "m", "vram_gb": 1, "vram": 2}, "vram"),
+    ({"handler": "h", "model": "m", "vram_gb": -1}, "vram_gb"),  # a value out of range too
 ])
 def test_bulk_item_without_handler_or_with_unknown_option_is_invalid(item: dict[str, object],
                                                                       match: str) -> None:
