@@ -309,7 +309,7 @@ class Preemptor:
             GPU_FIELDS.read(pipe, k, w)
         for i in running:
             pipe.hmget(k.task(i), "state", "token", "worker", "priority", "started_at", "est_s",
-                       "preemptible", "preemptions", "yield_by", "ready_at", "vram_gb")
+                       "preemptible", "preemptions", "yield_by", "ready_at", "vram_gb", "model")
         held, *rows = pipe.execute()
         for w, f in zip(unknown, rows):
             if (record := GPU_FIELDS.record(w, f)) is not None:
@@ -322,23 +322,48 @@ class Preemptor:
         idle = list(dict.fromkeys(Idle(float(gb), info[str(w)][1], info[str(w)][2])
                                   for w, gb in scored(idle_raw) if str(w) in info))
         tasks = rows[len(unknown):]
-        load: dict[str, float] = {}  # worker -> VRAM its running tasks need
-        for f in tasks:
-            if f[0] == "running" and f[2]:
-                # an unreadable vram_gb counts 0: a damaged hash must not hide its worker
-                load[f[2]] = load.get(f[2], 0.0) + field_number(f[10])
+        load, frees = worker_loads(r, k, tasks)
         victims = []
-        for i, f in zip(running, tasks):
-            state, token, worker, prio, started, est, pre, count, asked, ready, vram = f
+        for i, f, freed in zip(running, tasks, frees):
+            state, token, worker, prio, started, est, pre, count, asked, ready, vram, _ = f
             if state != "running" or pre != "1" or asked or worker not in info or not started:
                 continue
             usable, levels, gpus = info[worker]
             # a cold start's work begins once its model is loaded (claim.lua: ready_at)
             began = max(int(started), int(ready or 0))
             victims.append(Victim(i, int(token), worker, int(prio), began, float(est),
-                                  int(count or 0), usable - (load[worker] - field_number(vram)),
+                                  int(count or 0), usable - (load[worker] - freed),
                                   levels, gpus))
         return victims, idle, reserved
+
+
+def worker_loads(client: redis.Redis, keys: Keys,
+                 tasks: list[list[str | None]]) -> tuple[dict[str, float], list[float]]:
+    """The VRAM each worker's running tasks use, and what each task's end would free. Tasks
+    of one model on one worker (a batch, or slots sharing a loaded model) share its weights
+    (the catalog's footprint, at most the least any of them needs): counted once, and freed
+    only by the last of them. Fields: HMGET's, vram_gb and model last."""
+    shared: dict[tuple[str, str], list[float]] = {}  # (worker, model) -> its tasks' needs
+    for f in tasks:
+        if f[0] == "running" and f[2]:
+            # an unreadable vram_gb counts 0: a damaged hash must not hide its worker
+            shared.setdefault((f[2], f[-1] or ""), []).append(field_number(f[-2]))
+    pairs = [pair for pair, needs in shared.items() if len(needs) > 1]
+    pipe = client.pipeline(transaction=False)
+    for _, model in pairs:
+        pipe.hget(keys.catalog_model(model), "vram_gb")
+    weights = {pair: min(field_number(fp), *shared[pair])
+               for pair, fp in zip(pairs, pipe.execute() if pairs else [])}
+    load: dict[str, float] = {}
+    for (worker, model), needs in shared.items():
+        fp = weights.get((worker, model), 0.0)
+        load[worker] = load.get(worker, 0.0) + fp + sum(n - fp for n in needs)
+    frees = []
+    for f in tasks:
+        pair = (f[2] or "", f[-1] or "")
+        fp = weights.get(pair, 0.0)
+        frees.append(field_number(f[-2]) - fp + (fp if len(shared.get(pair, ())) == 1 else 0.0))
+    return load, frees
 
 
 def _ms(value: object, fallback: int) -> int:

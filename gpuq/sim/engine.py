@@ -126,6 +126,15 @@ class Engine:
         """A round's event superseded by a skip or by the cadence's return."""
         return event[3] == "tick" and event[2] != self.rounds.seq
 
+    def stuck(self) -> bool:
+        """After a round that changed nothing: whether the tasks still queued can never run
+        (a tenant capped at 0, a priority no lane serves). Nothing runs, arrives, can expire
+        or is due but the reaper's rounds, which keep coming while tasks are queued: the
+        replay ends, those tasks starved, where it would otherwise never end."""
+        return (self.arrivals_left == 0 and self.rounds.queued_deadlines == 0
+                and next(self.running(), None) is None
+                and all(e[3] in ("tick", "plan") for e in self.events if not self.stale(e)))
+
     def ms(self, t: float | None = None) -> int:
         return EPOCH_MS + int(round((self.now if t is None else t) * 1000))
 
@@ -180,6 +189,8 @@ class Engine:
             elif kind == "tick":
                 changed = self.rounds.tick()
                 if not (self.dispatch() or changed):
+                    if self.stuck():
+                        break
                     self.rounds.skip()
                 continue
             elif kind == "scale":

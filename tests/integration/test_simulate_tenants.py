@@ -70,3 +70,15 @@ def test_skipping_quiet_rounds_gives_the_same_replay_with_tenants(
     (every, every_tasks, every_ticks), (skipped, skipped_tasks, skipped_ticks) = out
     assert skipped == every and skipped_tasks == every_tasks
     assert skipped_ticks < every_ticks  # the quiet gap's rounds, once nobody was bound
+
+
+def test_a_replay_whose_last_tasks_can_never_run_ends(redis_server: EmbeddedServer) -> None:
+    """Regression: with tenants registered, tasks that could never run (a tenant capped at 0
+    GPUs) kept the reaper's rounds coming for ever and the replay never ended; it ends with
+    them starved."""
+    tasks = [TraceTask(0.0, "m", 8.0, 0, 1.0, 1.0, None, False, tenant="shop"),
+             TraceTask(1.0, "m", 8.0, 0, 1.0, 1.0, None, False, tenant="ads")]
+    result = simulate(tasks, parse_gpus("1x80"), "gpuq", speedup=1.0, load_time=lambda _m, _r: 1.0,
+                      config=Config(), server=redis_server, tenants=(Tenant("shop", max_gpus=0),))
+    assert summarize(result)["starved"] == 1
+    assert [t.tenant for t in result.tasks if t.exec_s is not None] == ["ads"]
