@@ -22,8 +22,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -35,7 +33,7 @@ from gpuq import catalog
 from gpuq.client import Queue
 from gpuq.config import Config
 from gpuq.connection import connect, redis_errors
-from gpuq.embedded import EmbeddedServer, free_port
+from gpuq.embedded import EmbeddedServer, free_port, sigterm_unwinds
 from gpuq.errors import ConfigError, GpuqError
 from gpuq.redact import redact
 from gpuq.report import Gpu, fetch_records, render, summarize
@@ -221,18 +219,6 @@ def drop_pool(queue: Queue) -> None:
             queue.redis.unlink(*keys[i:i + 500])
     except redis.RedisError as exc:
         log.warning("demo.cleanup_failed pool=%s error=%s", queue.config.pool, exc)
-
-
-@contextmanager
-def sigterm_unwinds() -> Iterator[None]:
-    """A SIGTERM to the demo runs its cleanup (processes, server) instead of orphaning them."""
-    def stop(*_: object) -> None:
-        raise SystemExit(128 + signal.SIGTERM)
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def session(queue: Queue, fleet: Fleet, seconds: float, time_scale: float,

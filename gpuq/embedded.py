@@ -8,16 +8,32 @@ the server's files live in its own temporary directory.
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import redis
 
 from gpuq.errors import GpuqError
+
+
+@contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """A SIGTERM to a command that started a server (the demo, a replay) runs its cleanup
+    instead of orphaning the server (it runs in a session of its own) and its processes."""
+    def stop(*_: object) -> None:
+        raise SystemExit(128 + signal.SIGTERM)
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def free_port() -> int:

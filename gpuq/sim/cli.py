@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from gpuq.config import Config
-from gpuq.embedded import EmbeddedServer
+from gpuq.embedded import EmbeddedServer, sigterm_unwinds
 from gpuq.errors import ConfigError
 from gpuq.report import percentile
 from gpuq.sim import traces
@@ -54,12 +54,13 @@ def replaying() -> Iterator[EmbeddedServer]:
     reaper_log = logging.getLogger("gpuq.reaper")
     level = reaper_log.level
     reaper_log.setLevel(max(logging.ERROR, reaper_log.getEffectiveLevel()))
-    server = EmbeddedServer("redis").start()
-    try:
-        yield server
-    finally:
-        reaper_log.setLevel(level)
-        server.stop()
+    with sigterm_unwinds():
+        server = EmbeddedServer("redis").start()
+        try:
+            yield server
+        finally:
+            reaper_log.setLevel(level)
+            server.stop()
 
 
 def unused_options(autoscale: bool, find_gpus: bool, *, plot_path: str | None, mix_70b: float,

@@ -74,3 +74,53 @@ def test_cli_replays_with_tenants_and_reports_each(procs: Procs, tmp_path: Path)
     bad = procs.cli(*base, "--tenant", "a:heavy", env=env)
     assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
         "Error: --tenant 'a:heavy': weight and caps must be numbers"]
+
+
+def children(pid: int) -> list[int]:
+    """Processes whose parent is pid (from /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        if f"\nPPid:\t{pid}\n" in status:
+            out.append(int(entry.name))
+    return out
+
+
+def test_a_sigterm_to_a_replay_stops_its_server(procs: Procs, tmp_path: Path) -> None:
+    """Regression: the embedded server of a replay stopped with SIGTERM stayed running (it runs
+    in a session of its own), one per killed replay."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    long = tmp_path / "long.csv"
+    rows = "".join(f"{i * 0.5},m{i % 40},P{i % 4},5,20,,2\n" for i in range(20_000))
+    long.write_text("arrival_s,model,priority,service_s,vram_gb,tenant,load_s\n" + rows, encoding="utf-8")
+    proc = subprocess.Popen([*procs.base_args(), "simulate", "--trace", str(long), "--gpus", "2x80",
+                             "--speedup", "1", "--policy", "gpuq"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=procs.environment({}))
+    server: list[int] = []
+    try:
+        deadline = time.monotonic() + 30
+        while not server and time.monotonic() < deadline:
+            server = children(proc.pid)
+            time.sleep(0.1)
+        assert server, "the replay started no server"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) != 0
+        time.sleep(0.5)
+        for pid in server:
+            assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+    finally:
+        proc.kill()
+        proc.wait()
+        for pid in server:  # what the replay left, if it did
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
