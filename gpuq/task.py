@@ -296,10 +296,9 @@ def build_specs(tasks: Iterable[Mapping[str, Any]]) -> list[TaskSpec]:
     for i, t in enumerate(tasks):
         try:
             specs.append(TaskSpec.build(**t))
-        except TypeError as exc:  # no handler, or an option build does not know
-            raise InvalidTask(f"task {i} of the batch: {exc}") from None
-        except InvalidTask as exc:  # a value out of range: which task, as for the above
-            raise InvalidTask(f"task {i} of the batch: {exc.reason}", exc.task_id) from None
+        except (TypeError, InvalidTask) as exc:  # no handler, an unknown option, a bad value
+            why = exc.reason if isinstance(exc, InvalidTask) else str(exc)
+            raise InvalidTask(f"task {i} of the batch: {why}", getattr(exc, "task_id", None)) from None
     seen: set[str] = set()
     for spec in specs:  # one call's chunks are separate scripts: catch repeats before any
         if spec.task_id in seen:

@@ -110,6 +110,10 @@ def main() -> int:
     ap.add_argument("--write", action="store_true", help="update docs/BENCHMARKS.md and docs/img/")
     ap.add_argument("--limit", type=int, default=None, help="first N tasks of each trace (quick look)")
     args = ap.parse_args()
+    if args.limit is not None and args.limit < 1:
+        ap.error(f"--limit must be >= 1, got {args.limit}")
+    if args.write and args.limit is not None:  # the docs' figures are the whole traces'
+        ap.error("--write records the full replays: drop --limit")
     started = time.monotonic()
     loads = traces.LoadTimes.from_trace()
     server = EmbeddedServer("redis").start()

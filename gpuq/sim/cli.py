@@ -31,12 +31,17 @@ def check_plot_path(path: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
         raise ConfigError(f"--plot {path!r}: not a file that can be written in an existing folder")
+    from gpuq.sim.plot import check  # matplotlib is imported only when a plot is asked for
+
+    check(path)
 
 
 def read_trace(name: str, traces_dir: str | None, seed: int,
                limit: int | None) -> tuple[list[TraceTask], traces.LoadTimes]:
     """The tasks of trace ``name`` (a named trace or a CSV file) and its models' load times;
     a missing, malformed or empty trace is a configuration error (one line in the CLI)."""
+    if traces_dir is not None and not os.path.isdir(traces_dir):  # a file would be read as each
+        raise ConfigError(f"--traces-dir {traces_dir!r} is not a folder (of the shared traces)")
     try:
         read = traces.read_trace(name, traces_dir, seed=seed, limit=limit)
         if not read.tasks:
@@ -212,9 +217,12 @@ def _reachable(tasks: list[TraceTask], loads: traces.LoadTimes, config: Config, 
             if t.vram_gb <= size - config.kv_reserve_gb]  # as simulate refuses the rest
     sla = [config.sla_p0_s, config.sla_p1_s, config.sla_p2_s, None][priority]
     count = sum(1 for r in kept if r.priority == priority)
+    if sla is None or not count:  # no target to search for: every size would "miss" it
+        raise ConfigError(f"--sla-priority P{priority}: " + (
+            "P3 has no SLA" if sla is None else f"the trace has no P{priority} task that fits a GPU"))
     missed = first_request_misses(kept, sla, priority, lambda m: min(
         loads.given.get(m) or [s * loads.scale(m) for s in loads.samples]))
-    if count and (count - missed) / count < sla_target:
+    if (count - missed) / count < sla_target:
         raise ConfigError(f"--sla-target {sla_target:g} cannot be met at P{priority} by any pool: "
                           f"{missed} of its {count} tasks are their model's first request, whose "
                           f"load takes longer than the {sla:g} s SLA (at most "

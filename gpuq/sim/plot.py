@@ -4,20 +4,34 @@ each GPU's busy timeline. Needs matplotlib (``pip install 'gpuq[plot]'``)."""
 
 from __future__ import annotations
 
+import os
+
 from gpuq.errors import ConfigError
 from gpuq.sim.model import SimResult
 
 COLORS = {"gpuq": "#1b7837", "fifo": "#b2182b", "priority": "#2166ac"}
 
 
-def plot(results: list[SimResult], path: str) -> None:
+def check(path: str) -> None:
+    """Before a replay: matplotlib is there and writes the file's format (by its extension;
+    none: PNG), so a replay of minutes does not end in an error."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # files only: no display needed
-        import matplotlib.pyplot as plt
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
     except ImportError:
         raise ConfigError("--plot needs matplotlib: pip install 'gpuq[plot]'") from None
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if ext and ext not in formats:
+        raise ConfigError(f"--plot {path!r}: .{ext} is not a picture format matplotlib writes "
+                          f"({', '.join(sorted(formats))})")
+
+
+def plot(results: list[SimResult], path: str) -> None:
+    check(path)
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
     fig, axes = plt.subplots(2, 4, figsize=(16, 7.5), gridspec_kw={"height_ratios": [1, 1.2]})
     for p, ax in enumerate(axes[0]):
         for r in results:

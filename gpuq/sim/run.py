@@ -8,6 +8,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from gpuq import task
 from gpuq.client import Queue
 from gpuq.config import Config
 from gpuq.connection import connect
@@ -18,6 +19,7 @@ from gpuq.sim.engine import Engine
 from gpuq.sim.model import SimResult, TraceTask, devices_of
 from gpuq.sim.policies import POLICIES, GpuqScheduler, QueueScheduler, Scheduler
 from gpuq.tenants import Tenant, set_tenant
+from gpuq.worker.gpu import MAX_DECLARED_GB
 
 LoadSampler = Callable[[str, random.Random], float]  # (model, rng) -> seconds
 MAX_GPUS = 4096  # GPUs one replay simulates, in all: past any pool it sizes, short of a runaway
@@ -36,9 +38,12 @@ def parse_gpus(spec: str) -> list[tuple[str, float]]:
     for part in spec.split(","):
         m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(?:(\d+)\s*[xX]\s*)?(\d+(?:\.\d+)?)\s*(?:/([0-3]+))?\s*",
                          part)
-        if not m or int(m.group(1)) < 1 or int(m.group(2) or 1) < 1 or float(m.group(3)) <= 0:
+        # a group and its GB per GPU as a worker may declare them (claim refuses more VRAM)
+        if (not m or int(m.group(1)) < 1 or not 1 <= int(m.group(2) or 1) <= task.MAX_GPUS
+                or not 0 < float(m.group(3)) <= MAX_DECLARED_GB):
             raise ConfigError(f"--gpus {spec!r}: use COUNTx[GPUSx]GB[/LEVELS][,...], "
-                              "e.g. 4x80,2x24/01,2x4x80")
+                              f"e.g. 4x80,2x24/01,2x4x80 (groups of 1..{task.MAX_GPUS} GPUs, "
+                              f"at most {MAX_DECLARED_GB:g} GB each)")
         count, devices, size = int(m.group(1)), int(m.group(2) or 1), float(m.group(3))
         total += count * devices
         if total > MAX_GPUS:

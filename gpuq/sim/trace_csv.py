@@ -197,4 +197,19 @@ def _time(text: str) -> float:
         raise InvalidTask(f"arrival_s {text!r} is neither seconds nor an ISO 8601 time") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
+    if abs(moment.timestamp()) > MAX_SECONDS:  # as for seconds: a replay's clock must hold it
+        raise InvalidTask(f"arrival_s must be at most {MAX_SECONDS:g} s from the epoch, got {text!r}")
     return moment.timestamp()
+
+
+def check(task: TraceTask) -> None:
+    """A task a reader of a known trace format made, checked as a row of one's own CSV is
+    (InvalidTask): those readers convert values, they do not bound them."""
+    if not (math.isfinite(task.arrival_s) and abs(task.arrival_s) <= MAX_SECONDS):
+        raise InvalidTask(f"arrival_s must be finite and at most {MAX_SECONDS:g} in size, "
+                          f"got {task.arrival_s}")
+    if not 0 <= task.service_s <= MAX_SECONDS:  # NaN fails too
+        raise InvalidTask(f"service_s must be >= 0 and at most {MAX_SECONDS:g}, got {task.service_s}")
+    TaskSpec.build("sim.run", None, model=task.model, priority=task.priority, vram_gb=task.vram_gb,
+                   est_s=task.est_s, deadline_s=task.deadline_s, tenant=task.tenant, gpus=task.gpus,
+                   task_id="row")

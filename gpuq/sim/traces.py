@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import gpuq
+from gpuq.errors import InvalidTask
 from gpuq.sim import trace_csv, traces_llm
 from gpuq.sim.model import TraceTask
 
@@ -237,10 +238,14 @@ def _read_known(name: str, file: Path, seed: int) -> tuple[list[TraceTask], Coun
     """A file of trace ``name`` found by its header: a value its reader cannot take is an
     error naming the file, not a stack trace."""
     try:
-        return _READERS[name](trace_csv.records(file), seed)
-    except (KeyError, ValueError) as exc:
+        tasks, skipped = _READERS[name](trace_csv.records(file), seed)
+        for task in tasks:
+            trace_csv.check(task)
+    except (KeyError, ValueError, InvalidTask) as exc:
+        why = exc.reason if isinstance(exc, InvalidTask) else f"{type(exc).__name__}: {exc}"
         raise ValueError(f"{file} has the columns of the {name} trace, but a row is not one of "
-                         f"it: {type(exc).__name__}: {exc}") from None
+                         f"it: {why}") from None
+    return tasks, skipped
 
 
 def read(

@@ -71,6 +71,9 @@ SIMULATE: list[tuple[list[str], str]] = [
     (["--gpus", "4000x1x80,2x64x80"], "4128 GPUs; a replay simulates at most 4096"),
     (["--find-gpus", "--gpus", "10000x80"], "10000 GPUs; a replay simulates at most 4096"),
     (["--autoscale", "1:100000", "--gpus", "1x80"], "--autoscale '1:100000': a replay simulates at most"),
+    # regressions: an error from the claim script mid-replay, and a group no worker may form
+    (["--gpus", "1x100000000000000000"], "at most 1e+06 GB each"),
+    (["--gpus", "2x65x80"], "groups of 1..64 GPUs"),
     # regressions: passed over without a word (no plot written, no 70B mix, no tenants)
     (["--autoscale", "1:2", "--gpus", "1x80", "--plot", "x.png", "--tenant", "a"],
      "--autoscale replays gpuq alone; it does not take --plot, --tenant"),
@@ -100,9 +103,18 @@ def test_simulate_refuses_before_it_replays(args: list[str], fragment: str) -> N
 
 
 def test_plot_paths_and_gpu_counts(tmp_path: Path) -> None:
-    check_plot_path(str(tmp_path / "x.png"))
     with pytest.raises(ConfigError, match="not a file that can be written"):
         check_plot_path(str(tmp_path))  # a folder
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:  # said before the replay, not after it
+        with pytest.raises(ConfigError, match="--plot needs matplotlib"):
+            check_plot_path(str(tmp_path / "x.png"))
+    else:
+        check_plot_path(str(tmp_path / "x.png"))
+        check_plot_path(str(tmp_path / "no_extension"))  # written as PNG
+        with pytest.raises(ConfigError, match=r"\.xyz is not a picture format"):
+            check_plot_path(str(tmp_path / "x.xyz"))  # regression: a traceback after the replay
     assert len(parse_gpus("4095x80,1x80/01")) == 4096
     assert len(parse_gpus("1024x4x80")) == 1024  # one worker per group of four
 
@@ -181,3 +193,16 @@ def test_settings_that_are_not_finite_are_refused_at_start(name: str, value: str
     """Regression: "nan" passed the >= 0 check and broke the reaper's scale step each round."""
     with pytest.raises(ConfigError, match="must be a finite number"):
         Config.from_env({name: value})
+
+
+@pytest.mark.parametrize("priority, fragment", [(3, "P3 has no SLA"), (1, "the trace has no P1 task")])
+def test_find_gpus_refuses_a_priority_with_nothing_to_search_for(priority: int, fragment: str) -> None:
+    """Regression: it replayed pools of 1 to 256 GPUs, then said none met the target."""
+    from gpuq.config import Config
+    from gpuq.sim.cli import _reachable
+    from gpuq.sim.model import TraceTask
+    from gpuq.sim.traces import LoadTimes
+
+    tasks = [TraceTask(0.0, "m", 10.0, p, 1.0, 1.0) for p in (0, 3)]
+    with pytest.raises(ConfigError, match=fragment):
+        _reachable(tasks, LoadTimes([1.0]), Config(), 80.0, 0.0, priority)

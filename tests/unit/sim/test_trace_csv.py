@@ -170,6 +170,29 @@ def test_a_broken_file_of_a_known_format_is_one_error(tmp_path: Path) -> None:
     assert "has the columns of the openb trace, but a row is not one of it" in message(file)
 
 
+GENAI_ROW = "{arrival},{model},,,{service},TXT_2_IMG,SUCCEED,G0001,0,1,30,63"
+
+
+@pytest.mark.parametrize("arrival, service, expected", [
+    ("nan", "10", "arrival_s must be finite"),  # regressions: a traceback deep in the replay
+    ("0", "nan", "service_s must be >= 0"),
+    ("2e10", "10", "arrival_s must be finite and at most 1e+10"),
+])
+def test_a_value_out_of_range_in_a_file_of_a_known_format_is_one_error(
+        tmp_path: Path, arrival: str, service: str, expected: str) -> None:
+    header = ",".join(traces.HEADERS["genai"])
+    file = write(tmp_path / "genai.csv", f"{header}\n" + GENAI_ROW.format(arrival=0, model="M0", service=32) + "\n"
+                 + GENAI_ROW.format(arrival=arrival, model="M1", service=service) + "\n")
+    got = message(file)
+    assert "has the columns of the genai trace, but a row is not one of it: " + expected in got, got
+
+
+def test_an_iso_time_past_the_clocks_bound_is_one_error(tmp_path: Path) -> None:
+    file = write(tmp_path / "iso.csv", "arrival_s,model,priority,service_s\n"
+                                       "0001-01-01T00:00:00,m,P0,1\n2024-01-01T00:00:00,m,P0,1\n")
+    assert "line 2: arrival_s must be at most 1e+10 s from the epoch" in message(file)
+
+
 @pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared traces not found at {SHARED}")
 def test_a_shared_trace_whose_header_has_spaces_is_still_read(tmp_path: Path) -> None:
     """Regression: its format was known from the stripped header, then its rows were read
