@@ -101,7 +101,7 @@ def worker(ctx: click.Context, app_path: str, gpu_index: str | None, gpu_count: 
                                     metrics_host=metrics_host)
     app = load_app(app_path)
     enable_worker(app, rq_allow, rq_url or queue.url, queue)
-    gpu = probe(gpu_index, vram_gb, gpu_name, worker_id or "worker", gpu_count)
+    gpu = probe(gpu_index, vram_gb, gpu_name, worker_id or "worker", gpu_count, cfg.kv_reserve_gb)
     ctx.exit(Worker(queue.redis, cfg, app, gpu, worker_id=worker_id, burst=burst).run())
 
 

@@ -105,8 +105,16 @@ def nvml_group(indices: tuple[int, ...]) -> GpuInfo:
                    round(smallest * len(devices), 2), indices[0], "nvml", len(devices), indices)
 
 
+def above_reserve(info: GpuInfo, kv_reserve_gb: float) -> GpuInfo:
+    """A GPU no larger than the KV reserve is refused: its class would hold nothing."""
+    if info.device_gb <= kv_reserve_gb:
+        raise ConfigError(f"a GPU of {info.device_gb:g} GB leaves no room above the KV reserve of "
+                          f"{kv_reserve_gb:g} GB per GPU (GPUQ_KV_RESERVE_GB)")
+    return info
+
+
 def probe(gpu: str | None, vram_gb: float | None, name: str | None, worker_id: str,
-          count: int | None = None) -> GpuInfo:
+          count: int | None = None, kv_reserve_gb: float = 0.0) -> GpuInfo:
     """Declared size wins when given (simulated GPUs: ``count`` devices of ``vram_gb`` each);
     otherwise NVML must find every device of ``gpu`` (an index or a list, default 0)."""
     indices = parse_indices(gpu) if gpu is not None else None
@@ -119,15 +127,17 @@ def probe(gpu: str | None, vram_gb: float | None, name: str | None, worker_id: s
             raise ConfigError(f"--vram-gb must be > 0 and <= {MAX_DECLARED_GB:.0f} (GB per GPU), "
                               f"got {vram_gb}")
         n = count or (len(indices) if indices else 1)
-        info = GpuInfo(class_name(name or f"declared-{vram_gb:g}GB", n), f"declared-{worker_id}",
-                       vram_gb * n, indices[0] if indices else None, "declared", n, indices or ())
+        info = above_reserve(GpuInfo(class_name(name or f"declared-{vram_gb:g}GB", n),
+                                     f"declared-{worker_id}", vram_gb * n,
+                                     indices[0] if indices else None, "declared", n, indices or ()),
+                             kv_reserve_gb)
         log.info("gpu.declared name=%s count=%d vram_gb=%g each (declared size; NVML not used)",
                  info.name, n, vram_gb)
         return info
     if count is not None and indices is None:
         indices = tuple(range(count))
     try:
-        info = nvml_group(indices or (0,))
+        info = above_reserve(nvml_group(indices or (0,)), kv_reserve_gb)
     except ConfigError:
         raise
     except Exception as exc:  # no driver, no library, no device

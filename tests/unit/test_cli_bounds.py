@@ -206,3 +206,14 @@ def test_find_gpus_refuses_a_priority_with_nothing_to_search_for(priority: int, 
     tasks = [TraceTask(0.0, "m", 10.0, p, 1.0, 1.0) for p in (0, 3)]
     with pytest.raises(ConfigError, match=fragment):
         _reachable(tasks, LoadTimes([1.0]), Config(), 80.0, 0.0, priority)
+
+
+def test_traces_dir_must_be_a_folder(tmp_path: Path) -> None:
+    """Regression: a file given as --traces-dir was read as the trace and as the load times
+    (a KeyError traceback)."""
+    from gpuq.sim.cli import read_trace
+
+    file = tmp_path / "requests.csv"
+    file.write_text("arrival_s,model,priority,service_s\n0,m,P0,1\n")
+    with pytest.raises(ConfigError, match="--traces-dir .* is not a folder"):
+        read_trace("genai", str(file), 1, 10)
