@@ -59,7 +59,8 @@ class Queue(Producer[redis.Redis, "Task"]):
         Each mapping holds ``handler``, ``payload`` and TaskSpec.build's options. A task
         rejected by validation, or by the pool's state as it is, writes nothing at all;
         PartialEnqueue, naming the tasks stored, if a later call of a large bulk fails
-        all the same (gpuq.bulk).
+        all the same (gpuq.bulk): with ``check_fit``, a task of a later chunk that no
+        registered class or handler fits is found only by that chunk's call.
         """
         specs, calls = self._bulk(tasks, check_fit)
         with redis_errors(self.url):
