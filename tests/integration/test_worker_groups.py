@@ -30,8 +30,8 @@ def test_a_70b_task_runs_on_the_two_gpu_group(procs: Procs, real_queue: Queue) -
                                est_s=est(0.05))
     assert small.result(timeout=15)["worker"] == "single"
     status = procs.status()
-    shapes = {w["id"]: (w["gpu"], w["vram_total_gb"]) for w in status["workers"]}
-    assert shapes == {"single": ("A100", 80.0), "pair": ("2xA100", 160.0)}
+    shapes = {w["id"]: (w["gpu"], w["vram_total_gb"], w["gpus"]) for w in status["workers"]}
+    assert shapes == {"single": ("A100", 80.0, 1), "pair": ("2xA100", 160.0, 2)}
 
 
 def test_the_cli_refuses_more_gpus_than_any_group_has_in_one_line(procs: Procs) -> None:

@@ -181,8 +181,9 @@ GENAI_ROW = "{arrival},{model},,,{service},TXT_2_IMG,SUCCEED,G0001,0,1,30,63"
 def test_a_value_out_of_range_in_a_file_of_a_known_format_is_one_error(
         tmp_path: Path, arrival: str, service: str, expected: str) -> None:
     header = ",".join(traces.HEADERS["genai"])
-    file = write(tmp_path / "genai.csv", f"{header}\n" + GENAI_ROW.format(arrival=0, model="M0", service=32) + "\n"
-                 + GENAI_ROW.format(arrival=arrival, model="M1", service=service) + "\n")
+    rows = [GENAI_ROW.format(arrival=0, model="M0", service=32),
+            GENAI_ROW.format(arrival=arrival, model="M1", service=service)]
+    file = write(tmp_path / "genai.csv", "\n".join([header, *rows]) + "\n")
     got = message(file)
     assert "has the columns of the genai trace, but a row is not one of it: " + expected in got, got
 
