@@ -341,8 +341,8 @@ def worker_loads(client: redis.Redis, keys: Keys,
                  tasks: list[list[str | None]]) -> tuple[dict[str, float], list[float]]:
     """The VRAM each worker's running tasks use, and what each task's end would free. Tasks
     of one model on one worker (a batch, or slots sharing a loaded model) share its weights
-    (the catalog's footprint, at most the least any of them needs): counted once, and freed
-    only by the last of them. Fields: HMGET's, vram_gb and model last."""
+    (the catalog's footprint, at most the least any of them needs): counted once, and not
+    freed by any one of them ending. Fields: HMGET's, vram_gb and model last."""
     shared: dict[tuple[str, str], list[float]] = {}  # (worker, model) -> its tasks' needs
     for f in tasks:
         if f[0] == "running" and f[2]:
@@ -358,11 +358,8 @@ def worker_loads(client: redis.Redis, keys: Keys,
     for (worker, model), needs in shared.items():
         fp = weights.get((worker, model), 0.0)
         load[worker] = load.get(worker, 0.0) + fp + sum(n - fp for n in needs)
-    frees = []
-    for f in tasks:
-        pair = (f[2] or "", f[-1] or "")
-        fp = weights.get(pair, 0.0)
-        frees.append(field_number(f[-2]) - fp + (fp if len(shared.get(pair, ())) == 1 else 0.0))
+    # a task alone on its model frees its whole need (no shared weights are kept for it)
+    frees = [field_number(f[-2]) - weights.get((f[2] or "", f[-1] or ""), 0.0) for f in tasks]
     return load, frees
 
 

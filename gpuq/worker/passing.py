@@ -20,9 +20,11 @@ import redis
 from gpuq.clock import from_time_reply
 from gpuq.scripts import Call
 from gpuq.worker.presence import Presence
+from gpuq.worker_record import WorkerFields
 
 PASS_S = 1.0  # a passed task's wait before it is queued again; its runner's pause
 KEEP_S = 5.0  # how long an answer is reused (a rolling upgrade passes many tasks)
+SERVES = WorkerFields(("handlers", "levels"))  # what another worker runs, at which priorities
 
 
 class Elsewhere:
@@ -59,12 +61,10 @@ class Elsewhere:
             return False
         pipe = client.pipeline(transaction=False)
         for wid in live:
-            pipe.hmget(keys.worker(wid), "handlers", "levels")
-        for handlers, levels in pipe.execute():
-            # a worker hash of an older release has no levels field: it serves every level
-            if handler in (handlers or "").split(",") and (not levels or priority in levels):
-                return True
-        return False
+            SERVES.read(pipe, keys, wid)
+        records = (SERVES.record(wid, reply) for wid, reply in zip(live, pipe.execute()))
+        # a hash without levels (an older release's) serves every level: WorkerRecord says so
+        return any(r is not None and handler in r.handlers and priority in r.levels for r in records)
 
 
 def passed(pending: list[Call[Any]]) -> bool:
