@@ -66,8 +66,9 @@ ROLES: dict[str, Role] = {
         ("multi", "exec", "blpop", "lpush", "lrange", "del", "hget", "hset", "hdel", "hincrby",
          "hincrbyfloat", "sadd", "srem", "zadd", "zrem", "time")),
     "reaper": Role(
-        "recover, expire, preempt, publish scale signals, fire periodic tasks (one active per pool)",
-        ("lead", "reap", "expire", "preempt", "requeue", "fire"),
+        "recover, expire, park tasks no GPU holds, preempt, keep tenants' room, publish scale "
+        "signals, fire periodic tasks (one active per pool)",
+        ("lead", "reap", "expire", "park", "preempt", "requeue", "tenant", "fire"),
         # planning reads (the catalog a page a round: SSCAN), scale signals (MULTI/EXEC), the
         # urgent list, settings, warm hints
         (*OBSERVER_READS, "mget", "sscan", "multi", "exec", "blpop", "del", "hset", "hincrby", "lpush")),

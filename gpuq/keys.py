@@ -46,6 +46,7 @@ SUFFIXES: dict[str, str] = {
     "handed": "handed",
     "delayed": "delayed",
     "need": "need",
+    "parked": "parked",
     "sla_misses": "misses",
     "lanes": "lanes",
     "deadlines": "deadlines",
@@ -191,6 +192,12 @@ class Keys:
     def need(self) -> str:
         """Queued task ids scored by VRAM need (GB): finds tasks no GPU can fit."""
         return self._key("need")
+
+    @property
+    def parked(self) -> str:
+        """Queued task ids no GPU class can hold, out of their queues, scored by VRAM need
+        (GB): ``need``'s share of them (lua/park.lua)."""
+        return self._key("parked")
 
     @property
     def sla_misses(self) -> str:

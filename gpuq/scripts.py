@@ -36,7 +36,7 @@ from gpuq.wire import exchange
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 SCRIPT_NAMES = ("enqueue", "claim", "claim_batch", "began", "heartbeat", "ack", "fail", "requeue",
-                "cancel", "reap", "lead", "expire", "preempt", "retire", "learn", "tenant", "fire",
+                "cancel", "reap", "lead", "expire", "park", "preempt", "retire", "learn", "tenant", "fire",
                 "emit", "progress", "follow", "wait")  # emit, progress, follow: gpuq.stream's calls
 LEARN_MAX_RUNS = 256  # learn.lua's limit per call
 RELOADS = 3  # loads of the scripts a call may need: each server flush meanwhile costs one
@@ -212,6 +212,12 @@ class Calls:
         the front of the window that earlier calls of the same pass kept."""
         return Call("expire", [str(now_ms), str(limit), self._ttl, str(horizon_ms), str(offset)],
                     lambda r: (int(checked(r)[1]), int(r[2]), int(r[3])))
+
+    def park(self, *, limit: int = 100, now_ms: int = 0) -> Call[tuple[int, int]]:
+        """(parked, put back) of one bounded pass of park.lua: tasks no GPU class holds leave
+        their queues, and come back once one does."""
+        return Call("park", [str(now_ms), self._ttl, str(limit)],
+                    lambda r: (int(checked(r)[1]), int(r[2])))
 
     def preempt(self, waiting_id: str, worker_id: str, victim_id: str, victim_token: int, *,
                 reserve_ms: int, grace_ms: int | None, now_ms: int = 0) -> Call[tuple[str, str]]:

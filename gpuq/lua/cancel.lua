@@ -23,10 +23,11 @@ if #ARGV ~= 3 then return {1, 0, 'expected 3 arguments'} end
 local id, now, ttl = ARGV[1], clock(ARGV[2]), ttl_arg(3)
 if not (now and ttl) then return {1, 0, 'now and ttl must be ms >= 0'} end
 local f = redis.call('HMGET', task_key(id), 'state', 'priority', 'model', 'worker', 'reserved_for',
-  'yield_victim', 'charged', 'fair')
+  'yield_victim', 'charged', 'fair', 'parked')
 local state = f[1]
 if not state then return {4} end
 if state == 'queued' then
+  if f[9] then redis.call('ZREM', K_PARKED, id) end  -- out of its queue (park.lua)
   if f[2] and f[3] then
     unqueue(id, f[2], f[3])
     fair_leave(id, f[8])

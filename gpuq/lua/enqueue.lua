@@ -47,6 +47,7 @@
 --@include defer
 --@include gates
 --@include arrivals
+--@include classes
 
 local now = clock(ARGV[1])
 local check_fit = ARGV[2] == '1'
@@ -78,21 +79,9 @@ end
 
 local good = {}  -- handler, model and tenant checked together: bulk calls repeat them
 
--- check_fit: the classes' usable VRAM and GPUs (one-GPU classes are not in class_gpus)
+-- check_fit: the classes' usable VRAM and GPUs (lib/classes.lua)
 local classes, most_gpus, registered = {}, 0, {}  -- registered: handler -> ever registered
-if check_fit then
-  local kv, g, count = redis.call('HGETALL', K_CLASSES), redis.call('HGETALL', K_CLASS_GPUS), {}
-  for i = 1, #g, 2 do count[g[i]] = tonumber(g[i + 1]) end
-  for i = 1, #kv, 2 do
-    classes[#classes + 1] = {gb = finite(kv[i + 1]) or 0, gpus = count[kv[i]] or 1}
-    most_gpus = math.max(most_gpus, count[kv[i]] or 1)
-  end
-end
-local function largest_with(gpus)  -- the largest class with at least gpus GPUs (0: none)
-  local largest = 0
-  for _, c in ipairs(classes) do if c.gpus >= gpus then largest = math.max(largest, c.gb) end end
-  return largest
-end
+if check_fit then classes, most_gpus = read_classes() end
 
 -- The deferral of task id (its fields due, after, after_any; lib/defer.lua holds it): false
 -- (queued now), {due = ms} (delayed), {parents, pending, any, ready} (waiting; ready: none
@@ -201,7 +190,7 @@ for i = 1, n do
   if seen[id] or taken then return {2, i, id} end
   seen[id] = true
   if check_fit then
-    local largest = largest_with(gpus)
+    local largest = largest_with(classes, gpus)
     if vram > largest then
       return {3, i, tostring(vram), tostring(largest), tostring(gpus), tostring(most_gpus)}
     end

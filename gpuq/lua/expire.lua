@@ -47,12 +47,13 @@ end
 
 for _, id in ipairs(ids) do
   local f = redis.call('HMGET', task_key(id), 'state', 'deadline', 'est_s', 'priority', 'model',
-    'reserved_for', 'yield_victim', 'fair')
+    'reserved_for', 'yield_victim', 'fair', 'parked')
   local bad = f[1] == 'queued' and f[2] and f[2] ~= ''
     and defect(f[4], f[5], 1, f[3], 0, f[2])  -- the fields read here (vram and score: claim's)
   if f[1] ~= 'queued' or not f[2] or f[2] == '' then
     redis.call('ZREM', K_DEADLINES, id)  -- claimed or ended since: nothing to watch
   elseif bad then
+    if f[9] then redis.call('ZREM', K_PARKED, id) end
     fail_corrupt(id, bad, f[4], f[5], now, ttl)
   else
     local deadline, run = tonumber(f[2]), math.floor(tonumber(f[3]) * 1000)
@@ -72,6 +73,7 @@ for _, id in ipairs(ids) do
     end
     if reason then
       unqueue(id, f[4], f[5])
+      if f[9] then redis.call('ZREM', K_PARKED, id) end  -- out of its queue (park.lua)
       fair_leave(id, f[8])
       withdraw_yield(id, f[6], f[7], now)
       finish(id, 'expired', now, ttl, 'error', reason)  -- counts expired:P<n>

@@ -59,8 +59,9 @@ def read_backlogs(client: redis.Redis, keys: Keys,
         for tid, _ in head[:n]:
             pipe.hmget(keys.task(tid), "vram_gb", "est_s", "handler", "score", "tenant")
     lower = "-inf"
-    for bound in bounds:
-        pipe.zcount(keys.need, lower, "+inf" if math.isinf(bound) else bound)
+    for bound in bounds:  # queued tasks' needs: in their queues, and parked (lua/park.lua)
+        for key in (keys.need, keys.parked):
+            pipe.zcount(key, lower, "+inf" if math.isinf(bound) else bound)
         lower = f"({bound}"
     replies = iter(pipe.execute())
     backlogs, named = [], []
@@ -76,7 +77,8 @@ def read_backlogs(client: redis.Redis, keys: Keys,
         start_by = as_float(got[0][3]) if got and got[0][3] is not None else (
             float(head[0][1]) if head and len(got) == len(read) else math.inf)
         backlogs.append(Backlog(p, m, depth, start_by, sample))
-    return backlogs, tuple(zip(bounds, (int(n) for n in replies))), named
+    counts = [int(n) for n in replies]
+    return backlogs, tuple(zip(bounds, (a + b for a, b in zip(counts[::2], counts[1::2])))), named
 
 
 class Samples:

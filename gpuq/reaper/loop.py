@@ -3,7 +3,8 @@
 Every instance runs this loop; only the lock holder acts. The lock expires after
 ``reaper_lock_s`` unless renewed, so a standby takes over within that time when the active
 reaper dies. A round: recover dead workers' tasks and due retries (reap.lua), expire queued
-tasks that can no longer meet their deadline (expire.lua), plan graceful preemption for
+tasks that can no longer meet their deadline (expire.lua), park the tasks no GPU class can
+hold out of their queues until one can (park.lua), plan graceful preemption for
 waiting online work (preempt.py), keep room for tenants' recent demand (tenant_room.py), and
 publish scale signals and warm hints (scale.py).
 Each step is bounded; a failing step is logged and the others still run.
@@ -48,6 +49,7 @@ MAX_LOAD_HORIZON_MS = 600_000  # expiry looks ahead at most this far for cold mo
 # tokens posted meanwhile wait for the next pass, which plans for every waiting task at once
 URGENT_GAP_S = 0.05
 EXPIRE_PAGES = 50  # calls of 100 tasks per round: bounds a round's expiry work
+PARK_PAGES = 10  # calls of 100 tasks each way per round (park.lua)
 STALE_LOOKOUT_MS = 60_000  # a lookout this far past its due time has died or changed shape
 
 
@@ -55,6 +57,7 @@ STALE_LOOKOUT_MS = 60_000  # a lookout this far past its due time has died or ch
 class Round:
     recovered: ReapResult = field(default_factory=lambda: ReapResult(0, 0, 0, 0))
     expired: int = 0
+    parked: tuple[int, int] = (0, 0)  # tasks parked, tasks put back in their queues
     preemptions: dict[str, int] = field(default_factory=dict)
     scale_signals: int = 0
     warm_hints: int = 0
@@ -65,6 +68,7 @@ class Round:
         r = self.recovered
         return (f"requeued {r.requeued}, failed {r.failed}, dead workers {r.dead_workers}, "
                 f"retries promoted {r.promoted}, expired {self.expired}, "
+                f"parked {self.parked[0]}, put back {self.parked[1]}, "
                 f"reserved {self.preemptions.get('reserved', 0)}, "
                 f"asked to yield {self.preemptions.get('yield', 0)}, "
                 f"scale signals {self.scale_signals}, warm hints {self.warm_hints}, "
@@ -143,6 +147,19 @@ class Reaper:
             log.warning("task.expired pool=%s count=%d", self.config.pool, total)
         return total
 
+    def park(self) -> tuple[int, int]:
+        """Tasks larger than every GPU class out of their queues, and back once a class
+        holds them (park.lua): bounded calls of 100 each way."""
+        parked = unparked = 0
+        for _ in range(PARK_PAGES):
+            p, u = self.scripts.run(self.calls.park(limit=100))
+            parked, unparked = parked + p, unparked + u
+            if p < 100 and u < 100:
+                break
+        if parked or unparked:
+            log.warning("task.parked pool=%s parked=%d put_back=%d", self.config.pool, parked, unparked)
+        return parked, unparked
+
     def round(self) -> Round:
         """One round of every duty; a step that fails is logged and the rest still run."""
         out = Round()
@@ -152,6 +169,7 @@ class Reaper:
         # the catalog (a hash a model; a page of them a round) is read once for the two steps
         entries = self._step("catalog", lambda: self.scaler.catalog.read(self.redis, self.keys), None)
         out.expired = self._step("expire", lambda: self.expire(entries=entries), 0)
+        out.parked = self._step("park", self.park, (0, 0))
         out.preemptions = self._step("preempt", self.preemptor.step, {})
         out.bounds = self._step("tenants", self.room.step, 0)
         plan = self._step("scale", lambda: self.scaler.step(entries=entries), None)

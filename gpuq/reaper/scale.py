@@ -78,8 +78,10 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
     pipe.zrange(keys.idle, 0, -1, withscores=True)
     pipe.hgetall(keys.classes)
     pipe.zrange(keys.need, -1, -1, withscores=True)
+    pipe.zrange(keys.parked, -1, -1, withscores=True)  # need's share out of their queues
     pipe.exists(keys.tenants)
-    *per_level, live, idle, classes, top, tenancy = pipe.execute()
+    *per_level, live, idle, classes, top, parked_top, tenancy = pipe.execute()
+    top = max(top + parked_top, key=lambda pair: float(pair[1]), default=None)
     held_back = tenants.at_limit(tenants.read(client, keys)[0]) if tenancy else frozenset()
     pairs = [(int(p), m) for p, got in zip(Priority, per_level) for m in work_index.models(got)]
     models = sorted({m for _, m in pairs})
@@ -138,7 +140,7 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
         holders.update((m, frozenset(got) & ids) for m, got in zip(unread, pipe.execute()))
     return Snapshot(tuple(workers), backlogs, sizes, holders, load_s,
                     {e.name: e.vram_gb for e in entries if e.vram_gb > 0}, bands,
-                    float(top[0][1]) if top else 0.0, unregistered, forecasts, dict(est_s or {}),
+                    float(top[1]) if top else 0.0, unregistered, forecasts, dict(est_s or {}),
                     frozenset(holders))
 
 

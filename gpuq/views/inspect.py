@@ -116,9 +116,15 @@ def pool_view(client: redis.Redis, keys: Keys, top: int | None = None) -> PoolVi
     # with no class registered yet (producers before workers) no task is larger than one
     unschedulable_ids: list[str] = []
     unschedulable = 0
-    if largest:
-        unschedulable_ids = [str(i) for i in client.zrangebyscore(keys.need, f"({largest}", "+inf", 0, 20)]
-        unschedulable = client.zcount(keys.need, f"({largest}", "+inf")
+    if largest:  # those still in their queues, then those parked out of them (lua/park.lua)
+        pipe = client.pipeline(transaction=False)
+        pipe.zrangebyscore(keys.need, f"({largest}", "+inf", 0, 20)
+        pipe.zcount(keys.need, f"({largest}", "+inf")
+        pipe.zrange(keys.parked, 0, 19)
+        pipe.zcard(keys.parked)
+        queued_ids, queued, parked_ids, parked = pipe.execute()
+        unschedulable_ids = [str(i) for i in [*queued_ids, *parked_ids][:20]]
+        unschedulable = int(queued) + int(parked)
 
     views, reservations = _workers(client, keys, workers, now * 1000)
     runnable = {h for w in views if w.alive for h in w.handlers}

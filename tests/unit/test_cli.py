@@ -26,7 +26,7 @@ from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.presence import Presence
 
 DEAD_REDIS = "redis://127.0.0.1:1/0"
-TASK_FIELDS = {f.name for f in dataclass_fields(TaskRecord)} | {"children"}  # the CLI adds children
+TASK_FIELDS = {f.name for f in dataclass_fields(TaskRecord)} | {"children", "parked"}  # the CLI adds them
 BASE = ["sim.run", "--model", "llama3-8b", "--vram-gb", "16"]
 
 
@@ -115,7 +115,7 @@ def test_task_with_a_damaged_hash_is_one_line(cli_pool: Pool) -> None:
 def test_task_text_lists_every_field(cli_pool: Pool) -> None:
     task_id = cli_pool.ok("enqueue", *BASE, "--payload", '{"a": 1}').strip()
     lines = cli_pool.ok("task", task_id).splitlines()
-    assert [line.split()[0] for line in lines] == [*TaskRecord.__dataclass_fields__, "children"]
+    assert [line.split()[0] for line in lines] == [*TaskRecord.__dataclass_fields__, "children", "parked"]
     assert f"id            {task_id}" in lines
     assert 'payload       {"a": 1}' in lines
     assert "state         queued" in lines
@@ -425,8 +425,8 @@ def test_cancel_running_task(cli_pool: Pool) -> None:
 def test_reaper_once_on_a_quiet_pool(cli_pool: Pool) -> None:
     out = cli_pool.ok("reaper", "--once")
     assert out.strip() == ("requeued 0, failed 0, dead workers 0, retries promoted 0, expired 0, "
-                           "reserved 0, asked to yield 0, scale signals 0, warm hints 0, "
-                           "periodic runs 0, tenant bounds changed 0")
+                           "parked 0, put back 0, reserved 0, asked to yield 0, scale signals 0, "
+                           "warm hints 0, periodic runs 0, tenant bounds changed 0")
 
 
 @pytest.mark.parametrize("args, message", [
