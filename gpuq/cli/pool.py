@@ -269,7 +269,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
               help="With --autoscale: a new GPU's cold start before it joins.")
 @click.option("--idle-s", type=float, default=300.0, show_default=True, callback=SECONDS,
               help="With --autoscale: a GPU idle this long leaves (above MIN).")
-@click.option("--scale-every-s", type=float, default=15.0, show_default=True, callback=POSITIVE,
+@click.option("--scale-every-s", type=float, default=15.0, show_default=True,
+              callback=within("a finite number >= 0.1", lambda v: 0.1 <= v < math.inf),
               help="With --autoscale: how often the autoscaler reads the scale signals.")
 @click.pass_context
 def simulate(ctx: click.Context, trace_name: str, traces_dir: str | None, gpus: str,
@@ -283,7 +284,9 @@ def simulate(ctx: click.Context, trace_name: str, traces_dir: str | None, gpus: 
     from gpuq.sim.cli import run_simulations, unused_options
 
     unused_options(autoscale is not None, find_gpus, plot_path=plot_path, mix_70b=mix_70b,
-                   tenants=tenant_specs, policy=policy, warm_hints=warm_hints)
+                   tenants=tenant_specs, policy=policy, warm_hints=warm_hints,
+                   given={p.name for p in ctx.command.params if p.name
+                          and ctx.get_parameter_source(p.name) is not click.core.ParameterSource.DEFAULT})
     if autoscale is not None:
         from gpuq.sim.cli import run_autoscaled
 

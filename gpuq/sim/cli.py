@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -68,10 +68,22 @@ def replaying() -> Iterator[EmbeddedServer]:
             server.stop()
 
 
+# the options of a mode, by parameter name: without the mode they would be passed over
+MODE_OPTIONS = {"--autoscale": ("scale_signal", "boot_s", "idle_s", "scale_every_s"),
+                "--find-gpus": ("sla_target", "sla_priority")}
+
+
 def unused_options(autoscale: bool, find_gpus: bool, *, plot_path: str | None, mix_70b: float,
-                   tenants: Sequence[str], policy: str, warm_hints: bool) -> None:
+                   tenants: Sequence[str], policy: str, warm_hints: bool,
+                   given: Collection[str] = ()) -> None:
     """A ConfigError for an option the chosen replay would pass over: --autoscale and
-    --find-gpus replay gpuq alone, without a plot, a 70B mix or tenants."""
+    --find-gpus replay gpuq alone, without a plot, a 70B mix or tenants; a mode's own options
+    (MODE_OPTIONS; given: the parameters set on the command line) need the mode."""
+    for mode, on in (("--autoscale", autoscale), ("--find-gpus", find_gpus)):
+        stray = [f"--{name.replace('_', '-')}" for name in MODE_OPTIONS[mode] if name in given]
+        if stray and not on:
+            verb = "is" if len(stray) == 1 else "are"
+            raise ConfigError(f"{', '.join(stray)} {verb} only used with {mode}")
     if not (autoscale or find_gpus):
         return
     mode = "--autoscale" if autoscale else "--find-gpus"

@@ -81,6 +81,14 @@ SIMULATE: list[tuple[list[str], str]] = [
      "--find-gpus replays gpuq alone; it does not take --mix-70b, --policy fifo"),
     (["--find-gpus", "--gpus", "1x80", "--speedup", "1", "--target-load", "0.5"],
      "give --speedup or --target-load, not both"),
+    (["--gpus", "1x80", "--boot-s", "5"], "--boot-s is only used with --autoscale"),
+    (["--gpus", "1x80", "--scale-signal", "forecast", "--idle-s", "3"],
+     "--scale-signal, --idle-s are only used with --autoscale"),
+    (["--gpus", "1x80", "--sla-priority", "P1"], "--sla-priority is only used with --find-gpus"),
+    (["--autoscale", "1:2", "--gpus", "1x80", "--sla-target", "0.5"],
+     "--sla-target is only used with --find-gpus"),
+    (["--autoscale", "1:2", "--gpus", "1x80", "--scale-every-s", "0.01"],
+     "--scale-every-s must be a finite number >= 0.1, got 0.01"),
 ]
 
 
