@@ -29,6 +29,7 @@ import redis.asyncio as aredis
 import redis.asyncio.sentinel
 import redis.sentinel
 
+from gpuq.aio_pool import CheckedSentinelPool, client_from_url
 from gpuq.errors import (
     AuthenticationFailed,
     ConfigError,
@@ -304,12 +305,14 @@ def connect_async(url: str, *, tls: Tls | None = None, **options: Any) -> aredis
         if scheme.endswith("+sentinel"):
             nodes, name, master, sentinels = _sentinel_args(url, tls)
             found = redis.asyncio.sentinel.Sentinel(nodes, sentinel_kwargs=sentinels)  # type: ignore[no-untyped-call]
-            client: aredis.Redis = found.master_for(name, redis_class=aredis.Redis, **master, **kwargs)
+            client: aredis.Redis = found.master_for(name, redis_class=aredis.Redis,
+                                                    connection_pool_class=CheckedSentinelPool,
+                                                    **master, **kwargs)
             return client
         if scheme.endswith("+cluster"):
             raise ConfigError("the asyncio client does not support redis+cluster:// URLs")
         secure.pop("connection_class", None)  # asyncio bounds the TLS handshake itself
-        return aredis.Redis.from_url(url, **_single(url, kwargs), **secure)
+        return client_from_url(url, **_single(url, kwargs), **secure)
 
 
 def sentinels_of(client: redis.Redis | aredis.Redis) -> list[Any]:
