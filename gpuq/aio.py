@@ -10,6 +10,7 @@ validation and waiting from the same ``gpuq.producer``, so only the awaiting dif
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -20,7 +21,7 @@ import redis.exceptions
 from gpuq import bulk
 from gpuq.config import Config
 from gpuq.connection import connect_async, redis_errors, sentinels_of
-from gpuq.errors import GpuqError
+from gpuq.errors import ConnectionFailed, GpuqError
 from gpuq.functions import Sender
 from gpuq.keys import Keys
 from gpuq.producer import PENDING, Producer, Waiting, stored
@@ -240,10 +241,18 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
         return result
 
     async def _wake_up(self, waiting: Waiting, fields: tuple[str, ...] = ()) -> list[Any]:
-        """One round trip of a wait: register, pop, read (see gpuq.client.Queue._wake_up)."""
-        with redis_errors(self.url):
-            return await self.scripts.pipelined([self.calls.wait(waiting.task_id)],
-                                                waiting.pop_and_read(self.keys, fields))
+        """One round trip of a wait: register, pop, read; an outage ridden out (see
+        gpuq.client.Queue._wake_up)."""
+        while True:
+            try:
+                with redis_errors(self.url):
+                    replies = await self.scripts.pipelined([self.calls.wait(waiting.task_id)],
+                                                           waiting.pop_and_read(self.keys, fields))
+            except ConnectionFailed as exc:
+                await asyncio.sleep(waiting.pause(exc))
+                continue
+            waiting.answered()
+            return replies
 
     async def stream(self, task_id: str, timeout: float | None = None) -> AsyncIterator[Chunk]:
         """The task's chunks as they come, until it ends (see gpuq.client.Queue.stream)."""

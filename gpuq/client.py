@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
@@ -17,7 +18,7 @@ import redis
 from gpuq import bulk
 from gpuq.config import Config
 from gpuq.connection import connect, redis_errors, sentinels_of
-from gpuq.errors import GpuqError
+from gpuq.errors import ConnectionFailed, GpuqError
 from gpuq.producer import PENDING, Producer, Waiting, stored
 from gpuq.scripts import Scripts
 from gpuq.stream import Chunk, Follow, follow_call, parse_progress
@@ -140,10 +141,18 @@ class Queue(Producer[redis.Redis, "Task"]):
         return result
 
     def _wake_up(self, waiting: Waiting, fields: tuple[str, ...] = ()) -> list[Any]:
-        """One round trip of a wait: register, pop, read (Waiting.pop_and_read)."""
-        with redis_errors(self.url):
-            return self.scripts.pipelined([self.calls.wait(waiting.task_id)],
-                                          waiting.pop_and_read(self.keys, fields))
+        """One round trip of a wait: register, pop, read (Waiting.pop_and_read); a lost
+        connection is tried again while the wait may ride the outage out (Waiting.pause)."""
+        while True:
+            try:
+                with redis_errors(self.url):
+                    replies = self.scripts.pipelined([self.calls.wait(waiting.task_id)],
+                                                     waiting.pop_and_read(self.keys, fields))
+            except ConnectionFailed as exc:
+                time.sleep(waiting.pause(exc))
+                continue
+            waiting.answered()
+            return replies
 
     def stream(self, task_id: str, timeout: float | None = None) -> Iterator[Chunk]:
         """The chunks the task's handler emits, from the first, as they come, until the task

@@ -17,7 +17,9 @@ from gpuq.clock import from_time_reply
 from gpuq.config import Config
 from gpuq.errors import (
     ConfigError,
+    ConnectionFailed,
     CorruptTask,
+    NoMaster,
     ResultTimeout,
     TaskFailed,
     TaskNotFound,
@@ -105,6 +107,8 @@ class Waiting:
     """The bookkeeping of a result wait, shared by the sync and async clients."""
 
     MAX_BLOCK_S = 60.0  # re-read the task at least this often, whatever the timeout
+    # a wait rides out a Redis outage (a restart, a failover) this long, within its timeout
+    OUTAGE_S = 30.0
     OUTCOME = ("state", "result", "error")  # what a result wait reads of the task
 
     def __init__(self, task_id: str, timeout: float | None, client: Any = None) -> None:
@@ -120,6 +124,29 @@ class Waiting:
         read_timeout = kwargs.get("socket_timeout", 5.0) if client is not None else None
         self.max_block_s = self.MAX_BLOCK_S if not read_timeout else max(0.1, min(
             self.MAX_BLOCK_S, float(read_timeout) - 1.0))
+        self.down_since: float | None = None  # when Redis stopped answering this wait
+        self.backoff = 0.0
+
+    def pause(self, error: ConnectionFailed) -> float:
+        """The seconds to wait before trying Redis again after ``error``: 0.1 doubling to 2,
+        while the outage is within OUTAGE_S and the pause ends before the timeout; else
+        ``error`` is raised. Only a lost connection (or no master yet) is waited out: a
+        refusal or failed credentials would be the same on the next try."""
+        now = time.monotonic()
+        if type(error) not in (ConnectionFailed, NoMaster):
+            raise error
+        if self.down_since is None:
+            self.down_since, self.backoff = now, 0.1
+        else:
+            self.backoff = min(2.0, self.backoff * 2)
+        if (now - self.down_since + self.backoff > self.OUTAGE_S
+                or self.deadline is not None and now + self.backoff > self.deadline):
+            raise error
+        return self.backoff
+
+    def answered(self) -> None:
+        """Redis answered: a later outage is waited out afresh."""
+        self.down_since = None
 
     def may_skip_read(self, exists: bool) -> bool:
         """A task known to exist is first read after the first pop, unless no pop is left."""

@@ -2,22 +2,26 @@
 
 A worker and a reaper wait out a Redis restart with backoff and say so once each (one
 ``redis.unavailable``, one ``redis.recovered``), not once per retry, and work on afterwards; a
-worker or reaper that cannot reach Redis at start gives up with one line. The soak runs as
+worker or reaper that cannot reach Redis at start gives up with one line; a producer blocked on a
+result waits the restart out too. The soak runs as
 ``scripts/chaos.py --quick --json`` and every invariant figure must be 0.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from procs import ROOT, Procs, wait_for
+from procs import ROOT, Procs, est, wait_for
 
+from gpuq.aio import AsyncQueue
 from gpuq.client import Queue
 from gpuq.config import Config
 from gpuq.embedded import EmbeddedServer, free_port
@@ -65,6 +69,35 @@ def test_worker_and_reaper_say_a_restart_once_and_recover(server: EmbeddedServer
             assert "Traceback" not in log
             assert "redis_error" not in log and "heartbeat.failed" not in log
     queue.close()
+
+
+def test_a_blocked_result_wait_rides_out_a_restart(server: EmbeddedServer, pool: str, prefix: str,
+                                                  tmp_path: Path) -> None:
+    """Regression: a producer blocked on result() raised ConnectionFailed when Redis restarted
+    under it; now the wait tries again with backoff (gpuq.producer.Waiting.pause), sync and
+    asyncio alike, and gets the result the worker acks once Redis is back."""
+    config = Config(prefix=prefix)
+    queue = Queue.from_url(server.url, pool, config)
+    got: dict[str, object] = {}
+
+    async def wait_async(task_id: str) -> object:
+        async with AsyncQueue.from_url(server.url, pool=pool, config=config) as aq:
+            return await aq.task(task_id).result(timeout=40)
+
+    with Procs(server.url, pool, prefix, tmp_path) as procs:
+        procs.worker("w1", concurrency=2)
+        # each runs 3 s, past the restart's start
+        first, second = (queue.enqueue("sim.run", model="m", vram_gb=1, est_s=est(3)) for _ in range(2))
+        waiters = [threading.Thread(target=lambda: got.update(sync=first.result(timeout=40))),
+                   threading.Thread(target=lambda: got.update(aio=asyncio.run(wait_async(second.id))))]
+        for t in waiters:
+            t.start()
+        time.sleep(0.5)  # both blocked on their pops
+        restart(server, DOWN_S)
+        for t in waiters:
+            t.join(60)
+        assert set(got) == {"sync", "aio"}
+        assert all(isinstance(r, dict) and r["worker"] == "w1" for r in got.values()), got
 
 
 @pytest.mark.parametrize("command", [["reaper"], ["worker", "--app", "workers.sim:app", "--vram-gb", "8"]])
