@@ -118,6 +118,10 @@ def probe(gpu: str | None, vram_gb: float | None, name: str | None, worker_id: s
     """Declared size wins when given (simulated GPUs: ``count`` devices of ``vram_gb`` each);
     otherwise NVML must find every device of ``gpu`` (an index or a list, default 0)."""
     indices = parse_indices(gpu) if gpu is not None else None
+    if name is not None and not (0 < len(name) <= 200 and name.isprintable()):
+        raise ConfigError(f"--gpu-name must be 1..200 printable characters, got {name!r}")
+    if name is not None and vram_gb is None:  # NVML names the devices it reads
+        raise ConfigError("--gpu-name names a declared GPU: give its --vram-gb too")
     if count is not None and not 1 <= count <= 64:
         raise ConfigError(f"--gpu-count must be 1..64, got {count}")
     if count is not None and indices is not None and count != len(indices):

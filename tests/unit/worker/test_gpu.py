@@ -102,3 +102,15 @@ def test_a_declared_size_must_be_a_finite_sane_number(vram_gb: float, count: int
     with pytest.raises(ConfigError, match=r"--vram-gb must be > 0 and <= 1000000 \(GB per GPU\)"):
         probe(None, vram_gb, "L4", "w", count)
     assert probe(None, 1e6, "big", "w", 64).total_gb == 64e6  # the bound itself is accepted
+
+
+@pytest.mark.parametrize("name", ["", "A100\x1b[2J", "x" * 201])
+def test_a_declared_gpu_name_must_be_printable_and_not_empty(name: str) -> None:
+    """An empty name (a shell variable left unset) became "declared-80GB" without a word."""
+    with pytest.raises(ConfigError, match="--gpu-name must be 1..200 printable characters"):
+        probe(None, 80, name, "w")
+
+
+def test_a_gpu_name_without_a_declared_size_is_refused() -> None:
+    with pytest.raises(ConfigError, match="--gpu-name names a declared GPU: give its --vram-gb too"):
+        probe("0", None, "A100", "w")
