@@ -28,7 +28,7 @@ scrape; served by ``gpuq exporter``):
 |---|---|---|---|
 | gpuq_queue_depth | gauge | pool, priority, model | `q:<p>:<model>` sizes; 0 with model "" for a priority whose queues are all empty, so no priority's series goes missing; per priority the `exporter_models` (50) deepest queues, the rest (and a model named `other`) summed as model `other` (their oldest wait in the next row) |
 | gpuq_queue_oldest_wait_seconds | gauge | pool, priority, model | the queue head's enqueue time |
-| gpuq_tasks_running / gpuq_tasks_delayed / gpuq_tasks_waiting / gpuq_tasks_unschedulable | gauge | pool | running set, delayed set (retries in backoff, tasks enqueued with a delay), tasks waiting for their parents, tasks larger than every GPU class |
+| gpuq_tasks_running / gpuq_tasks_delayed / gpuq_tasks_waiting / gpuq_tasks_unschedulable / gpuq_tasks_parked | gauge | pool | running set, delayed set (retries in backoff, tasks enqueued with a delay), tasks waiting for their parents, tasks larger than every GPU class, queued tasks out of their queues while no live worker can hold them |
 | gpuq_schedules | gauge | pool | periodic tasks (`gpuq schedule`) |
 | gpuq_tasks_enqueued_total | counter | pool | `stats` enqueued |
 | gpuq_tasks_total | counter | pool, priority, outcome (succeeded, failed, expired, canceled) | `stats` `<outcome>:P<n>`; priority `unleveled` (only once there is one) for corrupt hashes without a readable priority |
@@ -140,6 +140,7 @@ class PoolFigures:
     waiting: int = 0  # tasks waiting for their parents
     schedules: int = 0  # periodic tasks
     unschedulable: int = 0
+    parked: int = 0
     stats: dict[str, int] = field(default_factory=dict)  # the pool's `stats` hash
     model_loads: list[tuple[str, int, float]] = field(default_factory=list)  # model, loads, total s
     workers: dict[tuple[str, str], int] = field(default_factory=dict)  # (gpu_class, state) -> n
@@ -166,7 +167,7 @@ METRIC_NAMES = {
     "gpuq_queue_depth": "gauge", "gpuq_queue_oldest_wait_seconds": "gauge",
     "gpuq_tasks_running": "gauge", "gpuq_tasks_delayed": "gauge", "gpuq_tasks_waiting": "gauge",
     "gpuq_schedules": "gauge",
-    "gpuq_tasks_unschedulable": "gauge", "gpuq_tasks_enqueued_total": "counter",
+    "gpuq_tasks_unschedulable": "gauge", "gpuq_tasks_parked": "gauge", "gpuq_tasks_enqueued_total": "counter",
     "gpuq_tasks_total": "counter", "gpuq_sla_starts_total": "counter",
     "gpuq_sla_attainment_ratio": "gauge", "gpuq_preemptions_total": "counter",
     "gpuq_fair_dispatches_total": "counter", "gpuq_warm_hints_total": "counter",
@@ -207,6 +208,8 @@ class PoolCollector(Collector):
                                   ("gpuq_schedules", "Periodic tasks.", f.schedules),
                                   ("gpuq_tasks_unschedulable", "Queued tasks larger than every GPU class.",
                                    f.unschedulable),
+                                  ("gpuq_tasks_parked", "Queued tasks out of their queues while no "
+                                   "live worker can hold them.", f.parked),
                                   ("gpuq_reaper_active", "1 while a reaper holds the pool's lock.",
                                    int(f.reaper_active))):
             gauge = GaugeMetricFamily(name, text, labels=["pool"])

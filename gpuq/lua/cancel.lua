@@ -27,7 +27,7 @@ local f = redis.call('HMGET', task_key(id), 'state', 'priority', 'model', 'worke
 local state = f[1]
 if not state then return {4} end
 if state == 'queued' then
-  if f[9] then redis.call('ZREM', K_PARKED, id) end  -- out of its queue (park.lua)
+  if f[9] then unpark(id) end  -- out of its queue (park.lua)
   if f[2] and f[3] then
     unqueue(id, f[2], f[3])
     fair_leave(id, f[8])

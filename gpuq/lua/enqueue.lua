@@ -79,9 +79,16 @@ end
 
 local good = {}  -- handler, model and tenant checked together: bulk calls repeat them
 
--- check_fit: the classes' usable VRAM and GPUs (lib/classes.lua)
+-- check_fit: the classes' usable VRAM and GPUs (one-GPU classes are not in class_gpus)
 local classes, most_gpus, registered = {}, 0, {}  -- registered: handler -> ever registered
-if check_fit then classes, most_gpus = read_classes() end
+if check_fit then
+  local kv, g, count = redis.call('HGETALL', K_CLASSES), redis.call('HGETALL', K_CLASS_GPUS), {}
+  for i = 1, #g, 2 do count[g[i]] = tonumber(g[i + 1]) end
+  for i = 1, #kv, 2 do
+    classes[#classes + 1] = {gb = finite(kv[i + 1]) or 0, gpus = count[kv[i]] or 1}
+    most_gpus = math.max(most_gpus, count[kv[i]] or 1)
+  end
+end
 
 -- The deferral of task id (its fields due, after, after_any; lib/defer.lua holds it): false
 -- (queued now), {due = ms} (delayed), {parents, pending, any, ready} (waiting; ready: none

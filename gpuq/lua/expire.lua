@@ -53,7 +53,7 @@ for _, id in ipairs(ids) do
   if f[1] ~= 'queued' or not f[2] or f[2] == '' then
     redis.call('ZREM', K_DEADLINES, id)  -- claimed or ended since: nothing to watch
   elseif bad then
-    if f[9] then redis.call('ZREM', K_PARKED, id) end
+    if f[9] then unpark(id) end
     fail_corrupt(id, bad, f[4], f[5], now, ttl)
   else
     local deadline, run = tonumber(f[2]), math.floor(tonumber(f[3]) * 1000)
@@ -73,7 +73,7 @@ for _, id in ipairs(ids) do
     end
     if reason then
       unqueue(id, f[4], f[5])
-      if f[9] then redis.call('ZREM', K_PARKED, id) end  -- out of its queue (park.lua)
+      if f[9] then unpark(id) end  -- out of its queue (park.lua)
       fair_leave(id, f[8])
       withdraw_yield(id, f[6], f[7], now)
       finish(id, 'expired', now, ttl, 'error', reason)  -- counts expired:P<n>

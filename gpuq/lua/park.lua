@@ -1,19 +1,23 @@
--- park.lua: take tasks no GPU class can hold out of their queues; put them back once one can.
+-- park.lua: take tasks no live GPU can hold out of their queues; put them back once one can.
 --
 -- A claim examines at most scan_per_queue tasks of a queue (Bounded work), so such tasks at
--- a queue's head would keep every task behind them from starting. This pass (the reaper's)
--- moves a queued task whose VRAM need is above every registered class's (none while no class
--- is known: producers may come before workers) from its queue and `need` to `parked`, scored
--- by its need, its queue score kept in its `parked` field; and moves a parked task back once
--- a class holds it (its VRAM and GPUs, as enqueue's check_fit judges). A parked task stays
--- `queued`: its tenant counts it, cancel and expiry take it from `parked`, the views and the
--- scale signals count it as unschedulable.
+-- a queue's head would keep every task behind them from starting. This pass (the reaper's,
+-- after its scale step has read the live workers) moves a queued task whose VRAM need is
+-- above every live worker's usable VRAM (none while no worker is live: producers may come
+-- before workers) from its queue and `need` to `parked`, scored by its need, its queue score
+-- kept in its `parked` field; and moves a parked task back once a live worker can hold it
+-- (its VRAM and GPUs, as enqueue's check_fit judges against the classes). A parked task stays
+-- `queued`: its tenant counts it, cancel and expiry take it from `parked`, the scale signals
+-- count its need (for the class that would hold it), the views count it as parked.
 --
 -- KEYS[1]  pool key base
 -- ARGV[1]  now (ms; "0" = server clock)
 -- ARGV[2]  result TTL (ms): a parked task found corrupt ends failed
--- ARGV[3]  limit: most tasks looked at each way
--- Returns  {0, parked, unparked}
+-- ARGV[3]  limit: most tasks parked, and most parked tasks looked at, per call
+-- ARGV[4]  offset: parked tasks a live worker could hold by VRAM to skip (kept by earlier calls)
+-- ARGV[5..]  the live workers' shapes: pairs of usable GB and GPUs
+-- Returns  {0, parked, put_back, looked_at, kept}: looked_at, the parked tasks looked at;
+--          kept, those left parked (the next call's offset grows by them)
 --          {1, 0, reason} INVALID: a malformed argument (nothing written)
 
 --@include args
@@ -22,12 +26,19 @@
 --@include corrupt
 --@include wake
 
-if #ARGV ~= 3 then return {1, 0, 'expected 3 arguments'} end
 local now, ttl, limit = clock(ARGV[1]), ttl_arg(2), arg_num(3, 1, 1e4, true)
-if not (now and ttl and limit) then return {1, 0, 'now and ttl must be ms >= 0, limit 1..1e4'} end
-local classes = read_classes()
-if not classes[1] then return {0, 0, 0} end
-local largest = largest_with(classes, 1)
+local offset = arg_num(4, 0, 1e9, true)
+if not (now and ttl and limit and offset) or #ARGV % 2 ~= 0 then
+  return {1, 0, 'now and ttl must be ms >= 0, limit 1..1e4, offset >= 0, then pairs of GB and GPUs'}
+end
+local live = {}
+for i = 5, #ARGV, 2 do
+  local gb, gpus = arg_num(i, 0, 1e9), arg_num(i + 1, 1, 64, true)
+  if not (gb and gpus) then return {1, 0, 'a live shape must be GB 0..1e9 and GPUs 1..64'} end
+  live[#live + 1] = {gb = gb, gpus = gpus}
+end
+if not live[1] then return {0, 0, 0, 0, 0} end
+local largest = largest_with(live, 1)
 
 local parked, heads = 0, {}
 local over = redis.call('ZRANGEBYSCORE', K_NEED, '(' .. largest, '+inf', 'WITHSCORES', 'LIMIT', '0', ms(limit))
@@ -47,8 +58,8 @@ for i = 1, #over, 2 do
 end
 for _, h in pairs(heads) do refresh_head(h[1], h[2]) end
 
-local unparked = 0
-local held = redis.call('ZRANGEBYSCORE', K_PARKED, '-inf', largest, 'WITHSCORES', 'LIMIT', '0', ms(limit))
+local put_back, kept = 0, 0
+local held = redis.call('ZRANGEBYSCORE', K_PARKED, '-inf', largest, 'WITHSCORES', 'LIMIT', ms(offset), ms(limit))
 for i = 1, #held, 2 do
   local id, need = held[i], held[i + 1]
   local f = redis.call('HMGET', task_key(id), 'state', 'priority', 'model', 'gpus', 'parked')
@@ -58,13 +69,14 @@ for i = 1, #held, 2 do
   elseif not (p and m and m ~= '') then
     redis.call('ZREM', K_PARKED, id)
     fail_corrupt(id, p and 'model' or 'priority', p, m, now, ttl)
-  elseif tonumber(need) <= largest_with(classes, tonumber(f[4]) or 1) then
-    local score = finite(f[5]) or now
+  elseif tonumber(need) <= largest_with(live, tonumber(f[4]) or 1) then
     redis.call('ZREM', K_PARKED, id)
     redis.call('HDEL', task_key(id), 'parked')
-    index(id, p, m, ms(score), need)
-    unparked = unparked + 1
+    index(id, p, m, ms(finite(f[5]) or now), need)
+    put_back = put_back + 1
+  else
+    kept = kept + 1  -- more GPUs than any live group has
   end
 end
-if unparked > 0 then wake_pool(unparked) end
-return {0, parked, unparked}
+if put_back > 0 then wake_pool(put_back) end
+return {0, parked, put_back, #held / 2, kept}

@@ -14,8 +14,8 @@ from gpuq.worker_record import WorkerFields, WorkerRecord
 
 # started_at: when the worker process registered; a worker started again under its id
 # registers anew, so a record kept under the same started_at still holds
-PLANNED = WorkerFields(("gpu_name", "vram_total_gb", "kv_reserve_gb", "levels", "handlers", "state",
-                        "started_at"))
+PLANNED = WorkerFields(("gpu_name", "vram_total_gb", "kv_reserve_gb", "gpus", "levels", "handlers",
+                        "state", "started_at"))
 STATE = WorkerFields(("state", "started_at"))
 
 

@@ -86,6 +86,7 @@ class Reaper:
         self.preemptor = Preemptor(client, self.keys, config, self.scripts, self.calls)
         self.scaler = Scaler(client, self.keys, config)
         self.room = TenantRoom(client, self.keys, config, self.scripts, self.calls)
+        self.park_from = 0  # parked tasks the park pass pages past (kept by its last calls)
         self.active: bool | None = None  # None: not yet known, so the first round logs
         self.stopped = threading.Event()
 
@@ -148,13 +149,19 @@ class Reaper:
         return total
 
     def park(self) -> tuple[int, int]:
-        """Tasks larger than every GPU class out of their queues, and back once a class
-        holds them (park.lua): bounded calls of 100 each way."""
+        """Tasks no live worker can hold out of their queues, and back once one can
+        (park.lua), weighed against the live workers the scale step read this round (none
+        parked before its first step): bounded calls of 100, the parked ones looked at in
+        turn across calls and rounds (those a live worker cannot hold are paged past)."""
+        live = self.scaler.live_classes
+        if live is None:
+            return 0, 0
         parked = unparked = 0
         for _ in range(PARK_PAGES):
-            p, u = self.scripts.run(self.calls.park(limit=100))
+            p, u, looked, kept = self.scripts.run(self.calls.park(live, limit=100, offset=self.park_from))
             parked, unparked = parked + p, unparked + u
-            if p < 100 and u < 100:
+            self.park_from = self.park_from + kept if looked == 100 else 0
+            if p < 100 and looked < 100:
                 break
         if parked or unparked:
             log.warning("task.parked pool=%s parked=%d put_back=%d", self.config.pool, parked, unparked)
@@ -169,10 +176,10 @@ class Reaper:
         # the catalog (a hash a model; a page of them a round) is read once for the two steps
         entries = self._step("catalog", lambda: self.scaler.catalog.read(self.redis, self.keys), None)
         out.expired = self._step("expire", lambda: self.expire(entries=entries), 0)
-        out.parked = self._step("park", self.park, (0, 0))
         out.preemptions = self._step("preempt", self.preemptor.step, {})
         out.bounds = self._step("tenants", self.room.step, 0)
         plan = self._step("scale", lambda: self.scaler.step(entries=entries), None)
+        out.parked = self._step("park", self.park, (0, 0))
         self._step("lookouts", self.prune_lookouts, 0)
         if plan is not None:
             out.scale_signals, out.warm_hints = len(plan.signals), len(plan.hints)

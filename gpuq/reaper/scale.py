@@ -106,7 +106,8 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
         runnable.update(record.handlers)
         if record.state not in AWAY:
             workers.append(WorkerState(wid, record.gpu_name, record.usable_gb, record.levels,
-                                       idle_gb.get(wid), live_reservation(reserved, now_ms) is not None))
+                                       idle_gb.get(wid), live_reservation(reserved, now_ms) is not None,
+                                       record.gpus))
     queues = [(p, m, int(next(replies)), next(replies)) for p, m in pairs]
     ids = {w.id for w in workers}
     holders = {m: frozenset(next(replies)) & ids for m in models}
@@ -193,6 +194,9 @@ class Scaler:
         self.est_seen: dict[str, int] = {}  # model -> when (ms) it last had work or arrivals
         self.samples = Samples()  # each queue's last full sample (a round's reads are bounded)
         self.known = KnownWorkers()  # live workers' fields that do not change while they run
+        # the last step's live workers that take work, as (usable GB, GPUs): what the park
+        # pass weighs (lua/park.lua); None before the first step
+        self.live_classes: list[tuple[float, int]] | None = None
         self.arrivals: dict[int, dict[str, int]] = {}  # arrival buckets no longer written
         self.catalog = catalog.CatalogPages()  # a page of it a round (the reaper's too)
 
@@ -209,6 +213,7 @@ class Scaler:
         snapshot = read_snapshot(self.redis, self.keys, now, self.config, self.est_s, self.arrivals,
                                  self.samples, entries, self.known)
         result = plan(snapshot, self.config, now, self.hinted)
+        self.live_classes = sorted({(w.usable_gb, w.gpus) for w in snapshot.workers})
         for b in snapshot.backlogs:
             if b.sample:
                 self.est_s[b.model] = sum(e for _, e in b.sample) / len(b.sample)

@@ -74,6 +74,7 @@ class WorkerState:
     levels: str = "0123"  # priorities served
     idle_gb: float | None = None  # claimable GB while it has a free slot (in ``idle``)
     reserved: bool = False  # the preemption planner holds it for a queued task
+    gpus: int = 1  # devices in its group
 
     def serves(self, priority: int) -> bool:
         return str(priority) in (self.levels or "0123")
@@ -303,8 +304,7 @@ def _class_forecast(snap: Snapshot, config: Config, models: Sequence[_Model]
     return out
 
 
-def _class_signals(snap: Snapshot, config: Config, extra: Counter[str],
-                   why: dict[str, list[str]],
+def _class_signals(snap: Snapshot, config: Config, extra: Counter[str], why: dict[str, list[str]],
                    ahead: Mapping[str, tuple[float, float, float, float]]) -> list[ScaleSignal]:
     sizes = _sizes(snap)
     live = Counter(w.gpu for w in snap.workers)

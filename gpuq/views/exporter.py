@@ -90,7 +90,7 @@ def read_figures(client: redis.Redis, keys: Keys, keep: int = 50,
         pool=view.pool,
         queues=[(q.priority, q.model, q.depth, q.oldest_wait_s) for q in view.queues],
         running=view.running, delayed=view.delayed, waiting=view.waiting, schedules=view.schedules,
-        unschedulable=view.unschedulable,
+        unschedulable=view.unschedulable, parked=view.parked,
         stats=view.stats,
         model_loads=(loads or TopLoads(keep))([(m["name"], int(m["loads"]),
                                                 float(m["mean_load_s"]) * int(m["loads"]))

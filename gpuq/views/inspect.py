@@ -56,6 +56,8 @@ class PoolView:
     unschedulable_ids: list[str]
     largest_gpu_gb: float
     stats: dict[str, int]
+    # queued tasks out of their queues while no live worker can hold them (lua/park.lua)
+    parked: int = 0
     models: list[dict[str, Any]] = field(default_factory=list)
     # live workers the preemption planner holds for a queued task: {"worker", "task"}
     reservations: list[dict[str, str]] = field(default_factory=list)
@@ -116,15 +118,15 @@ def pool_view(client: redis.Redis, keys: Keys, top: int | None = None) -> PoolVi
     # with no class registered yet (producers before workers) no task is larger than one
     unschedulable_ids: list[str] = []
     unschedulable = 0
+    parked = client.zcard(keys.parked)
     if largest:  # those still in their queues, then those parked out of them (lua/park.lua)
         pipe = client.pipeline(transaction=False)
-        pipe.zrangebyscore(keys.need, f"({largest}", "+inf", 0, 20)
-        pipe.zcount(keys.need, f"({largest}", "+inf")
-        pipe.zrange(keys.parked, 0, 19)
-        pipe.zcard(keys.parked)
-        queued_ids, queued, parked_ids, parked = pipe.execute()
+        for key in (keys.need, keys.parked):
+            pipe.zrangebyscore(key, f"({largest}", "+inf", 0, 20)
+            pipe.zcount(key, f"({largest}", "+inf")
+        queued_ids, queued, parked_ids, parked_over = pipe.execute()
         unschedulable_ids = [str(i) for i in [*queued_ids, *parked_ids][:20]]
-        unschedulable = int(queued) + int(parked)
+        unschedulable = int(queued) + int(parked_over)
 
     views, reservations = _workers(client, keys, workers, now * 1000)
     runnable = {h for w in views if w.alive for h in w.handlers}
@@ -135,7 +137,7 @@ def pool_view(client: redis.Redis, keys: Keys, top: int | None = None) -> PoolVi
     return PoolView(
         pool=keys.pool, queues=queues, workers=views, running=int(running), delayed=int(delayed),
         unschedulable=int(unschedulable), unschedulable_ids=unschedulable_ids,
-        largest_gpu_gb=largest,
+        largest_gpu_gb=largest, parked=int(parked),
         # each end is counted per priority; a state's total, once there is one, is their sum (it
         # replaces a total a release before that kept)
         stats={k: int(v) for k, v in stats.items()} | {s.value: n for s in TERMINAL_STATES

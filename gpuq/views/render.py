@@ -10,7 +10,8 @@ from gpuq.views.inspect import PoolView
 
 
 def render_status(view: PoolView) -> str:
-    lines = [f"pool {view.pool}: {sum(q.depth for q in view.queues)} queued, {view.running} running, "
+    parked = f" (and {view.parked} parked)" if view.parked else ""
+    lines = [f"pool {view.pool}: {sum(q.depth for q in view.queues)} queued{parked}, {view.running} running, "
              f"{view.delayed} delayed, {view.waiting} waiting for parents, {view.schedules} schedules, "
              f"{len(view.workers)} workers, " + ("a reaper active" if view.reaper_active else "no reaper")]
     lines += [f"warning: {w}" for w in view.warnings]
@@ -26,6 +27,9 @@ def render_status(view: PoolView) -> str:
         lines.append(f"unschedulable: {view.unschedulable} queued task(s) need more VRAM than the "
                      f"largest registered GPU class ({view.largest_gpu_gb:g} GB usable): "
                      + ", ".join(view.unschedulable_ids[:5]))
+    if view.parked:
+        lines.append(f"parked: {view.parked} queued task(s) no live worker can hold (VRAM or GPUs), out of "
+                     "their queues until one registers")
     for handler, ids in view.unregistered.items():
         lines.append(f"no live worker runs handler {handler!r}: {len(ids)} queued task(s) near the "
                      f"queue heads: " + ", ".join(ids[:5]))

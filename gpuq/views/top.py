@@ -103,7 +103,7 @@ def _header(view: PoolView, now: float) -> list[str]:
     workers += "; a reaper active" if view.reaper_active else "; no reaper"
     return [f"gpuq top - pool {view.pool} - {time.strftime('%H:%M:%S', time.localtime(now))}",
             f"tasks: {queued} queued, {view.running} running, {view.delayed} delayed, "
-            f"{view.waiting} waiting, {view.unschedulable} unschedulable",
+            f"{view.waiting} waiting, {view.parked} parked, {view.unschedulable} unschedulable",
             workers]
 
 

@@ -1,10 +1,12 @@
-"""Contract: tasks no GPU class can hold leave their queues (park.lua), so they cannot keep
-the tasks behind them from starting, and come back once a class holds them.
+"""Contract: tasks no live worker can hold leave their queues (park.lua), so they cannot keep
+the tasks behind them from starting, and come back once a live worker can hold them.
 
 Every test runs on fakeredis and on the real server (the ``backend`` fixture).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from helpers import T0, claim, enqueue, register_worker
 
@@ -13,59 +15,60 @@ from gpuq.reaper.loop import Reaper
 from gpuq.task import State
 from gpuq.views.inspect import pool_view
 
+A100 = [(75.0, 1)]  # one live 80 GB GPU: 75 GB usable
 
-def park(queue: Queue, now_ms: int = T0, limit: int = 100) -> tuple[int, int]:
-    """One pass at a virtual time: (parked, put back)."""
-    return queue.scripts.run(queue.calls.park(limit=limit, now_ms=now_ms))
+
+def park(queue: Queue, live: Sequence[tuple[float, int]] = tuple(A100), now_ms: int = T0,
+         limit: int = 100, offset: int = 0) -> tuple[int, int]:
+    """One call at a virtual time against these live workers' shapes: (parked, put back)."""
+    parked, put_back, _, _ = queue.scripts.run(queue.calls.park(live, limit=limit, offset=offset,
+                                                                now_ms=now_ms))
+    return parked, put_back
 
 
 def queued(queue: Queue, model: str = "A", priority: int = 2) -> list[str]:
     return list(queue.redis.zrange(queue.keys.queue(priority, model), 0, -1))
 
 
-def test_tasks_larger_than_every_class_no_longer_hold_their_queue(queue: Queue) -> None:
+def test_tasks_larger_than_every_live_gpu_no_longer_hold_their_queue(queue: Queue) -> None:
     """Eight tasks too large for any GPU at a queue's head fill the claim's scan (8): the
     small task behind them waits until the pass parks them, then starts."""
     register_worker(queue, "w1")  # A100, 75 GB usable
     big = [enqueue(queue, T0 + i, vram_gb=500) for i in range(8)]
     small = enqueue(queue, T0 + 10, vram_gb=1)
     assert claim(queue, "w1", 75, now_ms=T0 + 20) is None  # the scan sees only the big ones
-    assert park(queue, T0 + 30) == (8, 0)
+    assert park(queue, now_ms=T0 + 30) == (8, 0)
     assert queued(queue) == [small]
     assert queue.redis.zrange(queue.keys.need, 0, -1) == [small]
     assert set(queue.redis.zrange(queue.keys.parked, 0, -1)) == set(big)
     assert all(queue.record(t).state is State.QUEUED for t in big)
     view = pool_view(queue.redis, queue.keys)
-    assert view.unschedulable == 8 and set(view.unschedulable_ids) == set(big)
+    assert (view.parked, view.unschedulable) == (8, 8) and set(view.unschedulable_ids) == set(big)
     c = claim(queue, "w1", 75, now_ms=T0 + 40)
     assert c is not None and c["id"] == small
-    assert park(queue, T0 + 50) == (0, 0)  # nothing more to move
+    assert park(queue, now_ms=T0 + 50) == (0, 0)  # nothing more to move
 
 
-def test_nothing_is_parked_before_any_class_is_known(queue: Queue) -> None:
+def test_nothing_is_parked_while_no_worker_is_live(queue: Queue) -> None:
     """Producers may enqueue before the first worker registers."""
     t = enqueue(queue, T0, vram_gb=500)
-    assert park(queue) == (0, 0)
+    assert park(queue, []) == (0, 0)
     assert queued(queue) == [t]
 
 
-def test_a_task_that_fits_some_class_stays_queued(queue: Queue) -> None:
-    register_worker(queue, "w1", "L4", 24)  # 19 GB usable
-    register_worker(queue, "w2")  # 75 GB
+def test_a_task_that_fits_some_live_worker_stays_queued(queue: Queue) -> None:
     t = enqueue(queue, T0, vram_gb=70)
-    assert park(queue) == (0, 0)
+    assert park(queue, [(19.0, 1), (75.0, 1)]) == (0, 0)
     assert queued(queue) == [t]
 
 
-def test_parked_tasks_come_back_in_their_order_once_a_class_holds_them(queue: Queue) -> None:
-    register_worker(queue, "w1")
+def test_parked_tasks_come_back_in_their_order_once_a_live_worker_holds_them(queue: Queue) -> None:
     first = enqueue(queue, T0, vram_gb=500, priority="P1")
     second = enqueue(queue, T0 + 1, vram_gb=120, priority="P1")
     huge = enqueue(queue, T0 + 2, vram_gb=5000, priority="P1")
-    assert park(queue, T0 + 10) == (3, 0)
+    assert park(queue, now_ms=T0 + 10) == (3, 0)
     assert queue.redis.zscore(queue.keys.models_with_work, "1:A") is None  # no head left
-    register_worker(queue, "big", "B1000", 1000)  # 995 GB usable
-    assert park(queue, T0 + 20) == (0, 2)
+    assert park(queue, [*A100, (995.0, 1)], now_ms=T0 + 20) == (0, 2)
     assert queued(queue, priority=1) == [first, second]
     assert queue.redis.zrange(queue.keys.parked, 0, -1) == [huge]
     assert queue.redis.hget(queue.keys.task(first), "parked") is None
@@ -74,47 +77,80 @@ def test_parked_tasks_come_back_in_their_order_once_a_class_holds_them(queue: Qu
     assert c is not None and c["id"] == first
 
 
-def test_a_multi_gpu_task_is_parked_until_a_group_holds_it(queue: Queue) -> None:
-    """Its VRAM is its need over all its GPUs: a class of one 80 GB GPU cannot hold 150 GB
-    over two; a class of two-GPU groups (150 GB usable) can."""
-    register_worker(queue, "w1")
+def test_a_multi_gpu_task_is_parked_until_a_live_group_holds_it(queue: Queue) -> None:
+    """Its VRAM is its need over all its GPUs: one 80 GB GPU cannot hold 150 GB over two; a
+    group of two (150 GB usable) can."""
     t = enqueue(queue, T0, vram_gb=150, gpus=2)
     assert park(queue) == (1, 0)
-    register_worker(queue, "g1", "H100", 80, gpus=2)
-    assert park(queue) == (0, 1)
+    assert park(queue, [(300.0, 1)]) == (0, 0)  # room enough, one GPU
+    assert park(queue, [*A100, (150.0, 2)]) == (0, 1)
     assert queued(queue) == [t]
 
 
-def test_cancel_and_expiry_take_a_parked_task_out_of_parked(queue: Queue) -> None:
+def test_parked_tasks_no_live_group_holds_do_not_hide_those_behind_them(queue: Queue) -> None:
+    """Regression: the put-back read the same first page of `parked` every call, so tasks
+    asking more GPUs than any live group has, parked first, kept a task a live worker could
+    hold parked for ever. Each call now pages past the ones it keeps."""
+    wide = [enqueue(queue, T0 + i, vram_gb=100, gpus=2) for i in range(3)]
+    one = enqueue(queue, T0 + 5, vram_gb=150)
+    assert park(queue) == (4, 0)
+    live = [*A100, (200.0, 1)]  # room for all, but no group of two
+    got = queue.scripts.run(queue.calls.park(live, limit=2, now_ms=T0))
+    assert got == (0, 0, 2, 2)  # looked at two, kept both
+    assert queue.scripts.run(queue.calls.park(live, limit=2, offset=2, now_ms=T0)) == (0, 1, 2, 1)
+    assert queued(queue) == [one]
+    assert set(queue.redis.zrange(queue.keys.parked, 0, -1)) == set(wide)
+
+
+def test_the_reaper_weighs_live_workers_not_every_class_ever_seen(queue: Queue) -> None:
+    """Regression: a class stays in `classes` after its last worker leaves; tasks only it
+    held were not parked and held their queue again. The reaper parks by the live workers
+    its scale step read, and pages through the parked tasks round after round."""
     register_worker(queue, "w1")
+    register_worker(queue, "w2", "B600", 600)  # 595 GB usable
+    reaper = Reaper(queue.redis, queue.config)
+    assert reaper.park() == (0, 0)  # no scale step yet: nothing known of the live workers
+    big = enqueue(queue, vram_gb=500)
+    reaper.scaler.step()
+    assert reaper.park() == (0, 0)  # w2 holds it
+    queue.redis.zrem(queue.keys.workers, "w2")  # w2 left
+    reaper.scaler.step()
+    assert reaper.park() == (1, 0)
+    assert queue.redis.zrange(queue.keys.parked, 0, -1) == [big]
+    assert pool_view(queue.redis, queue.keys).unschedulable == 0  # a class holds it: it waits
+
+
+def test_cancel_and_expiry_take_a_parked_task_out_of_parked(queue: Queue) -> None:
     canceled = enqueue(queue, T0, vram_gb=500)
     late = enqueue(queue, T0, vram_gb=500, deadline_s=5, est_s=1)
-    assert park(queue, T0 + 10) == (2, 0)
+    assert park(queue, now_ms=T0 + 10) == (2, 0)
     queue.task(canceled).cancel()
     assert queue.record(canceled).state is State.CANCELED
+    assert queue.redis.hget(queue.keys.task(canceled), "parked") is None
     assert queue.redis.zrange(queue.keys.parked, 0, -1) == [late]
     assert queue.scripts.run(queue.calls.expire(now_ms=T0 + 10_000))[0] == 1
     assert queue.record(late).state is State.EXPIRED
+    assert queue.redis.hget(queue.keys.task(late), "parked") is None
     assert queue.redis.zcard(queue.keys.parked) == 0
 
 
 def test_a_parked_task_whose_hash_was_corrupted_ends_failed(queue: Queue) -> None:
-    register_worker(queue, "w1")
     t = enqueue(queue, T0, vram_gb=500)
     assert park(queue) == (1, 0)
     queue.redis.hdel(queue.keys.task(t), "priority")
-    register_worker(queue, "big", "B1000", 1000)
-    assert park(queue) == (0, 0)
+    assert park(queue, [(995.0, 1)]) == (0, 0)
     state, error = queue.redis.hmget(queue.keys.task(t), "state", "error")
     assert state == "failed" and "field priority" in error
     assert queue.redis.zcard(queue.keys.parked) == 0
 
 
-def test_a_pass_is_bounded_and_the_reaper_pages_through(queue: Queue) -> None:
+def test_a_call_is_bounded_and_the_reaper_pages_through(queue: Queue) -> None:
     register_worker(queue, "w1")
     queue.enqueue_many({"handler": "h", "model": "A", "vram_gb": 500} for _ in range(250))
     assert park(queue, limit=100) == (100, 0)
-    assert Reaper(queue.redis, queue.config).park() == (150, 0)
+    reaper = Reaper(queue.redis, queue.config)
+    reaper.scaler.step()
+    assert reaper.park() == (150, 0)
     assert queue.redis.zcard(queue.keys.parked) == 250 and queued(queue) == []
 
 

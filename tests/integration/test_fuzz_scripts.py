@@ -107,12 +107,11 @@ def build_state(q: Queue) -> None:
     # learned run times: "h A" as a worker's heartbeat sends them; a malformed one for model B
     assert q.scripts.run(q.calls.learn([("h", "A", 0.005)])) == 1
     r.hset(k.runtimes, "h B", "nan x 1")
-    # tasks no class holds, parked (park.lua); then a class (no worker) that holds p2 only,
-    # and p3 queued since: a pass parks p3 and puts p2 back
+    # tasks no live worker holds, parked (park.lua); p3 queued since: a call with a live
+    # worker of 396 GB parks p3 and puts p2 back
     enqueue_specs(q, [spec(task_id="p1", model="D", vram_gb=500, deadline_s=600),
                       spec(task_id="p2", model="D", vram_gb=300)], T0 + 7)
-    assert q.scripts.run(q.calls.park(now_ms=T0 + 7)) == (2, 0)
-    r.hset(k.classes, "gpu400", 396)
+    assert q.scripts.run(q.calls.park([(76.0, 1)], now_ms=T0 + 7)) == (2, 0, 0, 0)
     enqueue_specs(q, [spec(task_id="p3", model="D", vram_gb=450)], T0 + 7)
     assert q.scripts.run(q.calls.lead("r1"))
     # the lock's TTL runs on the server's clock: a slow run must not see it lapse between the
@@ -151,7 +150,8 @@ def valid_calls(c: Calls) -> dict[str, list[Call[Any]]]:
         "reap": [c.reap(now_ms=T0 + 10_000_000), c.reap(limit=1, now_ms=t)],
         "expire": [c.expire(horizon_ms=60_000, now_ms=T0 + 3_000_000),
                    c.expire(limit=2, offset=1, now_ms=t)],
-        "park": [c.park(now_ms=t), c.park(limit=1, now_ms=t)],
+        "park": [c.park([(76.0, 1), (396.0, 1)], now_ms=t), c.park([(396.0, 2)], limit=1, offset=1, now_ms=t),
+                 c.park([], now_ms=t)],
         "preempt": [c.preempt("q3", "w1", "run1", 1, reserve_ms=5000, grace_ms=None, now_ms=t),
                     c.preempt("q3", "w1", "run2", 4, reserve_ms=5000, grace_ms=500, now_ms=T0 + 8)],
         "retire": [c.retire("w2", now_ms=t), c.retire("w1", now_ms=T0)],
@@ -287,7 +287,7 @@ def ok_reply(name: str, r: list[Any], argv: Sequence[bytes]) -> bool:
         return (len(tail) == 3 and all(is_count(x) for x in tail)
                 and tail[0] + tail[2] <= tail[1])  # expired and kept, of those looked at
     if name == "park":
-        return len(tail) == 2 and all(is_count(x) for x in tail)
+        return len(tail) == 4 and all(is_count(x) for x in tail) and tail[3] <= tail[2]
     if name == "preempt":
         return tail in ([b"reserved"], [b"yield"]) or (len(tail) == 2 and tail[0] == b"stale")
     if name == "retire":
@@ -479,8 +479,9 @@ REGRESSIONS: list[tuple[str, list[str], int]] = [
     ("reap", [N, "nan", TTL], 1),
     ("expire", [N, "", TTL, "0", "0"], 1),
     ("expire", [N, "100", TTL, "x", "0"], 1),
-    ("park", [N, TTL, "0"], 1),
-    ("park", [N, "", "100"], 1),
+    ("park", [N, TTL, "0", "0"], 1),
+    ("park", [N, "", "100", "0"], 1),
+    ("park", [N, TTL, "100", "0", "80"], 1),  # a shape without its GPUs
     ("preempt", [N, "q3", "w1", "run2", "4", "5000", "x"], 1),  # half-written: reserved first
     ("preempt", [N, "q3", "w1", "run2", "4", "x", ""], 1),
     ("retire", ["w2", N, ""], 1),

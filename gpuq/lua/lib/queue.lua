@@ -93,6 +93,12 @@ local function index(id, p, m, score, need)
   redis.call('ZADD', K_NEED, need, id)
 end
 
+-- A parked task (park.lua) that ends: out of `parked`, its kept score gone.
+local function unpark(id)
+  redis.call('ZREM', K_PARKED, id)
+  redis.call('HDEL', task_key(id), 'parked')
+end
+
 -- Take a queued task out of its queue and the indexes (the deadline index unless the
 -- caller knows the task has no deadline; the queue's head in the index unless keep_head:
 -- a caller taking several tasks of one queue refreshes it once, after the last).

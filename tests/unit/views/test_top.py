@@ -64,7 +64,7 @@ def test_frame_fits_80_columns_and_shows_every_section() -> None:
     misses = [miss(i) for i in range(3, 12)] + [miss(0, kind="expired"), {"at": "soon"}]
     lines = lines_of(render_top(pool(), misses, width=80, now=NOW), 80)
     assert lines[0].startswith("gpuq top - pool prod - ")
-    assert lines[1] == "tasks: 357 queued, 2 running, 4 delayed, 0 waiting, 1 unschedulable"
+    assert lines[1] == "tasks: 357 queued, 2 running, 4 delayed, 0 waiting, 0 parked, 1 unschedulable"
     assert lines[2] == "workers: 1 busy, 1 idle, 1 not responding; a reaper active"
 
     rows = {line.split()[0]: line for line in lines if re.match(r"P\d ", line)}
@@ -105,7 +105,7 @@ def test_empty_pool() -> None:
     empty = PoolView(pool="p", queues=[], workers=[], running=0, delayed=0, unschedulable=0,
                      unschedulable_ids=[], largest_gpu_gb=0.0, stats={})
     lines = lines_of(render_top(empty, [], now=NOW), 80)
-    assert lines[1:3] == ["tasks: 0 queued, 0 running, 0 delayed, 0 waiting, 0 unschedulable",
+    assert lines[1:3] == ["tasks: 0 queued, 0 running, 0 delayed, 0 waiting, 0 parked, 0 unschedulable",
                           "workers: 0 busy, 0 idle; no reaper"]
     assert "(no workers)" in lines and not any("MISSES" in line for line in lines)
     assert not any(line.startswith(("reserved", "yielding", "scale")) for line in lines)
@@ -199,7 +199,7 @@ def test_once_prints_one_plain_frame(seeded: Queue) -> None:
         text = out.getvalue()
         assert "\x1b" not in text and text.count("gpuq top - pool") == 1
         lines = text.splitlines()
-        assert "tasks: 2 queued, 1 running, 0 delayed, 0 waiting, 0 unschedulable" in lines
+        assert "tasks: 2 queued, 1 running, 0 delayed, 0 waiting, 0 parked, 0 unschedulable" in lines
         rows = {line.split()[0]: line.split() for line in lines if re.match(r"P\d ", line)}
         assert rows["P0"][1] == "1" and rows["P0"][3:5] == ["75.0%", "1"]
         assert rows["P2"][1] == "1" and rows["P2"][-2:] == ["mistral-7b", "1"]
