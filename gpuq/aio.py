@@ -249,6 +249,8 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
                     replies = await self.scripts.pipelined([self.calls.wait(waiting.task_id)],
                                                            waiting.pop_and_read(self.keys, fields))
             except ConnectionFailed as exc:
+                if self.closed:  # closed under the wait: no outage to ride out
+                    raise
                 await asyncio.sleep(waiting.pause(exc))
                 continue
             waiting.answered()
@@ -260,9 +262,16 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
         follow.started(await self.scripts.run(follow_call(task_id)))
         while not follow.done:
             block = follow.block_ms()
-            with redis_errors(self.url):
-                reply = await self.redis.xread({follow.key: follow.last_id},
-                                               count=Follow.COUNT, block=block)
+            try:
+                with redis_errors(self.url):
+                    reply = await self.redis.xread({follow.key: follow.last_id},
+                                                   count=Follow.COUNT, block=block)
+            except ConnectionFailed as exc:  # read again from the last chunk, as a wait does
+                if self.closed:
+                    raise
+                await asyncio.sleep(follow.waiting.pause(exc))
+                continue
+            follow.waiting.answered()
             for chunk in follow.take(reply):
                 yield chunk
 
@@ -278,6 +287,7 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
             return stored(await self.redis.hgetall(self.keys.task(task_id)), task_id)
 
     async def close(self) -> None:
+        self.closed = True
         await self.redis.aclose()
         for sentinel in sentinels_of(self.redis):
             await sentinel.aclose()

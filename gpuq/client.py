@@ -149,6 +149,8 @@ class Queue(Producer[redis.Redis, "Task"]):
                     replies = self.scripts.pipelined([self.calls.wait(waiting.task_id)],
                                                      waiting.pop_and_read(self.keys, fields))
             except ConnectionFailed as exc:
+                if self.closed:  # closed under the wait: no outage to ride out
+                    raise
                 time.sleep(waiting.pause(exc))
                 continue
             waiting.answered()
@@ -164,9 +166,16 @@ class Queue(Producer[redis.Redis, "Task"]):
             follow.started(self.scripts.run(follow_call(task_id)))
         while not follow.done:
             block = follow.block_ms()
-            with redis_errors(self.url):
-                reply = self.redis.xread({follow.key: follow.last_id}, count=Follow.COUNT,
-                                         block=block)
+            try:
+                with redis_errors(self.url):
+                    reply = self.redis.xread({follow.key: follow.last_id}, count=Follow.COUNT,
+                                             block=block)
+            except ConnectionFailed as exc:  # read again from the last chunk, as a wait does
+                if self.closed:
+                    raise
+                time.sleep(follow.waiting.pause(exc))
+                continue
+            follow.waiting.answered()
             yield from follow.take(reply)
 
     def progress(self, task_id: str) -> tuple[float, str] | None:
@@ -180,6 +189,7 @@ class Queue(Producer[redis.Redis, "Task"]):
             return stored(self.redis.hgetall(self.keys.task(task_id)), task_id)
 
     def close(self) -> None:
+        self.closed = True
         self.redis.close()
         for sentinel in sentinels_of(self.redis):
             sentinel.close()

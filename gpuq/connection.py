@@ -17,6 +17,7 @@ Errors and log lines show URLs with the password masked (``gpuq.redact``).
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -82,18 +83,20 @@ def _start(conn: Any) -> None:
 
 
 async def _start_async(conn: Any) -> None:
-    """_start for redis.asyncio, whose reads take socket_timeout as each one starts."""
-    kept, conn.socket_timeout = conn.socket_timeout, conn.socket_connect_timeout
+    """_start for redis.asyncio: the handshake bounded by the connect timeout with
+    asyncio.timeout, not by a socket_timeout for its duration as the sync client's is: with
+    one, redis-py sends under asyncio.wait_for, which in Python 3.11 drops a cancellation that
+    lands as the send completes, so a caller's own timeout around a call was lost (its wait
+    ran to its own end)."""
     try:
-        await conn.on_connect()
-    except redis.TimeoutError:
+        async with asyncio.timeout(conn.socket_connect_timeout):
+            await conn.on_connect()
+    except (TimeoutError, redis.TimeoutError):
         raise _no_reply(conn) from None
     except redis.ConnectionError as exc:
         if isinstance(conn, aredis.SSLConnection):  # the sync client sees the TLS alert itself
             raise ClosedAfterHandshake(str(exc)) from exc
         raise
-    finally:
-        conn.socket_timeout = kept
 
 
 @contextmanager
@@ -298,13 +301,18 @@ def connect(url: str, *, tls: Tls | None = None, pool: str = "default", **option
 def connect_async(url: str, *, tls: Tls | None = None, **options: Any) -> aredis.Redis:
     """The asyncio client for ``url`` (Sentinel included; Cluster is sync only)."""
     tls = tls or Tls()
-    kwargs = {**CONNECT_OPTIONS, "redis_connect_func": _start_async, **_NO_MAINT, **options}
+    # as many connections as calls at once, as the sync pool allows: redis-py's asyncio pool
+    # stops at 100 and fails the 101st call (a service awaiting 200 results at once)
+    kwargs = {**CONNECT_OPTIONS, "redis_connect_func": _start_async, **_NO_MAINT,
+              "max_connections": 2**31, **options}
     with url_checked(url):
         secure = _plain_tls(url, tls)
         scheme = _scheme(url)
         if scheme.endswith("+sentinel"):
             nodes, name, master, sentinels = _sentinel_args(url, tls)
-            found = redis.asyncio.sentinel.Sentinel(nodes, sentinel_kwargs=sentinels)  # type: ignore[no-untyped-call]
+            # the Sentinels' own pools check their connections too (notifications off)
+            found = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+                nodes, sentinel_kwargs={**sentinels, **_NO_MAINT})
             client: aredis.Redis = found.master_for(name, redis_class=aredis.Redis,
                                                     connection_pool_class=CheckedSentinelPool,
                                                     **master, **kwargs)

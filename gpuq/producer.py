@@ -51,6 +51,7 @@ class Producer(Generic[ClientT, EnqueuedT]):
         self.keys = Keys(self.config.pool, self.config.prefix)
         self.calls = Calls(self.config)
         self.owns_client = False  # from_url made the client: leaving a ``with`` block closes it
+        self.closed = False  # close() was called: a wait it breaks is not an outage
 
     def enqueue(self, handler: str, payload: Any = None, *, model: str, vram_gb: float,
                 priority: Priority | int | str = Priority.P2, est_s: float | None = None,

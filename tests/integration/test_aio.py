@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from gpuq.aio import AsyncQueue
 from gpuq.embedded import EmbeddedServer
 from gpuq.errors import (
     ConfigError,
+    ConnectionFailed,
     InvalidTask,
     NotRequeueable,
     ResultTimeout,
@@ -161,5 +163,62 @@ def test_task_requeue_and_drain(redis_server: EmbeddedServer, pool: str, prefix:
             await q.redis.zadd(q.keys.workers, {"w1": (seconds + 30) * 1000})
             await q.drain_worker("w1")
             assert await q.redis.lrange(q.keys.control("w1"), 0, -1) == ["drain"]
+
+    run(scenario())
+
+
+def test_a_callers_timeout_around_a_call_is_never_lost(redis_server: EmbeddedServer, pool: str,
+                                                       prefix: str) -> None:
+    """Regression: the handshake of a new connection ran with a socket timeout, so redis-py
+    sent under asyncio.wait_for, which in Python 3.11 drops a cancellation landing as the send
+    completes: wait_for(t.result(timeout=5), 0.0003) ran the full 5 s about one time in six
+    (every cancelled call drops its connection, so the next one connects anew)."""
+    async def scenario() -> None:
+        async with make(redis_server, pool, prefix) as q:
+            t = await q.enqueue("h", None, model="m", vram_gb=1)
+            for i in range(120):
+                started = time.monotonic()
+                with pytest.raises(asyncio.TimeoutError):
+                    await asyncio.wait_for(t.result(timeout=5), [0, 0.0001, 0.0003, 0.0005, 0.001][i % 5])
+                assert time.monotonic() - started < 2.5, f"attempt {i}: the cancellation was lost"
+
+    run(scenario())
+
+
+def test_close_ends_the_waits_it_breaks_and_leaves_no_connection(redis_server: EmbeddedServer, pool: str,
+                                                                  prefix: str) -> None:
+    """A wait that close() breaks is not an outage to ride out: it raises at once, and no
+    connection is opened again."""
+    admin = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    admin.client_setname("test-admin")
+
+    async def scenario() -> None:
+        q = make(redis_server, pool, prefix)
+        tasks = [await q.enqueue("h", None, model="m", vram_gb=1) for _ in range(5)]
+        waits = [asyncio.ensure_future(t.result(timeout=20)) for t in tasks]
+        await asyncio.sleep(0.3)  # each blocked on its pop
+        started = time.monotonic()
+        await q.close()
+        ended = await asyncio.gather(*waits, return_exceptions=True)
+        assert all(isinstance(e, ConnectionFailed) for e in ended), ended
+        assert time.monotonic() - started < 5
+        await asyncio.sleep(0.3)
+        assert [c for c in admin.client_list() if c["name"] != "test-admin"] == []
+
+    try:
+        run(scenario())
+    finally:
+        admin.close()
+
+
+def test_more_calls_at_once_than_redis_pys_default_pool_holds(redis_server: EmbeddedServer, pool: str,
+                                                              prefix: str) -> None:
+    """Regression: redis-py's asyncio pool stops at 100 connections and failed the 101st call
+    at once ("Too many connections"); the sync pool has no such bound, nor has gpuq's."""
+    async def scenario() -> None:
+        async with make(redis_server, pool, prefix) as q:
+            tasks = await asyncio.gather(*[q.enqueue("h", None, model="m", vram_gb=1) for _ in range(150)])
+            ended = await asyncio.gather(*[t.result(timeout=0.5) for t in tasks], return_exceptions=True)
+            assert all(isinstance(e, ResultTimeout) for e in ended), {type(e) for e in ended}
 
     run(scenario())

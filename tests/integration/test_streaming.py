@@ -194,3 +194,42 @@ def test_the_async_reader(redis_server: EmbeddedServer, pool: str, prefix: str,
             await q.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("side", ["sync", "asyncio"])
+def test_a_reader_reads_on_from_its_last_chunk_after_the_server_dropped_it(
+        redis_server: EmbeddedServer, pool: str, prefix: str, make_real_queue: Any, side: str) -> None:
+    """Regression: a reader blocked on XREAD raised ConnectionFailed when the server closed
+    its connection (a restart, CLIENT KILL) mid-stream; it reads again from its last chunk,
+    as a result wait rides the outage out."""
+    sync_q: Queue = make_real_queue()
+    admin = sync_q.redis
+    tid = enqueue(sync_q)
+    fields = claim(sync_q, "w1", 80)
+    assert fields is not None
+    token = int(fields["token"])
+
+    def worker() -> None:
+        e = Emitter(sync_q.scripts, sync_q.config, tid, token)
+        for i in range(4):
+            time.sleep(0.2)
+            if i == 2:  # the reader blocks in XREAD for the third chunk
+                admin.client_kill_filter(_type="normal", skipme=True)
+            e.emit({"i": i})
+        sync_q.scripts.run(sync_q.calls.ack(tid, token, '"fin"'))
+
+    thread = threading.Thread(target=worker)
+    if side == "sync":
+        reader = Queue.from_url(redis_server.url, pool, Config(prefix=prefix))
+        thread.start()
+        got = [c.data for c in reader.task(tid).stream(timeout=10)]
+        reader.close()
+    else:
+        async def read() -> list[Any]:
+            async with AsyncQueue.from_url(redis_server.url, pool=pool, config=Config(prefix=prefix)) as q:
+                thread.start()
+                return [c.data async for c in q.task(tid).stream(timeout=10)]
+
+        got = asyncio.run(read())
+    thread.join()
+    assert got == [{"i": i} for i in range(4)]

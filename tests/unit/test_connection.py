@@ -412,3 +412,18 @@ def test_a_reaper_refused_by_the_acl_exits_instead_of_retrying(monkeypatch: pyte
     monkeypatch.setattr(reaper, "lead", refused)
     with pytest.raises(PermissionDenied):
         reaper.run()
+
+
+def test_async_pools_check_their_connections_and_have_no_small_bound() -> None:
+    """The asyncio pools (the Sentinels' own too) check a connection before handing it out
+    (no maintenance notifications; gpuq.aio_pool), and allow as many connections as calls
+    at once, as the sync pool does (redis-py's asyncio pool stops at 100)."""
+    from gpuq.aio_pool import CheckedPool, CheckedSentinelPool
+    from gpuq.connection import connect_async
+
+    plain = connect_async("redis://127.0.0.1:1/0")
+    assert isinstance(plain.connection_pool, CheckedPool) and plain.connection_pool.max_connections >= 2**31
+    sentinel = connect_async("redis+sentinel://127.0.0.1:1/m")
+    pool = sentinel.connection_pool
+    assert isinstance(pool, CheckedSentinelPool) and pool.max_connections >= 2**31
+    assert not any(s.connection_pool.maint_notifications_enabled() for s in pool.sentinel_manager.sentinels)
