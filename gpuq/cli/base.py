@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar, get_args, get_type_hints
@@ -40,7 +41,10 @@ class UsageLine(click.ClickException):
     @classmethod
     def of(cls, exc: click.UsageError) -> UsageLine:
         command = ["gpuq", *exc.ctx.command_path.split()[1:]] if exc.ctx is not None else ["gpuq"]
-        return cls(f"{one_line(exc.format_message())} (see {' '.join(command)} --help)")
+        # click's own layout (a choice list on indented lines) joins into one line; what is
+        # left of control characters (the user's input) is escaped
+        text = re.sub(r"\s*\n\s*", " ", exc.format_message())
+        return cls(f"{one_line(text)} (see {' '.join(command)} --help)")
 
 
 class Cli(click.Group):

@@ -188,3 +188,12 @@ def test_task_commands_succeed_or_say_why_in_one_line(pool: Pool, command: str, 
                                                       as_json: bool) -> None:
     args = [command, task_id, *(["--json"] if command == "task" and as_json else [])]
     run(pool, *args)
+
+
+def test_a_choice_list_in_a_usage_error_stays_one_readable_line() -> None:
+    """Regression: click lays a missing choice's options out on indented lines, which the one
+    line showed as literal \\n\\t escapes."""
+    result = CliRunner().invoke(cli, ["acl", "--password-env", "X"])
+    assert result.exit_code == 2
+    assert result.output.strip() == ("Error: Missing option '--role'. Choose from: producer, worker, reaper, "
+                                     "operator, observer (see gpuq acl --help)")
