@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Generator
 from typing import Any
 
@@ -193,7 +194,16 @@ def test_a_yield_request_reaches_an_async_handler_and_keeps_the_attempt(q: Queue
     t = q.enqueue("polite", None, model="llm", vram_gb=NEED)
     claimed = claim(q, ex)
     running = claimed[2]
-    threading.Timer(0.1, lambda: setattr(running.ctx, "yield_requested", True)).start()
+
+    def ask_once_it_runs() -> None:  # not at a fixed time: a loaded host may start it late
+        for _ in range(500):
+            if running.in_handler:
+                break
+            time.sleep(0.01)
+        time.sleep(0.05)  # a few of its steps
+        running.ctx.yield_requested = True
+
+    threading.Thread(target=ask_once_it_runs).start()
     call = ex.execute(*claimed)
     assert call is not None and call.script == "requeue"
     settle(q, ex, call)
