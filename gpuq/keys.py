@@ -47,6 +47,7 @@ SUFFIXES: dict[str, str] = {
     "delayed": "delayed",
     "need": "need",
     "parked": "parked",
+    "parked_from": "parked:from",
     "sla_misses": "misses",
     "lanes": "lanes",
     "deadlines": "deadlines",
@@ -195,9 +196,14 @@ class Keys:
 
     @property
     def parked(self) -> str:
-        """Queued task ids no GPU class can hold, out of their queues, scored by VRAM need
+        """Queued task ids no live worker can hold, out of their queues, scored by VRAM need
         (GB): ``need``'s share of them (lua/park.lua)."""
         return self._key("parked")
+
+    @property
+    def parked_from(self) -> str:
+        """How many parked tasks park.lua's next call skips (those kept by the calls before)."""
+        return self._key("parked_from")
 
     @property
     def sla_misses(self) -> str:

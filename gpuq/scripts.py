@@ -213,13 +213,13 @@ class Calls:
         return Call("expire", [str(now_ms), str(limit), self._ttl, str(horizon_ms), str(offset)],
                     lambda r: (int(checked(r)[1]), int(r[2]), int(r[3])))
 
-    def park(self, live: Sequence[tuple[float, int]], *, limit: int = 100, offset: int = 0,
+    def park(self, live: Sequence[tuple[float, int]], *, limit: int = 100,
              now_ms: int = 0) -> Call[tuple[int, int, int, int]]:
         """(parked, put back, looked at, kept) of one bounded call of park.lua: tasks no live
         worker (live: their usable GB and GPUs) can hold leave their queues, and come back
-        once one can; offset skips the parked tasks earlier calls kept."""
+        once one can; the parked ones are looked at in turn across calls."""
         shapes = [x for gb, gpus in live for x in (_num(gb), str(gpus))]
-        return Call("park", [str(now_ms), self._ttl, str(limit), str(offset), *shapes],
+        return Call("park", [str(now_ms), self._ttl, str(limit), *shapes],
                     lambda r: (int(checked(r)[1]), int(r[2]), int(r[3]), int(r[4])))
 
     def preempt(self, waiting_id: str, worker_id: str, victim_id: str, victim_token: int, *,

@@ -14,10 +14,11 @@
 -- ARGV[1]  now (ms; "0" = server clock)
 -- ARGV[2]  result TTL (ms): a parked task found corrupt ends failed
 -- ARGV[3]  limit: most tasks parked, and most parked tasks looked at, per call
--- ARGV[4]  offset: parked tasks a live worker could hold by VRAM to skip (kept by earlier calls)
--- ARGV[5..]  the live workers' shapes: pairs of usable GB and GPUs
+-- ARGV[4..]  the live workers' shapes: pairs of usable GB and GPUs
 -- Returns  {0, parked, put_back, looked_at, kept}: looked_at, the parked tasks looked at;
---          kept, those left parked (the next call's offset grows by them)
+--          kept, those left parked. The parked tasks within the live workers' VRAM are looked
+--          at in turn: `parked:from` holds how many to skip (those kept by earlier calls,
+--          whichever reaper made them), back to 0 once a call looks at fewer than limit.
 --          {1, 0, reason} INVALID: a malformed argument (nothing written)
 
 --@include args
@@ -27,12 +28,11 @@
 --@include wake
 
 local now, ttl, limit = clock(ARGV[1]), ttl_arg(2), arg_num(3, 1, 1e4, true)
-local offset = arg_num(4, 0, 1e9, true)
-if not (now and ttl and limit and offset) or #ARGV % 2 ~= 0 then
-  return {1, 0, 'now and ttl must be ms >= 0, limit 1..1e4, offset >= 0, then pairs of GB and GPUs'}
+if not (now and ttl and limit) or #ARGV % 2 ~= 1 then
+  return {1, 0, 'now and ttl must be ms >= 0, limit 1..1e4, then pairs of GB and GPUs'}
 end
 local live = {}
-for i = 5, #ARGV, 2 do
+for i = 4, #ARGV, 2 do
   local gb, gpus = arg_num(i, 0, 1e9), arg_num(i + 1, 1, 64, true)
   if not (gb and gpus) then return {1, 0, 'a live shape must be GB 0..1e9 and GPUs 1..64'} end
   live[#live + 1] = {gb = gb, gpus = gpus}
@@ -59,6 +59,7 @@ end
 for _, h in pairs(heads) do refresh_head(h[1], h[2]) end
 
 local put_back, kept = 0, 0
+local offset = math.max(0, math.floor(tonumber(redis.call('GET', K_PARKED_FROM)) or 0))
 local held = redis.call('ZRANGEBYSCORE', K_PARKED, '-inf', largest, 'WITHSCORES', 'LIMIT', ms(offset), ms(limit))
 for i = 1, #held, 2 do
   local id, need = held[i], held[i + 1]
@@ -79,4 +80,9 @@ for i = 1, #held, 2 do
   end
 end
 if put_back > 0 then wake_pool(put_back) end
+if #held / 2 == limit then
+  redis.call('SET', K_PARKED_FROM, ms(offset + kept))
+elseif offset > 0 then
+  redis.call('DEL', K_PARKED_FROM)
+end
 return {0, parked, put_back, #held / 2, kept}

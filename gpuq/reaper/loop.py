@@ -86,7 +86,6 @@ class Reaper:
         self.preemptor = Preemptor(client, self.keys, config, self.scripts, self.calls)
         self.scaler = Scaler(client, self.keys, config)
         self.room = TenantRoom(client, self.keys, config, self.scripts, self.calls)
-        self.park_from = 0  # parked tasks the park pass pages past (kept by its last calls)
         self.active: bool | None = None  # None: not yet known, so the first round logs
         self.stopped = threading.Event()
 
@@ -158,9 +157,8 @@ class Reaper:
             return 0, 0
         parked = unparked = 0
         for _ in range(PARK_PAGES):
-            p, u, looked, kept = self.scripts.run(self.calls.park(live, limit=100, offset=self.park_from))
+            p, u, looked, _ = self.scripts.run(self.calls.park(live, limit=100))
             parked, unparked = parked + p, unparked + u
-            self.park_from = self.park_from + kept if looked == 100 else 0
             if p < 100 and looked < 100:
                 break
         if parked or unparked:

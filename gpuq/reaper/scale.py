@@ -213,7 +213,9 @@ class Scaler:
         snapshot = read_snapshot(self.redis, self.keys, now, self.config, self.est_s, self.arrivals,
                                  self.samples, entries, self.known)
         result = plan(snapshot, self.config, now, self.hinted)
-        self.live_classes = sorted({(w.usable_gb, w.gpus) for w in snapshot.workers})
+        # a worker hash damaged by hand (a size below its reserve, not a number) is no shape
+        self.live_classes = sorted({(w.usable_gb, w.gpus) for w in snapshot.workers
+                                    if 0 <= w.usable_gb <= 1e9 and 1 <= w.gpus <= 64})
         for b in snapshot.backlogs:
             if b.sample:
                 self.est_s[b.model] = sum(e for _, e in b.sample) / len(b.sample)

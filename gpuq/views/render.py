@@ -28,8 +28,8 @@ def render_status(view: PoolView) -> str:
                      f"largest registered GPU class ({view.largest_gpu_gb:g} GB usable): "
                      + ", ".join(view.unschedulable_ids[:5]))
     if view.parked:
-        lines.append(f"parked: {view.parked} queued task(s) no live worker can hold (VRAM or GPUs), out of "
-                     "their queues until one registers")
+        lines.append(f"parked: {view.parked} queued task(s) larger than every live worker, out of their "
+                     "queues until one can hold them")
     for handler, ids in view.unregistered.items():
         lines.append(f"no live worker runs handler {handler!r}: {len(ids)} queued task(s) near the "
                      f"queue heads: " + ", ".join(ids[:5]))

@@ -19,10 +19,9 @@ A100 = [(75.0, 1)]  # one live 80 GB GPU: 75 GB usable
 
 
 def park(queue: Queue, live: Sequence[tuple[float, int]] = tuple(A100), now_ms: int = T0,
-         limit: int = 100, offset: int = 0) -> tuple[int, int]:
+         limit: int = 100) -> tuple[int, int]:
     """One call at a virtual time against these live workers' shapes: (parked, put back)."""
-    parked, put_back, _, _ = queue.scripts.run(queue.calls.park(live, limit=limit, offset=offset,
-                                                                now_ms=now_ms))
+    parked, put_back, _, _ = queue.scripts.run(queue.calls.park(live, limit=limit, now_ms=now_ms))
     return parked, put_back
 
 
@@ -90,16 +89,21 @@ def test_a_multi_gpu_task_is_parked_until_a_live_group_holds_it(queue: Queue) ->
 def test_parked_tasks_no_live_group_holds_do_not_hide_those_behind_them(queue: Queue) -> None:
     """Regression: the put-back read the same first page of `parked` every call, so tasks
     asking more GPUs than any live group has, parked first, kept a task a live worker could
-    hold parked for ever. Each call now pages past the ones it keeps."""
+    hold parked for ever. Each call pages past the ones kept before it; the place is kept in
+    Redis, so a reaper started anew (or `gpuq reaper --once`) goes on from it."""
     wide = [enqueue(queue, T0 + i, vram_gb=100, gpus=2) for i in range(3)]
     one = enqueue(queue, T0 + 5, vram_gb=150)
     assert park(queue) == (4, 0)
     live = [*A100, (200.0, 1)]  # room for all, but no group of two
-    got = queue.scripts.run(queue.calls.park(live, limit=2, now_ms=T0))
-    assert got == (0, 0, 2, 2)  # looked at two, kept both
-    assert queue.scripts.run(queue.calls.park(live, limit=2, offset=2, now_ms=T0)) == (0, 1, 2, 1)
+    assert queue.scripts.run(queue.calls.park(live, limit=2, now_ms=T0)) == (0, 0, 2, 2)  # kept both
+    assert queue.redis.get(queue.keys.parked_from) == "2"
+    assert queue.scripts.run(queue.calls.park(live, limit=2, now_ms=T0)) == (0, 1, 2, 1)
+    assert queue.redis.get(queue.keys.parked_from) == "3"
     assert queued(queue) == [one]
     assert set(queue.redis.zrange(queue.keys.parked, 0, -1)) == set(wide)
+    assert queue.scripts.run(queue.calls.park(live, limit=2, now_ms=T0)) == (0, 0, 0, 0)  # past the end
+    assert queue.redis.get(queue.keys.parked_from) is None  # from the start again
+    assert queue.scripts.run(queue.calls.park(live, limit=2, now_ms=T0))[2:] == (2, 2)
 
 
 def test_the_reaper_weighs_live_workers_not_every_class_ever_seen(queue: Queue) -> None:
@@ -163,3 +167,16 @@ def test_the_scale_signal_still_counts_parked_tasks_as_unschedulable(queue: Queu
     enqueue(queue, T0 + 1, vram_gb=200)  # not yet parked
     plan = Reaper(queue.redis, queue.config).scaler.step()
     assert plan.unschedulable == 3 and plan.largest_need_gb == 500
+
+
+def test_a_damaged_worker_hash_does_not_turn_parking_off(queue: Queue) -> None:
+    """Regression: one live worker whose hash reads as a size below its reserve (written by
+    hand, or by an old release) made every park call INVALID, round after round."""
+    register_worker(queue, "w1")
+    register_worker(queue, "odd")
+    queue.redis.hset(queue.keys.worker("odd"), mapping={"vram_total_gb": 3, "kv_reserve_gb": 5})
+    big = enqueue(queue, vram_gb=500)
+    reaper = Reaper(queue.redis, queue.config)
+    reaper.scaler.step()
+    assert reaper.park() == (1, 0)
+    assert queue.redis.zrange(queue.keys.parked, 0, -1) == [big]

@@ -150,7 +150,7 @@ def valid_calls(c: Calls) -> dict[str, list[Call[Any]]]:
         "reap": [c.reap(now_ms=T0 + 10_000_000), c.reap(limit=1, now_ms=t)],
         "expire": [c.expire(horizon_ms=60_000, now_ms=T0 + 3_000_000),
                    c.expire(limit=2, offset=1, now_ms=t)],
-        "park": [c.park([(76.0, 1), (396.0, 1)], now_ms=t), c.park([(396.0, 2)], limit=1, offset=1, now_ms=t),
+        "park": [c.park([(76.0, 1), (396.0, 1)], now_ms=t), c.park([(396.0, 2)], limit=1, now_ms=t),
                  c.park([], now_ms=t)],
         "preempt": [c.preempt("q3", "w1", "run1", 1, reserve_ms=5000, grace_ms=None, now_ms=t),
                     c.preempt("q3", "w1", "run2", 4, reserve_ms=5000, grace_ms=500, now_ms=T0 + 8)],
