@@ -11,7 +11,16 @@ validation and waiting from the same ``gpuq.producer``, so only the awaiting dif
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -243,35 +252,30 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
     async def _wake_up(self, waiting: Waiting, fields: tuple[str, ...] = ()) -> list[Any]:
         """One round trip of a wait: register, pop, read; an outage ridden out (see
         gpuq.client.Queue._wake_up)."""
+        return await self._ridden(waiting, lambda: self.scripts.pipelined(
+            [self.calls.wait(waiting.task_id)], waiting.pop_and_read(self.keys, fields)))
+
+    async def _ridden(self, waiting: Waiting, read: Callable[[], Awaitable[T]]) -> T:
+        """gpuq.client.Queue._ridden, awaited."""
         while True:
             try:
                 with redis_errors(self.url):
-                    replies = await self.scripts.pipelined([self.calls.wait(waiting.task_id)],
-                                                           waiting.pop_and_read(self.keys, fields))
+                    got = await read()
             except ConnectionFailed as exc:
-                if self.closed:  # closed under the wait: no outage to ride out
-                    raise
-                await asyncio.sleep(waiting.pause(exc))
+                await asyncio.sleep(waiting.pause(exc, self.closed))
                 continue
             waiting.answered()
-            return replies
+            return got
 
     async def stream(self, task_id: str, timeout: float | None = None) -> AsyncIterator[Chunk]:
         """The task's chunks as they come, until it ends (see gpuq.client.Queue.stream)."""
         follow = Follow(self.keys, task_id, timeout, self.redis)
         follow.started(await self.scripts.run(follow_call(task_id)))
         while not follow.done:
-            block = follow.block_ms()
-            try:
-                with redis_errors(self.url):
-                    reply = await self.redis.xread({follow.key: follow.last_id},
-                                                   count=Follow.COUNT, block=block)
-            except ConnectionFailed as exc:  # read again from the last chunk, as a wait does
-                if self.closed:
-                    raise
-                await asyncio.sleep(follow.waiting.pause(exc))
-                continue
-            follow.waiting.answered()
+            # each try blocks for what is left (ResultTimeout once none is); after an outage
+            # it reads again from the last chunk, as a wait does
+            reply = await self._ridden(follow.waiting, lambda: self.redis.xread(
+                {follow.key: follow.last_id}, count=Follow.COUNT, block=follow.block_ms()))
             for chunk in follow.take(reply):
                 yield chunk
 

@@ -9,9 +9,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -25,6 +25,7 @@ from gpuq.stream import Chunk, Follow, follow_call, parse_progress
 from gpuq.task import State, TaskRecord, TaskSpec
 from gpuq.tls import Tls
 
+T = TypeVar("T")
 
 class Queue(Producer[redis.Redis, "Task"]):
     """One pool on one Redis: the producer side. A context manager: leaving the block closes
@@ -143,18 +144,20 @@ class Queue(Producer[redis.Redis, "Task"]):
     def _wake_up(self, waiting: Waiting, fields: tuple[str, ...] = ()) -> list[Any]:
         """One round trip of a wait: register, pop, read (Waiting.pop_and_read); a lost
         connection is tried again while the wait may ride the outage out (Waiting.pause)."""
+        return self._ridden(waiting, lambda: self.scripts.pipelined(
+            [self.calls.wait(waiting.task_id)], waiting.pop_and_read(self.keys, fields)))
+
+    def _ridden(self, waiting: Waiting, read: Callable[[], T]) -> T:
+        """read() under redis_errors, tried again while the wait rides an outage out."""
         while True:
             try:
                 with redis_errors(self.url):
-                    replies = self.scripts.pipelined([self.calls.wait(waiting.task_id)],
-                                                     waiting.pop_and_read(self.keys, fields))
+                    got = read()
             except ConnectionFailed as exc:
-                if self.closed:  # closed under the wait: no outage to ride out
-                    raise
-                time.sleep(waiting.pause(exc))
+                time.sleep(waiting.pause(exc, self.closed))
                 continue
             waiting.answered()
-            return replies
+            return got
 
     def stream(self, task_id: str, timeout: float | None = None) -> Iterator[Chunk]:
         """The chunks the task's handler emits, from the first, as they come, until the task
@@ -165,17 +168,10 @@ class Queue(Producer[redis.Redis, "Task"]):
         with redis_errors(self.url):
             follow.started(self.scripts.run(follow_call(task_id)))
         while not follow.done:
-            block = follow.block_ms()
-            try:
-                with redis_errors(self.url):
-                    reply = self.redis.xread({follow.key: follow.last_id}, count=Follow.COUNT,
-                                             block=block)
-            except ConnectionFailed as exc:  # read again from the last chunk, as a wait does
-                if self.closed:
-                    raise
-                time.sleep(follow.waiting.pause(exc))
-                continue
-            follow.waiting.answered()
+            # each try blocks for what is left (ResultTimeout once none is); after an outage
+            # it reads again from the last chunk, as a wait does
+            reply = self._ridden(follow.waiting, lambda: self.redis.xread(
+                {follow.key: follow.last_id}, count=Follow.COUNT, block=follow.block_ms()))
             yield from follow.take(reply)
 
     def progress(self, task_id: str) -> tuple[float, str] | None:

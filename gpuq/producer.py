@@ -128,13 +128,14 @@ class Waiting:
         self.down_since: float | None = None  # when Redis stopped answering this wait
         self.backoff = 0.0
 
-    def pause(self, error: ConnectionFailed) -> float:
+    def pause(self, error: ConnectionFailed, closed: bool = False) -> float:
         """The seconds to wait before trying Redis again after ``error``: 0.1 doubling to 2,
         while the outage is within OUTAGE_S and the pause ends before the timeout; else
         ``error`` is raised. Only a lost connection (or no master yet) is waited out: a
-        refusal or failed credentials would be the same on the next try."""
+        refusal or failed credentials would be the same on the next try, and a connection
+        the queue's close() broke (closed) is no outage."""
         now = time.monotonic()
-        if type(error) not in (ConnectionFailed, NoMaster):
+        if closed or type(error) not in (ConnectionFailed, NoMaster):
             raise error
         if self.down_since is None:
             self.down_since, self.backoff = now, 0.1

@@ -143,7 +143,7 @@ def task(ctx: click.Context, task_id: str, as_json: bool) -> None:
     queue = open_queue(ctx)
     record = queue.record(task_id).to_dict()
     record["children"] = task_children(queue.redis, queue.keys, task_id)
-    # queued but out of its queue: no GPU class of the pool holds it (lua/park.lua)
+    # queued but out of its queue: no live worker can hold it (lua/park.lua)
     record["parked"] = queue.redis.zscore(queue.keys.parked, task_id) is not None
     if as_json:
         click.echo(json.dumps(record, indent=2))

@@ -71,8 +71,7 @@ for i = 1, #held, 2 do
     redis.call('ZREM', K_PARKED, id)
     fail_corrupt(id, p and 'model' or 'priority', p, m, now, ttl)
   elseif tonumber(need) <= largest_with(live, tonumber(f[4]) or 1) then
-    redis.call('ZREM', K_PARKED, id)
-    redis.call('HDEL', task_key(id), 'parked')
+    unpark(id)
     index(id, p, m, ms(finite(f[5]) or now), need)
     put_back = put_back + 1
   else

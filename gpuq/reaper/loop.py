@@ -3,7 +3,7 @@
 Every instance runs this loop; only the lock holder acts. The lock expires after
 ``reaper_lock_s`` unless renewed, so a standby takes over within that time when the active
 reaper dies. A round: recover dead workers' tasks and due retries (reap.lua), expire queued
-tasks that can no longer meet their deadline (expire.lua), park the tasks no GPU class can
+tasks that can no longer meet their deadline (expire.lua), park the tasks no live worker can
 hold out of their queues until one can (park.lua), plan graceful preemption for
 waiting online work (preempt.py), keep room for tenants' recent demand (tenant_room.py), and
 publish scale signals and warm hints (scale.py).

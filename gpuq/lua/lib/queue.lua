@@ -93,7 +93,7 @@ local function index(id, p, m, score, need)
   redis.call('ZADD', K_NEED, need, id)
 end
 
--- A parked task (park.lua) that ends: out of `parked`, its kept score gone.
+-- A parked task (park.lua) that goes back or ends: out of `parked`, its kept score gone.
 local function unpark(id)
   redis.call('ZREM', K_PARKED, id)
   redis.call('HDEL', task_key(id), 'parked')
