@@ -29,6 +29,14 @@ def seen(chunks: list[Chunk]) -> list[tuple[Any, ...]]:
     return [(c.data["i"], c.attempt, c.seq, c.restart) for c in chunks]
 
 
+def running_task(q: Queue) -> tuple[str, int]:
+    """A task enqueued and claimed as worker w1 would: its id and fencing token."""
+    tid = enqueue(q)
+    fields = claim(q, "w1", 80)
+    assert fields is not None
+    return tid, int(fields["token"])
+
+
 def test_chunks_arrive_while_the_task_runs(procs: Procs, real_queue: Queue) -> None:
     procs.worker("w1")
     task = real_queue.enqueue("sim.stream", {"chunks": 5}, model="m-s", vram_gb=4,
@@ -138,10 +146,7 @@ def test_cli_enqueue_stream_prints_chunks_as_they_come(procs: Procs) -> None:
 
 def test_bad_chunks_and_stale_tokens_on_the_real_server(make_real_queue: Any) -> None:
     q: Queue = make_real_queue(stream_chunk_max_bytes=16)
-    tid = enqueue(q)
-    fields = claim(q, "w1", 80)
-    assert fields is not None
-    token = int(fields["token"])
+    tid, token = running_task(q)
     e = Emitter(q.scripts, q.config, tid, token)
     for bad in (object(), "x" * 20):
         with pytest.raises(EmitError):
@@ -163,10 +168,7 @@ def test_bad_chunks_and_stale_tokens_on_the_real_server(make_real_queue: Any) ->
 def test_the_async_reader(redis_server: EmbeddedServer, pool: str, prefix: str,
                           make_real_queue: Any) -> None:
     sync_q: Queue = make_real_queue()
-    tid = enqueue(sync_q)
-    fields = claim(sync_q, "w1", 80)
-    assert fields is not None
-    token = int(fields["token"])
+    tid, token = running_task(sync_q)
 
     def worker() -> None:
         e = Emitter(sync_q.scripts, sync_q.config, tid, token)
@@ -204,10 +206,7 @@ def test_a_reader_reads_on_from_its_last_chunk_after_the_server_dropped_it(
     as a result wait rides the outage out."""
     sync_q: Queue = make_real_queue()
     admin = sync_q.redis
-    tid = enqueue(sync_q)
-    fields = claim(sync_q, "w1", 80)
-    assert fields is not None
-    token = int(fields["token"])
+    tid, token = running_task(sync_q)
 
     def worker() -> None:
         e = Emitter(sync_q.scripts, sync_q.config, tid, token)
