@@ -129,7 +129,9 @@ def redis_errors(url: str) -> Iterator[None]:
     except (redis.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError) as exc:
         raise AuthenticationFailed(url, _first_line(exc)) from None
     except (redis.sentinel.MasterNotFoundError, redis.asyncio.sentinel.MasterNotFoundError) as exc:
-        raise NoMaster(url, _no_master_cause(exc)) from None
+        # redis-py >= 8.2 collects a plain Redis's refusal of SENTINEL into this error
+        raise (_not_a_sentinel(url) if _refuses_sentinel(str(exc)) else
+               NoMaster(url, _no_master_cause(exc))) from None
     except (redis.exceptions.NoPermissionError, redis.exceptions.AuthorizationError) as exc:
         raise PermissionDenied(url, _first_line(exc)) from None
     except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -177,10 +179,18 @@ def _refusal(url: str, exc: redis.ResponseError) -> GpuqError | None:
     if "DB index is out of range" in text:  # SELECT of the URL's database
         return ConfigError(f"Redis URL {redact(url)!r} names a database the server does not have "
                            f"({line}; the server's `databases` setting, 16 by default, bounds it)")
-    if "unknown command" in text and "'sentinel'" in text.lower():
-        return NoMaster(url, "it is a plain Redis, not a Sentinel (unknown command SENTINEL): use "
-                             "redis:// for it, or give redis+sentinel:// the Sentinels' addresses")
+    if _refuses_sentinel(text):
+        return _not_a_sentinel(url)
     return None
+
+
+def _refuses_sentinel(text: str) -> bool:
+    return re.search(r"unknown command [`']sentinel[`']", text, re.IGNORECASE) is not None
+
+
+def _not_a_sentinel(url: str) -> NoMaster:
+    return NoMaster(url, "it is a plain Redis, not a Sentinel (unknown command SENTINEL): use "
+                         "redis:// for it, or give redis+sentinel:// the Sentinels' addresses")
 
 
 @dataclass(frozen=True)
@@ -291,8 +301,8 @@ def connect(url: str, *, tls: Tls | None = None, pool: str = "default", **option
             nodes, name, master, sentinels = _sentinel_args(url, tls)
             if master.pop("ssl", False):
                 master["connection_class"] = SentinelTlsConnection
-            found = redis.sentinel.Sentinel(nodes, sentinel_kwargs=sentinels)  # type: ignore[no-untyped-call]
-            client: redis.Redis = found.master_for(  # type: ignore[no-untyped-call]
+            found = redis.sentinel.Sentinel(nodes, sentinel_kwargs=sentinels)
+            client: redis.Redis = found.master_for(
                 name, redis_class=redis.Redis, **master, **kwargs)
             return client
         return redis.Redis.from_url(url, **_single(url, kwargs), **secure)
@@ -311,7 +321,7 @@ def connect_async(url: str, *, tls: Tls | None = None, **options: Any) -> aredis
         if scheme.endswith("+sentinel"):
             nodes, name, master, sentinels = _sentinel_args(url, tls)
             # the Sentinels' own pools check their connections too (notifications off)
-            found = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            found = redis.asyncio.sentinel.Sentinel(
                 nodes, sentinel_kwargs={**sentinels, **_NO_MAINT})
             client: aredis.Redis = found.master_for(name, redis_class=aredis.Redis,
                                                     connection_pool_class=CheckedSentinelPool,

@@ -72,3 +72,6 @@ def configure(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # redis-py (8.2 on) logs each failed read at DEBUG: a second line for an error gpuq
+    # already reports in one. ``--log-level`` is gpuq's; the client's own stay at INFO or above.
+    logging.getLogger("redis").setLevel(max(logging.INFO, root.level))

@@ -62,3 +62,24 @@ def test_passwords_are_masked_in_every_line(capsys: pytest.CaptureFixture[str]) 
         assert "sentinel_password=***" in err and "RuntimeError: boom at" in err
     record = logging.LogRecord("x", logging.INFO, __file__, 1, "plain %s", ("text",), None)
     assert logs.Redact().filter(record) and record.getMessage() == "plain text" and record.args
+
+
+def test_debug_is_gpuqs_own_and_the_redis_client_stays_at_info(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The defect: redis-py 8.2 logs each failed read at DEBUG, so a refused login printed
+    a second line before gpuq's one-line error."""
+    logs.configure("DEBUG", "text")
+    try:
+        logging.getLogger("gpuq.test").debug("task.claimed task=t-3")
+        logging.getLogger("redis.connection").debug("AuthenticationError while reading response")
+        logging.getLogger("redis.connection").warning("a client warning still shows")
+    finally:
+        logs.configure("INFO", "text")
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and "task.claimed task=t-3" in lines[0]
+    assert "a client warning still shows" in lines[1]
+    logs.configure("ERROR", "text")
+    try:
+        assert logging.getLogger("redis").getEffectiveLevel() == logging.ERROR
+    finally:
+        logs.configure("INFO", "text")
