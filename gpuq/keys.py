@@ -47,7 +47,6 @@ SUFFIXES: dict[str, str] = {
     "delayed": "delayed",
     "need": "need",
     "parked": "parked",
-    "parked_from": "parked:from",
     "sla_misses": "misses",
     "lanes": "lanes",
     "deadlines": "deadlines",
@@ -191,19 +190,15 @@ class Keys:
 
     @property
     def need(self) -> str:
-        """Queued task ids scored by VRAM need (GB): finds tasks no GPU can fit."""
+        """Queued task ids scored by their shape (``gpuq.shapes``: VRAM need in GB, plus GPUs
+        x 2**40 for a task across several): finds tasks no GPU or group can hold."""
         return self._key("need")
 
     @property
     def parked(self) -> str:
-        """Queued task ids no live worker can hold, out of their queues, scored by VRAM need
-        (GB): ``need``'s share of them (lua/park.lua)."""
+        """Queued task ids no live worker can hold, out of their queues, scored as in
+        ``need``: its share of them (lua/park.lua)."""
         return self._key("parked")
-
-    @property
-    def parked_from(self) -> str:
-        """How many parked tasks park.lua's next call skips (those kept by the calls before)."""
-        return self._key("parked_from")
 
     @property
     def sla_misses(self) -> str:

@@ -214,13 +214,13 @@ class Calls:
                     lambda r: (int(checked(r)[1]), int(r[2]), int(r[3])))
 
     def park(self, live: Sequence[tuple[float, int]], *, limit: int = 100,
-             now_ms: int = 0) -> Call[tuple[int, int, int, int]]:
-        """(parked, put back, looked at, kept) of one bounded call of park.lua: tasks no live
+             now_ms: int = 0) -> Call[tuple[int, int, int]]:
+        """(parked, put back, looked at) of one bounded call of park.lua: tasks no live
         worker (live: their usable GB and GPUs) can hold leave their queues, and come back
-        once one can; the parked ones are looked at in turn across calls."""
+        once one can."""
         shapes = [x for gb, gpus in live for x in (_num(gb), str(gpus))]
         return Call("park", [str(now_ms), self._ttl, str(limit), *shapes],
-                    lambda r: (int(checked(r)[1]), int(r[2]), int(r[3]), int(r[4])))
+                    lambda r: (int(checked(r)[1]), int(r[2]), int(r[3])))
 
     def preempt(self, waiting_id: str, worker_id: str, victim_id: str, victim_token: int, *,
                 reserve_ms: int, grace_ms: int | None, now_ms: int = 0) -> Call[tuple[str, str]]:

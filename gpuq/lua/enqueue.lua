@@ -278,7 +278,7 @@ for _, i in ipairs(ready) do
   else
     if idle then wake_worker(w) end
     redis.call('ZADD', queue_key(prio, model), ms(order), id)
-    redis.call('ZADD', K_NEED, vram_s, id)
+    redis.call('ZADD', K_NEED, need_score(vrams[i], vram_s, gpus_of[i]), id)
     watch_deadline(id, deadline, ests[i])
     local qk = prio .. ':' .. model  -- the index needs each queue's lowest new score once
     if not heads[qk] or order < heads[qk][3] then heads[qk] = {prio, model, order} end

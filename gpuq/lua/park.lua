@@ -2,23 +2,22 @@
 --
 -- A claim examines at most scan_per_queue tasks of a queue (Bounded work), so such tasks at
 -- a queue's head would keep every task behind them from starting. This pass (the reaper's,
--- after its scale step has read the live workers) moves a queued task whose VRAM need is
--- above every live worker's usable VRAM (none while no worker is live: producers may come
--- before workers) from its queue and `need` to `parked`, scored by its need, its queue score
--- kept in its `parked` field; and moves a parked task back once a live worker can hold it
--- (its VRAM and GPUs, as enqueue's check_fit judges against the classes). A parked task stays
--- `queued`: its tenant counts it, cancel and expiry take it from `parked`, the scale signals
--- count its need (for the class that would hold it), the views count it as parked.
+-- after its scale step has read the live workers) moves a queued task no live worker's shape
+-- can hold (more VRAM than the largest live worker with at least its GPUs has, or more GPUs
+-- than any has; none while no worker is live: producers may come before workers) from its
+-- queue and `need` to `parked`, with its `need` score (lib/classes.lua: VRAM and GPUs), its
+-- queue score kept in its `parked` field; and moves a parked task back once a live shape
+-- holds it. Both are found by score ranges, so a call reads only tasks it moves. A parked
+-- task stays `queued`: its tenant counts it, cancel and expiry take it from `parked`, the
+-- scale signals count it (for the class that would hold it), the views count it as parked.
 --
 -- KEYS[1]  pool key base
 -- ARGV[1]  now (ms; "0" = server clock)
 -- ARGV[2]  result TTL (ms): a parked task found corrupt ends failed
 -- ARGV[3]  limit: most tasks parked, and most parked tasks looked at, per call
 -- ARGV[4..]  the live workers' shapes: pairs of usable GB and GPUs
--- Returns  {0, parked, put_back, looked_at, kept}: looked_at, the parked tasks looked at;
---          kept, those left parked. The parked tasks within the live workers' VRAM are looked
---          at in turn: `parked:from` holds how many to skip (those kept by earlier calls,
---          whichever reaper made them), back to 0 once a call looks at fewer than limit.
+-- Returns  {0, parked, put_back, looked_at}: looked_at, the parked tasks looked at (each put
+--          back, or taken out of `parked` when it ended another way or is corrupt)
 --          {1, 0, reason} INVALID: a malformed argument (nothing written)
 
 --@include args
@@ -37,11 +36,48 @@ for i = 4, #ARGV, 2 do
   if not (gb and gpus) then return {1, 0, 'a live shape must be GB 0..1e9 and GPUs 1..64'} end
   live[#live + 1] = {gb = gb, gpus = gpus}
 end
-if not live[1] then return {0, 0, 0, 0, 0} end
-local largest = largest_with(live, 1)
+if not live[1] then return {0, 0, 0, 0} end
+
+-- The score ranges of `need` no live shape holds ({min, max} texts, ends included unless "("): a
+-- one-GPU task above the largest shape, a task across g GPUs above the largest shape with at
+-- least g, and any task across more GPUs than every shape has (gpuq/shapes.py: the same).
+local function unheld(live)
+  local most = 0
+  for _, c in ipairs(live) do most = math.max(most, c.gpus) end
+  local out = {{'(' .. score_text(largest_with(live, 1)), '(' .. score_text(2 * NEED_WIDE)}}
+  for g = 2, most do
+    out[#out + 1] = {'(' .. score_text(g * NEED_WIDE + largest_with(live, g)),
+      '(' .. score_text((g + 1) * NEED_WIDE)}
+  end
+  out[#out + 1] = {score_text(math.max(2, most + 1) * NEED_WIDE), '+inf'}
+  return out
+end
+
+-- The score ranges of `need` some live shape holds, the complement of unheld's.
+local function held(live)
+  local out = {{'-inf', score_text(largest_with(live, 1))}}
+  for g = 2, 64 do
+    local largest = largest_with(live, g)
+    if largest <= 0 then break end
+    out[#out + 1] = {score_text(g * NEED_WIDE), score_text(g * NEED_WIDE + largest)}
+  end
+  return out
+end
+
+-- up to `limit` ids of a set, over its score ranges in turn, with their scores
+local function in_ranges(key, ranges)
+  local out = {}
+  for _, r in ipairs(ranges) do
+    local left = limit - #out / 2
+    if left <= 0 then break end
+    local got = redis.call('ZRANGEBYSCORE', key, r[1], r[2], 'WITHSCORES', 'LIMIT', '0', ms(left))
+    for i = 1, #got do out[#out + 1] = got[i] end
+  end
+  return out
+end
 
 local parked, heads = 0, {}
-local over = redis.call('ZRANGEBYSCORE', K_NEED, '(' .. largest, '+inf', 'WITHSCORES', 'LIMIT', '0', ms(limit))
+local over = in_ranges(K_NEED, unheld(live))
 for i = 1, #over, 2 do
   local id = over[i]
   local f = redis.call('HMGET', task_key(id), 'state', 'priority', 'model')
@@ -58,30 +94,22 @@ for i = 1, #over, 2 do
 end
 for _, h in pairs(heads) do refresh_head(h[1], h[2]) end
 
-local put_back, kept = 0, 0
-local offset = math.max(0, math.floor(tonumber(redis.call('GET', K_PARKED_FROM)) or 0))
-local held = redis.call('ZRANGEBYSCORE', K_PARKED, '-inf', largest, 'WITHSCORES', 'LIMIT', ms(offset), ms(limit))
-for i = 1, #held, 2 do
-  local id, need = held[i], held[i + 1]
-  local f = redis.call('HMGET', task_key(id), 'state', 'priority', 'model', 'gpus', 'parked')
+local put_back = 0
+local back = in_ranges(K_PARKED, held(live))
+for i = 1, #back, 2 do
+  local id = back[i]
+  local f = redis.call('HMGET', task_key(id), 'state', 'priority', 'model', 'vram_gb', 'gpus', 'parked')
   local p, m = level(f[2]), f[3]
   if f[1] ~= 'queued' then
     redis.call('ZREM', K_PARKED, id)  -- ended another way (cancel and expiry take their own)
-  elseif not (p and m and m ~= '') then
+  elseif not (p and m and m ~= '' and finite(f[4])) then
     redis.call('ZREM', K_PARKED, id)
-    fail_corrupt(id, p and 'model' or 'priority', p, m, now, ttl)
-  elseif tonumber(need) <= largest_with(live, tonumber(f[4]) or 1) then
-    unpark(id)
-    index(id, p, m, ms(finite(f[5]) or now), need)
-    put_back = put_back + 1
+    fail_corrupt(id, not p and 'priority' or finite(f[4]) and 'model' or 'vram_gb', p, m, now, ttl)
   else
-    kept = kept + 1  -- more GPUs than any live group has
+    unpark(id)
+    index(id, p, m, ms(finite(f[6]) or now), f[4], tonumber(f[5]))
+    put_back = put_back + 1
   end
 end
 if put_back > 0 then wake_pool(put_back) end
-if #held / 2 == limit then
-  redis.call('SET', K_PARKED_FROM, ms(offset + kept))
-elseif offset > 0 then
-  redis.call('DEL', K_PARKED_FROM)
-end
-return {0, parked, put_back, #held / 2, kept}
+return {0, parked, put_back, #back / 2}

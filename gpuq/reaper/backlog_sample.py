@@ -1,6 +1,7 @@
 """The backlog sample a scale step plans from: per (priority, model) queue its depth, its
-head's start-by and the est_s and vram_gb of its first tasks, read within a bounded number
-of task reads a round however many queues have work (``Samples``)."""
+head's start-by and the vram_gb, est_s and gpus of its first tasks, read within a bounded
+number of task reads a round however many queues have work (``Samples``); and the shapes of
+the queued tasks across several GPUs, in their queues or parked, from their ``need`` scores."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import Any
 
 import redis
 
+from gpuq import shapes
 from gpuq.keys import Keys
-from gpuq.reaper.scale_plan import Backlog
+from gpuq.reaper.snapshot import Backlog
+from gpuq.shapes import Shape
 
 SAMPLE = 50  # head tasks read per queue of the DEEP deepest; their est_s and vram_gb stand for it
 SAMPLE_REST = 4  # head tasks read per other queue
@@ -18,6 +21,7 @@ DEEP = 64  # queues sampled SAMPLE deep, the deepest (most of the backlog's work
 # task reads a round's sample makes at most (Samples): past it, every queue's head is read
 # and the rest of the budget samples the queues sampled longest ago in full
 SAMPLE_BUDGET = 2048
+WIDE_SAMPLE = 256  # tasks across several GPUs read (by score) from `need` and from `parked`
 
 
 def as_float(value: object) -> float:
@@ -50,35 +54,42 @@ def deepen(client: redis.Redis, keys: Keys, queues: list[tuple[int, str, int, li
 def read_backlogs(client: redis.Redis, keys: Keys,
                   queues: list[tuple[int, str, int, list[tuple[str, float]]]],
                   reads: list[int], bounds: list[float], held_back: frozenset[str] = frozenset()
-                  ) -> tuple[list[Backlog], tuple[tuple[float, int], ...], list[str]]:
+                  ) -> tuple[list[Backlog], tuple[tuple[float, int], ...], list[str], tuple[Shape, ...]]:
     """Each queue's backlog from its first head tasks (reads: how many a queue), the need
-    bands, and the sampled tasks' handlers. held_back: tenants at a cap or bound; their
-    sampled tasks are left out and the queue's depth shrinks by their share of the sample."""
+    bands of one-GPU tasks, the sampled tasks' handlers, and the shapes of up to WIDE_SAMPLE
+    queued and WIDE_SAMPLE parked tasks across several GPUs (fewest GPUs, least VRAM first).
+    held_back: tenants at a cap or bound; their sampled tasks are left out and the queue's
+    depth shrinks by their share of the sample."""
     pipe = client.pipeline(transaction=False)
     for (*_, head), n in zip(queues, reads):
         for tid, _ in head[:n]:
-            pipe.hmget(keys.task(tid), "vram_gb", "est_s", "handler", "score", "tenant")
-    lower = "-inf"
+            pipe.hmget(keys.task(tid), "vram_gb", "est_s", "handler", "score", "tenant", "gpus")
+    lower, wide = "-inf", repr(2 * shapes.WIDE)
     for bound in bounds:  # queued tasks' needs: in their queues, and parked (lua/park.lua)
         for key in (keys.need, keys.parked):
-            pipe.zcount(key, lower, "+inf" if math.isinf(bound) else bound)
+            pipe.zcount(key, lower, f"({wide}" if math.isinf(bound) else bound)
         lower = f"({bound}"
-    replies = iter(pipe.execute())
+    for key in (keys.need, keys.parked):
+        pipe.zrangebyscore(key, wide, "+inf", 0, WIDE_SAMPLE, withscores=True)
+    *replies_list, wide_queued, wide_parked = pipe.execute()
+    replies = iter(replies_list)
     backlogs, named = [], []
     for (p, m, depth, head), n in zip(queues, reads):
         # a task that ended between the reads has no hash left: it is just not sampled
         read = [t for t in (next(replies) for _ in head[:n]) if t[0] is not None]
-        named += [str(h) for _, _, h, _, _ in read if h]
+        named += [str(h) for _, _, h, _, _, _ in read if h]
         got = [t for t in read if t[4] not in held_back]
         if len(got) < len(read):
             depth = round(depth * len(got) / len(read))
-        sample = tuple((as_float(v), as_float(e)) for v, e, _, _, _ in got)
+        sample = tuple((as_float(v), as_float(e), int(min(max(as_float(g), 1), 64)) if g else 1)
+                       for v, e, _, _, _, g in got)
         # the head's start-by: its `score` (the queue's score is its fair order with tenants)
         start_by = as_float(got[0][3]) if got and got[0][3] is not None else (
             float(head[0][1]) if head and len(got) == len(read) else math.inf)
         backlogs.append(Backlog(p, m, depth, start_by, sample))
     counts = [int(n) for n in replies]
-    return backlogs, tuple(zip(bounds, (a + b for a, b in zip(counts[::2], counts[1::2])))), named
+    bands = tuple(zip(bounds, (a + b for a, b in zip(counts[::2], counts[1::2]))))
+    return backlogs, bands, named, tuple(shapes.shape_of(s) for _, s in [*wide_queued, *wide_parked])
 
 
 class Samples:
@@ -93,7 +104,7 @@ class Samples:
     def __init__(self, budget: int = SAMPLE_BUDGET) -> None:
         self.budget = budget
         # (priority, model) -> (when it was read in full, ms; its sample)
-        self.kept: dict[tuple[int, str], tuple[int, tuple[tuple[float, float], ...]]] = {}
+        self.kept: dict[tuple[int, str], tuple[int, tuple[tuple[float, float, int], ...]]] = {}
         self.full: set[int] = set()  # this round's queues read in full, by index
 
     def reads(self, queues: list[tuple[int, str, int]]) -> list[int]:

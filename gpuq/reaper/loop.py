@@ -150,14 +150,13 @@ class Reaper:
     def park(self) -> tuple[int, int]:
         """Tasks no live worker can hold out of their queues, and back once one can
         (park.lua), weighed against the live workers the scale step read this round (none
-        parked before its first step): bounded calls of 100, the parked ones looked at in
-        turn across calls and rounds (those a live worker cannot hold are paged past)."""
+        parked before its first step): bounded calls of 100, while a call finds more."""
         live = self.scaler.live_classes
         if live is None:
             return 0, 0
         parked = unparked = 0
         for _ in range(PARK_PAGES):
-            p, u, looked, _ = self.scripts.run(self.calls.park(live, limit=100))
+            p, u, looked = self.scripts.run(self.calls.park(live, limit=100))
             parked, unparked = parked + p, unparked + u
             if p < 100 and looked < 100:
                 break

@@ -28,7 +28,7 @@ from typing import Any
 
 import redis
 
-from gpuq import catalog, tenants, work_index
+from gpuq import catalog, shapes, tenants, work_index
 from gpuq.clock import server_ms
 from gpuq.config import Config
 from gpuq.keys import ARRIVAL_TTL_S, Keys, live_reservation
@@ -36,16 +36,8 @@ from gpuq.reaper import forecast
 from gpuq.reaper.backlog_sample import SAMPLE_REST, Samples, as_float, deepen, read_backlogs
 from gpuq.reaper.known_workers import KnownWorkers
 from gpuq.reaper.scale_hook import CommandHook
-from gpuq.reaper.scale_plan import (
-    AWAY,
-    HINT_EVERY_MS,
-    ScalePlan,
-    ScaleSignal,
-    Snapshot,
-    WorkerState,
-    decimal,
-    plan,
-)
+from gpuq.reaper.scale_plan import AWAY, HINT_EVERY_MS, ScalePlan, ScaleSignal, decimal, plan
+from gpuq.reaper.snapshot import Snapshot, WorkerState
 from gpuq.task import Priority
 
 log = logging.getLogger(__name__)
@@ -77,10 +69,11 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
     pipe.zrangebyscore(keys.workers, now_ms, "+inf")
     pipe.zrange(keys.idle, 0, -1, withscores=True)
     pipe.hgetall(keys.classes)
-    pipe.zrange(keys.need, -1, -1, withscores=True)
-    pipe.zrange(keys.parked, -1, -1, withscores=True)  # need's share out of their queues
+    pipe.hgetall(keys.class_gpus)
+    for key in (keys.need, keys.parked):  # the largest one-GPU need; parked: need's share out of queues
+        pipe.zrevrangebyscore(key, f"({2 * shapes.WIDE!r}", "-inf", 0, 1, withscores=True)
     pipe.exists(keys.tenants)
-    *per_level, live, idle, classes, top, parked_top, tenancy = pipe.execute()
+    *per_level, live, idle, classes, class_gpus, top, parked_top, tenancy = pipe.execute()
     top = max(top + parked_top, key=lambda pair: float(pair[1]), default=None)
     held_back = tenants.at_limit(tenants.read(client, keys)[0]) if tenancy else frozenset()
     pairs = [(int(p), m) for p, got in zip(Priority, per_level) for m in work_index.models(got)]
@@ -118,8 +111,8 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
                       if math.isfinite(b)), math.inf]
     samples = Samples() if samples is None else samples
     reads = samples.reads([(p, m, depth) for p, m, depth, _ in queues])
-    read, bands, named = read_backlogs(client, keys, deepen(client, keys, queues, reads), reads, bounds,
-                                       held_back)
+    read, bands, named, wide = read_backlogs(client, keys, deepen(client, keys, queues, reads), reads,
+                                             bounds, held_back)
     backlogs = samples.fill(read, now_ms)  # queues not read in full: their kept sample
     entries = catalog.read(client, keys) if entries is None else entries
     unregistered: dict[str, int] = {}
@@ -139,10 +132,11 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
         for m in unread:
             pipe.smembers(keys.holders(m))
         holders.update((m, frozenset(got) & ids) for m, got in zip(unread, pipe.execute()))
+    gpus = {str(c): int(min(max(as_float(n), 1), 64)) for c, n in class_gpus.items()}
     return Snapshot(tuple(workers), backlogs, sizes, holders, load_s,
                     {e.name: e.vram_gb for e in entries if e.vram_gb > 0}, bands,
                     float(top[1]) if top else 0.0, unregistered, forecasts, dict(est_s or {}),
-                    frozenset(holders))
+                    frozenset(holders), gpus, wide)
 
 
 def forecast_settings(config: Config) -> forecast.Settings:
@@ -218,7 +212,7 @@ class Scaler:
                                     if 0 <= w.usable_gb <= 1e9 and 1 <= w.gpus <= 64})
         for b in snapshot.backlogs:
             if b.sample:
-                self.est_s[b.model] = sum(e for _, e in b.sample) / len(b.sample)
+                self.est_s[b.model] = sum(e for _, e, _ in b.sample) / len(b.sample)
         # kept while the arrival buckets a forecast reads may name the model (a season ago),
         # then forgotten: a pool's models come and go, and this is copied into every snapshot
         self.est_seen.update((m, now) for m in {b.model for b in snapshot.backlogs if b.depth}

@@ -5,9 +5,9 @@ Pure functions over plain dataclasses (no Redis), so the rules are unit-tested d
 Per model with queued work (its queues summed over priorities):
 
 - backlog n = the queues' ZCARD; work = Σ depth × mean ``est_s`` of the first ``SAMPLE`` tasks
-  of each queue; need = the largest ``vram_gb`` among those samples that some registered class
-  fits (larger tasks are unschedulable and reported as such); late = a queue head is past its
-  start-by. current = its live holders that serve a level its work is at.
+  of each queue; need = the largest ``vram_gb`` and the most ``gpus`` among those samples that
+  some registered class holds (the others are unschedulable and reported as such); late = a
+  queue head is past its start-by. current = its live holders that serve a level its work is at.
 - desired = enough workers to drain the work within ``scale_target_s``, where a holder drains
   the whole target and a new worker first loads the model (catalog mean load time, counted at
   most half the target, so slow loads still get workers); at least 1; at least current + 1
@@ -23,10 +23,12 @@ Per GPU class (every registered class, and any class a live worker shows):
 
 - current = its live workers (draining or retiring ones excluded: they take no new work).
 - Each model's shortfall (desired − current, most urgent model first) is first met by idle
-  workers that fit it and serve its priorities, each idle worker once, tightest fit first;
-  the rest goes to the smallest class that fits the model's need.
+  workers that fit it (VRAM and GPUs) and serve its priorities, each idle worker once,
+  tightest fit first; the rest goes to the smallest class that holds the model's need (least
+  usable VRAM, then fewest GPUs, with at least its GPUs: ``gpuq.shapes.smallest_fit``).
 - Queued tasks that fit no live worker but fit a class add at least 1 to the smallest such
-  class (counted from the ``need`` index by VRAM bands, not by reading tasks).
+  class (one-GPU tasks counted from the ``need`` index by VRAM bands, tasks over several GPUs
+  from a sample of their ``need`` scores; not by reading tasks).
 - Forecast: when the forecast work of the models whose smallest fit is a class rises
   (Σ F × est_s above Σ level × est_s), the class's desired is at least ceil(Σ F × est_s /
   ``forecast_utilisation`` − ``forecast_margin``): the class's expected load, not a worker
@@ -53,64 +55,17 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuq.config import Config
 from gpuq.reaper.forecast import RISE, Forecast
 from gpuq.reaper.scale_ahead import ahead_hints, calm_classes
+from gpuq.reaper.snapshot import Snapshot, WorkerState
+from gpuq.shapes import holds, smallest_fit
 
 HINT_EVERY_MS = 30_000  # a model is hinted again only after this long
 AWAY = ("draining", "retiring")  # worker states that take no new work
-
-
-@dataclass(frozen=True)
-class WorkerState:
-    """A live worker that takes work, as the planner sees it."""
-
-    id: str
-    gpu: str
-    usable_gb: float  # total - KV reserve
-    levels: str = "0123"  # priorities served
-    idle_gb: float | None = None  # claimable GB while it has a free slot (in ``idle``)
-    reserved: bool = False  # the preemption planner holds it for a queued task
-    gpus: int = 1  # devices in its group
-
-    def serves(self, priority: int) -> bool:
-        return str(priority) in (self.levels or "0123")
-
-
-@dataclass(frozen=True)
-class Backlog:
-    """One (priority, model) queue: depth, head start-by, and a sample of its first tasks."""
-
-    priority: int
-    model: str
-    depth: int
-    head_ms: float
-    sample: tuple[tuple[float, float], ...] = ()  # (vram_gb, est_s)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    workers: tuple[WorkerState, ...] = ()
-    backlogs: tuple[Backlog, ...] = ()
-    classes: Mapping[str, float] = field(default_factory=dict)  # GPU class -> usable GB
-    holders: Mapping[str, frozenset[str]] = field(default_factory=dict)  # model -> worker ids
-    load_s: Mapping[str, float] = field(default_factory=dict)  # model -> mean load seconds
-    footprint_gb: Mapping[str, float] = field(default_factory=dict)  # model -> weights GB
-    # (bound GB, queued tasks whose need lies in (previous bound, bound]): bounds ascend, the
-    # last is inf, and every class size and live worker size is one, so a band either fits a
-    # live worker or does not, and the smallest class >= its bound is its smallest fit.
-    need_bands: tuple[tuple[float, int], ...] = ()
-    largest_need_gb: float = 0.0
-    # handler -> sampled queued tasks that name it while no live worker's app registers it
-    unregistered: Mapping[str, int] = field(default_factory=dict)
-    forecasts: Mapping[str, Forecast] = field(default_factory=dict)  # model -> its forecast
-    est_s: Mapping[str, float] = field(default_factory=dict)  # model -> mean est_s seen before
-    # the models whose holders were read (None: every one with a forecast): only they may be
-    # warmed ahead or signalled as rising, since holders unread look like none
-    weighed: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -163,6 +118,7 @@ class _Model:
     depth: int = 0
     work_s: float = 0.0
     need_gb: float = 0.0
+    need_gpus: int = 1
     by_level: dict[int, int] = field(default_factory=dict)
     late: set[int] = field(default_factory=set)
 
@@ -176,6 +132,19 @@ def _sizes(snap: Snapshot) -> dict[str, float]:
     return {**{w.gpu: w.usable_gb for w in reversed(snap.workers)}, **snap.classes}
 
 
+def _classes(snap: Snapshot) -> list[tuple[str, float, int]]:
+    """Each class's (name, usable GB, GPUs): registered, else as its first live worker shows."""
+    gpus = {**{w.gpu: w.gpus for w in reversed(snap.workers)}, **snap.class_gpus}
+    return [(c, gb, gpus.get(c, 1)) for c, gb in _sizes(snap).items()]
+
+
+def _fits(w: WorkerState, m: _Model, levels: Iterable[int] | None = None) -> bool:
+    """An idle worker with room for the model's need that serves one of its levels (or of
+    ``levels``)."""
+    return (w.idle_gb or 0) >= m.need_gb and w.gpus >= m.need_gpus and any(
+        map(w.serves, m.by_level if levels is None else levels))
+
+
 def _spare(snap: Snapshot) -> list[WorkerState]:
     """Workers with a free slot that nothing else holds, tightest first."""
     free = [w for w in snap.workers if w.idle_gb is not None and not w.reserved]
@@ -184,25 +153,26 @@ def _spare(snap: Snapshot) -> list[WorkerState]:
 
 def _models(snap: Snapshot, now_ms: int) -> list[_Model]:
     """Backlogs summed per model, most urgent first (late, then most work)."""
-    largest = max(_sizes(snap).values(), default=0.0)
+    classes = [(gb, g) for _, gb, g in _classes(snap)]
     out: dict[str, _Model] = {}
-    needs: dict[str, list[float]] = {}
+    needs: dict[str, list[tuple[float, int]]] = {}
     for b in snap.backlogs:
         m = out.setdefault(b.model, _Model(b.model))
         m.depth += b.depth
         m.by_level[b.priority] = m.by_level.get(b.priority, 0) + b.depth
         if b.sample:
-            m.work_s += b.depth * sum(e for _, e in b.sample) / len(b.sample)
-        needs.setdefault(b.model, []).extend(v for v, _ in b.sample)
+            m.work_s += b.depth * sum(e for _, e, _ in b.sample) / len(b.sample)
+        needs.setdefault(b.model, []).extend((v, g) for v, _, g in b.sample)
         if b.depth and b.head_ms < now_ms:
             m.late.add(b.priority)
     for m in out.values():
         seen = needs[m.name]
-        # tasks no class fits are reported as unschedulable; they must not steer the rest
-        m.need_gb = max([v for v in seen if v <= largest] or seen, default=0.0)
+        # tasks no class holds are reported as unschedulable; they must not steer the rest
+        held = [(v, g) for v, g in seen if holds(classes, v, g)] or seen
+        m.need_gb, m.need_gpus = max((v for v, _ in held), default=0.0), max((g for _, g in held), default=1)
     # the index may name a queue that just emptied; a model whose tasks no registered class
-    # fits is only reported as unschedulable (with no class yet, every model still counts)
-    live = [m for m in out.values() if m.depth and (largest == 0 or m.need_gb <= largest)]
+    # holds is only reported as unschedulable (with no class yet, every model still counts)
+    live = [m for m in out.values() if m.depth and (not classes or holds(classes, m.need_gb, m.need_gpus))]
     return sorted(live, key=lambda m: (not m.late, min(m.late, default=4), -m.work_s, m.name))
 
 
@@ -226,34 +196,38 @@ def _class_extra(snap: Snapshot, models: Sequence[_Model], holders: Mapping[str,
     """Workers to add per class, and why: model shortfalls idle workers do not cover, and
     tasks that fit no live worker. calm: classes whose shortfalls the live workers absorb
     before a new worker could start (the forecast's check), and why."""
-    by_size = sorted(_sizes(snap).items(), key=lambda kv: (kv[1], kv[0]))
+    classes = _classes(snap)
     spare = _spare(snap)
     extra: Counter[str] = Counter()
     why: dict[str, list[str]] = {}
     for m, sig in zip(models, signals):
         short = sig.desired - sig.current
         for w in list(spare) if short > 0 else ():
-            if w.id not in holders[m.name] and (w.idle_gb or 0) >= m.need_gb \
-                    and any(w.serves(p) for p in m.by_level):
+            if w.id not in holders[m.name] and _fits(w, m):
                 spare.remove(w)  # an idle worker takes one model's work, not every model's
                 short -= 1
                 if short == 0:
                     break
-        fit = next((c for c, gb in by_size if gb >= m.need_gb), None)
+        fit = smallest_fit(classes, m.need_gb, m.need_gpus)
         if short > 0 and fit is not None:
             extra[fit] += short
             why.setdefault(fit, []).append(f"{m.name} +{short}: {sig.reason}")
     for c, reason in (calm or {}).items():
         if extra.pop(c, 0):
             why[c] = [reason]
-    live_max = max((w.usable_gb for w in snap.workers), default=0.0)
+    live = [(w.usable_gb, w.gpus) for w in snap.workers]
+    live_max = max((gb for gb, _ in live), default=0.0)
     homeless: Counter[str] = Counter()
     lower = 0.0
     for bound, count in snap.need_bands:
-        fit = next((c for c, gb in by_size if gb >= bound), None)
+        fit = smallest_fit(classes, bound, 1)
         if count and lower >= live_max and fit is not None:
             homeless[fit] += count
         lower = bound
+    for gb, g in snap.wide:
+        fit = smallest_fit(classes, gb, g)
+        if fit is not None and not holds(live, gb, g):
+            homeless[fit] += 1
     for c, count in homeless.items():
         extra[c] = max(extra[c], 1)
         why.setdefault(c, []).append(f"{count} tasks fit no live worker")
@@ -290,11 +264,11 @@ def _class_forecast(snap: Snapshot, config: Config, models: Sequence[_Model]
                     ) -> dict[str, tuple[float, float, float, float]]:
     """Per class, over the models whose smallest fit it is: Σ level, Σ forecast (per s), and
     Σ level × est_s, Σ forecast × est_s (their work, GPU-seconds per second)."""
-    by_size = sorted(_sizes(snap).items(), key=lambda kv: (kv[1], kv[0]))
+    classes = _classes(snap)
     out: dict[str, tuple[float, float, float, float]] = {}
     for m in models:
         f = snap.forecasts.get(m.name)
-        fit = next((c for c, gb in by_size if gb >= m.need_gb), None)
+        fit = smallest_fit(classes, m.need_gb, m.need_gpus)
         if f is None or fit is None:
             continue
         est = _est(m, snap)
@@ -338,8 +312,8 @@ def _hints(snap: Snapshot, config: Config, models: Sequence[_Model],
                 or not holders[m.name].isdisjoint(spare_ids)):
             continue  # small backlog, hinted lately, or a holder can take it now
         pick = next((w for w in spare if w.id not in used and w.id not in holders[m.name]
-                     and (w.idle_gb or 0) >= m.need_gb
-                     and sum(n for p, n in m.by_level.items() if w.serves(p)) >= wanted), None)
+                     and _fits(w, m) and sum(n for p, n in m.by_level.items() if w.serves(p)) >= wanted),
+                    None)
         if pick is not None:
             used.add(pick.id)
             out.append(WarmHint(pick.id, m.name, snap.footprint_gb.get(m.name) or m.need_gb))
@@ -360,14 +334,10 @@ def plan(snapshot: Snapshot, config: Config, now_ms: int,
     by_id = {w.id: w for w in snapshot.workers}  # a lane holding a model drains only its levels' work
     holders = {m.name: {w for w in set(snapshot.holders.get(m.name, ())) & live if not m.by_level
                         or any(map(by_id[w].serves, m.by_level))} for m in models + rising}
-    # per level, the most idle VRAM of a spare worker serving it: a model's late work fits
-    # one now if any of its levels has room for its need (one pass over the workers)
     spare = _spare(snapshot)
-    roomiest = {p: max(((w.idle_gb or 0) for w in spare if w.serves(p)), default=-math.inf)
-                for p in range(4)}
     model_signals = []
-    for m in models:
-        idle_fit = any(roomiest.get(p, -math.inf) >= m.need_gb for p in m.late)
+    for m in models:  # late work fits an idle worker now if one serving a late level holds it
+        idle_fit = any(_fits(w, m, m.late) for w in spare)
         model_signals.append(_model_signal(m, len(holders[m.name]), snapshot.load_s.get(m.name, 0.0),
                                            config, idle_fit))
     # the class's forecast covers every model with history, queued or not
@@ -376,9 +346,9 @@ def plan(snapshot: Snapshot, config: Config, now_ms: int,
     ahead = _class_forecast(snapshot, config, models + others)
     calm: dict[str, str] = {}
     if config.scale_signal == "forecast":
-        by_size = sorted(_sizes(snapshot).items(), key=lambda kv: (kv[1], kv[0]))
+        classes = _classes(snapshot)
         calm = calm_classes(Counter(w.gpu for w in snapshot.workers), [
-            (next((c for c, gb in by_size if gb >= m.need_gb), None), m.work_s,
+            (smallest_fit(classes, m.need_gb, m.need_gpus), m.work_s,
              snapshot.load_s.get(m.name, 0.0)) for m in models], {c: v[3] for c, v in ahead.items()},
             config.forecast_lead_s)
     extra, why = _class_extra(snapshot, models, holders, model_signals, calm)
@@ -395,6 +365,9 @@ def plan(snapshot: Snapshot, config: Config, now_ms: int,
         hints += [WarmHint(w, m, gb) for w, m, gb in ahead_hints(
             full, held, snapshot.forecasts, snapshot.footprint_gb,
             config, now_ms, recent, HINT_EVERY_MS, {h.worker for h in hints}, snapshot.weighed)]
-    unschedulable = sum(n for b, n in snapshot.need_bands if math.isinf(b)) if _sizes(snapshot) else 0
-    return ScalePlan(signals, hints, unschedulable, snapshot.largest_need_gb if unschedulable else 0.0,
-                     max(_sizes(snapshot).values(), default=0.0))
+    classes = _classes(snapshot)
+    wide = [gb for gb, g in snapshot.wide if not holds([(gb, g) for _, gb, g in classes], gb, g)]
+    unschedulable = sum(n for b, n in snapshot.need_bands if math.isinf(b)) + len(wide) if classes else 0
+    return ScalePlan(signals, hints, unschedulable,
+                     max([snapshot.largest_need_gb, *wide]) if unschedulable else 0.0,
+                     max((gb for _, gb, _ in classes), default=0.0))

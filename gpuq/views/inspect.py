@@ -12,6 +12,7 @@ import redis
 from gpuq import catalog, tenants, work_index
 from gpuq.clock import from_time_reply
 from gpuq.keys import Keys, live_reservation
+from gpuq.shapes import unheld
 from gpuq.task import TERMINAL_STATES, Priority, ended_count
 from gpuq.worker_record import WorkerFields, WorkerRecord
 
@@ -52,7 +53,7 @@ class PoolView:
     workers: list[WorkerView]
     running: int
     delayed: int
-    unschedulable: int  # queued tasks larger than the largest registered GPU class
+    unschedulable: int  # queued tasks no registered GPU class holds (VRAM, GPUs)
     unschedulable_ids: list[str]
     largest_gpu_gb: float
     stats: dict[str, int]
@@ -100,33 +101,38 @@ def pool_view(client: redis.Redis, keys: Keys, top: int | None = None) -> PoolVi
     pipe.zrange(keys.workers, 0, -1, withscores=True)
     pipe.zcard(keys.running)
     pipe.zcard(keys.delayed)
-    pipe.hvals(keys.classes)
+    pipe.hgetall(keys.classes)
+    pipe.hgetall(keys.class_gpus)
     pipe.hgetall(keys.stats)
     pipe.hgetall(keys.scale)
     pipe.hgetall(keys.runtimes)  # at most 4096 pairs (lua/learn.lua)
     pipe.zcard(keys.waiting)
     pipe.hlen(keys.schedules)
     pipe.exists(keys.reaper_lock)
-    (clock, *per_level, workers, running, delayed, classes, stats, scale, runtimes, waiting,
-     schedules, reaper) = pipe.execute()
+    (clock, *per_level, workers, running, delayed, classes, class_gpus, stats, scale, runtimes,
+     waiting, schedules, reaper) = pipe.execute()
     now = from_time_reply(clock) / 1000
     per_level = [work_index.models(r) for r in per_level]
 
     queues, named = _queues(client, keys, per_level, now, top)
 
-    largest = max((gb for v in classes if (gb := class_gb(v)) is not None), default=0.0)
+    shapes = [(gb, int(min(max(number(class_gpus.get(c)) or 1, 1), 64))) for c, v in classes.items()
+              if (gb := class_gb(v)) is not None]
+    largest = max((gb for gb, _ in shapes), default=0.0)
     # with no class registered yet (producers before workers) no task is larger than one
     unschedulable_ids: list[str] = []
     unschedulable = 0
     parked = client.zcard(keys.parked)
-    if largest:  # those still in their queues, then those parked out of them (lua/park.lua)
+    if shapes:  # those still in their queues, then those parked out of them (lua/park.lua)
+        ranges = unheld(shapes)
         pipe = client.pipeline(transaction=False)
         for key in (keys.need, keys.parked):
-            pipe.zrangebyscore(key, f"({largest}", "+inf", 0, 20)
-            pipe.zcount(key, f"({largest}", "+inf")
-        queued_ids, queued, parked_ids, parked_over = pipe.execute()
-        unschedulable_ids = [str(i) for i in [*queued_ids, *parked_ids][:20]]
-        unschedulable = int(queued) + int(parked_over)
+            for low, high in ranges:
+                pipe.zrangebyscore(key, low, high, 0, 20)
+                pipe.zcount(key, low, high)
+        got = pipe.execute()
+        unschedulable_ids = [str(i) for ids in got[::2] for i in ids][:20]
+        unschedulable = sum(int(n) for n in got[1::2])
 
     views, reservations = _workers(client, keys, workers, now * 1000)
     runnable = {h for w in views if w.alive for h in w.handlers}

@@ -24,12 +24,12 @@ def render_status(view: PoolView) -> str:
     lines += _sla(view.stats)
     if view.unschedulable:
         lines.append("")
-        lines.append(f"unschedulable: {view.unschedulable} queued task(s) need more VRAM than the "
-                     f"largest registered GPU class ({view.largest_gpu_gb:g} GB usable): "
+        lines.append(f"unschedulable: {view.unschedulable} queued task(s) need more VRAM or GPUs than "
+                     f"any registered GPU class holds (the largest: {view.largest_gpu_gb:g} GB usable): "
                      + ", ".join(view.unschedulable_ids[:5]))
     if view.parked:
-        lines.append(f"parked: {view.parked} queued task(s) larger than every live worker, out of their "
-                     "queues until one can hold them")
+        lines.append(f"parked: {view.parked} queued task(s) no live worker can hold (VRAM or GPUs), out "
+                     "of their queues until one can")
     for handler, ids in view.unregistered.items():
         lines.append(f"no live worker runs handler {handler!r}: {len(ids)} queued task(s) near the "
                      f"queue heads: " + ", ".join(ids[:5]))

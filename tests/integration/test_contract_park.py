@@ -6,11 +6,12 @@ Every test runs on fakeredis and on the real server (the ``backend`` fixture).
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 from helpers import T0, claim, enqueue, register_worker
 
-from gpuq import Queue
+from gpuq import Queue, shapes
 from gpuq.reaper.loop import Reaper
 from gpuq.task import State
 from gpuq.views.inspect import pool_view
@@ -21,7 +22,7 @@ A100 = [(75.0, 1)]  # one live 80 GB GPU: 75 GB usable
 def park(queue: Queue, live: Sequence[tuple[float, int]] = tuple(A100), now_ms: int = T0,
          limit: int = 100) -> tuple[int, int]:
     """One call at a virtual time against these live workers' shapes: (parked, put back)."""
-    parked, put_back, _, _ = queue.scripts.run(queue.calls.park(live, limit=limit, now_ms=now_ms))
+    parked, put_back, _ = queue.scripts.run(queue.calls.park(live, limit=limit, now_ms=now_ms))
     return parked, put_back
 
 
@@ -89,21 +90,45 @@ def test_a_multi_gpu_task_is_parked_until_a_live_group_holds_it(queue: Queue) ->
 def test_parked_tasks_no_live_group_holds_do_not_hide_those_behind_them(queue: Queue) -> None:
     """Regression: the put-back read the same first page of `parked` every call, so tasks
     asking more GPUs than any live group has, parked first, kept a task a live worker could
-    hold parked for ever. Each call pages past the ones kept before it; the place is kept in
-    Redis, so a reaper started anew (or `gpuq reaper --once`) goes on from it."""
+    hold parked for ever. The put-back reads only the scores some live shape holds (`need`
+    scores a task by its VRAM and GPUs), so it never meets them."""
     wide = [enqueue(queue, T0 + i, vram_gb=100, gpus=2) for i in range(3)]
     one = enqueue(queue, T0 + 5, vram_gb=150)
     assert park(queue) == (4, 0)
     live = [*A100, (200.0, 1)]  # room for all, but no group of two
-    assert queue.scripts.run(queue.calls.park(live, limit=2, now_ms=T0)) == (0, 0, 2, 2)  # kept both
-    assert queue.redis.get(queue.keys.parked_from) == "2"
-    assert queue.scripts.run(queue.calls.park(live, limit=2, now_ms=T0)) == (0, 1, 2, 1)
-    assert queue.redis.get(queue.keys.parked_from) == "3"
+    assert queue.scripts.run(queue.calls.park(live, limit=2, now_ms=T0)) == (0, 1, 1)
     assert queued(queue) == [one]
     assert set(queue.redis.zrange(queue.keys.parked, 0, -1)) == set(wide)
-    assert queue.scripts.run(queue.calls.park(live, limit=2, now_ms=T0)) == (0, 0, 0, 0)  # past the end
-    assert queue.redis.get(queue.keys.parked_from) is None  # from the start again
-    assert queue.scripts.run(queue.calls.park(live, limit=2, now_ms=T0))[2:] == (2, 2)
+    assert queue.scripts.run(queue.calls.park(live, limit=2, now_ms=T0)) == (0, 0, 0)
+
+
+def test_a_task_asking_more_gpus_than_any_live_group_is_parked_though_one_gpu_has_room(
+        queue: Queue) -> None:
+    """The defect: parking weighed VRAM only, so 60 GB over two GPUs stayed queued beside
+    live one-GPU 80 GB workers, and eight of them at its queue's head held the queue."""
+    register_worker(queue, "w1")  # A100, 75 GB usable
+    wide = [enqueue(queue, T0 + i, vram_gb=60, gpus=2) for i in range(8)]
+    small = enqueue(queue, T0 + 10, vram_gb=1)
+    assert claim(queue, "w1", 75, now_ms=T0 + 20) is None  # the scan sees only the wide ones
+    assert park(queue, now_ms=T0 + 30) == (8, 0)
+    assert queued(queue) == [small] and queue.redis.zrange(queue.keys.need, 0, -1) == [small]
+    c = claim(queue, "w1", 75, now_ms=T0 + 40)
+    assert c is not None and c["id"] == small
+    assert park(queue, [*A100, (150.0, 4)], now_ms=T0 + 50) == (0, 8)  # a group of four holds them
+    assert queued(queue) == wide
+
+
+def test_a_group_holds_a_task_only_within_its_own_vram(queue: Queue) -> None:
+    """A group of two 40 GB cards (76 GB usable) beside an 80 GB card: 78 GB over two GPUs
+    fits neither; 70 GB over two fits the group, 70 GB on one the card."""
+    live = [*A100, (76.0, 2)]
+    over = enqueue(queue, T0, vram_gb=78, gpus=2)
+    fits = [enqueue(queue, T0 + 1, vram_gb=70, gpus=2), enqueue(queue, T0 + 2, vram_gb=70)]
+    assert park(queue, live) == (1, 0)
+    assert queued(queue) == fits
+    assert queue.redis.zrange(queue.keys.parked, 0, -1) == [over]
+    assert park(queue, [(76.0, 2), (78.0, 3)]) == (0, 1)  # a group of three holds it
+    assert over in queued(queue)
 
 
 def test_the_reaper_weighs_live_workers_not_every_class_ever_seen(queue: Queue) -> None:
@@ -180,3 +205,19 @@ def test_a_damaged_worker_hash_does_not_turn_parking_off(queue: Queue) -> None:
     reaper.scaler.step()
     assert reaper.park() == (1, 0)
     assert queue.redis.zrange(queue.keys.parked, 0, -1) == [big]
+
+
+def test_parked_is_exactly_what_no_live_shape_holds(queue: Queue) -> None:
+    """Against shapes drawn at random (a fixed seed), one call leaves parked exactly the
+    tasks that gpuq.shapes.holds says no live shape holds, boundaries included, and puts
+    back the rest: the score ranges of lua/lib/classes.lua agree with the Python rule."""
+    rng = random.Random(7)
+    sizes, counts = [19.0, 75.0, 76.0, 150.0, 300.0], [1, 2, 4, 8]
+    tasks = {enqueue(queue, T0 + i, vram_gb=v, gpus=g): (v, g)
+             for i, (v, g) in enumerate((v, g) for v in [*sizes, 0.5, 74.99, 500.0] for g in counts)}
+    for _ in range(25):
+        live = [(rng.choice(sizes), rng.choice(counts)) for _ in range(rng.randint(1, 3))]
+        park(queue, live)
+        unheld = {t for t, (v, g) in tasks.items() if not shapes.holds(live, v, g)}
+        assert set(queue.redis.zrange(queue.keys.parked, 0, -1)) == unheld, live
+        assert len(queue.redis.zrange(queue.keys.need, 0, -1)) == len(tasks) - len(unheld)

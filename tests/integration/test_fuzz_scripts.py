@@ -111,7 +111,7 @@ def build_state(q: Queue) -> None:
     # worker of 396 GB parks p3 and puts p2 back
     enqueue_specs(q, [spec(task_id="p1", model="D", vram_gb=500, deadline_s=600),
                       spec(task_id="p2", model="D", vram_gb=300)], T0 + 7)
-    assert q.scripts.run(q.calls.park([(76.0, 1)], now_ms=T0 + 7)) == (2, 0, 0, 0)
+    assert q.scripts.run(q.calls.park([(76.0, 1)], now_ms=T0 + 7)) == (2, 0, 0)
     enqueue_specs(q, [spec(task_id="p3", model="D", vram_gb=450)], T0 + 7)
     assert q.scripts.run(q.calls.lead("r1"))
     # the lock's TTL runs on the server's clock: a slow run must not see it lapse between the
@@ -287,7 +287,7 @@ def ok_reply(name: str, r: list[Any], argv: Sequence[bytes]) -> bool:
         return (len(tail) == 3 and all(is_count(x) for x in tail)
                 and tail[0] + tail[2] <= tail[1])  # expired and kept, of those looked at
     if name == "park":
-        return len(tail) == 4 and all(is_count(x) for x in tail) and tail[3] <= tail[2]
+        return len(tail) == 3 and all(is_count(x) for x in tail) and tail[1] <= tail[2]  # of those looked at
     if name == "preempt":
         return tail in ([b"reserved"], [b"yield"]) or (len(tail) == 2 and tail[0] == b"stale")
     if name == "retire":

@@ -17,6 +17,7 @@ from helpers import register_worker as register
 from gpuq import Config, Queue, catalog
 from gpuq.clock import server_ms
 from gpuq.keys import ARRIVAL_TTL_S
+from gpuq.reaper.loop import Reaper
 from gpuq.reaper.scale import Scaler
 from gpuq.reaper.scale_hook import CommandHook
 from gpuq.views.inspect import pool_view
@@ -336,3 +337,47 @@ def test_estimates_of_models_long_gone_are_forgotten(make_real_queue: MakeQueue)
     assert {f"gone{i}" for i in range(5)} <= set(scaler.est_s)
     scaler.step(now_ms=now + ARRIVAL_TTL_S * 1000 + 60_000)  # past every arrival a forecast reads
     assert set(scaler.est_s) == {"stays"}
+
+
+def test_work_across_two_gpus_asks_for_the_group_class(make_real_queue: MakeQueue) -> None:
+    """The defect: the scale step weighed a task's VRAM only, so 60 GB tasks over two GPUs
+    asked for more one-GPU 80 GB workers (1 -> 6), which cannot run them, and only one
+    more group of two."""
+    q = make_real_queue(min_workers=0)
+    register(q, "one", "A100-80", 80)
+    register(q, "pair", "A100-80", 80, gpus=2)
+    q.enqueue_many([{"handler": "h", "model": "tp", "vram_gb": 60, "est_s": 30, "priority": "P2",
+                     "gpus": 2} for _ in range(20)])
+    Scaler(q.redis, q.keys, q.config).step()
+    got = scale_hash(q)
+    assert (got["class:A100-80"]["current"], got["class:A100-80"]["desired"]) == (1, 1)
+    assert got["class:2xA100-80"]["current"] == 1 and got["class:2xA100-80"]["desired"] > 2
+    assert "tp +" in got["class:2xA100-80"]["reason"]
+
+
+def test_parked_tasks_across_more_gpus_than_any_live_group_ask_for_a_group(
+        make_real_queue: MakeQueue) -> None:
+    """Tasks over two GPUs while only one-GPU workers live: parked out of their queues, they
+    still raise the smallest registered class that holds them, and are not unschedulable."""
+    q = make_real_queue(min_workers=0)
+    register(q, "one", "A100-80", 80)
+    q.redis.hset(q.keys.classes, "2xA100-80", 150)  # a group registered earlier, none live now
+    q.redis.hset(q.keys.class_gpus, "2xA100-80", 2)
+    q.enqueue_many([{"handler": "h", "model": "tp", "vram_gb": 60, "priority": "P2", "gpus": 2}
+                    for _ in range(3)])
+    reaper = Reaper(q.redis, q.config)
+    reaper.scaler.step()
+    assert reaper.park() == (3, 0)
+    reaper.scaler.step()
+    got = scale_hash(q)
+    assert (got["class:2xA100-80"]["current"], got["class:2xA100-80"]["desired"]) == (0, 1)
+    assert "3 tasks fit no live worker" in got["class:2xA100-80"]["reason"]
+    assert (got["class:A100-80"]["current"], got["class:A100-80"]["desired"]) == (1, 1)
+    assert "unschedulable" not in got
+    view = pool_view(q.redis, q.keys)
+    assert (view.parked, view.unschedulable) == (3, 0)
+    q.redis.hdel(q.keys.class_gpus, "2xA100-80")  # as if that class were one GPU: none holds them
+    reaper.scaler.step()
+    assert scale_hash(q)["unschedulable"] == {"tasks": 3, "largest_gb": 60.0, "class_gb": 150.0}
+    view = pool_view(q.redis, q.keys)
+    assert view.unschedulable == 3 and "more VRAM or GPUs than any" in render_status(view)

@@ -2,6 +2,7 @@
 
 --@include args
 --@include tally
+--@include classes
 
 -- The work index (`models`): every (level, model) with queued work in one sorted set, member
 -- "<p>:<model>", score p x LEVEL_SPAN + its queue's head score, so the levels lie in order and
@@ -86,11 +87,12 @@ local function watch_deadline(id, deadline, est_s)
   end
 end
 
--- Index a task whose hash is written into its (priority, model) queue at its score.
-local function index(id, p, m, score, need)
+-- Index a task whose hash is written into its (priority, model) queue at its score; vram: its
+-- vram_gb text, gpus: its GPUs (nil: 1).
+local function index(id, p, m, score, vram, gpus)
   redis.call('ZADD', queue_key(p, m), score, id)
   index_head(p, m, score)
-  redis.call('ZADD', K_NEED, need, id)
+  redis.call('ZADD', K_NEED, need_score(tonumber(vram), vram, gpus or 1), id)
 end
 
 -- A parked task (park.lua) that goes back or ends: out of `parked`, its kept score gone.

@@ -5,7 +5,7 @@ sample."""
 from __future__ import annotations
 
 from gpuq.reaper.backlog_sample import DEEP, SAMPLE, SAMPLE_REST, Samples
-from gpuq.reaper.scale_plan import Backlog
+from gpuq.reaper.snapshot import Backlog
 
 
 def queues(n: int, depth: int) -> list[tuple[int, str, int]]:
@@ -14,7 +14,7 @@ def queues(n: int, depth: int) -> list[tuple[int, str, int]]:
 
 def backlogs(qs: list[tuple[int, str, int]], reads: list[int], est_s: float) -> list[Backlog]:
     """What read_backlogs would make of `reads` tasks a queue, each task `est_s` long."""
-    return [Backlog(p, m, depth, 0.0, ((1.0, est_s),) * n) for (p, m, depth), n in zip(qs, reads)]
+    return [Backlog(p, m, depth, 0.0, ((1.0, est_s, 1),) * n) for (p, m, depth), n in zip(qs, reads)]
 
 
 def test_within_the_budget_every_queue_is_read_in_full_every_round() -> None:
@@ -56,8 +56,8 @@ def test_a_queue_not_read_in_full_keeps_its_last_full_sample() -> None:
     second = samples.reads(qs)
     assert second == [1, 3, 1, 1]  # m0 was read in full last round, m1..m3 never
     got = samples.fill(backlogs(qs, second, est_s=7.0), now_ms=2)
-    assert got[0].sample == ((1.0, 5.0),) * 3  # kept from round one, not the fresh head
-    assert got[1].sample == ((1.0, 7.0),) * 3
+    assert got[0].sample == ((1.0, 5.0, 1),) * 3  # kept from round one, not the fresh head
+    assert got[1].sample == ((1.0, 7.0, 1),) * 3
     assert [len(b.sample) for b in got[2:]] == [1, 1]
 
 

@@ -8,16 +8,8 @@ from collections.abc import Sequence
 import pytest
 
 from gpuq.config import Config
-from gpuq.reaper.scale_plan import (
-    HINT_EVERY_MS,
-    Backlog,
-    ScalePlan,
-    ScaleSignal,
-    Snapshot,
-    WarmHint,
-    WorkerState,
-    plan,
-)
+from gpuq.reaper.scale_plan import HINT_EVERY_MS, ScalePlan, ScaleSignal, WarmHint, plan
+from gpuq.reaper.snapshot import Backlog, Snapshot, WorkerState
 
 NOW = 1_700_000_000_000
 CLASSES = {"L4": 19.0, "A100": 75.0, "H200": 136.0}
@@ -27,7 +19,7 @@ BOUNDS = (19.0, 75.0, 136.0, math.inf)
 def queue(model: str, depth: int, *, priority: int = 2, est_s: float = 1.0, vram_gb: float = 16.0,
           late: bool = False) -> Backlog:
     head = NOW - 1 if late else NOW + 60_000
-    return Backlog(priority, model, depth, head, ((vram_gb, est_s),) * min(depth, 50))
+    return Backlog(priority, model, depth, head, ((vram_gb, est_s, 1),) * min(depth, 50))
 
 
 def worker(wid: str, gpu: str = "A100", *, idle_gb: float | None = None, levels: str = "0123",
@@ -152,7 +144,7 @@ def test_tasks_larger_than_every_class_are_unschedulable_not_scaled() -> None:
     assert counts(result) == {"L4": (0, 0), "A100": (0, 0), "H200": (1, 1)}
     assert counts(result, "model") == {}  # no worker could ever serve it: no model signal
     # an unschedulable task at a queue head does not steer the model's need
-    mixed = Backlog(2, "m", 20, NOW + 1, ((300.0, 1.0), (40.0, 1.0)))
+    mixed = Backlog(2, "m", 20, NOW + 1, ((300.0, 1.0, 1), (40.0, 1.0, 1)))
     assert counts(plan(snap([], [mixed]), CFG, NOW))["A100"] == (0, 1)
 
 

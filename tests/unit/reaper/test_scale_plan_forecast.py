@@ -7,14 +7,15 @@ from dataclasses import replace
 
 from gpuq.config import Config
 from gpuq.reaper.forecast import Forecast
-from gpuq.reaper.scale_plan import Backlog, ScalePlan, ScaleSignal, Snapshot, WorkerState, plan
+from gpuq.reaper.scale_plan import ScalePlan, ScaleSignal, plan
+from gpuq.reaper.snapshot import Backlog, Snapshot, WorkerState
 
 NOW = 1_700_000_000_000
 CLASSES = {"L4": 19.0, "A100": 75.0, "H200": 136.0}
 
 
 def queue(model: str, depth: int, *, est_s: float = 1.0, vram_gb: float = 16.0) -> Backlog:
-    return Backlog(2, model, depth, NOW + 60_000, ((vram_gb, est_s),) * min(depth, 50))
+    return Backlog(2, model, depth, NOW + 60_000, ((vram_gb, est_s, 1),) * min(depth, 50))
 
 
 def worker(wid: str, gpu: str = "A100", *, idle_gb: float | None = None) -> WorkerState:
