@@ -114,7 +114,7 @@ def pool_view(client: redis.Redis, keys: Keys, top: int | None = None) -> PoolVi
     now = from_time_reply(clock) / 1000
     per_level = [work_index.models(r) for r in per_level]
 
-    queues, named = _queues(client, keys, per_level, now, top)
+    queues, named, parked = _queues(client, keys, per_level, now, top)
 
     shapes = [(gb, int(min(max(number(class_gpus.get(c)) or 1, 1), 64))) for c, v in classes.items()
               if (gb := class_gb(v)) is not None]
@@ -122,7 +122,6 @@ def pool_view(client: redis.Redis, keys: Keys, top: int | None = None) -> PoolVi
     # with no class registered yet (producers before workers) no task is larger than one
     unschedulable_ids: list[str] = []
     unschedulable = 0
-    parked = client.zcard(keys.parked)
     if shapes:  # those still in their queues, then those parked out of them (lua/park.lua)
         ranges = unheld(shapes)
         pipe = client.pipeline(transaction=False)
@@ -213,14 +212,17 @@ def learned_runtimes(raw: dict[str, str], limit: int = RUNTIMES_SHOWN) -> list[d
 
 
 def _queues(client: redis.Redis, keys: Keys, per_level: list[list[str]], now: float,
-            top: int | None) -> tuple[list[QueueView], list[tuple[str, str]]]:
-    """Each queue's depth and oldest wait (pool_view's ``top``), and the (task id, handler)
-    of the head tasks read."""
-    pipe = client.pipeline(transaction=False)
+            top: int | None) -> tuple[list[QueueView], list[tuple[str, str]], int]:
+    """Each queue's depth and oldest wait (pool_view's ``top``), the (task id, handler) of
+    the head tasks read, and the parked tasks' count."""
+    # one MULTI with `parked`: a task the park pass moves between the reads is counted once
+    pipe = client.pipeline(transaction=True)
     pairs = [(p, m) for p, models in zip(Priority, per_level) for m in models]
     for p, m in pairs:
         pipe.zcard(keys.queue(p, m))
-    depths = dict(zip(pairs, (int(n) for n in pipe.execute())))
+    pipe.zcard(keys.parked)
+    *counts, parked = pipe.execute()
+    depths = dict(zip(pairs, (int(n) for n in counts)))
     rows: list[tuple[Priority, str, list[tuple[Priority, str]]]] = []  # level, model, queues
     for p, models in zip(Priority, per_level):
         level = [(p, m) for m in models]  # index order: the earliest head start-by first
@@ -249,7 +251,7 @@ def _queues(client: redis.Redis, keys: Keys, per_level: list[list[str]], now: fl
         queues.append(QueueView(p.label, m, sum(depths[q] for q in qs), round(wait, 3)))
         if top is None:
             named += [(tid, h) for tid, (_, h) in zip(ids, fields) if h]
-    return queues, named
+    return queues, named, int(parked)
 
 
 def _workers(client: redis.Redis, keys: Keys, workers: list[tuple[str, float]],
