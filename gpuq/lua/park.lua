@@ -7,7 +7,8 @@
 -- than any has; none while no worker is live: producers may come before workers) from its
 -- queue and `need` to `parked`, with its `need` score (lib/classes.lua: VRAM and GPUs), its
 -- queue score kept in its `parked` field; and moves a parked task back once a live shape
--- holds it. Both are found by score ranges, so a call reads only tasks it moves. A parked
+-- holds it. Both are found by score ranges and judged by the task's own fields, so a call
+-- reads only tasks it moves (and those within 1/16 GB of a wide range's end). A parked
 -- task stays `queued`: its tenant counts it, cancel and expiry take it from `parked`, the
 -- scale signals count it (for the class that would hold it), the views count it as parked.
 --
@@ -16,8 +17,8 @@
 -- ARGV[2]  result TTL (ms): a parked task found corrupt ends failed
 -- ARGV[3]  limit: most tasks parked, and most parked tasks looked at, per call
 -- ARGV[4..]  the live workers' shapes: pairs of usable GB and GPUs
--- Returns  {0, parked, put_back, looked_at}: looked_at, the parked tasks looked at (each put
---          back, or taken out of `parked` when it ended another way or is corrupt)
+-- Returns  {0, parked, put_back, looked_at}: looked_at, the parked tasks looked at (put back,
+--          taken out of `parked` when ended another way or corrupt, or left: no live shape holds it)
 --          {1, 0, reason} INVALID: a malformed argument (nothing written)
 
 --@include args
@@ -53,15 +54,24 @@ local function unheld(live)
   return out
 end
 
--- The score ranges of `need` some live shape holds, the complement of unheld's.
+-- The score ranges of `need` some live shape holds, the complement of unheld's, a wide one
+-- with a margin past its end: there a score keeps VRAM to 1/64 GB only, so the tasks within
+-- it are read and judged by their own fields (holds).
 local function held(live)
   local out = {{'-inf', score_text(largest_with(live, 1))}}
   for g = 2, 64 do
     local largest = largest_with(live, g)
     if largest <= 0 then break end
-    out[#out + 1] = {score_text(g * NEED_WIDE), score_text(g * NEED_WIDE + largest)}
+    out[#out + 1] = {score_text(g * NEED_WIDE), score_text(g * NEED_WIDE + largest + 1 / 16)}
   end
   return out
+end
+
+-- Whether a live shape holds a task of these vram_gb and gpus texts (a VRAM that is no
+-- number: no).
+local function holds(vram, gpus)
+  local v = finite(vram)
+  return v ~= nil and v <= largest_with(live, tonumber(gpus) or 1)
 end
 
 -- up to `limit` ids of a set, over its score ranges in turn, with their scores
@@ -80,9 +90,10 @@ local parked, heads = 0, {}
 local over = in_ranges(K_NEED, unheld(live))
 for i = 1, #over, 2 do
   local id = over[i]
-  local f = redis.call('HMGET', task_key(id), 'state', 'priority', 'model')
+  local f = redis.call('HMGET', task_key(id), 'state', 'priority', 'model', 'vram_gb', 'gpus')
   local p, m = level(f[2]), f[3]
-  local score = f[1] == 'queued' and p and m and redis.call('ZSCORE', queue_key(p, m), id)
+  local score = f[1] == 'queued' and p and m and not holds(f[4], f[5])
+    and redis.call('ZSCORE', queue_key(p, m), id)
   if score then
     redis.call('ZREM', queue_key(p, m), id)
     redis.call('ZREM', K_NEED, id)
@@ -105,10 +116,13 @@ for i = 1, #back, 2 do
   elseif not (p and m and m ~= '' and finite(f[4])) then
     redis.call('ZREM', K_PARKED, id)
     fail_corrupt(id, not p and 'priority' or finite(f[4]) and 'model' or 'vram_gb', p, m, now, ttl)
-  else
+  elseif holds(f[4], f[5]) then
     unpark(id)
     index(id, p, m, ms(finite(f[6]) or now), f[4], tonumber(f[5]))
     put_back = put_back + 1
+  else  -- no live shape holds it: within a wide range's margin, or scored as one GPU before
+    local right = need_score(tonumber(f[4]), f[4], tonumber(f[5]) or 1)  -- `need` weighed GPUs
+    if tonumber(right) ~= tonumber(back[i + 1]) then redis.call('ZADD', K_PARKED, right, id) end
   end
 end
 if put_back > 0 then wake_pool(put_back) end

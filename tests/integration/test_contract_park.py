@@ -210,14 +210,30 @@ def test_a_damaged_worker_hash_does_not_turn_parking_off(queue: Queue) -> None:
 def test_parked_is_exactly_what_no_live_shape_holds(queue: Queue) -> None:
     """Against shapes drawn at random (a fixed seed), one call leaves parked exactly the
     tasks that gpuq.shapes.holds says no live shape holds, boundaries included, and puts
-    back the rest: the score ranges of lua/lib/classes.lua agree with the Python rule."""
+    back the rest: the score ranges of lua/lib/classes.lua agree with the Python rule. (A
+    task over g GPUs less than a score's VRAM step, 2**-52 of g x 2**40, above a shape's
+    usable VRAM reads as held and stays queued; none is parked that a shape holds.)"""
     rng = random.Random(7)
-    sizes, counts = [19.0, 75.0, 76.0, 150.0, 300.0], [1, 2, 4, 8]
+    sizes, counts = [19.0, 75.0, 75.3, 76.0, 150.0, 300.0], [1, 2, 4, 8, 64]
+    needs = [*sizes, 0.5, 74.99, 75.29, 75.31, 500.0]
     tasks = {enqueue(queue, T0 + i, vram_gb=v, gpus=g): (v, g)
-             for i, (v, g) in enumerate((v, g) for v in [*sizes, 0.5, 74.99, 500.0] for g in counts)}
+             for i, (v, g) in enumerate((v, g) for v in needs for g in counts)}
     for _ in range(25):
         live = [(rng.choice(sizes), rng.choice(counts)) for _ in range(rng.randint(1, 3))]
         park(queue, live)
         unheld = {t for t, (v, g) in tasks.items() if not shapes.holds(live, v, g)}
         assert set(queue.redis.zrange(queue.keys.parked, 0, -1)) == unheld, live
         assert len(queue.redis.zrange(queue.keys.need, 0, -1)) == len(tasks) - len(unheld)
+
+
+def test_a_parked_task_scored_as_one_gpu_is_rescored_not_read_again(queue: Queue) -> None:
+    """A task over two GPUs parked with its VRAM alone as score (as parking scored before it
+    weighed GPUs) lies where one-GPU tasks a live worker holds lie: the put-back reads it,
+    leaves it parked and scores it by its shape, so no later call reads it again."""
+    t = enqueue(queue, T0, vram_gb=60, gpus=2)
+    assert park(queue) == (1, 0)
+    shaped = queue.redis.zscore(queue.keys.parked, t)
+    queue.redis.zadd(queue.keys.parked, {t: 60})
+    assert queue.scripts.run(queue.calls.park(A100, now_ms=T0)) == (0, 0, 1)
+    assert queue.redis.zscore(queue.keys.parked, t) == shaped == shapes.score(60, 2)
+    assert queue.scripts.run(queue.calls.park(A100, now_ms=T0)) == (0, 0, 0)
