@@ -20,7 +20,7 @@ from helpers import (
     reserve,
 )
 
-from gpuq import Queue
+from gpuq import Queue, shapes
 from gpuq.errors import InvalidTask, Unschedulable
 from gpuq.reaper.scale import Scaler
 from gpuq.task import State, TaskSpec
@@ -159,3 +159,17 @@ def test_scale_signals_ask_for_the_group_shape_a_70b_backlog_needs(make_real_que
     got = {k: json.loads(v) for k, v in q.redis.hgetall(q.keys.scale).items()}
     assert (got["class:2xA100"]["current"], got["class:2xA100"]["desired"]) == (1, 3)
     assert (got["class:A100"]["current"], got["class:A100"]["desired"]) == (1, 1)
+
+
+def test_need_scores_a_task_by_its_shape_wherever_it_is_queued(queue: Queue) -> None:
+    """`need` finds tasks no shape holds by score ranges (lua/park.lua), so every path that
+    queues a task scores it by VRAM and GPUs: enqueue, and a requeue back into its queue."""
+    wide = enqueue(queue, T0, model="llama-70b", vram_gb=140.5, gpus=2)
+    one = enqueue(queue, T0 + 1, model="m", vram_gb=20.5)
+    assert queue.redis.zscore(queue.keys.need, wide) == shapes.score(140.5, 2) == 2 * 2**40 + 140.5
+    assert queue.redis.zscore(queue.keys.need, one) == 20.5
+    got = claim(queue, "pair", 150, now_ms=T0 + 2, gpus=2)
+    assert got["id"] == wide and queue.redis.zscore(queue.keys.need, wide) is None
+    assert queue.scripts.run(queue.calls.requeue(wide, int(got["token"]), "shutdown", now_ms=T0 + 3)) \
+        == "queued"
+    assert queue.redis.zscore(queue.keys.need, wide) == shapes.score(140.5, 2)
