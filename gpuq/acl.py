@@ -46,9 +46,10 @@ class Role:
     commands: tuple[str, ...]  # what its Python code sends besides scripts
 
 
-# info: status and the reaper read INFO memory, to warn of a server that may evict keys
+# info: status and the reaper read INFO memory, to warn of a server that may evict keys;
+# multi/exec: status reads the queues' depths and the parked count together
 OBSERVER_READS = ("time", "exists", "get", "hget", "hmget", "hgetall", "hlen", "hvals", "lrange", "smembers",
-                  "zcard", "zcount", "zrange", "zrangebyscore", "zscore", "info")
+                  "zcard", "zcount", "zrange", "zrangebyscore", "zscore", "info", "multi", "exec")
 
 ROLES: dict[str, Role] = {
     "producer": Role(
@@ -69,9 +70,11 @@ ROLES: dict[str, Role] = {
         "recover, expire, park tasks no GPU holds, preempt, keep tenants' room, publish scale "
         "signals, fire periodic tasks (one active per pool)",
         ("lead", "reap", "expire", "park", "preempt", "requeue", "tenant", "fire"),
-        # planning reads (the catalog a page a round: SSCAN), scale signals (MULTI/EXEC), the
-        # urgent list, settings, warm hints
-        (*OBSERVER_READS, "mget", "sscan", "multi", "exec", "blpop", "del", "hset", "hincrby", "lpush")),
+        # planning reads (the catalog a page a round: SSCAN; the wide tasks' shapes from the
+        # top of `need`: ZREVRANGEBYSCORE), scale signals (MULTI/EXEC), the urgent list,
+        # settings, warm hints
+        (*OBSERVER_READS, "mget", "sscan", "zrevrangebyscore", "multi", "exec", "blpop", "del", "hset",
+         "hincrby", "lpush")),
     "operator": Role("register tenants and set the pool's tenant policy (gpuq tenant); add and "
                      "remove periodic tasks (gpuq schedule)", ("tenant",),
                      (*OBSERVER_READS, "hsetnx", "hdel", "multi", "exec")),

@@ -215,9 +215,9 @@ class Calls:
 
     def park(self, live: Sequence[tuple[float, int]], *, limit: int = 100,
              now_ms: int = 0) -> Call[tuple[int, int, int]]:
-        """(parked, put back, looked at) of one bounded call of park.lua: tasks no live
-        worker (live: their usable GB and GPUs) can hold leave their queues, and come back
-        once one can."""
+        """(parked, put back, left) of one bounded call of park.lua: tasks no live worker
+        (live: their usable GB and GPUs) can hold leave their queues, and come back once one
+        can; left: the parked tasks that left `parked`."""
         shapes = [x for gb, gpus in live for x in (_num(gb), str(gpus))]
         return Call("park", [str(now_ms), self._ttl, str(limit), *shapes],
                     lambda r: (int(checked(r)[1]), int(r[2]), int(r[3])))

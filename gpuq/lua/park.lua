@@ -15,10 +15,11 @@
 -- KEYS[1]  pool key base
 -- ARGV[1]  now (ms; "0" = server clock)
 -- ARGV[2]  result TTL (ms): a parked task found corrupt ends failed
--- ARGV[3]  limit: most tasks parked, and most parked tasks looked at, per call
+-- ARGV[3]  limit: most tasks looked at to park per call, and parked tasks per held range
 -- ARGV[4..]  the live workers' shapes: pairs of usable GB and GPUs
--- Returns  {0, parked, put_back, looked_at}: looked_at, the parked tasks looked at (put back,
---          taken out of `parked` when ended another way or corrupt, or left: no live shape holds it)
+-- Returns  {0, parked, put_back, left}: left, the parked tasks that left `parked` (put back, or
+--          ended another way or corrupt); those read that no live shape holds stay
+--          (fewer than limit left: nothing more to put back)
 --          {1, 0, reason} INVALID: a malformed argument (nothing written)
 
 --@include args
@@ -55,14 +56,15 @@ local function unheld(live)
 end
 
 -- The score ranges of `need` some live shape holds, the complement of unheld's, a wide one
--- with a margin past its end: there a score keeps VRAM to 1/64 GB only, so the tasks within
--- it are read and judged by their own fields (holds).
+-- two score steps past its end (a wide score keeps VRAM to 2^-52 of itself), so a task its
+-- rounding put there is read, and judged by its own fields (holds).
 local function held(live)
   local out = {{'-inf', score_text(largest_with(live, 1))}}
   for g = 2, 64 do
     local largest = largest_with(live, g)
     if largest <= 0 then break end
-    out[#out + 1] = {score_text(g * NEED_WIDE), score_text(g * NEED_WIDE + largest + 1 / 16)}
+    local _, e = math.frexp(g * NEED_WIDE + largest)
+    out[#out + 1] = {score_text(g * NEED_WIDE), score_text(g * NEED_WIDE + largest + 2 ^ (e - 52))}
   end
   return out
 end
@@ -74,11 +76,12 @@ local function holds(vram, gpus)
   return v ~= nil and v <= largest_with(live, tonumber(gpus) or 1)
 end
 
--- up to `limit` ids of a set, over its score ranges in turn, with their scores
-local function in_ranges(key, ranges)
+-- ids of a set with their scores over its score ranges in turn, up to `limit` in all, or
+-- (each) up to `limit` in each range
+local function in_ranges(key, ranges, each)
   local out = {}
   for _, r in ipairs(ranges) do
-    local left = limit - #out / 2
+    local left = each and limit or limit - #out / 2
     if left <= 0 then break end
     local got = redis.call('ZRANGEBYSCORE', key, r[1], r[2], 'WITHSCORES', 'LIMIT', '0', ms(left))
     for i = 1, #got do out[#out + 1] = got[i] end
@@ -92,8 +95,13 @@ for i = 1, #over, 2 do
   local id = over[i]
   local f = redis.call('HMGET', task_key(id), 'state', 'priority', 'model', 'vram_gb', 'gpus')
   local p, m = level(f[2]), f[3]
-  local score = f[1] == 'queued' and p and m and not holds(f[4], f[5])
+  local score = f[1] == 'queued' and p and m and m ~= '' and not holds(f[4], f[5])
     and redis.call('ZSCORE', queue_key(p, m), id)
+  if f[1] ~= 'queued' then
+    redis.call('ZREM', K_NEED, id)  -- a stale entry (none is left by the scripts)
+  elseif not (p and m and m ~= '') then
+    fail_corrupt(id, p and 'model' or 'priority', p, m, now, ttl)  -- out of `need` too
+  end
   if score then
     redis.call('ZREM', queue_key(p, m), id)
     redis.call('ZREM', K_NEED, id)
@@ -105,12 +113,15 @@ for i = 1, #over, 2 do
 end
 for _, h in pairs(heads) do refresh_head(h[1], h[2]) end
 
-local put_back = 0
-local back = in_ranges(K_PARKED, held(live))
+-- each range read up to limit: tasks no live shape holds at a range's end (its margin) are
+-- read again each call, and must not keep the ranges after it from being read
+local put_back, left = 0, 0
+local back = in_ranges(K_PARKED, held(live), true)
 for i = 1, #back, 2 do
   local id = back[i]
   local f = redis.call('HMGET', task_key(id), 'state', 'priority', 'model', 'vram_gb', 'gpus', 'parked')
   local p, m = level(f[2]), f[3]
+  left = left + 1
   if f[1] ~= 'queued' then
     redis.call('ZREM', K_PARKED, id)  -- ended another way (cancel and expiry take their own)
   elseif not (p and m and m ~= '' and finite(f[4])) then
@@ -120,10 +131,11 @@ for i = 1, #back, 2 do
     unpark(id)
     index(id, p, m, ms(finite(f[6]) or now), f[4], tonumber(f[5]))
     put_back = put_back + 1
-  else  -- no live shape holds it: within a wide range's margin, or scored as one GPU before
+  else
+    left = left - 1  -- no live shape holds it: within a wide range's margin, or scored as one GPU before
     local right = need_score(tonumber(f[4]), f[4], tonumber(f[5]) or 1)  -- `need` weighed GPUs
     if tonumber(right) ~= tonumber(back[i + 1]) then redis.call('ZADD', K_PARKED, right, id) end
   end
 end
 if put_back > 0 then wake_pool(put_back) end
-return {0, parked, put_back, #back / 2}
+return {0, parked, put_back, left}

@@ -21,7 +21,7 @@ DEEP = 64  # queues sampled SAMPLE deep, the deepest (most of the backlog's work
 # task reads a round's sample makes at most (Samples): past it, every queue's head is read
 # and the rest of the budget samples the queues sampled longest ago in full
 SAMPLE_BUDGET = 2048
-WIDE_SAMPLE = 256  # tasks across several GPUs read (by score) from `need` and from `parked`
+WIDE_SAMPLE = 128  # tasks across several GPUs read (by score) from each end of `need` and `parked`
 
 
 def as_float(value: object) -> float:
@@ -56,8 +56,9 @@ def read_backlogs(client: redis.Redis, keys: Keys,
                   reads: list[int], bounds: list[float], held_back: frozenset[str] = frozenset()
                   ) -> tuple[list[Backlog], tuple[tuple[float, int], ...], list[str], tuple[Shape, ...]]:
     """Each queue's backlog from its first head tasks (reads: how many a queue), the need
-    bands of one-GPU tasks, the sampled tasks' handlers, and the shapes of up to WIDE_SAMPLE
-    queued and WIDE_SAMPLE parked tasks across several GPUs (fewest GPUs, least VRAM first).
+    bands of one-GPU tasks, the sampled tasks' handlers, and the shapes of the queued and the
+    parked tasks across several GPUs, up to WIDE_SAMPLE from each end of their scores (the
+    fewest GPUs and least VRAM, the most GPUs and VRAM), so each shape's class is seen.
     held_back: tenants at a cap or bound; their sampled tasks are left out and the queue's
     depth shrinks by their share of the sample."""
     pipe = client.pipeline(transaction=False)
@@ -69,10 +70,12 @@ def read_backlogs(client: redis.Redis, keys: Keys,
         for key in (keys.need, keys.parked):
             pipe.zcount(key, lower, f"({wide}" if math.isinf(bound) else bound)
         lower = f"({bound}"
-    for key in (keys.need, keys.parked):
+    for key in (keys.need, keys.parked):  # the fewest GPUs and the most: every class asked for
         pipe.zrangebyscore(key, wide, "+inf", 0, WIDE_SAMPLE, withscores=True)
-    *replies_list, wide_queued, wide_parked = pipe.execute()
+        pipe.zrevrangebyscore(key, "+inf", wide, 0, WIDE_SAMPLE, withscores=True)
+    *replies_list, few_queued, most_queued, few_parked, most_parked = pipe.execute()
     replies = iter(replies_list)
+    sampled = {**dict(few_queued), **dict(most_queued)}, {**dict(few_parked), **dict(most_parked)}
     backlogs, named = [], []
     for (p, m, depth, head), n in zip(queues, reads):
         # a task that ended between the reads has no hash left: it is just not sampled
@@ -89,7 +92,7 @@ def read_backlogs(client: redis.Redis, keys: Keys,
         backlogs.append(Backlog(p, m, depth, start_by, sample))
     counts = [int(n) for n in replies]
     bands = tuple(zip(bounds, (a + b for a, b in zip(counts[::2], counts[1::2]))))
-    return backlogs, bands, named, tuple(shapes.shape_of(s) for _, s in [*wide_queued, *wide_parked])
+    return backlogs, bands, named, tuple(shapes.shape_of(s) for got in sampled for s in got.values())
 
 
 class Samples:

@@ -156,9 +156,9 @@ class Reaper:
             return 0, 0
         parked = unparked = 0
         for _ in range(PARK_PAGES):
-            p, u, looked = self.scripts.run(self.calls.park(live, limit=100))
+            p, u, left = self.scripts.run(self.calls.park(live, limit=100))
             parked, unparked = parked + p, unparked + u
-            if p < 100 and looked < 100:
+            if p < 100 and left < 100:
                 break
         if parked or unparked:
             log.warning("task.parked pool=%s parked=%d put_back=%d", self.config.pool, parked, unparked)

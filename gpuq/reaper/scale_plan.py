@@ -170,6 +170,10 @@ def _models(snap: Snapshot, now_ms: int) -> list[_Model]:
         # tasks no class holds are reported as unschedulable; they must not steer the rest
         held = [(v, g) for v, g in seen if holds(classes, v, g)] or seen
         m.need_gb, m.need_gpus = max((v for v, _ in held), default=0.0), max((g for _, g in held), default=1)
+        if classes and not holds(classes, m.need_gb, m.need_gpus) and held is not seen:
+            # tasks of several shapes no one class holds together: sized for its widest
+            m.need_gpus = max(g for _, g in held)
+            m.need_gb = max(v for v, g in held if g == m.need_gpus)
     # the index may name a queue that just emptied; a model whose tasks no registered class
     # holds is only reported as unschedulable (with no class yet, every model still counts)
     live = [m for m in out.values() if m.depth and (not classes or holds(classes, m.need_gb, m.need_gpus))]
@@ -366,8 +370,10 @@ def plan(snapshot: Snapshot, config: Config, now_ms: int,
             full, held, snapshot.forecasts, snapshot.footprint_gb,
             config, now_ms, recent, HINT_EVERY_MS, {h.worker for h in hints}, snapshot.weighed)]
     classes = _classes(snapshot)
-    wide = [gb for gb, g in snapshot.wide if not holds([(gb, g) for _, gb, g in classes], gb, g)]
-    unschedulable = sum(n for b, n in snapshot.need_bands if math.isinf(b)) + len(wide) if classes else 0
+    shapes = [(gb, g) for _, gb, g in classes]
+    wide = [gb for gb, g in snapshot.wide if not holds(shapes, gb, g)]
+    over = sum(n for b, n in snapshot.need_bands if math.isinf(b))  # one-GPU tasks above every class
+    unschedulable = over + len(wide) if classes else 0
     return ScalePlan(signals, hints, unschedulable,
-                     max([snapshot.largest_need_gb, *wide]) if unschedulable else 0.0,
-                     max((gb for _, gb, _ in classes), default=0.0))
+                     max([snapshot.largest_need_gb if over else 0.0, *wide]) if unschedulable else 0.0,
+                     max((gb for gb, _ in shapes), default=0.0))

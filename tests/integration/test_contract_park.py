@@ -234,6 +234,31 @@ def test_a_parked_task_scored_as_one_gpu_is_rescored_not_read_again(queue: Queue
     assert park(queue) == (1, 0)
     shaped = queue.redis.zscore(queue.keys.parked, t)
     queue.redis.zadd(queue.keys.parked, {t: 60})
-    assert queue.scripts.run(queue.calls.park(A100, now_ms=T0)) == (0, 0, 1)
+    assert queue.scripts.run(queue.calls.park(A100, now_ms=T0)) == (0, 0, 0)  # read, stays
     assert queue.redis.zscore(queue.keys.parked, t) == shaped == shapes.score(60, 2)
-    assert queue.scripts.run(queue.calls.park(A100, now_ms=T0)) == (0, 0, 0)
+    assert queue.redis.zrangebyscore(queue.keys.parked, "-inf", 75) == []  # not read again
+
+
+def test_tasks_left_at_a_held_ranges_end_do_not_keep_the_next_ranges_unread(queue: Queue) -> None:
+    """Found by a QA pass: a held range of a wide shape reads a score step past its end, and
+    tasks there that no live shape holds stay parked; 100 of them used the call's whole read
+    budget, so a task over four GPUs a new group held never went back. Each range has its own."""
+    over = 150 + 2**-11  # within the step past (150 GB, 2 GPUs): its score rounds nowhere
+    [enqueue(queue, T0 + i, vram_gb=over, gpus=2) for i in range(100)]
+    four = enqueue(queue, T0 + 200, vram_gb=100, gpus=4)
+    assert park(queue, [(150.0, 2)]) == (100, 0) and park(queue, [(150.0, 2)]) == (1, 0)
+    assert queue.scripts.run(queue.calls.park([(150.0, 2), (120.0, 4)], now_ms=T0)) == (0, 1, 1)
+    assert queued(queue) == [four] and queue.redis.zcard(queue.keys.parked) == 100
+
+
+def test_a_corrupt_task_in_need_is_failed_not_read_again(queue: Queue) -> None:
+    """Found by a QA pass: the parking half passed over a `need` entry whose hash was corrupt
+    and read it again every call, so with limit 1 the task behind it was never parked."""
+    bad = enqueue(queue, T0, vram_gb=100, gpus=2)
+    good = enqueue(queue, T0 + 1, vram_gb=100, gpus=2)
+    queue.redis.hdel(queue.keys.task(bad), "priority")
+    park(queue, limit=1)
+    state, error = queue.redis.hmget(queue.keys.task(bad), "state", "error")
+    assert state == "failed" and "priority" in error
+    assert queue.redis.zscore(queue.keys.need, bad) is None
+    assert park(queue, limit=1) == (1, 0) and queue.redis.zscore(queue.keys.parked, good) is not None

@@ -381,3 +381,48 @@ def test_parked_tasks_across_more_gpus_than_any_live_group_ask_for_a_group(
     assert scale_hash(q)["unschedulable"] == {"tasks": 3, "largest_gb": 60.0, "class_gb": 150.0}
     view = pool_view(q.redis, q.keys)
     assert view.unschedulable == 3 and "more VRAM or GPUs than any" in render_status(view)
+
+
+def test_a_model_of_shapes_no_one_class_holds_is_sized_for_its_widest(make_real_queue: MakeQueue) -> None:
+    """Found by a QA pass: a model with 60 GB one-GPU tasks and 30 GB two-GPU tasks needed
+    (60 GB, 2 GPUs), which no class has, and got no signal at all."""
+    q = make_real_queue(min_workers=0)
+    register(q, "w1", "A100", 80)  # 75 GB usable
+    register(q, "w2", "A10", 24, gpus=2)  # 38 GB usable over two
+    q.enqueue_many([{"handler": "h", "model": "M", "vram_gb": v, "est_s": 600, "priority": "P2",
+                     "gpus": g} for v, g in [(60, 1), (30, 2)] * 5])
+    plan = Scaler(q.redis, q.keys, q.config).step()
+    got = scale_hash(q)
+    assert got["model:M"]["desired"] > 1 and "M +" in got["class:2xA10"]["reason"]
+    assert plan.unschedulable == 0
+
+
+def test_the_wide_sample_sees_the_widest_class_behind_many_narrower_tasks(
+        make_real_queue: MakeQueue) -> None:
+    """Found by a QA pass: 300 parked tasks over two GPUs filled the sample of the fewest
+    GPUs first, and the eight-GPU class a parked task asked for was never raised."""
+    q = make_real_queue(min_workers=0)
+    register(q, "one", "A100", 80)
+    q.redis.hset(q.keys.classes, mapping={"2xA100": 150, "8xA100": 600})
+    q.redis.hset(q.keys.class_gpus, mapping={"2xA100": 2, "8xA100": 8})
+    q.enqueue_many([{"handler": "h", "model": "tp", "vram_gb": 100, "priority": "P2", "gpus": 2}
+                    for _ in range(300)] + [{"handler": "h", "model": "big", "vram_gb": 500,
+                                              "priority": "P2", "gpus": 8}])
+    reaper = Reaper(q.redis, q.config)
+    reaper.scaler.step()
+    reaper.park()
+    reaper.scaler.step()
+    got = scale_hash(q)
+    assert (got["class:8xA100"]["desired"], got["class:2xA100"]["desired"]) == (1, 1)
+    assert "1 tasks fit no live worker" in got["class:8xA100"]["reason"]
+
+
+def test_the_unschedulable_size_is_of_a_task_no_class_holds(make_real_queue: MakeQueue) -> None:
+    """Found by a QA pass: with a 70 GB task a class held and a task over eight GPUs none
+    did, the scale hash said the largest unschedulable task needed 70 GB."""
+    q = make_real_queue(min_workers=0)
+    register(q, "one", "A100", 80)  # 75 GB usable, the only class
+    q.enqueue_many([{"handler": "h", "model": "m", "vram_gb": 70, "priority": "P2"},
+                    {"handler": "h", "model": "w", "vram_gb": 10, "priority": "P2", "gpus": 8}])
+    Scaler(q.redis, q.keys, q.config).step()
+    assert scale_hash(q)["unschedulable"] == {"tasks": 1, "largest_gb": 10.0, "class_gb": 75.0}
