@@ -129,9 +129,9 @@ def redis_errors(url: str) -> Iterator[None]:
     except (redis.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError) as exc:
         raise AuthenticationFailed(url, _first_line(exc)) from None
     except (redis.sentinel.MasterNotFoundError, redis.asyncio.sentinel.MasterNotFoundError) as exc:
-        # redis-py >= 8.2 collects a plain Redis's refusal of SENTINEL into this error
-        raise (_not_a_sentinel(url) if _refuses_sentinel(str(exc)) else
-               NoMaster(url, _no_master_cause(exc))) from None
+        # redis-py >= 8.2 collects a Sentinel's refusals (a plain Redis's of SENTINEL, an ACL's)
+        # into this error
+        raise _sentinel_refusal(url, exc) or NoMaster(url, _no_master_cause(exc)) from None
     except (redis.exceptions.NoPermissionError, redis.exceptions.AuthorizationError) as exc:
         raise PermissionDenied(url, _first_line(exc)) from None
     except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -160,7 +160,21 @@ def denied(exc: redis.RedisError) -> bool:
     if isinstance(exc, (redis.AuthenticationError, redis.exceptions.NoPermissionError,
                         redis.exceptions.AuthorizationError)):
         return True
+    if isinstance(exc, (redis.sentinel.MasterNotFoundError, redis.asyncio.sentinel.MasterNotFoundError)):
+        return isinstance(_sentinel_refusal("", exc), PermissionDenied)
     return isinstance(exc, redis.ResponseError) and isinstance(_refusal("", exc), PermissionDenied)
+
+
+def _sentinel_refusal(url: str, exc: BaseException) -> GpuqError | None:
+    """The refusal a Sentinel answered with, as MasterNotFoundError carries it: a plain Redis's
+    of SENTINEL, or the ACL's ("<client> - NoPermissionError: this user has no permissions
+    ..."); None for other failures."""
+    text = str(exc)
+    if _refuses_sentinel(text):
+        return _not_a_sentinel(url)
+    if any(sign in text for sign in _DENIED):
+        return PermissionDenied(url, _first_line(exc).rpartition("NoPermissionError: ")[2])
+    return None
 
 
 def _refusal(url: str, exc: redis.ResponseError) -> GpuqError | None:
@@ -181,6 +195,10 @@ def _refusal(url: str, exc: redis.ResponseError) -> GpuqError | None:
                            f"({line}; the server's `databases` setting, 16 by default, bounds it)")
     if _refuses_sentinel(text):
         return _not_a_sentinel(url)
+    if unknown := re.search(r"unknown command [`']([^`']+)[`']", text):  # a Sentinel's port, a proxy
+        return ConfigError(f"Redis at {redact(url)} does not know the command {unknown[1]}: is it a "
+                           "Redis server (6.2 or later)? A Sentinel's address goes in a "
+                           "redis+sentinel:// URL")
     return None
 
 

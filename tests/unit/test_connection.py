@@ -24,6 +24,7 @@ from gpuq.connection import (
     Hosts,
     connect,
     connect_async,
+    denied,
     redis_errors,
 )
 from gpuq.errors import (
@@ -427,3 +428,25 @@ def test_async_pools_check_their_connections_and_have_no_small_bound() -> None:
     pool = sentinel.connection_pool
     assert isinstance(pool, CheckedSentinelPool) and pool.max_connections >= 2**31
     assert not any(s.connection_pool.maint_notifications_enabled() for s in pool.sentinel_manager.sentinels)
+
+
+def test_a_sentinels_acl_refusal_is_a_permission_error_not_no_master() -> None:
+    """Found by a QA pass: redis-py 8.2 collects a Sentinel's NOPERM into MasterNotFoundError,
+    which read as "no master" (an outage a reaper retries) instead of the ACL's refusal."""
+    url = "redis+sentinel://127.0.0.1:26379/m?sentinel_password=pw"
+    refusal = ("No master found for 'm' : <redis.client.Redis(...)> - NoPermissionError: this user "
+               "has no permissions to run the 'sentinel|masters' command")
+    with pytest.raises(PermissionDenied, match="no permissions to run the 'sentinel|masters'") as got:
+        with redis_errors(url):
+            raise redis.sentinel.MasterNotFoundError(refusal)
+    assert "pw" not in str(got.value) and "NoPermissionError" not in str(got.value)
+    assert denied(redis.sentinel.MasterNotFoundError(refusal))
+    assert not denied(redis.sentinel.MasterNotFoundError("No master found for 'm'"))
+
+
+def test_a_server_that_does_not_know_a_command_is_a_one_line_config_error() -> None:
+    """Found by a QA pass: redis:// at a Sentinel's port was a traceback ending in "unknown
+    command 'TIME'"."""
+    with pytest.raises(ConfigError, match="does not know the command TIME: is it a Redis server"):
+        with redis_errors("redis://127.0.0.1:26379/0"):
+            raise redis.ResponseError("unknown command 'TIME', with args beginning with: ")
