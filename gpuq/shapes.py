@@ -5,12 +5,23 @@ one sorted set, and a score names the task's shape without reading its hash."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 WIDE = 2.0**40  # lua/lib/classes.lua NEED_WIDE
 CAP = 2.0**39  # NEED_CAP: VRAM counts up to it in a score
 
 Shape = tuple[float, int]  # (usable or needed GB, GPUs)
+
+
+def gpus_of(value: object) -> int:
+    """A stored GPU count (a task's or a class's field) as 1..64; what is no finite number
+    counts as one GPU, as the scripts read it."""
+    try:
+        n = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 1
+    return int(min(max(n, 1), 64)) if math.isfinite(n) else 1
 
 
 def score(vram_gb: float, gpus: int = 1) -> float:

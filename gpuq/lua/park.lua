@@ -8,7 +8,7 @@
 -- queue and `need` to `parked`, with its `need` score (lib/classes.lua: VRAM and GPUs), its
 -- queue score kept in its `parked` field; and moves a parked task back once a live shape
 -- holds it. Both are found by score ranges and judged by the task's own fields, so a call
--- reads only tasks it moves (and those within 1/16 GB of a wide range's end). A parked
+-- reads only tasks it moves (and those within two score steps past a wide range's end). A parked
 -- task stays `queued`: its tenant counts it, cancel and expiry take it from `parked`, the
 -- scale signals count it (for the class that would hold it), the views count it as parked.
 --

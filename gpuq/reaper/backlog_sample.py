@@ -84,8 +84,7 @@ def read_backlogs(client: redis.Redis, keys: Keys,
         got = [t for t in read if t[4] not in held_back]
         if len(got) < len(read):
             depth = round(depth * len(got) / len(read))
-        sample = tuple((as_float(v), as_float(e), int(min(max(as_float(g), 1), 64)) if g else 1)
-                       for v, e, _, _, _, g in got)
+        sample = tuple((as_float(v), as_float(e), shapes.gpus_of(g)) for v, e, _, _, _, g in got)
         # the head's start-by: its `score` (the queue's score is its fair order with tenants)
         start_by = as_float(got[0][3]) if got and got[0][3] is not None else (
             float(head[0][1]) if head and len(got) == len(read) else math.inf)

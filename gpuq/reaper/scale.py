@@ -132,7 +132,7 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
         for m in unread:
             pipe.smembers(keys.holders(m))
         holders.update((m, frozenset(got) & ids) for m, got in zip(unread, pipe.execute()))
-    gpus = {str(c): int(min(max(as_float(n), 1), 64)) for c, n in class_gpus.items()}
+    gpus = {str(c): shapes.gpus_of(n) for c, n in class_gpus.items()}
     return Snapshot(tuple(workers), backlogs, sizes, holders, load_s,
                     {e.name: e.vram_gb for e in entries if e.vram_gb > 0}, bands,
                     float(top[1]) if top else 0.0, unregistered, forecasts, dict(est_s or {}),

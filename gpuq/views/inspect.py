@@ -12,7 +12,7 @@ import redis
 from gpuq import catalog, tenants, work_index
 from gpuq.clock import from_time_reply
 from gpuq.keys import Keys, live_reservation
-from gpuq.shapes import unheld
+from gpuq.shapes import gpus_of, unheld
 from gpuq.task import TERMINAL_STATES, Priority, ended_count
 from gpuq.worker_record import WorkerFields, WorkerRecord
 
@@ -116,7 +116,7 @@ def pool_view(client: redis.Redis, keys: Keys, top: int | None = None) -> PoolVi
 
     queues, named, parked = _queues(client, keys, per_level, now, top)
 
-    shapes = [(gb, int(min(max(number(class_gpus.get(c)) or 1, 1), 64))) for c, v in classes.items()
+    shapes = [(gb, gpus_of(class_gpus.get(c))) for c, v in classes.items()
               if (gb := class_gb(v)) is not None]
     largest = max((gb for gb, _ in shapes), default=0.0)
     # with no class registered yet (producers before workers) no task is larger than one
