@@ -87,8 +87,11 @@ def test_worker_and_exporter_metrics_count_what_ran(procs: Procs, real_queue: Qu
     assert 0 < value(w, "gpuq_gpu_vram_usage_ratio", gpu="w1", source="ledger") < 1
 
     def exported() -> Samples | None:
+        # the reaper parks the task no live worker holds (lua/park.lua) in the same round it
+        # publishes its plan: wait for both, or the depth read races the park
         _, s = scrape(exporter_port)
-        return s if value(s, "gpuq_workers_desired") or value(s, "gpuq_reaper_active") else None
+        ran = value(s, "gpuq_workers_desired") or value(s, "gpuq_reaper_active")
+        return s if ran and value(s, "gpuq_tasks_parked") else None
 
     e = wait_for(exported, 10, message="the reaper's first round in the exporter")
     assert value(e, "gpuq_tasks_enqueued_total") == 11
@@ -100,7 +103,8 @@ def test_worker_and_exporter_metrics_count_what_ran(procs: Procs, real_queue: Qu
     assert value(e, "gpuq_sla_starts_total") == 9
     assert value(e, "gpuq_model_loads_total", model="m") == 1
     assert value(e, "gpuq_model_load_seconds_total", model="m") > 0
-    assert value(e, "gpuq_queue_depth", priority="P3", model="huge") == 1
+    assert value(e, "gpuq_queue_depth", priority="P3", model="huge") == 0  # parked, out of its queue
+    assert value(e, "gpuq_tasks_parked") == 1
     assert value(e, "gpuq_tasks_unschedulable") == 1
     assert value(e, "gpuq_workers", state="idle") == 1
     assert value(e, "gpuq_reaper_active") == 1
