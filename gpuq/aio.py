@@ -144,6 +144,7 @@ class AsyncScripts:
                     return
         for source in self.sender.sources.values():
             await self.client.script_load(source)
+        self.sender.scripts_loaded()
 
 
 class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):

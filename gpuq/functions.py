@@ -174,6 +174,7 @@ class Sender:
         self.sources, self.shas = _evalsha_sources(names)
         self.base = base
         self.fcall = True
+        self.refusal = ""  # why the library was refused, logged once the scripts load instead
 
     def command(self, call: Call[Any]) -> tuple[Any, ...]:
         if self.fcall:
@@ -189,6 +190,14 @@ class Sender:
             return False
         if not (isinstance(exc, redis.exceptions.NoPermissionError) or str(exc).startswith(_REFUSED)):
             raise exc
-        log.warning("scripts.evalsha library=%s reason=%s: sending EVALSHA", self.library.name, exc)
         self.fcall = False
+        self.refusal = str(exc)
         return True
+
+    def scripts_loaded(self) -> None:
+        """Say once that this client sends EVALSHA, after its scripts loaded: a server that
+        refuses them too (a Sentinel's port) ends in one error line, not a warning first."""
+        if self.refusal:
+            log.warning("scripts.evalsha library=%s reason=%s: sending EVALSHA", self.library.name,
+                        self.refusal)
+            self.refusal = ""

@@ -14,8 +14,10 @@ MASK = "***"
 # scheme://user:password@ -- the password runs to the last "@" before whitespace, so an
 # unencoded "@" or "/" in it is masked too (at worst a little more than the password is)
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/@]*:)[^\s]*@")
-# ?password=... and ?sentinel_password=... query parameters
-_QUERY = re.compile(r"(?i)([?&][a-z_]*password=)[^&\s#'\"]*")  # not the quote that ends a shown URL
+# ?password=... and ?sentinel_password=... query parameters: the value runs to the quote that
+# ends a shown URL, and to a colon before whitespace, where a message goes on ("...=***: why"), so
+# redacting a redacted message keeps its colon
+_QUERY = re.compile(r"(?i)([?&][a-z_]*password=)(?:(?!:\s)[^&\s#'\"])*")
 
 
 def redact(text: str) -> str:

@@ -383,3 +383,4 @@ class Scripts:
                     return
         for source in self.sender.sources.values():
             self.client.script_load(source)
+        self.sender.scripts_loaded()

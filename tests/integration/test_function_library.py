@@ -4,6 +4,7 @@ no call sees state an earlier call of the same library left behind."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
@@ -119,10 +120,11 @@ def test_each_function_answers_as_its_script(queue: Queue) -> None:
 
 
 @pytest.mark.usefixtures("redis_server")
-def test_a_user_who_may_not_load_the_library_sends_evalsha(redis_server: EmbeddedServer,
-                                                           pool: str, prefix: str) -> None:
+def test_a_user_who_may_not_load_the_library_sends_evalsha(redis_server: EmbeddedServer, pool: str,
+                                                           prefix: str, caplog: pytest.LogCaptureFixture
+                                                           ) -> None:
     """A role may call the library's functions but not load them (gpuq.acl): without the
-    library on the server its client sends EVALSHA, and works."""
+    library on the server its client sends EVALSHA, and works, and says so once."""
     admin = redis.Redis.from_url(redis_server.url, decode_responses=True)
     user, password = f"gpuq-test-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
     try:
@@ -132,10 +134,14 @@ def test_a_user_who_may_not_load_the_library_sends_evalsha(redis_server: Embedde
         client = redis.Redis.from_url(redis_server.url, username=user, password=password,
                                       decode_responses=True)
         q = Queue(client, Config(pool=pool, prefix=prefix).validate())
-        q.enqueue("h", None, model="m", vram_gb=1)
+        with caplog.at_level(logging.WARNING, logger="gpuq.functions"):
+            q.enqueue("h", None, model="m", vram_gb=1)
+            q.enqueue("h", None, model="m", vram_gb=1)
         assert not q.scripts.sender.fcall
+        (said,) = [r.getMessage() for r in caplog.records if "scripts.evalsha" in r.getMessage()]
+        assert "function|load" in said, said
         assert q.scripts.command(q.calls.claim(ClaimRequest("w1", 40.0, 0.0, 1)))[0] == "EVALSHA"
-        assert admin.zcard(q.keys.queue(2, "m")) == 1
+        assert admin.zcard(q.keys.queue(2, "m")) == 2
         client.close()
     finally:
         admin.execute_command("ACL", "DELUSER", user)

@@ -350,6 +350,11 @@ def test_every_command_reaches_the_master_through_a_sentinel(servers: Callable[.
                        "no master from the Sentinels at redis+sentinel://", "No master found for 'nope'")
         nobody = f"redis+sentinel://:{SECRET}@127.0.0.1:{free_port()}/m"
         one_line_error(cli_at(procs, nobody, "status"), "(Sentinels that failed: ConnectionError)")
+        # redis:// at the Sentinel's own port: one line naming the command it does not know,
+        # with no warning first about the library it refused (gpuq.functions.Sender)
+        at_sentinel = f"redis://127.0.0.1:{sentinel.port}/0"
+        for args in (("enqueue", "sim.noop", "--model", "m", "--vram-gb", "1"), ("reaper", "--once")):
+            one_line_error(cli_at(procs, at_sentinel, *args), "does not know the command")
 
 
 def test_the_exporter_listens_on_loopback_by_default(redis_server: EmbeddedServer, tmp_path: Path,

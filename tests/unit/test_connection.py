@@ -51,6 +51,10 @@ SECRET = "s3cret"
     ("redis://:p@ss/w0rd@host:6379/0", "redis://:***@host:6379/0"),  # unencoded @ and /
     ("redis+sentinel://h:1/m?sentinel_password=s3cret&x=1", "redis+sentinel://h:1/m?sentinel_password=***&x=1"),
     ("redis://h:1/0?password=s3cret", "redis://h:1/0?password=***"),
+    # a message going on after a query password keeps its colon, redacted once or twice
+    ("at redis+sentinel://h:1/m?sentinel_password=s3cret: boom",
+     "at redis+sentinel://h:1/m?sentinel_password=***: boom"),
+    ("redis://h:1/0?password=s3c:ret:: boom", "redis://h:1/0?password=***: boom"),
     ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
     ("redis://name@host:6379/0", "redis://name@host:6379/0"),  # a user name alone is not secret
     ("mail me at a@b.c, ratio 3:4", "mail me at a@b.c, ratio 3:4"),
