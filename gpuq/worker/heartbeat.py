@@ -90,8 +90,12 @@ class Heartbeat(threading.Thread):
             self.unsent = True
         dropped = self.runtimes.dropped()
         if dropped:
-            log.warning("runtimes.dropped worker=%s runs=%d: more waited than the buffer keeps",
-                        self.id, dropped)
+            # a worker running more tasks a beat than the buffer keeps learns from its newest
+            # runs (the learned mean weighs the newest anyway): a warning only for runs lost
+            # while the calls fail
+            log.log(logging.WARNING if self.unsent else logging.DEBUG,
+                    "runtimes.dropped worker=%s runs=%d: more waited than the buffer keeps",
+                    self.id, dropped)
 
     def run(self) -> None:
         next_beat = 0.0

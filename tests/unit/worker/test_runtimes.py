@@ -186,6 +186,17 @@ def test_the_heartbeat_sends_the_runs_after_its_beat_and_when_it_stops(
     assert learned(q)["slow m"].endswith(" 257") and len(worker.runtimes) == 10
     heartbeat.stop()  # not started: stopping sends the rest
     assert learned(q)["slow m"].endswith(" 267") and len(worker.runtimes) == 0
+    # more runs a beat than the buffer keeps while the calls succeed: the newest are learned,
+    # and that is no warning (a busy batch worker does it every beat)
+    for x in range(CAPACITY + 5):
+        worker.runtimes.add("slow", "m", float(x))
+    with caplog.at_level(logging.DEBUG, logger="gpuq.worker.heartbeat"):
+        heartbeat.flush()
+    (busy,) = [r for r in caplog.records if "runtimes.dropped" in r.getMessage()]
+    assert busy.levelname == "DEBUG" and "runs=5" in busy.getMessage()
+    assert len(worker.runtimes) == CAPACITY - LEARN_MAX_RUNS
+    worker.runtimes.take(CAPACITY)
+    caplog.clear()
 
     def gone(call: object) -> None:
         raise redis.ConnectionError("Connection refused.")
