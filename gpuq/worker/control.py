@@ -19,6 +19,12 @@ blocks on it between beats, so a request reaches the worker at once:
 - ``preload <model> <vram_gb>``: the reaper saw a backlog for a model this idle worker can
   hold; load it now so the tasks find it warm.
 - ``drain``: take no more tasks, finish the running ones, exit 0 (``gpuq drain``).
+
+A task whose lease is gone (``gpuq cancel``, or the reaper took it back from a worker it
+thought dead), which the heartbeat learns, is stopped the same way once ``grace_s`` passes
+(its handler sees ``ctx.should_stop()`` at once), with nothing to requeue: it is no longer
+this worker's, and its slot and VRAM should go to work that counts. A batch stops once every
+one of its tasks is lost (the others' results still count).
 """
 
 from __future__ import annotations
@@ -44,11 +50,13 @@ EXIT_STUCK = 75  # a handler could not be stopped in-process; restart this worke
 
 class Control:
     def __init__(self, client: redis.Redis, keys: Keys, executor: Executor, running: RunningSet,
-                 *, stop_s: float, stopping: threading.Event, drain: Callable[[], None]) -> None:
+                 *, stop_s: float, grace_s: float, stopping: threading.Event,
+                 drain: Callable[[], None]) -> None:
         self.redis = client
         self.executor = executor
         self.running = running
         self.stop_s = stop_s
+        self.grace_s = grace_s  # a task whose lease is gone has this long to stop by itself
         self.stopping = stopping  # the worker takes no more tasks: no preload either
         self.drain = drain
         self.id = executor.id
@@ -105,9 +113,14 @@ class Control:
         now = time.monotonic()
         nearest = float("inf")
         for r in self.running.snapshot():
-            if r.yield_deadline is None:
+            if r.lost_deadline is not None and not r.stopped:
+                if now >= r.lost_deadline:
+                    self.stop_lost(r)
+                else:
+                    nearest = min(nearest, r.lost_deadline - now)
+            if r.yield_deadline is None and r.stop_deadline is None:
                 continue
-            if not r.stopped:
+            if r.yield_deadline is not None and not r.stopped:
                 if now >= r.yield_deadline:
                     self.stop(r)
                 else:
@@ -139,6 +152,27 @@ class Control:
                     self.id)
         ex.observer.observe(r.task_id, "stopped")
         r.stop_deadline = time.monotonic() + self.stop_s
+        r.interrupt()
+
+    def on_lost(self, r: Running) -> None:
+        """The task's lease is gone: its handler sees ``ctx.should_stop()``; past the grace
+        the worker stops it (``stop_lost``)."""
+        r.ctx.lost = True
+        if r.lost_deadline is None:
+            r.lost_deadline = time.monotonic() + self.grace_s
+
+    def stop_lost(self, r: Running) -> None:
+        """Stop a handler still running a task (or a batch of tasks) it lost, as ``stop``
+        does, with nothing to requeue; a batch with a task it still holds runs on."""
+        r.lost_deadline = None
+        runs = [o for o in self.running.snapshot() if o.thread_id == r.thread_id] or [r]
+        if not all(o.ctx.lost for o in runs):
+            return
+        until = time.monotonic() + self.stop_s
+        for o in runs:
+            o.stopped, o.lost_deadline, o.stop_deadline = True, None, until
+            log.warning("task.stopped task=%s worker=%s: its lease is gone (canceled, or taken "
+                        "back) and it did not stop within %g s", o.task_id, self.id, self.grace_s)
         r.interrupt()
 
     def exit_stuck(self, r: Running) -> None:

@@ -75,8 +75,8 @@ class Heartbeat(threading.Thread):
         still = {r.task_id for r in self.running.snapshot()}  # a task acked since the snapshot is not lost
         for r in running:
             if r.task_id in lost and not r.ctx.lost and r.task_id in still:
-                r.ctx.lost = True
                 log.warning("lease.lost task=%s worker=%s", r.task_id, self.id)
+                self.control.on_lost(r)
 
     def flush(self, rounds: int | None = 1) -> None:
         """Send measured run times to learn.lua (``RunTimes.send``); a failure is logged,

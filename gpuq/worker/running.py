@@ -30,7 +30,8 @@ class Running:
     thread_id: int = 0  # the runner thread calling the handler
     yield_deadline: float | None = None  # monotonic: asked to yield, stopped after this
     stop_deadline: float | None = None  # monotonic: stopped, the worker exits after this
-    stopped: bool = False  # requeued by the worker: whatever the handler does is moot
+    lost_deadline: float | None = None  # monotonic: its lease is gone, stopped after this
+    stopped: bool = False  # requeued by the worker, or lost: whatever the handler does is moot
     in_handler: bool = False
     rejected: str | None = None  # why this worker will not run it (execute fails it)
     batched: bool = False  # added to the batch of another task: it uses that task's slot

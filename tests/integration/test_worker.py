@@ -351,6 +351,25 @@ def test_cancel_of_a_running_task_stops_its_handler(procs: Procs, real_queue: Qu
     wait_for(lambda: "lease.lost" in worker.log(), message="the worker to log the lost lease")
 
 
+def test_a_canceled_handler_that_runs_on_is_stopped_past_the_grace(procs: Procs,
+                                                                  real_queue: Queue) -> None:
+    """Found by a QA pass: a handler that does not check ctx.should_stop() ran its whole
+    run after a cancel while its worker, its task set empty, took nothing. Past the grace
+    (1 s here) the worker stops it in-process and takes the next task."""
+    worker = procs.worker("w1", env={"GPUQ_GRACE_S": "1"})
+    long = real_queue.enqueue("sim.run", {"ignore_yield": True}, model="m", vram_gb=10,
+                              est_s=est(60.0))
+    wait_for(lambda: procs.redis.hget(procs.keys.task(long.id), "began_at"), 10,
+             message="its handler to start, its model loaded")
+    real_queue.cancel(long.id)
+    follow = real_queue.enqueue("sim.noop", "next", model="m", vram_gb=10)
+    record = procs.wait_state(follow.id, State.SUCCEEDED, timeout=15)
+    assert record.worker == "w1" and worker.alive()
+    assert record.finished_at - long.record().finished_at < 6.0  # a beat and the grace, not 60 s
+    wait_for(lambda: f"task.stopped task={long.id}" in worker.log(), 5, message="the stop logged")
+    assert long.record().state is State.CANCELED
+
+
 def test_small_gpu_evicts_its_idle_model_for_the_next_one(procs: Procs, real_queue: Queue) -> None:
     procs.worker("w1", vram_gb=24)  # 19 GB usable
     keys = real_queue.keys

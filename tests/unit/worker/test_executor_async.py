@@ -220,7 +220,7 @@ def test_a_stubborn_async_handler_is_cancelled_at_its_yield_deadline(q: Queue, e
     t = q.enqueue("stubborn", None, model="llm", vram_gb=NEED)
     claimed = claim(q, ex)
     running = claimed[2]
-    control = Control(q.redis, q.keys, ex, ex.running, stop_s=5, stopping=threading.Event(),
+    control = Control(q.redis, q.keys, ex, ex.running, stop_s=5, grace_s=10, stopping=threading.Event(),
                       drain=lambda: None)
     out: list[Call[Any] | None] = []
     runner = threading.Thread(target=lambda: out.append(ex.execute(*claimed)))

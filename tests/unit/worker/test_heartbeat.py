@@ -10,9 +10,11 @@ import pytest
 import redis
 
 from gpuq import Config, Queue, worker_record
+from gpuq.app import Context
 from gpuq.worker.executor import Claimed
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.loop import Worker
+from gpuq.worker.running import Running
 from workers.sim import app
 
 
@@ -128,6 +130,45 @@ def test_a_stop_that_redis_did_not_answer_is_tried_again() -> None:
     worker.scripts.run = run  # type: ignore[method-assign]
     control.watch()
     assert running.stopped and queue.record(task.id).state.value == "queued"
+
+
+def test_a_canceled_task_still_running_is_stopped_once_the_grace_passes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a QA pass: a canceled task whose handler did not check ctx.should_stop()
+    ran to its end (58 s) while the worker, its task set empty, looked idle and took
+    nothing, and a P0 task waited for it. The beat that learns of the lost lease sets
+    should_stop(); past the grace the handler is stopped, nothing requeued."""
+    queue, worker, task, (_, _, running) = claimed()
+    interrupted: list[str] = []
+    monkeypatch.setattr(type(running), "interrupt", lambda r: interrupted.append(r.task_id) or True)
+    heartbeat = worker.heartbeat()
+    task.cancel()
+    heartbeat.beat()
+    assert running.ctx.should_stop() and running.lost_deadline is not None
+    assert heartbeat.control.watch() <= worker.config.grace_s and not running.stopped
+    running.lost_deadline = 0.0  # the grace is over
+    heartbeat.control.watch()
+    assert running.stopped and interrupted == [task.id] and running.stop_deadline is not None
+    assert queue.record(task.id).state.value == "canceled"  # nothing requeued
+
+
+def test_a_batch_with_a_task_it_still_holds_is_not_stopped_for_a_lost_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch's tasks share one handler call: it stops only once every one of them is lost."""
+    _, worker, task, (_, _, running) = claimed()
+    other = Running("t-other", 1, Context("t-other", 1, worker.id, "m", 1.0, 1.0), 0.0, running.thread_id)
+    worker.running.track(other)
+    interrupted: list[str] = []
+    monkeypatch.setattr(Running, "interrupt", lambda r: interrupted.append(r.task_id) or True)
+    control = worker.heartbeat().control
+    control.on_lost(running)
+    running.lost_deadline = 0.0
+    control.watch()
+    assert not running.stopped and not other.stopped and interrupted == []
+    control.on_lost(other)
+    other.lost_deadline = 0.0
+    control.watch()
+    assert running.stopped and other.stopped and len(interrupted) == 1
 
 
 def test_a_reservation_message_nudges_a_waiting_batch() -> None:
