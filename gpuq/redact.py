@@ -31,3 +31,9 @@ def one_line(message: str) -> str:
     characters escaped (a task's model or handler, a worker's GPU name, a tenant may hold
     any of them but whitespace)."""
     return re.sub(r"[\x00-\x1f\x7f\x85\u2028\u2029]", lambda m: repr(m.group())[1:-1], message)
+
+
+def clipped(name: str, most: int = 40) -> str:
+    """A user's name as an error shows it: quoted, its first ``most`` characters (a name
+    refused as too long stays a short line)."""
+    return repr(name) if len(name) <= most else f"{name[:most]!r}... ({len(name)} characters)"

@@ -11,7 +11,6 @@ import itertools
 import json
 import math
 import random
-import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from enum import Enum, IntEnum
 from typing import Any, NamedTuple
 
 from gpuq.errors import CorruptTask, DuplicateTask, InvalidTask
+from gpuq.names import name_problem
 
 MAX_PAYLOAD_BYTES = 1 << 20  # 1 MiB: a task carries parameters, not tensors
 MAX_RESULT_BYTES = 1 << 20  # 1 MiB: results too (ack.lua refuses larger); outputs go to storage
@@ -27,7 +27,6 @@ MAX_CHECKPOINT_BYTES = 1 << 20  # and a checkpoint (requeue.lua refuses larger)
 # would build a new one per call, a third of a bulk enqueue's client time); it escapes every
 # non-ASCII character, so a text's length is its size in bytes
 JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
-MAX_NAME_LEN = 200
 MAX_GPUS = 64  # devices a task may run across (enqueue.lua refuses more)
 MAX_SECONDS = 1e10  # est_s and deadline_s at most (enqueue.lua's bounds: about 300 years)
 MAX_VRAM_GB = 1e6  # a task's VRAM over all its GPUs at most: a petabyte is no task's
@@ -123,7 +122,6 @@ def _positive_number(name: str, value: object, *, allow_zero: bool = False,
     return number
 
 
-BAD_NAME = re.compile(r"[{},\s]")  # braces would break the hash tag; commas the model lists
 
 
 _good_names: set[str] = set()  # handler, model and tenant names repeat: check each once
@@ -134,8 +132,8 @@ def _name(field: str, value: object) -> str:
         raise InvalidTask(f"{field} must be a non-empty string")
     if value in _good_names:
         return value
-    if len(value) > MAX_NAME_LEN or BAD_NAME.search(value):
-        raise InvalidTask(f"{field} {value!r} is too long or holds spaces, commas or braces")
+    if problem := name_problem(value):
+        raise InvalidTask(f"{field} {problem}")
     if field not in ("task_id", "parent id"):  # ids are one-off
         if len(_good_names) >= 4096:
             _good_names.clear()

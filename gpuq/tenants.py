@@ -19,6 +19,7 @@ import redis
 from gpuq.client import Queue
 from gpuq.errors import TenantError
 from gpuq.keys import REQUIRED, Keys
+from gpuq.names import name_problem
 
 DEFAULT_WEIGHT = 1.0
 BOUND = "bound:"  # tenant:use field prefix of the reaper's bounds (lib/quota.lua)
@@ -32,9 +33,10 @@ class Tenant:
     max_vram_gb: float | None = None  # their VRAM, weights included
 
     def __post_init__(self) -> None:
-        if not self.name or len(self.name) > 200 or any(c.isspace() or c in "{}," for c in self.name):
-            raise TenantError(f"tenant name {self.name!r} must be a non-empty name without "
-                              "spaces, commas or braces")
+        if not self.name:
+            raise TenantError("tenant name must not be empty")
+        if problem := name_problem(self.name):
+            raise TenantError(f"tenant name {problem}")
         if not (math.isfinite(self.weight) and 1e-6 <= self.weight <= 1e6):
             raise TenantError(f"weight must be 1e-6..1e6, got {self.weight}")
         if self.max_gpus is not None and not 0 <= self.max_gpus <= 1_000_000:

@@ -25,7 +25,8 @@ from gpuq.cli.base import (
 from gpuq.cli.tasks import within
 from gpuq.connection import redis_errors
 from gpuq.errors import ConfigError
-from gpuq.task import BAD_NAME, MAX_NAME_LEN, Priority
+from gpuq.names import MAX_NAME_LEN, name_problem
+from gpuq.task import Priority
 from gpuq.tls import Tls
 from gpuq.views.inspect import pool_view
 
@@ -37,8 +38,7 @@ POSITIVE = within("a finite number > 0", lambda v: 0 < v < math.inf)
 def _worker_id(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """--name: a worker id is part of its keys and listed in status, so it holds no space,
     brace, comma or control character."""
-    if value is not None and (not value or len(value) > MAX_NAME_LEN or not value.isprintable()
-                              or BAD_NAME.search(value)):
+    if value is not None and (not value or name_problem(value)):
         raise ConfigError(f"--name {value!r}: a worker id must be 1..{MAX_NAME_LEN} printable "
                           "characters without spaces, commas or braces")
     return value

@@ -60,11 +60,13 @@ if n < 1 or n ~= math.floor(n) then return {1, 0, 'expected groups of 16 task fi
 if not now then return {1, 0, 'now must be ms >= 0'} end
 if not (sla['0'] and sla['1'] and sla['2'] and sla['3']) then return {1, 0, 'SLAs must be ms >= 0'} end
 
--- A name is non-empty, at most 200 bytes, without whitespace, braces or commas (keys, hash tags
--- and lists carry names). Plain finds: a bracket class costs several times as much per byte.
+-- A name is non-empty, at most 200 bytes, without whitespace, control characters, braces or
+-- commas (keys, hash tags, lists and logs carry names). %c: every ASCII control character, the
+-- whitespace but the space among them. Plain finds: a bracket class costs several times as much
+-- per byte.
 local function bad_chars(s)
-  return string.find(s, '%s') or string.find(s, '{', 1, true) or string.find(s, '}', 1, true)
-    or string.find(s, ',', 1, true)
+  return string.find(s, '%c') or string.find(s, ' ', 1, true) or string.find(s, '{', 1, true)
+    or string.find(s, '}', 1, true) or string.find(s, ',', 1, true)
 end
 local function bad_name(s) return s == '' or #s > 200 or bad_chars(s) ~= nil end
 

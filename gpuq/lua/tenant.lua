@@ -64,7 +64,7 @@ local function limited(t)
 end
 
 local function bad_name(t)
-  return not t or t == '' or #t > 200 or string.find(t, '[%s{},]') ~= nil
+  return not t or t == '' or #t > 200 or string.find(t, '[%s%c{},]') ~= nil
 end
 
 -- Whether tenant t keeps its state: registered, its work total not `total`, tasks queued, use

@@ -15,7 +15,8 @@ from datetime import datetime
 from typing import Any
 
 from gpuq.errors import GpuqError, InvalidTask
-from gpuq.task import MAX_NAME_LEN, TaskSpec
+from gpuq.names import MAX_NAME_LEN
+from gpuq.task import TaskSpec
 
 HANDLER = "rq.job"  # the gpuq handler name of every task made from an RQ job
 GPU_FIELDS = ("model", "vram_gb", "priority", "est_s", "deadline_s", "preemptible", "tenant",

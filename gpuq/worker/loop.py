@@ -343,9 +343,8 @@ class Worker:
 
     def heartbeat(self) -> Heartbeat:
         """The heartbeat thread (not started), with the control of this worker it serves."""
-        control = Control(self.redis, self.keys, self.executor, self.running,
-                          stop_s=self.config.stop_s, grace_s=self.config.grace_s,
-                          stopping=self.stopping, drain=self.drain)
+        control = Control(self.redis, self.keys, self.executor, self.running, stop_s=self.config.stop_s,
+                          grace_s=self.config.grace_s, stopping=self.stopping, drain=self.drain)
         return Heartbeat(self.running, self.presence, self.cache, self.scripts, self.calls,
                          control, self.gpu, self.runtimes, period_s=self.config.heartbeat_s,
                          outage=self.outage, stopping=self.stopping, retired=self.retired,

@@ -660,6 +660,8 @@ def test_bad_raw_input_is_rejected_by_the_enqueue_script(queue: Queue, field: st
 @pytest.mark.parametrize("field, raw", [
     ("id", "a\tb"), ("id", "x" * 201), ("handler", "a,b"), ("handler", "x" * 201),
     ("model", "m\nx"), ("model", "{m}"), ("tenant", "t}"), ("tenant", "t u"), ("tenant", "x" * 201),
+    # control characters would reach key names, logs and terminals as they are
+    ("model", "m\x01"), ("model", "a\x00b"), ("handler", "h\x1b[31m"), ("tenant", "t\x7f"),
 ])
 def test_a_bad_name_is_rejected_with_its_field_named(queue: Queue, field: str, raw: str) -> None:
     _, call = raw_enqueue_call(queue, **{field: raw})

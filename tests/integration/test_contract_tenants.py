@@ -232,6 +232,7 @@ def test_a_pool_that_requires_registration_refuses_other_tenants_whole_calls(que
 
 @pytest.mark.parametrize("args, message", [
     (("set", "a b", "1", "-", "-"), "tenant name"),
+    (("set", "a\x1b[31m", "1", "-", "-"), "tenant name"),
     (("set", "a", "0", "-", "-"), "weight"),
     (("set", "a", "nan", "-", "-"), "weight"),
     (("set", "a", "1", "1.5", "-"), "max_gpus"),

@@ -185,8 +185,15 @@ def test_tenant_and_schedule_refusals_are_one_line(cli_pool: Pool, ping_only: st
 # -- names are escaped on output --------------------------------------------------------------
 
 def test_task_text_escapes_control_characters(cli_pool: Pool) -> None:
-    task_id = cli_pool.ok("enqueue", "sim\x1b[31mrun", "--model", "m\x1b]0;x\x07", "--vram-gb", "1",
-                          "--tenant", "t\x01").strip()
+    """Enqueue refuses a name with a control character (one line, nothing written); a hash
+    that holds one anyway (written by hand, or before names were checked for them) shows
+    it escaped."""
+    assert_clean_error(cli_pool.invoke("enqueue", "sim\x1b[31mrun", "--model", "m", "--vram-gb", "1"),
+                       "control characters")
+    assert cli_pool.all_keys() == set()
+    task_id = cli_pool.ok("enqueue", "sim.run", "--model", "m", "--vram-gb", "1").strip()
+    cli_pool.redis.hset(cli_pool.keys.task(task_id), mapping={
+        "handler": "sim\x1b[31mrun", "model": "m\x1b]0;x\x07", "tenant": "t\x01"})
     out = cli_pool.ok("task", task_id)
     assert "\x1b" not in out and "\x01" not in out and "\x07" not in out
     assert "handler       sim\\x1b[31mrun" in out.splitlines()

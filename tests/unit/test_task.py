@@ -79,7 +79,8 @@ def test_build_rejects_unknown_priority(priority: object) -> None:
         build(priority=priority)
 
 
-BAD_NAMES = ["", "   ", "a b", "a{b", "a}b", "{pool}", "a,b", "a\tb", "a\nb", "x" * 201, 7]
+BAD_NAMES = ["", "   ", "a b", "a{b", "a}b", "{pool}", "a,b", "a\tb", "a\nb", "x" * 201, 7,
+             "a\x00b", "m\x01", "m\x1b[31mRED", "a\x7f", "a\x9bb", "a\u2028b"]
 
 
 @pytest.mark.parametrize("field, bad", [
@@ -93,6 +94,13 @@ def test_build_rejects_bad_names(field: str, bad: object) -> None:
 
 def test_build_accepts_a_name_of_max_length() -> None:
     assert build(model="m" * 200).model == "m" * 200
+    assert build(model="modèle-ü:1").model == "modèle-ü:1"
+
+
+def test_a_name_too_long_is_said_so_in_a_short_line() -> None:
+    with pytest.raises(InvalidTask) as info:
+        build(model="x" * 5000)
+    assert "longer than 200 characters" in str(info.value) and len(str(info.value)) < 200
 
 
 def test_build_rejects_oversized_payload() -> None:

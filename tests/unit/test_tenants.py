@@ -24,3 +24,13 @@ def test_a_stored_value_reads_back_or_is_ignored_when_malformed() -> None:
     assert not Tenant("free").capped
     for bad in ("", "2", "x 1 -", "0 - -", "1 1.5 -", "1 - nan"):
         assert Tenant.parse("shop", bad) is None
+
+
+def test_a_bad_name_is_said_in_one_short_line() -> None:
+    """Found by a QA pass: a 5,000-character name was echoed whole, with the wrong reason."""
+    with pytest.raises(TenantError, match="longer than 200 characters") as info:
+        Tenant("x" * 5000)
+    assert len(str(info.value)) < 200
+    for bad in ("a\x01", "t\x1b[31m", "a\x7fb", "a b", "{t}"):
+        with pytest.raises(TenantError, match="control characters"):
+            Tenant(bad)

@@ -102,7 +102,7 @@ def test_a_missing_or_repeated_column_is_one_error(tmp_path: Path, text: str, ex
     ("1e13,m,P0,1", "arrival_s must be at most 1e+10 in size, got '1e13'"),
     ("1,m,P0,inf", "service_s must be a finite number, got 'inf'"),
     ("1,,P0,1", "model must be a non-empty string"),
-    ("1,my model,P0,1", "model 'my model' is too long or holds spaces, commas or braces"),
+    ("1,my model,P0,1", "model 'my model' holds spaces, commas, braces or control characters"),
     ("1,m,P0,1,0", "vram_gb must be a finite number > 0"),
     ("1,m,P0,1,big", "vram_gb 'big' is not a number"),
     ("1,m,P0,1,,-5", "deadline_s must be a finite number > 0"),
