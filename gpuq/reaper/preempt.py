@@ -25,10 +25,11 @@ end soonest (started + estimate) decides:
 Waiting up to ``max_wait_s`` (30 s) for a 200 ms SLA would miss it for certain, so the
 start-by time bounds the graceful wait while the SLA can still be met.
 
-A worker and a victim serve one waiting task per round; a task with a live reservation
-is not planned again. ``plan`` is pure; ``Preemptor.step`` reads the pool (bounded: the
-running set, then, only if some worker could be a victim's, the heads of the P0/P1
-queues) and commits each decision with preempt.lua, which re-checks it atomically.
+A waiting task whose tenant is at a limit takes only room its own tenant gives back
+(gpuq.reaper.preempt_limits). A worker and a victim serve one waiting task per round; a
+task with a live reservation is not planned again. ``plan`` is pure; ``Preemptor.step``
+reads the pool (bounded: the running set, then, only if some worker could be a victim's,
+the heads of the P0/P1 queues) and commits each decision with preempt.lua, which re-checks it atomically.
 ``quiet_until`` says, from the same inputs, how long a plan that decided nothing stays
 empty while the pool does not change: the reaper plans again then if that comes before its
 next round, and the simulator skips the rounds in between.
@@ -37,6 +38,7 @@ next round, and the simulator skips the rounds in between.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -46,6 +48,7 @@ from gpuq import work_index
 from gpuq.clock import server_ms
 from gpuq.config import Config
 from gpuq.keys import Keys, live_reservation
+from gpuq.reaper.preempt_limits import Charge, Limits, charge_of, read_limits
 from gpuq.replies import scored
 from gpuq.scripts import Calls, Scripts
 from gpuq.wire import exchange
@@ -67,6 +70,7 @@ class Waiting:
     start_by_ms: int | None = None  # its queue score; None: no SLA bound on the wait
     offered: str = ""  # the worker enqueue offered it to (maybe a busy holder of its model)
     gpus: int = 1  # devices it runs across: only a group of at least that many can take it
+    tenant: str = ""
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,7 @@ class Victim:
     room_gb: float
     levels: str  # priorities the worker serves
     gpus: int = 1  # devices in the worker's group
+    charge: Charge | None = None  # what its end gives back to its tenant's limits
 
     @property
     def ends_ms(self) -> int:
@@ -107,20 +112,23 @@ class Decision:
 
 
 def plan(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
-         reserved: set[str], config: Config, now_ms: int) -> list[Decision]:
+         reserved: set[str], config: Config, now_ms: int,
+         limits: Mapping[str, Limits] | None = None) -> list[Decision]:
     """Decisions for the waiting tasks, most urgent first. idle: (claimable GB, levels)
-    of idle workers; reserved: workers that already have a reservation."""
+    of idle workers; reserved: workers that already have a reservation; limits: the waiting
+    tasks' tenants that have any (preempt_limits.read_limits)."""
     used: set[str] = set(reserved)
+    room = dict(limits or {})  # with the starts decided so far counted
     out: list[Decision] = []
     wait_ms = int(config.max_wait_s * 1000)
     for w in sorted(waiting, key=lambda t: t.priority):
-        fits = candidates_for(w, victims, idle, used)
+        fits = candidates_for(w, victims, idle, used, room.get(w.tenant))
         if not fits:
             continue
         soonest = min(fits, key=lambda v: v.ends_ms)
         # offered to a busy holder while a GPU idles: waited for only by its start-by time
         # (the idle GPU loads its model once the offer lapses)
-        may_wait = soonest.ends_ms <= now_ms + wait_ms and not idle_fits(w, idle)
+        may_wait = soonest.ends_ms <= now_ms + wait_ms and not idle_takes(w, idle, room.get(w.tenant))
         graceful: Victim | None = soonest if may_wait else None
         if w.start_by_ms is not None and w.start_by_ms > now_ms:
             # the SLA can still be met: wait only for a victim due to end by the start-by
@@ -139,19 +147,35 @@ def plan(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
         else:
             continue
         used.add(decision.victim.worker)
+        if (limit := room.get(w.tenant)) is not None:
+            own = decision.victim.charge if own_charge(w, decision.victim) else None
+            room[w.tenant] = limit.after(own, (w.need_gb, w.gpus))
         out.append(decision)
     return out
 
 
 def candidates_for(w: Waiting, victims: list[Victim], idle: list[Idle],
-                   used: set[str]) -> list[Victim]:
+                   used: set[str], limit: Limits | None = None) -> list[Victim]:
     """The victims that could make room for ``w``; while an idle worker could claim it (and
-    load its model cold), only those on the busy holder of its model it was offered to."""
+    load its model cold), only those on the busy holder of its model it was offered to;
+    while its tenant is at a limit, only its own tenant's whose end lets it start."""
     fits = [v for v in victims if v.priority > w.priority and v.worker not in used
             and v.room_gb >= w.need_gb and str(w.priority) in v.levels and v.gpus >= w.gpus]
+    if limit is not None and limit.over(w.need_gb, w.gpus):
+        return [v for v in fits if own_charge(w, v)
+                and not limit.after(v.charge).over(w.need_gb, w.gpus)]
     if idle_fits(w, idle):
         return [v for v in fits if v.worker == w.offered]
     return fits
+
+
+def own_charge(w: Waiting, v: Victim) -> bool:  # v counts against the limits of w's tenant
+    return v.charge is not None and v.charge[0] == w.tenant
+
+
+def idle_takes(w: Waiting, idle: list[Idle], limit: Limits | None) -> bool:
+    """Whether an idle worker would claim ``w`` now (its tenant within its limits)."""
+    return idle_fits(w, idle) and not (limit is not None and limit.over(w.need_gb, w.gpus))
 
 
 def idle_fits(w: Waiting, idle: list[Idle]) -> bool:
@@ -167,7 +191,8 @@ def may_be_asked(v: Victim, config: Config, now_ms: int) -> bool:
 
 
 def quiet_until(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
-                reserved: set[str], config: Config) -> int | None:
+                reserved: set[str], config: Config,
+                limits: Mapping[str, Limits] | None = None) -> int | None:
     """For inputs on which ``plan`` decided nothing: the first time (ms) at which it decides
     something on the same inputs; None: never, until the pool changes.
 
@@ -179,11 +204,12 @@ def quiet_until(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
     waited for) or a candidate reaches its minimum runtime."""
     wait_ms = int(config.max_wait_s * 1000)
     times: list[int] = []
+    limits = limits or {}
     for w in waiting:
-        fits = candidates_for(w, victims, idle, reserved)
+        fits = candidates_for(w, victims, idle, reserved, limits.get(w.tenant))
         if not fits:
             continue
-        if not idle_fits(w, idle):
+        if not idle_takes(w, idle, limits.get(w.tenant)):
             times.append(min(v.ends_ms for v in fits) - wait_ms)
         for v in fits:
             if v.preemptions < config.preempt_max:
@@ -227,8 +253,9 @@ class Preemptor:
         waiting = self.read_waiting(now, min(MODELS_LOOKED_AT, candidates))
         if not waiting:
             return {}
-        decisions = plan(waiting, victims, idle, reserved, self.config, now)
-        quiet = now if decisions else quiet_until(waiting, victims, idle, reserved, self.config)
+        limits = read_limits(self.redis, self.keys, {w.tenant for w in waiting})
+        decisions = plan(waiting, victims, idle, reserved, self.config, now, limits)
+        quiet = now if decisions else quiet_until(waiting, victims, idle, reserved, self.config, limits)
         self.quiet_until = min((t for t in (quiet, self.reservations_end) if t is not None), default=None)
         done: dict[str, int] = {}
         for d in decisions:
@@ -266,7 +293,7 @@ class Preemptor:
                  for i, score in head]
         pipe = r.pipeline(transaction=False)
         for _, i, _ in heads:
-            pipe.hmget(k.task(i), "vram_gb", "reserved_for", "offered", "score", "gpus")
+            pipe.hmget(k.task(i), "vram_gb", "reserved_for", "offered", "score", "gpus", "tenant")
         rows = pipe.execute()
         holders = sorted({str(h) for _, h, *_ in rows if h})
         pipe = r.pipeline(transaction=False)
@@ -275,8 +302,9 @@ class Preemptor:
         live = {h: got[0] for h, v in zip(holders, pipe.execute())
                 if (got := live_reservation(v, now_ms))}
         # the start-by is the task's `score` (the queue's score is its fair order with tenants)
-        return [Waiting(i, p, float(need), _ms(start_by, score), str(offered or ""), int(gpus or 1))
-                for (p, i, score), (need, holder, offered, start_by, gpus) in zip(heads, rows)
+        return [Waiting(i, p, float(need), _ms(start_by, score), str(offered or ""), int(gpus or 1),
+                        str(tenant or ""))
+                for (p, i, score), (need, holder, offered, start_by, gpus, tenant) in zip(heads, rows)
                 if need is not None and live.get(str(holder or "")) != i]
 
     def read_workers(self, now_ms: int) -> tuple[list[Victim], list[Idle], set[str]]:
@@ -309,7 +337,7 @@ class Preemptor:
             GPU_FIELDS.read(pipe, k, w)
         for i in running:
             pipe.hmget(k.task(i), "state", "token", "worker", "priority", "started_at", "est_s",
-                       "preemptible", "preemptions", "yield_by", "ready_at", "vram_gb", "model")
+                       "preemptible", "preemptions", "yield_by", "ready_at", "charged", "vram_gb", "model")
         held, *rows = pipe.execute()
         for w, f in zip(unknown, rows):
             if (record := GPU_FIELDS.record(w, f)) is not None:
@@ -325,7 +353,7 @@ class Preemptor:
         load, frees = worker_loads(r, k, tasks)
         victims = []
         for i, f, freed in zip(running, tasks, frees):
-            state, token, worker, prio, started, est, pre, count, asked, ready, vram, _ = f
+            state, token, worker, prio, started, est, pre, count, asked, ready, charged, vram, _ = f
             if state != "running" or pre != "1" or asked or worker not in info or not started:
                 continue
             usable, levels, gpus = info[worker]
@@ -333,7 +361,7 @@ class Preemptor:
             began = max(int(started), int(ready or 0))
             victims.append(Victim(i, int(token), worker, int(prio), began, float(est),
                                   int(count or 0), usable - (load[worker] - freed),
-                                  levels, gpus))
+                                  levels, gpus, charge_of(charged)))
         return victims, idle, reserved
 
 

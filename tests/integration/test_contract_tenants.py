@@ -7,6 +7,7 @@ tenant.lua (``gpuq.tenants``).
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import pytest
@@ -15,6 +16,7 @@ from test_contract_handover import register
 
 from gpuq import Queue
 from gpuq.errors import InvalidTask, TenantError
+from gpuq.reaper.preempt import Preemptor
 from gpuq.task import State
 from gpuq.tenants import Tenant, read, remove_tenant, require_registered, set_tenant
 
@@ -280,3 +282,25 @@ def test_a_corrupt_task_failed_in_its_queue_leaves_its_tenants_count(queue: Queu
     assert queue.redis.hget(queue.keys.task(tid), "state") == "failed"
     assert queue.redis.hgetall(queue.keys.tenant_queued) == {}
     assert queue.redis.hget(queue.keys.task(tid), "fair") == ""
+
+
+def test_the_planner_asks_a_capped_tenant_to_make_room_from_its_own_tasks(queue: Queue) -> None:
+    """Found by a QA pass: tenant A at max_gpus 1 waited with a P0 task; the planner asked
+    tenant B's task to yield (it ended sooner), which freed a GPU the claim would not give A,
+    then asked A's own. Read from the claims' `charged` fields and the tenants' use."""
+    now = int(time.time() * 1000)
+    set_tenant(queue, Tenant("A", max_gpus=1))
+    set_tenant(queue, Tenant("B"))
+    for w in ("w1", "w2"):
+        queue.redis.hset(queue.keys.worker(w), mapping={"vram_total_gb": 80, "kv_reserve_gb": 5})
+        queue.redis.zadd(queue.keys.workers, {w: now + 60_000})
+    started = now - 60_000
+    b_task = enqueue(queue, started, model="m", vram_gb=16, priority="P3", est_s=500, tenant="B")
+    assert claim(queue, "w1", 75, loaded=HELD, now_ms=started)["id"] == b_task  # type: ignore[index]
+    a_task = enqueue(queue, started, model="m", vram_gb=16, priority="P3", est_s=600, tenant="A")
+    assert claim(queue, "w2", 75, loaded=HELD, now_ms=started)["id"] == a_task  # type: ignore[index]
+    enqueue(queue, now, model="m", vram_gb=16, priority="P0", est_s=5, tenant="A")
+    planner = Preemptor(queue.redis, queue.keys, queue.config, queue.scripts, queue.calls)
+    assert planner.step(now) == {"yield": 1}
+    assert queue.redis.hget(queue.keys.task(a_task), "yield_by") is not None
+    assert queue.redis.hget(queue.keys.task(b_task), "yield_by") is None

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from helpers import CFG, NOW, victim
 
 from gpuq.reaper.preempt import Idle, Victim, Waiting, plan
+from gpuq.reaper.preempt_limits import Limits
 
 
 def test_victim_ending_within_max_wait_is_reserved_not_interrupted() -> None:
@@ -129,3 +132,46 @@ def test_a_multi_gpu_task_is_planned_only_against_a_group_that_large() -> None:
     # the one-GPU victim ends in 5 s, yet only the pair can run the task: it is asked to yield
     assert [(d.kind, d.victim.worker) for d in out] == [("yield", "pair")]
     assert plan([Waiting("p0", 0, 140, gpus=4)], [single, pair], [], set(), CFG, NOW) == []
+
+
+def test_a_task_whose_tenant_is_at_its_cap_takes_only_its_own_tenants_room() -> None:
+    """Found by a QA pass: tenant A at max_gpus 1 waited with a P0 task; the planner asked
+    tenant B's task to yield, which freed a GPU A's task could not start on, then asked A's
+    own. Only a victim of A's whose end gives back enough of A's limit makes room."""
+    a_cap = {"A": Limits(max_gpus=1, gpus=1, vram_gb=16, tasks=1)}
+    b_task = replace(victim("b-task", "w1", left_s=50), charge=("B", 16.0, 1))
+    a_task = replace(victim("a-task", "w2", left_s=60), charge=("A", 16.0, 1))
+    uncharged = victim("plain", "w3", left_s=40)
+    waiting = Waiting("a-p0", 0, 16, tenant="A")
+    out = plan([waiting], [b_task, a_task, uncharged], [], set(), CFG, NOW, a_cap)
+    assert [(d.kind, d.victim.id) for d in out] == [("yield", "a-task")]
+    # nothing of A's running: nothing to ask (no yield for nothing, no reservation either)
+    assert plan([waiting], [b_task, uncharged], [], set(), CFG, NOW, a_cap) == []
+    # within its limits the tenant is planned for as before (the soonest end)
+    roomy = {"A": Limits(max_gpus=2, gpus=1, vram_gb=16, tasks=1)}
+    assert [d.victim.id for d in plan([waiting], [b_task, a_task, uncharged], [], set(), CFG, NOW,
+                                      roomy)] == ["plain"]
+    # a victim of A's too small to give back the room the waiting task needs (VRAM cap)
+    vram_cap = {"A": Limits(max_vram_gb=40, gpus=1, vram_gb=30, tasks=1)}
+    small = replace(a_task, charge=("A", 10.0, 1))
+    assert plan([Waiting("a-big", 0, 30, tenant="A")], [small], [], set(), CFG, NOW, vram_cap) == []
+
+
+def test_an_idle_worker_does_not_stop_the_plan_for_a_task_its_tenant_limit_holds_back() -> None:
+    a_cap = {"A": Limits(bound=1, gpus=1, vram_gb=16, tasks=1)}  # the tenants' room bound
+    a_task = replace(victim("a-task", "w2", left_s=60), charge=("A", 16.0, 1))
+    out = plan([Waiting("a-p0", 0, 16, tenant="A")], [a_task], [Idle(75.0, "0123")], set(), CFG,
+               NOW, a_cap)
+    assert [(d.kind, d.victim.id) for d in out] == [("yield", "a-task")]
+
+
+def test_two_waiting_tasks_of_one_tenant_do_not_count_on_the_same_room() -> None:
+    # A runs one task under max_gpus 2: one more may start, so a second waiting task needs
+    # one of A's own to end
+    limits = {"A": Limits(max_gpus=2, gpus=1, vram_gb=16, tasks=1)}
+    b1 = replace(victim("b1", "w1", left_s=50), charge=("B", 16.0, 1))
+    b2 = replace(victim("b2", "w3", left_s=55), charge=("B", 16.0, 1))
+    a1 = replace(victim("a1", "w2", left_s=300), charge=("A", 16.0, 1))
+    waiting = [Waiting("x", 0, 16, tenant="A"), Waiting("y", 0, 16, tenant="A")]
+    out = plan(waiting, [b1, b2, a1], [], set(), CFG, NOW, limits)
+    assert [(d.waiting.id, d.victim.id) for d in out] == [("x", "b1"), ("y", "a1")]
