@@ -296,9 +296,10 @@ def simulate(ctx: click.Context, trace_name: str, traces_dir: str | None, gpus: 
         if as_json:
             click.echo(json.dumps(scaled if len(scaled) > 1 else scaled[0], indent=2))
             return
-        from gpuq.sim.report import render
+        from gpuq.sim.report import heading, render
 
-        click.echo(render(scaled))
+        loaded = None if speedup is not None else target_load or 0.8
+        click.echo(heading(scaled[0], loaded) + "\n\n" + render(scaled))
         return
 
     if find_gpus:
@@ -325,9 +326,10 @@ def simulate(ctx: click.Context, trace_name: str, traces_dir: str | None, gpus: 
     if as_json:
         click.echo(json.dumps(reports if policy == "all" else reports[0], indent=2))
         return
-    from gpuq.sim.report import render, render_split
+    from gpuq.sim.report import heading, render, render_split
 
-    click.echo(render(reports))
+    click.echo(heading(reports[0], None if speedup is not None else target_load or 0.8) + "\n\n"
+               + render(reports))
     if tenants:
         click.echo("\n" + render_split(reports))
     if mix_70b:

@@ -92,6 +92,8 @@ def enqueue(ctx: click.Context, /, handler: str, payload: str, no_preempt: bool,
     with --stream)."""
     if timeout is not None and not (wait or stream):  # it would be ignored: say so
         raise click.UsageError("--timeout needs --wait or --stream", ctx)
+    if wait and stream:
+        raise click.UsageError("give one of --wait and --stream (--stream prints the result last)", ctx)
     if options.get("after_any_outcome") and not options.get("after"):
         raise click.UsageError("--after-any-outcome needs --after", ctx)
     data = parse_payload_text(payload)

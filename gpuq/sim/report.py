@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from gpuq.metrics import PREEMPTION_KINDS
@@ -104,6 +105,16 @@ def _duration(x: float | None) -> str:
     if x < 2 * 86400:
         return f"{x / 3600:.1f}h"
     return f"{x / 86400:.1f}d"
+
+
+def heading(report: dict[str, Any], target_load: float | None) -> str:
+    """What a replay ran: the trace, its tasks, the pool, and how much its arrivals were sped
+    up (target_load: the offered load that chose it; None: the speedup was given)."""
+    sizes = Counter(report["gpus"])
+    pool = ", ".join(f"{n}x{gb:g}" for gb, n in sorted(sizes.items(), key=lambda kv: -kv[0]))
+    chosen = "" if target_load is None else f" (chosen for an offered load of {target_load:g})"
+    return (f"trace {report['trace']}: {report['tasks']} tasks on {len(report['gpus'])} workers "
+            f"({pool} GB), arrivals sped up {report['speedup']:.4g}x{chosen}")
 
 
 def render(reports: list[dict[str, Any]]) -> str:

@@ -270,6 +270,17 @@ def test_cli_json_report(procs: Procs, trace_dir: Path) -> None:
     assert sum(p["tasks"] for p in report["priorities"].values()) == 150
 
 
+def test_cli_text_report_says_what_ran(procs: Procs, trace_dir: Path) -> None:
+    """Found by a QA pass: the text report never said the speedup the default chose."""
+    base = ["simulate", "--trace", "genai", "--traces-dir", str(trace_dir), "--limit", "100",
+            "--gpus", "2x80,1x48", "--policy", "fifo"]
+    first = procs.cli(*base).stdout.splitlines()[0]
+    assert first.startswith("trace genai: 100 tasks on 3 workers (2x80, 1x48 GB), arrivals sped up ")
+    assert first.endswith("x (chosen for an offered load of 0.8)")
+    given = procs.cli(*base, "--speedup", "3000").stdout.splitlines()[0]
+    assert given.endswith("arrivals sped up 3000x")
+
+
 @pytest.mark.parametrize("args, message", [
     (["--gpus", "4 by 80"], "--gpus '4 by 80': use COUNTx[GPUSx]GB"),
     (["--trace", "nope"], "unknown trace 'nope'"),

@@ -431,7 +431,8 @@ def test_reaper_once_on_a_quiet_pool(cli_pool: Pool) -> None:
 
 @pytest.mark.parametrize("args, message", [
     (("--timeout", "5"), "--timeout needs --wait or --stream"),
-    (("--after-any-outcome",), "--after-any-outcome needs --after")])
+    (("--after-any-outcome",), "--after-any-outcome needs --after"),
+    (("--wait", "--stream"), "give one of --wait and --stream (--stream prints the result last)")])
 def test_an_option_that_would_be_ignored_is_a_usage_error(cli_pool: Pool, args: tuple[str, ...],
                                                          message: str) -> None:
     result = cli_pool.invoke("enqueue", *BASE, *args)
