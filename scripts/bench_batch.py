@@ -176,15 +176,21 @@ def main(argv: list[str] | None = None) -> int:
         server.stop()
     print(f"drain, {n} no-op tasks, one worker process, {len(rounds)} rounds (tasks/s; CPU us per"
           " task, Redis + worker):")
+    def us(x: float) -> str:  # the worker's: its CPU less a start-up's, which --quick may not exceed
+        return f"{x:5.1f}" if x >= 0 else "  n/a"
+
     for kind, label in (("single", "single-task handler     "), ("batch", f"batch handler (batch={BATCH})")):
         print(f"  {label}  " + "  ".join(f"{r[kind].per_s:7.0f} ({r[kind].server_us:5.1f} + "
-                                         f"{r[kind].worker_us:5.1f})" for r in rounds))
+                                         f"{us(r[kind].worker_us)})" for r in rounds))
     ratios = [r["batch"].per_s / r["single"].per_s for r in rounds]
     cost = [(r["single"].server_us + r["single"].worker_us) / (r["batch"].server_us + r["batch"].worker_us)
-            for r in rounds]
+            for r in rounds if min(r["single"].worker_us, r["batch"].worker_us) >= 0]
     print("  ratio                      " + "  ".join(f"{x:7.1f}x" + " " * 16 for x in ratios))
     print(f"  median ratio {statistics.median(ratios):.1f}x (target >= 5x); CPU per task, single over"
-          f" batch: median {statistics.median(cost):.1f}x")
+          " batch: " + (f"median {statistics.median(cost):.1f}x" if cost else "n/a"))
+    if len(cost) < len(rounds):
+        print("  n/a: the worker's CPU less a start-up's (measured apart) came out below zero: "
+              "too few tasks to tell (--quick)")
     print(f"P0 enqueue -> result, one worker process, {samples} samples (ms):")
     for busy in (False, True):
         for kind in ("single", "batch"):

@@ -60,6 +60,8 @@ def cell(point: dict[str, Any], path: tuple[str, ...], digits: int) -> str:
         value = value.get(key) if isinstance(value, dict) else None
     if value is None:
         return "–"
+    if value < 0:  # a difference of two readings (memory) smaller than their noise
+        return "n/a"
     return f"{value:,.{digits}f}"
 
 
@@ -72,6 +74,8 @@ def table(res: dict[str, Any]) -> str:
     env = res["environment"]
     lines += ["", f"{env['server']}, Python {env['python']}, {env['cpus']} CPUs ({env['cpu']}), "
               f"gpuq {env['gpuq_git']}; sizes {res['sizes']}; {res['wall_s']} s"]
+    if any(cell(p, path, d) == "n/a" for p in res["points"] for _, path, d in COLUMNS):
+        lines.append("n/a: a difference of two readings below their noise (the JSON keeps it)")
     return "\n".join(lines)
 
 

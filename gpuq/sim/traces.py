@@ -76,7 +76,7 @@ def trace_dir(path: Path | str | None = None) -> Path:
     directory = Path(path) if path is not None else Path(env) if env else DEFAULT_DIR
     if not directory.is_dir():
         raise FileNotFoundError(
-            f"trace directory {directory} not found: pass a path or set {ENV_VAR} to the folder "
+            f"trace directory {directory} not found: pass --traces-dir or set {ENV_VAR} to the folder "
             f"holding {', '.join(sorted(TRACES.values()))}"
         )
     return directory
@@ -97,7 +97,7 @@ def _locate(file_name: str, path: Path | str | None) -> Path:
         return Path(path)
     file = trace_dir(path) / file_name
     if not file.is_file():
-        raise FileNotFoundError(f"trace file {file} not found (set {ENV_VAR} or pass a path)")
+        raise FileNotFoundError(f"trace file {file} not found (pass --traces-dir or set {ENV_VAR})")
     return file
 
 
