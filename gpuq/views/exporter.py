@@ -60,13 +60,17 @@ class TopLoads:
         return rows
 
 
+WORKER_STATES = ("idle", "busy", "draining", "dead")
+
+
 def read_figures(client: redis.Redis, keys: Keys, keep: int = 50,
                  loads: TopLoads | None = None) -> PoolFigures:
     """The pool's figures for one scrape; per-model series capped at ``keep`` models per
     metric (``Config.exporter_models``); loads: the exporter's models shown in the load
     counters (None: this scrape's most loaded)."""
     view = pool_view(client, keys, top=keep)
-    workers: dict[tuple[str, str], int] = {}
+    # every state of a class present, 0 too: a series that vanishes breaks alerts on it
+    workers = {(w.gpu, s): 0 for w in view.workers for s in WORKER_STATES}
     for w in view.workers:
         key = (w.gpu, w.state if w.alive else "dead")
         workers[key] = workers.get(key, 0) + 1

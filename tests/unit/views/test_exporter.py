@@ -4,6 +4,7 @@ keep their own series, the rest are summed as model "other", and nothing goes un
 from __future__ import annotations
 
 import fakeredis
+from helpers import register_worker
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuq import Queue
@@ -88,3 +89,13 @@ def test_tenant_series_are_capped_to_the_registered_and_the_busiest_others() -> 
     names = [t["name"] for t in read_figures(q.redis, q.keys, keep=5).tenants]
     assert names[0] == "paying" and len(names) == 6
     assert set(names[1:]) <= {f"t{i:02d}" for i in range(30) if i % 4 == 3}
+
+
+def test_every_worker_state_of_a_class_is_exported_zero_too() -> None:
+    """Found by a QA pass: with every worker idle the busy series vanished (an alert on it
+    goes silent rather than reading 0)."""
+    q = Queue(fakeredis.FakeRedis(decode_responses=True), Config(pool="p"))
+    register_worker(q, "w1", idle=True)
+    workers = read_figures(q.redis, q.keys).workers
+    assert workers == {("A100", "idle"): 1, ("A100", "busy"): 0, ("A100", "draining"): 0,
+                       ("A100", "dead"): 0}
