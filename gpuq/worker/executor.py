@@ -15,6 +15,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -119,7 +120,8 @@ class Executor:
             pipe = self.presence.pipeline()
             pipe.lpush(self.presence.keys.wake(self.id), "1")
             # before a load: until then wake-ups would still pick this worker
-            self.presence.show(cache, pipe, dropped=[old.spec.name for old in res.evict])
+            dropped = [old.spec.name for old in res.evict]
+            self.publish(lambda: self.presence.show(cache, pipe, dropped=dropped))
         if not res.cold:
             resident.ready.wait()
             if resident.error is not None:
@@ -132,12 +134,22 @@ class Executor:
                             True) from None
         pipe = self.presence.pipeline()
         catalog.record_load(pipe, self.presence.keys, res.model, resident.footprint_gb, seconds)
-        self.presence.show(cache, pipe, held=[res.model])
+        self.publish(lambda: self.presence.show(cache, pipe, held=[res.model]))
         self.model_loads += 1
         self.observer.observe(task_id, phase="load", seconds=seconds)
         log.info("model.loaded worker=%s model=%s vram_gb=%g load_s=%.3f", self.id, res.model,
                  resident.footprint_gb, seconds)
         return resident.obj
+
+    def publish(self, show: Callable[[], None]) -> None:
+        """Tell the pool what a load or an eviction changed; with Redis away the task goes on
+        (its model is loaded: failing it would spend an attempt on an outage), the holdings
+        wait for the next beat (Presence.resync) and the load's timing is not recorded."""
+        try:
+            show()
+        except redis.RedisError as exc:
+            log.warning("presence.unsent worker=%s error=%s: holdings sent at the next beat",
+                        self.id, exc)
 
     def execute(self, fields: dict[str, str], res: Reservation | None,
                 running: Running) -> Call[Any] | None:

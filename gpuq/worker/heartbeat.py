@@ -69,6 +69,7 @@ class Heartbeat(threading.Thread):
             # the reaper took this worker for dead (a long pause) and dropped its holdings
             log.warning("worker.revived worker=%s: restoring model holdings", self.id)
             self.presence.restore(self.cache)
+        self.presence.resync(self.cache)  # holdings a load or eviction could not send
         for task_id, token in settling:  # ended: its answer no longer matters to its run
             if task_id in lost:
                 self.running.settled(task_id, token)

@@ -41,6 +41,9 @@ class Presence:
         self.worker_id = worker_id
         self.identity: Fields = {}  # the fields that do not change: rewritten by every beat
         self._shown = threading.Lock()  # the hash's view of the models: taken and written in turn
+        # models dropped while a show could not be sent (Redis away): the next beat's ``resync``
+        # publishes the holdings whole; None while every show went through
+        self.unsent: set[str] | None = None
 
     def register(self, identity: Fields, lease_ms: int, fresh_ms: int = 0) -> None:
         """Appear in the pool: a fresh hash, the GPU class, handlers, lane and liveness. A
@@ -121,7 +124,28 @@ class Presence:
             with cache.lock:  # other runners may be changing the ledger
                 shown = model_fields(cache.free_gb(), cache.model_names())
             pipe.hset(self.keys.worker(self.worker_id), mapping=shown)
+            try:
+                pipe.execute()
+            except redis.RedisError:
+                self.unsent = (self.unsent or set()) | set(dropped)
+                raise
+
+    def resync(self, cache: ModelCache) -> None:
+        """After shows that could not be sent: the holdings as the cache has them (each model
+        held, each dropped since and not held again out of its holders); the beat already
+        rewrote the hash's view."""
+        with self._shown:
+            if self.unsent is None:
+                return
+            with cache.lock:
+                held = cache.model_names()
+            pipe = self.pipeline()
+            for model in self.unsent - set(held):
+                self.hold(pipe, model, False)
+            for model in held:
+                self.hold(pipe, model, True)
             pipe.execute()
+            self.unsent = None
 
     def pipeline(self) -> redis.client.Pipeline:
         return self.redis.pipeline(transaction=False)

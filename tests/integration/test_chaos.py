@@ -25,6 +25,7 @@ from gpuq.aio import AsyncQueue
 from gpuq.client import Queue
 from gpuq.config import Config
 from gpuq.embedded import EmbeddedServer, free_port
+from gpuq.task import State
 
 pytestmark = pytest.mark.slow
 
@@ -98,6 +99,26 @@ def test_a_blocked_result_wait_rides_out_a_restart(server: EmbeddedServer, pool:
             t.join(60)
         assert set(got) == {"sync", "aio"}
         assert all(isinstance(r, dict) and r["worker"] == "w1" for r in got.values()), got
+
+
+def test_a_model_load_that_ends_while_redis_is_down_still_runs_its_task(
+        server: EmbeddedServer, pool: str, prefix: str, tmp_path: Path) -> None:
+    """Found by a QA pass: the load's report to the pool (holders, catalog) failed on the
+    outage and failed the task, its handler never run: an attempt spent on an outage (with
+    max_attempts=1, the task lost). It runs now; the holdings follow at the next beat."""
+    queue = Queue.from_url(server.url, pool, Config(prefix=prefix))
+    with Procs(server.url, pool, prefix, tmp_path) as procs:
+        worker = procs.worker("w1", vram_gb=80)
+        task = queue.enqueue("sim.run", model="llama3-70b", vram_gb=70, est_s=est(1), max_attempts=1)
+        procs.wait_state(task.id, State.RUNNING)
+        time.sleep(2.5)  # its load takes 5.5 s: Redis is down when it ends, back after
+        restart(server, DOWN_S)
+        result = task.result(timeout=40)
+        assert result["attempt"] == 1 and queue.record(task.id).state is State.SUCCEEDED
+        assert "presence.unsent" in worker.log() and "task.failed" not in worker.log()
+        wait_for(lambda: queue.redis.sismember(queue.keys.holders("llama3-70b"), "w1"), 10,
+                 message="the holdings sent again")
+    queue.close()
 
 
 @pytest.mark.parametrize("command", [["reaper"], ["worker", "--app", "workers.sim:app", "--vram-gb", "8"]])

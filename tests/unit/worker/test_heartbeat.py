@@ -186,3 +186,31 @@ def test_a_worker_revived_after_redis_lost_its_data_publishes_its_class_again() 
     queue.redis.flushall()
     worker.heartbeat().beat()
     assert float(queue.redis.hget(queue.keys.classes, "sim")) == 75
+
+
+def test_holdings_a_show_could_not_send_are_sent_whole_at_the_next_beat() -> None:
+    """A load or an eviction whose report met an outage (Executor.publish goes on with the
+    task): the next beat puts the holders sets right, the held model in, the evicted out."""
+    queue, worker, _, (fields, res, running) = claimed()
+    assert worker.executor.execute(fields, res, running) is not None  # loads m
+    presence, holders = worker.presence, queue.keys.holders
+    queue.redis.srem(holders("m"), "w")  # as if the load's report had not gone through
+    queue.redis.sadd(holders("gone"), "w")  # evicted while Redis was away: still listed
+    real = presence.pipeline
+
+    class Down:
+        def __getattr__(self, name: str) -> Any:
+            if name == "execute":
+                def fail() -> None:
+                    raise redis.ConnectionError("down")
+                return fail
+            return lambda *a, **k: None
+
+    presence.pipeline = lambda: Down()  # type: ignore[assignment,method-assign,return-value]
+    with pytest.raises(redis.ConnectionError):
+        presence.show(worker.cache, dropped=["gone"])
+    presence.pipeline = real  # type: ignore[method-assign]
+    assert presence.unsent == {"gone"}
+    worker.heartbeat().beat()
+    assert presence.unsent is None
+    assert queue.redis.sismember(holders("m"), "w") and not queue.redis.sismember(holders("gone"), "w")
