@@ -45,15 +45,19 @@ def held_by(holders: Mapping[str, frozenset[str] | set[str]]) -> dict[str, list[
     return out
 
 
-def ahead_hints(spare: Sequence[tuple[str, float]], holders: Mapping[str, frozenset[str] | set[str]],
+def ahead_hints(spare: Sequence[tuple[str, float, int]], holders: Mapping[str, frozenset[str] | set[str]],
                 forecasts: Mapping[str, Forecast], footprint_gb: Mapping[str, float], config: Config,
                 now_ms: int, recent: Mapping[str, int], every_ms: int,
-                used: set[str], weighed: Collection[str] | None = None) -> list[tuple[str, str, float]]:
+                used: set[str], weighed: Collection[str] | None = None,
+                need_gpus: Mapping[str, int] | None = None) -> list[tuple[str, str, float]]:
     """(worker, model, footprint GB) to preload. spare: the idle workers that may take a
-    hint, (id, usable GB), tightest first; used: workers hinted this step (updated);
-    weighed: the models whose holders were read, the only ones hinted (None: all)."""
+    hint, (id, usable GB, GPUs), tightest first; used: workers hinted this step (updated);
+    weighed: the models whose holders were read, the only ones hinted (None: all);
+    need_gpus: the GPUs a model's tasks were seen to ask (absent: 1): a worker with fewer
+    could never run them."""
     window_s = max(config.forecast_window_s, 1.0)
-    idle_ids = {wid for wid, _ in spare}
+    need_gpus = need_gpus or {}
+    idle_ids = {wid for wid, *_ in spare}
     wanted = sorted((f for m, f in forecasts.items()
                      if f.forecast_per_s * window_s >= 1 and footprint_gb.get(m, 0.0) > 0
                      and not idle_ids & set(holders.get(m, ()))
@@ -65,8 +69,8 @@ def ahead_hints(spare: Sequence[tuple[str, float]], holders: Mapping[str, frozen
     for f in wanted:
         gb = footprint_gb[f.model]
         best: tuple[int, float, str] | None = None
-        for wid, usable in spare:
-            if wid in used or gb > usable:
+        for wid, usable, gpus in spare:
+            if wid in used or gb > usable or gpus < need_gpus.get(f.model, 1):
                 continue
             held = models_of.get(wid, [])
             room = usable - sum(footprint_gb.get(m, 0.0) for m in held)

@@ -132,6 +132,15 @@ def _sizes(snap: Snapshot) -> dict[str, float]:
     return {**{w.gpu: w.usable_gb for w in reversed(snap.workers)}, **snap.classes}
 
 
+def gpus_sampled(snap: Snapshot) -> dict[str, int]:
+    """Per model, the most GPUs a task of its queues' samples asks this step."""
+    out: dict[str, int] = {}
+    for b in snap.backlogs:
+        for *_, gpus in b.sample:
+            out[b.model] = max(out.get(b.model, 1), gpus)
+    return out
+
+
 def _classes(snap: Snapshot) -> list[tuple[str, float, int]]:
     """Each class's (name, usable GB, GPUs): registered, else as its first live worker shows."""
     gpus = {**{w.gpu: w.gpus for w in reversed(snap.workers)}, **snap.class_gpus}
@@ -365,10 +374,11 @@ def plan(snapshot: Snapshot, config: Config, now_ms: int,
     if config.scale_signal == "forecast":
         recent = {**(recent_hints or {}), **{h.model: now_ms for h in hints}}
         held = {m: frozenset(ids) & live for m, ids in snapshot.holders.items()}
-        full = [(w.id, w.usable_gb) for w in spare if (w.levels or "0123") == "0123"]  # no lanes
+        full = [(w.id, w.usable_gb, w.gpus) for w in spare if (w.levels or "0123") == "0123"]  # no lanes
         hints += [WarmHint(w, m, gb) for w, m, gb in ahead_hints(
             full, held, snapshot.forecasts, snapshot.footprint_gb,
-            config, now_ms, recent, HINT_EVERY_MS, {h.worker for h in hints}, snapshot.weighed)]
+            config, now_ms, recent, HINT_EVERY_MS, {h.worker for h in hints}, snapshot.weighed,
+            {**snapshot.gpus_seen, **gpus_sampled(snapshot)})]
     classes = _classes(snapshot)
     shapes = [(gb, g) for _, gb, g in classes]
     wide = [gb for gb, g in snapshot.wide if not holds(shapes, gb, g)]

@@ -59,3 +59,6 @@ class Snapshot:
     class_gpus: Mapping[str, int] = field(default_factory=dict)  # GPU class -> GPUs (absent: 1)
     # (vram_gb, gpus) of queued tasks across several GPUs (a sample: backlog_sample.WIDE_SAMPLE)
     wide: tuple[tuple[float, int], ...] = ()
+    # model -> the most GPUs a sampled task of it asked (kept across steps like est_s): a
+    # forecast warm hint goes only to a worker with that many
+    gpus_seen: Mapping[str, int] = field(default_factory=dict)

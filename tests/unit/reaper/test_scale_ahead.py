@@ -16,9 +16,12 @@ def fc(model: str, per_s: float) -> Forecast:
 
 
 def hints(spare: list[tuple[str, float]], holders: dict[str, set[str]], rates: dict[str, float],
-          recent: dict[str, int] | None = None, used: set[str] | None = None) -> list[tuple[str, str, float]]:
-    return ahead_hints(spare, holders, {m: fc(m, r) for m, r in rates.items()}, GB, CFG, NOW,
-                       recent or {}, 30_000, set() if used is None else used)
+          recent: dict[str, int] | None = None, used: set[str] | None = None,
+          gpus: dict[str, int] | None = None, need_gpus: dict[str, int] | None = None
+          ) -> list[tuple[str, str, float]]:
+    return ahead_hints([(w, gb, (gpus or {}).get(w, 1)) for w, gb in spare], holders,
+                       {m: fc(m, r) for m, r in rates.items()}, GB, CFG, NOW,
+                       recent or {}, 30_000, set() if used is None else used, need_gpus=need_gpus)
 
 
 def test_the_most_expected_model_no_idle_worker_holds_goes_to_free_room_first() -> None:
@@ -75,3 +78,13 @@ def test_drained_when_the_live_workers_finish_before_a_new_one_could_start() -> 
     assert drained(2, 150.0, 0.4, 100.0)
     assert not drained(2, 170.0, 0.4, 100.0)
     assert not drained(0, 1.0, 0.0, 100.0)  # nobody to drain it
+
+
+def test_a_model_whose_tasks_ask_more_gpus_goes_only_to_a_group_that_has_them() -> None:
+    """Found by a QA pass: a one-GPU worker was told to preload a model whose tasks all ask
+    four GPUs: weights it could never serve, and a holder that is none."""
+    rates = {"big": 0.01}
+    assert hints([("w1", 75.0)], {}, rates, need_gpus={"big": 4}) == []
+    assert hints([("w1", 75.0), ("g4", 300.0)], {}, rates, gpus={"g4": 4},
+                 need_gpus={"big": 4}) == [("g4", "big", 60.0)]
+    assert hints([("w1", 75.0)], {}, rates) == [("w1", "big", 60.0)]  # none seen: one GPU

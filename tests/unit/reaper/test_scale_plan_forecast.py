@@ -135,3 +135,17 @@ def test_forecast_hints_leave_lane_workers_alone() -> None:
     assert plan(s, CFG, NOW).hints == []
     hints = plan(replace(s, workers=(lane, full)), CFG, NOW).hints
     assert [(h.worker, h.model) for h in hints] == [("full", "m")]
+
+
+def test_forecast_hints_go_only_to_a_group_with_the_gpus_the_models_tasks_ask() -> None:
+    """Found by a QA pass: a one-GPU worker preloaded a model whose tasks asked four GPUs.
+    The GPUs a model's tasks ask: this step's queue samples, else those seen before."""
+    one = WorkerState("one", "A100", CLASSES["A100"], "0123", 75.0)
+    group = WorkerState("group", "A100", 4 * CLASSES["A100"], "0123", 300.0, gpus=4)
+    s = Snapshot((one,), (), CLASSES, {}, footprint_gb={"m": 30.0},
+                 forecasts={"m": rise("m", 0.05, 0.4)}, est_s={"m": 5.0}, gpus_seen={"m": 4})
+    assert plan(s, CFG, NOW).hints == []
+    assert [(h.worker, h.model) for h in plan(replace(s, workers=(one, group)), CFG, NOW).hints] \
+        == [("group", "m")]
+    sampled = replace(s, gpus_seen={}, backlogs=(Backlog(2, "m", 1, NOW + 60_000, ((30.0, 5.0, 4),)),))
+    assert all(h.worker != "one" for h in plan(sampled, CFG, NOW).hints)
