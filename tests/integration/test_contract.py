@@ -820,15 +820,17 @@ def test_a_claim_reads_at_most_sixteen_busy_holders_of_a_model(make_queue: MakeQ
     assert q.record(other).state is State.QUEUED
 
 
-def test_an_idle_holder_is_found_among_many_in_name_order(queue: Queue) -> None:
-    """idle_holder reads the idle holders in one call; the first by name with room wins,
-    whatever their claimable VRAM (its idle score)."""
-    for name, score in (("w3", 40), ("w1", 60), ("w2", 10)):
+def test_the_tightest_idle_holder_with_room_is_offered_the_task(queue: Queue) -> None:
+    """idle_holder reads the idle holders in one call; the one with the least claimable VRAM
+    (its idle score) that has room wins, ties by name. Found by a QA pass: the first by name
+    won, so a one-GPU task went to an idle two-GPU group ("g2" < "s1") holding its model
+    while a one-GPU holder idled, and a task only the group could run waited behind it."""
+    for name, score in (("w3", 40), ("w1", 60), ("w2", 10), ("w4", 40)):
         queue.redis.zadd(queue.keys.idle, {name: score})
         queue.redis.sadd(queue.keys.holders("A"), name)
-    queue.redis.zadd(queue.keys.idle, {"w0": 70})  # idle, not a holder
+    queue.redis.zadd(queue.keys.idle, {"w0": 30})  # idle, not a holder
     tid = enqueue(queue, T0, model="A", vram_gb=30)
-    assert queue.redis.hget(queue.keys.task(tid), "offered") == "w1"
+    assert queue.redis.hget(queue.keys.task(tid), "offered") == "w3"
 
 
 def test_a_busy_models_task_may_evict_the_workers_idle_models(queue: Queue) -> None:

@@ -56,3 +56,21 @@ def test_a_task_for_a_group_waits_while_only_single_gpus_run(procs: Procs, real_
     assert task.status() is State.QUEUED
     procs.worker("pair", vram_gb=80, gpu_name="A100", gpu_count=2)
     assert task.result(timeout=15)["worker"] == "pair"
+
+
+def test_a_one_gpu_task_goes_to_the_one_gpu_holder_of_its_model_not_the_group(
+        procs: Procs, real_queue: Queue) -> None:
+    """Found by a QA pass: with both idle and holding the task's model, the group ("g2",
+    first by name) took the one-GPU task, and a task only the group could run waited behind
+    it. The tightest idle holder (least claimable VRAM) is offered the task now."""
+    procs.worker("s1", vram_gb=80, gpu_name="A100")  # alone: it loads the model first
+    real_queue.enqueue("sim.run", {}, model="shared", vram_gb=20, est_s=est(0.05)).result(timeout=15)
+    procs.worker("g2", vram_gb=80, gpu_name="A100", gpu_count=2)
+    real_queue.enqueue("sim.run", {}, model="shared", vram_gb=20, gpus=2,
+                       est_s=est(0.05)).result(timeout=15)
+    holders = lambda: procs.redis.smembers(procs.keys.holders("shared"))  # noqa: E731
+    assert holders() == {"g2", "s1"}
+    procs.wait_idle("g2")
+    procs.wait_idle("s1")
+    one = real_queue.enqueue("sim.run", {}, model="shared", vram_gb=20, est_s=est(0.05))
+    assert one.result(timeout=15)["worker"] == "s1"

@@ -37,9 +37,11 @@ local function idle_holders(m)
 end
 
 -- An idle worker other than `except` that holds model m, serves priority p, has the task's
--- `gpus` devices and whose claimable VRAM (its idle score) covers the need, the first by name
--- among the first IDLE_HOLDERS with room (their lanes read in one HMGET); a holder without
--- room would wake only to find nothing.
+-- `gpus` devices and whose claimable VRAM (its idle score) covers the need: the tightest fit
+-- (ZINTER's order: by score, then name), among the first IDLE_HOLDERS with room (their lanes
+-- read in one HMGET). Best fit by claimable VRAM, as the wake rule's: a one-GPU task leaves
+-- an idle group holding its model to the work only the group can run. A holder without room
+-- would wake only to find nothing.
 local IDLE_HOLDERS = 64
 local function idle_holder(m, need, except, p, gpus)
   local got, fit = idle_holders(m), {}
@@ -47,7 +49,6 @@ local function idle_holder(m, need, except, p, gpus)
     if got[i] ~= except and tonumber(got[i + 1]) >= need then fit[#fit + 1] = got[i] end
   end
   if not fit[1] then return nil end
-  table.sort(fit)  -- by name: a decision must not follow the order of scores or of a set
   local n = math.min(#fit, IDLE_HOLDERS)
   local lanes = redis.call('HMGET', K_LANES, unpack(fit, 1, n))
   for i = 1, n do
