@@ -8,7 +8,8 @@ about classes whose desired count changed.
 The ``scale`` hash: ``class:<gpu>`` and ``model:<name>`` -> JSON {current, desired, reason, at,
 and, with arrival history, rate_per_s and forecast_per_s (``gpuq.reaper.forecast``; a class's
 are summed over the models whose smallest fit it is)};
-``unschedulable`` -> JSON {tasks, largest_gb (the largest need), class_gb (the largest class)}
+``unschedulable`` -> JSON {tasks, largest_gb (the largest need), largest_gpus (its GPUs),
+class_gb (the largest class)}
 while queued tasks exceed every class; ``unregistered`` -> JSON {handler: tasks} while sampled
 queued tasks name a handler that no live worker's app registers (no GPU class fixes those:
 a worker running that app does). The hook gets (class, current, desired) when a class's
@@ -237,6 +238,7 @@ class Scaler:
         if result.unschedulable:
             fields["unschedulable"] = json.dumps({"tasks": result.unschedulable,
                                                   "largest_gb": result.largest_need_gb,
+                                                  "largest_gpus": result.largest_need_gpus,
                                                   "class_gb": result.largest_class_gb})
         if unregistered:
             fields["unregistered"] = json.dumps(dict(sorted(unregistered.items())))

@@ -110,6 +110,7 @@ class ScalePlan:
     unschedulable: int = 0  # queued tasks larger than every class (none while no class is known)
     largest_need_gb: float = 0.0  # the largest of them
     largest_class_gb: float = 0.0
+    largest_need_gpus: int = 1  # the GPUs the largest asks
 
 
 @dataclass
@@ -381,9 +382,9 @@ def plan(snapshot: Snapshot, config: Config, now_ms: int,
             {**snapshot.gpus_seen, **gpus_sampled(snapshot)})]
     classes = _classes(snapshot)
     shapes = [(gb, g) for _, gb, g in classes]
-    wide = [gb for gb, g in snapshot.wide if not holds(shapes, gb, g)]
+    wide = [(gb, g) for gb, g in snapshot.wide if not holds(shapes, gb, g)]
     over = sum(n for b, n in snapshot.need_bands if math.isinf(b))  # one-GPU tasks above every class
     unschedulable = over + len(wide) if classes else 0
-    return ScalePlan(signals, hints, unschedulable,
-                     max([snapshot.largest_need_gb if over else 0.0, *wide]) if unschedulable else 0.0,
-                     max((gb for gb, _ in shapes), default=0.0))
+    largest = max([(snapshot.largest_need_gb if over else 0.0, 1), *wide]) if unschedulable else (0.0, 1)
+    return ScalePlan(signals, hints, unschedulable, largest[0],
+                     max((gb for gb, _ in shapes), default=0.0), largest[1])

@@ -57,6 +57,9 @@ class PoolView:
     unschedulable_ids: list[str]
     largest_gpu_gb: float
     stats: dict[str, int]
+    # the registered classes' shapes, [usable GB, GPUs], most GPUs first (what unschedulable
+    # tasks are weighed against)
+    class_shapes: list[tuple[float, int]] = field(default_factory=list)
     # queued tasks out of their queues while no live worker can hold them (lua/park.lua)
     parked: int = 0
     models: list[dict[str, Any]] = field(default_factory=list)
@@ -143,6 +146,7 @@ def pool_view(client: redis.Redis, keys: Keys, top: int | None = None) -> PoolVi
         pool=keys.pool, queues=queues, workers=views, running=int(running), delayed=int(delayed),
         unschedulable=int(unschedulable), unschedulable_ids=unschedulable_ids,
         largest_gpu_gb=largest, parked=int(parked),
+        class_shapes=sorted(set(shapes), key=lambda s: (-s[1], -s[0])),
         # each end is counted per priority; a state's total, once there is one, is their sum (it
         # replaces a total a release before that kept)
         stats={k: int(v) for k, v in stats.items()} | {s.value: n for s in TERMINAL_STATES

@@ -24,8 +24,9 @@ def render_status(view: PoolView) -> str:
     lines += _sla(view.stats)
     if view.unschedulable:
         lines.append("")
+        shapes = ", ".join(f"{gb:g} GB on {g} GPU{'s' if g > 1 else ''}" for gb, g in view.class_shapes)
         lines.append(f"unschedulable: {view.unschedulable} queued task(s) need more VRAM or GPUs than "
-                     f"any registered GPU class holds (the largest: {view.largest_gpu_gb:g} GB usable): "
+                     f"any registered GPU class holds (usable: {shapes or 'none'}): "
                      + ", ".join(view.unschedulable_ids[:5]))
     if view.parked:
         lines.append(f"parked: {view.parked} queued task(s) no live worker can hold (VRAM or GPUs), out "
@@ -141,9 +142,10 @@ def _scale(scale: dict[str, dict[str, Any]]) -> list[str]:
         lines.append(f"  {kind:<6}{name[:23]:<24}{arrow:>10}  {s.get('reason', '')}")
     if "unschedulable" in scale:
         u = scale["unschedulable"]
-        gb = u.get("largest_gb")
+        gb, gpus = u.get("largest_gb"), u.get("largest_gpus", 1)
+        over = f" on {gpus} GPUs" if isinstance(gpus, int) and gpus > 1 else ""
         lines.append(f"  unschedulable: {u.get('tasks', '?')} task(s), the largest needs "
-                     f"{gb:g} GB" if isinstance(gb, (int, float)) else
+                     f"{gb:g} GB{over}" if isinstance(gb, (int, float)) else
                      f"  unschedulable: {u.get('tasks', '?')} task(s)")
     if "unregistered" in scale:
         named = ", ".join(f"{h} ({n})" for h, n in scale["unregistered"].items())

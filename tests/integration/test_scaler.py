@@ -126,7 +126,8 @@ def test_task_too_big_for_live_workers_raises_the_smallest_fitting_class(make_re
     assert (got["class:A100-80"]["current"], got["class:A100-80"]["desired"]) == (0, 1)
     assert "2 tasks fit no live worker" in got["class:A100-80"]["reason"]
     assert (got["class:H200"]["desired"], got["class:L4"]["desired"]) == (0, 1)
-    assert got["unschedulable"] == {"tasks": 1, "largest_gb": 200.0, "class_gb": 136.0}
+    assert got["unschedulable"] == {"tasks": 1, "largest_gb": 200.0, "largest_gpus": 1,
+                                   "class_gb": 136.0}
 
 
 def test_with_no_class_known_no_task_is_unschedulable(make_real_queue: MakeQueue) -> None:
@@ -378,7 +379,8 @@ def test_parked_tasks_across_more_gpus_than_any_live_group_ask_for_a_group(
     assert (view.parked, view.unschedulable) == (3, 0)
     q.redis.hdel(q.keys.class_gpus, "2xA100-80")  # as if that class were one GPU: none holds them
     reaper.scaler.step()
-    assert scale_hash(q)["unschedulable"] == {"tasks": 3, "largest_gb": 60.0, "class_gb": 150.0}
+    assert scale_hash(q)["unschedulable"] == {"tasks": 3, "largest_gb": 60.0,
+                                                    "largest_gpus": 2, "class_gb": 150.0}
     view = pool_view(q.redis, q.keys)
     assert view.unschedulable == 3 and "more VRAM or GPUs than any" in render_status(view)
 
@@ -425,4 +427,5 @@ def test_the_unschedulable_size_is_of_a_task_no_class_holds(make_real_queue: Mak
     q.enqueue_many([{"handler": "h", "model": "m", "vram_gb": 70, "priority": "P2"},
                     {"handler": "h", "model": "w", "vram_gb": 10, "priority": "P2", "gpus": 8}])
     Scaler(q.redis, q.keys, q.config).step()
-    assert scale_hash(q)["unschedulable"] == {"tasks": 1, "largest_gb": 10.0, "class_gb": 75.0}
+    assert scale_hash(q)["unschedulable"] == {"tasks": 1, "largest_gb": 10.0,
+                                                    "largest_gpus": 8, "class_gb": 75.0}

@@ -157,7 +157,7 @@ def test_status_json_shape(cli_pool: Pool) -> None:
     empty = json.loads(cli_pool.ok("status", "--json"))
     assert empty == {"pool": cli_pool.name, "queues": [], "workers": [], "running": 0,
                      "delayed": 0, "unschedulable": 0, "unschedulable_ids": [],
-                     "largest_gpu_gb": 0.0, "stats": {}, "parked": 0, "models": [], "reservations": [],
+                     "largest_gpu_gb": 0.0, "stats": {}, "class_shapes": [], "parked": 0, "models": [], "reservations": [],
                      "yield_requests": [], "scale": {}, "unregistered": {}, "runtimes": [],
                      "tenants": [], "tenants_required": False, "progress": {}, "waiting": 0,
                      "schedules": 0, "warnings": [], "reaper_active": False}

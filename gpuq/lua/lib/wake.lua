@@ -38,10 +38,8 @@ end
 
 -- An idle worker other than `except` that holds model m, serves priority p, has the task's
 -- `gpus` devices and whose claimable VRAM (its idle score) covers the need: the tightest fit
--- (ZINTER's order: by score, then name), among the first IDLE_HOLDERS with room (their lanes
--- read in one HMGET). Best fit by claimable VRAM, as the wake rule's: a one-GPU task leaves
--- an idle group holding its model to the work only the group can run. A holder without room
--- would wake only to find nothing.
+-- (ZINTER's order: score, then name; a one-GPU task leaves an idle group to work only it can
+-- run) among the first IDLE_HOLDERS with room (lanes read in one HMGET).
 local IDLE_HOLDERS = 64
 local function idle_holder(m, need, except, p, gpus)
   local got, fit = idle_holders(m), {}

@@ -12,8 +12,8 @@ from gpuq.views.render import attainment, render_status
 def view(**extra: Any) -> PoolView:
     worker = WorkerView("w-1", "A100-80", 80, 40, ["m"], "busy", ["t-run"], True, levels="0123")
     return PoolView(pool="p", queues=[QueueView("P0", "m", 3, 1.5)], workers=[worker], running=1,
-                    delayed=0, unschedulable=0, unschedulable_ids=[], largest_gpu_gb=75.0,
-                    **{"stats": {}, **extra})
+                    **{"delayed": 0, "unschedulable": 0, "unschedulable_ids": [], "largest_gpu_gb": 75.0,
+                       "stats": {}, **extra})
 
 
 def test_plain_view_has_no_extra_sections() -> None:
@@ -100,3 +100,15 @@ def test_names_with_control_characters_are_escaped() -> None:
     text = render_status(v)
     assert "\x1b" not in text and "\x07" not in text
     assert "m\\x1b[31m" in text and "A100\\x1b[2J" in text
+
+
+def test_unschedulable_tasks_are_set_against_each_class_shape() -> None:
+    """Found by a QA pass: "needs 100 GB" beside "the largest: 136 GB usable" read as if the
+    task fit; its two GPUs, and the 38 GB the only two-GPU class offers, went unsaid."""
+    text = render_status(view(unschedulable=2, unschedulable_ids=["t1", "t2"], largest_gpu_gb=136.0,
+                              class_shapes=[(38.0, 2), (136.0, 1)],
+                              scale={"unschedulable": {"tasks": 2, "largest_gb": 100.0, "largest_gpus": 2,
+                                                       "class_gb": 136.0}}))
+    assert ("unschedulable: 2 queued task(s) need more VRAM or GPUs than any registered GPU class "
+            "holds (usable: 38 GB on 2 GPUs, 136 GB on 1 GPU): t1, t2") in text.splitlines()
+    assert "  unschedulable: 2 task(s), the largest needs 100 GB on 2 GPUs" in text.splitlines()
