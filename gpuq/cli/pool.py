@@ -119,7 +119,7 @@ def worker(ctx: click.Context, app_path: str, gpu_index: str | None, gpu_count: 
                    f"(default {DEFAULTS.min_workers}; env GPUQ_MIN_WORKERS).")
 @click.option("--on-scale", default=None,
               help="Command run with CLASS CURRENT DESIRED when a GPU class's desired worker "
-                   "count changes (env GPUQ_ON_SCALE).")
+                   "count changes or its live count falls below it (env GPUQ_ON_SCALE).")
 @click.pass_context
 def reaper(ctx: click.Context, once: bool, max_wait_s: float | None, grace_s: float | None,
            min_workers: int | None, on_scale: str | None) -> None:

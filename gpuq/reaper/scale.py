@@ -185,6 +185,7 @@ class Scaler:
         if hook is None and config.on_scale:
             self.hook = CommandHook(config.on_scale)
         self.told: dict[str, int] = {}
+        self.told_current: dict[str, int] = {}  # class -> its live count at the last step
         self.hinted: dict[str, int] = {}
         self.est_s: dict[str, float] = {}  # model -> mean est_s of its last sampled queue
         self.gpus_seen: dict[str, int] = {}  # model -> the most GPUs its sampled tasks asked
@@ -200,6 +201,7 @@ class Scaler:
     def forget(self) -> None:
         """Another reaper may have told the hook other counts meanwhile."""
         self.told.clear()
+        self.told_current.clear()
         self.hinted.clear()
 
     def step(self, now_ms: int | None = None,
@@ -259,13 +261,18 @@ class Scaler:
 
     def _tell(self, s: ScaleSignal) -> None:
         told = self.told.setdefault(s.name, s.current)
-        if s.desired == told and not (isinstance(self.hook, CommandHook)
-                                      and self.hook.due_again(s.name)):
+        # a class whose count fell short of what it was told (a worker died or left): told
+        # again, or an autoscaler that sets its count from these calls replaces no one
+        short = s.current < self.told_current.get(s.name, s.current) and s.current < s.desired
+        self.told_current[s.name] = s.current
+        if s.desired == told and not short and not (isinstance(self.hook, CommandHook)
+                                                    and self.hook.due_again(s.name)):
             return
         self.told[s.name] = s.desired
         log.info("scale.signal pool=%s class=%s current=%d desired=%d reason=%s%s",
                  self.keys.pool, s.name, s.current, s.desired, s.reason,
-                 "" if s.desired != told else " (told again: the hook's last call failed)")
+                 "" if s.desired != told else " (told again: fewer live workers)" if short
+                 else " (told again: the hook's last call failed)")
         if self.hook is None:
             return
         try:

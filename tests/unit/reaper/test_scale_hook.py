@@ -17,6 +17,7 @@ from gpuq import Config, Queue
 from gpuq.reaper import scale_hook
 from gpuq.reaper.loop import Reaper
 from gpuq.reaper.scale_hook import CommandHook
+from gpuq.reaper.scale_plan import ScaleSignal
 
 
 def command(code: str, *args: str) -> str:
@@ -110,3 +111,17 @@ def test_calls_from_many_threads_each_run_or_coalesce(tmp_path: Path) -> None:
     hook.wait(20)
     lines = out.read_text().splitlines()
     assert {line.split()[0] for line in lines} == {"c0", "c1", "c2"}
+
+
+def test_a_class_that_falls_short_of_its_desired_count_is_told_again() -> None:
+    """Found by a QA pass: the only worker of a wanted class died (1 -> 1 became 0 -> 1) and
+    the hook heard nothing, desired being unchanged: an autoscaler that sets its count from
+    these calls replaced no one. Told again when the live count falls below desired."""
+    client = fakeredis.FakeRedis(decode_responses=True)
+    config = Config(pool="hs").validate()
+    calls: list[tuple[str, int, int]] = []
+    scaler = Reaper(client, config).scaler
+    scaler.hook = lambda cls, current, desired: calls.append((cls, current, desired))
+    for current, desired in ((0, 1), (1, 1), (1, 1), (0, 1), (0, 1), (1, 1)):
+        scaler._tell(ScaleSignal("class", "2xA100", current, desired, "r"))
+    assert calls == [("2xA100", 0, 1), ("2xA100", 0, 1)]
