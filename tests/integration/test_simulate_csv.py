@@ -100,9 +100,13 @@ def test_a_sigterm_to_a_replay_stops_its_server(procs: Procs, tmp_path: Path) ->
     long = tmp_path / "long.csv"
     rows = "".join(f"{i * 0.5},m{i % 40},P{i % 4},5,20,,2\n" for i in range(20_000))
     long.write_text("arrival_s,model,priority,service_s,vram_gb,tenant,load_s\n" + rows, encoding="utf-8")
-    proc = subprocess.Popen([*procs.base_args(), "simulate", "--trace", str(long), "--gpus", "2x80",
-                             "--speedup", "1", "--policy", "gpuq"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=procs.environment({}))
+    err = tmp_path / "replay.err"
+    # faulthandler: a replay that outlives its SIGTERM is sent SIGABRT and says where it was
+    # (one CI run saw it still running 20 s after the SIGTERM; not reproduced since)
+    with err.open("w") as stderr:
+        proc = subprocess.Popen([*procs.base_args(), "simulate", "--trace", str(long), "--gpus", "2x80",
+                                 "--speedup", "1", "--policy", "gpuq"], stdout=subprocess.DEVNULL,
+                                stderr=stderr, env=procs.environment({"PYTHONFAULTHANDLER": "1"}))
     server: list[int] = []
     try:
         deadline = time.monotonic() + 30
@@ -112,7 +116,13 @@ def test_a_sigterm_to_a_replay_stops_its_server(procs: Procs, tmp_path: Path) ->
         assert server, "the replay started no server"
         time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(20) != 0
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            proc.wait(10)
+            raise AssertionError(f"the replay outlived its SIGTERM:\n{err.read_text()[-4000:]}") from None
+        assert proc.returncode != 0
         time.sleep(0.5)
         for pid in server:
             assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
