@@ -60,9 +60,9 @@ def replaying() -> Iterator[EmbeddedServer]:
     level = reaper_log.level
     reaper_log.setLevel(max(logging.ERROR, reaper_log.getEffectiveLevel()))
     with sigterm_unwinds():
-        server = EmbeddedServer("redis").start()
-        try:
-            yield server
+        server = EmbeddedServer("redis")
+        try:  # a SIGTERM while it starts stops it too (it runs in a session of its own)
+            yield server.start()
         finally:
             reaper_log.setLevel(level)
             server.stop()

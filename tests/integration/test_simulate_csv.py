@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from procs import Procs
 
 TINY = """\
@@ -134,3 +135,24 @@ def test_a_sigterm_to_a_replay_stops_its_server(procs: Procs, tmp_path: Path) ->
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_a_sigterm_while_the_replays_server_starts_stops_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server started outside the cleanup's try: a SIGTERM (SystemExit) landing while it
+    started left it running in its own session."""
+    import gpuq.sim.cli as sim_cli
+    from gpuq.embedded import EmbeddedServer
+
+    started: list[EmbeddedServer] = []
+    real_start = EmbeddedServer.start
+
+    def start_then_sigterm(self: EmbeddedServer, timeout: float = 10.0) -> EmbeddedServer:
+        started.append(real_start(self, timeout))
+        raise SystemExit(143)
+
+    monkeypatch.setattr(EmbeddedServer, "start", start_then_sigterm)
+    with pytest.raises(SystemExit):
+        with sim_cli.replaying():
+            pass
+    (server,) = started
+    assert server.proc is None and server.dir == ""  # stopped, its directory removed
