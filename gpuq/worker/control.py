@@ -113,7 +113,7 @@ class Control:
         now = time.monotonic()
         nearest = float("inf")
         for r in self.running.snapshot():
-            if r.lost_deadline is not None and not r.stopped:
+            if r.lost_deadline is not None and r.stop_deadline is None:
                 if now >= r.lost_deadline:
                     self.stop_lost(r)
                 else:
@@ -163,10 +163,17 @@ class Control:
 
     def stop_lost(self, r: Running) -> None:
         """Stop a handler still running a task (or a batch of tasks) it lost, as ``stop``
-        does, with nothing to requeue; a batch with a task it still holds runs on."""
+        does, with nothing to requeue; a batch with a task it still holds runs on. Not in its
+        handler yet (its model still loading: a load is no stuck handler), it is marked
+        stopped, so its handler never starts, and looked at again after another grace."""
         r.lost_deadline = None
         runs = [o for o in self.running.snapshot() if o.thread_id == r.thread_id] or [r]
         if not all(o.ctx.lost for o in runs):
+            return
+        if not any(o.in_handler for o in runs):
+            for o in runs:
+                o.stopped = True
+            r.lost_deadline = time.monotonic() + self.grace_s
             return
         until = time.monotonic() + self.stop_s
         for o in runs:

@@ -370,6 +370,21 @@ def test_a_canceled_handler_that_runs_on_is_stopped_past_the_grace(procs: Procs,
     assert long.record().state is State.CANCELED
 
 
+def test_a_task_canceled_while_its_model_loads_never_runs_and_the_worker_stays(
+        procs: Procs, real_queue: Queue) -> None:
+    """A cancel during a load longer than the grace and the stop time together (5.5 s
+    against 0.5 + 1): the task's handler never starts, and the load is not taken for a stuck
+    handler (the worker does not exit); the next task of the model starts warm."""
+    worker = procs.worker("w1", vram_gb=80, env={"GPUQ_GRACE_S": "0.5", "GPUQ_STOP_S": "1"})
+    long = real_queue.enqueue("sim.run", model="llama3-70b", vram_gb=70, est_s=est(1))
+    procs.wait_state(long.id, State.RUNNING)
+    real_queue.cancel(long.id)
+    follow = real_queue.enqueue("sim.run", {}, model="llama3-70b", vram_gb=70, est_s=est(0.05))
+    record = procs.wait_state(follow.id, State.SUCCEEDED, timeout=20)
+    assert record.worker == "w1" and worker.alive()
+    assert "worker.stuck" not in worker.log() and long.record().state is State.CANCELED
+
+
 def test_small_gpu_evicts_its_idle_model_for_the_next_one(procs: Procs, real_queue: Queue) -> None:
     procs.worker("w1", vram_gb=24)  # 19 GB usable
     keys = real_queue.keys

@@ -146,10 +146,30 @@ def test_a_canceled_task_still_running_is_stopped_once_the_grace_passes(
     heartbeat.beat()
     assert running.ctx.should_stop() and running.lost_deadline is not None
     assert heartbeat.control.watch() <= worker.config.grace_s and not running.stopped
+    running.in_handler = True  # its handler runs on, not checking should_stop()
     running.lost_deadline = 0.0  # the grace is over
     heartbeat.control.watch()
     assert running.stopped and interrupted == [task.id] and running.stop_deadline is not None
     assert queue.record(task.id).state.value == "canceled"  # nothing requeued
+
+
+def test_a_task_lost_while_its_model_loads_never_starts_and_is_no_stuck_handler(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cancel during a long load (55 s for a 70B model): past the grace the task is marked
+    stopped (its handler will not start), not interrupted, and no stop deadline is set: a
+    load is no stuck handler, and the worker must not exit for it."""
+    _, worker, task, (_, _, running) = claimed()
+    interrupted: list[str] = []
+    monkeypatch.setattr(type(running), "interrupt", lambda r: interrupted.append(r.task_id) or True)
+    control = worker.heartbeat().control
+    control.on_lost(running)
+    running.lost_deadline = 0.0
+    control.watch()
+    assert running.stopped and interrupted == [] and running.stop_deadline is None
+    assert running.lost_deadline is not None  # looked at again: a handler started meanwhile is stopped
+    running.in_handler, running.lost_deadline = True, 0.0
+    control.watch()
+    assert interrupted == [task.id] and running.stop_deadline is not None
 
 
 def test_a_batch_with_a_task_it_still_holds_is_not_stopped_for_a_lost_one(
@@ -161,6 +181,7 @@ def test_a_batch_with_a_task_it_still_holds_is_not_stopped_for_a_lost_one(
     interrupted: list[str] = []
     monkeypatch.setattr(Running, "interrupt", lambda r: interrupted.append(r.task_id) or True)
     control = worker.heartbeat().control
+    running.in_handler = other.in_handler = True
     control.on_lost(running)
     running.lost_deadline = 0.0
     control.watch()
