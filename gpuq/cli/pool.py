@@ -281,12 +281,13 @@ def simulate(ctx: click.Context, trace_name: str, traces_dir: str | None, gpus: 
              mix_70b: float, warm_hints: bool) -> None:
     """Replay a production trace through the real scheduling scripts on a virtual clock,
     next to FIFO and strict-priority baselines."""
-    from gpuq.sim.cli import run_simulations, unused_options
+    from gpuq.sim.cli import load_for, run_simulations, unused_options
 
     unused_options(autoscale is not None, find_gpus, plot_path=plot_path, mix_70b=mix_70b,
                    tenants=tenant_specs, policy=policy, warm_hints=warm_hints,
                    given={p.name for p in ctx.command.params if p.name
                           and ctx.get_parameter_source(p.name) is not click.core.ParameterSource.DEFAULT})
+    chosen = None if speedup is not None else load_for(target_load)  # the text report's heading
     if autoscale is not None:
         from gpuq.sim.cli import run_autoscaled
 
@@ -298,8 +299,7 @@ def simulate(ctx: click.Context, trace_name: str, traces_dir: str | None, gpus: 
             return
         from gpuq.sim.report import heading, render
 
-        loaded = None if speedup is not None else target_load or 0.8
-        click.echo(heading(scaled[0], loaded) + "\n\n" + render(scaled))
+        click.echo(heading(scaled[0], chosen) + "\n\n" + render(scaled))
         return
 
     if find_gpus:
@@ -328,8 +328,7 @@ def simulate(ctx: click.Context, trace_name: str, traces_dir: str | None, gpus: 
         return
     from gpuq.sim.report import heading, render, render_split
 
-    click.echo(heading(reports[0], None if speedup is not None else target_load or 0.8) + "\n\n"
-               + render(reports))
+    click.echo(heading(reports[0], chosen) + "\n\n" + render(reports))
     if tenants:
         click.echo("\n" + render_split(reports))
     if mix_70b:

@@ -26,6 +26,11 @@ from gpuq.tenants import Tenant
 log = logging.getLogger(__name__)
 
 
+def load_for(target_load: float | None) -> float:
+    """The offered load a replay's speedup is picked for: --target-load, else 0.8."""
+    return 0.8 if target_load is None else target_load
+
+
 def check_plot_path(path: str) -> None:
     """``--plot``: refused before the replay, not after it (a replay may take minutes)."""
     folder = os.path.dirname(os.path.abspath(path))
@@ -117,7 +122,7 @@ def run_simulations(trace_name: str, traces_dir: str | None, gpus_spec: str, spe
     if mix_70b:
         tasks, large = with_70b(tasks, loads, mix_70b, seed)
     if speedup is None:
-        speedup = speedup_for(tasks, len(gpus), 0.8 if target_load is None else target_load)
+        speedup = speedup_for(tasks, len(gpus), load_for(target_load))
     policies = list(POLICIES) if policy == "all" else [policy]
     results, reports = [], []
     with replaying() as server:  # one server for every policy's replay
@@ -161,7 +166,7 @@ def run_autoscaled(trace_name: str, traces_dir: str | None, gpus_spec: str, spee
         raise ConfigError(f"--autoscale {spec!r}: a replay simulates at most {MAX_GPUS} GPUs")
     tasks, loads = read_trace(trace_name, traces_dir, seed, limit)
     if speedup is None:  # the load is offered to the largest pool
-        speedup = speedup_for(tasks, autoscale.max, 0.8 if target_load is None else target_load)
+        speedup = speedup_for(tasks, autoscale.max, load_for(target_load))
     reports = []
     with replaying() as server:
         for name in SIGNALS if signal == "both" else (signal,):
@@ -189,7 +194,7 @@ def find_gpus(trace_name: str, traces_dir: str | None, gpus_spec: str, speedup: 
     tasks, loads = read_trace(trace_name, traces_dir, seed, limit)
     # the compression is fixed by the trace alone (for one GPU), so every pool size sees the
     # same arrivals
-    k = speedup if speedup is not None else speedup_for(tasks, 1, target_load or 0.8)
+    k = speedup if speedup is not None else speedup_for(tasks, 1, load_for(target_load))
     _reachable(tasks, loads, sim_config(config), size, sla_target, priority)
     tried: dict[int, dict[str, Any]] = {}
 
