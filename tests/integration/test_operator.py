@@ -91,6 +91,21 @@ def test_requeue_a_delayed_task_runs_it_now(make_queue: MakeQueue) -> None:
     assert again["id"] == tid and again["attempt"] == "2"
 
 
+def test_requeue_a_task_not_yet_due_sorts_as_due_now(make_queue: MakeQueue) -> None:
+    # enqueued with a delay, then sent now by the operator: its start-by score counts from
+    # now, not from its old due time an hour away, so a task enqueued after it waits behind
+    q = make_queue()
+    a = enqueue(q, delay_s=3600, deadline_s=600, est_s=1)
+    assert q.requeue(a) == "queued"
+    b = enqueue(q, est_s=1)
+    r = q.record(a)
+    assert r.state is State.QUEUED and r.due_at is not None and r.deadline is not None
+    assert r.deadline - r.due_at == pytest.approx(600, abs=0.01)  # still counted from its due time
+    assert r.due_at <= q.record(b).enqueued_at
+    assert claimed(q, "w1", now_ms=0)["id"] == a
+    assert claimed(q, "w2", now_ms=0)["id"] == b
+
+
 def test_requeue_a_failed_task_starts_it_afresh(queue: Queue) -> None:
     tid = enqueue(queue, T0, max_attempts=1, deadline_s=600)
     c = claimed(queue)
