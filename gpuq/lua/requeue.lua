@@ -59,19 +59,6 @@ if token == '' and f[1] ~= 'running' then
   -- without its deadline (asking for it again overrides it)
   if f[1] == 'delayed' then
     redis.call('ZREM', K_DELAYED, id)
-    -- a task not yet due (delay_s / at) is due now: its start-by score, fair order and
-    -- deadline, all counted from its due time, move back by as much, else it would sort
-    -- behind every task of its queue enqueued before its old due time
-    local d = redis.call('HMGET', tk, 'due_at', 'score', 'order', 'deadline')
-    local due = finite(d[1])
-    if due and due > now then
-      local shift, moved = due - now, {'due_at', ms(now)}
-      for i, field in ipairs({'score', 'order', 'deadline'}) do
-        local v = finite(d[i + 1])
-        if v then moved[#moved + 1] = field; moved[#moved + 1] = ms(v - shift) end
-      end
-      redis.call('HSET', tk, unpack(moved))
-    end
   elseif f[1] == 'failed' or f[1] == 'expired' or f[1] == 'canceled' then
     redis.call('PERSIST', tk)
     redis.call('DEL', done_key(id), stream_key(id))  -- its stream starts afresh
@@ -85,6 +72,19 @@ if token == '' and f[1] ~= 'running' then
     recount_children(id)
   else
     return {1, 0, 'task is ' .. f[1] .. ': there is nothing to requeue'}
+  end
+  -- a task not yet due (delay_s / at; delayed, or canceled while delayed) is due now: its
+  -- start-by score, fair order and deadline, all counted from its due time, move back by as
+  -- much, else it would sort behind every task of its queue enqueued before that time
+  local d = redis.call('HMGET', tk, 'due_at', 'score', 'order', 'deadline')
+  local due = finite(d[1])
+  if due and due > now then
+    local shift, moved = due - now, {'due_at', ms(now)}
+    for i, field in ipairs({'score', 'order', 'deadline'}) do
+      local v = finite(d[i + 1])
+      if v then moved[#moved + 1] = field; moved[#moved + 1] = ms(v - shift) end
+    end
+    redis.call('HSET', tk, unpack(moved))
   end
   redis.call('HSET', tk, 'state', 'queued', 'queued_at', ms(now), 'error', ARGV[4])
   return {0, push(id, now, ttl)}

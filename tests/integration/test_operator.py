@@ -106,6 +106,16 @@ def test_requeue_a_task_not_yet_due_sorts_as_due_now(make_queue: MakeQueue) -> N
     assert claimed(q, "w2", now_ms=0)["id"] == b
 
 
+def test_requeue_a_task_canceled_before_its_due_time_sorts_as_due_now(make_queue: MakeQueue) -> None:
+    q = make_queue()
+    a = enqueue(q, delay_s=3600)
+    assert q.cancel(a) is State.DELAYED
+    assert q.requeue(a) == "queued"
+    b = enqueue(q)
+    assert q.record(a).due_at <= q.record(b).enqueued_at
+    assert claimed(q, "w1", now_ms=0)["id"] == a
+
+
 def test_requeue_a_failed_task_starts_it_afresh(queue: Queue) -> None:
     tid = enqueue(queue, T0, max_attempts=1, deadline_s=600)
     c = claimed(queue)
