@@ -41,11 +41,12 @@ def parse_every(text: str) -> int:
     m = _EVERY.fullmatch(text.strip()) if isinstance(text, str) else None
     if not m:
         raise ScheduleError(f"every {text!r}: expected a number and a unit (ms, s, m, h, d)")
-    every = int(float(m.group(1)) * _UNITS_MS[m.group(2) or "s"])
+    every_f = float(m.group(1)) * _UNITS_MS[m.group(2) or "s"]  # inf for a huge number
+    if every_f > 366 * 86_400_000:
+        raise ScheduleError(f"every {text!r}: the interval must be at most 366 days")
+    every = int(every_f)
     if every < 1000:
         raise ScheduleError(f"every {text!r}: the interval must be at least 1 s")
-    if every > 366 * 86_400_000:
-        raise ScheduleError(f"every {text!r}: the interval must be at most 366 days")
     return every
 
 

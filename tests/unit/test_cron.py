@@ -134,3 +134,14 @@ def test_a_cron_or_interval_that_is_not_text_is_a_schedule_error() -> None:
         Cron.parse(5)  # type: ignore[arg-type]
     with pytest.raises(ScheduleError, match="expected a number and a unit"):
         parse_every(10)  # type: ignore[arg-type]
+
+
+def test_an_interval_too_large_for_a_float_is_a_schedule_error() -> None:
+    """The defect: --every 999...9 (400 digits) is inf ms, and int(inf) raised OverflowError,
+    a traceback instead of the one-line error the CLI gives every bad interval."""
+    from gpuq.schedule import parse_every
+
+    with pytest.raises(ScheduleError, match="at most 366 days"):
+        parse_every("9" * 400)
+    with pytest.raises(ScheduleError, match="at most 366 days"):
+        parse_every("9" * 400 + "d")
