@@ -38,7 +38,7 @@ from gpuq.connection import redis_errors
 from gpuq.errors import DuplicateTask, TaskNotFound
 from gpuq.redact import one_line
 from gpuq.rq import outcome
-from gpuq.rq.fields import JobRefused, task_spec
+from gpuq.rq.fields import JobRefused, task_id_for, task_spec
 from gpuq.rq.unpickle import Allowlist, RestrictedSerializer
 from gpuq.task import State
 
@@ -166,6 +166,11 @@ class Bridge:
         except Exception as exc:  # a damaged job hash: its end cannot be written
             log.error("rq.unreadable job=%s task=%s error=%s: %s (its end not reported)", job_id,
                       task_id, type(exc).__name__, one_line(str(exc)))
+            return
+        if task_id_for(job.id, job.enqueued_at) != task_id:
+            # RQ enqueued the job again since (a requeue sets a new enqueued_at): this end
+            # belongs to an earlier run, and the job's current one must not be marked by it
+            log.info("rq.end_superseded job=%s task=%s", job_id, task_id)
             return
         if job.get_status(refresh=False) in RQ_ENDED:  # the handler (or RQ) already said
             return

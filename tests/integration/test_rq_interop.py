@@ -302,3 +302,24 @@ def test_a_bridge_stopped_with_sigterm_exits_0_with_its_summary(procs: Procs, rq
     proc.terminate()
     assert proc.wait(10) == 0, proc.log()
     assert "rq-bridge: 1 delivered, 0 refused" in proc.log()
+
+
+def test_an_end_reported_late_leaves_a_job_enqueued_again_since_alone(
+        real_queue: Queue, rq_redis: redis.Redis, rq_queue: rq.Queue, redis_server: EmbeddedServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: a job requeued from RQ's failed registry before the bridge's next pass was
+    marked failed again with the earlier task's end (a second failed Result, status failed
+    while its new task waited to run): the end belonged to an earlier enqueue."""
+    from gpuq import testing
+    from gpuq.rq.bridge import Bridge
+
+    job = rq_queue.enqueue("tests.rq_jobs.boom", "first run", meta={"gpuq": GPU})
+    bridge = Bridge(real_queue, rq_redis, redis_server.url, [rq_queue.name], {}, burst=True)
+    assert bridge.run() == 0 and bridge.delivered == 1
+    testing.drain(real_queue, rq_app(real_queue, rq_redis, monkeypatch), vram_gb=24)
+    assert job.get_status() == "failed" and len(job.results()) == 1
+    assert real_queue.redis.llen(real_queue.keys.ended) == 1  # not yet seen by a bridge
+    rq_queue.failed_job_registry.requeue(job.id)  # the producer runs it again
+    assert bridge.run() == 0 and bridge.delivered == 2  # the new enqueue is a new task
+    assert job.get_status() == "queued" and len(job.results()) == 1
+    assert real_queue.redis.llen(real_queue.keys.ended) == 0
