@@ -36,7 +36,10 @@ USER_NAME = re.compile(r"[!#-&(-\[\]-~]+")
 # scripts (loaded again after a server restart or flush), WAIT after writes when
 # replica_acks is set
 CONNECTION = ("ping", "select", "fcall", "evalsha", "script|load", "wait")
-_CALL = re.compile(r"""redis\.p?call\(\s*['"](\w+)['"]""")
+# a command a script sends: named in a call, in tally.lua's set_write (which calls its verb),
+# or, for a helper calling a command held in a variable, on a "--@calls CMD ..." line above it
+_CALL = re.compile(r"""(?:redis\.p?call|set_write)\(\s*['"](\w+)['"]""")
+_CALLS_LINE = re.compile(r"^--@calls((?:[ \t]+[A-Z|]+)+)", re.M)
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,9 @@ ROLES: dict[str, Role] = {
 
 def script_commands(name: str) -> set[str]:
     """The commands a script (with the helpers it pulls in) may call."""
-    return {c.lower() for c in _CALL.findall(script_source(name))}
+    source = script_source(name)
+    annotated = {c for line in _CALLS_LINE.findall(source) for c in line.split()}
+    return {c.lower() for c in (*_CALL.findall(source), *annotated)}
 
 
 def commands(role: str) -> list[str]:

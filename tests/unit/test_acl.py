@@ -76,3 +76,32 @@ def test_user_names_of_odd_pools_and_addresses_are_kept() -> None:
                                       "GPUQ_ACL_PW"], env={"GPUQ_ACL_PW": SECRET})
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("ACL SETUSER gpuq-observer-a* reset on #")
+
+
+def test_commands_called_through_a_variable_are_granted() -> None:
+    """finish.lua's set_write('SREM', ...) (cancel, requeue) and wake.lua's tightest (enqueue,
+    claim: ZREVRANGEBYSCORE for a multi-GPU task) call their command through a variable: a
+    producer cancelling or requeueing a running task was refused SREM."""
+    for script in ("cancel", "requeue"):
+        assert "srem" in acl.script_commands(script), script
+    for script in ("enqueue", "claim", "requeue"):
+        assert "zrevrangebyscore" in acl.script_commands(script), script
+    assert {"srem", "zrevrangebyscore"} <= set(acl.commands("producer"))
+    assert "zrevrangebyscore" in acl.commands("worker")
+
+
+def test_every_call_by_variable_is_declared() -> None:
+    """A helper calling ``redis.call(verb, ...)`` on a variable lists what it may call on a
+    ``--@calls`` line (set_write's verbs are read at its call sites), so acl grants it."""
+    import re
+    from importlib import resources
+
+    from gpuq.lua_source import helpers
+
+    lib = resources.files("gpuq").joinpath("lua", "lib")
+    dynamic = re.compile(r"redis\.p?call\(\s*[^'\"\s]")
+    for entry in lib.iterdir():
+        _, defined = helpers(entry.read_text())
+        for name, text in defined.items():
+            if dynamic.search(text) and name not in ("set_write", "tally_flush"):
+                assert "--@calls " in text, f"{entry.name}: {name} calls a command by variable"

@@ -62,6 +62,7 @@ end
 -- several GPUs, 64, then the 8 roomiest: one-GPU workers with room must not hide a group);
 -- with `unoccupied`, only one running no task (one with free slots stays in `idle` while it
 -- runs others). A group's VRAM spans its devices: one-GPU work leaves a four-GPU group free.
+--@calls ZRANGEBYSCORE ZREVRANGEBYSCORE (named in `reads`: gpuq/acl.py grants them)
 local function tightest(need, upper, except, p, unoccupied, gpus)
   local reads = gpus > 1 and {{64, 'ZRANGEBYSCORE', need, upper}, {8, 'ZREVRANGEBYSCORE', upper, need}}
     or {{8, 'ZRANGEBYSCORE', need, upper}}
