@@ -294,8 +294,9 @@ class Keys:
 
     @property
     def ended(self) -> str:
-        """Tasks enqueued with report_end that ended other than succeeded, newest first
-        (LPUSH by the scripts' finish): their producer (the rq bridge) reports the end."""
+        """Tasks enqueued with report_end that ended other than succeeded (LPUSH by the
+        scripts' finish), or went back to their queue from a dead worker or a lost lease
+        (reap), newest first: their producer (the rq bridge) reports it."""
         return self._key("ended")
 
     @property

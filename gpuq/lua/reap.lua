@@ -30,13 +30,16 @@ if not (now and limit and ttl) then return {1, 0, 'now and ttl must be ms >= 0, 
 local requeued, failed = 0, 0
 
 local function recover(id, reason, consume)
-  local f = redis.call('HMGET', task_key(id), 'state', 'worker', 'charged')
+  local f = redis.call('HMGET', task_key(id), 'state', 'worker', 'charged', 'report_end')
   if f[1] ~= 'running' then
     release(id, f[2], f[3])
     return
   end
   if requeue(id, now, reason, consume ~= false, ttl) == 'queued' then
     requeued = requeued + 1
+    -- its handler's last word (started) stands wherever it reported: the reporter learns
+    -- from `ended` that the task waits again (a failed one finish lists itself)
+    if f[4] == '1' then redis.call('LPUSH', K_ENDED, id) end
   else
     failed = failed + 1
   end

@@ -172,7 +172,15 @@ class Bridge:
             # belongs to an earlier run, and the job's current one must not be marked by it
             log.info("rq.end_superseded job=%s task=%s", job_id, task_id)
             return
-        if job.get_status(refresh=False) in RQ_ENDED:  # the handler (or RQ) already said
+        status = job.get_status(refresh=False)
+        if status in RQ_ENDED:  # the handler (or RQ) already said
+            return
+        if not record.state.terminal:
+            # back in its queue after its worker died or lost the lease: RQ showed the dead
+            # run as started; a run that started since (running) reports for itself
+            if status == JobStatus.STARTED and record.state is not State.RUNNING:
+                outcome.queued_again(job)
+                log.info("rq.queued_again job=%s task=%s error=%s", job_id, task_id, record.error or "")
             return
         if record.state is State.CANCELED:
             job.cancel()

@@ -323,3 +323,39 @@ def test_an_end_reported_late_leaves_a_job_enqueued_again_since_alone(
     assert bridge.run() == 0 and bridge.delivered == 2  # the new enqueue is a new task
     assert job.get_status() == "queued" and len(job.results()) == 1
     assert real_queue.redis.llen(real_queue.keys.ended) == 0
+
+
+def test_a_job_whose_worker_died_shows_queued_again_in_rq(
+        real_queue: Queue, rq_redis: redis.Redis, rq_queue: rq.Queue, redis_server: EmbeddedServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: a worker killed mid-job with attempts left: the reaper put the task back
+    in its queue, but RQ showed the job `started` by the dead worker for good (only a
+    handler wrote RQ's status, and the dead one could not)."""
+    from gpuq import State
+    from gpuq.claims import ClaimRequest
+    from gpuq.rq import outcome
+    from gpuq.rq.bridge import Bridge
+    from gpuq.rq.fields import task_id_for
+
+    job = rq_queue.enqueue("tests.rq_jobs.add", 1, 2, meta={"gpuq": GPU}, retry=rq.Retry(max=1))
+    bridge = Bridge(real_queue, rq_redis, redis_server.url, [rq_queue.name], {}, burst=True)
+    assert bridge.run() == 0 and bridge.delivered == 1
+    task_id = task_id_for(job.id, rq.job.Job.fetch(job.id, connection=rq_redis).enqueued_at)
+    # a worker claims it and its handler tells RQ it started; then the worker dies
+    claim = real_queue.calls.claim(ClaimRequest("w-dead", 24.0, 0.0, 1, [("llama3-8b", 16.0)]))
+    assert real_queue.scripts.run(claim).task["id"] == task_id
+    outcome.started(rq.job.Job.fetch(job.id, connection=rq_redis), "w-dead")
+    assert job.get_status() == "started"
+    real_queue.redis.zadd(real_queue.keys.workers, {"w-dead": 1})  # its liveness long past
+    assert real_queue.scripts.run(real_queue.calls.reap()).requeued == 1
+    assert real_queue.record(task_id).state is State.QUEUED
+    assert bridge.run() == 0
+    assert job.get_status() == "queued" and job.results() == []
+    assert real_queue.redis.llen(real_queue.keys.ended) == 0
+    # a run that started since reports for itself: the bridge leaves its started alone
+    claim = real_queue.calls.claim(ClaimRequest("w2", 24.0, 0.0, 1, [("llama3-8b", 16.0)]))
+    assert real_queue.scripts.run(claim).task["id"] == task_id
+    outcome.started(rq.job.Job.fetch(job.id, connection=rq_redis), "w2")
+    real_queue.redis.lpush(real_queue.keys.ended, task_id)
+    assert bridge.run() == 0
+    assert job.get_status() == "started"
