@@ -62,8 +62,10 @@ def list_(ctx: click.Context, as_json: bool) -> None:
     with opened(ctx) as queue:
         now = server_ms(queue.redis)
         found = [s.to_dict(now) for s in schedules.list_schedules(queue.redis, queue.keys)]
-    if as_json:
-        click.echo(json.dumps(found, indent=2))
+    if as_json:  # the payload as JSON, as `gpuq task --json` shows a task's (stored as its text)
+        shown = [{**d, "task": {**d["task"], "payload": _json_or_text(d["task"].get("payload"))}}
+                 for d in found]
+        click.echo(json.dumps(shown, indent=2))
         return
     if not found:
         click.echo("(no schedules)")
@@ -73,6 +75,14 @@ def list_(ctx: click.Context, as_json: bool) -> None:
         click.echo(one_line(f"{d['name']}: {when}{' skip-missed' if d['skip_missed'] else ''}, "
                             f"last {d['last_period'] or '-'}, next {d['next_period']}: {t['handler']} "
                             f"model={t['model']} P{t['priority']}"))
+
+
+def _json_or_text(text: Any) -> Any:
+    """A stored payload's value; its text where it was damaged by hand."""
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return text
 
 
 @schedule.command("remove")
