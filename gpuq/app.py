@@ -169,15 +169,17 @@ class BatchContext:
         raise Yielded(",".join(self.task_ids))
 
 
+# positional-only: a handler's parameters may have any names (``engine``, ``payloads``...),
+# and a worker passes them by position
 class Handler(Protocol):
-    def __call__(self, model: Any, payload: Any, ctx: Context) -> Any: ...
+    def __call__(self, model: Any, payload: Any, ctx: Context, /) -> Any: ...
 
 
 class BatchHandler(Protocol):
-    def __call__(self, model: Any, payloads: list[Any], ctx: BatchContext) -> list[Any]: ...
+    def __call__(self, model: Any, payloads: list[Any], ctx: BatchContext, /) -> list[Any]: ...
 
 
-H = TypeVar("H", Handler, BatchHandler)
+H = TypeVar("H", bound=Handler | BatchHandler)  # bound: the decorated function keeps its type
 
 
 @dataclass(frozen=True)
