@@ -121,8 +121,14 @@ class Context:
 
     def save_checkpoint(self, state: Any) -> None:
         """Keep JSON-able state for the task's next run (``ctx.checkpoint`` there); at most
-        1 MiB of JSON (InvalidTask), as the server takes with a requeue."""
-        text = JSON.encode(state)
+        1 MiB of JSON, as the server takes with a requeue; InvalidTask for more, or for a
+        value that is not JSON (nothing kept)."""
+        if isinstance(state, (bytes, bytearray)):  # JSON's own message would not say where
+            raise InvalidTask("checkpoint must be JSON-serializable data, not bytes")
+        try:
+            text = JSON.encode(state)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise InvalidTask(f"checkpoint is not JSON-serializable: {exc}") from None
         if len(text) > MAX_CHECKPOINT_BYTES:  # the requeue would be refused: the yield lost
             raise InvalidTask(f"checkpoint of {len(text)} bytes is more than the "
                               f"{MAX_CHECKPOINT_BYTES} allowed: keep large state elsewhere")

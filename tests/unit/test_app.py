@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gpuq.app import App, Context, is_coroutine_fn, load_app
-from gpuq.errors import AppError, GpuqError
+from gpuq.errors import AppError, GpuqError, InvalidTask
 
 
 def build() -> App:
@@ -189,6 +189,18 @@ def test_a_checkpoint_past_the_limit_is_refused_where_it_is_saved() -> None:
     with pytest.raises(InvalidTask, match="checkpoint of 2097154 bytes is more than the 1048576"):
         ctx.save_checkpoint("x" * (2 << 20))
     ctx.save_checkpoint({"i": 1})
+
+
+@pytest.mark.parametrize("state", [{1, 2}, float("nan"), b"x", {"deep": {"set": {1}}}])
+def test_a_checkpoint_that_is_not_json_is_invalid_task(state: object) -> None:
+    """Regression: save_checkpoint (and yield_now) of a value JSON cannot encode raised the
+    encoder's bare TypeError or ValueError, unlike emit's EmitError; the last good one stays."""
+    ctx = Context("t", 1, "w", "m", 1.0, 1.0)
+    ctx.save_checkpoint({"i": 1})
+    with pytest.raises(InvalidTask, match="checkpoint"):
+        ctx.save_checkpoint(state)
+    with pytest.raises(InvalidTask, match="checkpoint"):
+        ctx.yield_now(state)
     assert ctx.saved == '{"i":1}'
 
 
