@@ -25,7 +25,7 @@ from gpuq.claims import Batch as Batch
 from gpuq.claims import Claim as Claim
 from gpuq.claims import ClaimRequest as ClaimRequest
 from gpuq.config import Config
-from gpuq.errors import NotRequeueable, ReplicaTimeout, TenantError
+from gpuq.errors import InvalidTask, NotRequeueable, ReplicaTimeout, TenantError
 from gpuq.functions import Sender, missing
 from gpuq.joined import carried, joined_acks, split_replies, wrote
 from gpuq.keys import Keys
@@ -35,6 +35,7 @@ from gpuq.wire import exchange
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+MAX_ERROR = 2000  # characters of a task's error (a failure's, or a requeue's reason) kept
 SCRIPT_NAMES = ("enqueue", "claim", "claim_batch", "began", "heartbeat", "ack", "fail", "requeue",
                 "cancel", "reap", "lead", "expire", "park", "preempt", "retire", "learn", "tenant", "fire",
                 "emit", "progress", "follow", "wait")  # emit, progress, follow: gpuq.stream's calls
@@ -171,7 +172,7 @@ class Calls:
         c = self.config
         mode = "2" if pass_ms is not None else "1" if retry else "0"
         base = pass_ms if pass_ms is not None else int(c.retry_base_s * 1000)
-        args = [task_id, str(token), str(now_ms), error.replace("\n", " ")[:2000], mode,
+        args = [task_id, str(token), str(now_ms), error.replace("\n", " ")[:MAX_ERROR], mode,
                 str(base), str(int(c.retry_max_s * 1000)), self._ttl]
 
         def parse(r: list[Any]) -> str:
@@ -183,7 +184,11 @@ class Calls:
     def requeue(self, task_id: str, token: int | None, reason: str, *, consume: bool = False,
                 preempted: str = "", checkpoint: str = "", now_ms: int = 0) -> Call[str]:
         """preempted: "" or how the task gave way ("yielded", "stopped"); checkpoint: JSON
-        text its next run receives ("" keeps the stored one)."""
+        text its next run receives ("" keeps the stored one). ``reason`` is kept in the
+        task's error field as a failure's error is: one line, at most MAX_ERROR characters."""
+        if not isinstance(reason, str):  # an operator's own reason (Queue.requeue)
+            raise InvalidTask(f"requeue reason must be a string, got {reason!r}", task_id)
+        reason = reason.replace("\n", " ")[:MAX_ERROR]
         args = [task_id, "" if token is None else str(token), str(now_ms), reason,
                 "1" if consume else "0", self._ttl, preempted, checkpoint]
 

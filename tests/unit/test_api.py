@@ -64,6 +64,21 @@ def test_cancel_and_requeue_give_states(queue: Queue) -> None:
         queue.requeue(task.id)
 
 
+def test_an_operators_requeue_reason_is_bounded_and_checked(queue: Queue) -> None:
+    """Regression: Queue.requeue stored its reason as given (5 MiB in the task's error field,
+    where a failure's error is one line of at most 2000 characters), and a reason of None
+    raised redis-py's TypeError from deep inside the call."""
+    task = queue.enqueue("h", model="m", vram_gb=1)
+    task.cancel()
+    assert queue.requeue(task.id, "line one\nline two " + "x" * (5 << 20)) is State.QUEUED
+    error = task.record().error
+    assert error is not None and error.startswith("line one line two x") and len(error) == 2000
+    task.cancel()
+    with pytest.raises(InvalidTask, match="requeue reason must be a string, got None"):
+        queue.requeue(task.id, None)  # type: ignore[arg-type]
+    assert task.status() is State.CANCELED
+
+
 def test_enqueue_validates_before_sending(queue: Queue) -> None:
     with pytest.raises(InvalidTask):
         queue.enqueue("h", model="m", vram_gb=1, max_attempts=0)
