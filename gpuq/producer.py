@@ -28,7 +28,7 @@ from gpuq.errors import (
 from gpuq.keys import Keys
 from gpuq.replies import pairs_to_dict, raise_for
 from gpuq.scripts import Call, Calls, raise_first_error
-from gpuq.task import Priority, State, TaskRecord, TaskSpec, build_specs
+from gpuq.task import Priority, State, TaskRecord, TaskSpec, _flag, build_specs
 
 PENDING = object()  # Waiting.outcome: the task has not ended yet
 
@@ -76,6 +76,7 @@ class Producer(Generic[ClientT, EnqueuedT]):
         (with ``after_any_outcome``: once every one ended), canceled if one ends otherwise.
         InvalidTask, before anything is sent, for bad input.
         """
+        check_fit = _flag("check_fit", check_fit)  # "no" would read as true
         spec = TaskSpec.build(handler, payload, model=model, vram_gb=vram_gb, priority=priority,
                               est_s=est_s, deadline_s=deadline_s, preemptible=preemptible,
                               tenant=tenant, max_attempts=max_attempts, task_id=task_id,
@@ -91,6 +92,7 @@ class Producer(Generic[ClientT, EnqueuedT]):
         """Every task validated first (nothing sent if one is bad), then its enqueue calls,
         BULK_CHUNK tasks each, built as they are sent; more than one call: the pool's state
         checked first (gpuq.bulk)."""
+        check_fit = _flag("check_fit", check_fit)
         specs = build_specs(tasks)
         return specs, (self.calls.enqueue(specs[i:i + BULK_CHUNK], check_fit=check_fit)
                        for i in range(0, len(specs), BULK_CHUNK))

@@ -79,6 +79,18 @@ def test_an_operators_requeue_reason_is_bounded_and_checked(queue: Queue) -> Non
     assert task.status() is State.CANCELED
 
 
+@pytest.mark.parametrize("value", ["no", "yes", 2, None])
+def test_check_fit_must_be_a_bool(queue: Queue, value: object) -> None:
+    """Regression: check_fit="no" read as true (a fit check asked for), and None as false,
+    where every other yes/no option of enqueue is refused unless a bool."""
+    with pytest.raises(InvalidTask, match="check_fit must be True or False"):
+        queue.enqueue("h", model="m", vram_gb=1, check_fit=value)  # type: ignore[arg-type]
+    with pytest.raises(InvalidTask, match="check_fit must be True or False"):
+        queue.enqueue_many([{"handler": "h", "model": "m", "vram_gb": 1}],
+                           check_fit=value)  # type: ignore[arg-type]
+    assert queue.redis.dbsize() == 0
+
+
 def test_enqueue_validates_before_sending(queue: Queue) -> None:
     with pytest.raises(InvalidTask):
         queue.enqueue("h", model="m", vram_gb=1, max_attempts=0)
