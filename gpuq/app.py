@@ -44,8 +44,9 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol, TypeVar
 
 from gpuq.errors import AppError, InvalidTask, StaleLease
+from gpuq.names import name_problem
 from gpuq.stream import Memory, Sink
-from gpuq.task import JSON, MAX_CHECKPOINT_BYTES
+from gpuq.task import JSON, MAX_CHECKPOINT_BYTES, MAX_VRAM_GB
 
 _SINK_MADE = threading.Lock()  # a Context's sink is made once (rare: most runs emit nothing)
 Loader = Callable[[str], Any]  # may be async def
@@ -226,6 +227,20 @@ def check_batch(handler: str, batch: object, wait_ms: object) -> None:
                        f"got {wait_ms!r}")
 
 
+def check_name(what: str, name: object) -> None:
+    """A handler or model name as a task must spell it (AppError: one line); a name no
+    enqueue can give would register a handler no task ever reaches."""
+    if not isinstance(name, str) or not name.strip():
+        raise AppError(f"{what} name must be a non-empty string, got {name!r}")
+    if problem := name_problem(name):
+        raise AppError(f"{what} name {problem}")
+
+
+def check_callable(what: str, fn: object) -> None:
+    if not callable(fn):
+        raise AppError(f"{what} must be a function, got {fn!r}")
+
+
 @dataclass
 class App:
     name: str
@@ -238,14 +253,29 @@ class App:
 
     def model(self, name: str, *, vram_gb: float | None = None,
               unload: Unloader | None = None) -> Callable[[Loader], Loader]:
+        """Register a model's loader: load(name) -> the model; ``vram_gb``: the weights'
+        footprint (None: the VRAM each task declares); ``unload(model)`` when evicted."""
+        check_name("model", name)
+        if vram_gb is not None and (isinstance(vram_gb, bool) or not isinstance(vram_gb, int | float)
+                                    or not 0 < vram_gb <= MAX_VRAM_GB):  # nan fails it too
+            raise AppError(f"model {name!r}: vram_gb must be a number > 0 and at most "
+                           f"{MAX_VRAM_GB:.0e} (or None), got {vram_gb!r}".replace("e+0", "e"))
+        if unload is not None:
+            check_callable(f"model {name!r}: unload", unload)
+
         def register(load: Loader) -> Loader:
+            check_callable(f"model {name!r}: the loader", load)
             self.models[name] = ModelSpec(name, vram_gb, load, unload)
             return load
         return register
 
     def any_model(self, *, unload: Unloader | None = None) -> Callable[[Loader], Loader]:
         """Register a loader for any model name (its footprint is the task's VRAM)."""
+        if unload is not None:
+            check_callable("any_model: unload", unload)
+
         def register(load: Loader) -> Loader:
+            check_callable("any_model: the loader", load)
             self.fallback = ModelSpec("*", None, load, unload)
             return load
         return register
@@ -256,9 +286,13 @@ class App:
         fn(model, payloads, ctx) -> one result per payload, in order (a BatchContext), its
         batch waiting up to ``batch_wait_ms`` for more tasks (never past a task's start-by
         time). Either may be ``async def`` (run on the worker's event loop)."""
+        check_name("handler", name)
+        if model is not None:
+            check_name(f"handler {name!r}: model", model)
         check_batch(name, batch, batch_wait_ms)
 
         def register(fn: H) -> H:
+            check_callable(f"handler {name!r}", fn)
             self.handlers[name] = HandlerSpec(name, fn, model, batch, float(batch_wait_ms),
                                               is_coroutine_fn(fn))
             return fn

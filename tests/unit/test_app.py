@@ -229,3 +229,29 @@ def test_an_async_handler_behind_a_plain_decorator_is_awaited() -> None:
     task = q.enqueue("h", 7, model="m", vram_gb=2)
     assert drain(q, app) == 1
     assert task.result(timeout=1) == {"ok": 7}
+
+
+@pytest.mark.parametrize("register, match", [
+    (lambda app: app.model("m", vram_gb=-5), r"model 'm': vram_gb must be a number > 0"),
+    (lambda app: app.model("m", vram_gb="16"), r"model 'm': vram_gb must be a number > 0"),
+    (lambda app: app.model("m", vram_gb=float("nan")), r"model 'm': vram_gb must be a number > 0"),
+    (lambda app: app.model("a b", vram_gb=1), r"model name 'a b' holds spaces"),
+    (lambda app: app.handler("a b"), r"handler name 'a b' holds spaces"),
+    (lambda app: app.handler(""), r"handler name must be a non-empty string"),
+    (lambda app: app.handler("h", model="{m}"), r"handler 'h': model name '\{m\}' holds"),
+    (lambda app: app.model("m", vram_gb=1, unload=5), r"model 'm': unload must be a function"),
+])
+def test_a_bad_registration_is_refused_where_it_is_made(register: Any, match: str) -> None:
+    """Regression: App.model took any vram_gb: a str failed every claim of the worker with a
+    TypeError from its ledger, a negative one with the claim's 'free and evictable GB ...
+    must be numbers in range'; a handler name no task can spell was registered silently."""
+    with pytest.raises(AppError, match=match):
+        register(App("a"))(lambda *args: None)
+
+
+@pytest.mark.parametrize("register", [
+    lambda app: app.model("m", vram_gb=1), lambda app: app.any_model(), lambda app: app.handler("h"),
+])
+def test_a_registered_loader_or_handler_must_be_callable(register: Any) -> None:
+    with pytest.raises(AppError, match="must be a function, got None"):
+        register(App("a"))(None)
