@@ -157,8 +157,11 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
         self.scripts = AsyncScripts(client, self.keys, self.url)
 
     @classmethod
-    def from_url(cls, url: str, pool: str = "default", config: Config | None = None) -> AsyncQueue:
-        cfg = replace(config or Config(), redis_url=url, pool=pool).validate()
+    def from_url(cls, url: str, pool: str | None = None, config: Config | None = None) -> AsyncQueue:
+        """A queue on the pool ``pool`` (None: ``config``'s pool, else "default") at ``url``;
+        leaving its ``with`` block closes the client it makes."""
+        base = config or Config()
+        cfg = replace(base, redis_url=url, pool=base.pool if pool is None else pool).validate()
         queue = cls(connect_async(url, tls=Tls.of(cfg)), cfg, url=url)
         queue.owns_client = True
         return queue

@@ -36,9 +36,12 @@ class Queue(Producer[redis.Redis, "Task"]):
         self.scripts = Scripts(client, self.keys)
 
     @classmethod
-    def from_url(cls, url: str, pool: str = "default", config: Config | None = None) -> Queue:
-        cfg = replace(config or Config(), redis_url=url, pool=pool).validate()
-        queue = cls(connect(url, tls=Tls.of(cfg), pool=pool), cfg, url=url)
+    def from_url(cls, url: str, pool: str | None = None, config: Config | None = None) -> Queue:
+        """A queue on the pool ``pool`` (None: ``config``'s pool, else "default") at ``url``;
+        leaving its ``with`` block closes the client it makes."""
+        base = config or Config()
+        cfg = replace(base, redis_url=url, pool=base.pool if pool is None else pool).validate()
+        queue = cls(connect(url, tls=Tls.of(cfg), pool=cfg.pool), cfg, url=url)
         queue.owns_client = True
         return queue
 

@@ -215,3 +215,29 @@ def test_after_any_outcome_without_parents_is_refused_as_the_cli_refuses_it() ->
         TaskSpec.build("h", None, model="m", vram_gb=1, after_any_outcome=True)
     spec = TaskSpec.build("h", None, model="m", vram_gb=1, after=["p"], after_any_outcome=True)
     assert spec.after == ("p",)
+
+
+@pytest.mark.parametrize("pool, config, wanted", [
+    (None, Config(pool="llm"), "llm"),  # the config's pool: it was replaced by "default"
+    ("x", Config(pool="llm"), "x"),  # a pool named outright wins
+    (None, None, "default"),
+])
+def test_from_url_keeps_the_configs_pool_unless_told(monkeypatch: pytest.MonkeyPatch, pool: str | None,
+                                                     config: Config | None, wanted: str) -> None:
+    """Regression: Queue.from_url(url, config=Config(pool="llm")) enqueued into pool
+    "default" (its ``pool`` argument's default overrode the config's), where no worker of
+    the pool ever saw the tasks."""
+    import gpuq.aio
+    import gpuq.client
+
+    pools: list[str] = []
+
+    def connect(url: str, *, tls: Any = None, pool: str = "?") -> Any:
+        pools.append(pool)
+        return Closing()
+
+    monkeypatch.setattr(gpuq.client, "connect", connect)
+    monkeypatch.setattr(gpuq.aio, "connect_async", lambda url, tls=None: Closing())
+    assert Queue.from_url("redis://h/0", pool, config).config.pool == wanted
+    assert pools == [wanted]  # a Cluster client finds the master of that pool's slot
+    assert AsyncQueue.from_url("redis://h/0", pool, config).config.pool == wanted
