@@ -16,7 +16,7 @@ handler name it brings changes what enqueue's fit check says afterwards. Once ev
 is run it sends the run times measured, as a worker's heartbeat does (learn.lua), so a
 task enqueued afterwards without ``est_s`` gets the learned mean.
 
-Needs the test extra (``pip install gpuq[test]``) for fakeredis.
+Needs the testing extra (``pip install 'gpuq[testing]'``, as README says) for fakeredis.
 """
 
 from __future__ import annotations
