@@ -46,7 +46,7 @@ from typing import Any, NoReturn, Protocol, TypeVar
 from gpuq.errors import AppError, InvalidTask, StaleLease
 from gpuq.names import name_problem
 from gpuq.stream import Memory, Sink
-from gpuq.task import JSON, MAX_CHECKPOINT_BYTES, MAX_VRAM_GB
+from gpuq.task import JSON, MAX_CHECKPOINT_BYTES, MAX_VRAM_GB, positive_number
 
 _SINK_MADE = threading.Lock()  # a Context's sink is made once (rare: most runs emit nothing)
 Loader = Callable[[str], Any]  # may be async def
@@ -256,10 +256,11 @@ class App:
         """Register a model's loader: load(name) -> the model; ``vram_gb``: the weights'
         footprint (None: the VRAM each task declares); ``unload(model)`` when evicted."""
         check_name("model", name)
-        if vram_gb is not None and (isinstance(vram_gb, bool) or not isinstance(vram_gb, int | float)
-                                    or not 0 < vram_gb <= MAX_VRAM_GB):  # nan fails it too
-            raise AppError(f"model {name!r}: vram_gb must be a number > 0 and at most "
-                           f"{MAX_VRAM_GB:.0e} (or None), got {vram_gb!r}".replace("e+0", "e"))
+        if vram_gb is not None:  # as a task's: a number > 0, at most MAX_VRAM_GB
+            try:
+                positive_number("vram_gb", vram_gb, most=MAX_VRAM_GB)
+            except InvalidTask as exc:
+                raise AppError(f"model {name!r}: {exc.reason} (or None)") from None
         if unload is not None:
             check_callable(f"model {name!r}: unload", unload)
 

@@ -107,7 +107,7 @@ def new_task_id() -> str:
     return f"{ms & 0xFFFFFFFFFFFF:012x}{next(_issued) & 0xFFFFFF:06x}{random.getrandbits(56):014x}"
 
 
-def _positive_number(name: str, value: object, *, allow_zero: bool = False,
+def positive_number(name: str, value: object, *, allow_zero: bool = False,
                      most: float = math.inf) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidTask(f"{name} must be a number, got {value!r}")
@@ -213,7 +213,7 @@ class TaskSpec(NamedTuple):
         if after_any_outcome and not parents:  # as the CLI refuses it: it would do nothing
             raise InvalidTask("after_any_outcome needs after (the parent tasks it waits for)")
         if deadline_s is not None:  # enqueue.lua takes at most 1e13 ms (about 300 years)
-            deadline_s = _positive_number("deadline_s", deadline_s, most=MAX_SECONDS)
+            deadline_s = positive_number("deadline_s", deadline_s, most=MAX_SECONDS)
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not (
             1 <= max_attempts <= 100
         ):
@@ -224,9 +224,9 @@ class TaskSpec(NamedTuple):
             handler=_name("handler", handler),
             payload=encode_payload(payload),
             model=_name("model", model),
-            vram_gb=_positive_number("vram_gb", vram_gb, most=MAX_VRAM_GB),
+            vram_gb=positive_number("vram_gb", vram_gb, most=MAX_VRAM_GB),
             priority=Priority.parse(priority),
-            est_s=None if est_s is None else _positive_number("est_s", est_s, allow_zero=True,
+            est_s=None if est_s is None else positive_number("est_s", est_s, allow_zero=True,
                                                               most=MAX_SECONDS),
             deadline_s=None if deadline_s is None else float(deadline_s),
             preemptible=_flag("preemptible", preemptible),
@@ -259,8 +259,8 @@ def _deferral(delay_s: object, at: object,
     is in the past is decided by the server's clock, at enqueue."""
     if delay_s is not None and at is not None:
         raise InvalidTask("give delay_s or at, not both")
-    delay = None if delay_s is None else _positive_number("delay_s", delay_s, allow_zero=True)
-    when = None if at is None else _positive_number("at", at)
+    delay = None if delay_s is None else positive_number("delay_s", delay_s, allow_zero=True)
+    when = None if at is None else positive_number("at", at)
     if delay is not None and delay > 1e10:
         raise InvalidTask(f"delay_s must be at most 1e10 seconds, got {delay_s!r}")
     if when is not None and when > 1e10:  # enqueue.lua's bound on a due time (1e13 ms)

@@ -232,9 +232,9 @@ def test_an_async_handler_behind_a_plain_decorator_is_awaited() -> None:
 
 
 @pytest.mark.parametrize("register, match", [
-    (lambda app: app.model("m", vram_gb=-5), r"model 'm': vram_gb must be a number > 0"),
-    (lambda app: app.model("m", vram_gb="16"), r"model 'm': vram_gb must be a number > 0"),
-    (lambda app: app.model("m", vram_gb=float("nan")), r"model 'm': vram_gb must be a number > 0"),
+    (lambda app: app.model("m", vram_gb=-5), r"model 'm': vram_gb must be a (finite )?number"),
+    (lambda app: app.model("m", vram_gb="16"), r"model 'm': vram_gb must be a (finite )?number"),
+    (lambda app: app.model("m", vram_gb=float("nan")), r"model 'm': vram_gb must be a (finite )?number"),
     (lambda app: app.model("a b", vram_gb=1), r"model name 'a b' holds spaces"),
     (lambda app: app.handler("a b"), r"handler name 'a b' holds spaces"),
     (lambda app: app.handler(""), r"handler name must be a non-empty string"),
