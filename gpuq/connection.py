@@ -60,6 +60,10 @@ SENTINEL_TIMEOUT_S = 5.0  # a Sentinel answers at once; one that hangs must not 
 SENTINEL_QUERY = ("sentinel_username", "sentinel_password")
 _DENIED = ("NOPERM", "can't run this command", "no permissions")
 _SENTINEL_ERROR = re.compile(r"\)> - (?:\w+:)?(\w+)")  # "<client repr> - [network:]ConnectionError..."
+# what redis-py >= 8.2 collects into MasterNotFoundError from a Sentinel that refused the login,
+# or whose certificate failed the check (the text is all that is kept of either)
+_SENTINEL_LOGIN = re.compile(r"\)> - (?:\w+:)?AuthenticationError: (.*?)(?:, <|$)")
+_SENTINEL_TLS = re.compile(r"\[SSL: \w+\] (.*?)(?: \(_ssl\.c:\d+\))?\.?(?:, <|$)")
 
 
 def _no_reply(conn: Any) -> redis.TimeoutError:
@@ -161,7 +165,7 @@ def denied(exc: redis.RedisError) -> bool:
                         redis.exceptions.AuthorizationError)):
         return True
     if isinstance(exc, (redis.sentinel.MasterNotFoundError, redis.asyncio.sentinel.MasterNotFoundError)):
-        return isinstance(_sentinel_refusal("", exc), PermissionDenied)
+        return isinstance(_sentinel_refusal("", exc), (PermissionDenied, AuthenticationFailed))
     return isinstance(exc, redis.ResponseError) and isinstance(_refusal("", exc), PermissionDenied)
 
 
@@ -174,6 +178,11 @@ def _sentinel_refusal(url: str, exc: BaseException) -> GpuqError | None:
         return _not_a_sentinel(url)
     if any(sign in text for sign in _DENIED):
         return PermissionDenied(url, _first_line(exc).rpartition("NoPermissionError: ")[2])
+    if login := _SENTINEL_LOGIN.search(text):  # the Sentinels' own password or user name
+        return AuthenticationFailed(url, f"a Sentinel refused the login (sentinel_password, "
+                                         f"sentinel_username in the URL's query): {login[1]}")
+    if tls := _SENTINEL_TLS.search(text):
+        return TlsFailed(url, f"with a Sentinel: {tls[1].lower().replace('_', ' ')}")
     return None
 
 

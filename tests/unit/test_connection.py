@@ -454,3 +454,27 @@ def test_a_server_that_does_not_know_a_command_is_a_one_line_config_error() -> N
     with pytest.raises(ConfigError, match="does not know the command TIME: is it a Redis server"):
         with redis_errors("redis://127.0.0.1:26379/0"):
             raise redis.ResponseError("unknown command 'TIME', with args beginning with: ")
+
+
+def test_a_sentinels_login_or_certificate_failure_is_named_not_no_master() -> None:
+    """Found by a QA pass: redis-py 8.2 collects a Sentinel's refused login (a wrong or missing
+    ``sentinel_password``) and a failed certificate check into MasterNotFoundError, which
+    read "no master ... (Sentinels that failed: AuthenticationError)" or "ConnectionError"."""
+    url = "rediss+sentinel://:mpw@127.0.0.1:1,127.0.0.1:2/m?sentinel_password=spw"
+    login = ("No master found for 'm' : <redis.client.Redis(<...>)> - auth:AuthenticationError: "
+             "invalid username-password pair or user is disabled., <redis.client.Redis(<...>)> - "
+             "auth:AuthenticationError: invalid username-password pair or user is disabled.")
+    with pytest.raises(AuthenticationFailed, match=r"a Sentinel refused the login .*: invalid "
+                       r"username-password pair or user is disabled\.$") as got:
+        with redis_errors(url):
+            raise redis.sentinel.MasterNotFoundError(login)
+    assert "spw" not in str(got.value) and "mpw" not in str(got.value) and "<redis" not in str(got.value)
+    assert denied(redis.sentinel.MasterNotFoundError(login))
+    tls = ("No master found for 'm' : <redis.client.Redis(<...>)> - network:ConnectionError: Error 1 "
+           "connecting to 127.0.0.1:1. [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: "
+           "self-signed certificate in certificate chain (_ssl.c:1006).")
+    with pytest.raises(TlsFailed, match=r"failed: with a Sentinel: certificate verify failed: "
+                       r"self-signed certificate in certificate chain$"):
+        with redis_errors(url):
+            raise redis.sentinel.MasterNotFoundError(tls)
+    assert not denied(redis.sentinel.MasterNotFoundError(tls))
