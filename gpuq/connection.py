@@ -41,7 +41,7 @@ from gpuq.errors import (
     ServerRefused,
     TlsFailed,
 )
-from gpuq.redact import redact
+from gpuq.redact import redact, redact_url
 from gpuq.tls import ClosedAfterHandshake, SentinelTlsConnection, Tls, TlsConnection, cause_of
 
 # no read timeout: workers and result waiters block on list pops for seconds at a time;
@@ -109,7 +109,7 @@ def url_checked(url: str) -> Iterator[None]:
     try:
         yield
     except ValueError as exc:
-        raise ConfigError(f"Redis URL {redact(url)!r} is malformed: {redact(str(exc))}") from None
+        raise ConfigError(f"Redis URL {redact_url(url)!r} is malformed: {redact(str(exc))}") from None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -200,12 +200,12 @@ def _refusal(url: str, exc: redis.ResponseError) -> GpuqError | None:
         return ServerRefused(url, "it is out of memory (used memory > maxmemory): free memory "
                                   "or raise maxmemory")
     if "DB index is out of range" in text:  # SELECT of the URL's database
-        return ConfigError(f"Redis URL {redact(url)!r} names a database the server does not have "
+        return ConfigError(f"Redis URL {redact_url(url)!r} names a database the server does not have "
                            f"({line}; the server's `databases` setting, 16 by default, bounds it)")
     if _refuses_sentinel(text):
         return _not_a_sentinel(url)
     if unknown := re.search(r"unknown command [`']([^`']+)[`']", text):  # a Sentinel's port, a proxy
-        return ConfigError(f"Redis at {redact(url)} does not know the command {unknown[1]}: is it a "
+        return ConfigError(f"Redis at {redact_url(url)} does not know the command {unknown[1]}: is it a "
                            "Redis server (6.2 or later)? A Sentinel's address goes in a "
                            "redis+sentinel:// URL")
     return None
@@ -283,7 +283,7 @@ def _plain_tls(url: str, tls: Tls) -> dict[str, Any]:
     stopping for (the connection would silently go unencrypted)."""
     scheme = _scheme(url)
     if tls and scheme not in ("rediss", "rediss+sentinel", "rediss+cluster"):
-        raise ConfigError(f"TLS files were given but the Redis URL {redact(url)!r} is not TLS: "
+        raise ConfigError(f"TLS files were given but the Redis URL {redact_url(url)!r} is not TLS: "
                           "use rediss://")
     return {**tls.options(), "connection_class": TlsConnection} if scheme == "rediss" else {}
 

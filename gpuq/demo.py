@@ -35,7 +35,7 @@ from gpuq.config import Config
 from gpuq.connection import connect, redis_errors
 from gpuq.embedded import EmbeddedServer, free_port, sigterm_unwinds
 from gpuq.errors import ConfigError, GpuqError
-from gpuq.redact import redact
+from gpuq.redact import redact_url
 from gpuq.report import Gpu, fetch_records, render, summarize
 from gpuq.task import TERMINAL_STATES, Priority, ended_count
 
@@ -268,7 +268,7 @@ def run_demo(config: Config, *, seconds: float, time_scale: float, as_json: bool
             queue.close()
         if server is not None:
             server.stop()
-    result.update(redis=f"embedded {server.kind}" if server else redact(config.redis_url),
+    result.update(redis=f"embedded {server.kind}" if server else redact_url(config.redis_url),
                   failed_processes=fleet.failed, worker_logs=str(fleet.log_dir))
     result["ok"] = not fleet.failed and result["not_ended"] == 0
     click.echo(json.dumps(result, indent=2) if as_json else render(result))

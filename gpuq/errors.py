@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuq.redact import redact
+from gpuq.redact import redact, redact_url
 
 
 class GpuqError(Exception):
@@ -128,7 +128,7 @@ class ConnectionFailed(GpuqError):
     what = "cannot reach Redis at {url}"
 
     def __init__(self, url: str, cause: str) -> None:
-        self.url = redact(url)
+        self.url = redact_url(url)
         self.cause = redact(cause)
         super().__init__(f"{self.what.format(url=self.url)}: {self.cause}")
 
@@ -175,7 +175,7 @@ class PermissionDenied(GpuqError):
     """The server's ACL refused a command or a key to this connection's user (NOPERM)."""
 
     def __init__(self, url: str, cause: str) -> None:
-        self.url = redact(url)
+        self.url = redact_url(url)
         self.cause = redact(cause)
         super().__init__(f"Redis at {self.url} refused a command to this user: {self.cause} "
                          "(the ACL rules each role needs: gpuq acl --help)")

@@ -26,6 +26,18 @@ def redact(text: str) -> str:
     return _QUERY.sub(rf"\g<1>{MASK}", _USERINFO.sub(rf"\g<1>{MASK}@", text))
 
 
+# one whole URL: its password runs to the URL's last "@", spaces included (an unencoded space
+# in a password still reaches the server, and redact's free-text rule stops at whitespace)
+_WHOLE_USERINFO = re.compile(r"(?is)^(\s*[a-z][a-z0-9+.-]*://[^:/@]*:).*@")
+_WHOLE_QUERY = re.compile(r"(?i)([?&][a-z_]*password=)[^&#]*")
+
+
+def redact_url(url: str) -> str:
+    """``url``, one URL as given (``--redis``, ``GPUQ_REDIS_URL``), with its password masked
+    wherever it ends: ``redact`` for a string that is known to be one URL."""
+    return _WHOLE_QUERY.sub(rf"\g<1>{MASK}", _WHOLE_USERINFO.sub(rf"\g<1>{MASK}@", url))
+
+
 def one_line(message: str) -> str:
     """A message that names user input stays one line and sends no terminal escape: control
     characters escaped (a task's model or handler, a worker's GPU name, a tenant may hold
