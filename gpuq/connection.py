@@ -295,6 +295,9 @@ def _single(url: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     """``kwargs`` for a redis://, rediss:// or unix:// URL: without the TCP options for a unix
     socket (redis-py's unix connections refuse them), and a path that is not a database number
     refused (redis-py would quietly use db 0)."""
+    if _scheme(url) not in ("redis", "rediss", "unix"):  # e.g. "127.0.0.1:6379", read as a path
+        raise ValueError("it must start with redis://, rediss://, unix://, redis+sentinel:// or "
+                         "redis+cluster:// (e.g. redis://127.0.0.1:6379/0)")
     parts = urlsplit(url)
     # only what names the database and the user: redis-py would hand other keys to the
     # connection (a traceback at the first command) or let them override gpuq's own settings

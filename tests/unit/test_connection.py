@@ -498,3 +498,12 @@ def test_a_password_with_spaces_never_shows_in_an_error(url: str) -> None:
     with pytest.raises(ConfigError) as got:
         connect(url + ("&" if "?" in url else "?") + "bogus=1")
     assert not any(w in str(got.value) for w in ("Qx7", "Zq9", "Wk4")), str(got.value)
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:6379", "10.0.0.5:6379/0", "localhost:6379", "http://h:1/0"])
+def test_a_url_without_a_redis_scheme_says_so(url: str) -> None:
+    """Found by a QA pass: "--redis 127.0.0.1:6379" (no scheme) said "the database
+    '127.0.0.1:6379' (the path) is not a number"."""
+    for make in (connect, connect_async):
+        with pytest.raises(ConfigError, match="it must start with redis://"):
+            make(url)
