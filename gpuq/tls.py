@@ -88,6 +88,9 @@ def cause_of(exc: BaseException) -> str | None:
         if isinstance(seen, (ssl.SSLEOFError, ClosedAfterHandshake)):
             return ("the server closed the connection during or right after the TLS handshake: "
                     "does it want a client certificate it trusts (--tls-cert, --tls-key)?")
+        if isinstance(seen, ssl.SSLError) and "PEM lib" in str(seen):  # load_cert_chain's
+            return ("the client certificate or key could not be loaded (--tls-cert: a PEM "
+                    "certificate; --tls-key: its PEM private key, unencrypted)")
         if isinstance(seen, ssl.SSLError):
             reason = seen.reason or (str(seen).splitlines() or [type(seen).__name__])[0]
             return str(reason).lower().replace("_", " ")

@@ -507,3 +507,19 @@ def test_a_url_without_a_redis_scheme_says_so(url: str) -> None:
     for make in (connect, connect_async):
         with pytest.raises(ConfigError, match="it must start with redis://"):
             make(url)
+
+
+def test_a_client_certificate_without_its_key_is_named(tmp_path: Path) -> None:
+    """Found by a QA pass: --tls-cert without --tls-key (or the two swapped) said only
+    "failed: [ssl] pem lib (_ssl.c:3926)"."""
+    cert = tmp_path / "client.crt"
+    cert.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    context = ssl.create_default_context()
+    try:
+        context.load_cert_chain(str(cert))
+    except ssl.SSLError as exc:
+        error = redis.ConnectionError("Error connecting")
+        error.__cause__ = exc
+    with pytest.raises(TlsFailed, match="the client certificate or key could not be loaded"):
+        with redis_errors("rediss://127.0.0.1:1/0"):
+            raise error
