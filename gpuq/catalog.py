@@ -24,16 +24,21 @@ class ModelEntry:
     loads: int
     mean_load_s: float
     last_load_s: float
+    gpus: int = 1  # the GPUs the task whose claim last loaded it asked (a preload: unchanged)
 
 
 TTL_MS = 30 * 86_400_000
 
 
 def record_load(pipe: redis.client.Pipeline, keys: Keys, model: str, vram_gb: float,
-                seconds: float) -> None:
+                seconds: float, gpus: int = 0) -> None:
+    """gpus: the GPUs the task the load was for asked (0: a preload, left as it was), so the
+    reaper's forecast hints never preload a model whose tasks span a group onto fewer GPUs."""
     key = keys.catalog_model(model)
     pipe.sadd(keys.catalog, model)
     pipe.hset(key, mapping={"vram_gb": vram_gb, "last_load_s": round(seconds, 4)})
+    if gpus > 0:
+        pipe.hset(key, "gpus", gpus)
     pipe.hincrby(key, "loads", 1)
     pipe.hincrbyfloat(key, "total_load_s", round(seconds, 4))
     pipe.pexpire(key, TTL_MS)
@@ -61,7 +66,14 @@ def entry(name: str, f: dict[str, str]) -> ModelEntry:
     loads = int(f.get("loads", 0))
     return ModelEntry(name, float(f.get("vram_gb", 0)), loads,
                       float(f.get("total_load_s", 0)) / loads if loads else 0.0,
-                      float(f.get("last_load_s", 0)))
+                      float(f.get("last_load_s", 0)), _gpus(f.get("gpus")))
+
+
+def _gpus(text: str | None) -> int:
+    try:
+        return min(64, max(1, int(text or 1)))
+    except ValueError:  # written by hand: one GPU
+        return 1
 
 
 PAGE = 512  # entries a reaper round reads (CatalogPages)

@@ -138,7 +138,18 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
     return Snapshot(tuple(workers), backlogs, sizes, holders, load_s,
                     {e.name: e.vram_gb for e in entries if e.vram_gb > 0}, bands,
                     float(top[1]) if top else 0.0, unregistered, forecasts, dict(est_s or {}),
-                    frozenset(holders), gpus, wide, dict(gpus_seen or {}))
+                    frozenset(holders), gpus, wide, widest(gpus_seen or {}, entries))
+
+
+def widest(gpus_seen: Mapping[str, int], entries: list[catalog.ModelEntry]) -> dict[str, int]:
+    """Per model, the most GPUs its tasks were seen to ask: in a queue's sample, or by the
+    task whose claim last loaded it (the catalog): a model whose tasks ran at once on a group,
+    never sampled in a queue, is still no model to preload on fewer GPUs."""
+    out = dict(gpus_seen)
+    for e in entries:
+        if e.gpus > out.get(e.name, 1):
+            out[e.name] = e.gpus
+    return out
 
 
 def forecast_settings(config: Config) -> forecast.Settings:

@@ -66,6 +66,7 @@ class Executor:
         # (task id, token) -> its run, until its ack's reply: only an acked run is learned
         self.unacked: dict[tuple[str, str], Run] = {}
         self.id = presence.worker_id
+        self.gpus = 1  # devices in the worker's group (the loop sets it)
         self.model_loads = 0
         # why this app cannot run (handler, model), None: it can; the app's handlers and
         # loaders are fixed once the worker runs, and a batch asks once per task
@@ -133,13 +134,29 @@ class Executor:
             raise TaskError(f"loading model {res.model} failed: {type(exc).__name__}: {exc}",
                             True) from None
         pipe = self.presence.pipeline()
-        catalog.record_load(pipe, self.presence.keys, res.model, resident.footprint_gb, seconds)
+        catalog.record_load(pipe, self.presence.keys, res.model, resident.footprint_gb, seconds,
+                            self.task_gpus(task_id))
         self.publish(lambda: self.presence.show(cache, pipe, held=[res.model]))
         self.model_loads += 1
         self.observer.observe(task_id, phase="load", seconds=seconds)
         log.info("model.loaded worker=%s model=%s vram_gb=%g load_s=%.3f", self.id, res.model,
                  resident.footprint_gb, seconds)
         return resident.obj
+
+    def task_gpus(self, task_id: str) -> int:
+        """The GPUs the task a load is for asks, for the catalog (0: a preload, or unknown).
+        A one-GPU worker runs only one-GPU tasks; a group reads the task's field (a round
+        trip per cold load), so the reaper's forecast never preloads onto fewer GPUs a model
+        whose tasks ran at once on a group, never seen in a queue."""
+        if not task_id:
+            return 0
+        if self.gpus <= 1:
+            return 1
+        try:
+            got = self.presence.redis.hget(self.presence.keys.task(task_id), "gpus")
+            return max(1, int(got or 1))
+        except (redis.RedisError, ValueError):
+            return 0
 
     def publish(self, show: Callable[[], None]) -> None:
         """Tell the pool what a load or an eviction changed; with Redis away the task goes on

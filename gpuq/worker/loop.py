@@ -80,6 +80,7 @@ class Worker:
         self.runtimes = RunTimes()  # the executor adds acked runs, the heartbeat sends them
         self.executor = Executor(app, self.cache, self.presence, self.running, self.scripts,
                                  self.calls, self.observer, self.runtimes)
+        self.executor.gpus = gpu.count
         self.outage = Outage(f"worker={self.id}", log)  # Redis down: said once by all its loops
         self.blocked = 0  # runners blocked on the wake lists (concurrency > 1: see wake_sibling)
         self._blocked_lock = threading.Lock()

@@ -47,3 +47,15 @@ def test_unknown_or_malformed_messages_are_logged_and_the_worker_carries_on(
     assert t.result(timeout=10)["worker"] == "w1"
     assert worker.alive() and procs.record(t.id).state is State.SUCCEEDED
     assert "heartbeat.error" not in worker.log()
+
+
+def test_a_group_records_the_gpus_of_the_task_its_load_was_for(procs: Procs, real_queue: Queue) -> None:
+    """The catalog keeps the GPUs the task a load was for asked (the forecast's warm hints
+    read it), not the group's size: a one-GPU task loaded on a group records one."""
+    procs.worker("g2", vram_gb=80, gpu_count=2)
+    wide = real_queue.enqueue("sim.run", {}, model="wide", vram_gb=70, gpus=2, est_s=est(0.05))
+    assert wide.result(timeout=10)["worker"] == "g2"
+    narrow = real_queue.enqueue("sim.run", {}, model="narrow", vram_gb=10, est_s=est(0.05))
+    assert narrow.result(timeout=10)["worker"] == "g2"
+    got = {e.name: e.gpus for e in catalog.read(procs.redis, procs.keys)}
+    assert got == {"wide": 2, "narrow": 1}

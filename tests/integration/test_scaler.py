@@ -429,3 +429,29 @@ def test_the_unschedulable_size_is_of_a_task_no_class_holds(make_real_queue: Mak
     Scaler(q.redis, q.keys, q.config).step()
     assert scale_hash(q)["unschedulable"] == {"tasks": 1, "largest_gb": 10.0,
                                                     "largest_gpus": 8, "class_gb": 75.0}
+
+
+def test_a_forecast_hint_never_preloads_a_group_model_onto_one_gpu(make_real_queue: MakeQueue) -> None:
+    """QA: a 2-GPU model whose tasks ran at once on a group (never sampled in a queue) was
+    preloaded by the forecast onto an idle one-GPU worker, which can never run its tasks:
+    the catalog now keeps the GPUs the task that loaded it asked."""
+    from gpuq.keys import ARRIVAL_BUCKET_MS
+    q = make_real_queue(min_workers=0, scale_signal="forecast")
+    now = server_ms(q.redis)
+    for minute in range(-10, 1):  # one task of "wide" a minute, none queued now
+        q.redis.hincrby(q.keys.arrivals(now // ARRIVAL_BUCKET_MS + minute), "wide", 1)
+    register(q, "g2", "A100", 80, gpus=2, holds=("other",))  # busy: no idle worker holds "wide"
+    register(q, "s1", "A100", 80, idle=True)
+    pipe = q.redis.pipeline()
+    catalog.record_load(pipe, q.keys, "wide", 70, 1.0, gpus=2)
+    pipe.execute()
+    assert catalog.read(q.redis, q.keys)[0].gpus == 2
+    plan = Scaler(q.redis, q.keys, q.config).step(now_ms=now)
+    assert [(h.worker, h.model) for h in plan.hints if h.model == "wide"] == []
+    assert q.redis.llen(q.keys.control("s1")) == 0
+    # the same model loaded for a one-GPU task: a one-GPU worker may take it
+    pipe = q.redis.pipeline()
+    catalog.record_load(pipe, q.keys, "wide", 70, 1.0, gpus=1)
+    pipe.execute()
+    plan = Scaler(q.redis, q.keys, q.config).step(now_ms=now)
+    assert [(h.worker, h.model) for h in plan.hints] == [("s1", "wide")]
