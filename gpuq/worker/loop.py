@@ -43,7 +43,7 @@ from gpuq.worker.control import Control
 from gpuq.worker.executor import Claimed, Executor, handed_over
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.heartbeat import Heartbeat
-from gpuq.worker.models import ModelCache
+from gpuq.worker.models import ModelCache, Resident
 from gpuq.worker.observer import Observer
 from gpuq.worker.presence import Presence
 from gpuq.worker.running import RunningSet
@@ -295,8 +295,7 @@ class Worker:
                 self.running.touch()
                 unloaded = []
         if unloaded:
-            for resident in unloaded:
-                self.cache.unload(resident)
+            self.unload(unloaded, time.monotonic() + self.config.shutdown_grace_s)
             self.presence.show(self.cache, dropped=[r.spec.name for r in unloaded])
             log.info("worker.idle_unloaded worker=%s models=%s", self.id,
                      ",".join(r.spec.name for r in unloaded))
@@ -366,6 +365,28 @@ class Worker:
             alive[0].join(min(0.1, left))  # a second signal cuts the grace short
         return grace_end
 
+    def unload(self, residents: list[Resident], until: float) -> None:
+        """Run the unloaders of evicted models in a thread of their own and wait for them
+        until ``until`` (monotonic) or a second signal: an unloader that never returns must
+        not keep the worker from exiting (the process's exit frees the GPU's memory)."""
+        if not residents:
+            return
+
+        def run() -> None:
+            for resident in residents:
+                self.cache.unload(resident)
+
+        thread = threading.Thread(target=run, name="unload", daemon=True)
+        thread.start()
+        while thread.is_alive() and not self.hurry.is_set():
+            if (left := until - time.monotonic()) <= 0:
+                break
+            thread.join(min(0.1, left))
+        if thread.is_alive():
+            log.error("model.unload_timeout worker=%s models=%s: the unloaders did not return "
+                      "in time; the worker exits without them", self.id,
+                      ",".join(r.spec.name for r in residents))
+
     def give_back_unread(self) -> None:
         """Tasks handed over at enqueue that no runner read (left behind the stop wake-ups)
         go back to their queues before leaving deletes the wake list."""
@@ -392,10 +413,10 @@ class Worker:
         self.give_back_unread()
         heartbeat.stop()  # before leaving: a late beat would list this worker again
         held = self.cache.model_names()
-        for resident in self.cache.evict_idle():
-            self.cache.unload(resident)
-        self.cache.aio.close()  # async tasks still running past the grace are cancelled
-        try:
+        evicted = self.cache.evict_idle()
+        try:  # before the unloads: a worker still listed idle would be handed tasks meanwhile
             self.presence.leave(held, until)
         except redis.RedisError as exc:
             log.error("worker.leave_failed worker=%s error=%s", self.id, exc)
+        self.unload(evicted, max(until, time.monotonic() + self.config.stop_s))
+        self.cache.aio.close()  # async tasks still running past the grace are cancelled

@@ -108,3 +108,35 @@ def test_a_drain_and_a_sigterm_in_either_order_leave_the_grace_in_force() -> Non
     assert not other.draining and not other.hurry.is_set()
     other.request_stop(2, None)  # a second signal: the grace ends
     assert other.hurry.is_set()
+
+
+def test_an_unloader_that_never_returns_does_not_keep_the_worker_from_exiting() -> None:
+    """Regression: the shutdown ran the unloaders on the main thread before leaving: an
+    unloader that hung kept the worker from exiting however many signals it got, listed
+    live and idle (handed tasks) meanwhile."""
+    import threading
+
+    from gpuq import App
+
+    release = threading.Event()
+    hanging = App("hang")
+    hanging.model("m", vram_gb=4, unload=lambda model: release.wait(30))(lambda name: name)
+    hanging.handler("h")(lambda model, payload, ctx: "ok")
+    client = fakeredis.FakeRedis(decode_responses=True)
+    config = Config(pool="sd", stop_s=0.3, shutdown_grace_s=0.3).validate()
+    queue = Queue(client, config)
+    worker = Worker(client, config, hanging, GpuInfo("sim", "x", 80, None, "declared"), worker_id="w")
+    worker.presence.register(worker_record.identity("w", worker.gpu, 5, 1, "0123", "h", 1), 30_000)
+    queue.enqueue("h", 1, model="m", vram_gb=4, max_attempts=1)
+    got = worker.claim(None)
+    assert isinstance(got, tuple)
+    worker.settle([call for call in [worker.executor.execute(*got[0])] if call])  # m loaded
+    assert worker.cache.model_names() == ["m"]
+    try:
+        t0 = time.monotonic()
+        worker.shutdown([], worker.heartbeat())
+        assert time.monotonic() - t0 < 3.0
+        assert queue.redis.zscore(queue.keys.workers, "w") is None
+        assert queue.redis.zscore(queue.keys.idle, "w") is None
+    finally:
+        release.set()
