@@ -296,7 +296,10 @@ class Worker:
                 unloaded = []
         if unloaded:
             self.unload(unloaded, time.monotonic() + self.config.shutdown_grace_s)
-            self.presence.show(self.cache, dropped=[r.spec.name for r in unloaded])
+            try:  # retire dropped the holdings already: only the hash's view is late
+                self.presence.show(self.cache, dropped=[r.spec.name for r in unloaded])
+            except redis.RedisError as exc:  # raised, it would leave the worker stopping for good
+                log.warning("presence.unsent worker=%s error=%s", self.id, exc)
             log.info("worker.idle_unloaded worker=%s models=%s", self.id,
                      ",".join(r.spec.name for r in unloaded))
         if retired:

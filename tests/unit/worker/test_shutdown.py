@@ -140,3 +140,30 @@ def test_an_unloader_that_never_returns_does_not_keep_the_worker_from_exiting() 
         assert queue.redis.zscore(queue.keys.idle, "w") is None
     finally:
         release.set()
+
+
+def test_a_retire_whose_last_show_meets_an_outage_still_stops_the_worker() -> None:
+    """Regression: an idle worker that retired (left the pool, claiming nothing more) and
+    met a Redis error on the write after its unloads never called its stop: it stayed
+    running, out of the pool, until killed."""
+    client = fakeredis.FakeRedis(decode_responses=True)
+    config = Config(pool="sd", idle_timeout_s=0.01, min_workers=0).validate()
+    queue = Queue(client, config)
+    worker = Worker(client, config, app, GpuInfo("sim", "x", 80, None, "declared"), worker_id="w")
+    worker.presence.register(worker_record.identity("w", worker.gpu, 5, 1, "0123", "h", 1), 30_000)
+    queue.enqueue("sim.noop", 1, model="m", vram_gb=1, max_attempts=1)
+    got = worker.claim(None)
+    assert isinstance(got, tuple)
+    worker.settle([call for call in [worker.executor.execute(*got[0])] if call])
+    assert worker.cache.model_names() == ["m"]
+
+    def down(*args: Any, **kwargs: Any) -> None:
+        raise redis.ConnectionError("Connection refused")
+
+    worker.presence.show = down  # type: ignore[method-assign]
+    time.sleep(0.05)
+    try:
+        worker.check_idle()
+    except redis.RedisError:
+        pass  # the main loop logs it as an outage and goes on
+    assert worker.retired.is_set() and worker.done.is_set()
