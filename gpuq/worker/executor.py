@@ -53,7 +53,8 @@ def handed_over(message: object) -> dict[str, str] | None:
 
 class Executor:
     def __init__(self, app: App, cache: ModelCache, presence: Presence, running: RunningSet,
-                 scripts: Scripts, calls: Calls, observer: Observer, runtimes: RunTimes) -> None:
+                 scripts: Scripts, calls: Calls, observer: Observer, runtimes: RunTimes,
+                 gpus: int = 1) -> None:
         self.app = app
         self.cache = cache
         self.presence = presence
@@ -66,7 +67,7 @@ class Executor:
         # (task id, token) -> its run, until its ack's reply: only an acked run is learned
         self.unacked: dict[tuple[str, str], Run] = {}
         self.id = presence.worker_id
-        self.gpus = 1  # devices in the worker's group (the loop sets it)
+        self.gpus = gpus  # devices in the worker's group
         self.model_loads = 0
         # why this app cannot run (handler, model), None: it can; the app's handlers and
         # loaders are fixed once the worker runs, and a batch asks once per task

@@ -2,13 +2,12 @@
 
 Each runner claims under the model cache's lock (so the VRAM it reports is what it holds),
 runs the task (with the batch it starts, for a batch handler: ``gpuq.worker.batch``) in its
-own thread and loops; with nothing to claim it blocks on its wake lists, never a sleep loop
-(a batch short of its size waits up to its batch_wait_ms, once). SIGTERM stops claiming,
-lets running tasks finish for ``shutdown_grace_s``, requeues what is still running (the
-attempt is given back), and exits; a second signal ends the grace. A drain (``gpuq drain``)
-waits for running tasks without a limit. Idle for ``idle_timeout_s``, the worker unloads its
-models and, while the pool keeps more than ``min_workers`` live, retires: it leaves and exits
-0, so no autoscaler kills a busy worker.
+own thread and loops; with nothing to claim it blocks on its wake lists, never a sleep loop.
+SIGTERM stops claiming, lets running tasks finish for ``shutdown_grace_s``, requeues what is
+still running (attempt given back), and exits; a second signal ends the grace; ``gpuq drain``
+waits without a limit. Idle for ``idle_timeout_s``, while the pool keeps more than
+``min_workers`` live, it unloads its models, leaves and exits 0 (no autoscaler kills a busy
+worker). Unloaders that hang do not hold the exit (ModelCache.unload_all).
 
 An ``async def`` handler runs on the worker's one event loop while its runner thread waits
 (gpuq.worker.eventloop), so N runners give N concurrent coroutines sharing one model.
@@ -43,7 +42,7 @@ from gpuq.worker.control import Control
 from gpuq.worker.executor import Claimed, Executor, handed_over
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.heartbeat import Heartbeat
-from gpuq.worker.models import ModelCache, Resident
+from gpuq.worker.models import ModelCache
 from gpuq.worker.observer import Observer
 from gpuq.worker.presence import Presence
 from gpuq.worker.running import RunningSet
@@ -79,8 +78,7 @@ class Worker:
         self.observer = Observer()  # metrics opt-in: --metrics-port
         self.runtimes = RunTimes()  # the executor adds acked runs, the heartbeat sends them
         self.executor = Executor(app, self.cache, self.presence, self.running, self.scripts,
-                                 self.calls, self.observer, self.runtimes)
-        self.executor.gpus = gpu.count
+                                 self.calls, self.observer, self.runtimes, gpu.count)
         self.outage = Outage(f"worker={self.id}", log)  # Redis down: said once by all its loops
         self.blocked = 0  # runners blocked on the wake lists (concurrency > 1: see wake_sibling)
         self._blocked_lock = threading.Lock()
@@ -158,8 +156,7 @@ class Worker:
         elif self.running.slots_used() < self.config.concurrency:
             timeout = retry_s if retry_s > 0 else self.config.idle_block_s
             # redis-py's own BLPOP, not gpuq.wire.exchange: a blocking wait would hold the
-            # client's kept connection for its whole timeout (the demo's lower P0 attainment
-            # once blamed on it came from a yield asked mid-load: docs/DECISIONS.md)
+            # client's kept connection for its whole timeout
             with self._blocked_lock:
                 self.blocked += 1
             try:
@@ -295,13 +292,13 @@ class Worker:
                 self.running.touch()
                 unloaded = []
         if unloaded:
-            self.unload(unloaded, time.monotonic() + self.config.shutdown_grace_s)
+            self.cache.unload_all(unloaded, time.monotonic() + self.config.shutdown_grace_s, self.hurry)
+            names = [r.spec.name for r in unloaded]
             try:  # retire dropped the holdings already: only the hash's view is late
-                self.presence.show(self.cache, dropped=[r.spec.name for r in unloaded])
+                self.presence.show(self.cache, dropped=names)
             except redis.RedisError as exc:  # raised, it would leave the worker stopping for good
                 log.warning("presence.unsent worker=%s error=%s", self.id, exc)
-            log.info("worker.idle_unloaded worker=%s models=%s", self.id,
-                     ",".join(r.spec.name for r in unloaded))
+            log.info("worker.idle_unloaded worker=%s models=%s", self.id, ",".join(names))
         if retired:
             log.info("worker.retiring worker=%s idle_s=%.0f live_workers=%d", self.id, timeout, live)
             self.request_stop()
@@ -368,28 +365,6 @@ class Worker:
             alive[0].join(min(0.1, left))  # a second signal cuts the grace short
         return grace_end
 
-    def unload(self, residents: list[Resident], until: float) -> None:
-        """Run the unloaders of evicted models in a thread of their own and wait for them
-        until ``until`` (monotonic) or a second signal: an unloader that never returns must
-        not keep the worker from exiting (the process's exit frees the GPU's memory)."""
-        if not residents:
-            return
-
-        def run() -> None:
-            for resident in residents:
-                self.cache.unload(resident)
-
-        thread = threading.Thread(target=run, name="unload", daemon=True)
-        thread.start()
-        while thread.is_alive() and not self.hurry.is_set():
-            if (left := until - time.monotonic()) <= 0:
-                break
-            thread.join(min(0.1, left))
-        if thread.is_alive():
-            log.error("model.unload_timeout worker=%s models=%s: the unloaders did not return "
-                      "in time; the worker exits without them", self.id,
-                      ",".join(r.spec.name for r in residents))
-
     def give_back_unread(self) -> None:
         """Tasks handed over at enqueue that no runner read (left behind the stop wake-ups)
         go back to their queues before leaving deletes the wake list."""
@@ -421,5 +396,5 @@ class Worker:
             self.presence.leave(held, until)
         except redis.RedisError as exc:
             log.error("worker.leave_failed worker=%s error=%s", self.id, exc)
-        self.unload(evicted, max(until, time.monotonic() + self.config.stop_s))
+        self.cache.unload_all(evicted, max(until, time.monotonic() + self.config.stop_s), self.hurry)
         self.cache.aio.close()  # async tasks still running past the grace are cancelled

@@ -131,6 +131,25 @@ class ModelCache:
             del self.resident[resident.spec.name]
         self.unloading += evict
 
+    def unload_all(self, residents: list[Resident], until: float, hurry: threading.Event) -> None:
+        """Run the unloaders of evicted models in a thread of their own and wait for them
+        until ``until`` (monotonic) or ``hurry`` (a second signal): an unloader that never
+        returns must not keep the worker from exiting (the process's exit frees the GPU)."""
+        if not residents:
+            return
+
+        def run() -> None:
+            for resident in residents:
+                self.unload(resident)
+
+        thread = threading.Thread(target=run, name="unload", daemon=True)
+        thread.start()
+        while thread.is_alive() and not hurry.is_set() and (left := until - time.monotonic()) > 0:
+            thread.join(min(0.1, left))
+        if thread.is_alive():
+            log.error("model.unload_timeout models=%s: the unloaders did not return in time; the "
+                      "worker exits without them", ",".join(r.spec.name for r in residents))
+
     def get(self, model: str) -> Resident:
         return self.resident[model]
 
