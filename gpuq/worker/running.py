@@ -83,6 +83,10 @@ class RunningSet:
         with self._changed:  # a batch's runs under one lock
             for run in runs:
                 self._running[run.task_id] = run
+                # an earlier run of the task on this worker (stopped: no ack to settle it) is
+                # superseded by this claim's token: renewing both, the beat would read the
+                # old one's refusal as this run's lease lost (heartbeat.lua names task ids)
+                self._settling.pop(run.task_id, None)
             self._last_active = time.monotonic()
 
     def untrack(self, *task_ids: str) -> None:

@@ -235,3 +235,31 @@ def test_holdings_a_show_could_not_send_are_sent_whole_at_the_next_beat() -> Non
     worker.heartbeat().beat()
     assert presence.unsent is None
     assert queue.redis.sismember(holders("m"), "w") and not queue.redis.sismember(holders("gone"), "w")
+
+
+def test_a_stopped_run_does_not_make_the_same_tasks_next_run_on_this_worker_lost(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Regression: a run stopped past its yield deadline sends no ack, so its (task, token)
+    stayed among the runs whose leases the beat renews until a beat found it gone; the same
+    worker claiming the task again before that beat sent both tokens, heartbeat.lua named
+    the task lost (for the old one) and the beat flagged the new run lost: stopped after the
+    grace, nothing requeued it and its lease was renewed for ever (stuck running)."""
+    queue, worker, task, (fields, res, running) = claimed()
+    control = worker.heartbeat().control
+    asked_to_yield(queue, task.id)
+    control.on_yield(task.id, 0)
+    control.watch()  # past its deadline: stopped and requeued
+    assert running.stopped and queue.record(task.id).state.value == "queued"
+    assert worker.executor.execute(fields, res, running) is None  # its result is moot
+    got = worker.claim(None)  # the same worker takes the task again, before the next beat
+    assert isinstance(got, tuple)
+    fields2, res2, again = got[0]
+    assert again.task_id == task.id and again.token != running.token
+    with caplog.at_level(logging.WARNING):
+        worker.heartbeat().beat()
+    assert not again.ctx.lost and "lease.lost" not in caplog.text
+    ack = worker.executor.execute(fields2, res2, again)
+    assert ack is not None
+    worker.settle([ack])
+    assert task.status().value == "succeeded"
+    assert worker.running.settling() == []
