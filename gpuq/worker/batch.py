@@ -217,7 +217,7 @@ def settle(ex: Executor, spec: HandlerSpec, items: list[Claimed]) -> list[Call[A
         return calls + [give_back(ex, r, YIELDED, "yielded") if r.ctx.yield_requested
                         else give_back(ex, r, f"its batch {YIELDED}", "")
                         for _, _, r in items if not r.stopped]
-    except (Exception, SystemExit) as exc:  # a handler's sys.exit() must not end the runner
+    except BaseException as exc:  # sys.exit(), KeyboardInterrupt...: must not end the runner
         if any(r.stopped for _, _, r in items):  # a task stopped past its yield deadline
             return calls + [give_back(ex, r, "its batch was stopped", "")
                             for _, _, r in items if not r.stopped]

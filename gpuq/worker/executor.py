@@ -217,7 +217,7 @@ class Executor:
                      "saved" if ctx.saved else "none")
             return self.calls.requeue(task_id, token, "yielded to a higher-priority task",
                                       preempted="yielded", checkpoint=ctx.saved or "")
-        except (Exception, SystemExit) as exc:  # a handler's sys.exit() must not end the runner
+        except BaseException as exc:  # sys.exit(), KeyboardInterrupt...: must not end the runner
             if running.stopped:  # StopTask, or whatever the stop broke: the task is requeued
                 return None
             retry = exc.retry if isinstance(exc, TaskError) else True

@@ -83,6 +83,20 @@ def make_app(loads: list[str], gate: asyncio.Event | None = None) -> App:
         await asyncio.sleep(0)
         raise RuntimeError("engine fell over")
 
+    @app.handler("aborting", model="llm")
+    async def aborting(engine: Engine, payload: Any, ctx: Context) -> None:
+        await asyncio.sleep(0)
+        raise Aborted("engine aborted the request")
+
+    @app.handler("aborting.sync", model="llm")
+    def aborting_sync(engine: Engine, payload: Any, ctx: Context) -> None:
+        raise KeyboardInterrupt("from the handler")
+
+    @app.handler("aborting.batch", model="llm", batch=4)
+    async def aborting_batch(engine: Engine, payloads: list[Any], ctx: BatchContext) -> None:
+        await asyncio.sleep(0)
+        raise Aborted("engine aborted the batch")
+
     @app.handler("gen.batch", model="llm", batch=4)
     async def gen_batch(engine: Engine, payloads: list[Any], ctx: BatchContext) -> list[Any]:
         await asyncio.sleep(0)
@@ -92,6 +106,10 @@ def make_app(loads: list[str], gate: asyncio.Event | None = None) -> App:
 
 
 payload_seen: list[str] = []
+
+
+class Aborted(BaseException):
+    """What a library may raise that is no Exception (as pytest's outcomes are)."""
 
 
 @pytest.fixture
@@ -249,6 +267,32 @@ def test_a_raising_async_handler_fails_for_a_retry(q: Queue, ex: Executor) -> No
     record = q.record(t.id)
     assert record.error == "RuntimeError: engine fell over"
     assert record.state is State.DELAYED and record.attempt == 1  # waiting for its retry
+
+
+@pytest.mark.parametrize("handler", ["aborting", "aborting.sync"])
+def test_a_handler_raising_a_base_exception_fails_its_task(q: Queue, ex: Executor,
+                                                          handler: str) -> None:
+    """Regression: only Exception and SystemExit were caught, so a handler raising another
+    BaseException (KeyboardInterrupt, a library's own) ended the runner thread: its task
+    stayed running for ever (the settling run's lease renewed at every beat, nothing acked
+    or failed) and the worker had a slot fewer until it restarted."""
+    t = q.enqueue(handler, None, model="llm", vram_gb=NEED, max_attempts=1)
+    call = ex.execute(*claim(q, ex))
+    assert call is not None and call.script == "fail"
+    settle(q, ex, call)
+    record = q.record(t.id)
+    assert record.state is State.FAILED and record.error is not None
+    assert record.error.startswith(("Aborted: engine aborted", "KeyboardInterrupt: from the"))
+    assert ex.running.settling() == [] and not len(ex.running)
+
+
+def test_an_async_batch_handler_raising_a_base_exception_fails_its_tasks(
+        q: Queue, ex: Executor) -> None:
+    ids = [q.enqueue("aborting.batch", i, model="llm", vram_gb=NEED, max_attempts=1).id
+           for i in range(2)]
+    for call in batch.execute(ex, claim(q, ex)):
+        settle(q, ex, call)
+    assert [q.record(i).state for i in ids] == [State.FAILED, State.FAILED]
 
 
 def test_an_async_batch_handler_runs_its_batch_on_the_loop(q: Queue, ex: Executor) -> None:
