@@ -385,9 +385,9 @@ class Worker:
         grace_end = self.join_runners(runners)
         # with Redis away, keep trying the give-backs to the grace's end (at least stop_s)
         until = max(grace_end, time.monotonic() + self.config.stop_s)
-        for r in self.running.snapshot():
-            if not r.stopped:  # a stopped task was requeued when it was stopped
-                self.give_back(r.task_id, r.token, until, r.ctx.saved or "")
+        for r in [r for r in self.running.snapshot() if not r.stopped]:  # stopped: requeued
+            self.give_back(r.task_id, r.token, until, r.ctx.saved or "")
+            r.stopped = r.ctx.lost = True  # no longer ours: its handler's end is moot
         self.give_back_unread()
         heartbeat.stop()  # before leaving: a late beat would list this worker again
         held = self.cache.model_names()

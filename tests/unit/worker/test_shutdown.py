@@ -167,3 +167,23 @@ def test_a_retire_whose_last_show_meets_an_outage_still_stops_the_worker() -> No
     except redis.RedisError:
         pass  # the main loop logs it as an outage and goes on
     assert worker.retired.is_set() and worker.done.is_set()
+
+
+def test_a_run_given_back_at_shutdown_sends_nothing_when_its_handler_ends() -> None:
+    """Regression: the give-back left the run unmarked, so an async handler cancelled by the
+    shutdown (or any handler ending after it) had its runner send a fail for a task already
+    requeued: "task.failed ... StopTask" and "lease.lost ... failure discarded" logged for
+    every task of a graceful stop, and each counted as lost in the worker's metrics."""
+    client = fakeredis.FakeRedis(decode_responses=True)
+    config = Config(pool="sd").validate()
+    queue = Queue(client, config)
+    worker = Worker(client, config, app, GpuInfo("sim", "x", 80, None, "declared"), worker_id="w")
+    worker.presence.register(worker_record.identity("w", worker.gpu, 5, 1, "0123", "h", 1), 30_000)
+    queue.enqueue("sim.noop", 2, model="m", vram_gb=1, max_attempts=1)
+    got = worker.claim(None)
+    assert isinstance(got, tuple)
+    fields, res, running = got[0]
+    worker.shutdown([], worker.heartbeat())
+    assert queue.record(running.task_id).state.value == "queued"
+    assert running.stopped and running.ctx.should_stop()
+    assert worker.executor.execute(fields, res, running) is None
