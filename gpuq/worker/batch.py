@@ -189,7 +189,7 @@ def run(ex: Executor, spec: HandlerSpec, items: list[Claimed]) -> list[Call[Any]
         for _, res, _ in live:
             if res is not None:
                 ex.cache.release(res)
-        ex.running.untrack(*(running.task_id for _, _, running in live))
+        ex.running.untrack(*(running for _, _, running in live))
     return calls
 
 

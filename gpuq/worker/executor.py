@@ -228,7 +228,7 @@ class Executor:
         finally:
             if res is not None:
                 self.cache.release(res)
-            self.running.untrack(task_id)
+            self.running.untrack(running)
 
     def invoke(self, spec: HandlerSpec, runs: list[Running], *args: Any) -> Any:
         """Call the handler with ``args`` while ``runs`` (its task, or its batch's tasks)

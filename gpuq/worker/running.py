@@ -82,6 +82,12 @@ class RunningSet:
     def track(self, *runs: Running) -> None:
         with self._changed:  # a batch's runs under one lock
             for run in runs:
+                old = self._running.get(run.task_id)
+                if old is not None and old is not run:
+                    # the task was taken back (an operator's requeue) and this worker claimed
+                    # it again while the old run still runs: that run's lease is gone, its
+                    # handler told so (should_stop) and whatever it returns moot
+                    old.ctx.lost = old.stopped = True
                 self._running[run.task_id] = run
                 # an earlier run of the task on this worker (stopped: no ack to settle it) is
                 # superseded by this claim's token: renewing both, the beat would read the
@@ -89,14 +95,18 @@ class RunningSet:
                 self._settling.pop(run.task_id, None)
             self._last_active = time.monotonic()
 
-    def untrack(self, *task_ids: str) -> None:
-        """The runs ended (their slots are free); their leases are kept until ``settled``."""
+    def untrack(self, *ended: str | Running) -> None:
+        """The runs ended (their slots are free); their leases are kept until ``settled``. A
+        run given as a Running leaves only itself: not a later run of its task (``track``)."""
         with self._changed:
-            for task_id in task_ids:
+            for one in ended:
+                task_id = one if isinstance(one, str) else one.task_id
+                if not isinstance(one, str) and self._running.get(task_id) is not one:
+                    continue  # superseded: the task's later run on this worker goes on
                 run = self._running.pop(task_id, None)
                 if run is not None:
                     self._settling[task_id] = run.token
-            self.tasks_run += len(task_ids)
+            self.tasks_run += len(ended)
             self._last_active = time.monotonic()
             self._changed.notify_all()
 

@@ -263,3 +263,34 @@ def test_a_stopped_run_does_not_make_the_same_tasks_next_run_on_this_worker_lost
     worker.settle([ack])
     assert task.status().value == "succeeded"
     assert worker.running.settling() == []
+
+
+def test_a_task_claimed_again_while_its_old_run_still_runs_supersedes_that_run() -> None:
+    """Regression: an operator's requeue of a running task let the same worker (a free slot)
+    claim it again while the old run still ran. The set keyed by task id dropped the old run
+    unseen (never told its lease was gone: it ran to its end on the GPU), and that run's end
+    untracked the new one: the worker showed idle, took more tasks than its slots, and could
+    not stop or preempt the new run."""
+    client = fakeredis.FakeRedis(decode_responses=True)
+    config = Config(pool="hb", concurrency=2).validate()
+    queue = Queue(client, config)
+    worker = Worker(client, config, app, GpuInfo("sim", "x", 80, None, "declared"), worker_id="w")
+    worker.presence.register(worker_record.identity("w", worker.gpu, 5, 2, "0123", "h", 1), 30_000)
+    task = queue.enqueue("sim.noop", 1, model="m", vram_gb=1)
+    first = worker.claim(None)
+    assert isinstance(first, tuple)
+    fields, res, old = first[0]
+    queue.requeue(task.id)
+    again = worker.claim(None)
+    assert isinstance(again, tuple)
+    fields2, res2, new = again[0]
+    assert new.task_id == old.task_id and new.token != old.token
+    assert old.ctx.should_stop() and not new.ctx.should_stop()
+    assert worker.executor.execute(fields, res, old) is None  # the old run ends: moot
+    assert worker.running.snapshot() == [new] and worker.running.slots_used() == 1
+    worker.heartbeat().beat()
+    assert not new.ctx.lost
+    ack = worker.executor.execute(fields2, res2, new)
+    assert ack is not None
+    worker.settle([ack])
+    assert task.status().value == "succeeded" and worker.running.settling() == []
