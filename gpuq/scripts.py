@@ -228,11 +228,13 @@ class Calls:
                     lambda r: (int(checked(r)[1]), int(r[2]), int(r[3])))
 
     def preempt(self, waiting_id: str, worker_id: str, victim_id: str, victim_token: int, *,
-                reserve_ms: int, grace_ms: int | None, now_ms: int = 0) -> Call[tuple[str, str]]:
-        """Commit a planner decision: reserve the worker (grace None), or also ask the victim to
-        yield within grace_ms. Replies ("reserved" | "yield" | "stale", why)."""
+                reserve_ms: int, grace_ms: int | None, now_ms: int = 0,
+                also: Sequence[tuple[str, int]] = ()) -> Call[tuple[str, str]]:
+        """Commit a planner decision: reserve the worker (grace None), or also ask the victim
+        (and ``also``'s further victims on that worker: (id, token)) to yield within
+        grace_ms. Replies ("reserved" | "yield" | "stale", why)."""
         args = [str(now_ms), waiting_id, worker_id, victim_id, str(victim_token), str(reserve_ms),
-                "" if grace_ms is None else str(grace_ms)]
+                "" if grace_ms is None else str(grace_ms), *(x for i, t in also for x in (i, str(t)))]
         return Call("preempt", args, lambda r: (str(checked(r)[1]), str(r[2]) if len(r) > 2 else ""))
 
     def retire(self, worker_id: str, *, now_ms: int = 0) -> Call[tuple[bool, int]]:

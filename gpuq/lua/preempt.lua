@@ -16,6 +16,8 @@
 -- ARGV[5]  victim's fencing token
 -- ARGV[6]  reservation lifetime (ms)
 -- ARGV[7]  grace (ms) the victim has to yield; "" = reserve only (the victim ends soon)
+-- ARGV[8..] pairs: further victims on the same worker (id, token), where no one's end alone
+--           makes room (a group, or a worker with several slots): each asked, or waited for
 -- Counts   stats preempt:<reserved|yield_requested> and the same per victim priority (:P<n>)
 -- Returns  {0, "reserved" | "yield"}
 --          {0, "stale", why}   the pool changed since the plan: nothing was written
@@ -24,9 +26,9 @@
 --@include args
 --@include reserve
 
-if #ARGV ~= 7 then return {1, 0, 'expected 7 arguments'} end
-local now, waiting, worker, victim = clock(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
-local token, life, grace = ARGV[5], arg_num(6, 0, 1e12, true), ARGV[7]
+if #ARGV < 7 or #ARGV % 2 == 0 then return {1, 0, 'expected 7 arguments, then id, token pairs'} end
+local now, waiting, worker = clock(ARGV[1]), ARGV[2], ARGV[3]
+local life, grace = arg_num(6, 0, 1e12, true), ARGV[7]
 if grace ~= '' then grace = arg_num(7, 0, 1e12, true) end
 if not (now and life and grace) then return {1, 0, 'now, lifetime and grace must be ms >= 0'} end
 if worker == '' or string.find(waiting, '[%s{},]') or waiting == '' then
@@ -37,11 +39,19 @@ if redis.call('HGET', task_key(waiting), 'state') ~= 'queued' then
 end
 local alive = redis.call('ZSCORE', K_WORKERS, worker)
 if not alive or tonumber(alive) < now then return {0, 'stale', 'worker is not live'} end
-local v = redis.call('HMGET', task_key(victim), 'state', 'token', 'worker', 'yield_by', 'priority')
-if v[1] ~= 'running' or v[2] ~= token or v[3] ~= worker then
-  return {0, 'stale', 'victim is no longer running there'}
+local pairs_at = {4}  -- where each victim's id, token pair is
+for i = 8, #ARGV, 2 do pairs_at[#pairs_at + 1] = i end
+local victims, prio = {}, {}  -- every victim checked before anything is written
+for k, i in ipairs(pairs_at) do
+  local id, tok = ARGV[i], ARGV[i + 1]
+  if k > 1 and (id == '' or string.find(id, '[%s{},]')) then return {1, 0, 'victims must be task ids'} end
+  local v = redis.call('HMGET', task_key(id), 'state', 'token', 'worker', 'yield_by', 'priority')
+  if v[1] ~= 'running' or v[2] ~= tok or v[3] ~= worker then
+    return {0, 'stale', 'victim is no longer running there'}
+  end
+  if v[4] and v[4] ~= '' then return {0, 'stale', 'victim was already asked to yield'} end
+  victims[k], prio[k] = id, v[5]
 end
-if v[4] and v[4] ~= '' then return {0, 'stale', 'victim was already asked to yield'} end
 if reserved_task(worker, now) then return {0, 'stale', 'worker is already reserved'} end
 redis.call('SET', reservation_key(worker), waiting .. ' ' .. ms(now + life))
 -- the claims' gate (lib/gates.lua) at or after every reservation's expiry
@@ -52,12 +62,15 @@ if grace == '' then
   -- a batch waiting to fill up on that worker runs now, not after its batch wait
   redis.call('LPUSH', control_key(worker), 'reserved ' .. waiting)
   redis.call('HINCRBY', K_STATS, 'preempt:reserved', 1)
-  if level(v[5]) then redis.call('HINCRBY', K_STATS, 'preempt:reserved:P' .. v[5], 1) end
+  if level(prio[1]) then redis.call('HINCRBY', K_STATS, 'preempt:reserved:P' .. prio[1], 1) end
   return {0, 'reserved'}
 end
-redis.call('HSET', task_key(victim), 'yield_by', ms(now + grace), 'yield_for', waiting)
-redis.call('HSET', task_key(waiting), 'yield_victim', victim)
-redis.call('LPUSH', control_key(worker), 'yield ' .. victim .. ' ' .. ms(grace))
-redis.call('HINCRBY', K_STATS, 'preempt:yield_requested', 1)
-if level(v[5]) then redis.call('HINCRBY', K_STATS, 'preempt:yield_requested:P' .. v[5], 1) end
+for k, id in ipairs(victims) do
+  redis.call('HSET', task_key(id), 'yield_by', ms(now + grace), 'yield_for', waiting)
+  redis.call('LPUSH', control_key(worker), 'yield ' .. id .. ' ' .. ms(grace))
+  redis.call('HINCRBY', K_STATS, 'preempt:yield_requested', 1)
+  if level(prio[k]) then redis.call('HINCRBY', K_STATS, 'preempt:yield_requested:P' .. prio[k], 1) end
+end
+-- the victims asked for it, space-separated (lib/reserve.lua withdraws each)
+redis.call('HSET', task_key(waiting), 'yield_victim', table.concat(victims, ' '))
 return {0, 'yield'}

@@ -7,9 +7,11 @@ yield while it loads yields only after the load, which is then thrown away.
 
 For each such task, the candidates are running, preemptible, lower-priority tasks on live
 workers whose GPU is large enough (usable VRAM >= the task's need; a group of at least its
-GPUs: the group's running tasks are weighed together as one worker's) and which serve the
-task's priority; for a task offered to a busy holder of its model, only that holder's
-(an idle worker would load the model cold: 30-60 s, against a yield). The one expected to
+GPUs) and which serve the task's priority; where no one of a worker's victims makes room
+alone (a group, or several slots, running several tasks), the fewest of them that together
+do are one option (gpuq.reaper.preempt_options: waited for until the last ends, or each
+asked to yield); for a task offered to a busy holder of its model, only that holder's (an
+idle worker would load the model cold: 30-60 s, against a yield). The option expected to
 end soonest (started + estimate) decides:
 
 - it ends within ``max_wait_s`` and before the waiting task's start-by time (its queue
@@ -40,7 +42,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import redis
 
@@ -48,7 +49,13 @@ from gpuq import work_index
 from gpuq.clock import server_ms
 from gpuq.config import Config
 from gpuq.keys import Keys, live_reservation
-from gpuq.reaper.preempt_limits import Charge, Limits, charge_of, read_limits
+from gpuq.reaper.preempt_limits import Limits, charge_of, read_limits
+from gpuq.reaper.preempt_options import Idle as Idle
+from gpuq.reaper.preempt_options import Option as Option
+from gpuq.reaper.preempt_options import Victim as Victim
+from gpuq.reaper.preempt_options import Waiting as Waiting
+from gpuq.reaper.preempt_options import candidates_for, idle_takes, own_charge
+from gpuq.reaper.preempt_options import may_be_asked as may_be_asked
 from gpuq.replies import scored
 from gpuq.scripts import Calls, Scripts
 from gpuq.wire import exchange
@@ -63,52 +70,15 @@ GPU_FIELDS = WorkerFields(("vram_total_gb", "kv_reserve_gb", "levels", "gpus")) 
 
 
 @dataclass(frozen=True)
-class Waiting:
-    id: str
-    priority: int
-    need_gb: float
-    start_by_ms: int | None = None  # its queue score; None: no SLA bound on the wait
-    offered: str = ""  # the worker enqueue offered it to (maybe a busy holder of its model)
-    gpus: int = 1  # devices it runs across: only a group of at least that many can take it
-    tenant: str = ""
-
-
-@dataclass(frozen=True)
-class Victim:
-    id: str
-    token: int
-    worker: str
-    priority: int
-    started_ms: int  # when its work began: its start, or for a cold start its model's load end
-    est_s: float
-    preemptions: int
-    # the worker's usable VRAM (its whole group's) less what its other running tasks need:
-    # what the waiting task finds once this victim ends (a batch's siblings or a
-    # non-preemptible neighbour keep theirs)
-    room_gb: float
-    levels: str  # priorities the worker serves
-    gpus: int = 1  # devices in the worker's group
-    charge: Charge | None = None  # what its end gives back to its tenant's limits
-
-    @property
-    def ends_ms(self) -> int:
-        return self.started_ms + int(self.est_s * 1000)
-
-
-class Idle(NamedTuple):
-    """An idle worker as the planner weighs it."""
-
-    gb: float  # claimable VRAM
-    levels: str
-    gpus: int = 1
-
-
-@dataclass(frozen=True)
 class Decision:
     kind: str  # "reserve" | "yield"
     waiting: Waiting
-    victim: Victim
+    victims: tuple[Victim, ...]  # on one worker: each asked to yield, or all waited for
     ends_in_s: float
+
+    @property
+    def victim(self) -> Victim:  # the first (the only one, but where several make room)
+        return self.victims[0]
 
 
 def plan(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
@@ -125,69 +95,33 @@ def plan(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
         fits = candidates_for(w, victims, idle, used, room.get(w.tenant))
         if not fits:
             continue
-        soonest = min(fits, key=lambda v: v.ends_ms)
+        soonest = min(fits, key=lambda o: o.ends_ms)
         # offered to a busy holder while a GPU idles: waited for only by its start-by time
         # (the idle GPU loads its model once the offer lapses)
         may_wait = soonest.ends_ms <= now_ms + wait_ms and not idle_takes(w, idle, room.get(w.tenant))
-        graceful: Victim | None = soonest if may_wait else None
+        graceful: Option | None = soonest if may_wait else None
         if w.start_by_ms is not None and w.start_by_ms > now_ms:
             # the SLA can still be met: wait only for a victim due to end by the start-by
             # time; an overdue one (its estimate passed: a cold load, a slow run) promises nothing
             by = min(w.start_by_ms, now_ms + wait_ms)
-            graceful = min((v for v in fits if now_ms < v.ends_ms <= by), key=lambda v: v.ends_ms,
+            graceful = min((o for o in fits if now_ms < o.ends_ms <= by), key=lambda o: o.ends_ms,
                            default=None)
-        ran_enough = [v for v in fits if may_be_asked(v, config, now_ms)]
+        ran_enough = [o for o in fits if all(may_be_asked(v, config, now_ms) for v in o.victims)]
         if graceful is None and ran_enough:
-            victim = min(ran_enough, key=lambda v: v.ends_ms)
-            decision = Decision("yield", w, victim, max(0.0, (victim.ends_ms - now_ms) / 1000))
+            chosen = min(ran_enough, key=lambda o: o.ends_ms)
+            kind = "yield"
         elif graceful is not None or may_wait:
             # nothing may be interrupted: the soonest natural end is still the best bet
-            victim = graceful or soonest
-            decision = Decision("reserve", w, victim, max(0.0, (victim.ends_ms - now_ms) / 1000))
+            chosen, kind = graceful or soonest, "reserve"
         else:
             continue
-        used.add(decision.victim.worker)
+        decision = Decision(kind, w, chosen.victims, max(0.0, (chosen.ends_ms - now_ms) / 1000))
+        used.add(chosen.worker)
         if (limit := room.get(w.tenant)) is not None:
             own = decision.victim.charge if own_charge(w, decision.victim) else None
             room[w.tenant] = limit.after(own, (w.need_gb, w.gpus))
         out.append(decision)
     return out
-
-
-def candidates_for(w: Waiting, victims: list[Victim], idle: list[Idle],
-                   used: set[str], limit: Limits | None = None) -> list[Victim]:
-    """The victims that could make room for ``w``; while an idle worker could claim it (and
-    load its model cold), only those on the busy holder of its model it was offered to;
-    while its tenant is at a limit, only its own tenant's whose end lets it start."""
-    fits = [v for v in victims if v.priority > w.priority and v.worker not in used
-            and v.room_gb >= w.need_gb and str(w.priority) in v.levels and v.gpus >= w.gpus]
-    if limit is not None and limit.over(w.need_gb, w.gpus):
-        return [v for v in fits if own_charge(w, v)
-                and not limit.after(v.charge).over(w.need_gb, w.gpus)]
-    if idle_fits(w, idle):
-        return [v for v in fits if v.worker == w.offered]
-    return fits
-
-
-def own_charge(w: Waiting, v: Victim) -> bool:  # v counts against the limits of w's tenant
-    return v.charge is not None and v.charge[0] == w.tenant
-
-
-def idle_takes(w: Waiting, idle: list[Idle], limit: Limits | None) -> bool:
-    """Whether an idle worker would claim ``w`` now (its tenant within its limits)."""
-    return idle_fits(w, idle) and not (limit is not None and limit.over(w.need_gb, w.gpus))
-
-
-def idle_fits(w: Waiting, idle: list[Idle]) -> bool:
-    """Whether an idle worker could claim ``w``, cold if need be."""
-    return any(i.gb >= w.need_gb and str(w.priority) in i.levels and i.gpus >= w.gpus for i in idle)
-
-
-def may_be_asked(v: Victim, config: Config, now_ms: int) -> bool:
-    """Whether ``v`` may be asked to yield: it has run its minimum and was preempted fewer
-    than ``preempt_max`` times."""
-    return ((now_ms - v.started_ms) / 1000 >= config.preempt_min_runtime_s
-            and v.preemptions < config.preempt_max)
 
 
 def quiet_until(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
@@ -210,12 +144,12 @@ def quiet_until(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
         if not fits:
             continue
         if not idle_takes(w, idle, limits.get(w.tenant)):
-            times.append(min(v.ends_ms for v in fits) - wait_ms)
-        for v in fits:
-            if v.preemptions < config.preempt_max:
+            times.append(min(o.ends_ms for o in fits) - wait_ms)
+        for o in fits:
+            if all(v.preemptions < config.preempt_max for v in o.victims):
                 # the planner's own test, from just below the minimum runtime (float-safe)
-                t = v.started_ms + int(config.preempt_min_runtime_s * 1000) - 2
-                while not may_be_asked(v, config, t):
+                t = max(v.started_ms for v in o.victims) + int(config.preempt_min_runtime_s * 1000) - 2
+                while not all(may_be_asked(v, config, t) for v in o.victims):
                     t += 1
                 times.append(t)
     return min(times, default=None)
@@ -264,15 +198,15 @@ class Preemptor:
             life_s = (d.ends_in_s if d.kind == "reserve" else self.config.grace_s + self.config.stop_s)
             reserve_ms = int((life_s + 2 * self.config.heartbeat_s + self.config.reap_interval_s) * 1000)
             outcome, why = self.scripts.run(self.calls.preempt(
-                d.waiting.id, d.victim.worker, d.victim.id, d.victim.token,
-                reserve_ms=reserve_ms, grace_ms=grace, now_ms=now_ms or 0))
+                d.waiting.id, d.victim.worker, d.victim.id, d.victim.token, reserve_ms=reserve_ms,
+                grace_ms=grace, now_ms=now_ms or 0, also=[(v.id, v.token) for v in d.victims[1:]]))
             if outcome == "stale":
                 log.info("preempt.stale task=%s worker=%s: %s", d.waiting.id, d.victim.worker, why)
                 continue
             event = "preempt.reserved" if outcome == "reserved" else "preempt.yield_asked"
             log.info("%s task=%s priority=P%d worker=%s victim=%s victim_priority=P%d ends_in_s=%.1f",
-                     event, d.waiting.id, d.waiting.priority, d.victim.worker, d.victim.id,
-                     d.victim.priority, d.ends_in_s)
+                     event, d.waiting.id, d.waiting.priority, d.victim.worker,
+                     ",".join(v.id for v in d.victims), d.victim.priority, d.ends_in_s)
             done[outcome] = done.get(outcome, 0) + 1
         return done
 
@@ -361,7 +295,7 @@ class Preemptor:
             began = max(int(started), int(ready or 0))
             victims.append(Victim(i, int(token), worker, int(prio), began, float(est),
                                   int(count or 0), usable - (load[worker] - freed),
-                                  levels, gpus, charge_of(charged)))
+                                  levels, gpus, charge_of(charged), freed))
         return victims, idle, reserved
 
 

@@ -256,6 +256,41 @@ def test_a_yield_request_is_withdrawn_when_its_task_starts_elsewhere_or_ends(que
     assert queue.redis.hget(keys.stats, "preempt:withdrawn") == "2"
 
 
+def test_several_victims_on_one_worker_are_asked_together_and_withdrawn_together(queue: Queue) -> None:
+    """A group running two tasks, neither of whose ends alone makes room: both are asked in
+    one call (checked whole first), and a start elsewhere withdraws both requests."""
+    keys = queue.keys
+    runs = []
+    for _ in range(2):
+        tid = enqueue(queue, T0, model="B", vram_gb=70, priority="P2")
+        c = claim(queue, "g2", 150, now_ms=T0, slots=2)
+        assert c is not None and c["id"] == tid
+        runs.append((tid, int(c["token"])))
+    queue.redis.zadd(keys.workers, {"g2": T0 + 10**9})  # live
+    (a, ta), (b, tb) = runs
+
+    def ask(waiting: str, also: list[tuple[str, int]], now_ms: int) -> tuple[str, str]:
+        return queue.scripts.run(queue.calls.preempt(waiting, "g2", a, ta, reserve_ms=60_000,
+                                                     grace_ms=5000, now_ms=now_ms, also=also))
+
+    wide = enqueue(queue, T0 + 1, model="A", vram_gb=140, priority="P0")
+    # one of them stale (a wrong token): nothing is written
+    assert ask(wide, [(b, tb + 1)], T0 + 2) == ("stale", "victim is no longer running there")
+    assert queue.redis.exists(keys.reservation("g2")) == 0 and not queue.redis.hget(keys.task(a), "yield_by")
+    assert ask(wide, [(b, tb)], T0 + 2) == ("yield", "")
+    assert queue.redis.lrange(keys.control("g2"), 0, -1) == [f"yield {b} 5000", f"yield {a} 5000"]
+    assert queue.redis.hget(keys.task(wide), "yield_victim") == f"{a} {b}"
+    assert [queue.redis.hget(keys.task(v), "yield_for") for v in (a, b)] == [wide, wide]
+    assert queue.redis.hget(keys.stats, "preempt:yield_requested") == "2"
+    # the waiting task starts elsewhere: both requests are taken back
+    c = claim(queue, "w9", 150, now_ms=T0 + 3)
+    assert c is not None and c["id"] == wide
+    assert queue.redis.lrange(keys.control("g2"), 0, -1) == []
+    assert [queue.redis.hget(keys.task(v), "yield_by") for v in (a, b)] == [None, None]
+    assert queue.redis.hget(keys.stats, "preempt:withdrawn") == "2"
+    assert queue.redis.exists(keys.reservation("g2")) == 0
+
+
 def test_a_bulk_enqueue_is_claimed_in_the_order_it_was_made(queue: Queue) -> None:
     # one call: every task has the same score, and the queue orders equal scores by id
     made = [t.id for t in queue.enqueue_many([task(payload={"i": i}) for i in range(300)])]

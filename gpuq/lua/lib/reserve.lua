@@ -16,16 +16,10 @@ local function reserved_task(w, now, gate)
   return nil, true
 end
 
--- A waiting task that starts or ends no longer needs the room the planner made for it:
--- the reservation it holds on worker w (its reserved_for) is dropped, and the request to
--- the victim asked to yield for it (its yield_victim), if that still runs and has not
--- yielded, is withdrawn: taken off its worker's control list if not read yet, else undone
--- by "unyield" (the list is popped newest first, so it must not overtake its "yield").
-local function withdraw_yield(id, w, victim, now)
-  if not w or w == '' then return end
-  redis.call('HDEL', task_key(id), 'reserved_for', 'yield_victim')
-  if reserved_task(w, now) == id then redis.call('DEL', reservation_key(w)) end
-  if not victim or victim == '' then return end
+-- The request to victim, asked to yield for task id, withdrawn if that still runs and has
+-- not yielded: taken off its worker's control list if not read yet, else undone by
+-- "unyield" (the list is popped newest first, so it must not overtake its "yield").
+local function withdraw_one(id, victim)
   local v = redis.call('HMGET', task_key(victim), 'state', 'yield_for', 'worker', 'priority')
   if v[1] ~= 'running' or v[2] ~= id then return end
   redis.call('HDEL', task_key(victim), 'yield_by', 'yield_for')
@@ -40,4 +34,14 @@ local function withdraw_yield(id, w, victim, now)
     end
   end
   redis.call('LPUSH', ctl, 'unyield ' .. victim)
+end
+
+-- A waiting task that starts or ends no longer needs the room the planner made for it:
+-- the reservation it holds on worker w (its reserved_for) is dropped, and the request to
+-- each victim asked to yield for it (its yield_victim: ids, space-separated) withdrawn.
+local function withdraw_yield(id, w, victims, now)
+  if not w or w == '' then return end
+  redis.call('HDEL', task_key(id), 'reserved_for', 'yield_victim')
+  if reserved_task(w, now) == id then redis.call('DEL', reservation_key(w)) end
+  for victim in string.gmatch(victims or '', '%S+') do withdraw_one(id, victim) end
 end

@@ -175,3 +175,38 @@ def test_two_waiting_tasks_of_one_tenant_do_not_count_on_the_same_room() -> None
     waiting = [Waiting("x", 0, 16, tenant="A"), Waiting("y", 0, 16, tenant="A")]
     out = plan(waiting, [b1, b2, a1], [], set(), CFG, NOW, limits)
     assert [(d.waiting.id, d.victim.id) for d in out] == [("x", "b1"), ("y", "a1")]
+
+
+def group_victim(vid: str, *, left_s: float, ran_s: float = 60, gpus: int = 2) -> Victim:
+    """One of two 70 GB tasks a two-GPU group of 150 usable GB runs: its end alone frees 70."""
+    return replace(victim(vid, "g2", left_s=left_s, ran_s=ran_s, usable_gb=80), gpus=gpus, freed_gb=70)
+
+
+def test_where_no_one_victims_end_makes_room_the_fewest_that_do_are_asked_together() -> None:
+    """Regression: a P0 task needing a whole group, whose two running P2 tasks each free only
+    half of it, got no plan and waited for both to end on their own (47.6 s by hand)."""
+    a, b = group_victim("a", left_s=300), group_victim("b", left_s=100)
+    out = plan([Waiting("wide", 0, 140, gpus=2)], [a, b], [], set(), CFG, NOW)
+    assert [(d.kind, [v.id for v in d.victims]) for d in out] == [("yield", ["b", "a"])]
+    assert out[0].ends_in_s == 300  # the room is there once the last of them ends
+    # both due soon: waited for, both, nothing interrupted
+    soon = plan([Waiting("wide", 0, 140, gpus=2)], [replace(a, est_s=70), replace(b, est_s=65)],
+                [], set(), CFG, NOW)
+    assert [(d.kind, [v.id for v in d.victims]) for d in soon] == [("reserve", ["b", "a"])]
+    # one of them too young to be asked: the set may not be asked; its end is more than
+    # max_wait away, so nothing is decided
+    assert plan([Waiting("wide", 0, 140, gpus=2)], [a, replace(b, started_ms=NOW - 1000)], [],
+                set(), CFG, NOW) == []
+
+
+def test_a_set_is_the_fewest_victims_and_only_where_no_single_one_fits() -> None:
+    three = [replace(group_victim(v, left_s=s), freed_gb=40) for v, s in (("x", 200), ("y", 100), ("z", 300))]
+    # 80 GB room once y ends; with x too 120: two are enough for 110 GB, z keeps running
+    out = plan([Waiting("w", 0, 110, gpus=2)], three, [], set(), CFG, NOW)
+    assert [[v.id for v in d.victims] for d in out] == [["y", "x"]]
+    # a single victim on another worker that makes room alone is preferred when it ends sooner
+    alone = replace(victim("solo", "big", left_s=50, usable_gb=160), gpus=2)
+    out = plan([Waiting("w", 0, 110, gpus=2)], [*three, alone], [], set(), CFG, NOW)
+    assert [[v.id for v in d.victims] for d in out] == [["solo"]]
+    # not even all of them together: no plan
+    assert plan([Waiting("w", 0, 200, gpus=2)], three, [], set(), CFG, NOW) == []

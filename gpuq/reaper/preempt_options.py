@@ -1,0 +1,131 @@
+"""The options a waiting task has in the preemption planner (gpuq.reaper.preempt): the
+waiting task, the running tasks that may give way (victims), the idle workers, and which
+victims, alone or several on one worker together, make room for it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from gpuq.config import Config
+from gpuq.reaper.preempt_limits import Charge, Limits
+
+
+@dataclass(frozen=True)
+class Waiting:
+    id: str
+    priority: int
+    need_gb: float
+    start_by_ms: int | None = None  # its queue score; None: no SLA bound on the wait
+    offered: str = ""  # the worker enqueue offered it to (maybe a busy holder of its model)
+    gpus: int = 1  # devices it runs across: only a group of at least that many can take it
+    tenant: str = ""
+
+
+@dataclass(frozen=True)
+class Victim:
+    id: str
+    token: int
+    worker: str
+    priority: int
+    started_ms: int  # when its work began: its start, or for a cold start its model's load end
+    est_s: float
+    preemptions: int
+    # the worker's usable VRAM (its whole group's) less what its other running tasks need:
+    # what the waiting task finds once this victim ends (a batch's siblings or a
+    # non-preemptible neighbour keep theirs)
+    room_gb: float
+    levels: str  # priorities the worker serves
+    gpus: int = 1  # devices in the worker's group
+    charge: Charge | None = None  # what its end gives back to its tenant's limits
+    freed_gb: float = 0.0  # what its end alone frees (a model's weights other tasks share stay)
+
+    @property
+    def ends_ms(self) -> int:
+        return self.started_ms + int(self.est_s * 1000)
+
+
+@dataclass(frozen=True)
+class Option:
+    """Victims on one worker whose ends together make room for a waiting task: one, or,
+    where no one of them frees enough (a group or a worker with several slots running
+    several tasks), the fewest that do, soonest-ending first."""
+
+    victims: tuple[Victim, ...]
+
+    @property
+    def worker(self) -> str:
+        return self.victims[0].worker
+
+    @property
+    def ends_ms(self) -> int:  # the room is there once the last of them ends
+        return max(v.ends_ms for v in self.victims)
+
+
+class Idle(NamedTuple):
+    """An idle worker as the planner weighs it."""
+
+    gb: float  # claimable VRAM
+    levels: str
+    gpus: int = 1
+
+
+def candidates_for(w: Waiting, victims: list[Victim], idle: list[Idle],
+                   used: set[str], limit: Limits | None = None) -> list[Option]:
+    """The options that could make room for ``w``: each victim whose end alone does, and on
+    a worker where none does, the fewest of its victims that together do (not for a task
+    whose tenant has limits: what several ends give back is not weighed); while an idle
+    worker could claim it (and load its model cold), only those on the busy holder of its
+    model it was offered to; while its tenant is at a limit, only its own tenant's victims
+    whose end lets it start."""
+    eligible = [v for v in victims if v.priority > w.priority and v.worker not in used
+                and str(w.priority) in v.levels and v.gpus >= w.gpus]
+    fits = [Option((v,)) for v in eligible if v.room_gb >= w.need_gb]
+    if limit is not None and limit.over(w.need_gb, w.gpus):
+        return [o for o in fits if own_charge(w, o.victims[0])
+                and not limit.after(o.victims[0].charge).over(w.need_gb, w.gpus)]
+    if limit is None:
+        fits += together(w, eligible, {o.worker for o in fits})
+    if idle_fits(w, idle):
+        return [o for o in fits if o.worker == w.offered]
+    return fits
+
+
+def together(w: Waiting, eligible: list[Victim], served: set[str]) -> list[Option]:
+    """Per worker no one of whose victims makes room for ``w`` alone: its victims, soonest
+    end first, up to the first whose ends together do (each frees its own; the room is what
+    the first's end leaves plus what the others free)."""
+    by_worker: dict[str, list[Victim]] = {}
+    for v in sorted(eligible, key=lambda v: v.ends_ms):
+        if v.worker not in served:
+            by_worker.setdefault(v.worker, []).append(v)
+    out = []
+    for mine in by_worker.values():
+        room = mine[0].room_gb
+        for k in range(1, len(mine)):
+            room += mine[k].freed_gb
+            if room >= w.need_gb:
+                out.append(Option(tuple(mine[:k + 1])))
+                break
+    return out
+
+
+def own_charge(w: Waiting, v: Victim) -> bool:  # v counts against the limits of w's tenant
+    return v.charge is not None and v.charge[0] == w.tenant
+
+
+def idle_takes(w: Waiting, idle: list[Idle], limit: Limits | None) -> bool:
+    """Whether an idle worker would claim ``w`` now (its tenant within its limits)."""
+    return idle_fits(w, idle) and not (limit is not None and limit.over(w.need_gb, w.gpus))
+
+
+def idle_fits(w: Waiting, idle: list[Idle]) -> bool:
+    """Whether an idle worker could claim ``w``, cold if need be."""
+    return any(i.gb >= w.need_gb and str(w.priority) in i.levels and i.gpus >= w.gpus for i in idle)
+
+
+def may_be_asked(v: Victim, config: Config, now_ms: int) -> bool:
+    """Whether ``v`` may be asked to yield: it has run its minimum and was preempted fewer
+    than ``preempt_max`` times."""
+    return ((now_ms - v.started_ms) / 1000 >= config.preempt_min_runtime_s
+            and v.preemptions < config.preempt_max)
