@@ -21,10 +21,14 @@ from __future__ import annotations
 import json
 import math
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import redis
+
+from gpuq.backoff import Backoff
 from gpuq.config import Config
 from gpuq.errors import EmitError
 from gpuq.keys import Keys
@@ -115,7 +119,11 @@ class Sink(Protocol):
 class Emitter:
     """A running task's chunks and progress, sent by its worker at once (one round trip
     each), fenced by its token. Chunks are numbered in the order they are sent, one at a
-    time (a handler may emit from several threads)."""
+    time (a handler may emit from several threads). A send rides out a Redis restart or
+    failover of up to ``outage_s``, as the worker's own loops do: the handler's call waits,
+    rather than fail the task (an attempt spent, or the task lost on its last)."""
+
+    outage_s = 30.0
 
     def __init__(self, scripts: Scripts, config: Config, task_id: str, token: int) -> None:
         self.scripts = scripts
@@ -126,6 +134,17 @@ class Emitter:
         self.unanswered: str | None = None  # the chunk sent as seq whose reply was lost
         self._lock = threading.Lock()
 
+    def _send(self, call: Call[Any]) -> Any:
+        """The call's reply; sent again while the connection fails, up to ``outage_s`` (a
+        chunk sent again keeps its seq: a repeat readers skip)."""
+        until, backoff = time.monotonic() + self.outage_s, Backoff(cap=2.0)
+        while True:
+            try:
+                return self.scripts.run(call)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if isinstance(exc, redis.AuthenticationError) or not backoff.pause_until(until):
+                    raise
+
     def emit(self, value: Any) -> None:
         text = encode_chunk(value, self.config.stream_chunk_max_bytes, self.task_id)
         with self._lock:
@@ -135,13 +154,13 @@ class Emitter:
             if self.unanswered is not None and text != self.unanswered:
                 self.seq += 1
             self.unanswered = text
-            self.scripts.run(emit_call(self.task_id, self.token, self.seq, text, self.config))
+            self._send(emit_call(self.task_id, self.token, self.seq, text, self.config))
             self.unanswered = None
             self.seq += 1
 
     def progress(self, fraction: Any, message: Any) -> None:
         f, m = check_progress(fraction, message, self.task_id)
-        self.scripts.run(progress_call(self.task_id, self.token, f, m))
+        self._send(progress_call(self.task_id, self.token, f, m))
 
 
 class Memory:

@@ -141,12 +141,40 @@ def test_a_chunk_after_one_whose_reply_was_lost_takes_the_next_number(
         return got
 
     e.scripts.run = reply_lost  # type: ignore[method-assign]
+    e.outage_s = 0  # the outage outlasts the emit's patience: the handler gets the error
     e.emit("A")
     with pytest.raises(redis.ConnectionError):
         e.emit("B")
     e.emit("B" if again else "C")
     e.emit("D")
     assert [x["seq"] for x in entries(q, tid)] == seqs
+
+
+def test_an_emit_rides_out_a_short_outage(q: Queue) -> None:
+    """Regression: a 3 s Redis restart while a handler streamed failed its task (the emit's
+    ConnectionError reached the handler: an attempt spent, the task lost on its last). The
+    send is tried again; a chunk stored before its reply was lost is a repeat readers skip."""
+    tid, token = running(q)
+    e = emitter(q, tid, token)
+    run, calls = e.scripts.run, [0]
+
+    def flaky(call: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 2:
+            raise redis.ConnectionError("Error 111 connecting: Connection refused")
+        got = run(call)
+        if calls[0] == 3:  # stored, then the reply lost
+            raise redis.ConnectionError("Connection reset by peer")
+        return got
+
+    e.scripts.run = flaky  # type: ignore[method-assign]
+    e.emit("A")
+    e.emit("B")  # refused, then stored with its reply lost, then stored again: no error
+    e.emit("C")
+    e.progress(0.5, "half")
+    assert calls[0] == 6
+    assert [(x["seq"], x["data"]) for x in entries(q, tid)] == [
+        ("0", '"A"'), ("1", '"B"'), ("1", '"B"'), ("2", '"C"')]
 
 
 def test_a_stale_token_or_an_ended_task_appends_nothing(q: Queue) -> None:
