@@ -1,5 +1,6 @@
 -- cancel.lua: end a task as "canceled" wherever it is. A running task's lease is dropped,
--- so its worker's next heartbeat reports it lost and its ack is rejected; one handed over at
+-- so its ack is rejected, and its worker is told at once ("lost <id> <token>" on its control
+-- list: the handler sees should_stop; its next heartbeat would report it lost); one handed over at
 -- enqueue and still unread on its worker's wake list leaves that list. A waiting task
 -- (enqueued with `after`) leaves `waiting`; its parents' release skips it. Its own waiting
 -- children are canceled in turn (lib/finish.lua, lib/deps.lua).
@@ -23,7 +24,7 @@ if #ARGV ~= 3 then return {1, 0, 'expected 3 arguments'} end
 local id, now, ttl = ARGV[1], clock(ARGV[2]), ttl_arg(3)
 if not (now and ttl) then return {1, 0, 'now and ttl must be ms >= 0'} end
 local f = redis.call('HMGET', task_key(id), 'state', 'priority', 'model', 'worker', 'reserved_for',
-  'yield_victim', 'charged', 'fair', 'parked')
+  'yield_victim', 'charged', 'fair', 'parked', 'token')
 local state = f[1]
 if not state then return {4} end
 if state == 'queued' then
@@ -44,7 +45,11 @@ elseif state == 'running' then
   release(id, f[4], f[7])
   -- handed over at enqueue and not yet popped: its worker must not start it
   local msg = f[4] and f[4] ~= '' and unread_handover(f[4], id)
-  if msg then redis.call('LREM', wake_key(f[4]), 1, msg) end
+  if msg then
+    redis.call('LREM', wake_key(f[4]), 1, msg)
+  elseif f[4] and f[4] ~= '' then
+    tell_lost(f[4], id, f[10])
+  end
 else
   return {6, state}
 end

@@ -29,6 +29,7 @@
 --@include args
 --@include json
 --@include push
+--@include reserve
 
 -- Task id, ended and now run again (an operator's requeue): a child still waiting counted
 -- its end (settle_children), so it waits for its next end once more; its children set,
@@ -51,7 +52,7 @@ if kind ~= '' and kind ~= 'yielded' and kind ~= 'stopped' then
   return {1, 0, 'preemption kind must be "", "yielded" or "stopped"'}
 end
 local tk = task_key(id)
-local f = redis.call('HMGET', tk, 'state', 'token', 'yield_by')
+local f = redis.call('HMGET', tk, 'state', 'token', 'yield_by', 'worker')
 if not f[1] then return {4} end
 if token == '' and f[1] ~= 'running' then
   -- an operator's requeue of a task that is not running: a retry waiting out its backoff
@@ -90,6 +91,8 @@ if token == '' and f[1] ~= 'running' then
   return {0, push(id, now, ttl)}
 end
 if f[1] ~= 'running' or (token ~= '' and f[2] ~= token) then return {5, f[1]} end
+-- an operator takes a running task back: its worker is told at once (lib/reserve.lua)
+if token == '' and f[4] and f[4] ~= '' then tell_lost(f[4], id, f[2]) end
 -- the waiting task started or ended between the stop's deadline and the worker's reading
 -- of "unyield": stopping would throw away work nobody waits for
 if kind == 'stopped' and (f[3] or '') == '' then return {0, 'kept'} end

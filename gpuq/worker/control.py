@@ -78,6 +78,8 @@ class Control:
                 self.on_yield(args[0], int(args[1]))
             elif verb == "unyield" and len(args) == 1:
                 self.on_unyield(args[0])
+            elif verb == "lost" and len(args) == 2:
+                self.on_told_lost(args[0], args[1])
             elif verb == "reserved" and len(args) == 1:
                 self.running.nudge(reserved=True)
             elif verb == "preload" and len(args) == 2:
@@ -153,6 +155,14 @@ class Control:
         ex.observer.observe(r.task_id, "stopped")
         r.stop_deadline = time.monotonic() + self.stop_s
         r.interrupt()
+
+    def on_told_lost(self, task_id: str, token: str) -> None:
+        """A cancel or an operator's requeue took the task's run under ``token`` away: as
+        when a heartbeat finds its lease gone, now rather than at the next beat."""
+        for r in self.running.snapshot():
+            if r.task_id == task_id and str(r.token) == token and not r.ctx.lost:
+                log.warning("lease.lost task=%s worker=%s: canceled or taken back", task_id, self.id)
+                self.on_lost(r)
 
     def on_lost(self, r: Running) -> None:
         """The task's lease is gone: its handler sees ``ctx.should_stop()``; past the grace

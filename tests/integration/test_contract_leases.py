@@ -178,12 +178,26 @@ def test_cancel_a_running_task_makes_its_heartbeat_report_it_lost(queue: Queue) 
     tid = enqueue(queue, T0)
     c = claimed(queue)
     assert queue.cancel(tid) == "running"
+    # its worker is told at once, fenced by the run's token; the beat still reports it
+    assert queue.redis.lrange(queue.keys.control("w1"), 0, -1) == [f"lost {tid} {c['token']}"]
     assert heartbeat(queue, "w1", [(tid, c["token"])], now_ms=T0 + 5) == [tid]
     with pytest.raises(StaleLease):
         ack(queue, tid, c["token"], "too late", now_ms=T0 + 6)
     assert queue.redis.zscore(queue.keys.running, tid) is None
     assert queue.redis.smembers(queue.keys.worker_tasks("w1")) == set()
     assert queue.record(tid).state is State.CANCELED
+
+
+def test_an_operators_requeue_of_a_running_task_tells_its_worker_at_once(queue: Queue) -> None:
+    tid = enqueue(queue, T0)
+    c = claimed(queue)
+    assert queue.scripts.run(queue.calls.requeue(tid, None, "again", now_ms=T0 + 1)) == "queued"
+    assert queue.redis.lrange(queue.keys.control("w1"), 0, -1) == [f"lost {tid} {c['token']}"]
+    # a worker's own requeue (its token: a yield, a shutdown) tells nobody
+    c = claimed(queue, "w2", now_ms=T0 + 2)
+    assert queue.scripts.run(queue.calls.requeue(tid, int(c["token"]), "yielded", preempted="yielded",
+                                                 now_ms=T0 + 3)) == "queued"
+    assert queue.redis.llen(queue.keys.control("w2")) == 0
 
 
 def test_cancel_of_a_finished_or_unknown_task(queue: Queue) -> None:

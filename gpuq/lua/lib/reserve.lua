@@ -36,6 +36,12 @@ local function withdraw_one(id, victim)
   redis.call('LPUSH', ctl, 'unyield ' .. victim)
 end
 
+-- Tell worker w at once that its run of task id under token is no longer its own (a cancel,
+-- an operator's requeue): its handler sees should_stop now, not at the next heartbeat.
+local function tell_lost(w, id, token)
+  redis.call('LPUSH', control_key(w), 'lost ' .. id .. ' ' .. (token or ''))
+end
+
 -- A waiting task that starts or ends no longer needs the room the planner made for it:
 -- the reservation it holds on worker w (its reserved_for) is dropped, and the request to
 -- each victim asked to yield for it (its yield_victim: ids, space-separated) withdrawn.

@@ -192,6 +192,21 @@ def test_a_batch_with_a_task_it_still_holds_is_not_stopped_for_a_lost_one(
     assert running.stopped and other.stopped and len(interrupted) == 1
 
 
+def test_a_cancel_tells_the_worker_at_once_not_at_its_next_beat() -> None:
+    """Found by a QA pass: a cancel's should_stop() came 1.1-5.8 s late, at the worker's next
+    beat. cancel.lua pushes "lost <id> <token>" on its control list; the worker reads it at
+    once (only for the run under that token)."""
+    queue, worker, task, (_, _, running) = claimed()
+    control = worker.heartbeat().control
+    task.cancel()
+    message = control.receive(0.1)
+    assert message == f"lost {task.id} {running.token}"
+    control.handle(f"lost {task.id} {running.token + 1}")  # another run's: not this one
+    assert not running.ctx.should_stop()
+    control.handle(message)
+    assert running.ctx.should_stop() and running.lost_deadline is not None
+
+
 def test_a_reservation_message_nudges_a_waiting_batch() -> None:
     _, worker, _, _ = claimed()
     control = worker.heartbeat().control
