@@ -110,23 +110,15 @@ class Config:
         if not self.pool or any(c.isspace() or not c.isprintable() or c in "{}:\"'" for c in self.pool):
             raise ConfigError(f"pool {self.pool!r} must be non-empty without braces, colons, "
                               "quotes or spaces")
+        at_least_one = ("fair_every", "concurrency", "exporter_models", "scan_per_queue")
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):  # "nan" parses as a float
                 raise ConfigError(f"{f.name} must be a finite number, got {value}")
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
-                raise ConfigError(f"{f.name} must be >= 0, got {value}")
-        if self.fair_every < 1:
-            raise ConfigError("fair_every must be >= 1")
+            least = 1 if f.name in at_least_one else 0  # said as the bound it breaks: -3 is not told ">= 0"
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value < least:
+                raise ConfigError(f"{f.name} must be >= {least}, got {value}")
         self.levels()
-        if self.preempt_max < 0:
-            raise ConfigError("preempt_max must be >= 0")
-        if self.concurrency < 1:
-            raise ConfigError("concurrency must be >= 1")
-        if self.exporter_models < 1:
-            raise ConfigError("exporter_models must be >= 1")
-        if self.scan_per_queue < 1:
-            raise ConfigError("scan_per_queue must be >= 1")
         if self.replica_acks and not self.replica_wait_ms:
             raise ConfigError("replica_wait_ms must be > 0 when replica_acks is set")
         if self.scale_signal not in ("forecast", "reactive"):

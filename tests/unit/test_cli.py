@@ -315,12 +315,13 @@ def test_bad_environment_setting(cli_pool: Pool) -> None:
     (["--vram-gb", "0"], "--vram-gb must be > 0"),
     (["--vram-gb", "-24"], "--vram-gb must be > 0"),
     (["--vram-gb", "24", "--concurrency", "0"], "concurrency must be >= 1"),
+    (["--vram-gb", "24", "--concurrency", "-3"], "concurrency must be >= 1, got -3"),
     (["--app", "workers.sim"], "must look like module:attr"),
     (["--app", "workers.sim:nope"], "workers.sim:nope is not a gpuq.App"),
     (["--app", "no_such_pkg_gpuq:app"], "cannot import app module 'no_such_pkg_gpuq'"),
     # regression: registered a class of -1 GB usable, which --check-fit then misnamed
     (["--vram-gb", "4", "--gpu-count", "2"], "a GPU of 4 GB leaves no room above the KV reserve of 5 GB"),
-], ids=["zero vram", "negative vram", "zero concurrency", "malformed app", "not an app",
+], ids=["zero vram", "negative vram", "zero concurrency", "negative concurrency", "malformed app", "not an app",
         "missing module", "under the kv reserve"])
 def test_worker_bad_options(cli_pool: Pool, args: list[str], fragment: str) -> None:
     if "--app" not in args:
