@@ -38,6 +38,7 @@ from gpuq.connection import denied, redis_errors
 from gpuq.keys import Keys
 from gpuq.reaper.preempt import Preemptor
 from gpuq.reaper.scale import Scaler
+from gpuq.reaper.scale_hook import CommandHook
 from gpuq.reaper.tenant_room import TenantRoom
 from gpuq.scripts import Calls, ReapResult, Scripts
 
@@ -242,6 +243,8 @@ class Reaper:
                     outage.down(exc)
                     next_round = 0.0  # the round that failed runs again once Redis answers
                     self.stopped.wait(retry.delay())
+            if isinstance(hook := self.scaler.hook, CommandHook):  # not waited on at exit
+                hook.close()
             self.scripts.run(self.calls.lead(self.token, release=True))
         return 0
 

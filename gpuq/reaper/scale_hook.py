@@ -43,10 +43,14 @@ class CommandHook:
         self._lock = threading.Lock()
         self._pending: dict[str, tuple[int, int, Mapping[str, str] | None]] = {}
         self._failed_at: dict[str, float] = {}  # class -> monotonic time its last call failed
+        self._running: subprocess.Popen[str] | None = None  # the command now running, if any
+        self._closed = False
 
     def __call__(self, cls: str, current: int, desired: int,
                  env: Mapping[str, str] | None = None) -> None:
         with self._lock:
+            if self._closed:
+                return
             queued = cls in self._pending
             self._pending[cls] = (current, desired, env)
             if not queued:
@@ -67,9 +71,26 @@ class CommandHook:
             del self._failed_at[cls]
             return True
 
+    def close(self) -> None:
+        """The reaper stops: calls not yet started are dropped and a running command is
+        killed with its process group, so a slow or hung hook does not hold the exit for its
+        timeout (the next active reaper tells every class afresh, ``Scaler.forget``)."""
+        with self._lock:
+            self._closed = True
+            self._pending.clear()
+            proc = self._running
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            log.warning("scale.hook_stopped pid=%d: the reaper is stopping", proc.pid)
+        self.runner.shutdown(wait=False, cancel_futures=True)
+
     def _run_latest(self, cls: str) -> bool:
         with self._lock:
-            current, desired, env = self._pending.pop(cls)
+            call = self._pending.pop(cls, None)
+            if call is None or self._closed:
+                return False
+            current, desired, env = call
         ok = self.run(cls, current, desired, env)
         with self._lock:
             if ok:
@@ -89,6 +110,12 @@ class CommandHook:
         except OSError as exc:
             log.warning("scale.hook_failed class=%s desired=%d error=%s", cls, desired, exc)
             return False
+        with self._lock:
+            self._running = proc
+            closed = self._closed
+        if closed:  # close() came while it started: it is not waited on either
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
         try:
             _, err = proc.communicate(timeout=self.timeout_s)
         except subprocess.TimeoutExpired:
@@ -99,6 +126,11 @@ class CommandHook:
             log.warning("scale.hook_failed class=%s desired=%d error=timed out after %g s "
                         "(its process group killed)", cls, desired, self.timeout_s)
             return False
+        finally:
+            with self._lock:
+                self._running = None
+        if proc.returncode != 0 and self._closed:
+            return False  # killed by close(): said there
         if proc.returncode != 0:
             log.warning("scale.hook_failed class=%s desired=%d rc=%d stderr=%s", cls, desired,
                         proc.returncode, err.strip()[-500:])

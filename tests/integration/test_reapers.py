@@ -6,6 +6,8 @@ expiry (GPUQ_REAPER_LOCK_S = 2 s, rounds every 0.2 s: tests/procs.py).
 from __future__ import annotations
 
 import re
+import shlex
+import sys
 import time
 
 import pytest
@@ -141,3 +143,22 @@ def test_a_delayed_task_enqueued_while_the_reaper_waits_is_queued_when_due(
         assert record.due_at is not None
         late.append(queued_at - record.due_at)
     assert max(late) < 1.0, late  # a round late would be up to 5 s
+
+
+def test_a_reaper_stopped_with_sigterm_does_not_wait_out_a_hung_hook(procs: Procs,
+                                                                      real_queue: Queue) -> None:
+    """Regression: a SIGTERM'd (or Ctrl-C'd) reaper whose --on-scale command hung waited the
+    hook's whole 30 s timeout before it exited (the hook's thread was joined at exit)."""
+    started = procs.tmp_path / "hook-started"
+    hang = shlex.join([sys.executable, "-c",
+                       f"import time; open({str(started)!r}, 'w').close(); time.sleep(120)"])
+    procs.worker("w1")  # its class is the one the backlog asks more of
+    reaper = procs.start("reaper", ["reaper", "--on-scale", hang])
+    for _ in range(20):
+        real_queue.enqueue("sim.run", model="m", vram_gb=10, priority=1, est_s=60)
+    wait_for(started.exists, timeout=15, message=lambda: f"the hook to run; log:\n{reaper.log()}")
+    reaper.terminate()
+    began = time.monotonic()
+    assert reaper.wait(25) == 0, reaper.log()
+    assert time.monotonic() - began < 10, reaper.log()
+    assert "scale.hook_stopped" in reaper.log()
