@@ -167,12 +167,42 @@ def test_claimed_tasks_are_not_expired_and_a_retry_is_watched_again(
     assert fail(q, tid, c["token"], "oom", now_ms=T0 + 20_001) == "delayed"
     assert expire(q, T0 + 20_500) == (0, 0)
     assert q.record(tid).state is State.DELAYED
-    # back in its queue, it is watched again and expires at the next pass
+    # due past its deadline, it ends expired rather than going back to its queue
     assert reap(q, now_ms=T0 + 21_001).promoted == 1
-    assert q.redis.zscore(q.keys.deadlines, tid) == T0 + 9_000
-    r = expires(q, tid, T0 + 21_002)
-    assert r.error == "deadline passed while queued"
+    r = q.record(tid)
+    assert r.state is State.EXPIRED and r.error == "deadline passed while delayed"
     assert r.attempt == 1  # the failed attempt still counts
+    assert_unqueued(q, tid)
+
+
+def test_a_due_retry_that_can_still_make_its_deadline_is_queued_and_watched(
+        make_queue: MakeQueue) -> None:
+    q = make_queue(retry_base_s=1.0)
+    tid = enqueue(q, T0, deadline_s=30, est_s=1, max_attempts=3)
+    c = claim(q, "w1", 40, now_ms=T0 + 1)
+    assert c is not None
+    assert fail(q, tid, c["token"], "oom", now_ms=T0 + 2_000) == "delayed"
+    assert reap(q, now_ms=T0 + 10_000).promoted == 1
+    assert q.record(tid).state is State.QUEUED
+    assert q.redis.zscore(q.keys.deadlines, tid) == T0 + 29_000
+    r = expires(q, tid, T0 + 29_500)
+    assert r.error is not None and r.error.startswith("deadline cannot be met")
+
+
+def test_a_claim_does_not_start_a_due_retry_past_its_deadline(make_queue: MakeQueue) -> None:
+    """Regression: a claim promotes due retries and took one in the same call, so a retry
+    whose deadline had passed while it waited out its backoff ran anyway (seen: attempts
+    started 13 s past a 6 s deadline, the task ending failed, not expired)."""
+    q = make_queue(retry_base_s=1.0)
+    tid = enqueue(q, T0, deadline_s=5, est_s=2, max_attempts=3)
+    c = claim(q, "w1", 40, now_ms=T0 + 1)
+    assert c is not None
+    assert fail(q, tid, c["token"], "oom", now_ms=T0 + 3_500) == "delayed"
+    assert claim(q, "w1", 40, now_ms=T0 + 6_000) is None  # due, its deadline passed
+    r = q.record(tid)
+    assert r.state is State.EXPIRED and r.error == "deadline passed while delayed"
+    assert r.attempt == 1
+    assert_unqueued(q, tid)
 
 
 def test_a_lost_lease_past_the_deadline_expires_once_requeued(queue: Queue) -> None:
