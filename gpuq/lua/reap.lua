@@ -35,12 +35,13 @@ local function recover(id, reason, consume)
     release(id, f[2], f[3])
     return
   end
-  if requeue(id, now, reason, consume ~= false, ttl) == 'queued' then
+  local state = requeue(id, now, reason, consume ~= false, ttl)
+  if state == 'queued' then
     requeued = requeued + 1
     -- its handler's last word (started) stands wherever it reported: the reporter learns
     -- from `ended` that the task waits again (a failed one finish lists itself)
     if f[4] == '1' then redis.call('LPUSH', K_ENDED, id) end
-  else
+  elseif state == 'failed' then  -- an expired one (lib/push.lua expire_due) is neither
     failed = failed + 1
   end
 end

@@ -205,13 +205,28 @@ def test_a_claim_does_not_start_a_due_retry_past_its_deadline(make_queue: MakeQu
     assert_unqueued(q, tid)
 
 
-def test_a_lost_lease_past_the_deadline_expires_once_requeued(queue: Queue) -> None:
+def test_a_lost_lease_past_the_deadline_expires_instead_of_being_requeued(queue: Queue) -> None:
+    """Regression: the lost lease's task went back to its queue and the worker its push woke
+    claimed it before the reaper's expiry pass: a task that could no longer end in time ran
+    again (seen: started 0.2 s before a 3 s task's deadline, ended 2.8 s past it)."""
     tid = enqueue(queue, T0, deadline_s=10, est_s=1)
+    c = claim(queue, "w1", 40, now_ms=T0)
+    assert c is not None
+    r = reap(queue, now_ms=T0 + LEASE_MS + 1)
+    assert (r.requeued, r.failed) == (0, 0)
+    rec = queue.record(tid)
+    assert rec.state is State.EXPIRED and rec.error == "deadline passed while it ran"
+    assert claim(queue, "w2", 40, now_ms=T0 + LEASE_MS + 2) is None
+    assert_unqueued(queue, tid)
+
+
+def test_a_requeue_that_can_still_make_the_deadline_queues_the_task(queue: Queue) -> None:
+    tid = enqueue(queue, T0, deadline_s=60, est_s=1)
     c = claim(queue, "w1", 40, now_ms=T0)
     assert c is not None
     assert reap(queue, now_ms=T0 + LEASE_MS + 1).requeued == 1
     assert queue.record(tid).state is State.QUEUED
-    expires(queue, tid, T0 + LEASE_MS + 2)
+    assert queue.redis.zscore(queue.keys.deadlines, tid) == T0 + 59_000
 
 
 def test_stats_count_expired_tasks_per_priority(queue: Queue) -> None:

@@ -3,8 +3,6 @@
 --@include args
 --@include push
 --@include gates
---@include start
---@include finish
 
 -- The wake list entry of task id handed over to worker w, while the worker has not popped it.
 local function unread_handover(w, id)
@@ -48,25 +46,6 @@ local function reclaim_handed(now, limit, ttl, gate)
   return pending
 end
 
--- A due task that can no longer end by its deadline (now + its estimate past it) ends
--- expired instead of going back to its queue: a claim promotes due tasks and may take one
--- in the same call, before the reaper's expiry pass (expire.lua) could look at it. The
--- model's load time is left to that pass. Returns whether it expired the task.
-local function expire_due(id, now, ttl)
-  local f = redis.call('HMGET', task_key(id), 'deadline', 'est_s', 'priority', 'model',
-    'due_at', 'enqueued_at')
-  local deadline, est = finite(f[1]), finite(f[2])
-  if not deadline or not est or not level(f[3]) then return false end  -- push judges a corrupt one
-  local run = math.floor(est * 1000)
-  if now + run <= deadline then return false end
-  local reason = now >= deadline and 'deadline passed while delayed'
-    or string.format('deadline cannot be met: %.3f s left, task needs %.3f s',
-      (deadline - now) / 1000, run / 1000)
-  finish(id, 'expired', now, ttl, 'error', reason)
-  note_miss(id, level(f[3]), f[4], now - (finite(f[5]) or finite(f[6]) or now), now, 'expired')
-  return true
-end
-
 -- Move retries whose backoff has passed back into their queues (bounded per call; ttl: how
 -- long one failed for a corrupt hash stays readable), or end those whose deadline can no
 -- longer be met (expire_due); the gate moves to what is left.
@@ -75,7 +54,8 @@ local function promote_due(now, limit, ttl)
   for _, id in ipairs(due) do
     redis.call('ZREM', K_DELAYED, id)
     -- a hash deleted meanwhile: nothing to run
-    if redis.call('EXISTS', task_key(id)) == 1 and not expire_due(id, now, ttl) then
+    if redis.call('EXISTS', task_key(id)) == 1
+        and not expire_due(id, now, ttl, 'deadline passed while delayed') then
       redis.call('HSET', task_key(id), 'state', 'queued', 'queued_at', ms(now))
       push(id, now, ttl)
     end

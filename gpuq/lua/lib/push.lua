@@ -6,6 +6,7 @@
 --@include wake
 --@include finish
 --@include tenancy
+--@include start
 
 -- Put a stored task back into its queue at its stored place (its fair `order` when it had
 -- one, else its start-by score), and wake a worker for it. While tenancy is on it counts in
@@ -34,6 +35,26 @@ local function push(id, now, ttl)
   return 'queued'
 end
 
+-- A task going back to its queue (a due retry or delayed task, a requeue) that can no longer
+-- end by its deadline (now + its estimate past it) ends expired instead: a woken worker's
+-- claim (or the claim that promoted it) would start it before the reaper's expiry pass
+-- (expire.lua) could look at it. The model's load time is left to that pass. `how`: where it
+-- waited, as the error says it when the deadline passed. Returns whether it expired it.
+local function expire_due(id, now, ttl, how)
+  local f = redis.call('HMGET', task_key(id), 'deadline', 'est_s', 'priority', 'model',
+    'due_at', 'enqueued_at')
+  local deadline, est = finite(f[1]), finite(f[2])
+  if not deadline or not est or not level(f[3]) then return false end  -- push judges a corrupt one
+  local run = math.floor(est * 1000)
+  if now + run <= deadline then return false end
+  local reason = now >= deadline and how
+    or string.format('deadline cannot be met: %.3f s left, task needs %.3f s',
+      (deadline - now) / 1000, run / 1000)
+  finish(id, 'expired', now, ttl, 'error', reason)
+  note_miss(id, level(f[3]), f[4], now - (finite(f[5]) or finite(f[6]) or now), now, 'expired')
+  return true
+end
+
 -- Running task back to its queue (lost lease, shutdown, yield). consume=false gives the
 -- attempt back. Fails it for good once a lost lease has used its last attempt, or when its
 -- attempt counts are corrupt.
@@ -53,6 +74,10 @@ local function requeue(id, now, reason, consume, ttl)
     return 'failed'
   end
   if not consume then attempt = attempt - 1 end
+  if expire_due(id, now, ttl, 'deadline passed while it ran') then
+    redis.call('HSET', tk, 'worker', '', 'token', '', 'attempt', ms(attempt))
+    return 'expired'
+  end
   redis.call('HSET', tk, 'state', 'queued', 'worker', '', 'token', '', 'error', reason,
     'queued_at', ms(now), 'ready_at', '', 'attempt', ms(attempt))
   return push(id, now, ttl)
