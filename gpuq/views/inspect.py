@@ -87,6 +87,9 @@ class PoolView:
     schedules: int = 0  # periodic tasks (gpuq schedule)
     warnings: list[str] = field(default_factory=list)  # about the server: gpuq status adds them
     reaper_active: bool = False  # a reaper holds the pool's lock
+    # seconds since the newest scale signal was written (None: none carries a time): the hash
+    # stays as the last active reaper left it
+    scale_age_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -156,7 +159,7 @@ def pool_view(client: redis.Redis, keys: Keys, top: int | None = None) -> PoolVi
         scale={k: _parse_signal(v) for k, v in sorted(scale.items())},
         unregistered=dict(sorted(unregistered.items())), runtimes=learned_runtimes(runtimes),
         waiting=int(waiting), schedules=int(schedules), **_tenants(client, keys, stats),
-        reaper_active=bool(reaper))
+        reaper_active=bool(reaper), scale_age_s=_scale_age(scale, now))
 
 
 def number(value: Any) -> float | None:
@@ -310,6 +313,13 @@ def _fraction(text: str | None) -> float | None:
     except ValueError:
         return None
     return value if value is not None and 0 <= value <= 1 else None
+
+
+def _scale_age(scale: dict[Any, Any], now_s: float) -> float | None:
+    """Seconds since the newest signal's round (its `at`, server ms), None if none has one."""
+    ats = [at for v in scale.values() if isinstance(at := _parse_signal(v).get("at"), (int, float))
+           and not isinstance(at, bool)]
+    return max(0.0, now_s - max(ats) / 1000) if ats else None
 
 
 def _parse_signal(raw: str) -> dict[str, Any]:

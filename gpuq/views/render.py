@@ -44,7 +44,7 @@ def render_status(view: PoolView) -> str:
                      f"{levels_label(w.levels):<7}{','.join(w.models) or '-'}")
     if not view.workers:
         lines.append("(no workers)")
-    lines += (_preemption(view) + _scale(view.scale) + _runtimes(view.runtimes)
+    lines += (_preemption(view) + _scale(view.scale, view.scale_age_s) + _runtimes(view.runtimes)
               + _tenants(view.tenants, view.tenants_required))
     return "\n".join(map(one_line, lines))  # names are users' text: no terminal escape gets through
 
@@ -132,9 +132,15 @@ def _preemption(view: PoolView) -> list[str]:
     return lines
 
 
-def _scale(scale: dict[str, dict[str, Any]]) -> list[str]:
+STALE_SCALE_S = 15.0  # rounds come every second; a standby takes over within 10 s
+
+
+def _scale(scale: dict[str, dict[str, Any]], age_s: float | None = None) -> list[str]:
     signals = sorted((k for k in scale if ":" in k), key=lambda k: (not k.startswith("class:"), k))
-    lines = ["", "scale signals:"] if scale else []
+    header = "scale signals:"
+    if age_s is not None and age_s > STALE_SCALE_S:  # no reaper rewrites them: say how old
+        header = f"scale signals (stale: from a reaper round {age_s:.0f}s ago):"
+    lines = ["", header] if scale else []
     for key in signals:
         s = scale[key]
         kind, _, name = key.partition(":")

@@ -160,7 +160,8 @@ def test_status_json_shape(cli_pool: Pool) -> None:
                      "largest_gpu_gb": 0.0, "stats": {}, "class_shapes": [], "parked": 0, "models": [], "reservations": [],
                      "yield_requests": [], "scale": {}, "unregistered": {}, "runtimes": [],
                      "tenants": [], "tenants_required": False, "progress": {}, "waiting": 0,
-                     "schedules": 0, "warnings": [], "reaper_active": False}
+                     "schedules": 0, "warnings": [], "reaper_active": False,
+                     "scale_age_s": None}
 
     cli_pool.register_gpu("w-a100", "A100-40", 40)
     ids = [cli_pool.ok("enqueue", *BASE, "--priority", "P0").strip() for _ in range(2)]

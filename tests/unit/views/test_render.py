@@ -112,3 +112,12 @@ def test_unschedulable_tasks_are_set_against_each_class_shape() -> None:
     assert ("unschedulable: 2 queued task(s) need more VRAM or GPUs than any registered GPU class "
             "holds (usable: 38 GB on 2 GPUs, 136 GB on 1 GPU): t1, t2") in text.splitlines()
     assert "  unschedulable: 2 task(s), the largest needs 100 GB on 2 GPUs" in text.splitlines()
+
+
+def test_scale_signals_no_reaper_rewrote_say_how_old_they_are() -> None:
+    """Regression: with no reaper running, `gpuq status` showed the last reaper's scale
+    signals (e.g. "1 -> 10") as if current, however old."""
+    scale = {"class:L4": {"current": 1, "desired": 10, "reason": "m +9", "at": 0}}
+    lines = render_status(view(scale=scale, scale_age_s=300.4)).splitlines()
+    assert "scale signals (stale: from a reaper round 300s ago):" in lines
+    assert "scale signals:" in render_status(view(scale=scale, scale_age_s=1.0)).splitlines()
