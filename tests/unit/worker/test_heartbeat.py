@@ -18,14 +18,15 @@ from gpuq.worker.running import Running
 from workers.sim import app
 
 
-def claimed() -> tuple[Queue, Worker, Any, Claimed]:
+def claimed(concurrency: int = 1) -> tuple[Queue, Worker, Any, Claimed]:
     """A worker on fakeredis that claimed the one task enqueued: the queue, the worker, the
     task's handle and what the claim gave the worker."""
     client = fakeredis.FakeRedis(decode_responses=True)
-    config = Config(pool="hb").validate()
+    config = Config(pool="hb", concurrency=concurrency).validate()
     queue = Queue(client, config)
     worker = Worker(client, config, app, GpuInfo("sim", "x", 80, None, "declared"), worker_id="w")
-    worker.presence.register(worker_record.identity("w", worker.gpu, 5, 1, "0123", "h", 1), 30_000)
+    worker.presence.register(worker_record.identity("w", worker.gpu, 5, concurrency, "0123", "h", 1),
+                             30_000)
     task = queue.enqueue("sim.noop", 1, model="m", vram_gb=1)
     got = worker.claim(None)
     assert isinstance(got, tuple)
@@ -286,15 +287,7 @@ def test_a_task_claimed_again_while_its_old_run_still_runs_supersedes_that_run()
     unseen (never told its lease was gone: it ran to its end on the GPU), and that run's end
     untracked the new one: the worker showed idle, took more tasks than its slots, and could
     not stop or preempt the new run."""
-    client = fakeredis.FakeRedis(decode_responses=True)
-    config = Config(pool="hb", concurrency=2).validate()
-    queue = Queue(client, config)
-    worker = Worker(client, config, app, GpuInfo("sim", "x", 80, None, "declared"), worker_id="w")
-    worker.presence.register(worker_record.identity("w", worker.gpu, 5, 2, "0123", "h", 1), 30_000)
-    task = queue.enqueue("sim.noop", 1, model="m", vram_gb=1)
-    first = worker.claim(None)
-    assert isinstance(first, tuple)
-    fields, res, old = first[0]
+    queue, worker, task, (fields, res, old) = claimed(concurrency=2)
     queue.requeue(task.id)
     again = worker.claim(None)
     assert isinstance(again, tuple)

@@ -14,16 +14,33 @@ from gpuq.worker.loop import Worker
 from workers.sim import app
 
 
-def claimed_worker() -> tuple[Queue, Worker, Any]:
+def claimed(config: Config | None = None, the_app: Any = app, handler: str = "sim.noop",
+            vram_gb: float = 1) -> tuple[Queue, Worker, Any]:
+    """A worker on fakeredis that claimed the one task enqueued (model m): the queue, the
+    worker and what the claim gave it."""
     client = fakeredis.FakeRedis(decode_responses=True)
-    config = Config(pool="sd").validate()
+    config = config or Config(pool="sd").validate()
     queue = Queue(client, config)
-    worker = Worker(client, config, app, GpuInfo("sim", "x", 80, None, "declared"), worker_id="w")
+    worker = Worker(client, config, the_app, GpuInfo("sim", "x", 80, None, "declared"), worker_id="w")
     worker.presence.register(worker_record.identity("w", worker.gpu, 5, 1, "0123", "h", 1), 30_000)
-    queue.enqueue("sim.noop", 1, model="m", vram_gb=1, max_attempts=1)
+    queue.enqueue(handler, 1, model="m", vram_gb=vram_gb, max_attempts=1)
     got = worker.claim(None)
     assert isinstance(got, tuple)
-    return queue, worker, got[0][2]
+    return queue, worker, got[0]
+
+
+def ran_one(config: Config, the_app: Any = app, handler: str = "sim.noop",
+            vram_gb: float = 1) -> tuple[Queue, Worker]:
+    """A worker that ran its one task: its model m loaded and idle."""
+    queue, worker, claim = claimed(config, the_app, handler, vram_gb)
+    worker.settle([call for call in [worker.executor.execute(*claim)] if call])
+    assert worker.cache.model_names() == ["m"]
+    return queue, worker
+
+
+def claimed_worker() -> tuple[Queue, Worker, Any]:
+    queue, worker, claim = claimed()
+    return queue, worker, claim[2]
 
 
 def test_a_give_back_outlasts_a_short_outage_and_returns_the_attempt() -> None:
@@ -122,16 +139,8 @@ def test_an_unloader_that_never_returns_does_not_keep_the_worker_from_exiting() 
     hanging = App("hang")
     hanging.model("m", vram_gb=4, unload=lambda model: release.wait(30))(lambda name: name)
     hanging.handler("h")(lambda model, payload, ctx: "ok")
-    client = fakeredis.FakeRedis(decode_responses=True)
-    config = Config(pool="sd", stop_s=0.3, shutdown_grace_s=0.3).validate()
-    queue = Queue(client, config)
-    worker = Worker(client, config, hanging, GpuInfo("sim", "x", 80, None, "declared"), worker_id="w")
-    worker.presence.register(worker_record.identity("w", worker.gpu, 5, 1, "0123", "h", 1), 30_000)
-    queue.enqueue("h", 1, model="m", vram_gb=4, max_attempts=1)
-    got = worker.claim(None)
-    assert isinstance(got, tuple)
-    worker.settle([call for call in [worker.executor.execute(*got[0])] if call])  # m loaded
-    assert worker.cache.model_names() == ["m"]
+    queue, worker = ran_one(Config(pool="sd", stop_s=0.3, shutdown_grace_s=0.3).validate(), hanging,
+                            "h", vram_gb=4)
     try:
         t0 = time.monotonic()
         worker.shutdown([], worker.heartbeat())
@@ -146,16 +155,7 @@ def test_a_retire_whose_last_show_meets_an_outage_still_stops_the_worker() -> No
     """Regression: an idle worker that retired (left the pool, claiming nothing more) and
     met a Redis error on the write after its unloads never called its stop: it stayed
     running, out of the pool, until killed."""
-    client = fakeredis.FakeRedis(decode_responses=True)
-    config = Config(pool="sd", idle_timeout_s=0.01, min_workers=0).validate()
-    queue = Queue(client, config)
-    worker = Worker(client, config, app, GpuInfo("sim", "x", 80, None, "declared"), worker_id="w")
-    worker.presence.register(worker_record.identity("w", worker.gpu, 5, 1, "0123", "h", 1), 30_000)
-    queue.enqueue("sim.noop", 1, model="m", vram_gb=1, max_attempts=1)
-    got = worker.claim(None)
-    assert isinstance(got, tuple)
-    worker.settle([call for call in [worker.executor.execute(*got[0])] if call])
-    assert worker.cache.model_names() == ["m"]
+    _, worker = ran_one(Config(pool="sd", idle_timeout_s=0.01, min_workers=0).validate())
 
     def down(*args: Any, **kwargs: Any) -> None:
         raise redis.ConnectionError("Connection refused")
@@ -174,15 +174,7 @@ def test_a_run_given_back_at_shutdown_sends_nothing_when_its_handler_ends() -> N
     shutdown (or any handler ending after it) had its runner send a fail for a task already
     requeued: "task.failed ... StopTask" and "lease.lost ... failure discarded" logged for
     every task of a graceful stop, and each counted as lost in the worker's metrics."""
-    client = fakeredis.FakeRedis(decode_responses=True)
-    config = Config(pool="sd").validate()
-    queue = Queue(client, config)
-    worker = Worker(client, config, app, GpuInfo("sim", "x", 80, None, "declared"), worker_id="w")
-    worker.presence.register(worker_record.identity("w", worker.gpu, 5, 1, "0123", "h", 1), 30_000)
-    queue.enqueue("sim.noop", 2, model="m", vram_gb=1, max_attempts=1)
-    got = worker.claim(None)
-    assert isinstance(got, tuple)
-    fields, res, running = got[0]
+    queue, worker, (fields, res, running) = claimed()
     worker.shutdown([], worker.heartbeat())
     assert queue.record(running.task_id).state.value == "queued"
     assert running.stopped and running.ctx.should_stop()
