@@ -92,7 +92,8 @@ def plan(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
     out: list[Decision] = []
     wait_ms = int(config.max_wait_s * 1000)
     for w in sorted(waiting, key=lambda t: t.priority):
-        fits = candidates_for(w, victims, idle, used, room.get(w.tenant))
+        fits = candidates_for(w, victims, idle, used, room.get(w.tenant),
+                              lambda v: may_be_asked(v, config, now_ms))
         if not fits:
             continue
         soonest = min(fits, key=lambda o: o.ends_ms)
@@ -140,7 +141,9 @@ def quiet_until(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
     times: list[int] = []
     limits = limits or {}
     for w in waiting:
-        fits = candidates_for(w, victims, idle, reserved, limits.get(w.tenant))
+        # a set of victims below preempt_max may be asked once its youngest ran its minimum
+        fits = candidates_for(w, victims, idle, reserved, limits.get(w.tenant),
+                              lambda v: v.preemptions < config.preempt_max)
         if not fits:
             continue
         if not idle_takes(w, idle, limits.get(w.tenant)):

@@ -4,6 +4,7 @@ victims, alone or several on one worker together, make room for it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -71,13 +72,15 @@ class Idle(NamedTuple):
 
 
 def candidates_for(w: Waiting, victims: list[Victim], idle: list[Idle],
-                   used: set[str], limit: Limits | None = None) -> list[Option]:
+                   used: set[str], limit: Limits | None = None,
+                   askable: Callable[[Victim], bool] | None = None) -> list[Option]:
     """The options that could make room for ``w``: each victim whose end alone does, and on
     a worker where none does, the fewest of its victims that together do (not for a task
     whose tenant has limits: what several ends give back is not weighed); while an idle
     worker could claim it (and load its model cold), only those on the busy holder of its
     model it was offered to; while its tenant is at a limit, only its own tenant's victims
-    whose end lets it start."""
+    whose end lets it start. askable: which victims may be asked to yield; where a worker's
+    set includes one that may not, the fewest of those that may are an option too."""
     eligible = [v for v in victims if v.priority > w.priority and v.worker not in used
                 and str(w.priority) in v.levels and v.gpus >= w.gpus]
     fits = [Option((v,)) for v in eligible if v.room_gb >= w.need_gb]
@@ -85,29 +88,43 @@ def candidates_for(w: Waiting, victims: list[Victim], idle: list[Idle],
         return [o for o in fits if own_charge(w, o.victims[0])
                 and not limit.after(o.victims[0].charge).over(w.need_gb, w.gpus)]
     if limit is None:
-        fits += together(w, eligible, {o.worker for o in fits})
+        fits += together(w, eligible, {o.worker for o in fits}, askable)
     if idle_fits(w, idle):
         return [o for o in fits if o.worker == w.offered]
     return fits
 
 
-def together(w: Waiting, eligible: list[Victim], served: set[str]) -> list[Option]:
+def together(w: Waiting, eligible: list[Victim], served: set[str],
+             askable: Callable[[Victim], bool] | None = None) -> list[Option]:
     """Per worker no one of whose victims makes room for ``w`` alone: its victims, soonest
     end first, up to the first whose ends together do (each frees its own; the room is what
-    the first's end leaves plus what the others free)."""
+    the first's end leaves plus what the others free). Where that set holds a victim that
+    may not be asked (``askable``), also the same of the victims that may: a victim at
+    ``preempt_max`` ending first must not keep the others from being asked."""
     by_worker: dict[str, list[Victim]] = {}
     for v in sorted(eligible, key=lambda v: v.ends_ms):
         if v.worker not in served:
             by_worker.setdefault(v.worker, []).append(v)
     out = []
     for mine in by_worker.values():
-        room = mine[0].room_gb
-        for k in range(1, len(mine)):
-            room += mine[k].freed_gb
-            if room >= w.need_gb:
-                out.append(Option(tuple(mine[:k + 1])))
-                break
+        first = fewest(w, mine)
+        if first is not None:
+            out.append(first)
+        if askable is not None and (first is None or not all(askable(v) for v in first.victims)):
+            if (asked := fewest(w, [v for v in mine if askable(v)])) is not None:
+                out.append(asked)
     return out
+
+
+def fewest(w: Waiting, mine: list[Victim]) -> Option | None:
+    """The first two or more of ``mine`` (one worker's, soonest end first) whose ends
+    together make room for ``w``."""
+    room = mine[0].room_gb if mine else 0.0
+    for k in range(1, len(mine)):
+        room += mine[k].freed_gb
+        if room >= w.need_gb:
+            return Option(tuple(mine[:k + 1]))
+    return None
 
 
 def own_charge(w: Waiting, v: Victim) -> bool:  # v counts against the limits of w's tenant

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from helpers import CFG, NOW, victim
 
-from gpuq.reaper.preempt import Idle, Victim, Waiting, plan
+from gpuq.reaper.preempt import Idle, Victim, Waiting, plan, quiet_until
 from gpuq.reaper.preempt_limits import Limits
 
 
@@ -210,3 +210,22 @@ def test_a_set_is_the_fewest_victims_and_only_where_no_single_one_fits() -> None
     assert [[v.id for v in d.victims] for d in out] == [["solo"]]
     # not even all of them together: no plan
     assert plan([Waiting("w", 0, 200, gpus=2)], three, [], set(), CFG, NOW) == []
+
+
+def test_a_victim_at_preempt_max_in_a_set_does_not_keep_the_others_from_being_asked() -> None:
+    """Regression: three 25 GB P2 tasks on one 80 GB worker (--concurrency 3) and a P0 task
+    needing 45 GB: the soonest-ending one was at preempt_max, so the set of the two soonest
+    could not be asked, and the two others, which together made room, were never tried; the
+    P0 task waited 15 s for the worn one to end (by hand, time scale 0.1)."""
+    worn = replace(victim("worn", "w3", left_s=200, usable_gb=75), preemptions=2)
+    worn = replace(worn, room_gb=25, freed_gb=25)
+    b = replace(victim("b", "w3", left_s=500, usable_gb=75), room_gb=25, freed_gb=25)
+    c = replace(victim("c", "w3", left_s=600, usable_gb=75), room_gb=25, freed_gb=25)
+    out = plan([Waiting("p0", 0, 45)], [worn, b, c], [], set(), CFG, NOW)
+    assert [(d.kind, [v.id for v in d.victims]) for d in out] == [("yield", ["b", "c"])]
+    # the same with the others too young yet: nothing now, a pass once they may be asked
+    young = [replace(v, started_ms=NOW - 500) for v in (b, c)]
+    assert plan([Waiting("p0", 0, 45)], [worn, *young], [], set(), CFG, NOW) == []
+    at = quiet_until([Waiting("p0", 0, 45)], [worn, *young], [], set(), CFG)
+    assert at is not None and at <= NOW - 500 + int(CFG.preempt_min_runtime_s * 1000)
+    assert [d.kind for d in plan([Waiting("p0", 0, 45)], [worn, *young], [], set(), CFG, at)] == ["yield"]
