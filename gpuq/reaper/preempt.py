@@ -287,10 +287,10 @@ class Preemptor:
         idle = list(dict.fromkeys(Idle(float(gb), info[str(w)][1], info[str(w)][2])
                                   for w, gb in scored(idle_raw) if str(w) in info))
         tasks = rows[len(unknown):]
-        load, frees = worker_loads(r, k, tasks)
+        load, frees, shares = worker_loads(r, k, tasks)
         victims = []
-        for i, f, freed in zip(running, tasks, frees):
-            state, token, worker, prio, started, est, pre, count, asked, ready, charged, vram, _ = f
+        for i, f, freed, (shared, sharers) in zip(running, tasks, frees, shares):
+            state, token, worker, prio, started, est, pre, count, asked, ready, charged, vram, model = f
             if state != "running" or pre != "1" or asked or worker not in info or not started:
                 continue
             usable, levels, gpus = info[worker]
@@ -298,16 +298,19 @@ class Preemptor:
             began = max(int(started), int(ready or 0))
             victims.append(Victim(i, int(token), worker, int(prio), began, float(est),
                                   int(count or 0), usable - (load[worker] - freed),
-                                  levels, gpus, charge_of(charged), freed))
+                                  levels, gpus, charge_of(charged), freed, str(model or ""),
+                                  shared, sharers))
         return victims, idle, reserved
 
 
 def worker_loads(client: redis.Redis, keys: Keys,
-                 tasks: list[list[str | None]]) -> tuple[dict[str, float], list[float]]:
-    """The VRAM each worker's running tasks use, and what each task's end would free. Tasks
-    of one model on one worker (a batch, or slots sharing a loaded model) share its weights
-    (the catalog's footprint, at most the least any of them needs): counted once, and not
-    freed by any one of them ending. Fields: HMGET's, vram_gb and model last."""
+                 tasks: list[list[str | None]]
+                 ) -> tuple[dict[str, float], list[float], list[tuple[float, int]]]:
+    """The VRAM each worker's running tasks use, what each task's end would free, and the
+    weights each shares with how many tasks. Tasks of one model on one worker (a batch, or
+    slots sharing a loaded model) share its weights (the catalog's footprint, at most the
+    least any of them needs): counted once, and not freed by any one of them ending, only by
+    the ends of all. Fields: HMGET's, vram_gb and model last."""
     shared: dict[tuple[str, str], list[float]] = {}  # (worker, model) -> its tasks' needs
     for f in tasks:
         if f[0] == "running" and f[2]:
@@ -325,7 +328,9 @@ def worker_loads(client: redis.Redis, keys: Keys,
         load[worker] = load.get(worker, 0.0) + fp + sum(n - fp for n in needs)
     # a task alone on its model frees its whole need (no shared weights are kept for it)
     frees = [field_number(f[-2]) - weights.get((f[2] or "", f[-1] or ""), 0.0) for f in tasks]
-    return load, frees
+    shares = [(weights.get(pair, 0.0), len(shared.get(pair, ()))) if f[0] == "running" and f[2]
+              else (0.0, 1) for f in tasks for pair in [(f[2] or "", f[-1] or "")]]
+    return load, frees, shares
 
 
 def _ms(value: object, fallback: int) -> int:

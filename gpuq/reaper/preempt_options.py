@@ -40,6 +40,11 @@ class Victim:
     gpus: int = 1  # devices in the worker's group
     charge: Charge | None = None  # what its end gives back to its tenant's limits
     freed_gb: float = 0.0  # what its end alone frees (a model's weights other tasks share stay)
+    # its model's weights shared with other running tasks on its worker (0: none shares
+    # them), and how many running tasks there share them: the ends of all of them free those too
+    model: str = ""
+    shared_gb: float = 0.0
+    sharers: int = 1
 
     @property
     def ends_ms(self) -> int:
@@ -120,8 +125,16 @@ def fewest(w: Waiting, mine: list[Victim]) -> Option | None:
     """The first two or more of ``mine`` (one worker's, soonest end first) whose ends
     together make room for ``w``."""
     room = mine[0].room_gb if mine else 0.0
+    ending: dict[str, int] = {}  # model -> its sharers in the set so far
+    if mine and mine[0].shared_gb:
+        ending[mine[0].model] = 1
     for k in range(1, len(mine)):
-        room += mine[k].freed_gb
+        v = mine[k]
+        room += v.freed_gb
+        if v.shared_gb:
+            ending[v.model] = ending.get(v.model, 0) + 1
+            if ending[v.model] == v.sharers:  # the last task of its model here: weights free too
+                room += v.shared_gb
         if room >= w.need_gb:
             return Option(tuple(mine[:k + 1]))
     return None

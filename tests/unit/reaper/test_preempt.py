@@ -229,3 +229,17 @@ def test_a_victim_at_preempt_max_in_a_set_does_not_keep_the_others_from_being_as
     at = quiet_until([Waiting("p0", 0, 45)], [worn, *young], [], set(), CFG)
     assert at is not None and at <= NOW - 500 + int(CFG.preempt_min_runtime_s * 1000)
     assert [d.kind for d in plan([Waiting("p0", 0, 45)], [worn, *young], [], set(), CFG, at)] == ["yield"]
+
+
+def test_a_set_of_every_task_sharing_a_models_weights_frees_the_weights_too() -> None:
+    """Regression: two 35 GB P2 tasks of one model sharing its weights (35 GB, loaded once)
+    on an 80 GB worker with two slots (75 usable, 40 free) and a P0 task needing 60 GB: no
+    one end frees anything and the set's room left the shared weights out, so nothing was
+    planned and the P0 task waited 26.5 s (by hand, time scale 0.1) though both ends free 75."""
+    shared = [replace(victim(v, "w2", left_s=s), room_gb=40, freed_gb=0, model="m",
+                      shared_gb=35, sharers=2) for v, s in (("a", 300), ("b", 400))]
+    out = plan([Waiting("p0", 0, 60)], shared, [], set(), CFG, NOW)
+    assert [(d.kind, [v.id for v in d.victims]) for d in out] == [("yield", ["a", "b"])]
+    # a third sharer that is not a victim (another priority's, say) keeps the weights
+    kept = [replace(v, sharers=3) for v in shared]
+    assert plan([Waiting("p0", 0, 60)], kept, [], set(), CFG, NOW) == []

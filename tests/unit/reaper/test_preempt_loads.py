@@ -22,19 +22,21 @@ def test_a_batch_of_one_model_counts_its_weights_once_and_a_victim_frees_only_it
     client = fakeredis.FakeRedis(decode_responses=True)
     client.hset(KEYS.catalog_model("bge"), "vram_gb", "4")
     tasks = [row("w", 5, "bge") for _ in range(4)] + [row("v", 6, "llm")]
-    load, frees = worker_loads(client, KEYS, tasks)
+    load, frees, _ = worker_loads(client, KEYS, tasks)
     assert load == {"w": 8.0, "v": 6.0}
     assert frees == [1.0, 1.0, 1.0, 1.0, 6.0]  # the weights stay while the others use them
+    _, _, shares = worker_loads(client, KEYS, tasks)
+    assert shares == [(4.0, 4)] * 4 + [(0.0, 1)]  # all four ending free the weights too
 
 
 def test_without_a_catalog_entry_each_task_counts_whole() -> None:
     client = fakeredis.FakeRedis(decode_responses=True)
-    load, frees = worker_loads(client, KEYS, [row("w", 5, "m"), row("w", 3, "m"), row("w", 2, "x", "queued")])
+    load, frees, _ = worker_loads(client, KEYS, [row("w", 5, "m"), row("w", 3, "m"), row("w", 2, "x", "queued")])
     assert load == {"w": 8.0} and frees[:2] == [5.0, 3.0]
 
 
 def test_a_footprint_larger_than_a_tasks_need_counts_no_more_than_that_need() -> None:
     client = fakeredis.FakeRedis(decode_responses=True)
     client.hset(KEYS.catalog_model("m"), "vram_gb", "30")
-    load, _ = worker_loads(client, KEYS, [row("w", 10, "m"), row("w", 12, "m")])
+    load, _, _ = worker_loads(client, KEYS, [row("w", 10, "m"), row("w", 12, "m")])
     assert load == {"w": 12.0}  # weights at most 10: 10 + 0 + 2
