@@ -20,7 +20,7 @@ from gpuq.sim.model import SimResult, SimTask, TraceTask
 from gpuq.sim.policies import POLICIES
 from gpuq.sim.reference import Request, first_request_misses
 from gpuq.sim.report import summarize
-from gpuq.sim.run import MAX_GPUS, parse_gpus, sim_config, simulate, speedup_for
+from gpuq.sim.run import MAX_GPUS, fitting, parse_gpus, sim_config, simulate, speedup_for
 from gpuq.tenants import Tenant
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,17 @@ def read_trace(name: str, traces_dir: str | None, seed: int,
     except (ValueError, FileNotFoundError) as exc:
         raise ConfigError(str(exc)) from None
     return read.tasks, loads
+
+
+def replayable(name: str, tasks: list[TraceTask], gpus: list[tuple[str, float]],
+               config: Config) -> list[TraceTask]:
+    """The tasks the pool can hold (``fitting``: the rest are refused up front, as each
+    replay refuses them); a ConfigError when it holds none, as for a trace without tasks."""
+    kept = fitting(tasks, gpus, sim_config(config))
+    if not kept:
+        raise ConfigError(f"trace {name!r}: none of its {len(tasks)} tasks fits a GPU of the pool "
+                          f"(larger than any GPU's usable VRAM, total less the KV reserve)")
+    return kept
 
 
 @contextmanager
@@ -121,8 +132,9 @@ def run_simulations(trace_name: str, traces_dir: str | None, gpus_spec: str, spe
     large: list[str] = []
     if mix_70b:
         tasks, large = with_70b(tasks, loads, mix_70b, seed)
-    if speedup is None:
-        speedup = speedup_for(tasks, len(gpus), load_for(target_load))
+    kept = replayable(trace_name, tasks, gpus, config)
+    if speedup is None:  # the load offered is the work of the tasks replayed, not of those refused
+        speedup = speedup_for(kept, len(gpus), load_for(target_load))
     policies = list(POLICIES) if policy == "all" else [policy]
     results, reports = [], []
     with replaying() as server:  # one server for every policy's replay
@@ -165,8 +177,9 @@ def run_autoscaled(trace_name: str, traces_dir: str | None, gpus_spec: str, spee
     if autoscale.max > MAX_GPUS:
         raise ConfigError(f"--autoscale {spec!r}: a replay simulates at most {MAX_GPUS} GPUs")
     tasks, loads = read_trace(trace_name, traces_dir, seed, limit)
+    kept = replayable(trace_name, tasks, [(autoscale.gpu_id(0), autoscale.gb)], config)
     if speedup is None:  # the load is offered to the largest pool
-        speedup = speedup_for(tasks, autoscale.max, load_for(target_load))
+        speedup = speedup_for(kept, autoscale.max, load_for(target_load))
     reports = []
     with replaying() as server:
         for name in SIGNALS if signal == "both" else (signal,):
@@ -194,7 +207,8 @@ def find_gpus(trace_name: str, traces_dir: str | None, gpus_spec: str, speedup: 
     tasks, loads = read_trace(trace_name, traces_dir, seed, limit)
     # the compression is fixed by the trace alone (for one GPU), so every pool size sees the
     # same arrivals
-    k = speedup if speedup is not None else speedup_for(tasks, 1, load_for(target_load))
+    kept = replayable(trace_name, tasks, parse_gpus(f"1x{size:g}"), config)
+    k = speedup if speedup is not None else speedup_for(kept, 1, load_for(target_load))
     _reachable(tasks, loads, sim_config(config), size, sla_target, priority)
     tried: dict[int, dict[str, Any]] = {}
 

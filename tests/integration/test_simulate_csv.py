@@ -156,3 +156,37 @@ def test_a_sigterm_while_the_replays_server_starts_stops_it(monkeypatch: pytest.
             pass
     (server,) = started
     assert server.proc is None and server.dir == ""  # stopped, its directory removed
+
+
+# two small requests 100 s apart (20 s of work) and one no GPU of an 80 GB pool holds
+LARGE = """\
+arrival_s,model,priority,service_s,vram_gb,load_s
+0,small,P1,10,10,1
+50,huge,P1,1000,500,1
+100,small,P1,10,10,1
+"""
+
+
+def test_target_load_is_the_work_of_the_tasks_that_fit(procs: Procs, tmp_path: Path) -> None:
+    trace = tmp_path / "large.csv"
+    trace.write_text(LARGE, encoding="utf-8")
+    out = procs.cli("simulate", "--trace", str(trace), "--gpus", "1x80", "--policy", "fifo", "--json",
+                    env={"GPUQ_TRACES": str(tmp_path / "absent")})
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["rejected"] == 1
+    # 0.8 of one GPU over the 100 s the replayed tasks span: 20 s of work -> 4x, not the
+    # 1,020 s the refused task would add
+    assert report["speedup"] == pytest.approx(4.0)
+
+
+def test_a_trace_none_of_whose_tasks_fits_is_one_error_line(procs: Procs, tmp_path: Path) -> None:
+    trace = tmp_path / "large.csv"
+    trace.write_text(LARGE.replace(",10,10,", ",10,100,"), encoding="utf-8")
+    env = {"GPUQ_TRACES": str(tmp_path / "absent")}
+    for mode in ((), ("--autoscale", "1:2"), ("--find-gpus",)):
+        out = procs.cli("simulate", "--trace", str(trace), "--gpus", "1x80", *mode, env=env)
+        assert out.returncode == 1 and out.stdout == "", (mode, out.stdout)
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error:"), out.stderr
+        assert "none of its 3 tasks fits a GPU of the pool" in lines[0]
