@@ -16,7 +16,7 @@ from gpuq.report import percentile
 from gpuq.sim import traces
 from gpuq.sim.autoscale import Autoscale
 from gpuq.sim.mix import with_70b
-from gpuq.sim.model import SimResult, SimTask, TraceTask
+from gpuq.sim.model import SimResult, SimTask, TraceTask, devices_of
 from gpuq.sim.policies import POLICIES
 from gpuq.sim.reference import Request, first_request_misses
 from gpuq.sim.report import summarize
@@ -160,20 +160,30 @@ def run_simulations(trace_name: str, traces_dir: str | None, gpus_spec: str, spe
 SIGNALS = ("reactive", "forecast")
 
 
+def one_kind(gpus_spec: str, mode: str) -> float:
+    """The VRAM of the one kind of single GPUs ``--gpus`` names for ``mode``: its pools are
+    made of GPUs of that kind alone (a group, ``COUNTxGPUSxGB``, would be replayed as one
+    GPU of all its VRAM, and a lane as a GPU serving everything)."""
+    gpus = parse_gpus(gpus_spec)
+    kinds = {gb for _, gb in gpus}
+    if len(kinds) != 1 or "/" in gpus_spec or any(devices_of(w) > 1 for w, _ in gpus):
+        raise ConfigError(f"{mode} needs one GPU kind, of single GPUs: e.g. --gpus 1x80 "
+                          f"(not {gpus_spec!r})")
+    return kinds.pop()
+
+
 def run_autoscaled(trace_name: str, traces_dir: str | None, gpus_spec: str, speedup: float | None,
                    target_load: float | None, limit: int | None, seed: int, config: Config,
                    spec: str, signal: str = "both", **settings: float) -> list[dict[str, Any]]:
     """gpuq with an autoscaler (``--autoscale MIN:MAX``) over GPUs of the one ``--gpus`` kind,
     once per scale signal (reactive, forecast or both), on the same arrivals and load draws.
     A report's ``policy`` names its signal. settings: Autoscale's boot_s, idle_s, every_s."""
-    kinds = {gb for _, gb in parse_gpus(gpus_spec)}
-    if len(kinds) != 1 or "/" in gpus_spec:
-        raise ConfigError("--autoscale needs one GPU kind, e.g. --gpus 1x80")
+    size = one_kind(gpus_spec, "--autoscale")
     if signal not in (*SIGNALS, "both"):
         raise ConfigError(f"--scale-signal {signal!r}: reactive, forecast or both")
     if speedup is not None and target_load is not None:
         raise ConfigError("give --speedup or --target-load, not both")
-    autoscale = Autoscale.parse(spec, kinds.pop(), **settings)
+    autoscale = Autoscale.parse(spec, size, **settings)
     if autoscale.max > MAX_GPUS:
         raise ConfigError(f"--autoscale {spec!r}: a replay simulates at most {MAX_GPUS} GPUs")
     tasks, loads = read_trace(trace_name, traces_dir, seed, limit)
@@ -200,10 +210,7 @@ def find_gpus(trace_name: str, traces_dir: str | None, gpus_spec: str, speedup: 
     bisection (attainment grows with the pool, up to what cold starts leave)."""
     if speedup is not None and target_load is not None:
         raise ConfigError("give --speedup or --target-load, not both")
-    kinds = {gb for _, gb in parse_gpus(gpus_spec)}
-    if len(kinds) != 1 or "/" in gpus_spec:
-        raise ConfigError("--find-gpus needs one GPU kind, e.g. --gpus 1x80")
-    (size,) = kinds
+    size = one_kind(gpus_spec, "--find-gpus")
     tasks, loads = read_trace(trace_name, traces_dir, seed, limit)
     # the compression is fixed by the trace alone (for one GPU), so every pool size sees the
     # same arrivals

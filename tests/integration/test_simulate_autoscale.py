@@ -167,3 +167,15 @@ def test_cli_replays_both_signals(tmp_path: Path) -> None:
     bad = CliRunner().invoke(cli, ["simulate", "--trace", str(path), "--gpus", "1x80,1x48",
                                     "--autoscale", "1:3"])
     assert bad.exit_code != 0 and "one GPU kind" in bad.output
+
+
+def test_autoscale_and_find_gpus_refuse_groups_they_would_replay_as_one_gpu(tmp_path: Path) -> None:
+    # 1x2x80 is a worker of two 80 GB GPUs; these modes make pools of single GPUs of one size,
+    # so it would be replayed (and billed in gpu_hours) as one 160 GB GPU
+    path = tmp_path / "requests.csv"
+    path.write_text("arrival_s,model,priority,service_s,vram_gb,load_s\n0,m,P0,1,20,1\n")
+    for mode in (["--autoscale", "1:2"], ["--find-gpus"]):
+        got = CliRunner().invoke(cli, ["simulate", "--trace", str(path), "--gpus", "1x2x80",
+                                       "--speedup", "1", *mode])
+        assert got.exit_code != 0, (mode, got.output)
+        assert f"{mode[0]} needs one GPU kind, of single GPUs" in got.output
