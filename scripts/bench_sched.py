@@ -80,8 +80,9 @@ def targets(gpuq: dict[str, Any], gpuq2: dict[str, Any], azure: dict[str, Any],
          gpuq["starved"] == 0),
         (f"P0 within SLA >= 80% (speedup {2 * GENAI_SPEEDUP:g})", pct(p0_2), p0_2 >= 0.8),
         ("Azure P0 within SLA >= strict priority's", f"{pct(az)} vs {pct(az_strict)}", az >= az_strict),
+        # met only by a replay of at least that many: a --limit run's speed says nothing of it
         ("15,000 requests replayed in under a minute", f"{gpuq['wall_s']:.0f} s for {gpuq['tasks']}",
-         gpuq["wall_s"] < 60),
+         gpuq["tasks"] >= 15_000 and gpuq["wall_s"] < 60),
     ]
 
 
