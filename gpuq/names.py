@@ -1,7 +1,7 @@
 """Names a user gives: handlers, models, tenants, task and worker ids. Key names, hash tags,
 comma-separated lists, log lines and terminals carry them, so a name is 1..200 printable
-characters without whitespace, braces (the hash tag) or commas (the lists); a control
-character would reach keys and logs as it is. enqueue.lua and tenant.lua check the same
+characters, at most 200 bytes in UTF-8 (the scripts count bytes), without whitespace, braces
+(the hash tag) or commas (the lists); a control character would reach keys and logs as it is. enqueue.lua and tenant.lua check the same
 for producers that bypass this client.
 """
 
@@ -20,6 +20,8 @@ def name_problem(value: str) -> str | None:
     first), or None."""
     if len(value) > MAX_NAME_LEN:
         return f"{clipped(value)} is longer than {MAX_NAME_LEN} characters"
+    if len(value.encode("utf-8", "replace")) > MAX_NAME_LEN:  # as enqueue.lua counts: bytes
+        return f"{clipped(value)} is longer than {MAX_NAME_LEN} bytes in UTF-8"
     if not value.isprintable() or BAD_NAME.search(value):
         return f"{value!r} holds spaces, commas, braces or control characters"
     return None

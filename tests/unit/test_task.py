@@ -272,3 +272,9 @@ def test_a_due_time_past_what_enqueue_takes_is_refused_with_its_bound() -> None:
     assert build(at=9_999_999_999).at == 9_999_999_999
     with pytest.raises(InvalidTask, match=r"at must be epoch seconds up to 1e10, got 99999999999"):
         build(at=99_999_999_999)
+
+
+def test_a_name_over_200_bytes_in_utf8_is_refused_by_the_client() -> None:
+    """Found by a QA pass: the client counted characters, enqueue.lua counts bytes."""
+    with pytest.raises(InvalidTask, match="longer than 200 bytes"):
+        build(tenant="é" * 150)

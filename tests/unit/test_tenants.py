@@ -34,3 +34,11 @@ def test_a_bad_name_is_said_in_one_short_line() -> None:
     for bad in ("a\x01", "t\x1b[31m", "a\x7fb", "a b", "{t}"):
         with pytest.raises(TenantError, match="control characters"):
             Tenant(bad)
+
+
+def test_a_name_over_200_bytes_in_utf8_is_refused_here_with_its_reason() -> None:
+    """Found by a QA pass: 150 'é' (300 bytes) passed the client's check, then the script
+    refused it ('tenant must be a non-empty name'): the scripts count bytes."""
+    with pytest.raises(TenantError, match="longer than 200 bytes"):
+        Tenant("é" * 150)
+    assert Tenant("é" * 100).name == "é" * 100  # 200 bytes: fine
