@@ -85,8 +85,8 @@ class TenantRoom:
         pipe.hgetall(k.tenants)
         pipe.hgetall(k.tenant_work)
         pipe.hgetall(k.tenant_use)
-        pipe.zcount(k.workers, now, "+inf")
-        registry, work, use, live = pipe.execute()
+        pipe.zrangebyscore(k.workers, now, "+inf")
+        registry, work, use, live_ids = pipe.execute()
         if not registry:  # tenancy is off: the last tenant's removal dropped every bound
             self.demand, self.work, self.at, self.binding = {}, {}, None, False
             return 0
@@ -94,15 +94,31 @@ class TenantRoom:
         self.forget(work, registry, now)
         weights = {name: t.weight for name, t in registered(registry).items()}
         current = bounds_of(use)
-        bounds = plan_bounds(self.demand, weights, int(live), self.config.tenant_headroom)
+        # bounds and demand count running tasks: a worker runs up to its concurrency at once
+        live = self.slots(live_ids) if sum(d >= ACTIVE for d in self.demand.values()) > 1 else len(live_ids)
+        bounds = plan_bounds(self.demand, weights, live, self.config.tenant_headroom)
         self.binding = bool(bounds)
         changed = [(t, str(bounds[t]) if t in bounds else "-")
                    for t in sorted(set(bounds) | set(current)) if bounds.get(t) != current.get(t)]
         if changed:
             self.scripts.run(self.calls.tenant("bound", *[x for pair in changed for x in pair]))
-            log.info("tenant.bounds pool=%s %s live_workers=%d", self.config.pool,
+            log.info("tenant.bounds pool=%s %s live_slots=%d", self.config.pool,
                      " ".join(f"{t}={b}" for t, b in changed), int(live))
         return len(changed)
+
+    def slots(self, live: list[str]) -> int:
+        """The tasks the live workers run at once: each its concurrency (a worker whose hash
+        says none: one). Read only while two tenants have demand (a bound may be planned)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for wid in live:
+            pipe.hget(self.keys.worker(wid), "concurrency")
+        total = 0
+        for value in pipe.execute():
+            try:
+                total += max(1, int(value))
+            except (TypeError, ValueError):
+                total += 1
+        return total
 
     def forget(self, work: Mapping[str, str], registry: Mapping[str, str], now: int) -> None:
         """Unregistered tenants without demand: their state goes once they have had no task

@@ -99,3 +99,20 @@ def test_forget_keeps_a_tenant_whose_work_moved_since_it_was_read(queue: Queue) 
     assert queue.scripts.run(queue.calls.tenant("forget", cutoff, "cust", "3")) == ""  # total is 4
     assert queue.scripts.run(queue.calls.tenant("forget", cutoff, "a", "")) == ""  # registered
     assert queue.scripts.run(queue.calls.tenant("forget", cutoff, "cust", "4")) == "cust"
+
+
+def test_bounds_count_the_live_workers_slots_not_the_workers(queue: Queue) -> None:
+    """Found by a QA pass: two workers of --concurrency 4 counted as 2, so a tenant flooding
+    beside a light one was bound to 1 running task while 6 of the 8 slots idled."""
+    for i in range(2):
+        heartbeat(queue, f"w{i}", [], now_ms=T0)
+        queue.redis.hset(queue.keys.worker(f"w{i}"), "concurrency", 4)
+    set_tenant(queue, Tenant("a"))
+    set_tenant(queue, Tenant("b"))
+    r = room(queue)
+    r.step(T0)
+    offer(queue, "a", 30, T0 + 1)
+    offer(queue, "b", 1, T0 + 1)
+    assert r.step(T0 + 1000) == 1
+    # 8 slots; b's demand 2 (4 s offered in a second) needs 2 + sqrt(2): a is bound to 4
+    assert bounds(queue) == {"bound:a": "4"}
