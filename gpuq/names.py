@@ -1,8 +1,8 @@
 """Names a user gives: handlers, models, tenants, task and worker ids. Key names, hash tags,
 comma-separated lists, log lines and terminals carry them, so a name is 1..200 printable
 characters, at most 200 bytes in UTF-8 (the scripts count bytes), without whitespace, braces
-(the hash tag) or commas (the lists); a control character would reach keys and logs as it is. enqueue.lua and tenant.lua check the same
-for producers that bypass this client.
+(the hash tag) or commas (the lists); a control character would reach keys and logs as it
+is. enqueue.lua and tenant.lua check the same for producers that bypass this client.
 """
 
 from __future__ import annotations
