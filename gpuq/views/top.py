@@ -153,12 +153,14 @@ def _progress(view: PoolView) -> list[str]:
 
 
 def _tenants(view: PoolView) -> list[str]:
-    """One line: each tenant's queued tasks, running GPUs against its cap, running tasks
-    against the reaper's bound, SLA at start."""
+    """One line: each tenant's queued tasks, running GPUs and VRAM against its caps, running
+    tasks against the reaper's bound, SLA at start."""
     parts = []
     for t in view.tenants:
         queued = sum(t["queued"].values())
         cap = "" if t["max_gpus"] is None else f" {t.get('running_gpus') or 0}/{t['max_gpus']}gpu"
+        if t.get("max_vram_gb") is not None:
+            cap += f" {size(t.get('running_vram_gb') or 0)}/{size(t['max_vram_gb'])}GB"
         if t.get("bound") is not None:
             cap += f" {t['running'] or 0}/{t['bound']}b"
         met = sum(s["met"] for s in t["sla"].values())

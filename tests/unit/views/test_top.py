@@ -147,10 +147,13 @@ def test_tenants_line_shows_gpus_against_the_cap_and_tasks_against_the_bound() -
     tenants = [{"name": "a", "queued": {"P1": 4}, "max_gpus": 8, "bound": 3, "running": 2,
                 "running_gpus": 6, "sla": {"P1": {"met": 3, "missed": 1}}},
                {"name": "b", "queued": {}, "max_gpus": None, "bound": None, "running": None,
-                "running_gpus": None, "sla": {}}]
+                "running_gpus": None, "sla": {}},
+               # found by a QA pass: a tenant capped by VRAM alone showed no use or cap here
+               {"name": "c", "queued": {"P2": 1}, "max_gpus": None, "max_vram_gb": 10,
+                "running_vram_gb": 8, "bound": None, "running": 2, "running_gpus": 2, "sla": {}}]
     v = PoolView(pool="p", queues=[], workers=[], running=0, delayed=0, unschedulable=0,
                  unschedulable_ids=[], largest_gpu_gb=0.0, stats={}, tenants=tenants)
-    assert top._tenants(v) == ["", "tenants: a q4 6/8gpu 2/3b 75%, b q0"]
+    assert top._tenants(v) == ["", "tenants: a q4 6/8gpu 2/3b 75%, b q0, c q1 8/10GB"]
 
 
 def test_names_with_control_characters_are_escaped_in_the_frame() -> None:
