@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from gpuq.keys import Keys
 from gpuq.metrics import PoolCollector, PoolFigures
 from gpuq.metrics_http import serve_http
-from gpuq.views.inspect import OTHER, pool_view
+from gpuq.views.inspect import OTHER, number, pool_view
 
 log = logging.getLogger(__name__)
 
@@ -75,21 +75,20 @@ def read_figures(client: redis.Redis, keys: Keys, keep: int = 50,
         key = (w.gpu, w.state if w.alive else "dead")
         workers[key] = workers.get(key, 0) + 1
     desired, forecast = [], []
-    # the reaper signals a model only while it has work or workers: the most desired first
-    signals = sorted(view.scale.items(), key=lambda kv: (-int(kv[1].get("desired", 0)), kv[0]))
+    # the reaper signals a model only while it has work or workers: the most desired first;
+    # a signal whose figures are not numbers (a foreign writer) is left out, not the scrape
+    signals = sorted((s for field_name, value in view.scale.items()
+                      if (s := _signal(field_name, value)) is not None),
+                     key=lambda s: (-s[3], s[0] + ":" + s[1]))
     models = 0
-    for field_name, signal_value in signals:
-        kind, _, name = field_name.partition(":")
-        if kind in ("class", "model") and "desired" in signal_value:
-            if kind == "model":
-                models += 1
-                if models > keep:
-                    continue
-            desired.append((kind, name, int(signal_value.get("current", 0)),
-                            int(signal_value["desired"])))
-            if "forecast_per_s" in signal_value:
-                forecast.append((kind, name, float(signal_value.get("rate_per_s", 0.0)),
-                                 float(signal_value["forecast_per_s"])))
+    for kind, name, current, want, rates in signals:
+        if kind == "model":
+            models += 1
+            if models > keep:
+                continue
+        desired.append((kind, name, current, want))
+        if rates is not None:
+            forecast.append((kind, name, *rates))
     return PoolFigures(
         pool=view.pool,
         queues=[(q.priority, q.model, q.depth, q.oldest_wait_s) for q in view.queues],
@@ -101,6 +100,24 @@ def read_figures(client: redis.Redis, keys: Keys, keep: int = 50,
                                                for m in view.models]),
         workers=workers, desired=desired, forecast=forecast,
         reaper_active=view.reaper_active, tenants=capped_tenants(view.tenants, keep))
+
+
+def _signal(field_name: str, value: dict[str, Any]
+            ) -> tuple[str, str, int, int, tuple[float, float] | None] | None:
+    """One scale signal as (kind, name, current, desired, (rate now, forecast) or None);
+    None when it is not a class's or model's desired count or a figure is not a number."""
+    kind, _, name = field_name.partition(":")
+    if kind not in ("class", "model") or "desired" not in value:
+        return None
+    want, current = number(value["desired"]), number(value.get("current", 0))
+    if want is None or current is None:
+        return None
+    rates = None
+    if "forecast_per_s" in value:
+        now, ahead = number(value.get("rate_per_s", 0.0)), number(value["forecast_per_s"])
+        if now is not None and ahead is not None:
+            rates = (now, ahead)
+    return kind, name, int(current), int(want), rates
 
 
 def capped_tenants(tenants: list[dict[str, Any]], keep: int) -> list[dict[str, Any]]:

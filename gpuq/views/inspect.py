@@ -115,8 +115,9 @@ def pool_view(client: redis.Redis, keys: Keys, top: int | None = None) -> PoolVi
     pipe.zcard(keys.waiting)
     pipe.hlen(keys.schedules)
     pipe.exists(keys.reaper_lock)
-    (clock, *per_level, workers, running, delayed, classes, class_gpus, stats, scale, runtimes,
+    (clock, *per_level, workers, running, delayed, classes, class_gpus, raw_stats, scale, runtimes,
      waiting, schedules, reaper) = pipe.execute()
+    stats = counts(raw_stats)
     now = from_time_reply(clock) / 1000
     per_level = [work_index.models(r) for r in per_level]
 
@@ -152,14 +153,25 @@ def pool_view(client: redis.Redis, keys: Keys, top: int | None = None) -> PoolVi
         class_shapes=sorted(set(shapes), key=lambda s: (-s[1], -s[0])),
         # each end is counted per priority; a state's total, once there is one, is their sum (it
         # replaces a total a release before that kept)
-        stats={k: int(v) for k, v in stats.items()} | {s.value: n for s in TERMINAL_STATES
-                                                       if (n := ended_count(stats, s.value))},
+        stats=stats | {s.value: n for s in TERMINAL_STATES if (n := ended_count(stats, s.value))},
         models=[asdict(e) for e in catalog.read(client, keys)], reservations=reservations,
         **_running_tasks(client, keys, [w for w in views if w.alive], now * 1000),
         scale={k: _parse_signal(v) for k, v in sorted(scale.items())},
         unregistered=dict(sorted(unregistered.items())), runtimes=learned_runtimes(runtimes),
         waiting=int(waiting), schedules=int(schedules), **_tenants(client, keys, stats),
         reaper_active=bool(reaper), scale_age_s=_scale_age(scale, now))
+
+
+def counts(raw: dict[str, str]) -> dict[str, int]:
+    """The `stats` hash's counters; a field that is not an integer (a foreign writer's) is
+    left out, so status, top and the exporter still show the others."""
+    out = {}
+    for key, value in raw.items():
+        try:
+            out[str(key)] = int(value)
+        except (TypeError, ValueError):
+            continue
+    return out
 
 
 def number(value: Any) -> float | None:
@@ -186,12 +198,12 @@ def task_children(client: redis.Redis, keys: Keys, task_id: str) -> list[str]:
     return sorted(str(c) for c in client.smembers(keys.children(task_id)))
 
 
-def _tenants(client: redis.Redis, keys: Keys, stats: dict[str, str]) -> dict[str, Any]:
+def _tenants(client: redis.Redis, keys: Keys, stats: dict[str, int]) -> dict[str, Any]:
     states, required = tenants.read(client, keys)
     out = []
     for s in states:
         entry = s.to_dict()
-        entry["sla"] = {p.label: {r: int(stats.get(f"sla_{r}:{p.label}:{s.tenant.name}", 0))
+        entry["sla"] = {p.label: {r: stats.get(f"sla_{r}:{p.label}:{s.tenant.name}", 0)
                                   for r in ("met", "missed")} for p in Priority}
         out.append(entry)
     return {"tenants": out, "tenants_required": required}

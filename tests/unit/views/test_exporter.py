@@ -99,3 +99,31 @@ def test_every_worker_state_of_a_class_is_exported_zero_too() -> None:
     workers = read_figures(q.redis, q.keys).workers
     assert workers == {("A100", "idle"): 1, ("A100", "busy"): 0, ("A100", "draining"): 0,
                        ("A100", "dead"): 0}
+
+
+def test_a_foreign_writers_malformed_figures_break_no_scrape_or_status() -> None:
+    """Found by a QA pass: a `stats` field that was not an integer, a scale signal whose
+    desired count was not a number, or a catalog entry whose loads were not one made every
+    scrape answer 503 and ``gpuq status`` and ``gpuq top`` print a traceback (the reaper
+    logged one a round). The malformed figure is left out; the others are still shown."""
+    from gpuq.views.inspect import pool_view
+    from gpuq.views.render import render_status
+
+    q = Queue(fakeredis.FakeRedis(decode_responses=True), Config(pool="p"))
+    q.enqueue("h", model="m", vram_gb=1)
+    q.redis.hset(q.keys.stats, mapping={"sla_met:P2": "x", "sla_missed:P2": "1.5", "sla_met:P1": 2})
+    q.redis.hset(q.keys.scale, mapping={"class:X": '{"desired": "a"}',
+                                        "model:Y": '{"desired": 2, "rate_per_s": "x", "forecast_per_s": 1}',
+                                        "class:Z": '{"desired": 3, "current": 1}'})
+    q.redis.sadd(q.keys.catalog, "bad", "good")
+    q.redis.hset(q.keys.catalog_model("bad"), mapping={"loads": "abc", "vram_gb": 1, "total_load_s": "x"})
+    q.redis.hset(q.keys.catalog_model("good"), mapping={"loads": 2, "vram_gb": 1, "total_load_s": 3})
+    figures = read_figures(q.redis, q.keys)
+    assert figures.stats["enqueued"] == 1 and figures.stats["sla_met:P1"] == 2
+    assert "sla_met:P2" not in figures.stats
+    assert figures.desired == [("class", "Z", 1, 3), ("model", "Y", 0, 2)]
+    assert ("good", 2, 3.0) in figures.model_loads and ("bad", 0, 0.0) in figures.model_loads
+    registry = CollectorRegistry()
+    registry.register(PoolCollector(lambda: figures))
+    assert b'gpuq_sla_attainment_ratio{pool="p",priority="P1"} 1.0' in generate_latest(registry)
+    assert "P1 100.0%" in render_status(pool_view(q.redis, q.keys))
