@@ -206,12 +206,14 @@ class Executor:
                 ran_s = time.monotonic() - began
                 self.observer.observe(task_id, phase="run", seconds=ran_s)
             if running.stopped:
+                self.moot(running)
                 return None
             ack = self.calls.ack(task_id, token, self.encode(result))
             self.unacked[(task_id, ack.args[1])] = (fields["handler"], fields["model"], ran_s)
             return ack
         except Yielded:
             if running.stopped:
+                self.moot(running)
                 return None
             log.info("preempt.yielded task=%s worker=%s checkpoint=%s", task_id, self.id,
                      "saved" if ctx.saved else "none")
@@ -219,6 +221,7 @@ class Executor:
                                       preempted="yielded", checkpoint=ctx.saved or "")
         except BaseException as exc:  # sys.exit(), KeyboardInterrupt...: must not end the runner
             if running.stopped:  # StopTask, or whatever the stop broke: the task is requeued
+                self.moot(running)
                 return None
             retry = exc.retry if isinstance(exc, TaskError) else True
             message = str(exc) if isinstance(exc, TaskError) else f"{type(exc).__name__}: {exc}"
@@ -229,6 +232,14 @@ class Executor:
             if res is not None:
                 self.cache.release(res)
             self.running.untrack(running)
+
+    def moot(self, running: Running) -> None:
+        """A run the worker stopped: one stopped past its yield deadline was counted
+        "stopped" when the worker requeued it; one whose lease was gone (canceled, taken
+        back) is counted "lost" here, unless a newer run of the task on this worker holds
+        its metrics label by now."""
+        if not any(r.task_id == running.task_id and r is not running for r in self.running.snapshot()):
+            self.observer.observe(running.task_id, "lost")
 
     def invoke(self, spec: HandlerSpec, runs: list[Running], *args: Any) -> Any:
         """Call the handler with ``args`` while ``runs`` (its task, or its batch's tasks)

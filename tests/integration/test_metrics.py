@@ -160,3 +160,25 @@ def test_the_sla_is_met_or_missed_when_the_handler_starts_with_its_model_loaded(
     assert value(w, "gpuq_schedule_latency_seconds_count", priority="P0") == 2
     assert value(w, "gpuq_schedule_latency_seconds_sum", priority="P0") >= 0.4  # the load
     assert value(w, "gpuq_task_phase_seconds_count", phase="load") == 1
+
+
+def test_a_run_stopped_after_its_task_was_canceled_is_counted_lost(
+        procs: Procs, real_queue: Queue) -> None:
+    """Found by a QA pass: a handler still running its task when the task was canceled was
+    stopped past the grace, and its run was counted under no outcome (it vanished from
+    gpuq_worker_tasks_total; its metrics label was kept for the worker's life)."""
+    worker_port = free_port()
+    procs.worker("w1", vram_gb=48, env={"GPUQ_METRICS_PORT": str(worker_port), "GPUQ_GRACE_S": "0.5"})
+    wait_for(lambda: up(worker_port), 15, message=lambda: f"endpoint; logs:\n{procs.logs()}")
+    warm = real_queue.enqueue("sim.run", {}, model="bge-m3", vram_gb=6, priority="P1", est_s=est(0.01))
+    procs.wait_all([warm.id], State.SUCCEEDED)  # loaded: the next task's handler starts at once
+    task = real_queue.enqueue("sim.run", {"ignore_yield": True}, model="bge-m3", vram_gb=6,
+                              priority="P2", est_s=est(60))
+    procs.wait_running_on(task.id, "w1")
+    wait_for(lambda: procs.redis.hget(procs.keys.stats, "sla_met:P2") is not None, 5)  # in its handler
+    real_queue.cancel(task.id)
+    wait_for(lambda: "task.stopped" in procs.logs(), 15, message=lambda: f"stopped; logs:\n{procs.logs()}")
+    wait_for(lambda: value(scrape(worker_port)[1], "gpuq_worker_tasks_total", outcome="lost") == 1, 5,
+             message=lambda: f"outcome lost; logs:\n{procs.logs()}")
+    _, w = scrape(worker_port)
+    assert value(w, "gpuq_worker_tasks_total", outcome="succeeded") == 1
