@@ -281,3 +281,25 @@ def test_a_reservation_a_yield_or_a_stop_ends_the_batch_wait(cut: str) -> None:
     assert time.monotonic() - started < 3  # not the 8 s wait
     assert [i[2].task_id for i in items] == [tid]
     timer.join()
+
+
+def test_a_batchs_tasks_stopped_for_a_lost_lease_are_counted_lost() -> None:
+    """Found by a QA pass: a run stopped past the grace after its task was canceled was
+    counted under no outcome in gpuq_worker_tasks_total; a batch's were left out too."""
+    from gpuq.metrics import WorkerMetrics
+
+    q = memory_queue()
+    ex: Executor
+
+    def handler(model: str, payloads: list[Any], ctx: BatchContext) -> list[Any]:
+        for run in ex.running.snapshot():  # both canceled, the worker stopped them
+            run.ctx.lost = run.stopped = True
+        return payloads
+
+    ex = executor(q, app_with(handler))
+    ex.observer.metrics = WorkerMetrics("p", "w", "A100")
+    enqueue(q, "h", 2)
+    assert run_one_batch(q, ex) == []  # nothing to send for runs no longer the worker's
+    lost = ex.observer.metrics.registry.get_sample_value(
+        "gpuq_worker_tasks_total", {"pool": "p", "gpu": "w", "priority": "P2", "outcome": "lost"})
+    assert lost == 2
