@@ -152,7 +152,7 @@ class Control:
         r.ctx.lost = True
         log.warning("preempt.stopped task=%s worker=%s: past its yield deadline", r.task_id,
                     self.id)
-        ex.observer.observe(r.task_id, "stopped")
+        r.stopped_as = "stopped"  # counted when its handler returns, its run phase first
         r.stop_deadline = time.monotonic() + self.stop_s
         r.interrupt()
 

@@ -32,6 +32,9 @@ class Running:
     stop_deadline: float | None = None  # monotonic: stopped, the worker exits after this
     lost_deadline: float | None = None  # monotonic: its lease is gone, stopped after this
     stopped: bool = False  # requeued by the worker, or lost: whatever the handler does is moot
+    # its outcome once its handler returns, where stopped: "stopped" (requeued past its yield
+    # deadline), else "lost" (its lease gone): counted then, after its run phase
+    stopped_as: str = "lost"
     in_handler: bool = False
     rejected: str | None = None  # why this worker will not run it (execute fails it)
     batched: bool = False  # added to the batch of another task: it uses that task's slot

@@ -96,6 +96,36 @@ def test_a_victim_stopped_past_its_yield_deadline_keeps_its_saved_checkpoint() -
     assert record.checkpoint == {"done_s": 123}
 
 
+def test_a_victim_stopped_past_its_deadline_is_counted_with_its_run_phase(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a QA pass: the stop counted the victim "stopped" and dropped its metrics
+    label before its handler returned, so its run (13 s there) was missing from the run
+    phase. It is counted once the handler returns, after its run phase."""
+    from gpuq.metrics import WorkerMetrics
+
+    queue, worker, task, (fields, res, running) = claimed()
+    metrics = worker.executor.observer.metrics = WorkerMetrics("hb", "w", "sim")
+    worker.executor.observer.started(fields)
+    monkeypatch.setattr(type(running), "interrupt", lambda r: True)
+    control = worker.heartbeat().control
+
+    def handler_runs_past_its_deadline(*args: Any) -> str:
+        asked_to_yield(queue, task.id)
+        control.on_yield(task.id, 0)
+        control.watch()  # past its deadline: requeued and stopped while the handler runs
+        assert running.stopped and queue.record(task.id).state.value == "queued"
+        return "done anyway"
+
+    monkeypatch.setattr(worker.executor, "invoke", handler_runs_past_its_deadline)
+    assert worker.executor.execute(fields, res, running) is None  # it returns: nothing to send
+
+    def sample(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, {"pool": "hb", "priority": "P2", **labels})
+
+    assert sample("gpuq_worker_tasks_total", gpu="w", outcome="stopped") == 1
+    assert sample("gpuq_task_phase_seconds_count", phase="run") == 1
+
+
 def test_a_stop_after_the_yield_was_withdrawn_keeps_the_task_running() -> None:
     """Regression: the yield was withdrawn in Redis (the waiting task started elsewhere)
     just before its deadline, and the worker reached the deadline before it read
