@@ -116,13 +116,21 @@ def test_counts_follow_every_way_out_of_a_queue(queue: Queue) -> None:
     # the last one expires: the count's field goes with it
     assert queue.scripts.run(queue.calls.expire(now_ms=T0 + 5000))[0] == 1
     assert counts(queue.keys.tenant_queued) == {}
-    # a retry comes back into the count, at its old place
+    # a retry due past its deadline ends expired, never counted again
     assert fail(queue, got["id"], got["token"], now_ms=T0 + 2) == "delayed"
     queue.scripts.run(queue.calls.reap(now_ms=T0 + 60_000))
-    assert queue.record(got["id"]).state is State.QUEUED
+    assert queue.record(got["id"]).state is State.EXPIRED
+    assert counts(queue.keys.tenant_queued) == {}
+    # a retry that can still make it comes back into the count, at its old place
+    again = enqueue(queue, T0 + 60_000, priority="P2", model="m", tenant="a", est_s=0.5)
+    got = claim(queue, "w1", 100, loaded=HELD, now_ms=T0 + 60_001)
+    assert got is not None and got["id"] == again
+    assert fail(queue, again, got["token"], now_ms=T0 + 60_002) == "delayed"
+    queue.scripts.run(queue.calls.reap(now_ms=T0 + 120_000))
+    assert queue.record(again).state is State.QUEUED
     assert counts(queue.keys.tenant_queued) == {"2:a": "1"}
-    assert queue.redis.zscore(queue.keys.queue(2, "m"), got["id"]) == float(
-        queue.redis.hget(queue.keys.task(got["id"]), "order"))
+    assert queue.redis.zscore(queue.keys.queue(2, "m"), again) == float(
+        queue.redis.hget(queue.keys.task(again), "order"))
 
 
 def test_a_tenant_at_its_gpu_cap_waits_while_others_run(queue: Queue) -> None:
