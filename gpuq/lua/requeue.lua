@@ -18,7 +18,8 @@
 -- ARGV[6]  result TTL (ms), used if a consumed attempt was the last
 -- ARGV[7]  preemption kind: "" (none), "yielded" or "stopped"
 -- ARGV[8]  checkpoint (JSON text; "" keeps the one stored)
--- Returns  {0, "queued" | "failed"} ("failed" also for a task whose hash is corrupt: it
+-- Returns  {0, "queued" | "failed" | "expired"} ("expired": its deadline can no longer be met,
+--          lib/push.lua expire_due; "failed" also for a task whose hash is corrupt: it
 --          ends failed with the field in its error)
 --          {0, "kept"}: a stop (kind "stopped") of a task no longer asked to yield (the
 --                       request was withdrawn before the worker read "unyield"): it runs on
