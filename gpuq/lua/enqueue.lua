@@ -234,7 +234,11 @@ for _, i in ipairs(ready) do
   -- a call of one task may hand it over; a bulk call's tasks are queued and their workers
   -- woken, so each claim picks the best of the batch (the first task need not be it)
   local tenant = ARGV[o + 10]
-  local hand = idle and n == 1 and not (tenancy and quota_of(tenant)) and handover(w)
+  -- a cold P2/P3 task is not handed over while a busy holder of its model could take it: the
+  -- claim applies the holder wait (batch work waits for a busy holder rather than load cold)
+  local hand = idle and n == 1 and not (tenancy and quota_of(tenant))
+    and (warm or prio == '0' or prio == '1' or not busy_holders_of(model, vram, prio, w, gpus_of[i])[1])
+    and handover(w)
   if idle then
     targeted, idle_n = 1, idle_n - 1
   else

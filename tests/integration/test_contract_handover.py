@@ -176,3 +176,21 @@ def test_a_cold_hand_over_notes_when_its_model_should_be_loaded(queue: Queue) ->
     register(queue, "w1")  # holds nothing: it loads "m" first
     tid = enqueue(queue, T0 + 10, priority="P0", model="m", vram_gb=4)
     assert queue.redis.hget(queue.keys.task(tid), "ready_at") == str(T0 + 10 + 1500)
+
+
+def test_batch_work_is_not_handed_cold_to_an_idle_worker_while_a_busy_holder_soon_frees(
+        queue: Queue) -> None:
+    """The claim leaves a cold P2/P3 task for a busy holder of its model that gets to it
+    within its holder wait; a hand-over must not start it cold on an idle worker instead."""
+    register(queue, "holder")
+    first = enqueue(queue, T0 + 10, priority="P2", model="m", vram_gb=4, est_s=1)
+    token = pop_wake(queue, "holder")["token"]
+    queue.redis.sadd(queue.keys.holders("m"), "holder")  # its load done, as presence writes
+    register(queue, "cold")
+    tid = enqueue(queue, T0 + 20, priority="P2", model="m", vram_gb=4, est_s=1)
+    assert queue.record(tid).state is State.QUEUED  # not started on "cold"
+    c = claim_reply(queue, "cold", 19, now_ms=T0 + 30)
+    assert c.task is None and c.retry_s > 0  # left for the holder, which frees up in ~1 s
+    ack(queue, first, int(token), now_ms=T0 + 1_000)
+    got = claim(queue, "holder", 15, loaded=[("m", 4)], now_ms=T0 + 1_000)
+    assert got is not None and got["id"] == tid
