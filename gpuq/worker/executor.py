@@ -206,6 +206,10 @@ class Executor:
                 ran_s = time.monotonic() - began
                 self.observer.observe(task_id, phase="run", seconds=ran_s)
             if running.stopped:
+                # its handler returned a result all the same: no ack goes out, so say it was
+                # thrown away, as for a late ack the server refuses
+                log.warning("lease.lost task=%s worker=%s: result discarded (its run was stopped)",
+                            task_id, self.id)
                 self.moot(running)
                 return None
             ack = self.calls.ack(task_id, token, self.encode(result))

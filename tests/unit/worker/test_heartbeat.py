@@ -332,3 +332,46 @@ def test_a_task_claimed_again_while_its_old_run_still_runs_supersedes_that_run()
     assert ack is not None
     worker.settle([ack])
     assert task.status().value == "succeeded" and worker.running.settling() == []
+
+
+
+def test_a_superseded_run_s_result_is_logged_discarded(caplog: pytest.LogCaptureFixture) -> None:
+    """Regression: a run whose handler returned a result after the task was claimed again by
+    the same worker (its run superseded, so stopped) sent no ack and logged nothing, so the
+    chaos soak's run-log witness (scripts/chaos/collect.py REJECTED) could not tell its
+    result from one written twice."""
+    import sys
+    from pathlib import Path
+
+    from gpuq.app import App
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
+    from chaos.collect import REJECTED
+
+    own = App("own")
+    claims: list[Any] = []
+
+    @own.any_model()
+    def load(name: str) -> str:
+        return name
+
+    @own.handler("own.rerun")
+    def rerun(model: str, payload: Any, ctx: Context) -> dict[str, int]:
+        queue.requeue(ctx.task_id)  # an operator takes it back; this worker claims it again
+        claims.append(worker.claim(None))
+        assert ctx.should_stop()
+        return {"done": 1}
+
+    client = fakeredis.FakeRedis(decode_responses=True)
+    config = Config(pool="hb", concurrency=2).validate()
+    queue = Queue(client, config)
+    worker = Worker(client, config, own, GpuInfo("sim", "x", 80, None, "declared"), worker_id="w")
+    worker.presence.register(worker_record.identity("w", worker.gpu, 5, 2, "0123", "h", 1), 30_000)
+    task = queue.enqueue("own.rerun", 1, model="m", vram_gb=1)
+    first = worker.claim(None)
+    assert isinstance(first, tuple)
+    fields, res, old = first[0]
+    with caplog.at_level(logging.WARNING, logger="gpuq.worker.executor"):
+        assert worker.executor.execute(fields, res, old) is None  # its result is moot
+    assert isinstance(claims[0], tuple) and claims[0][0][2].token != old.token
+    assert REJECTED.findall(caplog.text) == [(task.id, "w")]
