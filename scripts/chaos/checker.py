@@ -58,6 +58,9 @@ class Snapshot:
     footprints: dict[str, float] = field(default_factory=dict)  # model -> GB
     leftovers: dict[str, int] = field(default_factory=dict)
     stuck_seen: set[str] = field(default_factory=set)  # noted stuck during the run (chaos.stuck)
+    # task id -> what a cancel of it answered: the state it found ("queued", "running"...),
+    # "already <state>" (it had ended), or "unknown" (the call failed: applied or not)
+    cancels: dict[str, str] = field(default_factory=dict)
 
 
 def parse_runs(lines: list[str]) -> list[Run]:
@@ -152,6 +155,53 @@ def orphan_results(s: Snapshot) -> list[str]:
             and run_of(s.tasks[t].get("result")) not in ok]
 
 
+def _kind(fields: dict[str, str]) -> str:
+    """The chaos handler's kind in the task's payload ("" when unreadable)."""
+    try:
+        payload = json.loads(fields.get("payload") or "{}")
+    except ValueError:
+        return ""
+    return str(payload.get("kind", "")) if isinstance(payload, dict) else ""
+
+
+def ending_fault(fields: dict[str, str], cancel: str | None) -> str:
+    """Why an ended task's ending is not one its kind, deadline and cancel allow ("" when
+    it is): canceled only when a cancel was sent, and so when one found it not ended; ended
+    as a cancel found it already ended; expired only with a deadline (at its expiry pass or
+    on its way back to its queue); failed only once its attempts ran out; a task failing
+    every attempt never succeeds."""
+    state = fields.get("state", "")
+    if cancel is not None and cancel != "unknown":
+        found = cancel.removeprefix("already ")
+        if cancel == found and state != "canceled":
+            return f"canceled while {found}, ended {state}"
+        if cancel != found and state != found:
+            return f"a cancel found it {found}, ended {state}"
+    if state == "canceled" and cancel is None:
+        return "canceled, never asked to be"
+    if state == "expired" and not fields.get("deadline"):
+        return "expired without a deadline"
+    if state == "succeeded" and _kind(fields) == "fail_always":
+        return "succeeded, though every attempt fails"
+    if state == "failed" and fields.get("attempt") and fields.get("max_attempts"):
+        if int(fields["attempt"]) < int(fields["max_attempts"]):
+            return f"failed after {fields['attempt']} of {fields['max_attempts']} attempts"
+    return ""
+
+
+def wrong_endings(s: Snapshot) -> dict[str, str]:
+    """Ended task id -> why its ending is not one it should have (ending_fault)."""
+    out = {}
+    for task_id in s.acked:
+        fields = s.tasks.get(task_id) or {}
+        if fields.get("state") not in TERMINAL:
+            continue  # not ended: a lost enqueue, counted as such
+        why = ending_fault(fields, s.cancels.get(task_id))
+        if why:
+            out[task_id] = why
+    return out
+
+
 def _idle(worker: dict[str, str]) -> bool:
     return worker.get("state") == "idle" and worker.get("running", "0") == "0"
 
@@ -205,16 +255,19 @@ def check(s: Snapshot) -> dict[str, Any]:
     """Every figure of the report's invariant part; each must be 0 on a sound run."""
     twice = written_twice(s)
     drift = vram_drift(s)
+    wrong = wrong_endings(s)
     return {
         "lost_acked_enqueues": len(lost_enqueues(s)),
         "results_written_twice": len(twice),
         "results_without_run": len(orphan_results(s)),
         "runs_beyond_claims": len(runs_beyond_claims(s)),
+        "wrong_endings": len(wrong),
         "stuck_queued_with_idle_fit": len(stuck_queued(s)),
         "vram_drift_workers": len(drift),
         "vram_drift_max_gb": max(drift.values(), default=0.0),
         "leftover_keys": sum(s.leftovers.values()),
         "examples": {"lost": lost_enqueues(s)[:5], "twice": dict(list(twice.items())[:5]),
                      "beyond_claims": runs_beyond_claims(s)[:5],
+                     "wrong_endings": dict(list(wrong.items())[:5]),
                      "drift": drift, "leftovers": {k: v for k, v in s.leftovers.items() if v}},
     }

@@ -36,6 +36,7 @@ class Ledger:
         self.duplicate_retries = 0
         self.duplicate_first_tries = 0
         self.canceled: dict[str, str] = {}  # task id -> state cancel found it in
+        self.cancels_unknown: set[str] = set()  # cancels whose call failed (applied or not)
 
     def ack(self, task_id: str, producer: str) -> None:
         with self.lock:
@@ -210,6 +211,8 @@ def canceler(url: str, pool: str, ledger: Ledger, stop: threading.Event, share: 
                     state = f"already {exc.state}"
                 except GpuqError as exc:
                     ledger.error(exc)
+                    with ledger.lock:
+                        ledger.cancels_unknown.add(task_id)
                     continue
                 with ledger.lock:
                     ledger.canceled[task_id] = state

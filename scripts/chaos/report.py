@@ -16,6 +16,7 @@ ROWS = (
     ("results_written_twice", "results written twice", True),
     ("results_without_run", "results naming no logged run", True),
     ("runs_beyond_claims", "tasks run more often than claimed", True),
+    ("wrong_endings", "tasks ended other than they should", True),
     ("stuck_queued_with_idle_fit", "tasks stuck queued while an idle worker fits them", True),
     ("vram_drift_workers", "idle workers with VRAM ledger drift", True),
     ("leftover_keys", "leftover keys after the drain", True),

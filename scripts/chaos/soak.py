@@ -149,6 +149,9 @@ class Soak:
 
     def snapshot(self, client: redis.Redis, observer: Observer) -> Snapshot:
         snap = Snapshot(acked=dict(self.ledger.acked), observed=dict(observer.seen))
+        with self.ledger.lock:
+            snap.cancels = {**dict.fromkeys(self.ledger.cancels_unknown, "unknown"),
+                            **self.ledger.canceled}
         snap.killed = {e["target"] for e in self.faults.events if e["kind"] == "worker_kill"}
         snap.stuck_seen = set(self.stuck.stuck)
         self.stuck.close()

@@ -155,3 +155,35 @@ def test_an_ending_read_of_a_task_since_gone_is_a_lost_enqueue() -> None:
     del snap.tasks["t1"]
     figures = check(snap)
     assert (figures["lost_acked_enqueues"], figures["results_written_twice"]) == (1, 0)
+
+
+def chaos_task(state: str, kind: str = "run", **more: str) -> dict[str, str]:
+    return {"state": state, "payload": json.dumps({"kind": kind, "s": 0.1}), "vram_gb": "4",
+            "priority": "2", "attempt": "1", "max_attempts": "6", **more}
+
+
+@pytest.mark.parametrize(("fields", "cancel", "wrong"), [
+    (chaos_task("canceled"), "running", False),  # a cancel found it running
+    (chaos_task("canceled"), "unknown", False),  # the cancel's call failed, maybe applied
+    (chaos_task("canceled"), None, True),  # nobody canceled it
+    (chaos_task("succeeded"), "queued", True),  # a cancel took, the task ran on
+    (chaos_task("succeeded"), "already succeeded", False),
+    (chaos_task("canceled"), "already succeeded", True),  # an ending that changed
+    (chaos_task("expired", deadline="1000"), None, False),  # e.g. on its way back to its queue
+    (chaos_task("expired"), None, True),  # no deadline to miss
+    (chaos_task("failed", "fail_always", attempt="6"), None, False),
+    (chaos_task("failed", "run", attempt="6"), None, False),  # attempts spent on lost leases
+    (chaos_task("failed", "fail_once", attempt="1"), None, True),  # a retryable failure, not retried
+    (chaos_task("succeeded", "fail_always", attempt="6"), None, True),
+])
+def test_a_task_that_ended_other_than_it_should_fails(fields: dict[str, str], cancel: str | None,
+                                                       wrong: bool) -> None:
+    snap = sound()
+    snap.acked["t3"] = "sync"
+    snap.tasks["t3"] = fields
+    if cancel is not None:
+        snap.cancels["t3"] = cancel
+    figures = check(snap)
+    assert figures["wrong_endings"] == int(wrong)
+    if wrong:
+        assert not invariants_ok(figures)
