@@ -251,7 +251,9 @@ def results_of(ex: Executor, spec: HandlerSpec, items: list[Claimed], results: A
         return [ex.calls.fail(r.task_id, r.token, message) for _, _, r in items if not r.stopped]
     calls: list[Call[Any]] = []
     for (fields, _, r), result in zip(items, results):
-        if r.stopped:
+        if r.stopped:  # no ack goes out: said, as for one task (Executor.execute)
+            log.warning("lease.lost task=%s worker=%s: result discarded (its run was stopped)",
+                        r.task_id, ex.id)
             continue
         try:
             ack = ex.calls.ack(r.task_id, r.token, ex.encode(result))

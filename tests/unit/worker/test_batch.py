@@ -283,7 +283,7 @@ def test_a_reservation_a_yield_or_a_stop_ends_the_batch_wait(cut: str) -> None:
     timer.join()
 
 
-def test_a_batchs_tasks_stopped_for_a_lost_lease_are_counted_lost() -> None:
+def test_a_batchs_tasks_stopped_for_a_lost_lease_are_counted_lost(caplog: pytest.LogCaptureFixture) -> None:
     """Found by a QA pass: a run stopped past the grace after its task was canceled was
     counted under no outcome in gpuq_worker_tasks_total; a batch's were left out too."""
     from gpuq.metrics import WorkerMetrics
@@ -299,7 +299,9 @@ def test_a_batchs_tasks_stopped_for_a_lost_lease_are_counted_lost() -> None:
     ex = executor(q, app_with(handler))
     ex.observer.metrics = WorkerMetrics("p", "w", "A100")
     enqueue(q, "h", 2)
-    assert run_one_batch(q, ex) == []  # nothing to send for runs no longer the worker's
+    with caplog.at_level("WARNING", logger="gpuq.worker.batch"):
+        assert run_one_batch(q, ex) == []  # nothing to send for runs no longer the worker's
+    assert caplog.text.count("result discarded (its run was stopped)") == 2
     lost = ex.observer.metrics.registry.get_sample_value(
         "gpuq_worker_tasks_total", {"pool": "p", "gpu": "w", "priority": "P2", "outcome": "lost"})
     assert lost == 2
