@@ -133,6 +133,7 @@ def reaper(ctx: click.Context, once: bool, max_wait_s: float | None, grace_s: fl
     r = Reaper(queue.redis, cfg)
     if once:
         with redis_errors(queue.url):
+            r.warn_eviction()  # as the looping reaper does at start
             done = r.once()
         if done is None:
             click.echo(f"another reaper holds pool {cfg.pool}'s lock and runs its rounds: this one "

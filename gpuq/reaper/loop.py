@@ -205,13 +205,17 @@ class Reaper:
             log.exception("reaper.step_failed pool=%s step=%s", self.config.pool, name)
             return default
 
+    def warn_eviction(self) -> None:
+        """Log once, at start, that the server may evict keys (gpuq.eviction)."""
+        if (risk := eviction.risk(self.redis)) is not None:
+            log.warning("redis.may_evict pool=%s: %s", self.config.pool, risk)
+
     def run(self, once: bool = False) -> int:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda *_: self.stopped.set())
             signal.signal(signal.SIGINT, lambda *_: self.stopped.set())
         with redis_errors(self.config.redis_url):
-            if (risk := eviction.risk(self.redis)) is not None:
-                log.warning("redis.may_evict pool=%s: %s", self.config.pool, risk)
+            self.warn_eviction()
             if once:
                 self.once()
                 return 0

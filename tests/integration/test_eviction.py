@@ -30,6 +30,8 @@ def test_a_server_that_may_evict_is_named_by_the_reaper_and_status(
     with Procs(evicting.url, "p", prefix, tmp_path) as procs:
         status = procs.cli("status")
         assert status.returncode == 0 and WARNING in status.stdout.splitlines()[1], status.stdout
+        once = procs.cli("reaper", "--once")  # a cron-style reaper says it too
+        assert once.returncode == 0 and "redis.may_evict" in once.stderr, once.stderr
         reaper = procs.reaper()
         wait_for(lambda: "redis.may_evict" in reaper.log(), 10, 0.05, "the reaper's warning")
         client = redis.Redis(port=evicting.port)
