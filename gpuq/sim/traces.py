@@ -77,7 +77,7 @@ def trace_dir(path: Path | str | None = None) -> Path:
     if not directory.is_dir():
         raise FileNotFoundError(
             f"trace directory {directory} not found: pass --traces-dir or set {ENV_VAR} to the folder "
-            f"holding {', '.join(sorted(TRACES.values()))}"
+            f"holding {', '.join(sorted({*TRACES.values(), LOAD_LATENCY_FILE}))}"
         )
     return directory
 
