@@ -110,6 +110,10 @@ class Config:
         if not self.pool or any(c.isspace() or not c.isprintable() or c in "{}:\"'" for c in self.pool):
             raise ConfigError(f"pool {self.pool!r} must be non-empty without braces, colons, "
                               "quotes or spaces")
+        # a brace in the prefix would move the pool's hash tag (gpuq.keys: PREFIX:{pool}:),
+        # off the slot gpuq.cluster.pool_slot computes
+        if any(c.isspace() or not c.isprintable() or c in "{}\"'" for c in self.prefix):
+            raise ConfigError(f"prefix {self.prefix!r} must be without braces, quotes or spaces")
         at_least_one = ("fair_every", "concurrency", "exporter_models", "scan_per_queue")
         for f in fields(self):
             value = getattr(self, f.name)
