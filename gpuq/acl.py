@@ -34,8 +34,9 @@ USER_NAME = re.compile(r"[!#-&(-\[\]-~]+")
 
 # every role: health checks, SELECT of a non-zero db, the scripts' functions, else the
 # scripts (loaded again after a server restart or flush), WAIT after writes when
-# replica_acks is set
-CONNECTION = ("ping", "select", "fcall", "evalsha", "script|load", "wait")
+# replica_acks is set, and CLUSTER SLOTS: a redis+cluster:// client finds its pool's master
+# with it (gpuq.cluster.SlotMap) before any other command
+CONNECTION = ("ping", "select", "cluster|slots", "fcall", "evalsha", "script|load", "wait")
 # a command a script sends: named in a call, in tally.lua's set_write (which calls its verb),
 # or, for a helper calling a command held in a variable, on a "--@calls CMD ..." line above it
 _CALL = re.compile(r"""(?:redis\.p?call|set_write)\(\s*['"](\w+)['"]""")

@@ -105,3 +105,10 @@ def test_every_call_by_variable_is_declared() -> None:
         for name, text in defined.items():
             if dynamic.search(text) and name not in ("set_write", "tally_flush"):
                 assert "--@calls " in text, f"{entry.name}: {name} calls a command by variable"
+
+
+@pytest.mark.parametrize("role", sorted(acl.ROLES))
+def test_every_role_may_find_its_pools_master_on_a_cluster(role: str) -> None:
+    """Regression: no role was granted CLUSTER SLOTS, which a redis+cluster:// client sends
+    first (gpuq.cluster.SlotMap): every least-privilege user got NOPERM on a Redis Cluster."""
+    assert "+cluster|slots" in acl.rules(role, "p")
