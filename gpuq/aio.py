@@ -267,6 +267,8 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
                     got = await read()
             except ConnectionFailed as exc:
                 await asyncio.sleep(waiting.pause(exc, self.closed))
+                if self.closed:  # close() came during the pause: no try through its pool
+                    raise exc from None
                 continue
             waiting.answered()
             return got

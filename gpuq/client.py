@@ -158,6 +158,8 @@ class Queue(Producer[redis.Redis, "Task"]):
                     got = read()
             except ConnectionFailed as exc:
                 time.sleep(waiting.pause(exc, self.closed))
+                if self.closed:  # close() came during the pause: no try through its pool
+                    raise exc from None
                 continue
             waiting.answered()
             return got
