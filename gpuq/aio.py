@@ -262,13 +262,13 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
     async def _ridden(self, waiting: Waiting, read: Callable[[], Awaitable[T]]) -> T:
         """gpuq.client.Queue._ridden, awaited."""
         while True:
+            if self.closed:  # no try through the closed pool: it would reconnect, and leak
+                raise ConnectionFailed(self.url, "the queue was closed")
             try:
                 with redis_errors(self.url):
                     got = await read()
             except ConnectionFailed as exc:
                 await asyncio.sleep(waiting.pause(exc, self.closed))
-                if self.closed:  # close() came during the pause: no try through its pool
-                    raise exc from None
                 continue
             waiting.answered()
             return got

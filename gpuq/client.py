@@ -153,13 +153,13 @@ class Queue(Producer[redis.Redis, "Task"]):
     def _ridden(self, waiting: Waiting, read: Callable[[], T]) -> T:
         """read() under redis_errors, tried again while the wait rides an outage out."""
         while True:
+            if self.closed:  # no try through the closed pool: it would reconnect, and leak
+                raise ConnectionFailed(self.url, "the queue was closed")
             try:
                 with redis_errors(self.url):
                     got = read()
             except ConnectionFailed as exc:
                 time.sleep(waiting.pause(exc, self.closed))
-                if self.closed:  # close() came during the pause: no try through its pool
-                    raise exc from None
                 continue
             waiting.answered()
             return got

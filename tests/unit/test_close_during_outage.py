@@ -56,3 +56,25 @@ def test_sync_wait_closed_during_its_outage_pause_raises_without_trying_again() 
         q._ridden(Waiting("t", 10), read)
     closer.join()
     assert calls == 1
+
+
+def test_a_wait_or_stream_read_after_close_raises_without_reconnecting() -> None:
+    """A stream whose reader was busy when the queue closed read on through the closed pool,
+    reconnecting a connection nothing closes (likewise a wait's next round trip)."""
+    def never() -> str:
+        raise AssertionError("read after close")
+
+    async def never_async() -> str:
+        raise AssertionError("read after close")
+
+    async def scenario() -> None:
+        q = AsyncQueue(connect_async("redis://127.0.0.1:1/0"))
+        await q.close()
+        with pytest.raises(ConnectionFailed, match="closed"):
+            await q._ridden(Waiting("t", 10), never_async)
+
+    asyncio.run(scenario())
+    q = Queue(redis.Redis(port=1, decode_responses=True))
+    q.close()
+    with pytest.raises(ConnectionFailed, match="closed"):
+        q._ridden(Waiting("t", 10), never)
