@@ -9,13 +9,13 @@ load time is learned again).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
 from gpuq.keys import Keys
+from gpuq.worker_record import field_number
 
 
 @dataclass(frozen=True)
@@ -66,18 +66,10 @@ def read_entries(client: redis.Redis, keys: Keys, names: list[str]) -> list[dict
 def entry(name: str, f: dict[str, str]) -> ModelEntry:
     """An entry as read; a field that is not a finite number (written by hand or by a foreign
     writer) reads as 0, so one bad entry breaks neither status, the exporter nor the reaper."""
-    loads = int(_number(f.get("loads")))
-    return ModelEntry(name, _number(f.get("vram_gb")), loads,
-                      _number(f.get("total_load_s")) / loads if loads > 0 else 0.0,
-                      _number(f.get("last_load_s")), _gpus(f.get("gpus")))
-
-
-def _number(text: str | None) -> float:
-    try:
-        value = float(text or 0)
-    except ValueError:
-        return 0.0
-    return value if math.isfinite(value) and value >= 0 else 0.0
+    loads = int(field_number(f.get("loads")))
+    return ModelEntry(name, field_number(f.get("vram_gb")), loads,
+                      field_number(f.get("total_load_s")) / loads if loads > 0 else 0.0,
+                      field_number(f.get("last_load_s")), _gpus(f.get("gpus")))
 
 
 def _gpus(text: str | None) -> int:
