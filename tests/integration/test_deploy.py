@@ -230,6 +230,19 @@ def test_every_alert_has_a_firing_unit_test() -> None:
     assert {r["alert"] for r in alert_rules()} <= fired
 
 
+def test_alert_rules_count_a_pool_once_whatever_the_exporters() -> None:
+    """Regression: the SLA and failure rules summed pool-level counters across exporters, so
+    with two exporters of one pool their volume floors (20 starts, 20 tasks) were met at half
+    the real volume. Every pool-level selector sits directly in a ``max by (...)`` (through
+    one range function at most), which counts it once; rules_test.yml feeds two exporters."""
+    for rule in alert_rules():
+        expr = " ".join(_STRING.sub('""', rule["expr"]).split())
+        for name in metric_names(expr) - WORKER_FAMILIES:
+            for m in re.finditer(rf"(?<!\w){name}(?!\w)", expr):
+                before = re.sub(r"(rate|increase|deriv)\( ?$", "", expr[: m.start()].rstrip())
+                assert re.search(r"max by \([\w, ]+\) \( ?$", before), (rule["alert"], expr)
+
+
 def test_unknown_metric_names_are_caught() -> None:
     assert unknown_metrics('sum(rate(gpuq_tasks_total{outcome="failed"}[5m]))') == set()
     assert unknown_metrics("gpuq_schedule_latency_seconds_bucket") == set()
