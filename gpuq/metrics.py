@@ -39,9 +39,10 @@ scrape; served by ``gpuq exporter``):
 | gpuq_warm_hints_total | counter | pool | `stats` warm_hints |
 | gpuq_model_loads_total / gpuq_model_load_seconds_total | counter | pool, model | the model catalog: the `exporter_models` most loaded models, the rest summed as `other`; a model shown keeps its series while the catalog lists it (an entry unused for 30 days leaves it), `other` keeps the counts of its models that leave (it does not fall while the exporter runs, which would read as a reset), and a model named `other` is counted in that row. Which models are shown is the exporter's own choice: a restarted exporter, or a second one, may show others, and `other` may then fall once (a reset to Prometheus for that one series) |
 | gpuq_workers | gauge | pool, gpu_class, state (idle, busy, draining, dead) | worker hashes and liveness; every state of a class with a worker listed, 0 included |
-| gpuq_workers_desired / gpuq_workers_current | gauge | pool, gpu_class | the reaper's scale signals (`scale` hash) |
+| gpuq_workers_desired / gpuq_workers_current | gauge | pool, gpu_class | the reaper's scale signals (`scale` hash); none while they are stale (this and the next two rows) |
 | gpuq_model_workers_desired | gauge | pool, model | the reaper's scale signals: the `exporter_models` models desiring the most workers (and their arrival rates below) |
 | gpuq_arrivals_forecast_per_second | gauge | pool, kind (now, forecast), gpu_class, model | the scale signals' arrival rates (`rate_per_s`, `forecast_per_s`): per class (model "") and per model (gpu_class "") |
+| gpuq_scale_signal_age_seconds | gauge | pool | seconds since the reaper round that wrote the scale signals (their `at`), while one has a time; past 15 s they are stale (no reaper rewrites them) and the three rows above are left out |
 | gpuq_reaper_active | gauge | pool | 1 while a reaper holds the pool's lock |
 | gpuq_tenant_queued | gauge | pool, tenant, priority | tasks queued per tenant (tenancy on: `gpuq tenant`); the tenant families show every registered tenant and the `exporter_models` unregistered ones with the most queued tasks |
 | gpuq_tenant_bound | gauge | pool, tenant | the running tasks the reaper lets the tenant have (`tenant:use` `bound:<t>`), while it sets one |
@@ -148,6 +149,7 @@ class PoolFigures:
     # kind ("class"/"model"), name, arrivals now and forecast (per second)
     forecast: list[tuple[str, str, float, float]] = field(default_factory=list)
     reaper_active: bool = False
+    scale_age_s: float | None = None  # PoolView.scale_age_s
     tenants: list[dict[str, Any]] = field(default_factory=list)  # PoolView.tenants
 
 
@@ -174,6 +176,7 @@ METRIC_NAMES = {
     "gpuq_model_loads_total": "counter", "gpuq_model_load_seconds_total": "counter",
     "gpuq_workers": "gauge", "gpuq_workers_desired": "gauge", "gpuq_workers_current": "gauge",
     "gpuq_model_workers_desired": "gauge", "gpuq_reaper_active": "gauge",
+    "gpuq_scale_signal_age_seconds": "gauge",
     "gpuq_arrivals_forecast_per_second": "gauge",
     "gpuq_tenant_queued": "gauge", "gpuq_tenant_bound": "gauge", "gpuq_tenant_running": "gauge",
     "gpuq_tenant_running_gpus": "gauge", "gpuq_tenant_running_vram_gb": "gauge",
@@ -267,6 +270,11 @@ class PoolCollector(Collector):
         yield desired
         yield current
         yield per_model
+        age = GaugeMetricFamily("gpuq_scale_signal_age_seconds",
+                                "Seconds since the reaper round that wrote the scale signals.", labels=["pool"])
+        if f.scale_age_s is not None:
+            age.add_metric([pool], f.scale_age_s)
+        yield age
         rates = GaugeMetricFamily("gpuq_arrivals_forecast_per_second",
                                   "Arrivals per second now and one model load ahead (the scaler's forecast).",
                                   labels=["pool", "kind", "gpu_class", "model"])

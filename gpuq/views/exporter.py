@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from gpuq.keys import Keys
 from gpuq.metrics import PoolCollector, PoolFigures
 from gpuq.metrics_http import serve_http
-from gpuq.views.inspect import OTHER, number, pool_view
+from gpuq.views.inspect import OTHER, number, pool_view, scale_stale
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +76,11 @@ def read_figures(client: redis.Redis, keys: Keys, keep: int = 50,
         workers[key] = workers.get(key, 0) + 1
     desired, forecast = [], []
     # the reaper signals a model only while it has work or workers: the most desired first;
-    # a signal whose figures are not numbers (a foreign writer) is left out, not the scrape
-    signals = sorted((s for field_name, value in view.scale.items()
+    # a signal whose figures are not numbers (a foreign writer) is left out, not the scrape.
+    # Stale ones too (no reaper rewrites them): an autoscaler must not act on them for ever,
+    # and no data is what it is told to hold on (deploy/k8s); their age stays exported.
+    fresh = {} if scale_stale(view.scale_age_s) else view.scale
+    signals = sorted((s for field_name, value in fresh.items()
                       if (s := _signal(field_name, value)) is not None),
                      key=lambda s: (-s[3], s[0] + ":" + s[1]))
     models = 0
@@ -99,7 +102,8 @@ def read_figures(client: redis.Redis, keys: Keys, keep: int = 50,
                                                 float(m["mean_load_s"]) * int(m["loads"]))
                                                for m in view.models]),
         workers=workers, desired=desired, forecast=forecast,
-        reaper_active=view.reaper_active, tenants=capped_tenants(view.tenants, keep))
+        reaper_active=view.reaper_active, scale_age_s=view.scale_age_s,
+        tenants=capped_tenants(view.tenants, keep))
 
 
 def _signal(field_name: str, value: dict[str, Any]

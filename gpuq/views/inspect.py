@@ -327,6 +327,15 @@ def _fraction(text: str | None) -> float | None:
     return value if value is not None and 0 <= value <= 1 else None
 
 
+STALE_SCALE_S = 15.0  # rounds come every second; a standby takes over within 10 s
+
+
+def scale_stale(age_s: float | None) -> bool:
+    """Whether the scale signals are from a round too old for any reaper to be rewriting them
+    (``PoolView.scale_age_s``; None, no signal with a time: not known to be stale)."""
+    return age_s is not None and age_s > STALE_SCALE_S
+
+
 def _scale_age(scale: dict[Any, Any], now_s: float) -> float | None:
     """Seconds since the newest signal's round (its `at`, server ms), None if none has one."""
     ats = [at for v in scale.values() if isinstance(at := _parse_signal(v).get("at"), (int, float))

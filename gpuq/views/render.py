@@ -6,7 +6,7 @@ from typing import Any
 
 from gpuq.redact import one_line
 from gpuq.task import Priority
-from gpuq.views.inspect import PoolView
+from gpuq.views.inspect import PoolView, scale_stale
 
 
 def render_status(view: PoolView) -> str:
@@ -132,13 +132,10 @@ def _preemption(view: PoolView) -> list[str]:
     return lines
 
 
-STALE_SCALE_S = 15.0  # rounds come every second; a standby takes over within 10 s
-
-
 def _scale(scale: dict[str, dict[str, Any]], age_s: float | None = None) -> list[str]:
     signals = sorted((k for k in scale if ":" in k), key=lambda k: (not k.startswith("class:"), k))
     header = "scale signals:"
-    if age_s is not None and age_s > STALE_SCALE_S:  # no reaper rewrites them: say how old
+    if scale_stale(age_s):  # no reaper rewrites them: say how old
         header = f"scale signals (stale: from a reaper round {age_s:.0f}s ago):"
     lines = ["", header] if scale else []
     for key in signals:

@@ -127,3 +127,34 @@ def test_a_foreign_writers_malformed_figures_break_no_scrape_or_status() -> None
     registry.register(PoolCollector(lambda: figures))
     assert b'gpuq_sla_attainment_ratio{pool="p",priority="P1"} 1.0' in generate_latest(registry)
     assert "P1 100.0%" in render_status(pool_view(q.redis, q.keys))
+
+
+def test_scale_signals_no_reaper_rewrote_leave_the_desired_series_and_say_how_old() -> None:
+    """Regression: after the reaper stopped, the exporter kept exporting the last round's
+    gpuq_workers_desired (and the per-model signals and forecasts) for ever, so an autoscaler
+    reading it kept acting on a stale figure. Stale signals (as `gpuq status` heads them) are
+    left out; their age is exported, fresh or stale, for an alert."""
+    import json
+
+    q = Queue(fakeredis.FakeRedis(decode_responses=True), Config(pool="p"))
+
+    def scrape(age_s: float) -> str:
+        at = int(q.redis.time()[0] * 1000 - age_s * 1000)
+        q.redis.hset(q.keys.scale, mapping={
+            "class:L4": json.dumps({"current": 1, "desired": 10, "at": at}),
+            "model:m": json.dumps({"current": 1, "desired": 4, "rate_per_s": 1.0,
+                                   "forecast_per_s": 2.0, "at": at})})
+        registry = CollectorRegistry()
+        registry.register(PoolCollector(lambda: read_figures(q.redis, q.keys)))
+        return generate_latest(registry).decode()
+
+    fresh = scrape(1.0)
+    assert 'gpuq_workers_desired{gpu_class="L4",pool="p"} 10.0' in fresh
+    assert 'gpuq_model_workers_desired{model="m",pool="p"} 4.0' in fresh
+    assert "gpuq_scale_signal_age_seconds{" in fresh
+    stale = scrape(300.0)
+    for family in ("gpuq_workers_desired", "gpuq_workers_current", "gpuq_model_workers_desired",
+                   "gpuq_arrivals_forecast_per_second"):
+        assert f"{family}{{" not in stale, family
+    (age,) = [line for line in stale.splitlines() if line.startswith("gpuq_scale_signal_age_seconds{")]
+    assert 299.0 <= float(age.split()[-1]) < 400.0
