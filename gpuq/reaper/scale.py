@@ -247,7 +247,7 @@ class Scaler:
 
     def _write(self, result: ScalePlan, now_ms: int, unregistered: Mapping[str, int]) -> None:
         fields: dict[Any, Any] = {  # redis-py types a mapping's keys invariantly
-            s.hash_field: json.dumps(s.fields(now_ms)) for s in result.signals}
+            s.hash_field: json.dumps(s.fields(now_ms, self.config.reap_interval_s)) for s in result.signals}
         if result.unschedulable:
             fields["unschedulable"] = json.dumps({"tasks": result.unschedulable,
                                                   "largest_gb": result.largest_need_gb,

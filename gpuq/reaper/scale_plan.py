@@ -82,10 +82,11 @@ class ScaleSignal:
     def hash_field(self) -> str:
         return f"{self.kind}:{self.name}"
 
-    def fields(self, at_ms: int) -> dict[str, object]:
-        """The scale hash's JSON object (the forecast's rates only when there are some)."""
+    def fields(self, at_ms: int, every_s: float) -> dict[str, object]:
+        """The scale hash's JSON object (the forecast's rates only when there are some); `every_s`,
+        the reaper's round interval, tells readers when the signal is stale."""
         out: dict[str, object] = {"current": self.current, "desired": self.desired,
-                                  "reason": self.reason, "at": at_ms}
+                                  "reason": self.reason, "at": at_ms, "every_s": every_s}
         if self.forecast_per_s is not None:
             out["rate_per_s"] = round(self.rate_per_s or 0.0, 6)
             out["forecast_per_s"] = round(self.forecast_per_s, 6)

@@ -79,7 +79,7 @@ def read_figures(client: redis.Redis, keys: Keys, keep: int = 50,
     # a signal whose figures are not numbers (a foreign writer) is left out, not the scrape.
     # Stale ones too (no reaper rewrites them): an autoscaler must not act on them for ever,
     # and no data is what it is told to hold on (deploy/k8s); their age stays exported.
-    fresh = {} if scale_stale(view.scale_age_s) else view.scale
+    fresh = {} if scale_stale(view.scale, view.scale_age_s) else view.scale
     signals = sorted((s for field_name, value in fresh.items()
                       if (s := _signal(field_name, value)) is not None),
                      key=lambda s: (-s[3], s[0] + ":" + s[1]))

@@ -135,7 +135,7 @@ def _preemption(view: PoolView) -> list[str]:
 def _scale(scale: dict[str, dict[str, Any]], age_s: float | None = None) -> list[str]:
     signals = sorted((k for k in scale if ":" in k), key=lambda k: (not k.startswith("class:"), k))
     header = "scale signals:"
-    if scale_stale(age_s):  # no reaper rewrites them: say how old
+    if scale_stale(scale, age_s):  # no reaper rewrites them: say how old
         header = f"scale signals (stale: from a reaper round {age_s:.0f}s ago):"
     lines = ["", header] if scale else []
     for key in signals:

@@ -51,7 +51,7 @@ def test_a_rise_with_no_backlog_asks_for_workers_before_the_backlog() -> None:
     a100 = signal(result, "class", "A100")  # the smallest class that fits 30 GB
     assert (a100.current, a100.desired) == (1, 4) and a100.reason.startswith("forecast 0.4/s")
     assert a100.forecast_per_s == 0.4
-    assert a100.fields(NOW)["forecast_per_s"] == 0.4
+    assert a100.fields(NOW, 1.0)["forecast_per_s"] == 0.4
     assert signal(result, "class", "L4").desired == 0
 
 
@@ -73,7 +73,7 @@ def test_no_rise_leaves_the_reactive_rule_alone() -> None:
     got = signal(plan(flat, CFG, NOW), "model", "m")
     assert (got.current, got.desired, got.reason) == (reactive.current, reactive.desired, reactive.reason)
     assert got.forecast_per_s == 0.4 and reactive.forecast_per_s is None
-    assert "forecast_per_s" not in reactive.fields(NOW)
+    assert "forecast_per_s" not in reactive.fields(NOW, 1.0)
 
 
 def test_a_rise_raises_a_backlogged_model_above_the_reactive_rule() -> None:

@@ -121,3 +121,12 @@ def test_scale_signals_no_reaper_rewrote_say_how_old_they_are() -> None:
     lines = render_status(view(scale=scale, scale_age_s=300.4)).splitlines()
     assert "scale signals (stale: from a reaper round 300s ago):" in lines
     assert "scale signals:" in render_status(view(scale=scale, scale_age_s=1.0)).splitlines()
+
+
+def test_a_slow_reapers_signals_are_stale_only_after_three_of_its_rounds() -> None:
+    """Regression: staleness was a fixed 15 s, so a reaper run with `reap_interval_s` 30 had
+    its signals called stale between every two rounds (and the exporter dropped them)."""
+    scale = {"class:L4": {"current": 1, "desired": 2, "reason": "m +1", "at": 0, "every_s": 30.0}}
+    assert "scale signals:" in render_status(view(scale=scale, scale_age_s=60.0)).splitlines()
+    lines = render_status(view(scale=scale, scale_age_s=91.0)).splitlines()
+    assert "scale signals (stale: from a reaper round 91s ago):" in lines
