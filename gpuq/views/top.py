@@ -23,7 +23,7 @@ from gpuq.clock import server_ms
 from gpuq.keys import Keys
 from gpuq.redact import one_line
 from gpuq.task import Priority
-from gpuq.views.inspect import PoolView, QueueView, WorkerView, number, pool_view, recent_misses
+from gpuq.views.inspect import PoolView, QueueView, WorkerView, number, pool_view, recent_misses, scale_stale
 from gpuq.views.render import attainment, levels_label
 
 MIN_WIDTH = 60
@@ -141,7 +141,9 @@ def _signals(view: PoolView) -> list[str]:
     if "unschedulable" in view.scale:
         signals.append(f"{view.scale['unschedulable'].get('tasks', '?')} unschedulable")
     if signals:
-        lines.append("scale: " + ", ".join(signals))
+        stale = scale_stale(view.scale, view.scale_age_s)  # no reaper rewrites them: say how old
+        lines.append(f"scale (stale, {view.scale_age_s:.0f}s old): " if stale else "scale: ")
+        lines[-1] += ", ".join(signals)
     return [""] + lines if lines else []
 
 

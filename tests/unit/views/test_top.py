@@ -125,6 +125,16 @@ def test_reservations_yields_and_scale_one_line_each() -> None:
     assert "scale: class A100-80 1->3, model m 0->1, 2 unschedulable" in lines
 
 
+def test_stale_scale_signals_say_so() -> None:
+    """Regression: `gpuq top` showed the last reaper round's scale signals as current however
+    old (`gpuq status` and the exporter already marked or left them out)."""
+    scale = {"class:A100-80": {"current": 1, "desired": 3, "reason": "m +2", "at": 0}}
+    assert "scale: class A100-80 1->3" in lines_of(render_top(pool(scale=scale, scale_age_s=2.0), [],
+                                                              now=NOW), 80)
+    lines = lines_of(render_top(pool(scale=scale, scale_age_s=300.4), [], now=NOW), 80)
+    assert "scale (stale, 300s old): class A100-80 1->3" in lines
+
+
 def test_formatting_helpers() -> None:
     assert top.shorten("node12-h100-0-a3f9c2", 11) == "node1~3f9c2"
     assert top.fit_list(["alpha", "beta", "gamma"], 3, 16) == "alpha, beta, +1"
