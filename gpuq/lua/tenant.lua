@@ -6,10 +6,10 @@
 -- recounted from the running set (O(running tasks): an operator's call, or a bound the
 -- reaper sets or lifts), so limits bind the tasks already running too: a tenant over a new
 -- limit starts nothing until its tasks bring it back under. Removing the last tenant ends
--- tenancy: the finish tags, bounds, counts of use and work totals go (running tasks are
--- no longer charged), queued tasks keep their places, and the queued counts stay,
--- exact, until the tasks counted there leave their queues (scripts leave them whether
--- tenancy is on or not).
+-- tenancy: the finish tags, bounds, counts of use, work totals and per-tenant SLA counts in
+-- `stats` go (running tasks are no longer charged), queued tasks keep their places, and the
+-- queued counts stay, exact, until the tasks counted there leave their queues (scripts
+-- leave them whether tenancy is on or not).
 --
 -- KEYS[1]  pool key base
 -- ARGV[1]  "set": ARGV[2] name, ARGV[3] weight (> 0), ARGV[4] max_gpus (an integer >= 0, or
@@ -157,6 +157,10 @@ if op == 'remove' then
       redis.call('HDEL', task_key(id), 'charged')
     end
     redis.call('DEL', K_TENANT_CLOCK, K_TENANT_USE, K_TENANT_WORK)
+    -- the reaper forgets quiet tenants only while tenancy is on: their SLA counts go now
+    for _, field in ipairs(redis.call('HKEYS', K_STATS)) do
+      if string.find(field, '^sla_m%a+:P%d:') then redis.call('HDEL', K_STATS, field) end
+    end
   else
     recount(name, limited(name))
   end

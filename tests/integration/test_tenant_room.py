@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from helpers import T0, enqueue_specs, heartbeat, spec
+from helpers import T0, claim, enqueue, enqueue_specs, heartbeat, spec
 
 from gpuq import Queue
 from gpuq.reaper.tenant_room import TenantRoom
@@ -88,6 +88,22 @@ def test_an_unregistered_tenant_gone_quiet_is_forgotten(queue: Queue) -> None:
     # it comes back: its new work counts whole, as if it had never left
     offer(queue, "cust1", 2, T0 + day + 61_000)
     assert queue.redis.hget(queue.keys.tenant_work, "cust1") == "8"
+
+
+def test_ending_tenancy_drops_the_per_tenant_sla_counts(queue: Queue) -> None:
+    """The reaper forgets quiet tenants only while tenancy is on, so the last tenant's
+    removal takes every tenant's SLA counts with it: a pool that turns tenancy on and off
+    keeps none for the names it saw. The pool's own counts stay."""
+    set_tenant(queue, Tenant("a"))
+    for i, tenant in enumerate(("a", "cust1", "cust2")):
+        enqueue(queue, T0 + i, priority="P1", model="m", tenant=tenant)
+        got = claim(queue, f"w{i}", 100, loaded=[("m", 4.0)], now_ms=T0 + 10 + i)
+        assert got is not None
+    assert queue.redis.hget(queue.keys.stats, "sla_met:P1:cust1") == "1"
+    remove_tenant(queue, "a")
+    stats = queue.redis.hgetall(queue.keys.stats)
+    assert stats["sla_met:P1"] == "3"
+    assert [f for f in stats if f.startswith("sla_")] == ["sla_met:P1"]
 
 
 def test_forget_keeps_a_tenant_whose_work_moved_since_it_was_read(queue: Queue) -> None:
