@@ -157,7 +157,8 @@ def test_status_json_shape(cli_pool: Pool) -> None:
     empty = json.loads(cli_pool.ok("status", "--json"))
     assert empty == {"pool": cli_pool.name, "queues": [], "workers": [], "running": 0,
                      "delayed": 0, "unschedulable": 0, "unschedulable_ids": [],
-                     "largest_gpu_gb": 0.0, "stats": {}, "class_shapes": [], "parked": 0, "models": [], "reservations": [],
+                     "largest_gpu_gb": 0.0, "stats": {}, "class_shapes": [], "parked": 0,
+                     "models": [], "reservations": [],
                      "yield_requests": [], "scale": {}, "unregistered": {}, "runtimes": [],
                      "tenants": [], "tenants_required": False, "progress": {}, "waiting": 0,
                      "schedules": 0, "warnings": [], "reaper_active": False,
@@ -322,7 +323,8 @@ def test_bad_environment_setting(cli_pool: Pool) -> None:
     (["--app", "no_such_pkg_gpuq:app"], "cannot import app module 'no_such_pkg_gpuq'"),
     # regression: registered a class of -1 GB usable, which --check-fit then misnamed
     (["--vram-gb", "4", "--gpu-count", "2"], "a GPU of 4 GB leaves no room above the KV reserve of 5 GB"),
-], ids=["zero vram", "negative vram", "zero concurrency", "negative concurrency", "malformed app", "not an app",
+], ids=["zero vram", "negative vram", "zero concurrency",
+     "negative concurrency", "malformed app", "not an app",
         "missing module", "under the kv reserve"])
 def test_worker_bad_options(cli_pool: Pool, args: list[str], fragment: str) -> None:
     if "--app" not in args:

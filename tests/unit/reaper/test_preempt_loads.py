@@ -31,7 +31,8 @@ def test_a_batch_of_one_model_counts_its_weights_once_and_a_victim_frees_only_it
 
 def test_without_a_catalog_entry_each_task_counts_whole() -> None:
     client = fakeredis.FakeRedis(decode_responses=True)
-    load, frees, _ = worker_loads(client, KEYS, [row("w", 5, "m"), row("w", 3, "m"), row("w", 2, "x", "queued")])
+    load, frees, _ = worker_loads(client, KEYS,
+                                  [row("w", 5, "m"), row("w", 3, "m"), row("w", 2, "x", "queued")])
     assert load == {"w": 8.0} and frees[:2] == [5.0, 3.0]
 
 
