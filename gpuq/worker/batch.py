@@ -32,7 +32,7 @@ from gpuq.app import App, BatchContext, HandlerSpec, Yielded
 from gpuq.claims import Batch
 from gpuq.errors import GpuqError, StaleLease, TaskError, TaskNotFound
 from gpuq.scripts import Call
-from gpuq.worker.executor import Claimed, Executor
+from gpuq.worker.executor import Claimed, Executor, failure
 from gpuq.worker.running import Running
 
 log = logging.getLogger(__name__)
@@ -223,8 +223,7 @@ def settle(ex: Executor, spec: HandlerSpec, items: list[Claimed]) -> list[Call[A
         if any(r.stopped for _, _, r in items):  # a task stopped past its yield deadline
             return calls + [give_back(ex, r, "its batch was stopped", "")
                             for _, _, r in items if not r.stopped]
-        retry = exc.retry if isinstance(exc, TaskError) else True
-        message = str(exc) if isinstance(exc, TaskError) else f"{type(exc).__name__}: {exc}"
+        message, retry = failure(exc)
         log.info("task.failed tasks=%d worker=%s retryable=%s error=%s", len(items), ex.id, retry, message)
         return calls + [ex.calls.fail(r.task_id, r.token, message, retry=retry)
                         for _, _, r in items if not r.stopped]

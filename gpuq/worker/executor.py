@@ -42,6 +42,21 @@ FAILED = {"delayed": "retried", "passed": "passed"}
 UNREADABLE = "task fields cannot be read"
 
 
+def failure(exc: BaseException) -> tuple[str, bool]:
+    """The error a run that raised ``exc`` records, on one line, and whether it may be retried.
+    Never raises: a run whose failure could not be described would send no fail, and its
+    lease, renewed until one is answered, would keep the task running for good."""
+    try:
+        text = str(exc)
+    except Exception:  # an exception class whose __str__ itself raises
+        text = "<exception str() failed>"
+    text = " ".join(text.splitlines()).strip()
+    if isinstance(exc, TaskError):
+        return text or "TaskError", bool(exc.retry)
+    name = type(exc).__name__
+    return (f"{name}: {text}" if text else name), True
+
+
 def handed_over(message: object) -> dict[str, str] | None:
     """The fields of a task handed over at enqueue, if a wake list entry is one (a JSON
     object; the other entries are plain tokens)."""
@@ -127,13 +142,13 @@ class Executor:
         if not res.cold:
             resident.ready.wait()
             if resident.error is not None:
-                raise TaskError(f"loading model {res.model} failed: {resident.error}", True)
+                raise TaskError(f"loading model {res.model} failed: {failure(resident.error)[0]}",
+                                True)
             return resident.obj
         try:
             seconds = cache.load(resident)
         except Exception as exc:
-            raise TaskError(f"loading model {res.model} failed: {type(exc).__name__}: {exc}",
-                            True) from None
+            raise TaskError(f"loading model {res.model} failed: {failure(exc)[0]}", True) from None
         pipe = self.presence.pipeline()
         catalog.record_load(pipe, self.presence.keys, res.model, resident.footprint_gb, seconds,
                             self.task_gpus(task_id))
@@ -227,8 +242,7 @@ class Executor:
             if running.stopped:  # StopTask, or whatever the stop broke: the task is requeued
                 self.moot(running)
                 return None
-            retry = exc.retry if isinstance(exc, TaskError) else True
-            message = str(exc) if isinstance(exc, TaskError) else f"{type(exc).__name__}: {exc}"
+            message, retry = failure(exc)
             log.info("task.failed task=%s worker=%s retryable=%s error=%s", task_id, self.id, retry,
                      message)
             return self.calls.fail(task_id, token, message, retry=retry)

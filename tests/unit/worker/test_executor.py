@@ -9,6 +9,7 @@ import fakeredis
 
 from gpuq import Config, Queue
 from gpuq.app import App, Context
+from gpuq.errors import TaskError
 from gpuq.task import MAX_RESULT_BYTES
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.loop import Worker
@@ -121,3 +122,36 @@ def test_a_handler_that_raises_counts_its_run_time() -> None:
     assert call is not None and call.script == "fail"
     assert metrics.registry.get_sample_value(
         "gpuq_task_phase_seconds_count", {"pool": "p", "priority": "P2", "phase": "run"}) == 1
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("str() of it raised")
+
+
+def test_a_failure_is_one_line_even_when_its_exception_cannot_be_printed() -> None:
+    """Regression: an exception whose str() raised escaped the runner with no fail sent; the
+    heartbeat renews a run's lease until its fail is answered, so the task stayed running
+    for good. A message of several lines went into the worker's log as several lines."""
+    app = App("executor-test")
+    app.any_model()(lambda name: name)
+    raised: list[BaseException] = [Unprintable(), ValueError("first\r\nsecond\n"), RuntimeError(),
+                                   TaskError("bad\ninput", retry=False)]
+
+    @app.handler("boom")
+    def boom(model: Any, payload: Any, ctx: Context) -> None:
+        raise raised[payload]
+
+    worker = Worker(fakeredis.FakeRedis(decode_responses=True), Config(pool="p"), app,
+                    GpuInfo("L4", "uuid", 24, None, "declared"), worker_id="w")
+    errors = []
+    for i in range(len(raised)):
+        fields = {"id": f"t{i}", "handler": "boom", "model": "m", "payload": str(i),
+                  "vram_gb": "4", "attempt": "1", "est_s": "1", "token": "7"}
+        with worker.cache.lock:
+            res, running = worker.executor.begin(fields)
+        call = worker.executor.execute(fields, res, running)
+        assert call is not None and call.script == "fail"
+        errors.append((call.args[3], call.args[4]))
+    assert errors == [("Unprintable: <exception str() failed>", "1"), ("ValueError: first second", "1"),
+                      ("RuntimeError", "1"), ("bad input", "0")]
