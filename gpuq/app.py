@@ -16,7 +16,8 @@ cannot make it execute arbitrary code; payloads are JSON, never pickle.
 
 A batch handler (``batch`` > 1) gets the payloads of up to ``batch`` tasks of its handler and
 model, claimed together (gpuq/lua/claim_batch.lua), and returns one result per task, in
-order; each task keeps its own lease, attempt, result and retry (``gpuq.worker.batch``).
+order (an exception in a task's place fails that task alone); each task keeps its own
+lease, attempt, result and retry (``gpuq.worker.batch``).
 
 A handler (or loader, or unloader) may be ``async def``: it runs on the worker's event loop
 (``gpuq.worker.eventloop``), so the ``--concurrency N`` tasks of a worker share one loaded

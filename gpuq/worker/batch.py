@@ -10,8 +10,9 @@ wait at once: the batch runs with what it has, rather than hold the GPU idle. ``
 the handler once with the payloads and settles each task alone: N results, N acks (sent
 together with the runner's next claim, one round trip); a wrong count or a non-list fails
 every task with that reason (retried as a handler error); an exception fails each task as it
-would fail one task. A yield gives every task back (attempt not used); a task stopped past
-its yield deadline is requeued by the worker and the others of its batch given back.
+would fail one task, and an exception in a task's place of the list fails that task alone. A
+yield gives every task back (attempt not used); a task stopped past its yield deadline is
+requeued by the worker and the others of its batch given back.
 
 Each task's learned run time is the batch's handler time divided by its tasks: the mean
 then says how much worker time a task of that handler costs, which is what a backlog's
@@ -238,7 +239,8 @@ def give_back(ex: Executor, r: Running, reason: str, preempted: str) -> Call[Any
 
 def results_of(ex: Executor, spec: HandlerSpec, items: list[Claimed], results: Any,
                ran_s: float) -> list[Call[Any]]:
-    """One ack per task for a list of one result per task; else every task fails."""
+    """One ack per task for a list of one result per task (a fail for an exception in the
+    list); else every task fails."""
     n = len(items)
     for _, _, r in items:
         ex.observer.observe(r.task_id, phase="run", seconds=ran_s)
@@ -253,6 +255,12 @@ def results_of(ex: Executor, spec: HandlerSpec, items: list[Claimed], results: A
         if r.stopped:  # no ack goes out: said, as for one task (Executor.execute)
             log.warning("lease.lost task=%s worker=%s: result discarded (its run was stopped)",
                         r.task_id, ex.id)
+            continue
+        if isinstance(result, BaseException):  # the handler failed this task alone
+            message, retry = failure(result)
+            log.info("task.failed task=%s worker=%s retryable=%s error=%s", r.task_id, ex.id, retry,
+                     message)
+            calls.append(ex.calls.fail(r.task_id, r.token, message, retry=retry))
             continue
         try:
             ack = ex.calls.ack(r.task_id, r.token, ex.encode(result))

@@ -13,7 +13,7 @@ import redis
 
 from gpuq.app import App, BatchContext
 from gpuq.client import Queue
-from gpuq.errors import GpuqError
+from gpuq.errors import GpuqError, TaskError
 from gpuq.scripts import ClaimRequest
 from gpuq.task import State
 from gpuq.testing import drain, memory_queue
@@ -305,3 +305,19 @@ def test_a_batchs_tasks_stopped_for_a_lost_lease_are_counted_lost(caplog: pytest
     lost = ex.observer.metrics.registry.get_sample_value(
         "gpuq_worker_tasks_total", {"pool": "p", "gpu": "w", "priority": "P2", "outcome": "lost"})
     assert lost == 2
+
+
+def test_an_exception_in_a_tasks_place_fails_that_task_alone() -> None:
+    """Regression: an exception returned for one task of the batch (the way to fail part of
+    a batch) failed it for good as "a result that is not JSON", whatever its retry said."""
+    q = memory_queue()
+    ids = enqueue(q, "h", 4, max_attempts=2)
+
+    def half(model: str, payloads: list[Any], ctx: BatchContext) -> list[Any]:
+        return [p if p % 2 == 0 else TaskError("odd\ninput", retry=p == 1) for p in payloads]
+
+    ex = executor(q, app_with(half))
+    assert run_one_batch(q, ex) == ["ack", "fail", "ack", "fail"]
+    got = [(r.state, r.error, r.result) for r in map(q.record, ids)]
+    assert got == [(State.SUCCEEDED, None, 0), (State.DELAYED, "odd input", None),
+                   (State.SUCCEEDED, None, 2), (State.FAILED, "odd input", None)]
