@@ -48,8 +48,24 @@ def test_a_delayed_task_is_claimable_at_its_due_time_and_not_before(queue: Queue
     c = run(queue, tid, T0 + 5000 + 150)
     assert c["sla"] == "met"  # its SLA counts from the due time, not from enqueue
     assert c["due_at"] == str(T0 + 5000)  # the worker's latency histogram counts from it too
-    assert field(queue, tid, "queued_at") == str(T0 + 5150)
+    assert field(queue, tid, "queued_at") == str(T0 + 5000)  # queued since it was due
     assert queue.record(tid).due_at == (T0 + 5000) / 1000
+
+
+def test_a_delayed_tasks_queue_phase_counts_from_its_due_time_not_its_promotion(queue: Queue) -> None:
+    """The worker's queue phase is started_at - queued_at: a reaper round (or claim) that
+    promotes a task after its due time must not hide that lag from the phase split."""
+    late = enqueue(queue, T0, priority="P1", delay_s=5)
+    assert reap(queue, T0 + 5400).promoted == 1  # a round 400 ms after the due time
+    c = run(queue, late, T0 + 5600)
+    assert (c["queued_at"], c["started_at"], c["due_at"]) == (str(T0 + 5000), str(T0 + 5600), str(T0 + 5000))
+    # the claim that promotes one does the same; a retry is queued from its backoff's end
+    tid = enqueue(queue, T0, priority="P1", delay_s=1)
+    c = run(queue, tid, T0 + 1300)
+    assert c["queued_at"] == str(T0 + 1000)
+    assert fail(queue, tid, c["token"], now_ms=T0 + 2000) == "delayed"
+    due = int(queue.redis.zscore(queue.keys.delayed, tid))
+    assert run(queue, tid, due + 700)["queued_at"] == str(due)
 
 
 def test_a_delayed_task_misses_its_sla_counted_from_its_due_time(queue: Queue) -> None:

@@ -48,18 +48,20 @@ end
 
 -- Move retries whose backoff has passed back into their queues (bounded per call; ttl: how
 -- long one failed for a corrupt hash stays readable), or end those whose deadline can no
--- longer be met (expire_due); the gate moves to what is left.
+-- longer be met (expire_due); the gate moves to what is left. A task's `queued_at` is when
+-- it became due (its delayed score), not its promotion: a late promotion is queue time.
 local function promote_due(now, limit, ttl)
-  local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', ms(now), 'LIMIT', '0', ms(limit))
-  for _, id in ipairs(due) do
+  local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', ms(now), 'WITHSCORES', 'LIMIT', '0', ms(limit))
+  for i = 1, #due, 2 do
+    local id, at = due[i], math.min(now, tonumber(due[i + 1]) or now)
     redis.call('ZREM', K_DELAYED, id)
     -- a hash deleted meanwhile: nothing to run
     if redis.call('EXISTS', task_key(id)) == 1
         and not expire_due(id, now, ttl, 'deadline passed while delayed') then
-      redis.call('HSET', task_key(id), 'state', 'queued', 'queued_at', ms(now))
+      redis.call('HSET', task_key(id), 'state', 'queued', 'queued_at', ms(at))
       push(id, now, ttl)
     end
   end
   gate_head('due_at', K_DELAYED)
-  return #due
+  return #due / 2
 end
