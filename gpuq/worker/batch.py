@@ -33,7 +33,7 @@ from gpuq.app import App, BatchContext, HandlerSpec, Yielded
 from gpuq.claims import Batch
 from gpuq.errors import GpuqError, StaleLease, TaskError, TaskNotFound
 from gpuq.scripts import Call
-from gpuq.worker.executor import Claimed, Executor, failure
+from gpuq.worker.executor import Claimed, Executor, failure, where
 from gpuq.worker.running import Running
 
 log = logging.getLogger(__name__)
@@ -225,7 +225,8 @@ def settle(ex: Executor, spec: HandlerSpec, items: list[Claimed]) -> list[Call[A
             return calls + [give_back(ex, r, "its batch was stopped", "")
                             for _, _, r in items if not r.stopped]
         message, retry = failure(exc)
-        log.info("task.failed tasks=%d worker=%s retryable=%s error=%s", len(items), ex.id, retry, message)
+        log.info("task.failed tasks=%d worker=%s retryable=%s error=%s", len(items), ex.id, retry, message,
+                 exc_info=where(exc))
         return calls + [ex.calls.fail(r.task_id, r.token, message, retry=retry)
                         for _, _, r in items if not r.stopped]
     return calls + results_of(ex, spec, items, results, ran_s)
@@ -259,7 +260,7 @@ def results_of(ex: Executor, spec: HandlerSpec, items: list[Claimed], results: A
         if isinstance(result, BaseException):  # the handler failed this task alone
             message, retry = failure(result)
             log.info("task.failed task=%s worker=%s retryable=%s error=%s", r.task_id, ex.id, retry,
-                     message)
+                     message, exc_info=where(result))
             calls.append(ex.calls.fail(r.task_id, r.token, message, retry=retry))
             continue
         try:

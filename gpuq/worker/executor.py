@@ -42,6 +42,13 @@ FAILED = {"delayed": "retried", "passed": "passed"}
 UNREADABLE = "task fields cannot be read"
 
 
+def where(exc: BaseException) -> BaseException | None:
+    """What a failure's log line carries as its traceback: the task records one line, so the log
+    is where an operator finds where an unexpected error was raised. A TaskError is the
+    handler's own verdict, said in its message: no traceback."""
+    return None if isinstance(exc, TaskError) else exc
+
+
 def failure(exc: BaseException) -> tuple[str, bool]:
     """The error a run that raised ``exc`` records, on one line, and whether it may be retried.
     Never raises: a run whose failure could not be described would send no fail, and its
@@ -148,6 +155,8 @@ class Executor:
         try:
             seconds = cache.load(resident)
         except Exception as exc:
+            log.warning("model.load_failed worker=%s model=%s error=%s", self.id, res.model,
+                        failure(exc)[0], exc_info=exc)  # the task's error is one line: where is here
             raise TaskError(f"loading model {res.model} failed: {failure(exc)[0]}", True) from None
         pipe = self.presence.pipeline()
         catalog.record_load(pipe, self.presence.keys, res.model, resident.footprint_gb, seconds,
@@ -244,7 +253,7 @@ class Executor:
                 return None
             message, retry = failure(exc)
             log.info("task.failed task=%s worker=%s retryable=%s error=%s", task_id, self.id, retry,
-                     message)
+                     message, exc_info=where(exc))
             return self.calls.fail(task_id, token, message, retry=retry)
         finally:
             if res is not None:

@@ -3,9 +3,11 @@ worker built over fakeredis without starting it: the call it returns is what the
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import fakeredis
+import pytest
 
 from gpuq import Config, Queue
 from gpuq.app import App, Context
@@ -155,3 +157,36 @@ def test_a_failure_is_one_line_even_when_its_exception_cannot_be_printed() -> No
         errors.append((call.args[3], call.args[4]))
     assert errors == [("Unprintable: <exception str() failed>", "1"), ("ValueError: first second", "1"),
                       ("RuntimeError", "1"), ("bad input", "0")]
+
+
+def test_an_unexpected_failure_logs_where_it_was_raised(caplog: pytest.LogCaptureFixture) -> None:
+    """Regression: a failed task records one line and the worker logged only that line, so an
+    operator could not find where a handler (or a model's loader) raised. A TaskError is the
+    handler's own verdict and logs no traceback."""
+    app = App("executor-test")
+
+    @app.model("broken", vram_gb=1)
+    def load_broken() -> None:
+        raise OSError("weights missing")
+
+    app.any_model()(lambda name: name)
+    raised: list[BaseException] = [KeyError("missing"), TaskError("bad input", retry=False)]
+
+    @app.handler("boom")
+    def boom(model: Any, payload: Any, ctx: Context) -> None:
+        raise raised[payload]
+
+    worker = Worker(fakeredis.FakeRedis(decode_responses=True), Config(pool="p"), app,
+                    GpuInfo("L4", "uuid", 24, None, "declared"), worker_id="w")
+    caplog.set_level(logging.INFO, logger="gpuq")
+    for i, model in enumerate(["m", "m", "broken"]):
+        fields = {"id": f"t{i}", "handler": "boom", "model": model, "payload": str(i % 2),
+                  "vram_gb": "4", "attempt": "1", "est_s": "1", "token": "7"}
+        with worker.cache.lock:
+            res, running = worker.executor.begin(fields)
+        call = worker.executor.execute(fields, res, running)
+        assert call is not None and call.script == "fail"
+    traced = {r.getMessage().split(" ")[0] + " " + r.getMessage().split(" ")[1]: r.exc_info is not None
+              for r in caplog.records if r.getMessage().startswith(("task.failed", "model.load_failed"))}
+    assert traced == {"task.failed task=t0": True, "task.failed task=t1": False,
+                      "model.load_failed worker=w": True, "task.failed task=t2": False}
