@@ -24,7 +24,9 @@ A task whose lease is gone (``gpuq cancel``, or the reaper took it back from a w
 thought dead), which the heartbeat learns, is stopped the same way once ``grace_s`` passes
 (its handler sees ``ctx.should_stop()`` at once), with nothing to requeue: it is no longer
 this worker's, and its slot and VRAM should go to work that counts. A batch stops once every
-one of its tasks is lost (the others' results still count).
+one of its tasks is lost (the others' results still count). A run whose task this worker
+claimed again (superseded: gpuq.worker.running) is lost too: stopped past the grace, and
+past ``stop_s`` more the worker exits with EXIT_STUCK, as for any handler that will not stop.
 """
 
 from __future__ import annotations
@@ -112,9 +114,12 @@ class Control:
     def watch(self) -> float:
         """Stop tasks past their yield deadline, exit if one will not stop; returns seconds
         until the next deadline (inf: none)."""
+        for r in self.running.superseded():
+            if r.lost_deadline is None and r.stop_deadline is None:  # claimed again since
+                self.on_lost(r)
         now = time.monotonic()
         nearest = float("inf")
-        for r in self.running.snapshot():
+        for r in self.running.watched():
             if r.lost_deadline is not None and r.stop_deadline is None:
                 if now >= r.lost_deadline:
                     self.stop_lost(r)
@@ -177,7 +182,7 @@ class Control:
         handler yet (its model still loading: a load is no stuck handler), it is marked
         stopped, so its handler never starts, and looked at again after another grace."""
         r.lost_deadline = None
-        runs = [o for o in self.running.snapshot() if o.thread_id == r.thread_id] or [r]
+        runs = [o for o in self.running.watched() if o.thread_id == r.thread_id] or [r]
         if not all(o.ctx.lost for o in runs):
             return
         if not any(o.in_handler for o in runs):

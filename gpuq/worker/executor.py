@@ -263,9 +263,9 @@ class Executor:
     def moot(self, running: Running) -> None:
         """A run the worker stopped, its handler returned: counted "stopped" (requeued past
         its yield deadline) or "lost" (its lease gone: canceled, taken back), after its run
-        phase, unless a newer run of the task on this worker holds its metrics label by now."""
-        if not any(r.task_id == running.task_id and r is not running for r in self.running.snapshot()):
-            self.observer.observe(running.task_id, running.stopped_as)
+        phase; a newer run of the task on this worker (superseded) keeps the metrics label."""
+        newer = any(r.task_id == running.task_id and r is not running for r in self.running.snapshot())
+        self.observer.observe(running.task_id, running.stopped_as, keep=newer)
 
     def invoke(self, spec: HandlerSpec, runs: list[Running], *args: Any) -> Any:
         """Call the handler with ``args`` while ``runs`` (its task, or its batch's tasks)

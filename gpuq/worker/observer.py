@@ -40,11 +40,13 @@ class Observer:
         self.metrics.first_start(self._labels[fields["id"]], (now_ms - origin(fields)) / 1000)
 
     def observe(self, task_id: str, outcome: str | None = None, phase: str = "",
-                seconds: float = 0.0) -> None:
-        """Record a task's phase time or its outcome (the last word on it) when metrics are on."""
+                seconds: float = 0.0, *, keep: bool = False) -> None:
+        """Record a task's phase time or its outcome (the last word on it) when metrics are on;
+        ``keep``: the label stays, for a later run of the task on this worker that holds it."""
         if self.metrics is None or task_id not in self._labels:
             return
         if phase:
             self.metrics.phase_done(self._labels[task_id], phase, seconds)
         if outcome:
-            self.metrics.settled(self._labels.pop(task_id), outcome)
+            label = self._labels[task_id] if keep else self._labels.pop(task_id)
+            self.metrics.settled(label, outcome)

@@ -6,11 +6,14 @@ timeout) and how many tasks ran. A batch's tasks are tracked one by one (each ha
 lease) but take one slot together: the tasks added to a batch are ``batched``. A task whose
 handler is ``async def`` runs on the worker's event loop (gpuq.worker.eventloop) while its
 runner thread waits: stopping it cancels its asyncio task instead of raising in the thread.
+A run whose task this worker claimed again is ``superseded``: it holds its slot and control
+watches it (stopped past the grace, as a lost run) until its handler returns.
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +23,7 @@ from gpuq.app import Context
 from gpuq.errors import StopTask
 from gpuq.worker.eventloop import AsyncCall
 
+log = logging.getLogger(__name__)
 
 @dataclass
 class Running:
@@ -75,12 +79,15 @@ class RunningSet:
         # next claim, which an outage holds back): task id -> token. Their leases stay
         # renewed, or a reaper would take back a finished task and its result be refused
         self._settling: dict[str, int] = {}
+        # runs whose task was claimed again while they ran: until their handlers return they
+        # take their slots (the GPU is busy) and control stops them past the grace
+        self._superseded: list[Running] = []
         self._last_active = time.monotonic()  # a task started or ended
         self.tasks_run = 0
         self.reservations = 0  # "reserved" control messages read: the planner holds this worker
 
     def __len__(self) -> int:
-        return len(self._running)
+        return len(self._running) + len(self._superseded)
 
     def track(self, *runs: Running) -> None:
         with self._changed:  # a batch's runs under one lock
@@ -91,6 +98,10 @@ class RunningSet:
                     # it again while the old run still runs: that run's lease is gone, its
                     # handler told so (should_stop) and whatever it returns moot
                     old.ctx.lost = old.stopped = True
+                    self._superseded.append(old)
+                    log.warning("task.superseded task=%s worker=%s token=%d: claimed again while "
+                                "this run runs; stopped past the grace unless it stops",
+                                run.task_id, old.ctx.worker_id, old.token)
                 self._running[run.task_id] = run
                 # an earlier run of the task on this worker (stopped: no ack to settle it) is
                 # superseded by this claim's token: renewing both, the beat would read the
@@ -105,7 +116,9 @@ class RunningSet:
             for one in ended:
                 task_id = one if isinstance(one, str) else one.task_id
                 if not isinstance(one, str) and self._running.get(task_id) is not one:
-                    continue  # superseded: the task's later run on this worker goes on
+                    # superseded: the task's later run on this worker goes on
+                    self._superseded = [r for r in self._superseded if r is not one]
+                    continue
                 run = self._running.pop(task_id, None)
                 if run is not None:
                     self._settling[task_id] = run.token
@@ -126,11 +139,20 @@ class RunningSet:
     def slots_used(self) -> int:
         """Runner slots taken: one per task, or per batch."""
         with self._changed:
-            return sum(1 for r in self._running.values() if not r.batched)
+            return sum(1 for r in [*self._running.values(), *self._superseded] if not r.batched)
 
     def snapshot(self) -> list[Running]:
         with self._changed:
             return list(self._running.values())
+
+    def superseded(self) -> list[Running]:
+        with self._changed:
+            return list(self._superseded)
+
+    def watched(self) -> list[Running]:
+        """The runs control enforces deadlines on: the tracked ones and the superseded."""
+        with self._changed:
+            return [*self._running.values(), *self._superseded]
 
     def wait(self, timeout: float, *, unless_empty: bool = False) -> bool:
         """Wait up to ``timeout`` for a task to end. With ``unless_empty``, return False at

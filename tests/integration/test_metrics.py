@@ -182,3 +182,29 @@ def test_a_run_stopped_after_its_task_was_canceled_is_counted_lost(
              message=lambda: f"outcome lost; logs:\n{procs.logs()}")
     _, w = scrape(worker_port)
     assert value(w, "gpuq_worker_tasks_total", outcome="succeeded") == 1
+
+
+def test_a_superseded_run_that_runs_on_is_stopped_past_the_grace_and_counted_lost(
+        procs: Procs, real_queue: Queue) -> None:
+    """Found by a QA pass: an operator's requeue of a running task let the same worker (a
+    free slot) claim it again; the old run, superseded, left the worker's running set, so a
+    handler ignoring ctx.should_stop() was never stopped (two runs of the task on one GPU)
+    and its run was counted under no outcome. Past the grace it is stopped as a lost run."""
+    worker_port = free_port()
+    procs.worker("w1", vram_gb=48, concurrency=2,
+                 env={"GPUQ_METRICS_PORT": str(worker_port), "GPUQ_GRACE_S": "0.5"})
+    wait_for(lambda: up(worker_port), 15, message=lambda: f"endpoint; logs:\n{procs.logs()}")
+    task = real_queue.enqueue("sim.run", {"ignore_yield": True}, model="bge-m3", vram_gb=6,
+                              priority="P2", est_s=est(60))
+    first = procs.wait_running_on(task.id, "w1")
+    wait_for(lambda: procs.redis.hget(procs.keys.task(task.id), "began_at"), 10,
+             message="its handler to start, its model loaded")
+    assert real_queue.requeue(task.id) is State.QUEUED
+    again = wait_for(lambda: (r := procs.record(task.id)).state is State.RUNNING
+                     and r.started_at != first.started_at and r, 10, message="claimed again")
+    assert again.worker == "w1"
+    wait_for(lambda: f"task.stopped task={task.id}" in procs.logs(), 15,
+             message=lambda: f"the old run stopped; logs:\n{procs.logs()}")
+    wait_for(lambda: value(scrape(worker_port)[1], "gpuq_worker_tasks_total", outcome="lost") == 1, 5,
+             message=lambda: f"outcome lost; logs:\n{procs.logs()}")
+    assert procs.record(task.id).state is State.RUNNING  # the new run goes on

@@ -375,3 +375,27 @@ def test_a_superseded_run_s_result_is_logged_discarded(caplog: pytest.LogCapture
         assert worker.executor.execute(fields, res, old) is None  # its result is moot
     assert isinstance(claims[0], tuple) and claims[0][0][2].token != old.token
     assert REJECTED.findall(caplog.text) == [(task.id, "w")]
+
+
+def test_a_superseded_run_that_will_not_stop_holds_its_slot_and_makes_the_worker_exit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: a run stopped past its yield deadline whose task this worker claimed
+    again left the running set, so its stop deadline was never checked: a handler stuck in
+    native code kept the GPU alongside the new run, its slot free for a third task. It holds
+    its slot and, past stop_s, makes the worker exit as any handler that will not stop."""
+    queue, worker, task, (_, _, old) = claimed(concurrency=2)
+    control = worker.heartbeat().control
+    asked_to_yield(queue, task.id)
+    control.on_yield(task.id, 0)
+    old.enter()  # in its handler, stuck in native code: the stop reaches no thread
+    old.thread_id = 0
+    control.watch()  # past its deadline: stopped and requeued
+    assert old.stopped and old.stop_deadline is not None
+    got = worker.claim(None)  # the free slot takes the task again
+    assert isinstance(got, tuple) and got[0][2].token != old.token
+    assert worker.running.slots_used() == 2
+    stuck: list[str] = []
+    monkeypatch.setattr(control, "exit_stuck", lambda r: stuck.append(r.task_id))
+    old.stop_deadline = 0.0
+    control.watch()
+    assert stuck == [task.id]
