@@ -344,6 +344,7 @@ class TaskRecord:
     due_at: float | None = None  # enqueued with a delay: when it is (was) due
     parents: list[str] = field(default_factory=list)  # enqueued with `after`: its parents
     schedule: str | None = None  # a periodic run: "<schedule name> <period, epoch ms>"
+    offered: str | None = None  # the worker it was last offered to (docs/PROTOCOL.md, wake rule)
 
     @classmethod
     def from_fields(cls, fields: dict[str, str]) -> TaskRecord:
@@ -389,6 +390,7 @@ class TaskRecord:
             due_at=_seconds(fields, "due_at"),
             parents=[p for p in fields.get("parents", "").split(",") if p],
             schedule=fields.get("schedule") or None,
+            offered=fields.get("offered") or None,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -146,8 +146,17 @@ def task(ctx: click.Context, task_id: str, as_json: bool) -> None:
     queue = open_queue(ctx)
     record = queue.record(task_id).to_dict()
     record["children"] = task_children(queue.redis, queue.keys, task_id)
+    pipe = queue.redis.pipeline(transaction=False)
+    pipe.zscore(queue.keys.parked, task_id)
+    pipe.zscore(queue.keys.handed, task_id)
+    parked, pickup_ms = pipe.execute()
     # queued but out of its queue: no live worker can hold it (lua/park.lua)
-    record["parked"] = queue.redis.zscore(queue.keys.parked, task_id) is not None
+    record["parked"] = parked is not None
+    # handed over at enqueue, its worker's pickup not seen yet: taken back at this deadline
+    # (epoch s) if still unread on its wake list; the set keeps a task that ended or went
+    # back to a queue until the next claim or reap round tidies it (lib/due.lua)
+    running = pickup_ms is not None and record["state"] == "running"
+    record["pickup_by"] = pickup_ms / 1000 if running else None
     if as_json:
         click.echo(json.dumps(record, indent=2))
         return

@@ -26,7 +26,8 @@ from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.presence import Presence
 
 DEAD_REDIS = "redis://127.0.0.1:1/0"
-TASK_FIELDS = {f.name for f in dataclass_fields(TaskRecord)} | {"children", "parked"}  # the CLI adds them
+# the CLI adds the last three
+TASK_FIELDS = {f.name for f in dataclass_fields(TaskRecord)} | {"children", "parked", "pickup_by"}
 BASE = ["sim.run", "--model", "llama3-8b", "--vram-gb", "16"]
 
 
@@ -115,7 +116,8 @@ def test_task_with_a_damaged_hash_is_one_line(cli_pool: Pool) -> None:
 def test_task_text_lists_every_field(cli_pool: Pool) -> None:
     task_id = cli_pool.ok("enqueue", *BASE, "--payload", '{"a": 1}').strip()
     lines = cli_pool.ok("task", task_id).splitlines()
-    assert [line.split()[0] for line in lines] == [*TaskRecord.__dataclass_fields__, "children", "parked"]
+    assert [line.split()[0] for line in lines] == [*TaskRecord.__dataclass_fields__, "children", "parked",
+                                                      "pickup_by"]
     assert f"id            {task_id}" in lines
     assert 'payload       {"a": 1}' in lines
     assert "state         queued" in lines
