@@ -365,9 +365,7 @@ end
 -- taken was its queue's head: the index takes the next one from the scan's read (or drops
 -- the model when the read saw the whole queue) instead of reading the queue again.
 local next_head = head and head[1] == id
-local reply = {0, 'task'}
-local values = take(id, LEVEL_TEXT[p], m, worker, now, now + lease, f, held[m] ~= nil, tenancy, next_head)
-for i, name in ipairs(TAKEN) do reply[2 * i + 1], reply[2 * i + 2] = name, values[i] end
+local reply = take(id, LEVEL_TEXT[p], m, worker, now, now + lease, f, held[m] ~= nil, tenancy, next_head)
 -- a batch handler's task on a held model brings its batch: the VRAM left beside it, none
 -- evicted (a cold start's batch waits for its load: claim_batch.lua)
 local more, taken, batch_use, seen = held[m] and batches[f[1]], 0, 0, false

@@ -13,9 +13,11 @@
 -- `start` (token, lease, SLA: decided now when warm, the worker holding its model); its
 -- tenant charged (tenancy on); a cold start noted. f: its fields (`readable`), read before
 -- the attempt is written; the deadline index is touched only if it has one; keep_head: the
--- caller refreshes the queue's head in the index (unqueue). Returns the values of the claim
--- reply's pairs for the task, in TAKEN's order; `batched` (a task beside a batch's first):
--- those that differ from the first's (gpuq/claims.py BATCHED_FIELDS).
+-- caller refreshes the queue's head in the index (unqueue). Returns the claim reply for the
+-- task, {0, 'task', name, value, ...} in gpuq/claims.py TASK_FIELDS' order, built in one
+-- constructor (sized once, no loop over the names); `batched` (a task beside a batch's
+-- first): the values alone that differ from the first's (gpuq/claims.py BATCHED_FIELDS;
+-- not its handler, model and priority, the first's, nor its start time, the call's).
 local function take(id, p, m, w, now, lease_until, f, warm, tenancy, keep_head, batched)
   unqueue(id, p, m, f[8] ~= '', keep_head)
   fair_leave(id, f[18])
@@ -36,13 +38,8 @@ local function take(id, p, m, w, now, lease_until, f, warm, tenancy, keep_head, 
   if batched then
     return {id, token, f[2], f[4], f[6], f[7], f[8], f[9], f[10] or '', f[11], f[12], sla, due}
   end
-  return {id, token, f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10] or '', f[11],
-    f[12], ms(now), sla, due}
+  return {0, 'task', 'id', id, 'token', token, 'handler', f[1], 'payload', f[2], 'model', f[3],
+    'vram_gb', f[4], 'priority', f[5], 'est_s', f[6], 'attempt', f[7], 'deadline', f[8],
+    'tenant', f[9], 'checkpoint', f[10] or '', 'enqueued_at', f[11], 'queued_at', f[12],
+    'started_at', ms(now), 'sla', sla, 'due_at', due}
 end
-
--- The names of the claim reply's pairs, in the order `take` gives their values. A batch's
--- further tasks go as values alone, without their handler, model and priority (the first's)
--- and start time (the call's): gpuq/claims.py TASK_FIELDS and BATCHED_FIELDS.
-local TAKEN = {'id', 'token', 'handler', 'payload', 'model', 'vram_gb', 'priority', 'est_s',
-  'attempt', 'deadline', 'tenant', 'checkpoint', 'enqueued_at', 'queued_at', 'started_at', 'sla',
-  'due_at'}
