@@ -131,9 +131,14 @@ local n = tonumber(ARGV[1])
 if not n or n < 0 or n > #ARGV - 1 or n ~= math.floor(n) then
   return {{1, 0, 'the first argument must count the arguments of the first part'}}
 end
-local first, second = {{}}, {{}}
-for i = 2, n + 1 do first[i - 1] = ARGV[i] end
-for i = n + 2, #ARGV do second[i - n - 1] = ARGV[i] end
+local first, second
+if #ARGV <= 4000 then  -- each made at its size: grown one by one, a table rehashes at each 2^k
+  first, second = {{unpack(ARGV, 2, n + 1)}}, {{unpack(ARGV, n + 2)}}
+else  -- past what unpack may put on Lua's stack (8000 values)
+  first, second = {{}}, {{}}
+  for i = 2, n + 1 do first[i - 1] = ARGV[i] end
+  for i = n + 2, #ARGV do second[i - n - 1] = ARGV[i] end
+end
 local a, b = first[{a}] == '0' or first[{a}] == '', second[{b}] == '0' or second[{b}] == ''
 if a or b then
   local t = redis.call('TIME')

@@ -246,6 +246,17 @@ def test_acks_at_another_now_or_ttl_go_as_calls_of_their_own(queue: Queue) -> No
     assert queue.record(got.tasks[0]["id"]).finished_at is not None
 
 
+def test_acks_past_lua_s_stack_limit_ride_with_a_claim(queue: Queue) -> None:
+    # 3,000 acks are 9,000 arguments of one ack_claim call: more than unpack may put on Lua's
+    # stack (8,000), so the call splits them without it
+    task = enqueue(queue, T0)
+    acks = [queue.calls.ack(f"gone-{i}", 1, "1", now_ms=T0 + 100) for i in range(3000)]
+    claim_call = queue.calls.claim(ClaimRequest("w1", 40, 0, 1, HELD), now_ms=T0 + 100)
+    replies = queue.scripts.pipelined([*acks, claim_call])
+    assert [r[0] for r in replies[:-1]] == [4] * 3000
+    assert claim_call.parse(replies[-1]).task["id"] == task  # type: ignore[index]
+
+
 def test_several_acks_with_a_short_triple_are_invalid_and_write_nothing(queue: Queue) -> None:
     batch_ids(queue, 2)
     c = first(queue)
