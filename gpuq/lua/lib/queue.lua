@@ -44,10 +44,15 @@ end
 -- What the index's first n members (first) say of each level: true or false where they show
 -- it in full (a level before the last one they reach, or every level when they are fewer
 -- than n), nil where they cannot tell.
+-- One pass over them (not a list of models made per level to test its first).
 local function work_levels(first, n)
-  local last, known = first[1] and LEVEL_OF[string.sub(first[#first], 1, 1)] or -1, {}
+  local last, seen, known = first[1] and LEVEL_OF[string.sub(first[#first], 1, 1)] or -1, {}, {}
+  for _, v in ipairs(first) do
+    local q = LEVEL_OF[string.sub(v, 1, 1)]
+    if q and string.byte(v, 2) == 58 then seen[q] = true end  -- "<p>:", as work_models reads
+  end
   for q = 0, 3 do
-    if #first < n or q < last then known[q] = work_models(first, q)[1] ~= nil end
+    if #first < n or q < last then known[q] = seen[q] == true end
   end
   return known
 end
