@@ -20,7 +20,7 @@ local function hex(v) return string.find(v, '[xX]') ~= nil end
 -- An epoch ms field as an integer (0..1e15), or nil: its reply text is that integer.
 local function epoch(v)
   local n = finite(v)
-  if n and n >= 0 and n <= 1e15 and n == math.floor(n) then return n end
+  if n and n >= 0 and n <= 1e15 and n % 1 == 0 then return n end
   return nil
 end
 
@@ -44,9 +44,9 @@ local function readable(id, p, m, now, ttl, f)
   elseif not f[1] or f[1] == '' then bad = 'handler'
   elseif not f[2] then bad = 'payload'
   elseif not f[9] then bad = 'tenant'
-  elseif not (attempt and attempt >= 0 and attempt < 1e6 and attempt == math.floor(attempt)) then
+  elseif not (attempt and attempt >= 0 and attempt < 1e6 and attempt % 1 == 0) then
     bad = 'attempt'
-  elseif not (tries and tries >= 1 and tries == math.floor(tries)) then bad = 'max_attempts'
+  elseif not (tries and tries >= 1 and tries % 1 == 0) then bad = 'max_attempts'
   elseif has_deadline and not deadline then bad = 'deadline'
   elseif not enqueued then bad = 'enqueued_at'
   elseif not queued then bad = 'queued_at'
