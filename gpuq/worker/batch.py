@@ -188,8 +188,7 @@ def run(ex: Executor, spec: HandlerSpec, items: list[Claimed]) -> list[Call[Any]
             calls += settle(ex, spec, live)
     finally:
         for _, res, running in live:
-            if res is not None:
-                ex.cache.release(res)
+            ex.release(running, res)
             if running.stopped:  # counted: "stopped" when requeued, else "lost" (its lease gone)
                 ex.moot(running)
         ex.running.untrack(*(running for _, _, running in live))

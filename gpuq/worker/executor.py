@@ -106,7 +106,7 @@ class Executor:
         # would have evicted held models and left a placeholder that never loads
         res = None if problem else self.cache.reserve(ctx.model, ctx.vram_gb)
         running = Running(fields["id"], int(fields["token"]), ctx, time.monotonic(),
-                          threading.get_ident(), rejected=problem, batched=batched)
+                          threading.get_ident(), rejected=problem, batched=batched, reservation=res)
         # ctx.emit and ctx.progress: sent at once, fenced by this run's token (gpuq.stream);
         # made at the first of them (most runs emit nothing)
         ctx.new_sink = functools.partial(Emitter, self.scripts, self.calls.config, running.task_id,
@@ -256,9 +256,40 @@ class Executor:
                      message, exc_info=where(exc))
             return self.calls.fail(task_id, token, message, retry=retry)
         finally:
-            if res is not None:
-                self.cache.release(res)
+            self.release(running, res)
             self.running.untrack(running)
+
+    def release(self, running: Running, res: Reservation | None = None) -> None:
+        """Give back the memory of a run (``res``, else the reservation it began with), once."""
+        res, running.reservation = res or running.reservation, None
+        if res is not None:
+            self.cache.release(res)
+
+    def abandon(self, exc: Exception, pending: list[Call[Any]]) -> list[Call[Any]]:
+        """A runner's unexpected error ``exc``, said: every run the runner took and did not end
+        (still tracked, or ended with its end never built) fails, retryable, with the error,
+        and its memory and slot are freed; else the heartbeat would renew its lease for good.
+        A run stopped or lost sends nothing (requeued, or no longer its). Returns the runner's
+        unsent ends (``pending``) and these fails."""
+        log.exception("worker.runner_error worker=%s", self.id)
+        unsent = {(call.args[0], call.args[1]) for call in pending}
+        tracked, ended = self.running.held_by(threading.get_ident())
+        message = failure(exc)[0]
+        calls = list(pending)
+        for r in tracked:
+            self.running.untrack(r)
+            try:
+                self.release(r)
+            except Exception:  # the ledger's own fault: the task still ends
+                log.exception("worker.release_failed worker=%s task=%s", self.id, r.task_id)
+            if r.stopped:
+                self.moot(r)
+        for r in [*tracked, *(r for r in ended if (r.task_id, str(r.token)) not in unsent)]:
+            if not (r.stopped or r.ctx.lost):
+                log.warning("task.failed task=%s worker=%s retryable=True error=%s: its runner "
+                            "failed", r.task_id, self.id, message)
+                calls.append(self.calls.fail(r.task_id, r.token, message))
+        return calls
 
     def moot(self, running: Running) -> None:
         """A run the worker stopped, its handler returned: counted "stopped" (requeued past

@@ -232,8 +232,8 @@ class Worker:
             except redis.RedisError as exc:  # down or restarting: said once, retried with backoff
                 outage.down(exc)
                 self.stopping.wait(backoff.delay())
-            except Exception:  # a runner must outlive any one task's surprise
-                log.exception("worker.runner_error worker=%s", self.id)
+            except Exception as exc:  # a runner must outlive any one task's surprise
+                pending = self.executor.abandon(exc, pending)  # said; the runs it took end
                 self.stopping.wait(1.0)
         if pending:  # stopping: the last results still go out
             try:

@@ -18,10 +18,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gpuq.app import Context
 from gpuq.errors import StopTask
 from gpuq.worker.eventloop import AsyncCall
+
+if TYPE_CHECKING:
+    from gpuq.worker.models import Reservation
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,7 @@ class Running:
     rejected: str | None = None  # why this worker will not run it (execute fails it)
     batched: bool = False  # added to the batch of another task: it uses that task's slot
     aio: AsyncCall | None = None  # its async handler's run on the event loop, while in it
+    reservation: Reservation | None = None  # its memory in the ledger, until released (once)
     guard: threading.Lock = field(default_factory=threading.Lock)
 
     def enter(self, aio: AsyncCall | None = None) -> None:
@@ -76,9 +81,9 @@ class RunningSet:
         self._changed = threading.Condition()
         self._running: dict[str, Running] = {}
         # runs that ended whose ack, fail or requeue is not answered yet (it rides with the
-        # next claim, which an outage holds back): task id -> token. Their leases stay
+        # next claim, which an outage holds back): task id -> run. Their leases stay
         # renewed, or a reaper would take back a finished task and its result be refused
-        self._settling: dict[str, int] = {}
+        self._settling: dict[str, Running] = {}
         # runs whose task was claimed again while they ran: until their handlers return they
         # take their slots (the GPU is busy) and control stops them past the grace
         self._superseded: list[Running] = []
@@ -121,7 +126,7 @@ class RunningSet:
                     continue
                 run = self._running.pop(task_id, None)
                 if run is not None:
-                    self._settling[task_id] = run.token
+                    self._settling[task_id] = run
             self.tasks_run += len(ended)
             self._last_active = time.monotonic()
             self._changed.notify_all()
@@ -129,12 +134,20 @@ class RunningSet:
     def settled(self, task_id: str, token: int) -> None:
         """The run's ack, fail or requeue was answered (or its lease is gone): no more renewals."""
         with self._changed:
-            if self._settling.get(task_id) == token:
+            run = self._settling.get(task_id)
+            if run is not None and run.token == token:
                 del self._settling[task_id]
 
     def settling(self) -> list[tuple[str, int]]:
         with self._changed:
-            return list(self._settling.items())
+            return [(task_id, run.token) for task_id, run in self._settling.items()]
+
+    def held_by(self, thread_id: int) -> tuple[list[Running], list[Running]]:
+        """The runs a runner thread took: those tracked (superseded ones too), and those it
+        ended whose ack, fail or requeue is not answered yet."""
+        with self._changed:
+            tracked = [r for r in [*self._running.values(), *self._superseded] if r.thread_id == thread_id]
+            return tracked, [r for r in self._settling.values() if r.thread_id == thread_id]
 
     def slots_used(self) -> int:
         """Runner slots taken: one per task, or per batch."""
