@@ -342,7 +342,7 @@ class Executor:
         """The handler's result as the ack sends it; one the ack would refuse fails the task."""
         try:
             text = JSON.encode(result)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
             raise TaskError(f"handler returned a result that is not JSON: {exc}", False) from None
         if len(text) > MAX_RESULT_BYTES:  # the ack would be refused and the lease run out
             raise TaskError(f"handler returned a result of {len(text)} bytes, more than the "

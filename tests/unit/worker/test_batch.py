@@ -321,3 +321,21 @@ def test_an_exception_in_a_tasks_place_fails_that_task_alone() -> None:
     got = [(r.state, r.error, r.result) for r in map(q.record, ids)]
     assert got == [(State.SUCCEEDED, None, 0), (State.DELAYED, "odd input", None),
                    (State.SUCCEEDED, None, 2), (State.FAILED, "odd input", None)]
+
+
+def test_a_result_nested_too_deep_to_encode_fails_that_task_alone() -> None:
+    """Regression: the RecursionError of encoding one task's result escaped the batch after
+    its runs ended, dropping the acks of the others: every task stayed `running`."""
+    q = memory_queue()
+    ids = enqueue(q, "h", 2, max_attempts=2)
+    deep: list[Any] = []
+    for _ in range(100_000):
+        deep = [deep]
+
+    def one_deep(model: str, payloads: list[Any], ctx: BatchContext) -> list[Any]:
+        return [deep if p == 1 else p for p in payloads]
+
+    assert run_one_batch(q, executor(q, app_with(one_deep))) == ["ack", "fail"]
+    first, second = map(q.record, ids)
+    assert first.state == State.SUCCEEDED and first.result == 0
+    assert second.state == State.FAILED and "not JSON" in (second.error or "")
