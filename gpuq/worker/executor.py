@@ -352,7 +352,14 @@ class Executor:
 
     def settle(self, call: Call[Any], reply: Any) -> None:
         """Check the reply of an ack, fail or yield; a stale token means another attempt
-        owns the task."""
+        owns the task. Never raises: the replies read after it (the claim sent with the
+        ends among them) must still be read, and an end already sent must not be sent again."""
+        try:
+            self._settle(call, reply)
+        except Exception:  # the reply read or counted wrong: said, its run no longer renewed
+            log.exception("task.settle_failed task=%s worker=%s", call.args[0], self.id)
+
+    def _settle(self, call: Call[Any], reply: Any) -> None:
         task_id = call.args[0]
         if call.args[1]:  # the run's lease is renewed no more (gpuq.worker.running)
             self.running.settled(task_id, int(call.args[1]))

@@ -81,3 +81,28 @@ def test_an_error_after_a_batch_ended_fails_its_tasks_whose_ends_were_dropped(
     monkeypatch.setattr(batch, "results_of", boom(worker))
     worker.runner()
     assert_ended(queue, worker, ids)
+
+
+def test_an_error_settling_one_end_keeps_the_claim_sent_with_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error reading an ack's reply (here: counting its outcome) escaped the claim that
+    carried the ack: the task that claim took was never begun (left to its lease's expiry)
+    and the sent ack stayed unsent to the runner, which sent it again."""
+    queue, worker, ids = worker_with("one", 2)
+    first = worker.claim(None)
+    assert isinstance(first, tuple)
+    ack = worker.executor.execute(*first[0])
+    assert ack is not None and ack.script == "ack"
+    observe = worker.executor.observer.observe
+
+    def observe_but_succeeded(task_id: str, outcome: str | None = None, **kw: Any) -> None:
+        if outcome == "succeeded":
+            raise RuntimeError("boom")
+        observe(task_id, outcome, **kw)
+
+    monkeypatch.setattr(worker.executor.observer, "observe", observe_but_succeeded)
+    second = worker.claim([ack])
+    assert isinstance(second, tuple) and second[0][2].task_id == ids[1]
+    assert [r.task_id for r in worker.running.snapshot()] == [ids[1]]
+    assert worker.running.settling() == []
+    assert queue.record(ids[0]).state == State.SUCCEEDED
