@@ -87,6 +87,7 @@ SUFFIXES: dict[str, str] = {
 ARRIVAL_BUCKET_MS = 60_000
 ARRIVAL_TTL_S = 8 * 86400
 REQUIRED = " required"  # the policy field of the tenants hash: no tenant name holds a space
+SLOTS = "slots"  # the tenant:clock field of the slots per live worker (no tenant field lacks a colon)
 
 
 def suffix_parts(name: str) -> list[tuple[str, str | None]]:
@@ -326,8 +327,9 @@ class Keys:
 
     @property
     def tenant_clock(self) -> str:
-        """While tenancy is on: "<p>:<tenant>" -> the finish tag (epoch ms) of that tenant's
-        last task queued at level p: where its next task goes while it has a backlog."""
+        """While tenancy is on: "<p>" -> the level's lag (ms); "<p>:<tenant>" -> the finish
+        tag (epoch ms) of that tenant's last task queued at level p: where its next task goes
+        while it has a backlog; "slots" -> the slots per live worker (the reaper's)."""
         return self._key("tenant_clock")
 
     @property

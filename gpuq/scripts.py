@@ -154,8 +154,9 @@ class Calls:
         return Call("learn", args, lambda r: int(checked(r)[1]))
 
     def tenant(self, op: str, *args: str) -> Call[str]:
-        """tenant.lua: "set" name weight max_gpus max_vram_gb ("-": no cap), "remove" name, or
-        "require" "1"/"0"; the reply is the former value ("" if none)."""
+        """tenant.lua: "set" name weight max_gpus max_vram_gb ("-": no cap), "remove" name,
+        "require" "1"/"0", or the reaper's "bound", "forget" and "slots"; the reply is the
+        former value ("" if none)."""
         def parse(r: list[Any]) -> str:
             if int(r[0]) == Code.NOT_FOUND:
                 raise TenantError(f"tenant {args[0]!r} is not registered")

@@ -248,7 +248,7 @@ for _, i in ipairs(ready) do
   -- numbers formatted once (a float's formatting costs as much as a command), normalized
   local order = score
   if tenancy and not hand then
-    order = fair_order(prio, tenant, score, sla[prio], ests[i], vram, gpus_of[i])
+    order = fair_order(now, prio, tenant, score, sla[prio], ests[i], vram, gpus_of[i])
   end
   local est_s, vram_s, score_ms = tostring(ests[i]), tostring(vram), ms(score)
   -- optional fields only when there is one: each costs about a small command (PROTOCOL)

@@ -80,7 +80,7 @@ if tenancy and redis.call('HGET', K_TENANTS, REQUIRED) == '1'
 end
 if tenancy then
   local score = tonumber(redis.call('HGET', task_key(id), 'score'))
-  redis.call('HSET', task_key(id), 'order', ms(fair_order(prio, tenant, score, sla[prio], est,
+  redis.call('HSET', task_key(id), 'order', ms(fair_order(now, prio, tenant, score, sla[prio], est,
     tonumber(t.vram_gb), math.floor(tonumber(t.gpus) or 1))))
   work[tenant] = est
 end

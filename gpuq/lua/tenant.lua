@@ -25,6 +25,9 @@
 --          tags and SLA counts in `stats`) unless it is registered, its total moved, it has
 --          tasks queued, running use or a bound counted, or a finish tag after the cutoff
 --          (gpuq/reaper/tenant_room.py); reply {0, the names forgotten, comma-separated}
+--          "slots": ARGV[2] the slots per live worker (1..1e6: their mean concurrency), the
+--          reaper's, which lib/fair.lua multiplies the live workers by; nothing while
+--          tenancy is off
 -- Returns  {0, previous}   done; previous: the tenant's former value or policy ("" if none)
 --          {4}             NOT_FOUND: remove of a tenant not registered
 --          {1, 0, reason}  INVALID: a malformed argument (nothing written)
@@ -122,6 +125,13 @@ if op == 'bound' then
   if woken > 0 then wake_pool(woken) end
   return {0, ''}
 end
+if op == 'slots' then
+  if #ARGV ~= 2 or not arg_num(2, 1, 1e6) then return {1, 0, 'slots takes a number 1..1e6'} end
+  if not tenancy_on() then return {0, ''} end  -- removed since the reaper read: no fair order
+  local before = redis.call('HGET', K_TENANT_CLOCK, 'slots') or ''
+  redis.call('HSET', K_TENANT_CLOCK, 'slots', ARGV[2])
+  return {0, before}
+end
 if op == 'require' then
   if #ARGV ~= 2 or (name ~= '1' and name ~= '0') then return {1, 0, 'require takes 1 or 0'} end
   local before = redis.call('HGET', K_TENANTS, REQUIRED) or ''
@@ -166,4 +176,4 @@ if op == 'remove' then
   end
   return {0, before}
 end
-return {1, 0, 'the first argument must be set, remove, require, bound or forget'}
+return {1, 0, 'the first argument must be set, remove, require, bound, forget or slots'}

@@ -16,7 +16,7 @@ vary by about sqrt(D), so the flooding tenant leaves idle workers for the others
 without reserving a worker for every light tenant. A bound is at least the tenant's share
 (and one). With one tenant with demand, or ``tenant_headroom`` 0, nobody is bound. The
 demand lives in the reaper's memory: a standby that takes over starts from what it reads
-then.
+then. Each round also publishes the slots per live worker for the fair order (lib/fair.lua).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import redis
 
 from gpuq.clock import server_ms
 from gpuq.config import Config
-from gpuq.keys import Keys
+from gpuq.keys import SLOTS, Keys
 from gpuq.scripts import Calls, Scripts
 from gpuq.tenants import DEFAULT_WEIGHT, bounds_of, registered
 
@@ -86,7 +86,8 @@ class TenantRoom:
         pipe.hgetall(k.tenant_work)
         pipe.hgetall(k.tenant_use)
         pipe.zrangebyscore(k.workers, now, "+inf")
-        registry, work, use, live_ids = pipe.execute()
+        pipe.hget(k.tenant_clock, SLOTS)
+        registry, work, use, live_ids, published = pipe.execute()
         if not registry:  # tenancy is off: the last tenant's removal dropped every bound
             self.demand, self.work, self.at, self.binding = {}, {}, None, False
             return 0
@@ -94,8 +95,10 @@ class TenantRoom:
         self.forget(work, registry, now)
         weights = {name: t.weight for name, t in registered(registry).items()}
         current = bounds_of(use)
-        # bounds and demand count running tasks: a worker runs up to its concurrency at once
-        live = self.slots(live_ids) if sum(d >= ACTIVE for d in self.demand.values()) > 1 else len(live_ids)
+        # bounds, demand and the fair order count running tasks: a worker runs up to its
+        # concurrency at once
+        live = self.slots(live_ids)
+        self.publish(live, len(live_ids), published)
         bounds = plan_bounds(self.demand, weights, live, self.config.tenant_headroom)
         self.binding = bool(bounds)
         changed = [(t, str(bounds[t]) if t in bounds else "-")
@@ -106,9 +109,19 @@ class TenantRoom:
                      " ".join(f"{t}={b}" for t, b in changed), int(live))
         return len(changed)
 
+    def publish(self, slots: int, workers: int, published: str | None) -> None:
+        """The slots per live worker, for the fair order (lib/fair.lua), which multiplies the
+        live workers it counts at enqueue by it rather than read every worker's concurrency
+        there; written only when it changed (absent: 1), none while no worker is live."""
+        if not workers:
+            return
+        per = f"{slots / workers:.6g}"
+        if per != (published or "1"):
+            self.scripts.run(self.calls.tenant("slots", per))
+
     def slots(self, live: list[str]) -> int:
         """The tasks the live workers run at once: each its concurrency (a worker whose hash
-        says none: one). Read only while two tenants have demand (a bound may be planned)."""
+        says none: one)."""
         pipe = self.redis.pipeline(transaction=False)
         for wid in live:
             pipe.hget(self.keys.worker(wid), "concurrency")

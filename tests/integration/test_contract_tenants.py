@@ -17,7 +17,8 @@ from test_contract_handover import register
 from gpuq import Queue
 from gpuq.errors import InvalidTask, TenantError
 from gpuq.reaper.preempt import Preemptor
-from gpuq.task import State
+from gpuq.reaper.tenant_room import TenantRoom
+from gpuq.task import State, TaskSpec
 from gpuq.tenants import Tenant, read, remove_tenant, require_registered, set_tenant
 
 HELD = [("m", 4.0)]
@@ -102,6 +103,42 @@ def test_a_gpu_capped_tenants_backlog_is_spaced_by_the_tasks_it_runs_at_once(que
         first, second = (int(queue.redis.hget(queue.keys.task(s.task_id), "order")) for s in specs)
         orders[gpus] = second - first
     assert orders == {1: 8000 // 4, 2: 8000 // 2}
+
+
+def orders_of(q: Queue, specs: list[TaskSpec]) -> list[int]:
+    return [int(q.redis.hget(q.keys.task(s.task_id), "order")) - T0 for s in specs]
+
+
+@pytest.mark.parametrize("workers, slots", [(4, 1), (2, 2), (1, 4)])
+def test_a_backlog_is_spaced_by_the_pools_slots_however_workers_hold_them(
+        queue: Queue, workers: int, slots: int) -> None:
+    """Found by a QA pass: the fair order counted workers, not slots, so on 2 workers x 2
+    slots a flood was spaced as if 2 tasks ran at once: the same workload was shared
+    otherwise than on 4 one-slot workers."""
+    set_tenant(queue, Tenant("a"))
+    for i in range(workers):
+        heartbeat(queue, f"live{i}", [], now_ms=T0)
+        queue.redis.hset(queue.keys.worker(f"live{i}"), "concurrency", slots)
+    TenantRoom(queue.redis, queue.keys, queue.config, queue.scripts, queue.calls).step(T0)
+    flood = [spec(priority="P1", model="m", tenant="a", est_s=10) for _ in range(6)]
+    enqueue_specs(queue, flood, T0)
+    late = [spec(priority="P1", model="m", tenant="b", est_s=10) for _ in range(3)]
+    enqueue_specs(queue, late, T0 + 1000)
+    # a alone has the 4 slots: 10 s tasks 2.5 s apart; b, with half of them, 5 s apart
+    assert orders_of(queue, flood) == [0, 2500, 5000, 7500, 10_000, 12_500]
+    assert orders_of(queue, late) == [1000, 6000, 11_000]
+
+
+def test_workers_past_their_lease_leave_the_fair_spacing_before_they_are_reaped(queue: Queue) -> None:
+    set_tenant(queue, Tenant("a"))
+    live_workers(queue, 4)
+    lease_ms = int(queue.config.lease_s * 1000)
+    for i in range(2):
+        heartbeat(queue, f"live{i}", [], now_ms=T0 + lease_ms)
+    # the other two stopped renewing: their leases ended, no reaper round has run
+    flood = [spec(priority="P1", model="m", tenant="a", est_s=10) for _ in range(3)]
+    enqueue_specs(queue, flood, T0 + lease_ms + 1000)
+    assert orders_of(queue, flood) == [lease_ms + 1000 + 5000 * i for i in range(3)]
 
 
 def test_counts_follow_every_way_out_of_a_queue(queue: Queue) -> None:
@@ -249,9 +286,11 @@ def test_a_pool_that_requires_registration_refuses_other_tenants_whole_calls(que
     (("set", "a", "1", "-", "-3"), "max_vram_gb"),
     (("set", "a", "1", "-"), "set takes"),
     (("require", "yes"), "require takes"),
-    (("drop", "a"), "set, remove, require, bound or forget"),
+    (("drop", "a"), "set, remove, require, bound, forget or slots"),
     (("forget", "soon", "a", "1"), "forget takes"),
     (("forget", "0", "a"), "forget takes"),
+    (("slots", "0.5"), "slots takes"),
+    (("slots", "inf"), "slots takes"),
 ])
 def test_tenant_refuses_malformed_arguments_and_writes_nothing(queue: Queue, args: tuple[str, ...],
                                                               message: str) -> None:

@@ -4,10 +4,13 @@ work tenants enqueue sets the bounds it writes, which lift as the demand fades."
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
+import pytest
 from helpers import T0, claim, enqueue, enqueue_specs, heartbeat, spec
 
 from gpuq import Queue
+from gpuq.keys import SLOTS
 from gpuq.reaper.tenant_room import TenantRoom
 from gpuq.tenants import Tenant, remove_tenant, set_tenant
 
@@ -132,3 +135,35 @@ def test_bounds_count_the_live_workers_slots_not_the_workers(queue: Queue) -> No
     assert r.step(T0 + 1000) == 1
     # 8 slots; b's demand 2 (4 s offered in a second) needs 2 + sqrt(2): a is bound to 4
     assert bounds(queue) == {"bound:a": "4"}
+
+
+def test_the_slots_per_live_worker_are_published_while_tenancy_is_on(
+        queue: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    for i, slots in enumerate((1, 2, 3)):
+        heartbeat(queue, f"w{i}", [], now_ms=T0)
+        queue.redis.hset(queue.keys.worker(f"w{i}"), "concurrency", slots)
+    r = room(queue)
+    r.step(T0)
+    # tenancy off: nothing published, nor by a call that raced the last tenant's removal
+    assert queue.scripts.run(queue.calls.tenant("slots", "2")) == ""
+    assert not queue.redis.exists(queue.keys.tenant_clock)
+    set_tenant(queue, Tenant("a"))
+    sent: list[tuple[str, ...]] = []
+    tenant = queue.calls.tenant
+
+    def spy(op: str, *args: str) -> Any:
+        sent.append((op, *args))
+        return tenant(op, *args)
+
+    monkeypatch.setattr(queue.calls, "tenant", spy)
+    r.step(T0 + 1000)
+    assert queue.redis.hget(queue.keys.tenant_clock, SLOTS) == "2"  # 6 slots on 3 workers
+    r.step(T0 + 2000)
+    assert sent == [("slots", "2")]  # written once: unchanged since
+    lease_ms = int(queue.config.lease_s * 1000)
+    for i in range(2):
+        heartbeat(queue, f"w{i}", [], now_ms=T0 + lease_ms)
+    r.step(T0 + lease_ms + 1000)  # w2 (3 slots) is past its lease
+    assert queue.redis.hget(queue.keys.tenant_clock, SLOTS) == "1.5"
+    remove_tenant(queue, "a")
+    assert not queue.redis.exists(queue.keys.tenant_clock)

@@ -21,9 +21,12 @@ local function read_terms(names)
 end
 
 -- The per-call state of fair ordering: queued counts, finish tags, lags, each level's total
--- weight of tenants with work, live workers.
+-- weight of tenants with work, live slots: the tasks live workers run at once, as live
+-- workers x the slots per live worker the reaper publishes (`tenant:clock` `slots`,
+-- gpuq/reaper/tenant_room.py; 1 until it does), so a share spaces a backlog by the tasks it
+-- runs at once however the pool's slots are packaged into workers.
 local fair = nil
-local function fair_state()
+local function fair_state(now)
   if fair then return fair end
   fair = {queued = {}, finish = {}, lag = {}, total = {}, added = {}}
   local kv = redis.call('HGETALL', K_TENANT_QUEUED)
@@ -31,18 +34,19 @@ local function fair_state()
     local n = tonumber(kv[i + 1]) or 0
     if n > 0 then fair.queued[kv[i]] = n end
   end
-  fair.live = math.max(1, redis.call('ZCARD', K_WORKERS))
+  local per = math.max(1, finite(redis.call('HGET', K_TENANT_CLOCK, 'slots')) or 1)
+  fair.live = math.max(1, redis.call('ZCOUNT', K_WORKERS, now, '+inf') * per)
   return fair
 end
 
--- The queue score of a task of tenant t at level p (start-by `score`, SLA sla_ms, est_s, need
--- vram), counted as queued (fair_flush writes counts and tags). Its base is where service is
--- now: start-by less SLA less the level's lag (`tenant_clock` p), so a tenant without a backlog
--- joins at the front; with one it goes after its own last task, the next spaced by est_s over
--- the tasks its share runs at once (weight over the level's tenants with work x live workers,
--- capped: max_gpus over the task's gpus, max_vram_gb over its vram).
-local function fair_order(p, t, score, sla_ms, est_s, vram, gpus)
-  local s = fair_state()
+-- The queue score of a task of tenant t at level p enqueued at `now` (start-by `score`, SLA
+-- sla_ms, est_s, need vram), counted as queued (fair_flush writes counts and tags). Its base
+-- is where service is now: start-by less SLA less the level's lag (`tenant_clock` p), so a
+-- tenant without a backlog joins at the front; with one it goes after its own last task, the
+-- next spaced by est_s over the tasks its share runs at once (weight over the level's tenants
+-- with work x live slots, capped: max_gpus over the task's gpus, max_vram_gb over its vram).
+local function fair_order(now, p, t, score, sla_ms, est_s, vram, gpus)
+  local s = fair_state(now)
   local field = p .. ':' .. t
   local backlog = s.queued[field] or 0
   -- the level's tenants with work, t among them once this task is counted: summed again

@@ -6,7 +6,7 @@
 --   queue's score) is where service at its level is now (its arrival, moved back by how far
 --   the level's service lags: claims keep that in `tenant_clock`), unless its tenant already
 --   has tasks queued at its level: then it goes after the tenant's last one, spaced by the
---   time the tenant's share of the pool takes to run it (est_s over share x live workers,
+--   time the tenant's share of the pool takes to run it (est_s over share x live slots,
 --   share = its weight over the weights of the level's tenants with queued work, at most its
 --   caps). A tenant asking no more than its share goes to the front; one flooding a level
 --   drifts behind the others' new tasks instead of ahead of them. Only queued tasks count
