@@ -48,6 +48,7 @@ SUFFIXES: dict[str, str] = {
     "need": "need",
     "parked": "parked",
     "sla_misses": "misses",
+    "failures": "failures",
     "lanes": "lanes",
     "deadlines": "deadlines",
     "scale": "scale",
@@ -86,6 +87,8 @@ SUFFIXES: dict[str, str] = {
 # Lua side has the same two numbers (tests/unit/reaper/test_forecast.py checks).
 ARRIVAL_BUCKET_MS = 60_000
 ARRIVAL_TTL_S = 8 * 86400
+# Tasks kept in `failures`, the newest (lib/failures.lua trims it to this many; a test checks).
+FAILURES_KEPT = 100
 REQUIRED = " required"  # the policy field of the tenants hash: no tenant name holds a space
 SLOTS = "slots"  # the tenant:clock field of the slots per live worker (no tenant field lacks a colon)
 
@@ -207,6 +210,12 @@ class Keys:
         at, kind: "late" (claimed after its start-by time) | "cold" (claimed in time, its handler
         started after it: a model load between) | "expired"}."""
         return self._key("sla_misses")
+
+    @property
+    def failures(self) -> str:
+        """The latest tasks that ended failed, newest first (FAILURES_KEPT): JSON {id,
+        handler, model, priority, tenant, attempt, error (its first 200 bytes), at}."""
+        return self._key("failures")
 
     @property
     def lanes(self) -> str:

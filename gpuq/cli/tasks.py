@@ -1,4 +1,5 @@
-"""Commands on one task or one worker: enqueue, task, cancel, requeue, drain."""
+"""Commands on one task or one worker: enqueue, task, cancel, requeue, drain; and failures,
+the tasks that ended failed lately."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import click
@@ -14,9 +16,10 @@ from gpuq.cli.base import PRIORITY_HELP, no_preempt_option, open_queue, task_opt
 from gpuq.client import Queue
 from gpuq.connection import redis_errors
 from gpuq.errors import ConfigError
+from gpuq.keys import FAILURES_KEPT
 from gpuq.redact import one_line
 from gpuq.task import parse_payload_text
-from gpuq.views.inspect import task_children
+from gpuq.views.inspect import number, recent_failures, task_children
 
 F = TypeVar("F", bound=Callable[..., Any])
 Check = Callable[[click.Context, click.Parameter, Any], Any]
@@ -166,4 +169,34 @@ def task(ctx: click.Context, task_id: str, as_json: bool) -> None:
         click.echo(one_line(f"{key:<13} {'' if value is None else shown}"))
 
 
-COMMANDS = (enqueue, task, cancel, requeue, drain)
+@click.command()
+@click.option("--limit", type=click.IntRange(1, FAILURES_KEPT), default=20, show_default=True,
+              help=f"Show this many, newest first (the pool keeps the last {FAILURES_KEPT}).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON list.")
+@click.pass_context
+def failures(ctx: click.Context, limit: int, as_json: bool) -> None:
+    """The tasks that ended failed lately, newest first: id, handler, model, priority, tenant,
+    attempts and the error's start (the whole task: gpuq task ID, while it is kept)."""
+    with opened(ctx) as queue:
+        entries = recent_failures(queue.redis, queue.keys, limit)
+    if as_json:
+        click.echo(json.dumps(entries, indent=2))
+        return
+    if not entries:
+        click.echo("(no failed tasks recorded)")
+        return
+    click.echo(f"{'FAILED AT (UTC)':<21}{'PRI':<5}{'TASK':<34}{'HANDLER':<20}{'MODEL':<20}"
+               f"{'TENANT':<12}{'TRY':>4}  ERROR")
+    for e in entries:
+        at = number(e.get("at"))
+        when = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S") if (
+            at is not None and 0 <= at < 1e11) else "?"
+        text = [str(e.get(k) if e.get(k) is not None else "") for k in (
+            "priority", "id", "handler", "model", "tenant", "attempt", "error")]
+        pri, tid, handler, model, tenant, attempt, error = text
+        # stored text is producers' and handlers' own: no terminal escape reaches the screen
+        click.echo(one_line(f"{when:<21}{pri[:4]:<5}{tid[:33]:<34}{handler[:19]:<20}{model[:19]:<20}"
+                            f"{tenant[:11]:<12}{attempt[:4]:>4}  {error}"))
+
+
+COMMANDS = (enqueue, task, cancel, requeue, drain, failures)

@@ -19,6 +19,7 @@
 
 --@include args
 --@include finish
+--@include failures
 --@include gates
 
 if #ARGV ~= 8 then return {1, 0, 'expected 8 arguments'} end
@@ -44,5 +45,5 @@ if pass or (ARGV[5] == '1' and attempt and max_attempts and attempt < max_attemp
   add_delayed(now + wait, id)
   return {0, pass and 'passed' or 'delayed', ms(wait)}
 end
-finish(id, 'failed', now, ttl, 'error', err)
+end_failed(id, now, ttl, err)
 return {0, 'failed'}

@@ -27,7 +27,7 @@
 --@include runtime
 --@include tenancy
 --@include defer
---@include finish
+--@include failures
 --@include push
 --@include fair
 --@include arrivals
@@ -74,7 +74,7 @@ redis.call('HINCRBY', K_STATS, 'enqueued', 1)
 count_arrivals(now, {[t.model] = 1})
 if tenancy and redis.call('HGET', K_TENANTS, REQUIRED) == '1'
     and redis.call('HEXISTS', K_TENANTS, tenant) == 0 then
-  finish(id, 'failed', now, ttl, 'error',
+  end_failed(id, now, ttl,
     'tenant ' .. tenant .. ' is not registered (this pool requires it: gpuq tenant set)')
   return {0, 'failed', id}
 end

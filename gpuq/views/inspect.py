@@ -11,7 +11,7 @@ import redis
 
 from gpuq import catalog, tenants, work_index
 from gpuq.clock import from_time_reply
-from gpuq.keys import Keys, live_reservation
+from gpuq.keys import FAILURES_KEPT, Keys, live_reservation
 from gpuq.shapes import gpus_of, unheld
 from gpuq.task import TERMINAL_STATES, Priority, ended_count
 from gpuq.worker_record import WorkerFields, WorkerRecord
@@ -358,11 +358,22 @@ def _parse_signal(raw: str) -> dict[str, Any]:
 def recent_misses(client: redis.Redis, keys: Keys, limit: int = 50) -> list[dict[str, Any]]:
     """The latest SLA misses as stored (newest first): {"id", "priority", "model", "wait_s",
     "at" (epoch s), "kind": "late" (started after its start-by time), "cold" (started in
-    time, its handler late after the model load) or "expired"}. Elements that are not JSON
-    objects are skipped: the list is capped, not validated, and a foreign writer must not
-    break ``gpuq top``."""
+    time, its handler late after the model load) or "expired"}."""
+    return _recent(client, keys.sla_misses, limit)
+
+
+def recent_failures(client: redis.Redis, keys: Keys, limit: int = FAILURES_KEPT) -> list[dict[str, Any]]:
+    """The latest tasks that ended failed, as stored (newest first): {"id", "handler",
+    "model", "priority", "tenant", "attempt", "error" (its first 200 bytes), "at" (epoch s)}."""
+    return _recent(client, keys.failures, limit)
+
+
+def _recent(client: redis.Redis, key: str, limit: int) -> list[dict[str, Any]]:
+    """A capped list's first ``limit`` JSON objects. Elements that are not JSON objects are
+    skipped: the list is capped, not validated, and a foreign writer must not break the
+    views that read it."""
     out = []
-    for raw in client.lrange(keys.sla_misses, 0, limit - 1) if limit > 0 else []:
+    for raw in client.lrange(key, 0, limit - 1) if limit > 0 else []:
         try:
             value = json.loads(raw)
         except ValueError:

@@ -2,7 +2,7 @@
 
 --@include args
 --@include queue
---@include finish
+--@include failures
 --@include tenancy
 
 -- Which field of a stored task keeps it from being queued (missing or malformed: a hash
@@ -31,5 +31,5 @@ local function fail_corrupt(id, field, p, m, now, ttl)
     redis.call('ZREM', K_NEED, id)
     redis.call('ZREM', K_DEADLINES, id)
   end
-  finish(id, 'failed', now, ttl, 'error', corrupt(field))
+  end_failed(id, now, ttl, corrupt(field))
 end

@@ -5,6 +5,7 @@
 --@include corrupt
 --@include wake
 --@include finish
+--@include failures
 --@include tenancy
 --@include start
 
@@ -70,7 +71,7 @@ local function requeue(id, now, reason, consume, ttl)
     return 'failed'
   end
   if consume and attempt >= tries then
-    finish(id, 'failed', now, ttl, 'error', reason .. ' (after ' .. f[2] .. ' attempts)')
+    end_failed(id, now, ttl, reason .. ' (after ' .. f[2] .. ' attempts)')
     return 'failed'
   end
   if not consume then attempt = attempt - 1 end
