@@ -1,6 +1,6 @@
 """The group every command hangs on: its shared options (``GPUQ_*`` variables), the error
-boundary (a GpuqError becomes one line and a non-zero exit, never a stack trace), and the
-helpers commands share.
+boundary (a GpuqError becomes one line and a non-zero exit, never a stack trace; the exit
+code says what kind of failure, ``Exit``), and the helpers commands share.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import replace
+from enum import IntEnum
 from typing import Any, TypeVar, get_args, get_type_hints
 
 import click
@@ -18,7 +19,7 @@ from gpuq import logs
 from gpuq.client import Queue
 from gpuq.config import Config
 from gpuq.connection import connect, redis_errors
-from gpuq.errors import ConfigError, GpuqError
+from gpuq.errors import ConfigError, ConnectionFailed, GpuqError, InvalidTask, ResultTimeout, TaskFailed
 from gpuq.redact import one_line, redact
 from gpuq.task import Priority, TaskSpec
 from gpuq.tls import Tls
@@ -32,11 +33,45 @@ SPEC = inspect.signature(TaskSpec.build).parameters
 SPEC_TYPES = get_type_hints(TaskSpec.build)
 
 
+class Exit(IntEnum):
+    """The CLI's exit codes (README, CLI), so a script can tell its failures apart."""
+
+    OK = 0
+    ERROR = 1  # any failure not named below
+    BAD_INPUT = 2  # a usage error, an invalid option, setting or task: nothing was written
+    NOT_DONE = 3  # the task waited for (--wait, --stream) ended failed, canceled or expired
+    TIMED_OUT = 4  # --timeout passed before the task ended: it stands
+    NO_REDIS = 5  # Redis could not be used: unreachable, authentication, TLS, no master, refused
+
+
+# the first kind an error is an instance of gives its code (a subclass before its base)
+EXIT_CODES: tuple[tuple[type[GpuqError], Exit], ...] = (
+    (InvalidTask, Exit.BAD_INPUT), (ConfigError, Exit.BAD_INPUT), (TaskFailed, Exit.NOT_DONE),
+    (ResultTimeout, Exit.TIMED_OUT), (ConnectionFailed, Exit.NO_REDIS))
+
+
+# click reads an exception's exit code from its class: one class per code
+_FAILURES: dict[Exit, type[click.ClickException]] = {
+    code: type(f"Failure{code.name.title().replace('_', '')}", (click.ClickException,),
+               {"exit_code": int(code)}) for code in Exit}
+
+
+def failure(message: str, code: Exit) -> click.ClickException:
+    """An error as one line, exiting with ``code``."""
+    return _FAILURES[code](message)
+
+
+def failure_of(exc: GpuqError) -> click.ClickException:
+    """A gpuq error as one line (redacted), exiting with the code of its kind."""
+    code = next((c for kind, c in EXIT_CODES if isinstance(exc, kind)), Exit.ERROR)
+    return failure(one_line(redact(str(exc))), code)
+
+
 class UsageLine(click.ClickException):
     """A usage error (a missing or malformed option) as one line naming the command's help,
     exit 2: click's own would print the usage and a hint above it."""
 
-    exit_code = 2
+    exit_code = Exit.BAD_INPUT
 
     @classmethod
     def of(cls, exc: click.UsageError) -> UsageLine:
@@ -65,9 +100,9 @@ class Cli(click.Group):
         except click.UsageError as exc:
             raise UsageLine.of(exc) from None
         except GpuqError as exc:
-            raise click.ClickException(one_line(redact(str(exc)))) from None
+            raise failure_of(exc) from None
         except UnicodeEncodeError as exc:  # a lone surrogate: bytes given that were not UTF-8
-            raise click.ClickException(f"{exc.object[:80]!r} is not valid UTF-8 text") from None
+            raise failure(f"{exc.object[:80]!r} is not valid UTF-8 text", Exit.BAD_INPUT) from None
 
 
 def config_of(ctx: click.Context) -> Config:
@@ -142,7 +177,7 @@ def cli(ctx: click.Context, redis_url: str | None, tls_ca: str | None, tls_cert:
         cfg = Config.from_env().with_options(redis_url=redis_url, pool=pool, tls_ca=tls_ca,
                                              tls_cert=tls_cert, tls_key=tls_key)
     except GpuqError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise failure_of(exc) from None
     # click reads an empty variable as not set, and Config an empty URL as "the default"
     empty = redis_url == "" or (redis_url is None and os.environ.get("GPUQ_REDIS_URL") == "")
     ctx.obj = {"config": cfg, "empty_url": empty}

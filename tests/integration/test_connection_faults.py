@@ -38,9 +38,10 @@ def run_cli(url: str | None, *args: str, env: dict[str, str | None] | None = Non
     return CliRunner().invoke(cli, [*given, "--pool", f"p{uuid.uuid4().hex[:8]}", *args], env=env)
 
 
-def clean_error(result: Result, *fragments: str) -> str:
-    """Exit 1 with one "Error: ..." line and no traceback; returns that line."""
-    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+def clean_error(result: Result, *fragments: str, code: int = 5) -> str:
+    """Exit ``code`` (5: Redis could not be used; 2: a configuration refused) with one
+    "Error: ..." line and no traceback; returns that line."""
+    assert result.exit_code == code and isinstance(result.exception, SystemExit), result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
     for fragment in fragments:
@@ -98,7 +99,7 @@ def test_unix_socket_urls_work(unix_socket: str) -> None:
 
 def test_database_out_of_range(server: EmbeddedServer) -> None:
     url = f"redis://127.0.0.1:{server.port}/99"
-    clean_error(run_cli(url, "status"), "names a database the server does not have")
+    clean_error(run_cli(url, "status"), "names a database the server does not have", code=2)
     with pytest.raises(ConfigError, match="DB index is out of range"):
         Queue.from_url(url).enqueue("sim.run", None, model="m", vram_gb=1)
 
@@ -173,6 +174,6 @@ def test_empty_url_is_an_error_and_no_url_the_default(monkeypatch: pytest.Monkey
     # the default points at a dead port here: whatever happens, the user's 6379 is not touched
     dead = f"redis://127.0.0.1:{free_port()}/0"
     monkeypatch.setattr(gpuq.cli.base, "DEFAULT_URL", dead)
-    clean_error(run_cli("", "status"), "configuration: the Redis URL given", "is empty")
-    clean_error(run_cli(None, "status", env={"GPUQ_REDIS_URL": ""}), "is empty")
+    clean_error(run_cli("", "status"), "configuration: the Redis URL given", "is empty", code=2)
+    clean_error(run_cli(None, "status", env={"GPUQ_REDIS_URL": ""}), "is empty", code=2)
     clean_error(run_cli(None, "status", env={"GPUQ_REDIS_URL": None}), f"cannot reach Redis at {dead}")

@@ -380,7 +380,7 @@ def test_a_second_worker_under_a_live_name_is_refused_and_a_restart_takes_over(
     first = procs.worker("w1")
     real_queue.enqueue("sim.noop", model="m", vram_gb=4).result(timeout=15)  # w1 holds m
     twin = procs.worker("w1", wait=False)
-    assert twin.wait(15) == 1, twin.log()
+    assert twin.wait(15) == 2, twin.log()  # a configuration refused
     assert "worker w1 is already running" in twin.log() and "Traceback" not in twin.log()
     assert procs.redis.hget(procs.keys.worker("w1"), "models") == "m"  # untouched
     first.kill()

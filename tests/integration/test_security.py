@@ -83,9 +83,10 @@ def servers(tmp_path: Path) -> Iterator[Callable[..., Server]]:
         server.stop()
 
 
-def one_line_error(out: subprocess.CompletedProcess[str], *fragments: str) -> str:
-    """Exit 1, one "Error: ..." line on stderr, nothing on stdout, no traceback, no secret."""
-    assert out.returncode == 1, (out.returncode, out.stdout, out.stderr)
+def one_line_error(out: subprocess.CompletedProcess[str], *fragments: str, code: int = 5) -> str:
+    """Exit ``code`` (5: Redis could not be used; 2: a configuration refused; 1: other), one
+    "Error: ..." line on stderr, nothing on stdout, no traceback, no secret."""
+    assert out.returncode == code, (out.returncode, out.stdout, out.stderr)
     assert out.stdout == "" and "Traceback" not in out.stderr, out.stderr
     (line,) = out.stderr.strip().splitlines()
     assert line.startswith("Error: "), line
@@ -204,7 +205,7 @@ def test_tls_with_client_certificates_end_to_end(servers: Callable[..., Server],
             asyncio.run(async_enqueue(tls_url, Config(tls_ca=certs["ca.crt"])))
         plain = f"redis://127.0.0.1:{port}/0"
         one_line_error(cli_at(procs, plain, "status"), f"cannot reach Redis at {plain}")
-        one_line_error(cli_at(procs, plain, "status", env=env), "is not TLS: use rediss://")
+        one_line_error(cli_at(procs, plain, "status", env=env), "is not TLS: use rediss://", code=2)
 
 
 async def async_enqueue(url: str, config: Config) -> None:
@@ -325,7 +326,7 @@ def assert_refused_outside_their_rules(port: int, pool: str, prefix: str, produc
         finally:
             client.close()
     out = producer.cli("--pool", other.pool, "enqueue", "sim.noop", "--model", "m", "--vram-gb", "1")
-    one_line_error(out, "refused a command to this user: ")
+    one_line_error(out, "refused a command to this user: ", code=1)
     return [out.stdout, out.stderr]
 
 
@@ -354,7 +355,7 @@ def test_every_command_reaches_the_master_through_a_sentinel(servers: Callable[.
         # with no warning first about the library it refused (gpuq.functions.Sender)
         at_sentinel = f"redis://127.0.0.1:{sentinel.port}/0"
         for args in (("enqueue", "sim.noop", "--model", "m", "--vram-gb", "1"), ("reaper", "--once")):
-            one_line_error(cli_at(procs, at_sentinel, *args), "does not know the command")
+            one_line_error(cli_at(procs, at_sentinel, *args), "does not know the command", code=2)
 
 
 def test_the_exporter_listens_on_loopback_by_default(redis_server: EmbeddedServer, tmp_path: Path,

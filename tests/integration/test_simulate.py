@@ -290,7 +290,7 @@ def test_cli_text_report_says_what_ran(procs: Procs, trace_dir: Path) -> None:
 def test_cli_bad_options_give_one_error_line(procs: Procs, trace_dir: Path, args: list[str],
                                             message: str) -> None:
     out = procs.cli("simulate", "--traces-dir", str(trace_dir), "--limit", "10", "--policy", "fifo", *args)
-    assert out.returncode == 1
+    assert out.returncode == 2  # bad input
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error:") and message in lines[0], out.stderr
 
@@ -313,13 +313,13 @@ def test_find_gpus_refuses_a_target_first_loads_rule_out(procs: Procs, trace_dir
     # every replay starts with no model loaded: each model's first P0 request misses 200 ms
     out = procs.cli("simulate", "--traces-dir", str(trace_dir), "--limit", "120", "--gpus", "1x80",
                     "--find-gpus", "--sla-target", "0.999")
-    assert out.returncode == 1 and "cannot be met at P0 by any pool" in out.stderr, out.stderr
+    assert out.returncode == 2 and "cannot be met at P0 by any pool" in out.stderr, out.stderr
 
 
 def test_find_gpus_needs_one_kind(procs: Procs, trace_dir: Path) -> None:
     out = procs.cli("simulate", "--traces-dir", str(trace_dir), "--limit", "10", "--gpus", "1x80,1x48",
                     "--find-gpus")
-    assert out.returncode == 1 and "--find-gpus needs one GPU kind" in out.stderr
+    assert out.returncode == 2 and "--find-gpus needs one GPU kind" in out.stderr
 
 
 def test_a_victim_coming_of_age_between_rounds_is_asked_then(redis_server: EmbeddedServer) -> None:

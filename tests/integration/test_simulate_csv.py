@@ -44,7 +44,7 @@ def test_cli_names_the_bad_row_in_one_error_line(procs: Procs, tmp_path: Path) -
     bad = tmp_path / "bad.csv"
     bad.write_text(TINY.replace("2,sdxl,P3,10", "2,sdxl,P3,ten"), encoding="utf-8")
     out = procs.cli("simulate", "--trace", str(bad), "--policy", "fifo")
-    assert out.returncode == 1
+    assert out.returncode == 2  # bad input
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error:"), out.stderr
     assert f"{bad} line 5: service_s 'ten' is not a number" in lines[0]
@@ -186,7 +186,7 @@ def test_a_trace_none_of_whose_tasks_fits_is_one_error_line(procs: Procs, tmp_pa
     env = {"GPUQ_TRACES": str(tmp_path / "absent")}
     for mode in ((), ("--autoscale", "1:2"), ("--find-gpus",)):
         out = procs.cli("simulate", "--trace", str(trace), "--gpus", "1x80", *mode, env=env)
-        assert out.returncode == 1 and out.stdout == "", (mode, out.stdout)
+        assert out.returncode == 2 and out.stdout == "", (mode, out.stdout)
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("Error:"), out.stderr
         assert "none of its 3 tasks fits a GPU of the pool" in lines[0]

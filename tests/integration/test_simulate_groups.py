@@ -81,5 +81,5 @@ def test_cli_mix_70b_reports_70b_and_other_tasks(procs: Procs, trace_dir: Path) 
                      "--policy", "gpuq")
     assert text.returncode == 0 and "3 models made 70B (144 GB on 2 GPUs)" in text.stdout
     bad = procs.cli("simulate", "--trace", "genai", "--traces-dir", str(trace_dir), "--mix-70b", "2")
-    assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "Error: configuration: --mix-70b must be a share in 0..1, got 2"]

@@ -80,7 +80,7 @@ def test_cli_enqueue_wait_prints_the_result(procs: Procs) -> None:
     failed = procs.cli("enqueue", "sim.fail", "--payload", '{"message": "bad prompt"}',
                        "--model", "m-cli", "--vram-gb", "4", "--max-attempts", "1", "--wait",
                        "--timeout", "15")
-    assert failed.returncode == 1 and failed.stdout == ""
+    assert failed.returncode == 3 and failed.stdout == ""  # the task ended not done
     (line,) = failed.stderr.strip().splitlines()
     assert re.fullmatch(r"Error: task [0-9a-f]{32} failed: RuntimeError: bad prompt", line), line
 

@@ -54,7 +54,7 @@ def test_gpuq_acl_prints_the_line_for_this_pool() -> None:
     assert result.stdout.startswith(f"ACL SETUSER gpuq-reaper-batch reset on #{digest} ~gq:{{batch}}:* ")
     assert SECRET not in result.output and "+set" in result.stdout.split()
     missing = CliRunner().invoke(cli, ["acl", "--role", "worker", "--password-env", "GPUQ_ACL_UNSET"])
-    assert missing.exit_code == 1
+    assert missing.exit_code == 2  # bad input or configuration
     assert missing.stderr == ("Error: configuration: --password-env GPUQ_ACL_UNSET: the variable is "
                               "unset or empty\n")
 
@@ -64,7 +64,7 @@ def test_gpuq_acl_prints_the_line_for_this_pool() -> None:
 def test_a_user_name_the_line_could_misread_is_refused(user: str) -> None:
     result = CliRunner().invoke(cli, ["acl", "--role", "producer", "--password-env", "GPUQ_ACL_PW",
                                       "--user", user], env={"GPUQ_ACL_PW": SECRET})
-    assert result.exit_code == 1 and result.stdout == ""
+    assert result.exit_code == 2 and result.stdout == ""
     assert result.stderr.startswith("Error: configuration: ACL user name ")
     assert "printable ASCII without spaces, quotes or backslashes" in result.stderr
     assert len(result.stderr.splitlines()) == 1

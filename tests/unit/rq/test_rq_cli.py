@@ -24,7 +24,7 @@ def without_rq(monkeypatch: pytest.MonkeyPatch) -> None:
 ])
 def test_rq_options_without_the_extra_fail_with_one_line(without_rq: None, args: list[str]) -> None:
     result = CliRunner().invoke(cli, ["--redis", DEAD_REDIS, *args])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # bad input or configuration
     assert result.output.strip() == MISSING
 
 
@@ -41,7 +41,7 @@ def test_an_rq_other_than_2x_is_refused(monkeypatch: pytest.MonkeyPatch) -> None
 
     monkeypatch.setattr(rq, "__version__", "3.0.0")
     result = CliRunner().invoke(cli, ["--redis", DEAD_REDIS, "rq-bridge", "--rq-queue", "gpu"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # bad input or configuration
     assert result.output.strip() == ("Error: configuration: RQ interop supports rq 2.x, found rq "
                                      "3.0.0: pip install 'gpuq[rq]'")
 
@@ -55,5 +55,5 @@ def test_bad_bridge_defaults_are_refused_at_start(args: list[str], fragment: str
     each failed in RQ, and exited 0."""
     pytest.importorskip("rq")
     result = CliRunner().invoke(cli, ["--redis", DEAD_REDIS, "rq-bridge", "--rq-queue", "gpu", *args])
-    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1  # bad input
     assert fragment in result.output

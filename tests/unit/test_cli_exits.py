@@ -1,0 +1,108 @@
+"""The CLI's exit codes (gpuq.cli.base.Exit, README's CLI section): a script can tell a task
+that ended badly from a wait that timed out, an unreachable Redis and bad input.
+
+Found by an audit: `gpuq enqueue --wait` exited 1 for all four (click's usage errors alone
+exited 2)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+from helpers import claim, fail
+from test_cli import BASE, DEAD_REDIS, Pool, assert_clean_error
+
+from gpuq import Config, Queue
+from gpuq.cli.base import Exit, failure_of
+from gpuq.embedded import EmbeddedServer
+from gpuq.errors import AuthenticationFailed, ConnectionFailed, NoMaster, ServerRefused, TlsFailed
+
+
+@pytest.fixture
+def cli_pool(redis_server: EmbeddedServer, pool: str, prefix: str) -> Iterator[Pool]:
+    p = Pool(redis_server.url, pool, prefix)
+    yield p
+    p.redis.close()
+
+
+def ended_while_waiting(p: Pool, end: Callable[[Queue, str], None], *args: str) -> str:
+    """`gpuq enqueue ... --wait` while another thread ends the task as soon as it is stored;
+    the waiting command's one error line."""
+    q = Queue(p.redis, Config(pool=p.name, prefix=p.prefix).validate())
+    queue_key = q.keys.queue(2, "llama3-8b")
+    stop = threading.Event()
+
+    def ender() -> None:
+        while not stop.wait(0.02):
+            if ids := p.redis.zrange(queue_key, 0, 0):
+                end(q, ids[0])
+                return
+
+    thread = threading.Thread(target=ender)
+    thread.start()
+    try:
+        result = p.invoke("enqueue", *BASE, "--max-attempts", "1", *args, "--wait", "--timeout", "60")
+    finally:
+        stop.set()
+        thread.join()
+    line = assert_clean_error(result)
+    assert result.exit_code == Exit.NOT_DONE == 3, line
+    return line
+
+
+def fail_it(q: Queue, task_id: str) -> None:
+    c = claim(q, "w1", 40)
+    assert c is not None and c["id"] == task_id
+    assert fail(q, task_id, c["token"], "RuntimeError: bad prompt", retry=False) == "failed"
+
+
+def test_a_waited_task_that_failed_exits_3(cli_pool: Pool) -> None:
+    assert "failed: RuntimeError: bad prompt" in ended_while_waiting(cli_pool, fail_it)
+
+
+def test_a_waited_task_that_was_canceled_exits_3(cli_pool: Pool) -> None:
+    def cancel_it(q: Queue, task_id: str) -> None:
+        q.cancel(task_id)
+
+    assert " canceled" in ended_while_waiting(cli_pool, cancel_it)
+
+
+@pytest.mark.parametrize("how", ["--wait", "--stream"])
+def test_a_wait_that_timed_out_exits_4(cli_pool: Pool, how: str) -> None:
+    result = cli_pool.invoke("enqueue", *BASE, how, "--timeout", "0.2")
+    assert_clean_error(result, "did not finish within 0.2 s")
+    assert result.exit_code == Exit.TIMED_OUT == 4
+
+
+@pytest.mark.parametrize("args", [["enqueue", *BASE, "--wait"], ["status"], ["failures"]],
+                         ids=lambda a: a[0])
+def test_an_unreachable_redis_exits_5(cli_pool: Pool, args: list[str]) -> None:
+    result = cli_pool.invoke(*args, url=DEAD_REDIS)
+    assert_clean_error(result, f"cannot reach Redis at {DEAD_REDIS}")
+    assert result.exit_code == Exit.NO_REDIS == 5
+
+
+@pytest.mark.parametrize("kind", [ConnectionFailed, AuthenticationFailed, TlsFailed, NoMaster,
+                                  ServerRefused])
+def test_every_kind_of_redis_that_cannot_be_used_exits_5(kind: type[ConnectionFailed]) -> None:
+    assert failure_of(kind("redis://:pw@h:1/0", "why")).exit_code == Exit.NO_REDIS
+
+
+@pytest.mark.parametrize("args, env", [
+    (["enqueue", *BASE, "--payload", "{"], {}),  # an invalid task
+    (["enqueue", *BASE, "--wait", "--timeout", "-1"], {}),  # an invalid option value
+    (["status"], {"GPUQ_LEASE_S": "soon"}),  # an invalid setting
+    (["enqueue", *BASE, "--timeout", "1"], {}),  # a usage error (click's)
+], ids=["task", "option", "setting", "usage"])
+def test_bad_input_exits_2_and_writes_nothing(cli_pool: Pool, args: list[str], env: dict[str, str]) -> None:
+    result = cli_pool.invoke(*args, env=env)
+    assert_clean_error(result)
+    assert result.exit_code == Exit.BAD_INPUT == 2
+    assert cli_pool.all_keys() == set()
+
+
+def test_other_failures_exit_1(cli_pool: Pool) -> None:
+    result = cli_pool.invoke("task", "no-such-task")
+    assert_clean_error(result, "task no-such-task not found")
+    assert result.exit_code == Exit.ERROR == 1
