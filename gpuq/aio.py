@@ -280,9 +280,9 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
         while not follow.done:
             # each try blocks for what is left (ResultTimeout once none is); after an outage
             # it reads again from the last chunk, as a wait does
-            reply = await self._ridden(follow.waiting, lambda: self.redis.xread(
-                {follow.key: follow.last_id}, count=Follow.COUNT, block=follow.block_ms()))
-            for chunk in follow.take(reply):
+            reply, stored = await self._ridden(
+                follow.waiting, lambda: self.scripts.pipelined([], follow.commands()))
+            for chunk in follow.take(reply, stored):
                 yield chunk
 
     async def progress(self, task_id: str) -> tuple[float, str] | None:

@@ -168,16 +168,17 @@ class Queue(Producer[redis.Redis, "Task"]):
         """The chunks the task's handler emits, from the first, as they come, until the task
         ends (then read its result as usual); ResultTimeout once ``timeout`` seconds pass
         (None: no limit). A chunk with ``restart`` opens a new run: drop what the earlier
-        run sent (gpuq.stream). Blocks on XREAD; never polls the task."""
+        run sent (gpuq.stream). Blocks on XREAD, with an EXISTS of the task in the same round
+        trip: TaskNotFound once the task was deleted under the read (a flush, an eviction)."""
         follow = Follow(self.keys, task_id, timeout, self.redis)
         with redis_errors(self.url):
             follow.started(self.scripts.run(follow_call(task_id)))
         while not follow.done:
             # each try blocks for what is left (ResultTimeout once none is); after an outage
             # it reads again from the last chunk, as a wait does
-            reply = self._ridden(follow.waiting, lambda: self.redis.xread(
-                {follow.key: follow.last_id}, count=Follow.COUNT, block=follow.block_ms()))
-            yield from follow.take(reply)
+            reply, stored = self._ridden(follow.waiting,
+                                         lambda: self.scripts.pipelined([], follow.commands()))
+            yield from follow.take(reply, stored)
 
     def progress(self, task_id: str) -> tuple[float, str] | None:
         """The task's last progress report, (fraction, message), or None before any."""

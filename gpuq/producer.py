@@ -109,7 +109,9 @@ class Producer(Generic[ClientT, EnqueuedT]):
 class Waiting:
     """The bookkeeping of a result wait, shared by the sync and async clients."""
 
-    MAX_BLOCK_S = 60.0  # re-read the task at least this often, whatever the timeout
+    # re-read the task at least this often, whatever the timeout: a task deleted under the wait
+    # (a flush, an eviction, a result TTL of 0) pushes no done list, and only a read finds it gone
+    MAX_BLOCK_S = 5.0
     # a wait rides out a Redis outage (a restart, a failover) this long, within its timeout
     OUTAGE_S = 30.0
     OUTCOME = ("state", "result", "error")  # what a result wait reads of the task

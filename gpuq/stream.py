@@ -8,8 +8,9 @@ chunks are the entries of one Redis Stream per task (``Keys.stream``), about
 
 A producer reads them with ``task.stream(timeout=...)`` (``gpuq.client`` and ``gpuq.aio``;
 ``Follow`` is the bookkeeping both share): from the first entry, blocking on XREAD until the
-end marker, never polling the task. Each run of a task (each claim: a new fencing token)
-numbers its chunks from 0. What a reader sees (docs/PROTOCOL.md, "Streams"): every chunk
+end marker, never reading the task's state (each read asks only whether the task is still
+stored: one deleted under it raises TaskNotFound). Each run of a task (each claim: a new
+fencing token) numbers its chunks from 0. What a reader sees (docs/PROTOCOL.md, "Streams"): every chunk
 once, in order; the first chunk of a later run, after chunks of an earlier one were
 delivered, comes with ``restart=True``: what the reader showed of the earlier run is void
 (a chat UI clears it), as that run failed, yielded or lost its lease. A chunk sent again
@@ -30,7 +31,7 @@ import redis
 
 from gpuq.backoff import Backoff
 from gpuq.config import Config
-from gpuq.errors import EmitError
+from gpuq.errors import EmitError, TaskNotFound
 from gpuq.keys import Keys
 from gpuq.producer import Waiting
 from gpuq.replies import Code, raise_for
@@ -225,6 +226,7 @@ class Follow:
     def __init__(self, keys: Keys, task_id: str, timeout: float | None, client: Any) -> None:
         self.task_id = task_id
         self.key = keys.stream(task_id)
+        self.task_key = keys.task(task_id)
         self.waiting = Waiting(task_id, timeout, client)
         self.last_id = "0-0"
         self.live = True  # the task had not ended when the read began
@@ -243,10 +245,21 @@ class Follow:
             return None
         return max(1, math.ceil(self.waiting.block_s() * 1000))
 
-    def take(self, reply: Any) -> list[Chunk]:
+    def commands(self) -> list[tuple[Any, ...]]:
+        """One round trip of a read: XREAD (blocking when ``block_ms`` says so), then whether
+        the task is still stored (a stream of a task deleted under the read gets no end
+        marker: a flush, an eviction, a result TTL of 0)."""
+        block = self.block_ms()
+        xread = ("XREAD", "COUNT", self.COUNT, *(() if block is None else ("BLOCK", block)))
+        return [(*xread, "STREAMS", self.key, self.last_id), ("EXISTS", self.task_key)]
+
+    def take(self, reply: Any, stored: Any = 1) -> list[Chunk]:
         """The chunks of an XREAD reply a reader gets (the attempt rule applied); ``done``
-        once the end marker is read, or an ended task's stream has no more."""
+        once the end marker is read, or an ended task's stream has no more. TaskNotFound when
+        the reply is empty and the task no longer ``stored`` (EXISTS)."""
         entries = entries_of(reply)
+        if not entries and not int(stored):
+            raise TaskNotFound(self.task_id)
         if not entries and not self.live:
             self.done = True
         self.caught_up = len(entries) < self.COUNT
