@@ -106,9 +106,9 @@ class AsyncScripts:
         commands = [self.command(c) for c in calls] + list(extra) + ([wait] if wait else [])
         return await self._loaded(await exchange(self.client, commands, retry=True), calls, wait)
 
-    async def streamed(self, calls: Iterable[Call[T]]) -> list[T]:
+    async def streamed(self, calls: Iterable[Call[T]], seen: list[Any] | None = None) -> list[T]:
         """Calls built and sent one after another on one connection, replies read after the
-        last and parsed (gpuq.scripts.Scripts.streamed)."""
+        last and parsed; ``seen`` gets the raw replies first (gpuq.scripts.Scripts.streamed)."""
         sent: list[Call[T]] = []
 
         def commands() -> Iterator[tuple[Any, ...]]:
@@ -118,11 +118,12 @@ class AsyncScripts:
             if (wait := wait_command(sent)) is not None:
                 yield wait
 
-        replies = await self._loaded(await exchange(self.client, commands()), sent, wait_command(sent))
+        replies = await self._loaded(await exchange(self.client, commands()), sent,
+                                     wait_command(sent), seen)
         return [c.parse(r) for c, r in zip(sent, replies)]
 
     async def _loaded(self, replies: list[Any], calls: Sequence[Call[Any]],
-                      wait: tuple[Any, ...] | None = None) -> list[Any]:
+                      wait: tuple[Any, ...] | None = None, seen: list[Any] | None = None) -> list[Any]:
         """gpuq.scripts.Scripts._loaded, awaited."""
         resend = Resend(replies, calls, wait)
         for _ in range(RELOADS):
@@ -130,6 +131,8 @@ class AsyncScripts:
                 break
             await self.load()
             resend.merge(await exchange(self.client, resend.commands(self.command), retry=True))
+        if seen is not None:
+            seen.extend(resend.replies)
         return resend.checked()
 
 
@@ -188,23 +191,26 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
             flight = bulk.Preflight(specs) if several else None
             if flight and flight.check(await self._plain(flight.commands(self.keys))):
                 bulk.taken(specs, await self._plain(bulk.exists_each(self.keys, specs)))
+            replies: list[Any] = []
             try:
-                await self.scripts.streamed(calls)
+                await self.scripts.streamed(calls, replies)
             except (GpuqError, redis.exceptions.RedisError) as exc:
                 if not several:
                     raise
-                raise await self._partial(specs, exc) from exc
+                raise await self._partial(specs, replies, exc) from exc
         return [AsyncTask(self, s.task_id, exists=True) for s in specs]
 
     async def _plain(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         return await self.scripts.pipelined([], commands)
 
-    async def _partial(self, specs: list[TaskSpec], exc: Exception) -> Exception:
+    async def _partial(self, specs: list[TaskSpec], replies: list[Any], exc: Exception) -> Exception:
         """PartialEnqueue naming the tasks stored, or ``exc`` (gpuq.client.Queue._partial)."""
-        try:
-            stored = await self._plain(bulk.exists_each(self.keys, specs))
-        except (GpuqError, redis.exceptions.RedisError):
-            return exc
+        stored = bulk.written(specs, replies)
+        if stored is None:
+            try:
+                stored = await self._plain(bulk.exists_each(self.keys, specs))
+            except (GpuqError, redis.exceptions.RedisError):
+                return exc
         return bulk.outcome(specs, stored, exc, lambda tid: AsyncTask(self, tid, exists=True))
 
     def task(self, task_id: str) -> AsyncTask:

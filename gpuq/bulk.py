@@ -9,7 +9,10 @@ pool's state as it is: ids already taken, parents unknown or ended other than su
 unregistered in a pool that requires them (``Preflight``). What can still fail a later chunk
 (another producer taking an id or ending a parent meanwhile, a server out of memory, a
 ``check_fit`` class or handler) is told by ``PartialEnqueue``, with the tasks that were
-enqueued (``outcome``).
+enqueued (``outcome``): those of the calls whose reply says they wrote (``written``; a call
+is all or nothing), not whatever ids the server holds, which another producer enqueueing the
+same ids may have written. Only when the connection failed before the replies were read are
+the ids looked up (``exists_each``), and then a task another producer stored is named too.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 from gpuq.clock import from_time_reply
 from gpuq.errors import DuplicateTask, InvalidTask, PartialEnqueue
+from gpuq.joined import wrote
 from gpuq.keys import REQUIRED, Keys
 from gpuq.task import TaskSpec
 
@@ -74,6 +78,16 @@ def _refused(s: TaskSpec, i: int, unregistered: bool, now_ms: int, position: dic
             raise InvalidTask(f"parent task {p} ended {state}", s.task_id)
 
 
+def written(specs: Sequence[TaskSpec], replies: Sequence[Any]) -> list[bool] | None:
+    """Per task, whether the reply of its call (BULK_CHUNK tasks each, in order) says it
+    wrote; None without a reply for every call (the connection failed before they were
+    read)."""
+    calls = -(-len(specs) // BULK_CHUNK)
+    if len(replies) < calls:
+        return None
+    return [wrote(replies[i // BULK_CHUNK]) for i in range(len(specs))]
+
+
 def exists_each(keys: Keys, specs: Sequence[TaskSpec]) -> list[tuple[Any, ...]]:
     """One EXISTS per task: which of them the server holds."""
     return [("EXISTS", keys.task(s.task_id)) for s in specs]
@@ -88,7 +102,7 @@ def taken(specs: Sequence[TaskSpec], replies: Sequence[Any]) -> None:
 
 def outcome(specs: Sequence[TaskSpec], replies: Sequence[Any], cause: Exception,
             handle: Callable[[str], Any]) -> Exception:
-    """What a failed bulk raises: PartialEnqueue with a handle of each task ``exists_each``
-    found stored (those it enqueued before it stopped), or ``cause`` when none was."""
+    """What a failed bulk raises: PartialEnqueue with a handle of each task ``replies`` says
+    is stored (``written``, else ``exists_each``), or ``cause`` when none was."""
     stored = [handle(s.task_id) for s, there in zip(specs, replies) if int(there)]
     return PartialEnqueue(stored, len(specs), cause) if stored else cause

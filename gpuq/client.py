@@ -73,24 +73,27 @@ class Queue(Producer[redis.Redis, "Task"]):
             flight = bulk.Preflight(specs) if several else None
             if flight and flight.check(self._plain(flight.commands(self.keys))):
                 bulk.taken(specs, self._plain(bulk.exists_each(self.keys, specs)))
+            replies: list[Any] = []
             try:
-                self.scripts.streamed(calls)
+                self.scripts.streamed(calls, replies)
             except (GpuqError, redis.RedisError) as exc:
                 if not several:
                     raise
-                raise self._partial(specs, exc) from exc
+                raise self._partial(specs, replies, exc) from exc
         return [Task(self, s.task_id, exists=True) for s in specs]
 
     def _plain(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         return self.scripts.pipelined([], commands)
 
-    def _partial(self, specs: list[TaskSpec], exc: Exception) -> Exception:
-        """PartialEnqueue naming the tasks stored, or ``exc`` when none was (or the server
-        cannot say)."""
-        try:
-            stored = self._plain(bulk.exists_each(self.keys, specs))
-        except (GpuqError, redis.RedisError):
-            return exc
+    def _partial(self, specs: list[TaskSpec], replies: list[Any], exc: Exception) -> Exception:
+        """PartialEnqueue naming the tasks this bulk stored, by its calls' ``replies``
+        (bulk.written), or ``exc`` when none was (or the server cannot say)."""
+        stored = bulk.written(specs, replies)
+        if stored is None:
+            try:
+                stored = self._plain(bulk.exists_each(self.keys, specs))
+            except (GpuqError, redis.RedisError):
+                return exc
         return bulk.outcome(specs, stored, exc, lambda tid: Task(self, tid, exists=True))
 
     def task(self, task_id: str) -> Task:

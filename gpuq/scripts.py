@@ -351,11 +351,12 @@ class Scripts:
         replies = self._loaded(exchange(self.client, commands, retry=True), sent, wait)
         return split_replies(replies, joined)
 
-    def streamed(self, calls: Iterable[Call[T]]) -> list[T]:
+    def streamed(self, calls: Iterable[Call[T]], seen: list[Any] | None = None) -> list[T]:
         """Run many calls on one connection, each built and sent just before the next (the
         server runs the first calls while the client builds and packs the later ones; a
         pipeline packs them all before it sends any), the replies read after the last, then
-        parsed in order; the first error is raised once all are read."""
+        parsed in order; the first error is raised once all are read. ``seen`` gets every
+        call's raw reply first (none when the connection failed before all were read)."""
         sent: list[Call[T]] = []
 
         def commands() -> Iterator[tuple[Any, ...]]:
@@ -365,19 +366,21 @@ class Scripts:
             if (wait := wait_command(sent)) is not None:
                 yield wait
 
-        replies = self._loaded(exchange(self.client, commands()), sent, wait_command(sent))
+        replies = self._loaded(exchange(self.client, commands()), sent, wait_command(sent), seen)
         return [c.parse(r) for c, r in zip(sent, replies)]
 
     def _loaded(self, replies: list[Any], calls: Sequence[Call[Any]],
-                wait: tuple[Any, ...] | None = None) -> list[Any]:
+                wait: tuple[Any, ...] | None = None, seen: list[Any] | None = None) -> list[Any]:
         """The replies, with the calls that found their code missing sent again once it is
-        loaded (``Resend``)."""
+        loaded (``Resend``); ``seen`` gets them before any is checked."""
         resend = Resend(replies, calls, wait)
         for _ in range(RELOADS):
             if not resend.missing:
                 break
             self.load()
             resend.merge(exchange(self.client, resend.commands(self.command), retry=True))
+        if seen is not None:
+            seen.extend(resend.replies)
         return resend.checked()
 
     def load(self) -> None:

@@ -14,13 +14,14 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import T0, enqueue, register_worker
+from helpers import T0, enqueue, enqueue_specs, register_worker
 
-from gpuq import Config, Queue
+from gpuq import Config, Queue, bulk
 from gpuq.aio import AsyncQueue
 from gpuq.bulk import BULK_CHUNK
 from gpuq.embedded import EmbeddedServer
 from gpuq.errors import ConfigError, DuplicateTask, InvalidTask, PartialEnqueue, UnregisteredHandler
+from gpuq.task import build_specs
 from gpuq.tenants import Tenant, require_registered, set_tenant
 
 N = 2 * BULK_CHUNK + 50  # three calls
@@ -81,6 +82,45 @@ def test_a_later_call_failing_all_the_same_names_what_was_enqueued(queue: Queue)
     assert all(t.status().value == "queued" for t in caught.value.enqueued[:3])
 
 
+def numbered(stem: str) -> list[dict[str, Any]]:
+    return [{**t, "task_id": f"{stem}{i}"} for i, t in enumerate(tasks())]
+
+
+def others_take(monkeypatch: pytest.MonkeyPatch, queue: Queue, taken: list[dict[str, Any]]) -> None:
+    """Another producer enqueues ``taken`` just after the bulk's check of the pool's state,
+    before its calls (two bulks of the same ids at once)."""
+    check = bulk.Preflight.check
+
+    def then_taken(flight: bulk.Preflight, replies: Any) -> bool:
+        found = check(flight, replies)
+        enqueue_specs(queue, build_specs(taken))
+        return found
+
+    monkeypatch.setattr(bulk.Preflight, "check", then_taken)
+
+
+def test_a_bulk_names_only_the_tasks_it_wrote_when_another_took_ids_meanwhile(
+        queue: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: the tasks named were every id the server held, the other producer's too
+    (450 of 450 enqueued, where this bulk's second call was refused and wrote nothing)."""
+    batch = numbered("c")
+    others_take(monkeypatch, queue, batch[BULK_CHUNK:2 * BULK_CHUNK])  # the second call's ids
+    with pytest.raises(PartialEnqueue, match=f"{N - BULK_CHUNK} of {N} tasks") as caught:
+        queue.enqueue_many(batch)
+    assert isinstance(caught.value.cause, DuplicateTask)
+    mine = [t["task_id"] for t in batch[:BULK_CHUNK] + batch[2 * BULK_CHUNK:]]
+    assert [t.id for t in caught.value.enqueued] == mine
+
+
+def test_a_bulk_that_wrote_nothing_says_so_when_another_took_every_id(
+        queue: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    batch = numbered("d")
+    for i in range(0, N, BULK_CHUNK):  # the other producer's own calls, of one chunk each
+        others_take(monkeypatch, queue, batch[i:i + BULK_CHUNK])
+    with pytest.raises(DuplicateTask):  # not PartialEnqueue naming all N
+        queue.enqueue_many(batch)
+
+
 @pytest.mark.parametrize("timeout", [math.nan, -1, "1", True])
 def test_a_result_wait_refuses_a_timeout_that_is_no_duration(queue: Queue, timeout: object) -> None:
     t = queue.enqueue("h", model="m", vram_gb=1)
@@ -89,7 +129,7 @@ def test_a_result_wait_refuses_a_timeout_that_is_no_duration(queue: Queue, timeo
 
 
 def test_the_asyncio_client_checks_and_tells_the_same(redis_server: EmbeddedServer, pool: str,
-                                                      prefix: str) -> None:
+                                                      prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
     async def scenario() -> None:
         q = AsyncQueue.from_url(redis_server.url, pool=pool, config=Config(prefix=prefix))
         try:
@@ -103,6 +143,11 @@ def test_the_asyncio_client_checks_and_tells_the_same(redis_server: EmbeddedServ
             with pytest.raises(PartialEnqueue) as caught:
                 await q.enqueue_many(tasks({"handler": "unknown"}), check_fit=True)
             assert len(caught.value.enqueued) == 2 * BULK_CHUNK
+            batch = numbered("a")
+            others_take(monkeypatch, sync, batch[BULK_CHUNK:2 * BULK_CHUNK])
+            with pytest.raises(PartialEnqueue) as caught:
+                await q.enqueue_many(batch)
+            assert len(caught.value.enqueued) == N - BULK_CHUNK
             with pytest.raises(ConfigError):
                 await (await q.enqueue("h", model="m", vram_gb=1)).result(timeout=-1)
         finally:
