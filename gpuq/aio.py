@@ -177,6 +177,7 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
             await self.close()
 
     async def _submit(self, spec: TaskSpec, check_fit: bool) -> AsyncTask:
+        self._usable()
         await self.scripts.run(self.calls.enqueue([spec], check_fit=check_fit))
         return AsyncTask(self, spec.task_id, exists=True)
 
@@ -185,6 +186,7 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
         """Bulk enqueue (see gpuq.client.Queue.enqueue_many). Cancelled (asyncio.wait_for) while
         a bulk of several calls is in flight, the calls sent by then stay stored: read back
         the tasks' ids to know which."""
+        self._usable()
         specs, calls = self._bulk(tasks, check_fit)
         with redis_errors(self.url):
             several = len(specs) > bulk.BULK_CHUNK
@@ -221,16 +223,19 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
 
     async def cancel(self, task_id: str) -> State:
         """Cancel a task; returns the state it was in."""
+        self._usable()
         previous = await self.scripts.run(self.calls.cancel(task_id))
         return State(previous)
 
     async def requeue(self, task_id: str, reason: str = "requeued by operator") -> State:
         """Put a task back in its queue (see gpuq.client.Queue.requeue)."""
+        self._usable()
         state = await self.scripts.run(self.calls.requeue(task_id, None, reason))
         return State(state)
 
     async def drain_worker(self, worker_id: str) -> None:
         """Tell a live worker to take no more tasks, finish its running ones and exit 0."""
+        self._usable()
         with redis_errors(self.url):
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.zscore(self.keys.workers, worker_id)
@@ -241,6 +246,7 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
     async def wait(self, task_id: str, timeout: float | None = None, *,
                    exists: bool = False) -> TaskRecord:
         """Block until the task ends (see gpuq.client.Queue.wait); return its record."""
+        self._usable()
         waiting = Waiting(task_id, timeout, self.redis)
         fields = None if waiting.may_skip_read(exists) else await self._fields(task_id)
         while (record := waiting.ended(fields)) is None:
@@ -250,6 +256,7 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
     async def result(self, task_id: str, timeout: float | None = None, *,
                      exists: bool = False) -> Any:
         """The task's result once it ends (see gpuq.client.Queue.result)."""
+        self._usable()
         waiting = Waiting(task_id, timeout, self.redis)
         values = None
         if not waiting.may_skip_read(exists):
@@ -281,6 +288,7 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
 
     async def stream(self, task_id: str, timeout: float | None = None) -> AsyncIterator[Chunk]:
         """The task's chunks as they come, until it ends (see gpuq.client.Queue.stream)."""
+        self._usable()
         follow = Follow(self.keys, task_id, timeout, self.redis)
         follow.started(await self.scripts.run(follow_call(task_id)))
         while not follow.done:
@@ -293,12 +301,14 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
 
     async def progress(self, task_id: str) -> tuple[float, str] | None:
         """The task's last progress report, (fraction, message), or None before any."""
+        self._usable()
         with redis_errors(self.url):
             values = await self.redis.hmget(self.keys.task(task_id), "state", "progress",
                                             "progress_msg")
         return parse_progress(values, task_id)
 
     async def _fields(self, task_id: str) -> dict[str, str]:
+        self._usable()
         with redis_errors(self.url):
             return stored(await self.redis.hgetall(self.keys.task(task_id)), task_id)
 

@@ -53,6 +53,7 @@ class Queue(Producer[redis.Redis, "Task"]):
             self.close()
 
     def _submit(self, spec: TaskSpec, check_fit: bool) -> Task:
+        self._usable()
         with redis_errors(self.url):
             self.scripts.run(self.calls.enqueue([spec], check_fit=check_fit))
         return Task(self, spec.task_id, exists=True)
@@ -67,6 +68,7 @@ class Queue(Producer[redis.Redis, "Task"]):
         all the same (gpuq.bulk): with ``check_fit``, a task of a later chunk that no
         registered class or handler fits is found only by that chunk's call.
         """
+        self._usable()
         specs, calls = self._bulk(tasks, check_fit)
         with redis_errors(self.url):
             several = len(specs) > bulk.BULK_CHUNK
@@ -104,6 +106,7 @@ class Queue(Producer[redis.Redis, "Task"]):
 
     def cancel(self, task_id: str) -> State:
         """Cancel a task; returns the state it was in."""
+        self._usable()
         with redis_errors(self.url):
             return State(self.scripts.run(self.calls.cancel(task_id)))
 
@@ -112,11 +115,13 @@ class Queue(Producer[redis.Redis, "Task"]):
         waiting out its backoff (now), or one that ended failed, expired or canceled (fresh
         attempts, no deadline); returns its state now (failed: its hash was damaged).
         NotRequeueable if it is queued, waiting for its parents or succeeded."""
+        self._usable()
         with redis_errors(self.url):
             return State(self.scripts.run(self.calls.requeue(task_id, None, reason)))
 
     def drain_worker(self, worker_id: str) -> None:
         """Tell a live worker to take no more tasks, finish its running ones and exit 0."""
+        self._usable()
         with redis_errors(self.url):
             pipe = self.redis.pipeline(transaction=False)
             pipe.zscore(self.keys.workers, worker_id)
@@ -129,6 +134,7 @@ class Queue(Producer[redis.Redis, "Task"]):
         registration (so the task's end pushes its done list), a pop that rotates that list
         in place (so every waiter sees it) and a read of the task, pipelined. ``exists``
         skips the first read (we just enqueued it)."""
+        self._usable()
         waiting = Waiting(task_id, timeout, self.redis)
         fields = None if waiting.may_skip_read(exists) else self._fields(task_id)
         while (record := waiting.ended(fields)) is None:
@@ -138,6 +144,7 @@ class Queue(Producer[redis.Redis, "Task"]):
     def result(self, task_id: str, timeout: float | None = None, *, exists: bool = False) -> Any:
         """Block until the task ends; its result, or TaskFailed naming how it ended. As
         ``wait``, reading only the fields that say so (no record to build)."""
+        self._usable()
         waiting = Waiting(task_id, timeout, self.redis)
         values = None
         if not waiting.may_skip_read(exists):
@@ -173,6 +180,7 @@ class Queue(Producer[redis.Redis, "Task"]):
         (None: no limit). A chunk with ``restart`` opens a new run: drop what the earlier
         run sent (gpuq.stream). Blocks on XREAD, with an EXISTS of the task in the same round
         trip: TaskNotFound once the task was deleted under the read (a flush, an eviction)."""
+        self._usable()
         follow = Follow(self.keys, task_id, timeout, self.redis)
         with redis_errors(self.url):
             follow.started(self.scripts.run(follow_call(task_id)))
@@ -185,11 +193,13 @@ class Queue(Producer[redis.Redis, "Task"]):
 
     def progress(self, task_id: str) -> tuple[float, str] | None:
         """The task's last progress report, (fraction, message), or None before any."""
+        self._usable()
         with redis_errors(self.url):
             values = self.redis.hmget(self.keys.task(task_id), "state", "progress", "progress_msg")
         return parse_progress(values, task_id)
 
     def _fields(self, task_id: str) -> dict[str, str]:
+        self._usable()
         with redis_errors(self.url):
             return stored(self.redis.hgetall(self.keys.task(task_id)), task_id)
 

@@ -87,6 +87,12 @@ class Producer(Generic[ClientT, EnqueuedT]):
     def _submit(self, spec: TaskSpec, check_fit: bool) -> EnqueuedT:
         raise NotImplementedError
 
+    def _usable(self) -> None:
+        """ConnectionFailed once close() was called: a call through the closed pool would
+        reconnect, and hold connections nothing closes."""
+        if self.closed:
+            raise ConnectionFailed(self.url, "the queue was closed")
+
     def _bulk(self, tasks: Iterable[Mapping[str, Any]],
               check_fit: bool) -> tuple[list[TaskSpec], Iterator[Call[int]]]:
         """Every task validated first (nothing sent if one is bad), then its enqueue calls,

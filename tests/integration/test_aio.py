@@ -11,7 +11,7 @@ import redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from gpuq import Config, State
+from gpuq import Config, Queue, State
 from gpuq.aio import AsyncQueue
 from gpuq.embedded import EmbeddedServer
 from gpuq.errors import (
@@ -222,3 +222,43 @@ def test_more_calls_at_once_than_redis_pys_default_pool_holds(redis_server: Embe
             assert all(isinstance(e, ResultTimeout) for e in ended), {type(e) for e in ended}
 
     run(scenario())
+
+
+def test_calls_after_close_are_refused_and_open_nothing(redis_server: EmbeddedServer, pool: str,
+                                                        prefix: str) -> None:
+    """Regression: enqueue, status, cancel and the other calls that are not waits went on
+    after close() (sync and asyncio), reconnecting through the closed pool."""
+    admin = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    bulk = [{"handler": "h", "model": "m", "vram_gb": 1}]
+    sync = Queue.from_url(redis_server.url, pool, Config(prefix=prefix))
+    t = sync.enqueue("h", model="m", vram_gb=1)
+    sync.close()
+    clients = len(admin.client_list())
+    for call in (lambda: sync.enqueue("h", model="m", vram_gb=1), lambda: sync.enqueue_many(bulk),
+                 t.status, t.record, t.cancel, t.progress, lambda: sync.requeue(t.id),
+                 lambda: sync.drain_worker("w1"), lambda: sync.task(t.id).result(timeout=1),
+                 lambda: sync.wait(t.id, 1), lambda: list(sync.task(t.id).stream(timeout=1))):
+        with pytest.raises(ConnectionFailed, match="the queue was closed"):
+            call()
+    assert len(admin.client_list()) == clients
+
+    async def scenario() -> None:
+        q = make(redis_server, pool, prefix)
+        a = await q.enqueue("h", model="m", vram_gb=1)
+        await q.close()
+        before = len(admin.client_list())
+        for call in (lambda: q.enqueue("h", model="m", vram_gb=1), lambda: q.enqueue_many(bulk),
+                     a.status, a.record, a.cancel, a.progress, lambda: q.requeue(a.id),
+                     lambda: q.drain_worker("w1"), lambda: q.task(a.id).result(timeout=1),
+                     lambda: q.wait(a.id, 1)):
+            with pytest.raises(ConnectionFailed, match="the queue was closed"):
+                await call()
+        with pytest.raises(ConnectionFailed, match="the queue was closed"):
+            [c async for c in q.task(a.id).stream(timeout=1)]
+        assert len(admin.client_list()) == before
+
+    try:
+        run(scenario())
+    finally:
+        admin.close()
+
