@@ -5,7 +5,8 @@
         await t.result(timeout=5)
 
 Arguments and replies of every script come from the same ``Calls`` as the sync client, and
-validation and waiting from the same ``gpuq.producer``, so only the awaiting differs.
+validation and waiting from the same ``gpuq.producer``, so only the awaiting differs. A queue
+belongs to the event loop of its first call: make one per loop (``AsyncQueue._usable``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import redis.exceptions
 from gpuq import bulk
 from gpuq.config import Config
 from gpuq.connection import connect_async, redis_errors, sentinels_of
-from gpuq.errors import ConnectionFailed, GpuqError
+from gpuq.errors import ConfigError, ConnectionFailed, GpuqError
 from gpuq.functions import Sender
 from gpuq.keys import Keys
 from gpuq.producer import PENDING, Producer, Waiting, stored
@@ -158,6 +159,7 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
     def __init__(self, client: aredis.Redis, config: Config | None = None, *, url: str = "") -> None:
         super().__init__(client, config, url=url)
         self.scripts = AsyncScripts(client, self.keys, self.url)
+        self.loop: asyncio.AbstractEventLoop | None = None  # the loop of its first call
 
     @classmethod
     def from_url(cls, url: str, pool: str | None = None, config: Config | None = None) -> AsyncQueue:
@@ -175,6 +177,19 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
     async def __aexit__(self, *exc: object) -> None:
         if self.owns_client:
             await self.close()
+
+    def _usable(self) -> None:
+        """As Producer._usable; and ConfigError in an event loop other than the one of its
+        first call: the pool's connections belong to that loop (a call from another failed
+        with "Event loop is closed" or "attached to a different loop", or took a
+        connection of the other loop, left open)."""
+        super()._usable()
+        loop = asyncio.get_running_loop()
+        if self.loop is None:
+            self.loop = loop
+        elif loop is not self.loop:
+            raise ConfigError("an AsyncQueue belongs to the event loop of its first call: make one "
+                              "per event loop (AsyncQueue.from_url in that loop)")
 
     async def _submit(self, spec: TaskSpec, check_fit: bool) -> AsyncTask:
         self._usable()

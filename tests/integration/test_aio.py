@@ -262,3 +262,23 @@ def test_calls_after_close_are_refused_and_open_nothing(redis_server: EmbeddedSe
     finally:
         admin.close()
 
+
+def test_a_queue_called_from_another_event_loop_is_refused(redis_server: EmbeddedServer, pool: str,
+                                                           prefix: str) -> None:
+    """Regression: a second loop's call took a connection of the first loop's, failing with
+    a bare RuntimeError ("Event loop is closed", "attached to a different loop"), or not,
+    leaving sockets open."""
+    q = make(redis_server, pool, prefix)
+
+    async def status() -> State:
+        return await (await q.enqueue("h", model="m", vram_gb=1)).status()
+
+    first = asyncio.new_event_loop()
+    try:
+        assert first.run_until_complete(status()) is State.QUEUED
+        with pytest.raises(ConfigError, match="belongs to the event loop of its first call"):
+            run(status())
+        assert first.run_until_complete(status()) is State.QUEUED
+    finally:
+        first.run_until_complete(q.close())
+        first.close()
