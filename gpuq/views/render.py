@@ -16,9 +16,9 @@ def render_status(view: PoolView) -> str:
     lines = [f"pool {view.pool}: {sum(q.depth for q in view.queues)} queued{parked}, {view.running} running, "
              f"{view.delayed} delayed, {view.waiting} waiting for parents, {view.schedules} schedules, "
              f"{len(view.workers)} workers, " + ("a reaper active" if view.reaper_active else "no reaper")]
+    lines += [f"warning: {w}" for w in view.warnings]  # right under the header: they come first
     ended = ", ".join(f"{view.stats.get(s.value, 0)} {s.value}" for s in ENDED)
     lines.append(f"ended: {ended}" + (" (the latest: gpuq failures)" if view.stats.get("failed") else ""))
-    lines += [f"warning: {w}" for w in view.warnings]
     lines.append("")
     lines.append(f"{'PRIORITY':<9}{'MODEL':<24}{'DEPTH':>8}{'OLDEST WAIT':>14}")
     for q in view.queues:
