@@ -30,7 +30,7 @@ import yaml
 
 from gpuq.cli import cli
 from gpuq.config import Config
-from gpuq.metrics import METRIC_NAMES
+from gpuq.metrics import METRIC_NAMES, PoolCollector, PoolFigures
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -214,6 +214,52 @@ def test_dashboard_queries_parse(promtool: str, tmp_path: Path) -> None:
     run_promtool(promtool, "check", "rules", str(path))
 
 
+# target labels a scrape may add to each exporter's series (a Prometheus Operator's included)
+SCRAPE_LABELS = ("instance", "job", "pod", "namespace", "service", "endpoint", "container")
+
+
+def test_dashboard_figures_are_the_same_with_two_exporters(promtool: str, tmp_path: Path) -> None:
+    """Each dashboard query over pool-level families answers the same for pool ``two``, scraped
+    by two exporters whose every target label differs, as for pool ``one``, scraped by one."""
+    figures = PoolFigures(pool="x", queues=[("P0", "a", 3, 2.0), ("P1", "b", 5, 9.0)],
+                          running=2, delayed=1, unschedulable=1, parked=1, reaper_active=True,
+                          stats={"enqueued": 7, "succeeded:P0": 5, "failed:P1": 2, "sla_met:P0": 4,
+                                 "sla_missed:P0": 1, "preempt:yielded:P2": 1, "fair:P2": 1,
+                                 "warm_hints": 3},
+                          model_loads=[("a", 2, 30.0), ("b", 1, 12.0)],
+                          workers={("c", "idle"): 1, ("c", "busy"): 2},
+                          desired=[("class", "c", 3, 4), ("model", "a", 2, 3)])
+    series = []
+    for family in PoolCollector(lambda: figures).collect():
+        for sample in family.samples:
+            v = sample.value + 1  # no 0/0: NaN differs from itself
+            values = f"0+{v}x20" if family.type == "counter" else f"{v}x20"
+            for pool, exporters in (("one", ("a",)), ("two", ("a", "b"))):
+                for e in exporters:
+                    labels = {**sample.labels, "pool": pool}
+                    labels |= {k: f"gpuq-exporter-{e}" for k in SCRAPE_LABELS}
+                    text = ", ".join(f'{k}="{val}"' for k, val in sorted(labels.items()))
+                    series.append({"series": f"{sample.name}{{{text}}}", "values": values})
+    cases = []
+    for _, expr in dashboard_exprs():
+        if any(re.sub(r"_(bucket|sum|count)$", "", n) in WORKER_FAMILIES for n in metric_names(expr)):
+            continue
+        one, two = (f"({expr})".replace("$__rate_interval", "5m").replace("$pool", p)
+                    for p in ("one", "two"))
+        # a tolerance: sums of the same rates in another order may differ in the last bit
+        differ = (f"count(abs({two} - {one}) > 1e-9) or count({two} unless {one})"
+                  f" or count({one} unless {two})")
+        cases.append({"expr": f"{differ} or vector(0)", "eval_time": "10m",
+                      "exp_samples": [{"labels": "{}", "value": 0}]})
+        cases.append({"expr": f"clamp_max(count({one}), 1)", "eval_time": "10m",  # not empty
+                      "exp_samples": [{"labels": "{}", "value": 1}]})
+    assert len(cases) >= 20
+    path = tmp_path / "dashboard_test.yml"
+    path.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "1m", "tests": [
+        {"interval": "1m", "input_series": series, "promql_expr_test": cases}]}))
+    run_promtool(promtool, "test", "rules", str(path))
+
+
 # --- alert rules -----------------------------------------------------------------------------
 
 def test_alert_rules_name_only_gpuq_metrics() -> None:
@@ -295,18 +341,40 @@ WORKER_FAMILIES = {"gpuq_schedule_latency_seconds", "gpuq_task_phase_seconds", "
                    "gpuq_worker_loaded_models"}
 
 
-def test_dashboard_sums_of_pool_figures_count_one_exporter() -> None:
-    """Regression: the dashboard summed the exporter's pool-level series, so two exporters of
-    one pool (as the rules allow: they take max()) doubled its depths and rates."""
+def pool_family_labels() -> dict[str, set[str]]:
+    """Each exporter family's own labels (exposition names), as ``PoolCollector`` writes them."""
+    figures = PoolFigures(pool="p", queues=[("P0", "m", 1, 1.0)], stats={"enqueued": 1, "sla_met:P0": 1},
+                          model_loads=[("m", 1, 1.0)], workers={("c", "idle"): 1},
+                          desired=[("class", "c", 1, 1), ("model", "m", 1, 1)],
+                          forecast=[("class", "c", 1.0, 1.0)], scale_age_s=1.0)
+    labels: dict[str, set[str]] = {}
+    for family in PoolCollector(lambda: figures).collect():
+        for sample in family.samples:
+            labels.setdefault(sample.name, set()).update(sample.labels)
+    return labels
+
+
+def test_dashboard_counts_a_pool_once_whatever_the_scrape_labels() -> None:
+    """Regression: the dashboard collapsed exporters with ``max without (instance, job)``, but a
+    scrape may add more target labels (``pod``, ``namespace``, ``service``, ``endpoint``,
+    ``container`` under a Prometheus Operator), so two exporters of one pool still doubled its
+    depths and rates. Every pool-level selector sits directly in a ``max`` (through one range
+    function at most) over the family's own labels, or over fewer when that max is the
+    outermost aggregation, so a pool counts once whatever labels the scrape adds."""
+    own = pool_family_labels()
     for title, expr in dashboard_exprs():
-        if not expr.lstrip().startswith("sum"):
-            continue
+        expr = " ".join(expr.split())
         for name in metric_names(expr):
             if re.sub(r"_(bucket|sum|count)$", "", name) in WORKER_FAMILIES:
                 continue
-            for m in re.finditer(rf"(?:rate\()?{name}\{{", expr):
-                before = expr[:m.start()]
-                assert before.endswith("max without (instance, job) ("), (title, expr)
+            for m in re.finditer(rf"(?<!\w){name}(?!\w)", expr):
+                before = re.sub(r"(rate|increase|deriv)\( ?$", "", expr[: m.start()].rstrip())
+                agg = re.search(r"max(?: by \(([\w, ]*)\))? ?\( ?$", before)
+                assert agg, (title, expr)
+                by = {w for w in re.split(r"[, ]+", agg.group(1) or "") if w}
+                outside = before[: agg.start()]
+                outermost = outside.count("(") == outside.count(")")
+                assert by == own[name] or (outermost and by < own[name]), (title, expr)
 
 
 def test_dashboard_uses_the_provisioned_datasource() -> None:
