@@ -146,13 +146,13 @@ cancel = verb("cancel", "task_id", Queue.cancel, "canceled {id} (was {state})",
 @click.pass_context
 def task(ctx: click.Context, task_id: str, as_json: bool) -> None:
     """Every field of one task (timestamps as epoch seconds)."""
-    queue = open_queue(ctx)
-    record = queue.record(task_id).to_dict()
-    record["children"] = task_children(queue.redis, queue.keys, task_id)
-    pipe = queue.redis.pipeline(transaction=False)
-    pipe.zscore(queue.keys.parked, task_id)
-    pipe.zscore(queue.keys.handed, task_id)
-    parked, pickup_ms = pipe.execute()
+    with opened(ctx) as queue:  # the reads after the record's are plain commands
+        record = queue.record(task_id).to_dict()
+        record["children"] = task_children(queue.redis, queue.keys, task_id)
+        pipe = queue.redis.pipeline(transaction=False)
+        pipe.zscore(queue.keys.parked, task_id)
+        pipe.zscore(queue.keys.handed, task_id)
+        parked, pickup_ms = pipe.execute()
     # queued but out of its queue: no live worker can hold it (lua/park.lua)
     record["parked"] = parked is not None
     # handed over at enqueue, its worker's pickup not seen yet: taken back at this deadline

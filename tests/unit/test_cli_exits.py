@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from helpers import claim, fail
 from test_cli import BASE, DEAD_REDIS, Pool, assert_clean_error
 
 from gpuq import Config, Queue
+from gpuq.cli import tasks
 from gpuq.cli.base import Exit, failure_of
 from gpuq.embedded import EmbeddedServer
 from gpuq.errors import AuthenticationFailed, ConnectionFailed, NoMaster, ServerRefused, TlsFailed
@@ -80,6 +82,31 @@ def test_a_wait_that_timed_out_exits_4(cli_pool: Pool, how: str) -> None:
 def test_an_unreachable_redis_exits_5(cli_pool: Pool, args: list[str]) -> None:
     result = cli_pool.invoke(*args, url=DEAD_REDIS)
     assert_clean_error(result, f"cannot reach Redis at {DEAD_REDIS}")
+    assert result.exit_code == Exit.NO_REDIS == 5
+
+
+@pytest.mark.parametrize("flags", [[], ["--json"]], ids=["text", "json"])
+def test_a_redis_that_dies_mid_command_exits_5(monkeypatch: pytest.MonkeyPatch, pool: str, prefix: str,
+                                               flags: list[str]) -> None:
+    """Regression: `gpuq task` read the task's children and its parked and handed marks outside
+    the error boundary: a Redis that died after the task's hash was read ended it in a
+    traceback (exit 1). The server is killed once the hash has been read."""
+    server = EmbeddedServer("redis").start()
+    try:
+        p = Pool(server.url, pool, prefix)
+        task_id = p.ok("enqueue", *BASE).strip()
+        p.redis.close()
+        children = tasks.task_children
+
+        def after_a_kill(*args: Any) -> Any:
+            server.stop()
+            return children(*args)
+
+        monkeypatch.setattr(tasks, "task_children", after_a_kill)
+        result = p.invoke("task", task_id, *flags)
+    finally:
+        server.stop()
+    assert_clean_error(result, f"cannot reach Redis at {server.url}")
     assert result.exit_code == Exit.NO_REDIS == 5
 
 
