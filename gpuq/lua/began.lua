@@ -1,8 +1,9 @@
--- began.lua: a task's handler starts after a cold model load: decide its SLA there.
+-- began.lua: a task's handler starts after a cold model load, or a hand-over's: decide its SLA.
 --
--- A claim or hand-over that starts a task on a worker without its model leaves the task's
--- SLA undecided (reply sla "pending"): its handler starts only after the load. The worker
--- calls this just before the handler. Fenced by the token: a task requeued meanwhile (a
+-- A claim that starts a task on a worker without its model leaves the task's SLA undecided
+-- (reply sla "pending"): its handler starts only after the load; so does every hand-over,
+-- which may yet be taken back (lib/due.lua): this call takes it up (it leaves `handed`).
+-- The worker calls this just before the handler. Fenced by the token: a task requeued meanwhile (a
 -- yield during the load, a stop, a lost lease) is not counted here, and stays undecided
 -- for its next start. Counted once per task (began_at), as claim counts a warm start:
 -- stats sla_met:P<n> or sla_missed:P<n> (the handler started by the task's start-by score
@@ -32,6 +33,7 @@ local f = redis.call('HMGET', tk, 'state', 'token', 'priority', 'model', 'score'
   'started_at', 'began_at', 'tenant', 'due_at')
 if not f[1] then return {4} end
 if f[1] ~= 'running' or f[2] ~= token then return {5, f[1]} end
+redis.call('ZREM', K_HANDED, id)  -- a hand-over: its worker took it up (lib/due.lua)
 local p, score, enqueued, started = level(f[3]), finite(f[5]), finite(f[6]), finite(f[7])
 if (f[8] and f[8] ~= '') or not (p and f[4] and score and enqueued and started) then
   return {0, '', ms(now)}

@@ -269,10 +269,10 @@ for _, i in ipairs(ready) do
     -- list at its pickup deadline (the offer's defer bound), a claim or the reaper takes it back
     local pickup = now + math.min(hand.defer, math.floor(sla[prio] / 2))
     redis.call('ZREM', K_IDLE, w)
-    local token, decided = start(id, prio, model, w, now, now + hand.lease, '1', score, now, true,
-      warm)
+    -- its SLA is left to began, which the worker calls as its handler starts (warm or
+    -- cold): a hand-over taken back never started there, and must not count as met
+    local token = start(id, prio, model, w, now, now + hand.lease, '1', score, now, true, false)
     if not warm then note_cold_start(id, model, now) end
-    if tenancy then count_tenant_sla(prio, tenant, decided) end
     redis.call('ZADD', K_HANDED, ms(pickup), id)
     gate_before('pickup_at', pickup)
     count_dispatch(tonumber(prio), redis.call('HMGET', K_FAIRNESS, '1', '2', '3'), hand.fair_every)
@@ -280,7 +280,7 @@ for _, i in ipairs(ready) do
       handler = ARGV[o + 2], payload = ARGV[o + 3], model = model, vram_gb = vram_s,
       priority = prio, est_s = est_s, attempt = '1', deadline = deadline, tenant = ARGV[o + 10],
       checkpoint = '', enqueued_at = now_ms, queued_at = now_ms, started_at = now_ms,
-      sla = decided}))
+      sla = 'pending'}))
   else
     if idle then wake_worker(w) end
     redis.call('ZADD', queue_key(prio, model), ms(order), id)

@@ -4,7 +4,7 @@
 -- its worker ends "failed" after max_attempts). Workers whose liveness expired are removed
 -- with their idle entry, model holdings, wake and control lists and reservation, and
 -- their running tasks requeued at once rather than at lease expiry (a task handed over to
--- one and still unread on its wake list with its attempt given back: it never started).
+-- one and not taken up with its attempt given back: it never started).
 -- Queues a client of an older release indexed per level (models:<p>) join the work index. The claim's gates for
 -- due retries, hand-overs and tenancy are set from what they guard (lib/gates.lua).
 --
@@ -51,9 +51,9 @@ for _, w in ipairs(dead) do
   local wk = worker_key(w)
   depart(w, redis.call('HGET', wk, 'models'))  -- first: its requeued tasks are not offered back to it
   for _, id in ipairs(redis.call('SMEMBERS', worker_tasks_key(w))) do
-    -- handed over at enqueue and never popped: it did not start, so its attempt is given
+    -- handed over at enqueue and never taken up: it did not start, so its attempt is given
     -- back, as at its pickup deadline (lib/due.lua)
-    local unread = unread_handover(w, id) ~= nil
+    local unread = redis.call('ZSCORE', K_HANDED, id) or unread_handover(w, id) ~= nil
     recover(id, unread and 'its worker died before picking it up' or 'worker ' .. w .. ' died', not unread)
   end
   redis.call('DEL', wk, worker_tasks_key(w), wake_key(w), control_key(w), reservation_key(w))

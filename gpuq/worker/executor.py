@@ -116,6 +116,28 @@ class Executor:
             self.running.track(running)
         return res, running
 
+    def take_up(self, fields: dict[str, str], res: Reservation | None, running: Running) -> bool:
+        """A hand-over not taken up by its pickup deadline is taken back (a worker frozen when
+        the server popped it for it, lib/due.lua): a warm one is taken up by began just
+        before its handler; a cold one here, before its load, by renewing its lease. False
+        when it was taken back (its run released): another worker runs it."""
+        if res is None or not res.cold:
+            return True
+        try:
+            _revived, lost = self.scripts.run(self.calls.heartbeat(self.id, [(running.task_id,
+                                                                              running.token)]))
+        except redis.RedisError as exc:  # the next beat takes it up, or the task comes back
+            log.warning("task.untaken task=%s worker=%s error=%s", running.task_id, self.id, exc)
+            return True
+        if not lost:
+            return True
+        log.warning("lease.lost task=%s worker=%s: taken back before it was taken up",
+                    running.task_id, self.id)
+        self.cache.release(res)
+        self.running.untrack(running)
+        self.observer.observe(running.task_id, "lost")
+        return False
+
     def context_of(self, fields: dict[str, str]) -> tuple[Context, str | None]:
         """The task's context, and why this worker cannot run it (None: it can). A hash
         written or damaged by hand fails its task with the reason rather than the runner."""

@@ -116,14 +116,14 @@ class Worker:
             return first, batch.begin_added(self.executor, claim.batch)
 
     def handed(self, fields: dict[str, str]) -> Claimed | None:
-        """A task enqueue started on this worker (handed_over): popping it off the wake list
-        was the pickup (docs/PROTOCOL.md, Hand-over). It runs unless the worker is stopping
-        (then it goes back to its queue)."""
+        """A task enqueue started on this worker (handed_over), popped off its wake list: it
+        runs once taken up (docs/PROTOCOL.md, Hand-over; Executor.take_up), unless the
+        worker is stopping (then it goes back to its queue)."""
         with self.cache.lock:
-            if not self.stopping.is_set():
-                return (fields, *self.executor.begin(fields))
-        self.give_back(fields["id"], int(fields["token"]))
-        return None
+            claimed = None if self.stopping.is_set() else (fields, *self.executor.begin(fields))
+        if claimed is None:
+            self.give_back(fields["id"], int(fields["token"]))
+        return claimed if claimed is None or self.executor.take_up(*claimed) else None
 
     def give_back(self, task_id: str, token: int, until: float = 0.0, checkpoint: str = "") -> None:
         """Requeue a task this worker was given but will not finish (its attempt given back,

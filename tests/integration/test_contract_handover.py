@@ -55,31 +55,52 @@ def pop_wake(q: Queue, wid: str) -> dict[str, str]:
     return dict(json.loads(message))
 
 
-def test_a_popped_hand_over_leaves_handed_at_the_next_claim_and_keeps_its_lease(
-        queue: Queue) -> None:
+def test_a_popped_hand_over_stays_handed_until_its_worker_takes_it_up(queue: Queue) -> None:
     register(queue, "w1")
     register(queue, "w2")
     tid = enqueue(queue, T0 + 10, model="m", vram_gb=4)
     worker = queue.record(tid).worker
-    pop_wake(queue, worker)
+    fields = pop_wake(queue, worker)
     other = "w2" if worker == "w1" else "w1"
     c = claim_reply(queue, other, 19, now_ms=T0 + 20)
-    assert c.task is None and c.retry_s == 0  # picked up: nothing to look at again
+    assert c.task is None and c.retry_s > 0  # popped, not yet taken up: look again then
+    assert queue.redis.zscore(queue.keys.handed, tid) is not None
+    # began (the handler starts) takes it up; its lease stays
+    queue.scripts.run(queue.calls.began(tid, int(fields["token"]), now_ms=T0 + 30))
     assert queue.redis.zscore(queue.keys.handed, tid) is None
     assert queue.redis.zscore(queue.keys.running, tid) == T0 + 10 + LEASE_MS
     assert queue.record(tid).state is State.RUNNING
 
 
-def test_a_popped_hand_over_past_its_deadline_still_runs(queue: Queue) -> None:
-    """A long task: nothing confirms it but the pop, and no claim or reap takes it back."""
+def test_a_hand_over_taken_up_runs_past_its_deadline(queue: Queue) -> None:
+    """A long task: once taken up, no claim or reap takes it back."""
     register(queue, "w1")
     tid = enqueue(queue, T0 + 10, priority="P0", model="m", vram_gb=4)
-    pop_wake(queue, "w1")
+    fields = pop_wake(queue, "w1")
+    queue.scripts.run(queue.calls.began(tid, int(fields["token"]), now_ms=T0 + 20))
     assert reap(queue, now_ms=T0 + 5_000).requeued == 0
     assert claim(queue, "w2", 19, now_ms=T0 + 5_000) is None
     r = queue.record(tid)
     assert (r.state, r.worker) == (State.RUNNING, "w1")
     assert queue.redis.zscore(queue.keys.handed, tid) is None
+
+
+def test_a_hand_over_popped_but_never_taken_up_is_taken_back_at_its_deadline(
+        queue: Queue) -> None:
+    """The server pops a hand-over for a worker frozen in its wait: its lease and liveness
+    hold, but nothing takes the task up; at its pickup deadline it is taken back, its
+    attempt given back, and the frozen worker's copy is fenced off."""
+    register(queue, "w1")
+    tid = enqueue(queue, T0 + 10, priority="P0", model="m", vram_gb=4)
+    fields = pop_wake(queue, "w1")
+    reap(queue, now_ms=T0 + 10 + 99)
+    assert queue.record(tid).state is State.RUNNING  # its deadline is not past yet
+    reap(queue, now_ms=T0 + 10 + 100)
+    r = queue.record(tid)
+    assert (r.state, r.attempt, r.worker) == (State.QUEUED, 0, None)
+    assert r.error == "its worker did not take it up"
+    assert queue.redis.zcard(queue.keys.handed) == 0
+    assert tid in heartbeat(queue, "w1", [(tid, fields["token"])], now_ms=T0 + 200)
 
 
 def test_an_ended_hand_over_leaves_handed_at_the_next_claim(queue: Queue) -> None:

@@ -111,7 +111,7 @@ def test_a_task_started_again_after_its_handler_ran_is_not_counted_again(queue: 
     assert stats(queue)["sla_met:P0"] == "1" and "sla_missed:P0" not in stats(queue)
 
 
-def test_a_hand_over_decides_when_warm_and_waits_for_the_handler_when_cold(queue: Queue) -> None:
+def test_a_hand_over_is_decided_when_its_handler_starts_warm_or_cold(queue: Queue) -> None:
     register(queue, "w1")
     cold = enqueue(queue, T0 + 10, priority="P0", model="m", vram_gb=4)
     fields = pop_wake(queue, "w1")
@@ -122,8 +122,11 @@ def test_a_hand_over_decides_when_warm_and_waits_for_the_handler_when_cold(queue
     assert claim(queue, "w1", 19, now_ms=T0 + 600) is None  # idle again
     warm = enqueue(queue, T0 + 700, priority="P0", model="m", vram_gb=4)
     fields = pop_wake(queue, "w1")
-    assert fields["id"] == warm and fields["sla"] == "met"
-    assert queue.redis.hget(queue.keys.task(warm), "began_at") == str(T0 + 700)
+    # it may yet be taken back: only its handler's start decides, warm too
+    assert fields["id"] == warm and fields["sla"] == "pending"
+    assert queue.redis.hget(queue.keys.task(warm), "began_at") is None
+    assert began(queue, warm, fields["token"], T0 + 702)[0] == "met"
+    assert queue.redis.hget(queue.keys.task(warm), "began_at") == str(T0 + 702)
     s = stats(queue)
     assert (s["sla_met:P0"], s["sla_missed:P0"]) == ("1", "1")
 
@@ -167,3 +170,20 @@ def test_a_cold_claim_takes_its_queue_oldest_first(queue: Queue) -> None:
     enqueue(queue, T0 + 1000, priority="P0", model="m", vram_gb=4)
     c = claim(queue, "w1", 20, now_ms=T0 + 1000 + SLA_MS // 2)
     assert c is not None and c["id"] == late
+
+
+def test_a_warm_hand_over_taken_back_is_decided_where_its_handler_starts(queue: Queue) -> None:
+    """Handed to an idle holder that never picked it up: taken back at its pickup deadline
+    and started cold elsewhere, its handler starting past the SLA; that start decides."""
+    register(queue, "w1")
+    register(queue, "w2")
+    queue.redis.sadd(queue.keys.holders("m"), "w1")
+    tid = enqueue(queue, T0 + 10, priority="P0", model="m", vram_gb=4)
+    assert queue.record(tid).worker == "w1"
+    assert "sla_met:P0" not in stats(queue)  # its handler has not started
+    c = claim(queue, "w2", 19, now_ms=T0 + 10 + 100)  # its pickup deadline: taken back
+    assert c is not None and c["id"] == tid and c["sla"] == "pending"
+    assert began(queue, tid, c["token"], T0 + 10 + 5_000)[0] == "missed"
+    s = stats(queue)
+    assert (s.get("sla_met:P0"), s["sla_missed:P0"]) == (None, "1")
+    assert [m["kind"] for m in misses(queue)] == ["cold"]

@@ -252,3 +252,31 @@ def test_worker_killed_while_idle_does_not_delay_the_next_task(procs: Procs,
     assert record.worker == "w2"
     # P0's start SLA is 0.2 s; allow slack for a loaded machine, but not an idle block
     assert record.started_at - record.enqueued_at < 1.0
+
+
+def test_a_task_handed_to_a_worker_frozen_while_idle_is_taken_back_at_its_pickup_deadline(
+        procs: Procs, real_queue: Queue) -> None:
+    """SIGSTOP while blocked on its wake list: the server still pops the hand-over for it,
+    and its liveness and lease (60 s here) hold. Not taken up by its pickup deadline (P0:
+    100 ms), the task is taken back and runs elsewhere long before the frozen worker is
+    found dead; the frozen worker, let go, does not run it."""
+    procs.reaper()
+    frozen = procs.worker("w1", env={"GPUQ_LEASE_S": "60", "GPUQ_HEARTBEAT_S": "20",
+                                     "GPUQ_IDLE_BLOCK_S": "60"})
+    procs.wait_idle("w1")
+    frozen.signal(signal.SIGSTOP)
+    try:
+        task = real_queue.enqueue("sim.noop", model="m", vram_gb=4, priority="P0")
+        assert real_queue.record(task.id).worker == "w1"
+        wait_for(lambda: procs.redis.llen(real_queue.keys.wake("w1")) == 0,
+                 message="the server to pop the hand-over for the frozen worker")
+        procs.worker("w2")
+        record = procs.wait_state(task.id, State.SUCCEEDED, timeout=20)
+        assert (record.worker, record.attempt) == ("w2", 1)  # the first attempt given back
+        assert procs.registered("w1")  # taken back, not recovered from a dead worker
+    finally:
+        frozen.signal(signal.SIGCONT)
+    wait_for(lambda: "taken back before it was taken up" in frozen.log(),
+             message=lambda: f"w1 to drop the task it was handed; log:\n{frozen.log()}")
+    assert ended_count(procs.redis.hgetall(real_queue.keys.stats), "succeeded") == 1
+    assert frozen.alive()

@@ -1,4 +1,4 @@
--- lib/due.lua: what claim and reap both take care of: due retries, unread hand-overs.
+-- lib/due.lua: what claim and reap both take care of: due retries, hand-overs not taken up.
 
 --@include args
 --@include push
@@ -16,27 +16,30 @@ local function unread_handover(w, id)
 end
 
 -- Tasks handed over at enqueue (`handed`, scored by their pickup deadline), the earliest
--- `limit`: one whose worker has popped it off its wake list was picked up (it holds its
--- full lease) and only leaves the set, as does one that ended or went back to a queue (no
--- script that ends a task looks at the set: the next claim or reaper round tidies it); one
--- still unread at its deadline (its worker died idle, or stalls) is taken off the wake list,
--- so it cannot run there, and requeued with its attempt given back. Returns the earliest
--- deadline of those still unread in time (nil if none). The gate moves to what is left
--- (gate: its value as the caller read it, if it did).
+-- `limit`. A hand-over leaves the set when its worker takes it up (began, or a heartbeat
+-- renewing it) or when it is no longer running (ended, or back in a queue: push removes it,
+-- so an entry of a running task is its hand-over's run). One not taken up by its deadline
+-- is taken back, whether its worker died idle or was frozen when the server popped it for
+-- it: off the wake list if still there, so it cannot run there, and requeued with its
+-- attempt given back (a popped copy is fenced off by its token). Returns the earliest
+-- deadline of those still in time (nil if none). The gate moves to what is left (gate: its
+-- value as the caller read it, if it did).
 local function reclaim_handed(now, limit, ttl, gate)
   local pending
   local entries = redis.call('ZRANGE', K_HANDED, '0', ms(limit - 1), 'WITHSCORES')
   for i = 1, #entries, 2 do
     local id, at = entries[i], tonumber(entries[i + 1])
     local f = redis.call('HMGET', task_key(id), 'state', 'worker')
-    local msg = f[1] == 'running' and f[2] and unread_handover(f[2], id)
-    if msg and at > now then
+    local running = f[1] == 'running' and f[2] and f[2] ~= ''
+    if running and at > now then
       pending = math.min(pending or at, at)
     else
       redis.call('ZREM', K_HANDED, id)
-      if msg then
-        redis.call('LREM', wake_key(f[2]), 1, msg)
-        requeue(id, now, 'its worker did not pick it up', false, ttl)
+      if running then
+        local msg = unread_handover(f[2], id)
+        if msg then redis.call('LREM', wake_key(f[2]), 1, msg) end
+        requeue(id, now, msg and 'its worker did not pick it up' or 'its worker did not take it up',
+          false, ttl)
       end
     end
   end

@@ -27,6 +27,7 @@ local function push(id, now, ttl)
     redis.call('HINCRBY', K_TENANT_QUEUED, fair_field, 1)
   end
   index(id, f[1], f[2], finite(f[7]) or f[3], f[4], tonumber(f[9]))
+  redis.call('ZREM', K_HANDED, id)  -- a hand-over's entry: only its own run may be taken back
   watch_deadline(id, f[5], f[6])
   local idle_n = redis.call('ZCARD', K_IDLE)
   local offered, woken = wake(f[2], tonumber(f[4]), f[1], idle_n, tonumber(f[9]) or 1)
