@@ -337,19 +337,21 @@ class Scripts:
         """The script's reply, unparsed (its code loaded again where the server lacks it)."""
         return self.pipelined([call])[0]
 
-    def pipelined(self, calls: Sequence[Call[Any]], extra: Sequence[tuple[Any, ...]] = ()) -> list[Any]:
+    def pipelined(self, calls: Sequence[Call[Any]], extra: Sequence[tuple[Any, ...]] = (), *,
+                  transport: Callable[[list[tuple[Any, ...]]], list[Any]] | None = None) -> list[Any]:
         """Run the calls, then the plain commands in ``extra`` (e.g. ``("LPOP", key)``), in
         one round trip; replies raw, in order, the first error raised once all are read.
         Consecutive acks go as one ack call of several tasks (``joined_acks``), and with a
-        claim right after them as one call (``carried``)."""
+        claim right after them as one call (``carried``). ``transport``: sends the commands
+        and reads their replies instead of ``exchange`` (gpuq.worker.takeup)."""
         joined = carried(joined_acks(calls))
         sent = [call for call, _ in joined]
         commands = [self.command(c) for c in sent] + list(extra)
         wait = wait_command(sent)
         if wait is not None:
             commands.append(wait)
-        replies = self._loaded(exchange(self.client, commands, retry=True), sent, wait)
-        return split_replies(replies, joined)
+        raw = transport(commands) if transport else exchange(self.client, commands, retry=True)
+        return split_replies(self._loaded(raw, sent, wait), joined)
 
     def streamed(self, calls: Iterable[Call[T]], seen: list[Any] | None = None) -> list[T]:
         """Run many calls on one connection, each built and sent just before the next (the

@@ -32,6 +32,7 @@ from gpuq.worker.passing import PASS_S, Elsewhere
 from gpuq.worker.presence import Presence
 from gpuq.worker.running import Running, RunningSet
 from gpuq.worker.runtimes import NAMES_KEPT, Run, RunTimes
+from gpuq.worker.takeup import TakeUps
 
 log = logging.getLogger(__name__)
 Claimed = tuple[dict[str, str], Reservation | None, Running]  # task fields, its VRAM, its run
@@ -91,6 +92,7 @@ class Executor:
         self.id = presence.worker_id
         self.gpus = gpus  # devices in the worker's group
         self.model_loads = 0
+        self.takeups = TakeUps(scripts, calls, observer, presence)  # warm hand-overs' began
         # why this app cannot run (handler, model), None: it can; the app's handlers and
         # loaders are fixed once the worker runs, and a batch asks once per task
         self._check = functools.lru_cache(maxsize=NAMES_KEPT)(app.check)
@@ -118,10 +120,11 @@ class Executor:
 
     def take_up(self, fields: dict[str, str], res: Reservation | None, running: Running) -> bool:
         """A hand-over not taken up by its pickup deadline is taken back (a worker frozen when
-        the server popped it for it, lib/due.lua): a warm one is taken up by began just
-        before its handler; a cold one here, before its load, by renewing its lease. False
-        when it was taken back (its run released): another worker runs it."""
+        the server popped it for it, lib/due.lua): a warm one is taken up by began as its
+        handler starts (gpuq.worker.takeup); a cold one here, before its load, by renewing
+        its lease. False when it was taken back (its run released): another worker runs it."""
         if res is None or not res.cold:
+            running.handed = res is not None
             return True
         try:
             _revived, lost = self.scripts.run(self.calls.heartbeat(self.id, [(running.task_id,
@@ -242,7 +245,7 @@ class Executor:
                 raise Yielded(task_id)
             spec = self.app.handlers[fields["handler"]]
             payload = json.loads(fields["payload"])
-            if fields.get("sla") == "pending" and not self.report_start(fields, running):
+            if fields.get("sla") == "pending" and not self.taken_up(fields, res, running):
                 self.observer.observe(task_id, "lost")
                 return None
             began = time.monotonic()
@@ -342,6 +345,14 @@ class Executor:
             for r in runs:
                 r.leave()
 
+    def taken_up(self, fields: dict[str, str], res: Reservation, running: Running) -> bool:
+        """The handler is about to start: a warm hand-over's began goes out without a wait
+        (gpuq.worker.takeup), any other start's with one (``report_start``)."""
+        if running.handed and not res.cold:
+            if self.takeups.send(fields, running):
+                return True
+        return self.report_start(fields, running)
+
     def report_start(self, fields: dict[str, str], running: Running) -> bool:
         """A cold-started task's handler is about to start: began.lua decides its SLA now
         (one round trip, cold starts only). False when the lease is gone: another attempt
@@ -371,6 +382,12 @@ class Executor:
                             f"{MAX_RESULT_BYTES} allowed: store large outputs elsewhere and "
                             f"return a reference", False)
         return text
+
+    def send(self, calls: list[Call[Any]]) -> list[Any]:
+        """The replies of settle calls sent in one round trip: after a warm hand-over's
+        began on its connection while its reply is unread (gpuq.worker.takeup)."""
+        replies = self.takeups.settle(calls)
+        return self.scripts.pipelined(calls) if replies is None else replies
 
     def settle(self, call: Call[Any], reply: Any) -> None:
         """Check the reply of an ack, fail or yield; a stale token means another attempt

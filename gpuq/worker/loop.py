@@ -85,9 +85,8 @@ class Worker:
 
     def settle(self, pending: list[Call[Any]]) -> None:
         """Send the finished tasks' acks or fails alone, in one round trip."""
-        if pending:
-            for call, reply in zip(pending, self.scripts.pipelined(pending)):
-                self.executor.settle(call, reply)
+        for call, reply in zip(pending, self.executor.send(pending) if pending else []):
+            self.executor.settle(call, reply)
 
     def claim(self, pending: list[Call[Any]] | None = None, lookout: bool = False,
               unlisted: bool = False) -> tuple[Claimed, Added | None] | float:
@@ -398,3 +397,4 @@ class Worker:
             log.error("worker.leave_failed worker=%s error=%s", self.id, exc)
         self.cache.unload_all(evicted, max(until, time.monotonic() + self.config.stop_s), self.hurry)
         self.cache.aio.close()  # async tasks still running past the grace are cancelled
+        self.executor.takeups.close()

@@ -46,6 +46,7 @@ class Running:
     in_handler: bool = False
     rejected: str | None = None  # why this worker will not run it (execute fails it)
     batched: bool = False  # added to the batch of another task: it uses that task's slot
+    handed: bool = False  # a warm hand-over: its began goes with its handler (gpuq.worker.takeup)
     aio: AsyncCall | None = None  # its async handler's run on the event loop, while in it
     reservation: Reservation | None = None  # its memory in the ledger, until released (once)
     guard: threading.Lock = field(default_factory=threading.Lock)

@@ -1,0 +1,165 @@
+"""A warm hand-over's taking up (gpuq.worker.takeup): its handler starts without waiting for
+began, whose reply decides the SLA, or makes the run a lost one when the hand-over was taken
+back. A worker built in-process, not started: the test plays its runner."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import redis
+from helpers import reap
+
+from gpuq import Config, Queue, worker_record
+from gpuq.app import App, Context
+from gpuq.task import State
+from gpuq.worker import batch
+from gpuq.worker.gpu import GpuInfo
+from gpuq.worker.loop import Worker
+
+WAIT_S = 10  # a bound for what happens at once, never reached when it works
+# the paused test's: under the clients' socket timeout (5 s), past which a call waiting for
+# began gives up and runs the handler all the same
+PAUSED_S = 2
+
+
+class Held:
+    """The test's handler: says it started, then waits to be let go."""
+
+    def __init__(self) -> None:
+        self.started, self.go = threading.Event(), threading.Event()
+        self.ctx: Context | None = None
+
+
+@contextmanager
+def warm(queue: Queue) -> Iterator[tuple[Worker, Held]]:
+    """Worker w1, idle in the pool (so enqueue hands it tasks), holding model m."""
+    app, held = App("takeup-test"), Held()
+    app.any_model()(lambda name: name)
+
+    @app.handler("held")
+    def handler(model: Any, payload: Any, ctx: Context) -> str:
+        held.ctx = ctx
+        held.started.set()
+        assert held.go.wait(WAIT_S)
+        return "done"
+
+    config = Config(pool=queue.config.pool, prefix=queue.config.prefix)
+    worker = Worker(queue.redis, config, app, GpuInfo("L4", "u1", 24, None, "declared"), worker_id="w1")
+    identity = worker_record.identity("w1", worker.gpu, 5.0, 1, "0123", "h", 1, (2000, 5, 30_000))
+    worker.presence.register(identity, 30_000)
+    with worker.cache.lock:
+        res = worker.cache.reserve("m", 4)
+    assert res is not None and res.cold
+    worker.executor.prepare_model(res)  # loaded: what it hands over next starts warm
+    worker.cache.release(res)
+    assert worker.claim() == 0.0  # found nothing: idle
+    try:
+        yield worker, held
+    finally:
+        held.go.set()
+        worker.executor.takeups.close()
+
+
+def hand_over(queue: Queue, worker: Worker) -> tuple[str, dict[str, str]]:
+    task = queue.enqueue("held", model="m", vram_gb=4, priority="P0")
+    message = queue.redis.rpop(queue.keys.wake(worker.id))  # the runner's BLPOP
+    assert message is not None
+    return task.id, dict(json.loads(message))
+
+
+def run(worker: Worker, fields: dict[str, str]) -> tuple[threading.Thread, list[Any]]:
+    """The runner: take the hand-over up and run it in a thread; the settle calls go out."""
+    claimed = worker.handed(fields)
+    assert claimed is not None
+    pending: list[Any] = []
+
+    def runner() -> None:
+        pending.extend(batch.execute(worker.executor, claimed, handed=True))
+        worker.settle(pending)
+
+    thread = threading.Thread(target=runner, daemon=True)
+    thread.start()
+    return thread, pending
+
+
+def test_a_warm_hand_over_starts_its_handler_before_began_is_answered(real_queue: Queue) -> None:
+    """The server holds every write (CLIENT PAUSE WRITE), began's too: the handler starts
+    all the same; once let go, began runs before the ack, so the SLA is decided."""
+    with warm(real_queue) as (worker, held):
+        paused(real_queue, worker, held)
+
+
+def paused(queue: Queue, worker: Worker, held: Held) -> None:
+    tid, fields = hand_over(queue, worker)
+    queue.redis.execute_command("CLIENT", "PAUSE", str(WAIT_S * 2000), "WRITE")
+    try:
+        thread, _ = run(worker, fields)
+        assert held.started.wait(PAUSED_S), "the handler waited for began"
+    finally:
+        queue.redis.execute_command("CLIENT", "UNPAUSE")
+    held.go.set()
+    thread.join(WAIT_S)
+    r = queue.record(tid)
+    assert (r.state, r.result) == (State.SUCCEEDED, "done")
+    assert queue.redis.hget(queue.keys.task(tid), "began_at")
+    assert queue.redis.hget(queue.keys.stats, "sla_met:P0") == "1"
+    assert queue.redis.zscore(queue.keys.handed, tid) is None
+
+
+def test_a_warm_hand_over_taken_back_before_began_runs_as_a_lost_run(queue: Queue) -> None:
+    """Taken back at its pickup deadline before its worker's began arrived (the worker
+    stalled after popping it): began's reply tells the worker's control the run is lost
+    (should_stop, stopped past the grace), and its ack is fenced off."""
+    with warm(queue) as (worker, held):
+        taken_back(queue, worker, held)
+
+
+def taken_back(queue: Queue, worker: Worker, held: Held) -> None:
+    tid, fields = hand_over(queue, worker)
+    now_ms = int(queue.redis.time()[0]) * 1000 + 1000  # past the P0 pickup deadline (100 ms)
+    reap(queue, now_ms=now_ms)
+    assert queue.record(tid).state is State.QUEUED
+    thread, pending = run(worker, fields)
+    assert held.started.wait(WAIT_S)
+    control = worker.heartbeat().control
+    told = queue.redis.blpop([control.key], timeout=WAIT_S)
+    assert told is not None and told[1] == f"lost {tid} {fields['token']}"
+    control.handle(told[1])
+    assert held.ctx is not None and held.ctx.should_stop()
+    held.go.set()
+    thread.join(WAIT_S)
+    assert [c.script for c in pending] == ["ack"]  # sent, and refused: another run owns it
+    r = queue.record(tid)
+    assert (r.state, r.result, r.attempt) == (State.QUEUED, None, 0)
+    assert "sla_met:P0" not in queue.redis.hgetall(queue.keys.stats)
+
+
+def test_a_warm_hand_over_still_runs_when_began_cannot_be_sent(
+        queue: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The take-up's connection fails: began goes the waiting way, and the task runs."""
+    with warm(queue) as (worker, held):
+        unsent(queue, worker, held, monkeypatch)
+
+
+def unsent(queue: Queue, worker: Worker, held: Held, monkeypatch: pytest.MonkeyPatch) -> None:
+    tid, fields = hand_over(queue, worker)
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise redis.ConnectionError("refused")
+
+    pool = queue.redis.connection_pool
+    conn = pool.get_connection()
+    monkeypatch.setattr(conn, "send_packed_command", refuse)
+    worker.executor.takeups._idle.append(conn)
+    held.go.set()
+    thread, _ = run(worker, fields)
+    thread.join(WAIT_S)
+    monkeypatch.undo()
+    pool.release(conn)
+    assert queue.record(tid).state is State.SUCCEEDED
+    assert queue.redis.hget(queue.keys.stats, "sla_met:P0") == "1"
