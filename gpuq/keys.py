@@ -182,8 +182,9 @@ class Keys:
 
     @property
     def handed(self) -> str:
-        """Tasks handed over at enqueue, scored by their pickup deadline (ms), until a claim or
-        the reaper finds them picked up (popped off the worker's wake list) or ended."""
+        """Tasks handed over at enqueue, scored by their pickup deadline (ms), until their worker
+        takes them up (began, or a beat before a cold load) or a claim or the reaper takes
+        them back past that deadline."""
         return self._key("handed")
 
     @property

@@ -277,12 +277,13 @@ class Procs:
             f"{worker_id} to run task {task_id}; logs:\n{self.logs()}"))
 
     def picked_up(self, record: TaskRecord) -> bool:
-        """A running task handed over at enqueue counts as running once its worker has
-        popped it off its wake list (until then a claim may take it back)."""
+        """A running task handed over at enqueue counts as running once its worker has taken
+        it up (it left `handed`): until then a claim or a reap round may take it back."""
         if record.state is not State.RUNNING:
             return True
         unread = filter(None, map(handed_over, self.redis.lrange(self.keys.wake(record.worker), 0, -1)))
-        return all(fields["id"] != record.id for fields in unread)
+        return (all(fields["id"] != record.id for fields in unread)
+                and self.redis.zscore(self.keys.handed, record.id) is None)
 
     def wait_idle(self, worker_id: str, timeout: float = 15.0) -> None:
         """Wait until the worker found nothing to claim and blocks for work."""
