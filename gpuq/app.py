@@ -29,6 +29,12 @@ model on one loop, e.g. an engine that batches the requests arriving while it ru
 An async task stopped at its yield deadline has its asyncio task cancelled
 (CancelledError at its current await); everything else (yields, retries, leases) is as for a
 blocking handler. Blocking and async handlers mix freely in one app.
+
+``timeout_s`` bounds a handler call (a batch's one call), not its model's load: past it the
+task fails, retryable, with "ran past its 30 s timeout", its handler sees ``should_stop()``
+and is stopped as a run whose lease is gone (gpuq.worker.control):
+
+    @app.handler("llm.generate", model="llama3-8b", timeout_s=30)
 """
 
 from __future__ import annotations
@@ -209,6 +215,7 @@ class HandlerSpec:
     batch: int = 1  # tasks per handler call at most; 1: one task, one payload
     batch_wait_ms: float = 0.0  # how long a batch short of `batch` may wait for more
     is_async: bool = False  # a coroutine function: it runs on the worker's event loop
+    timeout_s: float | None = None  # a run of its handler call is stopped past this; None: no bound
 
 
 def is_coroutine_fn(fn: object) -> bool:
@@ -226,6 +233,16 @@ def check_batch(handler: str, batch: object, wait_ms: object) -> None:
             or not 0 <= wait_ms < math.inf):
         raise AppError(f"handler {handler!r}: batch_wait_ms must be a number of ms >= 0, "
                        f"got {wait_ms!r}")
+
+
+def check_timeout(handler: str, timeout_s: object) -> None:
+    """A handler's run bound, checked where it is registered (AppError: one line)."""
+    if timeout_s is None:
+        return
+    if (isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float)
+            or not 0 < timeout_s < math.inf):
+        raise AppError(f"handler {handler!r}: timeout_s must be a number of seconds > 0 (or None), "
+                       f"got {timeout_s!r}")
 
 
 def check_name(what: str, name: object) -> None:
@@ -283,20 +300,24 @@ class App:
         return register
 
     def handler(self, name: str, *, model: str | None = None, batch: int = 1,
-                batch_wait_ms: float = 0) -> Callable[[H], H]:
+                batch_wait_ms: float = 0, timeout_s: float | None = None) -> Callable[[H], H]:
         """Register a handler: fn(model, payload, ctx) -> result; with ``batch`` > 1,
         fn(model, payloads, ctx) -> one result per payload, in order (a BatchContext), its
         batch waiting up to ``batch_wait_ms`` for more tasks (never past a task's start-by
-        time). Either may be ``async def`` (run on the worker's event loop)."""
+        time). Either may be ``async def`` (run on the worker's event loop). ``timeout_s``:
+        a handler call (a batch's one call) still running this long fails its tasks
+        (retryable) and is stopped as a lost run is (gpuq.worker.control); None: no bound."""
         check_name("handler", name)
         if model is not None:
             check_name(f"handler {name!r}: model", model)
         check_batch(name, batch, batch_wait_ms)
+        check_timeout(name, timeout_s)
 
         def register(fn: H) -> H:
             check_callable(f"handler {name!r}", fn)
             self.handlers[name] = HandlerSpec(name, fn, model, batch, float(batch_wait_ms),
-                                              is_coroutine_fn(fn))
+                                              is_coroutine_fn(fn),
+                                              None if timeout_s is None else float(timeout_s))
             return fn
         return register
 

@@ -27,6 +27,10 @@ this worker's, and its slot and VRAM should go to work that counts. A batch stop
 one of its tasks is lost (the others' results still count). A run whose task this worker
 claimed again (superseded: gpuq.worker.running) is lost too: stopped past the grace, and
 past ``stop_s`` more the worker exits with EXIT_STUCK, as for any handler that will not stop.
+
+A handler call still running past its ``timeout_s`` (gpuq.app) fails its task, retryable
+("ran past its 30 s timeout"), and its run is then lost like any other: the same grace, stop
+and stuck exit.
 """
 
 from __future__ import annotations
@@ -118,7 +122,7 @@ class Control:
             if r.lost_deadline is None and r.stop_deadline is None:  # claimed again since
                 self.on_lost(r)
         now = time.monotonic()
-        nearest = float("inf")
+        nearest = self.time_out(now)
         for r in self.running.watched():
             if r.lost_deadline is not None and r.stop_deadline is None:
                 if now >= r.lost_deadline:
@@ -161,6 +165,34 @@ class Control:
         r.stop_deadline = time.monotonic() + self.stop_s
         r.interrupt()
 
+    def time_out(self, now: float) -> float:
+        """Fail the tasks of handler calls past their ``timeout_s`` (retryable, fenced: the
+        task is no longer this run's), then treat each run as lost (``on_lost``):
+        ``should_stop()`` at once, stopped past the grace, the worker's exit past ``stop_s``
+        more. Returns seconds until the next bound, at most the app's shortest (a call
+        starting now is looked at within it, not a heartbeat period later; inf: none)."""
+        timed = [r for r in self.running.watched()
+                 if r.run_deadline is not None and r.in_handler and not r.stopped]
+        due = [r for r in timed if r.run_deadline is not None and now >= r.run_deadline]
+        if due:  # a batch's tasks in one round trip (a Redis error: tried at the next watch)
+            ex = self.executor
+            calls = [ex.calls.fail(r.task_id, r.token, f"ran past its {r.timeout_s:g} s timeout")
+                     for r in due]
+            for r, call, reply in zip(due, calls, ex.scripts.pipelined(calls)):
+                r.run_deadline = None
+                try:
+                    ended = call.parse(reply)
+                except GpuqError as exc:  # it ended, or its lease went, meanwhile
+                    log.info("task.timeout_skipped task=%s worker=%s: %s", r.task_id, self.id, exc)
+                    continue
+                r.stopped, r.stopped_as = True, "retried" if ended == "delayed" else "failed"
+                log.warning("task.timed_out task=%s worker=%s timeout_s=%g outcome=%s: its handler "
+                            "is stopped past the grace", r.task_id, self.id, r.timeout_s, r.stopped_as)
+                self.on_lost(r)
+        left = [r.run_deadline - now for r in timed if r.run_deadline is not None]
+        bounds = [s.timeout_s for s in self.executor.app.handlers.values() if s.timeout_s is not None]
+        return min([*left, *bounds], default=float("inf"))
+
     def on_told_lost(self, task_id: str, token: str) -> None:
         """A cancel or an operator's requeue took the task's run under ``token`` away: as
         when a heartbeat finds its lease gone, now rather than at the next beat."""
@@ -193,8 +225,10 @@ class Control:
         until = time.monotonic() + self.stop_s
         for o in runs:
             o.stopped, o.lost_deadline, o.stop_deadline = True, None, until
-            log.warning("task.stopped task=%s worker=%s: its lease is gone (canceled, or taken "
-                        "back) and it did not stop within %g s", o.task_id, self.id, self.grace_s)
+            why = ("its lease is gone (canceled, or taken back)" if o.stopped_as == "lost"
+                   else "it ran past its timeout")
+            log.warning("task.stopped task=%s worker=%s: %s and it did not stop within %g s",
+                        o.task_id, self.id, why, self.grace_s)
         r.interrupt()
 
     def exit_stuck(self, r: Running) -> None:

@@ -327,8 +327,13 @@ class Executor:
         """Call the handler with ``args`` while ``runs`` (its task, or its batch's tasks)
         are marked inside it, so a stop reaches the handler and only the handler: StopTask
         in this thread, or for an async handler a cancel of its asyncio task, whose end
-        (its unwinding included) this thread waits for."""
+        (its unwinding included) this thread waits for. A handler's ``timeout_s`` starts
+        here: its model's load is not counted."""
         aio = self.cache.aio.call() if spec.is_async else None
+        if spec.timeout_s is not None:  # control fails and stops a call still running then
+            until = time.monotonic() + spec.timeout_s
+            for r in runs:
+                r.run_deadline, r.timeout_s = until, spec.timeout_s
         for r in runs:
             r.enter(aio)
         try:

@@ -39,9 +39,12 @@ class Running:
     yield_deadline: float | None = None  # monotonic: asked to yield, stopped after this
     stop_deadline: float | None = None  # monotonic: stopped, the worker exits after this
     lost_deadline: float | None = None  # monotonic: its lease is gone, stopped after this
+    run_deadline: float | None = None  # monotonic: its handler call ends its timeout_s then
+    timeout_s: float = 0.0  # its handler's bound, for the task's error
     stopped: bool = False  # requeued by the worker, or lost: whatever the handler does is moot
     # its outcome once its handler returns, where stopped: "stopped" (requeued past its yield
-    # deadline), else "lost" (its lease gone): counted then, after its run phase
+    # deadline), "failed" or "retried" (failed past its timeout), else "lost" (its lease
+    # gone): counted then, after its run phase
     stopped_as: str = "lost"
     in_handler: bool = False
     rejected: str | None = None  # why this worker will not run it (execute fails it)

@@ -255,3 +255,24 @@ def test_a_bad_registration_is_refused_where_it_is_made(register: Any, match: st
 def test_a_registered_loader_or_handler_must_be_callable(register: Any) -> None:
     with pytest.raises(AppError, match="must be a function, got None"):
         register(App("a"))(None)
+
+
+def test_a_handler_s_timeout_is_kept_as_seconds_or_none() -> None:
+    app = App("a")
+    app.handler("bounded", timeout_s=30)(lambda *args: None)
+    app.handler("fine", batch=4, timeout_s=0.25)(lambda *args: None)
+    app.handler("open")(lambda *args: None)
+    timeouts = {name: spec.timeout_s for name, spec in app.handlers.items()}
+    assert timeouts == {"bounded": 30.0, "fine": 0.25, "open": None}
+    assert isinstance(app.handlers["bounded"].timeout_s, float)
+
+
+@pytest.mark.parametrize("timeout_s", [-1, 0, 0.0, float("nan"), float("inf"), "30", True, [30]])
+def test_a_bad_timeout_is_refused_at_registration_in_one_line(timeout_s: object) -> None:
+    """A handler's run bound must be a number of seconds > 0: zero, a negative number or NaN
+    would stop every run at once (or never), a string would fail in the worker's clock."""
+    with pytest.raises(AppError) as err:
+        App("a").handler("h", timeout_s=timeout_s)  # type: ignore[arg-type]
+    message = str(err.value)
+    assert message == f"handler 'h': timeout_s must be a number of seconds > 0 (or None), got {timeout_s!r}"
+    assert "\n" not in message
