@@ -191,6 +191,16 @@ class TaskError(GpuqError):
         super().__init__(message)
 
 
+class ModelLoadFailed(TaskError):
+    """The worker could not load a task's model: its loader raised (``cause``, one line).
+    Retryable; the worker may pass the task on instead (gpuq.worker.broken)."""
+
+    def __init__(self, model: str, cause: str) -> None:
+        self.model = model
+        self.cause = cause
+        super().__init__(f"loading model {model} failed: {cause}", True)
+
+
 class EmitError(GpuqError):
     """A handler's ``ctx.emit`` chunk or ``ctx.progress`` report that cannot be sent: not
     JSON, larger than ``stream_chunk_max_bytes``, or a fraction outside 0..1. Nothing was

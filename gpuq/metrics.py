@@ -20,6 +20,7 @@ Worker (``WorkerMetrics``, one registry per worker process):
 | gpuq_gpu_vram_usage_ratio | gauge | pool, gpu, gpu_class, source (ledger, nvml) | every heartbeat; nvml only on NVML GPUs |
 | gpuq_worker_running_tasks | gauge | pool, gpu | every heartbeat |
 | gpuq_worker_loaded_models | gauge | pool, gpu | every heartbeat |
+| gpuq_worker_model_load_failures_total | counter | pool, gpu, model | when a model's loader raises on the worker (its claims then skip the model for a backoff: gpuq.worker.broken) |
 
 Pool (``PoolCollector`` over ``PoolFigures``, which ``gpuq.views.exporter`` reads from Redis on each
 scrape; served by ``gpuq exporter``):
@@ -98,6 +99,9 @@ class WorkerMetrics:
                              ["pool", "gpu"], registry=r)
         self.models = Gauge("gpuq_worker_loaded_models", "Models resident on this GPU.",
                             ["pool", "gpu"], registry=r)
+        self.load_failures = Counter("gpuq_worker_model_load_failures_total",
+                                     "Loads of a model that failed on this worker.",
+                                     ["pool", "gpu", "model"], registry=r)
 
     def queued(self, priority: str, queued_s: float) -> None:
         self.phase.labels(self.pool, priority, "queue").observe(max(0.0, queued_s))
@@ -108,6 +112,9 @@ class WorkerMetrics:
 
     def phase_done(self, priority: str, phase: str, seconds: float) -> None:
         self.phase.labels(self.pool, priority, phase).observe(max(0.0, seconds))
+
+    def load_failed(self, model: str) -> None:
+        self.load_failures.labels(self.pool, self.gpu, model).inc()
 
     def settled(self, priority: str, outcome: str) -> None:
         self.tasks.labels(self.pool, self.gpu, priority, outcome).inc()

@@ -105,6 +105,8 @@ class Calls:
             args += [handler, str(more)]
         for model, footprint in req.loaded:  # negative: a running task uses it
             args += [model, ("-" if model in req.in_use else "") + _num(footprint)]
+        for model in req.skipped:
+            args += [model, "skip"]
         return Call("claim", args, Claim.parse)
 
     def claim_batch(self, worker_id: str, first: dict[str, str], free_gb: float,

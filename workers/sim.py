@@ -5,7 +5,9 @@ load time comes from the table below (default about a second). The handler ``sim
 sleeps for the task's ``est_s`` (the GPU work), gives way when asked to yield (resuming
 from its checkpoint) and returns which worker and model ran it.
 Both load and run times are multiplied by ``GPUQ_SIM_TIME_SCALE`` (default 1.0), so demos
-and tests can run a realistic workload in seconds. ``sim.noop`` returns at once (benchmarks);
+and tests can run a realistic workload in seconds. ``GPUQ_SIM_LOAD_FAILS`` names models
+(comma-separated) whose load raises on this worker, as when their weights are missing from
+its host's disk. ``sim.noop`` returns at once (benchmarks);
 ``sim.fail`` raises (retry tests); ``sim.stream`` emits chunks over its run (streamed
 results). Nothing here fakes a result: it reports what happened.
 """
@@ -41,6 +43,8 @@ class SimModel:
 @app.any_model()
 def load(name: str) -> SimModel:
     time.sleep(LOAD_S.get(name, DEFAULT_LOAD_S) * scale())
+    if name in os.environ.get("GPUQ_SIM_LOAD_FAILS", "").split(","):
+        raise FileNotFoundError(f"no weights for {name} on this host")
     return SimModel(name)
 
 

@@ -36,16 +36,16 @@
 --           "2": it is not in `idle` (one slot, and its last claim or a hand-over gave it a task)
 -- ARGV[20]  K: the worker's batch handlers (0..1000), then K pairs: handler name, how many
 --           more tasks its batch may take (0..1e4)
--- ARGV[..]  pairs: loaded model name, its footprint (GB), negative while a running task
---           of this worker uses it (then it is not in the evictable VRAM)
+-- ARGV[..]  pairs: loaded model name, its footprint (GB), negative while a running task of this
+--           worker uses it (then it is not in the evictable VRAM); or a model name and "skip": its
+--           load failed on this worker, whose claims pass its queues over a while (worker/broken.py)
 -- Returns  {0, "none", retry_ms}  nothing this worker can run; it is marked idle. retry_ms > 0:
 --            a task was left for another worker; this one looks again then (lib/lookout.lua)
 --          {0, "task", field, value, ...}  the claimed task: id, token, handler, payload, model,
 --            vram_gb, priority, est_s, attempt, deadline, tenant, checkpoint, enqueued_at,
 --            queued_at, started_at (ms), sla (below)
---          {0, "task", ..., left_ms, started_at, task, ...}  a batch handler's task on a held
---            model: then what lib/batch.lua took beside it, as claim_batch.lua replies (a
---            cold start: not tried)
+--          {0, "task", ..., left_ms, started_at, task, ...}  a batch handler's task on a held model:
+--            then what lib/batch.lua took beside it, as claim_batch.lua replies (cold: not tried)
 --          {1, 0, reason}  INVALID: a malformed argument (nothing written)
 -- A queued task no claim could run wedges nothing: an id whose hash is gone (or no longer queued)
 -- leaves its queue; one whose hash has a field missing or malformed (`readable`) ends failed
@@ -94,12 +94,14 @@ for i = 21, 20 + 2 * nb, 2 do
   batches[ARGV[i]] = arg_num(i + 1, 0, 1e4, true)
   if ARGV[i] == '' or not batches[ARGV[i]] then return {1, 0, 'batch handlers must be name, count pairs'} end
 end
-local held, held_names, in_use = {}, {}, {}
+local held, held_names, in_use, skip = {}, {}, {}, {}
 for i = 21 + 2 * nb, #ARGV, 2 do
   local gb = arg_num(i + 1, -1e9, 1e9)
-  if ARGV[i] == '' or not gb then return {1, 0, 'loaded models must be name, GB pairs'} end
-  held[ARGV[i]], in_use[ARGV[i]] = math.abs(gb), gb < 0 or string.byte(ARGV[i + 1]) == 45
-  held_names[#held_names + 1] = ARGV[i]
+  if ARGV[i] == '' or not (gb or ARGV[i + 1] == 'skip') then return {1, 0, 'malformed model pair'} end
+  if not gb then skip[ARGV[i]] = true else
+    held[ARGV[i]], in_use[ARGV[i]] = math.abs(gb), gb < 0 or string.byte(ARGV[i + 1]) == 45
+    held_names[#held_names + 1] = ARGV[i]
+  end
 end
 local claimable = free + evictable
 local fair = redis.call('HMGET', K_FAIRNESS, '1', '2', '3', 'due_at', 'pickup_at', 'tenancy',
@@ -280,7 +282,7 @@ local function find(p)
   local start = 0
   while page[1] do
     for _, m in ipairs(page) do
-      if not held[m] then
+      if not (held[m] or skip[m]) then
         local id, use, f, head = scan_queue(p, m)
         if id then return id, m, use, f, head end
       end

@@ -33,6 +33,7 @@ from gpuq.app import App, BatchContext, HandlerSpec, Yielded
 from gpuq.claims import Batch
 from gpuq.errors import GpuqError, StaleLease, TaskError, TaskNotFound
 from gpuq.scripts import Call
+from gpuq.worker.broken import skipped
 from gpuq.worker.executor import Claimed, Executor, failure, where
 from gpuq.worker.running import Running
 
@@ -199,7 +200,9 @@ def settle(ex: Executor, spec: HandlerSpec, items: list[Claimed]) -> list[Call[A
     """Run the handler on the live tasks; one ack, fail or requeue per task not stopped."""
     calls: list[Call[Any]] = []
     try:
-        model = None
+        model, (first, res, _) = None, items[0]
+        if res is not None and res.cold and ex.broken.skips(first):  # its claims skip the model
+            return [ex.pass_on(r, skipped(r.ctx.model), "another worker may load it") for _, _, r in items]
         for i, (_, res, running) in enumerate(items):
             # the first loads the model if cold; the rest share it (one evicts only if the
             # ledger had to make room for its working memory)
@@ -224,6 +227,9 @@ def settle(ex: Executor, spec: HandlerSpec, items: list[Claimed]) -> list[Call[A
             return calls + [give_back(ex, r, "its batch was stopped", "")
                             for _, _, r in items if not r.stopped]
         message, retry = failure(exc)
+        if ex.broken.passes(exc, items[0][0]):
+            return calls + [ex.pass_on(r, message, "another worker may load its model")
+                            for _, _, r in items if not r.stopped]
         log.info("task.failed tasks=%d worker=%s retryable=%s error=%s", len(items), ex.id, retry, message,
                  exc_info=where(exc))
         return calls + [ex.calls.fail(r.task_id, r.token, message, retry=retry)

@@ -22,10 +22,11 @@ import redis
 
 from gpuq import catalog
 from gpuq.app import App, Context, HandlerSpec, Yielded
-from gpuq.errors import GpuqError, StaleLease, TaskError, TaskNotFound
+from gpuq.errors import GpuqError, ModelLoadFailed, StaleLease, TaskError, TaskNotFound
 from gpuq.scripts import Call, Calls, Scripts
 from gpuq.stream import Emitter
 from gpuq.task import JSON, MAX_RESULT_BYTES
+from gpuq.worker.broken import Broken, skipped
 from gpuq.worker.models import ModelCache, Reservation
 from gpuq.worker.observer import Observer
 from gpuq.worker.passing import PASS_S, Elsewhere
@@ -86,6 +87,7 @@ class Executor:
         self.calls = calls
         self.observer = observer
         self.elsewhere = Elsewhere(presence)  # who else runs a handler this app lacks
+        self.broken = Broken(self.elsewhere)  # models whose load failed here: claims skip them
         self.runtimes = runtimes
         # (task id, token) -> its run, until its ack's reply: only an acked run is learned
         self.unacked: dict[tuple[str, str], Run] = {}
@@ -174,15 +176,19 @@ class Executor:
         if not res.cold:
             resident.ready.wait()
             if resident.error is not None:
-                raise TaskError(f"loading model {res.model} failed: {failure(resident.error)[0]}",
-                                True)
+                raise ModelLoadFailed(res.model, failure(resident.error)[0])
             return resident.obj
         try:
             seconds = cache.load(resident)
         except Exception as exc:
-            log.warning("model.load_failed worker=%s model=%s error=%s", self.id, res.model,
-                        failure(exc)[0], exc_info=exc)  # the task's error is one line: where is here
-            raise TaskError(f"loading model {res.model} failed: {failure(exc)[0]}", True) from None
+            count, skip_s = self.broken.failed(res.model)
+            self.observer.load_failed(res.model)
+            log.warning("model.load_failed worker=%s model=%s error=%s failures=%d skipped_s=%g",
+                        self.id, res.model, failure(exc)[0], count, skip_s,
+                        exc_info=exc)  # the task's error is one line: where is here
+            raise ModelLoadFailed(res.model, failure(exc)[0]) from None
+        if self.broken.loaded(res.model):
+            log.info("model.mended worker=%s model=%s: its tasks are claimed again", self.id, res.model)
         pipe = self.presence.pipeline()
         catalog.record_load(pipe, self.presence.keys, res.model, resident.footprint_gb, seconds,
                             self.task_gpus(task_id))
@@ -230,14 +236,13 @@ class Executor:
                 handler = fields.get("handler", "")
                 if (not running.rejected.startswith(UNREADABLE) and handler not in self.app.handlers
                         and self.elsewhere.runs(handler, fields.get("priority", ""))):
-                    log.warning("task.passed task=%s worker=%s error=%s (another worker runs it)",
-                                task_id, self.id, running.rejected)
-                    return self.calls.fail(task_id, token, running.rejected,
-                                           pass_ms=int(PASS_S * 1000))
+                    return self.pass_on(running, running.rejected, "another worker runs it")
                 raise TaskError(running.rejected, False)
             if res is None:
                 raise TaskError(f"task needs {fields['vram_gb']} GB with model {fields['model']}, "
                                 f"more than this GPU can free", True)
+            if res.cold and self.broken.skips(fields):
+                return self.pass_on(running, skipped(ctx.model), "another worker may load it")
             model = self.prepare_model(res, task_id)
             if ctx.yield_requested or running.stopped:
                 # asked to yield (or stopped) while its model loaded: give way before the
@@ -277,12 +282,21 @@ class Executor:
                 self.moot(running)
                 return None
             message, retry = failure(exc)
+            if self.broken.passes(exc, fields):
+                return self.pass_on(running, message, "another worker may load its model")
             log.info("task.failed task=%s worker=%s retryable=%s error=%s", task_id, self.id, retry,
                      message, exc_info=where(exc))
             return self.calls.fail(task_id, token, message, retry=retry)
         finally:
             self.release(running, res)
             self.running.untrack(running)
+
+    def pass_on(self, running: Running, error: str, why: str) -> Call[Any]:
+        """Give a task to the other workers: its attempt given back, it waits PASS_S, and
+        this runner claims nothing for as long (gpuq.worker.passing)."""
+        log.warning("task.passed task=%s worker=%s error=%s (%s)", running.task_id, self.id, error,
+                    why)
+        return self.calls.fail(running.task_id, running.token, error, pass_ms=int(PASS_S * 1000))
 
     def release(self, running: Running, res: Reservation | None = None) -> None:
         """Give back the memory of a run (``res``, else the reservation it began with), once."""

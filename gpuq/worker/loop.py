@@ -103,7 +103,7 @@ class Worker:
                 return 0.0
             req = ClaimRequest(self.id, self.cache.free_gb(), self.cache.evictable_gb(), slots,
                                self.cache.loaded(), self.levels, self.gpu.count, self.cache.in_use(),
-                               self.batches, lookout, unlisted)
+                               self.batches, lookout, unlisted, self.executor.broken.skipped())
             call = self.calls.claim(req)
             *done, reply = self.scripts.pipelined([*pending, call])
             for sent, answer in zip(pending, done):

@@ -33,6 +33,11 @@ class Observer:
         if fields.get("sla") in ("met", "missed"):
             self.metrics.first_start(label, (started - origin(fields)) / 1000)
 
+    def load_failed(self, model: str) -> None:
+        """A model's loader raised on this worker (gpuq.worker.broken)."""
+        if self.metrics is not None:
+            self.metrics.load_failed(model)
+
     def began(self, fields: dict[str, str], now_ms: int) -> None:
         """A cold-started task's handler starts (began.lua decided its SLA at now_ms)."""
         if self.metrics is None or fields["id"] not in self._labels:

@@ -4,7 +4,7 @@ passed on to the workers that run it (gpuq/worker/passing.py), real processes, r
 from __future__ import annotations
 
 import pytest
-from procs import Procs
+from procs import SCALE, Procs
 
 from gpuq import Queue, State
 from gpuq.errors import TaskFailed
@@ -37,3 +37,22 @@ def test_a_handler_no_live_worker_runs_still_fails(procs: Procs, real_queue: Que
     task = real_queue.enqueue("chaos.run", {"s": 0.05}, model="m-mid", vram_gb=10)
     with pytest.raises(TaskFailed, match="not registered"):
         task.result(timeout=15)
+
+
+def test_a_model_one_worker_cannot_load_runs_on_another_without_spending_attempts(
+        procs: Procs, real_queue: Queue) -> None:
+    """Regression: a worker whose loader of a model raised took that model's next tasks too
+    and failed each one's load, spending their attempts while another worker could load it."""
+    procs.worker("good")
+    busy = real_queue.enqueue("sim.run", model="m-busy", vram_gb=4, est_s=2.0 / SCALE, priority="P2")
+    procs.wait_running_on(busy.id, "good")
+    broken = procs.worker("broken", env={"GPUQ_SIM_LOAD_FAILS": "m-x"})
+    procs.wait_idle("broken")  # idle while "good" is busy: it takes the first m-x task
+    tasks = [real_queue.enqueue("sim.run", model="m-x", vram_gb=4, est_s=0.05 / SCALE,
+                                priority="P2", max_attempts=1) for _ in range(6)]
+    for task in tasks:
+        record = procs.wait_state(task.id, State.SUCCEEDED, timeout=30)
+        assert record.worker == "good" and record.attempt == 1
+    log = broken.log()
+    assert log.count("model.load_failed worker=broken model=m-x") == 1  # then it skipped m-x
+    assert "task.passed task=" in log and "task.failed" not in log

@@ -1,0 +1,131 @@
+"""Models whose load failed on a worker (gpuq/worker/broken.py): its claims pass their queues
+over for a backoff, and the task whose load failed is passed on; a worker over fakeredis, not
+started, whose calls are sent by hand."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import fakeredis
+
+from gpuq import Config, Queue, State
+from gpuq.app import App, Context
+from gpuq.clock import server_ms
+from gpuq.metrics import WorkerMetrics
+from gpuq.worker import broken
+from gpuq.worker.broken import Broken
+from gpuq.worker.gpu import GpuInfo
+from gpuq.worker.loop import Worker
+from gpuq.worker.passing import Elsewhere
+from gpuq.worker.presence import Presence
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_failed_models_backoff_grows_with_each_failure_and_a_load_resets_it() -> None:
+    clock = Clock()
+    client = fakeredis.FakeRedis(decode_responses=True)
+    models = Broken(Elsewhere(Presence(client, Queue(client, Config(pool="p")).keys, "w")), clock)
+    assert models.skipped() == [] and not models.skipping("m")
+    assert models.failed("m") == (1, broken.BACKOFF_S)
+    assert models.skipped() == ["m"] and models.skipping("m")
+    clock.now += broken.BACKOFF_S + 1
+    assert models.skipped() == [] and models.failures("m") == 1  # claimed again, failures kept
+    assert models.failed("m") == (2, 2 * broken.BACKOFF_S)
+    for _ in range(10):
+        models.failed("m")
+    assert models.failed("m")[1] == broken.MAX_S
+    assert models.loaded("m") == 13 and models.failures("m") == 0 and models.skipped() == []
+    assert models.failed("m") == (1, broken.BACKOFF_S)
+
+
+def worker_with_a_broken_model() -> tuple[Worker, Queue, list[str], fakeredis.FakeRedis]:
+    """A worker whose loader of model "bad" raises, in a pool where another live worker runs
+    the same handler; returns the worker, a queue, the loads tried, the client."""
+    client = fakeredis.FakeRedis(decode_responses=True)
+    app = App("broken-test")
+    loads: list[str] = []
+
+    @app.any_model()
+    def load(name: str) -> str:
+        loads.append(name)
+        if name == "bad":
+            raise OSError("weights missing on this host")
+        return name
+
+    @app.handler("echo")
+    def echo(model: Any, payload: Any, ctx: Context) -> str:
+        return str(model)
+
+    config = Config(pool="p")
+    worker = Worker(client, config, app, GpuInfo("L4", "uuid", 24, None, "declared"), worker_id="w")
+    queue = Queue(client, config)
+    client.zadd(queue.keys.workers, {"other": server_ms(client) + 600_000})
+    client.hset(queue.keys.worker("other"), mapping={"handlers": "echo", "levels": "0123"})
+    return worker, queue, loads, client
+
+
+def claim_and_run(worker: Worker) -> tuple[str, str, list[str]]:
+    """Claim one task, run it, send its end: (task id, its model, the end's arguments)."""
+    got = worker.claim(None)
+    assert isinstance(got, tuple), f"nothing claimed (retry {got})"
+    fields, res, running = got[0]
+    call = worker.executor.execute(fields, res, running)
+    assert call is not None
+    worker.settle([call])
+    return fields["id"], fields["model"], [call.script, *call.args]
+
+
+def test_a_claim_passes_over_a_model_whose_load_failed_on_its_worker() -> None:
+    """Regression: a failed load failed its task's attempt, and the worker's next claims took
+    the same model's tasks and failed their loads too, while other workers could load it."""
+    worker, queue, loads, client = worker_with_a_broken_model()
+    worker.observer.metrics = metrics = WorkerMetrics("p", "w", "L4")
+    clock = Clock()
+    worker.executor.broken._clock = clock
+    bad1, bad2 = (queue.enqueue("echo", model="bad", vram_gb=4, priority="P2") for _ in range(2))
+    good = queue.enqueue("echo", model="good", vram_gb=4, priority="P2")
+
+    task_id, model, end = claim_and_run(worker)
+    assert (task_id, model, end[0], end[5]) == (bad1.id, "bad", "fail", "2")  # passed on
+    assert "loading model bad failed: OSError: weights missing on this host" in end[4]
+    state = client.hmget(queue.keys.task(bad1.id), "state", "attempt")
+    assert state == [State.DELAYED.value, "0"]  # its attempt given back
+    assert metrics.registry.get_sample_value(
+        "gpuq_worker_model_load_failures_total", {"pool": "p", "gpu": "w", "model": "bad"}) == 1
+
+    # bad2 is older than good, but the worker's claims skip "bad" now
+    assert claim_and_run(worker)[:2] == (good.id, "good")
+    assert worker.claim(None) == 0.0  # nothing else it takes: it waits to be woken
+    assert loads == ["bad", "good"]
+
+    clock.now += broken.BACKOFF_S + 1  # past the backoff: the next load failure spends an attempt
+    task_id, model, end = claim_and_run(worker)
+    assert (task_id, model, end[0], end[5]) == (bad2.id, "bad", "fail", "1")
+    assert client.hget(queue.keys.task(bad2.id), "attempt") == "1"
+    assert loads == ["bad", "good", "bad"]
+
+
+def test_a_task_given_to_a_worker_skipping_its_model_is_passed_on_unloaded() -> None:
+    """A hand-over or a reservation brings a task whatever the claim skips: it goes to the
+    workers that run its handler without another load here; with none, the load is tried."""
+    worker, queue, loads, client = worker_with_a_broken_model()
+    worker.executor.broken.failed("bad")
+    fields = {"id": "t1", "handler": "echo", "model": "bad", "payload": "1", "vram_gb": "4",
+              "attempt": "1", "est_s": "1", "token": "7", "priority": "2"}
+    for another_runs_it, mode, tried in ((True, "2", []), (False, "1", ["bad"])):
+        if not another_runs_it:
+            client.delete(queue.keys.workers)
+            worker.executor.elsewhere._known.clear()
+        with worker.cache.lock:
+            res, running = worker.executor.begin(dict(fields))
+        call = worker.executor.execute(fields, res, running)
+        assert call is not None and (call.script, call.args[4]) == ("fail", mode)
+        assert loads == tried
+        assert worker.cache.working_gb == 0 and worker.cache.free_gb() == 19  # nothing kept
