@@ -2,8 +2,7 @@
 
 Each script in ``gpuq/lua/`` is a function of one library (``gpuq.functions``: sent as bare
 FCALL, the library loaded again when the server lacks it; EVALSHA where the server cannot
-load it). ``Calls``
-builds a typed ``Call`` per verb (its arguments and the parser of its reply); ``Scripts``
+load it). ``Calls`` builds a typed ``Call`` per verb (its arguments and the parser of its reply); ``Scripts``
 runs calls on a sync client over ``gpuq.wire``, alone or several per round trip, and
 ``gpuq.aio`` runs the same calls on an asyncio client, so each verb is written once.
 """

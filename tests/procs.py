@@ -21,7 +21,7 @@ import redis
 
 from gpuq.keys import Keys
 from gpuq.task import State, TaskRecord
-from gpuq.worker.executor import handed_over
+from gpuq.worker.takeup import handed_over
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_APP = "workers.sim:app"

@@ -34,7 +34,8 @@ from gpuq.claims import Batch
 from gpuq.errors import GpuqError, StaleLease, TaskError, TaskNotFound
 from gpuq.scripts import Call
 from gpuq.worker.broken import skipped
-from gpuq.worker.executor import Claimed, Executor, failure, where
+from gpuq.worker.executor import Claimed, Executor
+from gpuq.worker.outcome import encode, failure, where
 from gpuq.worker.running import Running
 
 log = logging.getLogger(__name__)
@@ -269,7 +270,7 @@ def results_of(ex: Executor, spec: HandlerSpec, items: list[Claimed], results: A
             calls.append(ex.calls.fail(r.task_id, r.token, message, retry=retry))
             continue
         try:
-            ack = ex.calls.ack(r.task_id, r.token, ex.encode(result))
+            ack = ex.calls.ack(r.task_id, r.token, encode(result))
         except TaskError as exc:  # this result alone cannot be stored
             calls.append(ex.calls.fail(r.task_id, r.token, str(exc), retry=exc.retry))
             continue

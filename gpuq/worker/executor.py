@@ -25,10 +25,10 @@ from gpuq.app import App, Context, HandlerSpec, Yielded
 from gpuq.errors import GpuqError, ModelLoadFailed, StaleLease, TaskError, TaskNotFound
 from gpuq.scripts import Call, Calls, Scripts
 from gpuq.stream import Emitter
-from gpuq.task import JSON, MAX_RESULT_BYTES
 from gpuq.worker.broken import Broken, skipped
 from gpuq.worker.models import ModelCache, Reservation
 from gpuq.worker.observer import Observer
+from gpuq.worker.outcome import encode, failure, where
 from gpuq.worker.passing import PASS_S, Elsewhere
 from gpuq.worker.presence import Presence
 from gpuq.worker.running import Running, RunningSet
@@ -42,37 +42,6 @@ SETTLED = {"ack": "succeeded", "requeue": "yielded"}
 # fail's replies: "delayed" a retry, "passed" given to the workers that run its handler
 FAILED = {"delayed": "retried", "passed": "passed"}
 UNREADABLE = "task fields cannot be read"
-
-
-def where(exc: BaseException) -> BaseException | None:
-    """What a failure's log line carries as its traceback: the task records one line, so the log
-    is where an operator finds where an unexpected error was raised. A TaskError is the
-    handler's own verdict, said in its message: no traceback."""
-    return None if isinstance(exc, TaskError) else exc
-
-
-def failure(exc: BaseException) -> tuple[str, bool]:
-    """The error a run that raised ``exc`` records, on one line, and whether it may be retried.
-    Never raises: a run whose failure could not be described would send no fail, and its
-    lease, renewed until one is answered, would keep the task running for good."""
-    try:
-        text = str(exc)
-    except Exception:  # an exception class whose __str__ itself raises
-        text = "<exception str() failed>"
-    text = " ".join(text.splitlines()).strip()
-    if isinstance(exc, TaskError):
-        return text or "TaskError", bool(exc.retry)
-    name = type(exc).__name__
-    return (f"{name}: {text}" if text else name), True
-
-
-def handed_over(message: object) -> dict[str, str] | None:
-    """The fields of a task handed over at enqueue, if a wake list entry is one (a JSON
-    object; the other entries are plain tokens)."""
-    text = str(message)
-    if not text.startswith("{"):
-        return None
-    return {str(k): str(v) for k, v in json.loads(text).items()}
 
 
 class Executor:
@@ -266,7 +235,7 @@ class Executor:
                             task_id, self.id)
                 self.moot(running)
                 return None
-            ack = self.calls.ack(task_id, token, self.encode(result))
+            ack = self.calls.ack(task_id, token, encode(result))
             self.unacked[(task_id, ack.args[1])] = (fields["handler"], fields["model"], ran_s)
             return ack
         except Yielded:
@@ -388,19 +357,6 @@ class Executor:
         if decided:
             self.observer.began(fields, now_ms)
         return True
-
-    @staticmethod
-    def encode(result: Any) -> str:
-        """The handler's result as the ack sends it; one the ack would refuse fails the task."""
-        try:
-            text = JSON.encode(result)
-        except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
-            raise TaskError(f"handler returned a result that is not JSON: {exc}", False) from None
-        if len(text) > MAX_RESULT_BYTES:  # the ack would be refused and the lease run out
-            raise TaskError(f"handler returned a result of {len(text)} bytes, more than the "
-                            f"{MAX_RESULT_BYTES} allowed: store large outputs elsewhere and "
-                            f"return a reference", False)
-        return text
 
     def send(self, calls: list[Call[Any]]) -> list[Any]:
         """The replies of settle calls sent in one round trip: after a warm hand-over's

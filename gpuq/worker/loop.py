@@ -6,8 +6,8 @@ own thread and loops; with nothing to claim it blocks on its wake lists, never a
 SIGTERM stops claiming, lets running tasks finish for ``shutdown_grace_s``, requeues what is
 still running (attempt given back), and exits; a second signal ends the grace; ``gpuq drain``
 waits without a limit. Idle for ``idle_timeout_s``, while the pool keeps more than
-``min_workers`` live, it unloads its models, leaves and exits 0 (no autoscaler kills a busy
-worker). Unloaders that hang do not hold the exit (ModelCache.unload_all).
+``min_workers`` live, it unloads its models (a hung unloader does not hold the exit:
+ModelCache.unload_all), leaves and exits 0 (no autoscaler kills a busy worker).
 
 An ``async def`` handler runs on the worker's one event loop while its runner thread waits
 (gpuq.worker.eventloop), so N runners give N concurrent coroutines sharing one model.
@@ -39,7 +39,7 @@ from gpuq.scripts import Call, Calls, ClaimRequest, Scripts
 from gpuq.worker import batch, passing
 from gpuq.worker.batch import Added
 from gpuq.worker.control import Control
-from gpuq.worker.executor import Claimed, Executor, handed_over
+from gpuq.worker.executor import Claimed, Executor
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.heartbeat import Heartbeat
 from gpuq.worker.models import ModelCache
@@ -47,6 +47,7 @@ from gpuq.worker.observer import Observer
 from gpuq.worker.presence import Presence
 from gpuq.worker.running import RunningSet
 from gpuq.worker.runtimes import RunTimes
+from gpuq.worker.takeup import handed_over
 
 log = logging.getLogger(__name__)
 
@@ -312,8 +313,7 @@ class Worker:
                                           socket.gethostname(), os.getpid(), handover, self.app.handlers)
         if self.config.metrics_port:  # first: a port it cannot bind must not leave it registered
             self.serve_metrics(self.config.metrics_port)
-        # before registering: a signal right after it stops the worker, which then leaves,
-        # rather than killing it registered
+        # before registering: a signal right after it stops the worker (then it leaves), not kills it
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)

@@ -14,6 +14,7 @@ before its load (Executor.take_up), where a round trip costs nothing next to the
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -31,6 +32,15 @@ from gpuq.worker.presence import Presence
 from gpuq.worker.running import Running
 
 log = logging.getLogger(__name__)
+
+
+def handed_over(message: object) -> dict[str, str] | None:
+    """The fields of a task handed over at enqueue, if a wake list entry is one (a JSON
+    object; the other entries are plain tokens)."""
+    text = str(message)
+    if not text.startswith("{"):
+        return None
+    return {str(k): str(v) for k, v in json.loads(text).items()}
 
 
 class TakeUp:

@@ -1,0 +1,44 @@
+"""How a run's outcome is put into words: a failure as the one line its task records (and the
+traceback its log line carries), a result as the ack sends it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuq.errors import TaskError
+from gpuq.task import JSON, MAX_RESULT_BYTES
+
+
+def where(exc: BaseException) -> BaseException | None:
+    """What a failure's log line carries as its traceback: the task records one line, so the log
+    is where an operator finds where an unexpected error was raised. A TaskError is the
+    handler's own verdict, said in its message: no traceback."""
+    return None if isinstance(exc, TaskError) else exc
+
+
+def failure(exc: BaseException) -> tuple[str, bool]:
+    """The error a run that raised ``exc`` records, on one line, and whether it may be retried.
+    Never raises: a run whose failure could not be described would send no fail, and its
+    lease, renewed until one is answered, would keep the task running for good."""
+    try:
+        text = str(exc)
+    except Exception:  # an exception class whose __str__ itself raises
+        text = "<exception str() failed>"
+    text = " ".join(text.splitlines()).strip()
+    if isinstance(exc, TaskError):
+        return text or "TaskError", bool(exc.retry)
+    name = type(exc).__name__
+    return (f"{name}: {text}" if text else name), True
+
+
+def encode(result: Any) -> str:
+    """The handler's result as the ack sends it; one the ack would refuse fails the task."""
+    try:
+        text = JSON.encode(result)
+    except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
+        raise TaskError(f"handler returned a result that is not JSON: {exc}", False) from None
+    if len(text) > MAX_RESULT_BYTES:  # the ack would be refused and the lease run out
+        raise TaskError(f"handler returned a result of {len(text)} bytes, more than the "
+                        f"{MAX_RESULT_BYTES} allowed: store large outputs elsewhere and "
+                        f"return a reference", False)
+    return text
