@@ -172,7 +172,7 @@ METRIC_NAMES = {
     "gpuq_schedule_latency_seconds": "histogram", "gpuq_task_phase_seconds": "histogram",
     "gpuq_worker_tasks_total": "counter", "gpuq_gpu_vram_total_bytes": "gauge",
     "gpuq_gpu_vram_usage_ratio": "gauge", "gpuq_worker_running_tasks": "gauge",
-    "gpuq_worker_loaded_models": "gauge",
+    "gpuq_worker_loaded_models": "gauge", "gpuq_worker_model_load_failures_total": "counter",
     "gpuq_queue_depth": "gauge", "gpuq_queue_oldest_wait_seconds": "gauge",
     "gpuq_tasks_running": "gauge", "gpuq_tasks_delayed": "gauge", "gpuq_tasks_waiting": "gauge",
     "gpuq_schedules": "gauge",
