@@ -2,8 +2,9 @@
 handler stuck in a long GPU call never loses its lease, and tells handlers whose lease
 was lost (or whose task was canceled) to stop. After each beat it sends the run times the
 worker measured (gpuq.worker.runtimes: learn.lua), and once more when it stops. Between
-beats it blocks on the worker's control list (gpuq.worker.control), waking early for yield
-deadlines."""
+beats it blocks on the worker's control list (gpuq.worker.control), waking early for the next
+deadline Control.watch keeps: a run's timeout (timeout_s), a yield's, a lost or stopped run's
+grace."""
 
 from __future__ import annotations
 
