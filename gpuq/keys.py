@@ -89,6 +89,8 @@ ARRIVAL_BUCKET_MS = 60_000
 ARRIVAL_TTL_S = 8 * 86400
 # Tasks kept in `failures`, the newest (lib/failures.lua trims it to this many; a test checks).
 FAILURES_KEPT = 100
+# SLA misses kept in `misses`, the newest (lib/start.lua trims it to this many; a test checks).
+MISSES_KEPT = 100
 REQUIRED = " required"  # the policy field of the tenants hash: no tenant name holds a space
 SLOTS = "slots"  # the tenant:clock field of the slots per live worker (no tenant field lacks a colon)
 
@@ -207,7 +209,7 @@ class Keys:
 
     @property
     def sla_misses(self) -> str:
-        """The latest SLA misses, newest first (capped): JSON {id, priority, model, wait_s,
+        """The latest SLA misses, newest first (MISSES_KEPT): JSON {id, priority, model, wait_s,
         at, kind: "late" (claimed after its start-by time) | "cold" (claimed in time, its handler
         started after it: a model load between) | "expired"}."""
         return self._key("sla_misses")

@@ -13,7 +13,7 @@ import fakeredis
 import pytest
 
 import gpuq
-from gpuq.keys import FAILURES_KEPT, SUFFIXES, Keys, live_reservation, suffix_parts
+from gpuq.keys import FAILURES_KEPT, MISSES_KEPT, SUFFIXES, Keys, live_reservation, suffix_parts
 from gpuq.lua_source import key_prelude, lua_name
 
 PACKAGE = Path(gpuq.__file__).parent
@@ -186,3 +186,9 @@ def test_the_lua_trims_failures_to_the_python_constant() -> None:
     lua = (PACKAGE / "lua" / "lib" / "failures.lua").read_text()
     kept = re.search(r"'LTRIM', K_FAILURES, 0, (\d+)\)", lua)
     assert kept is not None and int(kept.group(1)) == FAILURES_KEPT - 1
+
+
+def test_the_lua_trims_misses_to_the_python_constant() -> None:
+    lua = (PACKAGE / "lua" / "lib" / "start.lua").read_text()
+    kept = re.search(r"'LTRIM', K_SLA_MISSES, 0, (\d+)\)", lua)
+    assert kept is not None and int(kept.group(1)) == MISSES_KEPT - 1

@@ -4,7 +4,7 @@
 --@include queue
 --@include tally
 
--- Remember a missed SLA for `gpuq top` (newest first, the last 100).
+-- Remember a missed SLA for `gpuq top` (newest first, the last 100: gpuq/keys.py MISSES_KEPT).
 local function note_miss(id, p, m, wait_ms, now, kind)
   redis.call('LPUSH', K_SLA_MISSES, cjson.encode({id = id, priority = 'P' .. p, model = m,
     wait_s = wait_ms / 1000, at = now / 1000, kind = kind}))
