@@ -210,8 +210,8 @@ class Keys:
     @property
     def sla_misses(self) -> str:
         """The latest SLA misses, newest first (MISSES_KEPT): JSON {id, priority, model, wait_s,
-        at, kind: "late" (claimed after its start-by time) | "cold" (claimed in time, its handler
-        started after it: a model load between) | "expired"}."""
+        at, kind: "late" (claimed, or a warm hand-over taken up, after its start-by time) | "cold"
+        (claimed in time, its handler started after it: a model load between) | "expired"}."""
         return self._key("sla_misses")
 
     @property

@@ -115,14 +115,14 @@ class Calls:
                 _num(footprint_gb), "1" if warm else "0", str(count), str(max(int(self._scan), 4 * count))]
         return Call("claim_batch", args, lambda r: Batch.parse(r, first))
 
-    def began(self, task_id: str, token: int, *, now_ms: int = 0) -> Call[tuple[str, int]]:
-        """A cold-started task's handler starts: (its SLA decided now, "met" or "missed", or
-        "" when decided before; the server time used, ms)."""
+    def began(self, task_id: str, token: int, *, now_ms: int = 0,
+              warm: bool = False) -> Call[tuple[str, int]]:
+        """A handler starts, after a load or (``warm``) none: (SLA "met", "missed" or "", ms)."""
         def parse(r: list[Any]) -> tuple[str, int]:
             raise_for(r, task_id)
             return str(r[1]), int(r[2])
 
-        return Call("began", [task_id, str(token), str(now_ms)], parse)
+        return Call("began", [task_id, str(token), str(now_ms), "1" if warm else "0"], parse)
 
     def heartbeat(self, worker_id: str, leases: Sequence[tuple[str, int]], *,
                   now_ms: int = 0) -> Call[tuple[bool, list[str]]]:

@@ -8,12 +8,13 @@
 -- for its next start. Counted once per task (began_at), as claim counts a warm start:
 -- stats sla_met:P<n> or sla_missed:P<n> (the handler started by the task's start-by score
 -- or not); a miss is noted in `misses` (kind "cold", or "late" when it was started after
--- its score).
+-- its score or its handler started without a load: a warm hand-over taken up late).
 --
 -- KEYS[1]  pool key base
 -- ARGV[1]  task id
 -- ARGV[2]  fencing token
 -- ARGV[3]  now (ms; "0" = server clock)
+-- ARGV[4]  warm (optional): "1" when no model load came before the handler (a warm hand-over)
 -- Returns  {0, result, now_ms}  result "met" or "missed" (decided now), or "" (decided
 --                               before, or the hash's times are malformed: nothing counted);
 --                               now_ms: the time used (the worker's latency metric)
@@ -25,8 +26,8 @@
 --@include start
 --@include tenancy
 
-if #ARGV ~= 3 then return {1, 0, 'expected 3 arguments'} end
-local id, token, now = ARGV[1], ARGV[2], clock(ARGV[3])
+if #ARGV ~= 3 and #ARGV ~= 4 then return {1, 0, 'expected 3 or 4 arguments'} end
+local id, token, now, warm = ARGV[1], ARGV[2], clock(ARGV[3]), ARGV[4] == '1'
 if not now then return {1, 0, 'now must be ms >= 0'} end
 local tk = task_key(id)
 local f = redis.call('HMGET', tk, 'state', 'token', 'priority', 'model', 'score', 'enqueued_at',
@@ -39,6 +40,8 @@ if (f[8] and f[8] ~= '') or not (p and f[4] and score and enqueued and started) 
   return {0, '', ms(now)}
 end
 redis.call('HSET', tk, 'began_at', ms(now))
-local result = decide_sla(id, p, f[4], now, score, finite(f[10]) or enqueued, started)  -- due: delayed
+-- a warm start's delay was its taking up, not a load: it counts as started now
+local result = decide_sla(id, p, f[4], now, score, finite(f[10]) or enqueued,  -- due: delayed
+  warm and now or started)
 if tenancy_on() then count_tenant_sla(p, f[9], result) end
 return {0, result, ms(now)}

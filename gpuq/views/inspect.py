@@ -357,8 +357,8 @@ def _parse_signal(raw: str) -> dict[str, Any]:
 
 def recent_misses(client: redis.Redis, keys: Keys, limit: int = 50) -> list[dict[str, Any]]:
     """The latest SLA misses as stored (newest first): {"id", "priority", "model", "wait_s",
-    "at" (epoch s), "kind": "late" (started after its start-by time), "cold" (started in
-    time, its handler late after the model load) or "expired"}."""
+    "at" (epoch s), "kind": "late" (started, or a warm hand-over taken up, after its
+    start-by time), "cold" (started in time, its handler late after the model load) or "expired"}."""
     return _recent(client, keys.sla_misses, limit)
 
 

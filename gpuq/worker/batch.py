@@ -147,10 +147,11 @@ def claim_more(ex: Executor, first: Claimed, count: int,
             return None
 
 
-def report_starts(ex: Executor, items: list[Claimed]) -> list[Claimed]:
-    """began.lua for each task started cold, in one round trip; the tasks still to run (one
-    whose lease is gone belongs to another attempt)."""
-    asked = [(item, ex.calls.began(item[2].task_id, item[2].token)) for item in items
+def report_starts(ex: Executor, items: list[Claimed], *, warm: bool = False) -> list[Claimed]:
+    """began.lua for each task started cold or handed over (``warm``: no load before the
+    handler), in one round trip; the tasks still to run (one whose lease is gone belongs to
+    another attempt)."""
+    asked = [(item, ex.calls.began(item[2].task_id, item[2].token, warm=warm)) for item in items
              if item[0].get("sla") == "pending"]
     if not asked:
         return items
@@ -211,7 +212,9 @@ def settle(ex: Executor, spec: HandlerSpec, items: list[Claimed]) -> list[Call[A
                 model = ex.prepare_model(res, running.task_id)
         calls = [give_back(ex, r, YIELDED, "yielded") for _, _, r in items
                  if r.ctx.yield_requested and not r.stopped]  # asked during the load: not run
-        items = report_starts(ex, [i for i in items if not (i[2].ctx.yield_requested or i[2].stopped)])
+        loaded = any(res is not None and res.cold for _, res, _ in items)
+        items = report_starts(ex, [i for i in items if not (i[2].ctx.yield_requested or i[2].stopped)],
+                              warm=not loaded)
         if not items:
             return calls
         runs = [r for _, _, r in items]

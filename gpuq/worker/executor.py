@@ -339,14 +339,16 @@ class Executor:
         if running.handed and not res.cold:
             if self.takeups.send(fields, running):
                 return True
-        return self.report_start(fields, running)
+        return self.report_start(fields, running, warm=not res.cold)
 
-    def report_start(self, fields: dict[str, str], running: Running) -> bool:
-        """A cold-started task's handler is about to start: began.lua decides its SLA now
-        (one round trip, cold starts only). False when the lease is gone: another attempt
-        owns the task, and this one's result would be rejected, so the handler is not run."""
+    def report_start(self, fields: dict[str, str], running: Running, *, warm: bool = False) -> bool:
+        """A cold-started (or, ``warm``, handed-over) task's handler is about to start:
+        began.lua decides its SLA now (one round trip). False when the lease is gone: another
+        attempt owns the task, and this one's result would be rejected, so the handler is not
+        run."""
         try:
-            decided, now_ms = self.scripts.run(self.calls.began(running.task_id, running.token))
+            decided, now_ms = self.scripts.run(self.calls.began(running.task_id, running.token,
+                                                                warm=warm))
         except (StaleLease, TaskNotFound):
             log.warning("lease.lost task=%s worker=%s: lost during its model load",
                         running.task_id, self.id)

@@ -71,7 +71,7 @@ class TakeUps:
     def send(self, fields: dict[str, str], running: Running) -> bool:
         """Write the run's began; False when it could not be sent (the caller sends it and
         waits for its reply)."""
-        call = self.calls.began(running.task_id, running.token)
+        call = self.calls.began(running.task_id, running.token, warm=True)
         try:
             conn = self._idle.pop()
         except IndexError:

@@ -187,3 +187,17 @@ def test_a_warm_hand_over_taken_back_is_decided_where_its_handler_starts(queue: 
     s = stats(queue)
     assert (s.get("sla_met:P0"), s["sla_missed:P0"]) == (None, "1")
     assert [m["kind"] for m in misses(queue)] == ["cold"]
+
+
+def test_a_warm_hand_over_taken_up_late_is_noted_late_not_cold(queue: Queue) -> None:
+    """Handed at enqueue to an idle holder of its model, in time, and taken up past its
+    start-by time: no load came between, so the miss is the taking up's (late)."""
+    register(queue, "w1")
+    queue.redis.sadd(queue.keys.holders("m"), "w1")
+    tid = enqueue(queue, T0 + 10, priority="P0", model="m", vram_gb=4)
+    fields = pop_wake(queue, "w1")
+    assert fields["id"] == tid
+    late = queue.calls.began(tid, int(fields["token"]), now_ms=T0 + 10 + SLA_MS + 50, warm=True)
+    assert queue.scripts.run(late)[0] == "missed"
+    (miss,) = misses(queue)
+    assert (miss["id"], miss["kind"], miss["wait_s"]) == (tid, "late", 0.25)

@@ -8,6 +8,7 @@ from typing import Any
 
 import fakeredis
 import pytest
+import redis
 
 from gpuq import Config, Queue
 from gpuq.app import App, Context
@@ -15,6 +16,7 @@ from gpuq.errors import TaskError
 from gpuq.task import MAX_RESULT_BYTES
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.loop import Worker
+from gpuq.worker.models import Reservation
 from gpuq.worker.running import Running
 
 
@@ -190,3 +192,23 @@ def test_an_unexpected_failure_logs_where_it_was_raised(caplog: pytest.LogCaptur
               for r in caplog.records if r.getMessage().startswith(("task.failed", "model.load_failed"))}
     assert traced == {"task.failed task=t0": True, "task.failed task=t1": False,
                       "model.load_failed worker=w": True, "task.failed task=t2": False}
+
+
+def test_a_warm_hand_over_tells_began_no_load_came_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """began notes a miss as cold (a load between) unless told the start was warm: a warm
+    hand-over's began says so, on its own connection and, that write failing, on the
+    runner's; a cold start's does not."""
+    worker = Worker(fakeredis.FakeRedis(decode_responses=True), Config(pool="p"), App("t"),
+                    GpuInfo("L4", "uuid", 24, None, "declared"), worker_id="w")
+    ex, sent = worker.executor, []
+
+    def unsent(call: Any) -> Any:  # the take-up connection's write fails
+        sent.append(call.args)
+        raise redis.ConnectionError("down")
+
+    monkeypatch.setattr(ex.scripts, "command", unsent)
+    monkeypatch.setattr(ex.scripts, "run", lambda call: sent.append(call.args) or ("", 0))
+    for cold in (False, True):
+        running = Running("t1", 7, Context("t1", 1, "w", "m", 1.0, 1.0), 0.0, handed=True)
+        assert ex.taken_up({"id": "t1"}, Reservation("m", 1.0, cold, ()), running)
+    assert [args[3] for args in sent] == ["1", "1", "0"]
