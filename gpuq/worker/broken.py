@@ -5,7 +5,8 @@ likely fails the same way for the next task of that model here, while other work
 it. After a failed load of a model the worker names it in its claims as one to skip
 (claim.lua leaves its queues to the other workers) for ``BACKOFF_S``, doubled at each failure
 in a row up to ``MAX_S``; a successful load forgets the failures. Past the backoff the next
-claim takes the model's tasks again and tries the load once more.
+claim takes the model's tasks again and tries the load once more. A preload hint
+(gpuq.worker.control) skips the model as claims do.
 
 The task whose load failed is passed on, its attempt given back (``gpuq.worker.passing``),
 when the failure is the first in a row and another live worker runs its handler; a later

@@ -257,6 +257,11 @@ class Control:
         with cache.lock:
             if self.stopping.is_set() or model in cache.resident:
                 return
+            # as claims skip it: a hint must not evict idle models for a load that fails here
+            if self.executor.broken.skipping(model):
+                log.info("model.preload_skipped worker=%s model=%s: its load failed here lately",
+                         self.id, model)
+                return
             res = cache.reserve(model, vram_gb)
         if res is None:
             log.info("model.preload_skipped worker=%s model=%s: no room", self.id, model)

@@ -4,6 +4,7 @@ started, whose calls are sent by hand."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import fakeredis
@@ -129,3 +130,21 @@ def test_a_task_given_to_a_worker_skipping_its_model_is_passed_on_unloaded() -> 
         assert call is not None and (call.script, call.args[4]) == ("fail", mode)
         assert loads == tried
         assert worker.cache.working_gb == 0 and worker.cache.free_gb() == 19  # nothing kept
+
+
+def test_a_preload_hint_skips_a_model_whose_load_failed_on_its_worker() -> None:
+    """Regression: the reaper's warm hint loaded a model whose loader had just failed here,
+    which could evict idle models for it, while this worker's claims skipped it."""
+    worker, _, loads, _ = worker_with_a_broken_model()
+    clock = Clock()
+    worker.executor.broken._clock = clock
+    worker.executor.broken.failed("bad")
+    control = worker.heartbeat().control
+    control.preload("bad", 4)
+    assert "bad" not in worker.cache.resident and worker.cache.free_gb() == 19
+    clock.now += broken.BACKOFF_S + 1  # past the backoff: the hint tries the load again
+    control.preload("bad", 4)
+    for thread in threading.enumerate():
+        if thread.name == "preload-bad":
+            thread.join(10)
+    assert loads == ["bad"] and worker.executor.broken.failures("bad") == 2
