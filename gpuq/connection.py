@@ -199,6 +199,12 @@ def _refusal(url: str, exc: redis.ResponseError) -> GpuqError | None:
     if isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM command not allowed" in text:
         return ServerRefused(url, "it is out of memory (used memory > maxmemory): free memory "
                                   "or raise maxmemory")
+    if "MISCONF" in text:  # a failed background save: the server takes no writes until one works
+        return ServerRefused(url, "it cannot save to disk (MISCONF): fix its `dir` or disk (its log "
+                                  "says why), or set stop-writes-on-bgsave-error no")
+    if text.startswith("BUSY") or " BUSY " in text:  # a script past busy-reply-threshold
+        return ServerRefused(url, "it is busy running a long script (BUSY): wait for it, or end it "
+                                  "with SCRIPT KILL or FUNCTION KILL")
     if "DB index is out of range" in text:  # SELECT of the URL's database
         return ConfigError(f"Redis URL {redact_url(url)!r} names a database the server does not have "
                            f"({line}; the server's `databases` setting, 16 by default, bounds it)")

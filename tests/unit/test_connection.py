@@ -119,6 +119,11 @@ def test_redis_errors_name_the_fault() -> None:
          ServerRefused, "refused the command: it is out of memory"),
         (redis.ResponseError("Error running script (call to f_1): @user_script:1: OOM command not "
                              "allowed when used memory > 'maxmemory'."), ServerRefused, "out of memory"),
+        # regression: passed through as a bare ResponseError (a CLI traceback, exit 1)
+        (redis.ResponseError("MISCONF Redis is configured to save RDB snapshots, but it's currently "
+                             "unable to persist to disk."), ServerRefused, "cannot save to disk (MISCONF)"),
+        (redis.ResponseError("BUSY Redis is busy running a script. You can only call SCRIPT KILL or "
+                             "SHUTDOWN NOSAVE."), ServerRefused, "busy running a long script"),
         (redis.ResponseError("DB index is out of range"), ConfigError,
          "Redis URL 'redis://:***@h:1/0' names a database the server does not have"),
         (redis.ResponseError("unknown command 'SENTINEL', with args beginning with: 'MASTERS' "),
