@@ -11,7 +11,8 @@ Phases, in order (``measure``):
    nothing else in them; then claims by a worker that holds nothing (cold);
 4. lifecycles per second from a few processes (``bench.scale_load``), the queue kept at N;
 5. a heartbeat from every worker (unmeasured: the fleet stays live), then one warm-up reaper
-   round and ``reaper_rounds`` measured ones (``Reaper.round``);
+   round and ``reaper_rounds`` measured ones (``Reaper.round``), then the same with one
+   tenant registered (tenancy on), which is removed after;
 6. ``scrapes`` exporter scrapes (``generate_latest`` of the exporter's registry).
 
 Server time per script call is ``cmdstat_fcall`` (or ``cmdstat_evalsha``) usec / calls: it
@@ -45,6 +46,7 @@ from gpuq.keys import Keys
 from gpuq.lua_source import script_source
 from gpuq.reaper.loop import Reaper
 from gpuq.scripts import SCRIPT_NAMES, Calls, Scripts
+from gpuq.tenants import Tenant, remove_tenant, set_tenant
 from gpuq.views.exporter import Exporter
 
 LEASE_S = 3600.0  # the fleet beats only at start and before the reaper rounds: no lease lapses
@@ -251,6 +253,14 @@ class Point:
                  "expire": reaper.expire, "preempt": reaper.preemptor.step, "scale": reaper.scaler.step}
         out["steps_server_cpu_ms"] = {name: round(timed(self.r, step)["server_cpu_ms"], 2)
                                       for name, step in steps.items()}
+        # tenancy on (one tenant registered): the tenants step reads the live workers' slots
+        queue = Queue(self.client, self.config)
+        set_tenant(queue, Tenant("bench"))
+        reaper.round()
+        on = out["tenancy_on"] = median_of([timed(self.r, reaper.round)
+                                             for _ in range(self.sizes.reaper_rounds)])
+        on["tenants_step_server_cpu_ms"] = round(timed(self.r, reaper.room.step)["server_cpu_ms"], 2)
+        remove_tenant(queue, "bench")
         return out
 
     def exporter(self) -> dict[str, Any]:

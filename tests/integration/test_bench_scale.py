@@ -59,6 +59,8 @@ def test_the_smallest_point_reports_every_figure(capsys: pytest.CaptureFixture[s
     assert verbs["ack"]["calls"] == verbs["enqueue"]["calls"] == verbs["claim"]["calls"]
     assert point["lifecycle"]["script_calls_per_lifecycle"] == pytest.approx(3.0, abs=0.05)
     assert point["fleet"]["idle_lanes"] == 1 and point["fleet"]["claimers"] == 7
+    tenancy = point["reaper"]["tenancy_on"]
+    assert tenancy["server_cpu_ms"] > 0 and tenancy["runs"] > 0 and "tenants_step_server_cpu_ms" in tenancy
 
 
 def test_the_table_has_a_row_per_point(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,12 +7,15 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from helpers import T0, claim, enqueue, enqueue_specs, heartbeat, spec
+from conftest import MakeQueue
+from helpers import RESERVE_GB, T0, claim, enqueue, enqueue_specs, heartbeat, spec
 
-from gpuq import Queue
+from gpuq import Queue, worker_record
 from gpuq.keys import SLOTS
 from gpuq.reaper.tenant_room import TenantRoom
 from gpuq.tenants import Tenant, remove_tenant, set_tenant
+from gpuq.worker.gpu import GpuInfo
+from gpuq.worker.presence import Presence
 
 
 def room(q: Queue, half_life_s: float = 1.0) -> TenantRoom:
@@ -167,3 +170,59 @@ def test_the_slots_per_live_worker_are_published_while_tenancy_is_on(
     assert queue.redis.hget(queue.keys.tenant_clock, SLOTS) == "1.5"
     remove_tenant(queue, "a")
     assert not queue.redis.exists(queue.keys.tenant_clock)
+
+
+def start(q: Queue, wid: str, concurrency: int) -> None:
+    """A worker process starting as ``gpuq worker --concurrency N --name wid`` registers."""
+    gpu = GpuInfo("A100", f"uuid-{wid}", 80, None, "declared")
+    fields = worker_record.identity(wid, gpu, RESERVE_GB, concurrency, "0123", "h", 1)
+    Presence(q.redis, q.keys, wid).register(fields, 30_000)
+
+
+def test_a_round_reads_only_the_workers_it_has_not_seen(make_real_queue: MakeQueue) -> None:
+    """Issue 20: each round read every live worker's concurrency while tenancy was on, a
+    command a worker (2,049 of a round's 8,754 at 2,048 workers)."""
+    q = make_real_queue()
+    for i, slots in enumerate((1, 2, 3)):
+        start(q, f"w{i}", slots)
+    set_tenant(q, Tenant("a"))
+    r = TenantRoom(q.redis, q.keys, q.config, q.scripts, q.calls)
+
+    def hgets() -> int:
+        return int(q.redis.info("commandstats").get("cmdstat_hget", {}).get("calls", 0))
+
+    r.step()
+    assert q.redis.hget(q.keys.tenant_clock, SLOTS) == "2"
+    for _ in range(3):
+        before = hgets()
+        r.step()
+        assert hgets() - before == 1  # the published slots; no worker again while none registers
+    start(q, "w3", 2)  # a registration: every live worker is read again, once
+    for reads in (1 + 4, 1):
+        before = hgets()
+        r.step()
+        assert hgets() - before == reads
+    assert q.redis.hget(q.keys.tenant_clock, SLOTS) == "2"
+
+
+def test_the_published_slots_follow_workers_joining_leaving_and_restarting(queue: Queue) -> None:
+    """The kept concurrency of a worker that starts again under its id with another one is
+    not used: a start counts a registration, after which the room reads every worker again."""
+    start(queue, "a", 1)
+    start(queue, "b", 1)
+    set_tenant(queue, Tenant("t"))
+    r = room(queue)
+    r.step()
+    assert queue.redis.hget(queue.keys.tenant_clock, SLOTS) is None  # 1: never written
+    start(queue, "b", 3)  # b's process restarted with --concurrency 3 under its name
+    r.step()
+    assert queue.redis.hget(queue.keys.tenant_clock, SLOTS) == "2"
+    queue.redis.zadd(queue.keys.workers, {"b": 1})  # b past its lease, not yet reaped
+    r.step()
+    assert queue.redis.hget(queue.keys.tenant_clock, SLOTS) == "1"
+    start(queue, "c", 5)
+    r.step()
+    assert queue.redis.hget(queue.keys.tenant_clock, SLOTS) == "3"
+    start(queue, "c", 2)  # c again, with 2
+    r.step()
+    assert queue.redis.hget(queue.keys.tenant_clock, SLOTS) == "1.5"
