@@ -364,8 +364,13 @@ def recent_misses(client: redis.Redis, keys: Keys, limit: int = 50) -> list[dict
 
 def recent_failures(client: redis.Redis, keys: Keys, limit: int = FAILURES_KEPT) -> list[dict[str, Any]]:
     """The latest tasks that ended failed, as stored (newest first): {"id", "handler",
-    "model", "priority", "tenant", "attempt", "error" (its first 200 bytes), "at" (epoch s)}."""
-    return _recent(client, keys.failures, limit)
+    "model", "priority", "tenant", "attempt", "error" (its first 200 bytes), "at" (epoch s,
+    a float even on a whole second, where the script's JSON writes an integer)}."""
+    out = _recent(client, keys.failures, limit)
+    for entry in out:
+        if isinstance(at := entry.get("at"), int) and not isinstance(at, bool):
+            entry["at"] = float(at)
+    return out
 
 
 def _recent(client: redis.Redis, key: str, limit: int) -> list[dict[str, Any]]:

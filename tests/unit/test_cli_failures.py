@@ -69,3 +69,11 @@ def test_failures_skips_what_does_not_parse_and_refuses_a_bad_limit(cli_pool: Po
     assert line.split()[:2] == ["?", "x"]
     result = cli_pool.invoke("failures", "--limit", "0")
     assert result.exit_code == 2 and "--limit" in result.stderr
+
+
+def test_a_failure_on_a_whole_second_still_has_a_float_time(cli_pool: Pool) -> None:
+    """Regression: the script's JSON writes a whole second as an integer, so `at` in --json was
+    an int about once in a thousand failures (a flaky check of its type)."""
+    cli_pool.redis.lpush(cli_pool.keys.failures, json.dumps({"id": "x", "at": 1796420808}))
+    (entry,) = json.loads(cli_pool.ok("failures", "--json"))
+    assert entry["at"] == 1796420808.0 and isinstance(entry["at"], float)
