@@ -9,7 +9,8 @@ judged by them (docs/BENCHMARKS.md, "Where gpuq's time goes"). The server runs u
 * enqueue: ``Queue.enqueue`` of one no-op task at a time into a pool without workers;
 * claim + ack: one worker's loop over a deep queue of one model it holds, as
   ``gpuq.worker`` sends it (the previous task's ack and the next claim in one pipeline,
-  which goes as one ``ack_claim`` call);
+  which goes as one ``ack_claim`` call; a one-slot worker a claim gave a task tells the
+  next claim it is not in ``idle``);
 * batched task: the same loop for a batch handler of 32 (a claim takes the batch, the
   batch's acks ride with the next claim), counted per task.
 
@@ -17,7 +18,7 @@ Each phase is dumped on its own (``callgrind_control -d``); ``--top N`` prints t
 functions with the most instructions of each. Needs valgrind and redis-server on PATH. Run
 it in two checkouts to compare them: the figures are of the checkout it runs from.
 
-    python scripts/bench_instructions.py [--steps 300] [--json] [--top 15]
+    python scripts/bench_instructions.py [--steps 300] [--json] [--top 15] [--port P]
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def measure(url: str, steps: int) -> None:
     def step() -> None:
         nonlocal prev
         calls = [] if prev is None else [q.calls.ack(prev["id"], int(prev["token"]), '{"i":1}')]
-        claim = q.calls.claim(ClaimRequest("w1", 78.0, 0.0, 1, [("m", 1.0)]))
+        claim = q.calls.claim(ClaimRequest("w1", 78.0, 0.0, 1, [("m", 1.0)], unlisted=prev is not None))
         prev = claim.parse(q.scripts.pipelined([*calls, claim])[-1]).task
         if prev is None:
             raise RuntimeError("the queue ran dry")
@@ -100,7 +101,8 @@ def measure(url: str, steps: int) -> None:
     def batch_step() -> None:
         nonlocal batch
         calls = [b.calls.ack(t["id"], int(t["token"]), '{"i":1}') for t in batch]
-        claim = b.calls.claim(ClaimRequest("w1", 78.0, 0.0, 1, [("m", 1.0)], batches=[("h", BATCH - 1)]))
+        claim = b.calls.claim(ClaimRequest("w1", 78.0, 0.0, 1, [("m", 1.0)], batches=[("h", BATCH - 1)],
+                                           unlisted=bool(batch)))
         got = claim.parse(b.scripts.pipelined([*calls, claim])[-1])
         if got.task is None:
             raise RuntimeError("the queue ran dry")
@@ -126,12 +128,13 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=300, help="measured calls per phase (300)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--top", type=int, default=0, help="also print each phase's top functions")
+    ap.add_argument("--port", type=int, default=0, help="redis-server port (default: a free one)")
     a = ap.parse_args()
     for tool in ("valgrind", "callgrind_control", "redis-server"):
         if not shutil.which(tool):
             print(f"bench_instructions: {tool} is not on PATH", file=sys.stderr)
             return 2
-    port = free_port()
+    port = a.port or free_port()
     with tempfile.TemporaryDirectory(prefix="gpuq-callgrind-") as tmp:
         server = subprocess.Popen(
             ["valgrind", "--tool=callgrind", "--instr-atstart=no",

@@ -4,16 +4,17 @@ The library Redis runs (``gpuq.functions.library``) is loaded as it is into lupa
 the Lua version Redis embeds, with a ``redis`` table whose ``call`` forwards each command to a
 real redis-server (started here) and converts replies and arguments as Redis does. A worker's
 loop then runs as ``scripts/bench_instructions.py`` runs it: N one-by-one enqueues, then one
-worker claiming and acking each task (an ack and the next claim as one ``ack_claim`` call).
-A Lua hook counts, for each line of the gpuq/lua files, the VM instructions run there, how
-often the line ran and the ``redis.call``s it made; the report gives the top lines and
-functions of each script, per task. C functions the scripts call (string and table
-helpers, ``cjson``, the commands themselves) run no VM instructions: a line that calls them
-costs more than its count says. The same workload is then run by ``FCALL`` on the server
-itself (at the same ``now``s) and every reply and key compared: a profile of a run that
-differs from Redis's would be of the wrong thing.
+worker claiming and acking each task (an ack and the next claim as one ``ack_claim`` call;
+``--batch N``: a batch handler's, N tasks a claim). A Lua hook counts, for each line of the
+gpuq/lua files, the VM instructions run there, how often the line ran and the
+``redis.call``s it made (by command, per script); the report gives them per task, with the
+top lines and functions. C functions the scripts call (string and table helpers, ``cjson``,
+the commands themselves) run no VM instructions: a line that calls them costs more than its
+count says. The same workload is then run by ``FCALL`` on the server itself (at the same
+``now``s) and every reply and key compared: a profile of a run that differs from Redis's
+would be of the wrong thing.
 
-    python scripts/profile_lua.py [--tasks 300] [--top 25] [--port P]
+    python scripts/profile_lua.py [--tasks 300] [--top 25] [--batch N] [--port P]
 
 Needs ``lupa`` (``pip install lupa``) and redis-server on PATH.
 """
@@ -82,11 +83,14 @@ def command(conn: redis.Connection, *args: Any) -> Any:
 
 GLUE = """
 local forward, lua_error = ...
-local counts = {instr = {}, lines = {}, calls = {}, fn = {}, c = {}}
+local counts = {instr = {}, lines = {}, calls = {}, fn = {}, c = {}, cmd = {}}
 local function bump(t, k) t[k] = (t[k] or 0) + 1 end
 local function call(...)
-  local info = debug.getinfo(3, 'Sl')
-  if info.source == '=gpuq' then bump(counts.calls, info.currentline) end
+  -- a helper's `return redis.call(...)` is a tail call: counted on the line that called the helper
+  local level, info = 3, debug.getinfo(3, 'Sl')
+  while info and info.what == 'tail' do level = level + 1; info = debug.getinfo(level, 'Sl') end
+  local at = info and info.source == '=gpuq' and info.currentline
+  if at then bump(counts.calls, at); bump(counts.cmd, at .. ' ' .. string.upper(tostring((...)))) end
   return forward(...)
 end
 local redis = {LOG_DEBUG = 0, LOG_VERBOSE = 1, LOG_NOTICE = 2, LOG_WARNING = 3}
@@ -96,10 +100,8 @@ function redis.call(...)
   if type(r) == 'table' and r.err then error(r.err, 0) end
   return r
 end
-function redis.status_reply(s) return {ok = s} end
-function redis.error_reply(s) return {err = s} end
-function redis.setresp() end
-function redis.log() end
+function redis.status_reply(s) return {ok = s} end; function redis.error_reply(s) return {err = s} end
+function redis.setresp() end; function redis.log() end
 local function hook(event, line)
   local info = debug.getinfo(2, 'Sl')
   if event == 'call' then  -- a C function's: counted on its caller's line
@@ -217,9 +219,12 @@ def text(r: Any) -> Any:
     return r.decode() if isinstance(r, bytes) else r
 
 
-def workload(server: LuaServer | RealServer, functions: dict[str, str], tasks: int) -> list[Any]:
+def workload(server: LuaServer | RealServer, functions: dict[str, str], tasks: int,
+             batch: int) -> list[Any]:
     """Enqueue ``tasks`` no-op tasks one by one, then one worker claims and acks each (an ack
-    and the next claim as one call, as gpuq.worker sends them); every reply, in order."""
+    and the next claim as one call, as gpuq.worker sends them, the worker out of `idle` once
+    a claim gave it a task); with ``batch``, for a batch handler taking that many a claim
+    (its acks joined, riding with the next claim); every reply, in order."""
     config = Config(pool="profile")
     calls, base = Calls(config), [Keys(config.pool, config.prefix).base.encode()]
     replies: list[Any] = []
@@ -231,17 +236,22 @@ def workload(server: LuaServer | RealServer, functions: dict[str, str], tasks: i
             raise RuntimeError(f"{call.script}: {r}")
         return text(r)
 
+    handler = "h" if batch else "sim.noop"
     for i in range(tasks):
-        spec = TaskSpec.build("sim.noop", {"i": i}, model="m", vram_gb=1, task_id=f"t{i}")
+        spec = TaskSpec.build(handler, {"i": i}, model="m", vram_gb=1, task_id=f"t{i}")
         run(calls.enqueue([spec], now_ms=T0 + i))
-    prev: dict[str, str] | None = None
+    prev: list[dict[str, str]] = []
+    batches = [(handler, batch - 1)] if batch else []
     for i in range(tasks + 1):
         now = T0 + tasks + i
-        sent = [] if prev is None else [calls.ack(prev["id"], int(prev["token"]), '{"i":1}', now_ms=now)]
-        claim = calls.claim(ClaimRequest("w1", 78.0, 0.0, 1, [("m", 1.0)]), now_ms=now)
-        ((call, _),) = carried(joined_acks([*sent, claim]))
+        sent = [calls.ack(t["id"], int(t["token"]), '{"i":1}', now_ms=now) for t in prev]
+        req = ClaimRequest("w1", 78.0, 0.0, 1, [("m", 1.0)], batches=batches, unlisted=bool(prev))
+        ((call, _),) = carried(joined_acks([*sent, calls.claim(req, now_ms=now)]))
         r = run(call)
-        prev = Claim.parse(r[1] if call.script == "ack_claim" else r).task
+        got = Claim.parse(r[1] if call.script == "ack_claim" else r)
+        if got.task is None:
+            break
+        prev = [got.task, *(got.batch.tasks if got.batch else [])]
     return replies
 
 
@@ -322,28 +332,28 @@ def report(lm: LineMap, counts: Any, tasks: int, top: int) -> None:
         return {int(k): int(v) for k, v in t.items()}
 
     instr, lines, calls, fn, c = (table(counts[k]) for k in (b"instr", b"lines", b"calls", b"fn", b"c"))
+    commands: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for k, v in counts[b"cmd"].items():
+        n, name = k.decode().split(" ", 1)
+        commands[lm.block[int(n) - 1]][name] += int(v)
     by_block: dict[str, list[int]] = collections.defaultdict(list)
     for n in set(instr) | set(calls) | set(c):
         by_block[lm.block[n - 1]].append(n)
-    print(
-        f"per task: {sum(instr.values()) / tasks:,.0f} Lua VM instructions, "
-        f"{sum(c.values()) / tasks:,.1f} calls of C functions, "
-        f"{sum(calls.values()) / tasks:.1f} redis.calls ({tasks} tasks)"
-    )
+    print(f"per task: {sum(instr.values()) / tasks:,.0f} Lua VM instructions, "
+          f"{sum(c.values()) / tasks:,.1f} calls of C functions, "
+          f"{sum(calls.values()) / tasks:.1f} redis.calls ({tasks} tasks)")
     for block, ns in sorted(by_block.items(), key=lambda b: -sum(instr.get(n, 0) for n in b[1])):
         total = sum(instr.get(n, 0) for n in ns)
-        print(
-            f"\n== {block or 'library'}: {total / tasks:,.0f} instructions, "
-            f"{sum(c.get(n, 0) for n in ns) / tasks:.1f} C calls, "
-            f"{sum(calls.get(n, 0) for n in ns) / tasks:.1f} redis.calls a task\n"
-            f"{'instr':>8} {'%':>5} {'runs':>6} {'C':>5} {'redis':>5}  where"
-        )
+        by_command = ", ".join(f"{k} {v / tasks:.2f}" for k, v in commands[block].most_common())
+        print(f"\n== {block or 'library'}: {total / tasks:,.0f} instructions, "
+              f"{sum(c.get(n, 0) for n in ns) / tasks:.1f} C calls, "
+              f"{sum(calls.get(n, 0) for n in ns) / tasks:.1f} redis.calls a task\n"
+              f"redis.calls a task by command: {by_command or 'none'}\n"
+              f"{'instr':>8} {'%':>5} {'runs':>6} {'C':>5} {'redis':>5}  where")
         for n in sorted(ns, key=lambda n: -instr.get(n, 0))[:top]:
-            print(
-                f"{instr.get(n, 0) / tasks:8.1f} {100 * instr.get(n, 0) / max(total, 1):5.1f} "
-                f"{lines.get(n, 0) / tasks:6.2f} {c.get(n, 0) / tasks:5.2f} {calls.get(n, 0) / tasks:5.2f}  "
-                f"{lm.name(n):<22} {lm.lines[n - 1].strip()[:70]}"
-            )
+            print(f"{instr.get(n, 0) / tasks:8.1f} {100 * instr.get(n, 0) / max(total, 1):5.1f} "
+                  f"{lines.get(n, 0) / tasks:6.2f} {c.get(n, 0) / tasks:5.2f} "
+                  f"{calls.get(n, 0) / tasks:5.2f}  {lm.name(n):<22} {lm.lines[n - 1].strip()[:70]}")
         funcs = {d: c for d, c in fn.items() if lm.block[max(d, 1) - 1] == block}
         print(f"{'instr':>8} {'%':>5}  function (own lines)")
         for d, own in sorted(funcs.items(), key=lambda x: -x[1])[: max(5, top // 3)]:
@@ -355,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tasks", type=int, default=300, help="tasks enqueued, claimed and acked (300)")
     ap.add_argument("--top", type=int, default=25, help="lines shown per script (25)")
     ap.add_argument("--port", type=int, default=0, help="redis-server port (default: a free one)")
+    ap.add_argument("--batch", type=int, default=0, help="a batch handler's tasks a claim (0: none)")
     a = ap.parse_args(argv)
     lib = library(SCRIPT_NAMES)
     server = EmbeddedServer()
@@ -366,15 +377,14 @@ def main(argv: list[str] | None = None) -> int:
         command(real_conn, "FUNCTION", "LOAD", lib.source)
         lua = LuaServer(lib.source, lua_conn)
         lua.profiled(True)
-        got = workload(lua, lib.functions, a.tasks)
+        got = workload(lua, lib.functions, a.tasks, a.batch)
         lua.profiled(False)
-        want = workload(RealServer(real_conn), lib.functions, a.tasks)
+        want = workload(RealServer(real_conn), lib.functions, a.tasks, a.batch)
         bad = [i for i, (x, y) in enumerate(zip(got, want)) if repr(x) != repr(y)]
         spaces = [keyspace(redis.Redis(port=server.port, db=db)) for db in (0, 1)]
         if bad or spaces[0] != spaces[1]:
-            diff = sorted(
-                k for k in spaces[0].keys() | spaces[1].keys() if spaces[0].get(k) != spaces[1].get(k)
-            )
+            diff = sorted(k for k in spaces[0].keys() | spaces[1].keys()
+                          if spaces[0].get(k) != spaces[1].get(k))
             print(f"MISMATCH with redis-server: replies {bad[:5]} (of {len(got)}), keys {diff[:5]}")
             if bad:
                 print(f"  lupa:  {got[bad[0]]!r}\n  redis: {want[bad[0]]!r}")
