@@ -357,7 +357,7 @@ if not id then
   redis.call('ZADD', K_IDLE, claimable, worker)
   -- a lane is listed where wake-ups look, so tasks it does not serve are not offered to it
   if levels ~= '0123' then redis.call('HSET', K_LANES, worker, levels) end
-  -- a hand-over not yet picked up: look again at its deadline (taken back if unread)
+  -- a hand-over not yet taken up: look again at its deadline (taken back if still not)
   if pickup and pickup > now then unread_until = reclaim_handed(now, 8, TTL, pickup) end
   if unread_until then retry = math.min(retry or math.huge, math.max(1, unread_until - now + 1)) end
   return {0, 'none', look_again(retry or 0)}

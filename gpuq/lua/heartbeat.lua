@@ -31,7 +31,7 @@ for i = 4, #ARGV, 2 do
   local f = redis.call('HMGET', task_key(id), 'state', 'token')
   if f[1] == 'running' and f[2] == token then
     redis.call('ZADD', K_RUNNING, 'XX', now + lease, id)
-    redis.call('ZREM', K_HANDED, id)  -- a task handed over at enqueue: picked up
+    redis.call('ZREM', K_HANDED, id)  -- a task handed over at enqueue: taken up
   else
     out[#out + 1] = id
   end
