@@ -43,7 +43,7 @@ scrape; served by ``gpuq exporter``):
 | gpuq_workers_desired / gpuq_workers_current | gauge | pool, gpu_class | the reaper's scale signals (`scale` hash); none while they are stale (this and the next two rows) |
 | gpuq_model_workers_desired | gauge | pool, model | the reaper's scale signals: the `exporter_models` models desiring the most workers (and their arrival rates below) |
 | gpuq_arrivals_forecast_per_second | gauge | pool, kind (now, forecast), gpu_class, model | the scale signals' arrival rates (`rate_per_s`, `forecast_per_s`): per class (model "") and per model (gpu_class "") |
-| gpuq_scale_signal_age_seconds | gauge | pool | seconds since the reaper round that wrote the scale signals (their `at`), while one has a time; past 15 s they are stale (no reaper rewrites them) and the three rows above are left out |
+| gpuq_scale_signal_age_seconds | gauge | pool | seconds since the reaper round that wrote the scale signals (their `at`), while one has a time; past 15 s, or three rounds of a reaper whose `reap_interval_s` is longer, they are stale (no reaper rewrites them) and the three rows above are left out |
 | gpuq_reaper_active | gauge | pool | 1 while a reaper holds the pool's lock |
 | gpuq_tenant_queued | gauge | pool, tenant, priority | tasks queued per tenant (tenancy on: `gpuq tenant`); the tenant families show every registered tenant and the `exporter_models` unregistered ones with the most queued tasks |
 | gpuq_tenant_bound | gauge | pool, tenant | the running tasks the reaper lets the tenant have (`tenant:use` `bound:<t>`), while it sets one |
