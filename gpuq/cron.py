@@ -13,7 +13,7 @@ import calendar
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
-from gpuq.errors import ScheduleError
+from gpuq.errors import BadSchedule
 
 FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12),
           ("day of week", 0, 7))
@@ -50,7 +50,7 @@ def _field(text: str, index: int) -> frozenset[int]:
             if not lo <= start <= end <= hi:
                 raise ValueError(f"{span!r} is outside {lo}-{hi} or runs backwards")
         except ValueError as exc:
-            raise ScheduleError(f"cron {name} field {text!r}: {exc}") from None
+            raise BadSchedule(f"cron {name} field {text!r}: {exc}") from None
         out.update(range(start, end + 1, step))
     if index == 4 and 7 in out:  # 7 is Sunday too
         out = (out - {7}) | {0}
@@ -70,17 +70,17 @@ class Cron:
     @classmethod
     def parse(cls, text: str) -> Cron:
         if not isinstance(text, str):
-            raise ScheduleError(f"cron {text!r}: expected text of 5 fields")
+            raise BadSchedule(f"cron {text!r}: expected text of 5 fields")
         parts = text.split()
         if len(parts) != 5:
-            raise ScheduleError(f"cron {text!r}: expected 5 fields (minute hour day-of-month "
+            raise BadSchedule(f"cron {text!r}: expected 5 fields (minute hour day-of-month "
                                 f"month day-of-week), got {len(parts)}")
         m, h, dom, month, dow = (_field(p, i) for i, p in enumerate(parts))
         cron = cls(" ".join(parts), m, h, dom, month, dow,
                    not parts[2].startswith("*") and not parts[4].startswith("*"))
         if not cron.either_day and not any(d <= calendar.monthrange(2000, m)[1]
                                            for m in cron.months for d in cron.days):
-            raise ScheduleError(f"cron {text!r} never fires: no month has those days")
+            raise BadSchedule(f"cron {text!r} never fires: no month has those days")
         return cron
 
     def day_matches(self, d: date) -> bool:

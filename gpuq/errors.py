@@ -252,3 +252,12 @@ class ScheduleError(GpuqError):
     def __init__(self, reason: str) -> None:
         self.reason = reason
         super().__init__(f"schedule: {reason}")
+
+
+class BadTenant(TenantError):
+    """A tenant setting malformed (its name, weight or a cap): refused before anything is sent."""
+
+
+class BadSchedule(ScheduleError):
+    """A schedule malformed (its name, interval, cron expression or options): refused before
+    anything is stored."""

@@ -23,7 +23,7 @@ import redis
 
 from gpuq.clock import server_ms
 from gpuq.cron import Cron
-from gpuq.errors import GpuqError, ScheduleError
+from gpuq.errors import BadSchedule, GpuqError, ScheduleError
 from gpuq.keys import REQUIRED, Keys
 from gpuq.replies import Code, checked
 from gpuq.scripts import Call, Calls, Scripts
@@ -40,13 +40,13 @@ def parse_every(text: str) -> int:
     """An interval such as "10m", "90s", "1.5h", "2d" or "30" (seconds), in ms; >= 1 s."""
     m = _EVERY.fullmatch(text.strip()) if isinstance(text, str) else None
     if not m:
-        raise ScheduleError(f"every {text!r}: expected a number and a unit (ms, s, m, h, d)")
+        raise BadSchedule(f"every {text!r}: expected a number and a unit (ms, s, m, h, d)")
     every_f = float(m.group(1)) * _UNITS_MS[m.group(2) or "s"]  # inf for a huge number
     if every_f > 366 * 86_400_000:
-        raise ScheduleError(f"every {text!r}: the interval must be at most 366 days")
+        raise BadSchedule(f"every {text!r}: the interval must be at most 366 days")
     every = int(every_f)
     if every < 1000:
-        raise ScheduleError(f"every {text!r}: the interval must be at least 1 s")
+        raise BadSchedule(f"every {text!r}: the interval must be at least 1 s")
     return every
 
 
@@ -99,13 +99,13 @@ def add(client: redis.Redis, keys: Keys, name: str, handler: str, payload: Any =
     registered in a pool that requires it; InvalidTask for a bad task template).
     ``options``: TaskSpec.build's, but no delay, at or after."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ScheduleError(f"name {name!r}: 1..100 letters, digits or _ . : -")
+        raise BadSchedule(f"name {name!r}: 1..100 letters, digits or _ . : -")
     if (every is None) == (cron is None):
-        raise ScheduleError("give one of every and cron")
+        raise BadSchedule("give one of every and cron")
     every_ms = parse_every(every) if every is not None else None
     expr = Cron.parse(cron).text if cron is not None else None
     if set(options) & {"delay_s", "at", "after", "after_any_outcome", "task_id"}:
-        raise ScheduleError("a schedule's runs take no delay, at, after or task_id")
+        raise BadSchedule("a schedule's runs take no delay, at, after or task_id")
     spec = TaskSpec.build(handler, payload, **options)
     required, known = client.hmget(keys.tenants, REQUIRED, spec.tenant)
     if required == "1" and known is None:

@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from gpuq.client import Queue
-from gpuq.errors import TenantError
+from gpuq.errors import BadTenant, TenantError
 from gpuq.keys import REQUIRED, Keys
 from gpuq.names import name_problem
 
@@ -34,16 +34,16 @@ class Tenant:
 
     def __post_init__(self) -> None:
         if not self.name:
-            raise TenantError("tenant name must not be empty")
+            raise BadTenant("tenant name must not be empty")
         if problem := name_problem(self.name):
-            raise TenantError(f"tenant name {problem}")
+            raise BadTenant(f"tenant name {problem}")
         if not (math.isfinite(self.weight) and 1e-6 <= self.weight <= 1e6):
-            raise TenantError(f"weight must be 1e-6..1e6, got {self.weight}")
+            raise BadTenant(f"weight must be 1e-6..1e6, got {self.weight}")
         if self.max_gpus is not None and not 0 <= self.max_gpus <= 1_000_000:
-            raise TenantError(f"max_gpus must be 0..1000000, got {self.max_gpus}")
+            raise BadTenant(f"max_gpus must be 0..1000000, got {self.max_gpus}")
         if self.max_vram_gb is not None and not (math.isfinite(self.max_vram_gb)
                                                  and 0 <= self.max_vram_gb <= 1e9):
-            raise TenantError(f"max_vram_gb must be 0..1e9, got {self.max_vram_gb}")
+            raise BadTenant(f"max_vram_gb must be 0..1e9, got {self.max_vram_gb}")
 
     @property
     def capped(self) -> bool:
@@ -55,14 +55,14 @@ class Tenant:
         as ``gpuq simulate --tenant`` takes it."""
         name, *rest = spec.split(":")
         if len(rest) > 3:
-            raise TenantError(f"--tenant {spec!r}: NAME[:WEIGHT[:MAX_GPUS[:MAX_VRAM_GB]]]")
+            raise BadTenant(f"--tenant {spec!r}: NAME[:WEIGHT[:MAX_GPUS[:MAX_VRAM_GB]]]")
         weight, gpus, vram = (rest + ["", "", ""])[:3]
         try:
             return cls(name, float(weight) if weight not in ("", "-") else DEFAULT_WEIGHT,
                        int(gpus) if gpus not in ("", "-") else None,
                        float(vram) if vram not in ("", "-") else None)
         except ValueError:
-            raise TenantError(f"--tenant {spec!r}: weight and caps must be numbers") from None
+            raise BadTenant(f"--tenant {spec!r}: weight and caps must be numbers") from None
 
     @classmethod
     def parse(cls, name: str, value: str) -> Tenant | None:

@@ -19,7 +19,16 @@ from gpuq import logs
 from gpuq.client import Queue
 from gpuq.config import Config
 from gpuq.connection import connect, redis_errors
-from gpuq.errors import ConfigError, ConnectionFailed, GpuqError, InvalidTask, ResultTimeout, TaskFailed
+from gpuq.errors import (
+    BadSchedule,
+    BadTenant,
+    ConfigError,
+    ConnectionFailed,
+    GpuqError,
+    InvalidTask,
+    ResultTimeout,
+    TaskFailed,
+)
 from gpuq.redact import one_line, redact
 from gpuq.task import Priority, TaskSpec
 from gpuq.tls import Tls
@@ -38,7 +47,7 @@ class Exit(IntEnum):
 
     OK = 0
     ERROR = 1  # any failure not named below
-    BAD_INPUT = 2  # a usage error, an invalid option, setting or task: nothing was written
+    BAD_INPUT = 2  # a usage error; an invalid option, setting, task, tenant or schedule: nothing written
     NOT_DONE = 3  # the task waited for (--wait, --stream) ended failed, canceled or expired
     TIMED_OUT = 4  # --timeout passed before the task ended: it stands
     NO_REDIS = 5  # Redis could not be used: unreachable, authentication, TLS, no master, refused
@@ -46,7 +55,8 @@ class Exit(IntEnum):
 
 # the first kind an error is an instance of gives its code (a subclass before its base)
 EXIT_CODES: tuple[tuple[type[GpuqError], Exit], ...] = (
-    (InvalidTask, Exit.BAD_INPUT), (ConfigError, Exit.BAD_INPUT), (TaskFailed, Exit.NOT_DONE),
+    (InvalidTask, Exit.BAD_INPUT), (ConfigError, Exit.BAD_INPUT), (BadTenant, Exit.BAD_INPUT),
+    (BadSchedule, Exit.BAD_INPUT), (TaskFailed, Exit.NOT_DONE),
     (ResultTimeout, Exit.TIMED_OUT), (ConnectionFailed, Exit.NO_REDIS))
 
 

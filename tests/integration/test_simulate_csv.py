@@ -73,7 +73,7 @@ def test_cli_replays_with_tenants_and_reports_each(procs: Procs, tmp_path: Path)
     assert b_capped["wait_p50_s"] <= b_plain["wait_p50_s"]
     assert reports[1]["tenants"]["a"]["wait_p50_s"] > reports[0]["tenants"]["b"]["wait_p50_s"]
     bad = procs.cli(*base, "--tenant", "a:heavy", env=env)
-    assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "Error: --tenant 'a:heavy': weight and caps must be numbers"]
 
 

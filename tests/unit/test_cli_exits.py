@@ -121,7 +121,12 @@ def test_every_kind_of_redis_that_cannot_be_used_exits_5(kind: type[ConnectionFa
     (["enqueue", *BASE, "--wait", "--timeout", "-1"], {}),  # an invalid option value
     (["status"], {"GPUQ_LEASE_S": "soon"}),  # an invalid setting
     (["enqueue", *BASE, "--timeout", "1"], {}),  # a usage error (click's)
-], ids=["task", "option", "setting", "usage"])
+    # regression: a malformed tenant or schedule exited 1, as an unknown one does
+    (["tenant", "set", "x", "--weight", "-1"], {}),
+    (["tenant", "set", "x y"], {}),
+    (["schedule", "add", "s", "sim.run", "--model", "m", "--vram-gb", "1", "--cron", "bad"], {}),
+    (["schedule", "add", "s", "sim.run", "--model", "m", "--vram-gb", "1", "--every", "9" * 400], {}),
+], ids=["task", "option", "setting", "usage", "tenant weight", "tenant name", "cron", "every"])
 def test_bad_input_exits_2_and_writes_nothing(cli_pool: Pool, args: list[str], env: dict[str, str]) -> None:
     result = cli_pool.invoke(*args, env=env)
     assert_clean_error(result)
@@ -133,3 +138,6 @@ def test_other_failures_exit_1(cli_pool: Pool) -> None:
     result = cli_pool.invoke("task", "no-such-task")
     assert_clean_error(result, "task no-such-task not found")
     assert result.exit_code == Exit.ERROR == 1
+    unknown = cli_pool.invoke("schedule", "remove", "no-such-schedule")  # known only to the pool
+    assert_clean_error(unknown, "no schedule named")
+    assert unknown.exit_code == Exit.ERROR
