@@ -68,7 +68,7 @@ def exchange(client: redis.Redis, commands: Iterable[tuple[Any, ...]], *,
             if kept.conn is None:
                 kept.conn = client.connection_pool.get_connection()
             else:
-                _check(kept.conn)
+                check(kept.conn)
             return _exchange_on(kept.conn, commands, retry)
         finally:
             kept.lock.release()
@@ -80,9 +80,10 @@ def exchange(client: redis.Redis, commands: Iterable[tuple[Any, ...]], *,
         pool.release(conn)
 
 
-def _check(conn: Any) -> None:
-    """What the pool does to a connection it hands out: one the server closed (a restart, a
-    timeout, a failover), or with data left unread, is dropped, to reconnect on its send."""
+def check(conn: Any) -> None:
+    """What the pool does to a connection it hands out, for one a caller keeps out of the
+    pool: one the server closed (a restart, a timeout, a failover), or with data left unread,
+    is dropped, to reconnect on its send."""
     try:
         if conn.can_read():
             conn.disconnect()

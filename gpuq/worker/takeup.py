@@ -26,7 +26,7 @@ import redis
 from gpuq.errors import GpuqError, StaleLease, TaskNotFound
 from gpuq.functions import missing
 from gpuq.scripts import Call, Calls, Scripts
-from gpuq.wire import pack, read_replies
+from gpuq.wire import check, pack, read_replies
 from gpuq.worker.observer import Observer
 from gpuq.worker.presence import Presence
 from gpuq.worker.running import Running
@@ -74,6 +74,7 @@ class TakeUps:
         call = self.calls.began(running.task_id, running.token, warm=True)
         try:
             conn = self._idle.pop()
+            check(conn)  # closed while idle (a restart, a failover): began would be lost on it
         except IndexError:
             conn = self.scripts.client.connection_pool.get_connection()
         try:

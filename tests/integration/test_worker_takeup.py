@@ -163,3 +163,36 @@ def unsent(queue: Queue, worker: Worker, held: Held, monkeypatch: pytest.MonkeyP
     pool.release(conn)
     assert queue.record(tid).state is State.SUCCEEDED
     assert queue.redis.hget(queue.keys.stats, "sla_met:P0") == "1"
+
+
+def began_at(queue: Queue, tid: str) -> str | None:
+    """The task's began_at once set, waited for up to WAIT_S (None: began never ran)."""
+    for _ in range(WAIT_S * 20):
+        if at := queue.redis.hget(queue.keys.task(tid), "began_at"):
+            return str(at)
+        threading.Event().wait(0.05)
+    return None
+
+
+def test_a_warm_hand_over_after_its_kept_connection_was_closed_is_taken_up(real_queue: Queue) -> None:
+    """The take-up's idle connection was closed by the server (a restart, a failover's
+    CLIENT KILL) since its last hand-over: the next one's began still runs, so its SLA is
+    counted and it is not taken back (run twice) at its pickup deadline."""
+    with warm(real_queue) as (worker, held):
+        tid, fields = hand_over(real_queue, worker)
+        held.go.set()
+        run(worker, fields)[0].join(WAIT_S)
+        assert real_queue.record(tid).state is State.SUCCEEDED
+        assert worker.executor.takeups._idle, "the take-up kept its connection"
+        assert worker.claim() == 0.0  # idle again
+        real_queue.redis.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        held.go.clear()
+        tid, fields = hand_over(real_queue, worker)
+        thread, _ = run(worker, fields)
+        assert held.started.wait(WAIT_S)
+        assert began_at(real_queue, tid), "began was lost"
+        assert real_queue.redis.zscore(real_queue.keys.handed, tid) is None
+        held.go.set()
+        thread.join(WAIT_S)
+    assert real_queue.redis.hget(real_queue.keys.stats, "sla_met:P0") == "2"
+
