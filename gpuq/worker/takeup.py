@@ -110,10 +110,12 @@ class TakeUps:
         try:
             conn.send_packed_command(pack(conn, commands), check_health=False)
             began, *replies = read_replies(conn, 1 + len(commands))
-        except BaseException:
-            conn.disconnect()  # the settle calls go again (the runner's retry), began does not
+        except BaseException as exc:
+            conn.disconnect()
             self._idle.append(conn)
-            raise
+            if isinstance(exc, (redis.RedisError, OSError)):
+                self.answer(up, exc, ended=True)  # began goes again, ahead of the settle calls'
+            raise  # the settle calls go again (the runner's retry)
         self._idle.append(conn)
         self.answer(up, began, ended=True)
         return replies
@@ -138,6 +140,10 @@ class TakeUps:
         and its settle calls, fenced off, count it)."""
         task_id = up.running.task_id
         try:
+            if isinstance(reply, (redis.ConnectionError, redis.TimeoutError, OSError)):
+                # cut off unanswered (a restart, a failover, a kill): began may not have run;
+                # fenced and counted once, it goes again on one of the client's connections
+                reply = self.scripts.run_raw(up.call)
             if missing(reply):  # the server lost its scripts: load them, take it up again
                 self.scripts.load()
                 reply = self.scripts.run_raw(up.call)

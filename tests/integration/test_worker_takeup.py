@@ -20,6 +20,7 @@ from gpuq.task import State
 from gpuq.worker import batch
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.loop import Worker
+from gpuq.worker.takeup import TakeUp
 
 WAIT_S = 10  # a bound for what happens at once, never reached when it works
 # the paused test's: under the clients' socket timeout (5 s), past which a call waiting for
@@ -196,3 +197,50 @@ def test_a_warm_hand_over_after_its_kept_connection_was_closed_is_taken_up(real_
         thread.join(WAIT_S)
     assert real_queue.redis.hget(real_queue.keys.stats, "sla_met:P0") == "2"
 
+
+def test_a_warm_hand_over_whose_began_was_cut_off_unanswered_is_taken_up(real_queue: Queue) -> None:
+    """The take-up's connection is killed with began written and unanswered (held by the
+    server's paused writes, so it never ran): began goes again, on a connection of the
+    client's, so the hand-over is taken up and its SLA counted."""
+    with warm(real_queue) as (worker, held):
+        tid, fields = hand_over(real_queue, worker)
+        real_queue.redis.execute_command("CLIENT", "PAUSE", str(WAIT_S * 2000), "WRITE")
+        try:
+            thread, _ = run(worker, fields)
+            assert held.started.wait(WAIT_S)
+            real_queue.redis.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        finally:
+            real_queue.redis.execute_command("CLIENT", "UNPAUSE")
+        assert began_at(real_queue, tid), "began was lost"
+        assert real_queue.redis.zscore(real_queue.keys.handed, tid) is None
+        held.go.set()
+        thread.join(WAIT_S)
+    assert real_queue.redis.hget(real_queue.keys.stats, "sla_met:P0") == "1"
+
+
+def test_a_warm_hand_over_cut_off_before_its_ack_is_read_is_taken_up(real_queue: Queue) -> None:
+    """The runner reads began's reply with its ack (the take-up thread busy elsewhere) and
+    the connection is killed first, began unrun (the server's writes paused): began goes
+    again ahead of the ack's retry, so the SLA is counted."""
+    with warm(real_queue) as (worker, held):
+        takeups = worker.executor.takeups
+        busy = TakeUp(None, worker.calls.began("x", 1), {}, None)  # type: ignore[arg-type]
+        busy.lock.acquire()  # the take-up thread waits on it: the runner reads began's reply
+        takeups._queue.put(busy)
+        tid, fields = hand_over(real_queue, worker)
+        claimed = worker.handed(fields)
+        assert claimed is not None
+        real_queue.redis.execute_command("CLIENT", "PAUSE", str(WAIT_S * 2000), "WRITE")
+        try:
+            held.go.set()
+            pending = batch.execute(worker.executor, claimed, handed=True)
+            real_queue.redis.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        finally:
+            real_queue.redis.execute_command("CLIENT", "UNPAUSE")
+        with pytest.raises(redis.ConnectionError):
+            worker.settle(pending)
+        assert real_queue.redis.hget(real_queue.keys.stats, "sla_met:P0") == "1"
+        worker.settle(pending)  # the runner's retry
+        busy.answered = True
+        busy.lock.release()
+    assert real_queue.record(tid).state is State.SUCCEEDED
