@@ -122,7 +122,9 @@ def test_a_warm_hand_over_taken_back_before_began_runs_as_a_lost_run(queue: Queu
 
 def taken_back(queue: Queue, worker: Worker, held: Held) -> None:
     tid, fields = hand_over(queue, worker)
-    now_ms = int(queue.redis.time()[0]) * 1000 + 1000  # past the P0 pickup deadline (100 ms)
+    secs, micros = queue.redis.time()
+    # past the P0 pickup deadline (100 ms); the whole second alone was not, from x.9 s on
+    now_ms = int(secs) * 1000 + int(micros) // 1000 + 1000
     reap(queue, now_ms=now_ms)
     assert queue.record(tid).state is State.QUEUED
     thread, pending = run(worker, fields)
