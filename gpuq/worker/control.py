@@ -30,7 +30,8 @@ past ``stop_s`` more the worker exits with EXIT_STUCK, as for any handler that w
 
 A handler call still running past its ``timeout_s`` (gpuq.app) fails its task, retryable
 ("ran past its 30 s timeout"), and its run is then lost like any other: the same grace, stop
-and stuck exit.
+and stuck exit. One that returns past it before that fail went out (Redis away, the worker
+frozen) is failed by its runner instead of acked (Running.timed_out).
 """
 
 from __future__ import annotations

@@ -235,6 +235,9 @@ class Executor:
                             task_id, self.id)
                 self.moot(running)
                 return None
+            if late := running.timed_out():
+                log.warning("task.timed_out task=%s worker=%s: %s", task_id, self.id, late)
+                return self.calls.fail(task_id, token, late)
             ack = self.calls.ack(task_id, token, encode(result))
             self.unacked[(task_id, ack.args[1])] = (fields["handler"], fields["model"], ran_s)
             return ack

@@ -65,6 +65,14 @@ class Running:
             self.in_handler = False
             self.aio = None
 
+    def timed_out(self) -> str | None:
+        """The error of a handler call that returned past its ``timeout_s`` while control's
+        fail of it was not sent (Redis away, the worker frozen): it fails as that would
+        have; None when it returned in time (or control failed it: ``run_deadline`` gone)."""
+        if self.run_deadline is None or time.monotonic() < self.run_deadline:
+            return None
+        return f"ran past its {self.timeout_s:g} s timeout"
+
     def interrupt(self) -> bool:
         """Stop the handler, only while it is inside it (the guard keeps the stop out of the
         worker's own code). A blocking handler gets StopTask raised in its thread, at its

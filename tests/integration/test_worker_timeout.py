@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import pytest
 from procs import Proc, Procs, wait_for
 
-from gpuq import Queue, State
+from gpuq import Config, Queue, State, worker_record
+from gpuq.app import App, Context
+from gpuq.worker import batch
 from gpuq.worker.control import EXIT_STUCK
+from gpuq.worker.gpu import GpuInfo
+from gpuq.worker.loop import Worker
 
 pytestmark = pytest.mark.slow
 TIMEOUT_APP = "tests.timeout_app:app"
@@ -48,3 +55,30 @@ def test_a_busy_handler_that_will_not_stop_makes_the_worker_exit_with_its_stuck_
     record = procs.record(hung.id)
     assert (record.state, record.error) == (State.FAILED, "ran past its 1 s timeout")
     wait_for(lambda: not procs.registered("w1"), 5, message="the stuck worker to have left")
+
+
+def test_a_handler_that_returns_past_its_timeout_unenforced_fails_its_task(queue: Queue) -> None:
+    """Regression: control's fail of a call past its bound did not go out (Redis away, the
+    worker frozen) and the handler then returned: its ack went out and the task succeeded
+    from a call past its timeout_s (a soak's timeout_always task, across a Redis restart).
+    Now a call that returns past its bound fails as control would have failed it. Here no
+    control runs: the worker is built in-process, and the test plays its runner."""
+    app = App("late")
+    app.any_model()(lambda name: name)
+
+    @app.handler("late", timeout_s=0.05)
+    def handler(model: Any, payload: Any, ctx: Context) -> str:
+        time.sleep(0.2)
+        return "too late"
+
+    config = Config(pool=queue.config.pool, prefix=queue.config.prefix)
+    worker = Worker(queue.redis, config, app, GpuInfo("L4", "u1", 24, None, "declared"), worker_id="w1")
+    worker.presence.register(worker_record.identity("w1", worker.gpu, 5.0, 1, "0123", "h", 1, None), 30_000)
+    task = queue.enqueue("late", model="m", vram_gb=4, max_attempts=1)
+    claimed = worker.claim()
+    assert isinstance(claimed, tuple)
+    ends = batch.execute(worker.executor, claimed[0])
+    assert [c.script for c in ends] == ["fail"]
+    worker.settle(ends)
+    record = queue.record(task.id)
+    assert (record.state, record.error) == (State.FAILED, "ran past its 0.05 s timeout")
