@@ -5,9 +5,12 @@ It starts its own Redis (append-only file, ``appendfsync always`` unless told ot
 free port, 2 reapers and 6 worker processes (workers.chaos:app; mixed VRAM and concurrency),
 and enqueues tasks of mixed priorities, models, durations and kinds (some yield and resume from
 a checkpoint, some fail and retry, some are canceled, some carry deadlines) from a sync, an
-asyncio and a bulk producer. Meanwhile it SIGKILLs workers and the active reaper (replacements
-start), SIGSTOPs workers past their lease and continues them, and restarts Redis (kill -9 and
-clean shutdowns, same port and file). Then it drains, checks every task and prints a table.
+asyncio and a bulk producer; some run a handler with a ``timeout_s`` past it. Meanwhile it
+SIGKILLs workers and the active reaper (replacements start), SIGSTOPs workers past their lease
+(busy ones, and idle ones so hand-overs land on a frozen worker) and continues them, kills the
+clients' connections (CLIENT KILL) while a hand-over is in flight, and restarts Redis (kill -9
+and clean shutdowns, same port and file; each once a hand-over is in flight, if one comes).
+Then it drains, checks every task and prints a table.
 
     python scripts/chaos.py                      # 10,000 tasks (under 30 minutes)
     python scripts/chaos.py --quick              # about 1,000 tasks (under 3 minutes; CI)
@@ -59,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
                            redis_restarts=max(2, round(base.redis_restarts * k)),
                            reaper_kills=max(1, round(base.reaper_kills * k)),
                            worker_kills=max(1, round(base.worker_kills * k)),
-                           worker_stops=max(1, round(base.worker_stops * k)))
+                           worker_stops=max(1, round(base.worker_stops * k)),
+                           idle_stops=max(1, round(base.idle_stops * k)),
+                           conn_kills=max(1, round(base.conn_kills * k)))
     if args.max_minutes:
         settings = replace(settings, max_minutes=args.max_minutes)
     # SIGTERM as Ctrl-C (also when started in the background, which ignores SIGINT): the

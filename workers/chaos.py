@@ -15,6 +15,9 @@ threads and processes never interleave within a line.
 Payload: ``{"kind": k, "s": seconds}`` with k one of ``run`` (works ``s`` seconds, yielding
 with a checkpoint when asked), ``yield_once`` (yields itself halfway through its first run and
 resumes from the checkpoint), ``fail_once`` (raises on its first attempt), ``fail_always``.
+Handler ``chaos.timed`` has a ``timeout_s`` of ``TIMEOUT_S``: kind ``timeout_once`` works ``s``
+seconds (past it) on its first attempt, heeding no stop (it is failed, then stopped past the
+grace or its result discarded), and briefly after; ``timeout_always`` works ``s`` every time.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from gpuq.app import App, Context, Yielded
 
 # name -> (VRAM footprint GB, load seconds)
 MODELS = {"m-small": (4.0, 0.05), "m-mid": (10.0, 0.1), "m-large": (18.0, 0.2), "m-xl": (30.0, 0.3)}
+TIMEOUT_S = 0.5  # chaos.timed's bound; its timeout kinds work at least twice as long
 
 app = App("chaos")
 _log_fd: int | None = None
@@ -68,17 +72,23 @@ for _name, (_vram, _load) in MODELS.items():
     _register(_name, _vram, _load)
 
 
-def work(ctx: Context, seconds: float, done_before: float) -> float:
+def work(ctx: Context, seconds: float, done_before: float, heed: bool = True) -> float:
     """Work until ``seconds`` are done in all (counting ``done_before``); give way with a
-    checkpoint when asked to yield; stop early once the lease is lost. Returns seconds done."""
+    checkpoint when asked to yield; stop early once the lease is lost (unless ``heed`` is
+    False: a handler that must be stopped). Returns seconds done."""
     started = time.monotonic()
     while True:
         done = done_before + time.monotonic() - started
-        if done >= seconds or ctx.should_stop():
+        if done >= seconds or (heed and ctx.should_stop()):
             return done
         if ctx.should_yield():
             ctx.yield_now({"done_s": round(done, 4)})
         time.sleep(min(seconds - done, 0.02))
+
+
+@app.handler("chaos.timed", timeout_s=TIMEOUT_S)
+def timed(model: ChaosModel, payload: Any, ctx: Context) -> dict[str, Any]:
+    return run(model, payload, ctx)
 
 
 @app.handler("chaos.run")
@@ -97,7 +107,10 @@ def run(model: ChaosModel, payload: Any, ctx: Context) -> dict[str, Any]:
         if kind == "fail_always" or (kind == "fail_once" and ctx.attempt == 1):
             work(ctx, seconds / 2, 0.0)
             raise RuntimeError(f"chaos: {kind} on attempt {ctx.attempt}")
-        work(ctx, seconds, done_before)
+        if kind == "timeout_always" or (kind == "timeout_once" and ctx.attempt == 1):
+            work(ctx, seconds, 0.0, heed=False)
+        else:
+            work(ctx, 0.1 if kind == "timeout_once" else seconds, done_before)
         end = "ok"
         return {"run": run_id, "worker": ctx.worker_id, "attempt": ctx.attempt,
                 "model": model.name, "resumed_from_s": done_before}

@@ -58,6 +58,10 @@ class Snapshot:
     footprints: dict[str, float] = field(default_factory=dict)  # model -> GB
     leftovers: dict[str, int] = field(default_factory=dict)
     stuck_seen: set[str] = field(default_factory=set)  # noted stuck during the run (chaos.stuck)
+    # task -> its warm hand-overs taken back with their handler started (the attempt given back)
+    taken_back: Counter[str] = field(default_factory=Counter)
+    sla_counted: int = 0  # the pool's stats: sla_met + sla_missed over every priority
+    sla_unreported: set[str] = field(default_factory=set)  # began's call failed (logged)
     # task id -> what a cancel of it answered: the state it found ("queued", "running"...),
     # "already <state>" (it had ended), or "unknown" (the call failed: applied or not)
     cancels: dict[str, str] = field(default_factory=dict)
@@ -137,13 +141,16 @@ def unexplained_results(s: Snapshot) -> list[str]:
 
 def runs_beyond_claims(s: Snapshot) -> list[str]:
     """Tasks whose handler started more often than they were claimed: each claim counts an
-    attempt, and a yield (or a stop) gives its attempt back while counting a preemption, so
-    starts can never exceed attempt + preemptions unless a run had no claim of its own."""
+    attempt, and a yield (or a stop) gives its attempt back while counting a preemption, and
+    a warm hand-over taken back before its began arrived (its handler started, the run lost)
+    gives it back too, so starts can never exceed attempt + preemptions + those unless a run
+    had no claim of its own."""
     starts = Counter(r.task for r in s.runs)
     out = []
     for task_id, n in starts.items():
         f = s.tasks.get(task_id)
-        if f and n > int(f.get("attempt") or 0) + int(f.get("preemptions") or 0):
+        given_back = int(f.get("preemptions") or 0) + s.taken_back[task_id] if f else 0
+        if f and n > int(f.get("attempt") or 0) + given_back:
             out.append(task_id)
     return sorted(out)
 
@@ -181,8 +188,11 @@ def ending_fault(fields: dict[str, str], cancel: str | None) -> str:
         return "canceled, never asked to be"
     if state == "expired" and not fields.get("deadline"):
         return "expired without a deadline"
-    if state == "succeeded" and _kind(fields) == "fail_always":
+    if state == "succeeded" and _kind(fields) in ("fail_always", "timeout_always"):
         return "succeeded, though every attempt fails"
+    if fields.get("attempt") and fields.get("max_attempts"):
+        if int(fields["attempt"]) > int(fields["max_attempts"]):
+            return f"ran {fields['attempt']} attempts of {fields['max_attempts']}"
     if state == "failed" and fields.get("attempt") and fields.get("max_attempts"):
         if int(fields["attempt"]) < int(fields["max_attempts"]):
             return f"failed after {fields['attempt']} of {fields['max_attempts']} attempts"
@@ -200,6 +210,20 @@ def wrong_endings(s: Snapshot) -> dict[str, str]:
         if why:
             out[task_id] = why
     return out
+
+
+def sla_off(s: Snapshot) -> int:
+    """The pool's SLA counts less the acknowledged tasks decided (``began_at``, written with
+    the count): a task counted twice, or counted without being marked, shows here."""
+    return s.sla_counted - sum(1 for t in s.acked if (s.tasks.get(t) or {}).get("began_at"))
+
+
+def started_uncounted(s: Snapshot) -> list[str]:
+    """Tasks whose handler started (a run logged) and whose SLA was never decided, but for a
+    began whose call failed with Redis away (logged ``sla.unreported``: uncounted by design)."""
+    started = {r.task for r in s.runs}
+    return sorted(t for t in started if t in s.acked and s.tasks.get(t)
+                  and not s.tasks[t].get("began_at") and t not in s.sla_unreported)
 
 
 def _idle(worker: dict[str, str]) -> bool:
@@ -262,6 +286,8 @@ def check(s: Snapshot) -> dict[str, Any]:
         "results_without_run": len(orphan_results(s)),
         "runs_beyond_claims": len(runs_beyond_claims(s)),
         "wrong_endings": len(wrong),
+        "sla_counts_off": sla_off(s),
+        "started_sla_uncounted": len(started_uncounted(s)),
         "stuck_queued_with_idle_fit": len(stuck_queued(s)),
         "vram_drift_workers": len(drift),
         "vram_drift_max_gb": max(drift.values(), default=0.0),
@@ -269,5 +295,6 @@ def check(s: Snapshot) -> dict[str, Any]:
         "examples": {"lost": lost_enqueues(s)[:5], "twice": dict(list(twice.items())[:5]),
                      "beyond_claims": runs_beyond_claims(s)[:5],
                      "wrong_endings": dict(list(wrong.items())[:5]),
+                     "sla_uncounted": started_uncounted(s)[:5],
                      "drift": drift, "leftovers": {k: v for k, v in s.leftovers.items() if v}},
     }

@@ -16,9 +16,14 @@ from .checker import Snapshot, parse_runs
 
 CHUNK = 500
 REJECTED = re.compile(r"lease\.lost task=(\S+) worker=(\S+): result discarded")
+# a handler call that returned past its timeout_s, failed by its runner: its result not sent
+LATE = re.compile(r"task\.timed_out task=(\S+) worker=(\S+): ran past")
 # an ack never sent (Redis down at shutdown) or refused other than as stale (task gone, result
 # refused): no result written
 ACK_FAILED = re.compile(r"task\.(?:ack|settle)_failed task=(\S+)")
+# a warm hand-over's began found it taken back: its handler had started (the attempt given back)
+TAKEN_BACK = re.compile(r"gpuq\.worker\.takeup lease\.lost task=(\S+) worker=\S+: taken back")
+UNREPORTED = re.compile(r"sla\.unreported task=(\S+)")  # began's call failed: SLA uncounted
 
 
 def read_tasks(client: redis.Redis, keys: Keys, snap: Snapshot) -> None:
@@ -42,8 +47,16 @@ def read_logs(run_dir: Path, snap: Snapshot) -> None:
     snap.runs = parse_runs(lines)
     for path in sorted((run_dir / "logs").glob("w*.log")):
         text = path.read_text(errors="replace")
-        snap.rejected.update(Counter(REJECTED.findall(text)))
+        snap.rejected.update(Counter(REJECTED.findall(text) + LATE.findall(text)))
         snap.ack_failed |= {(t, path.stem) for t in ACK_FAILED.findall(text)}
+        snap.sla_unreported |= set(UNREPORTED.findall(text))
+        snap.taken_back.update(TAKEN_BACK.findall(text))
+
+
+def read_sla(client: redis.Redis, keys: Keys, snap: Snapshot) -> None:
+    stats = client.hgetall(keys.stats)
+    snap.sla_counted = sum(int(v) for k, v in stats.items()
+                           if str(k).startswith(("sla_met:P", "sla_missed:P")) and str(k).count(":") == 1)
 
 
 def read_workers(client: redis.Redis, keys: Keys, snap: Snapshot) -> None:
@@ -101,9 +114,12 @@ def summary_states(snap: Snapshot) -> dict[str, int]:
 
 def dump(snap: Snapshot, path: Path) -> None:
     """The snapshot as JSON, kept with a failed run's logs for a post-mortem."""
-    data = {k: v for k, v in snap.__dict__.items() if k not in ("runs", "rejected", "ack_failed", "killed")}
+    data = {k: v for k, v in snap.__dict__.items() if k not in ("runs", "rejected", "ack_failed", "killed",
+                                                       "sla_unreported", "taken_back")}
     data["runs"] = [r.__dict__ for r in snap.runs]
     data["rejected"] = [[t, w, n] for (t, w), n in snap.rejected.items()]
     data["ack_failed"] = sorted(snap.ack_failed)
     data["killed"] = sorted(snap.killed)
+    data["sla_unreported"] = sorted(snap.sla_unreported)
+    data["taken_back"] = dict(snap.taken_back)
     path.write_text(json.dumps(data, default=str))

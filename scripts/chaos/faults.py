@@ -1,10 +1,15 @@
 """The fault injector: a seeded plan of faults at random times, run one after another.
 
 Faults: SIGKILL a worker (a replacement starts), SIGKILL the active reaper (a replacement
-starts), SIGSTOP a worker past its lease and SIGCONT it later, restart Redis (kill -9 or a
-clean shutdown; same port, same append-only file). After each Redis restart the injector
-measures the recovery: the time from the server answering again until every live worker has
-heartbeat and a reaper holds the lock again, both by writes made after the restart.
+starts), SIGSTOP a worker past its lease and SIGCONT it later (any worker, or one idle in the
+pool, so enqueue hands tasks over to a frozen worker), kill every client connection (CLIENT
+KILL TYPE normal: workers' take-up connections among them) once a hand-over is in flight,
+restart Redis (kill -9 or a clean shutdown; same port, same append-only file) once a
+hand-over is in flight. A fault that waits for a hand-over waits ``HANDED_WAIT_S`` at most
+and then strikes all the same; each notes the hand-overs in flight when it struck. After
+each Redis restart the injector measures the recovery: the time from the server answering
+again until every live worker has heartbeat and a reaper holds the lock again, both by
+writes made after the restart.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from .cluster import Cluster
 from .settings import Settings
 
 RECOVERY_LIMIT_S = 60.0
+HANDED_WAIT_S = 3.0
 
 
 @dataclass
@@ -34,6 +40,9 @@ class Faults:
     worker_kills: int = 0
     reaper_kills: int = 0
     worker_stops: int = 0
+    idle_stops: int = 0
+    conn_kills: int = 0
+    with_handed: int = 0  # faults struck while a hand-over was in flight
     redis_restarts: int = 0
     redis_kills: int = 0
     redis_crashes: int = 0  # kills with the last second of the file lost (everysec)
@@ -57,7 +66,8 @@ def plan(settings: Settings, window_s: float) -> list[tuple[float, str]]:
         lo, hi = window_s * (0.1 + 0.8 * i / n), window_s * (0.1 + 0.8 * (i + 1) / n)
         out.append((rng.uniform(lo, hi - 0.1 * (hi - lo)), "redis_kill" if i % 2 == 0 else "redis_term"))
     for kind, count in (("reaper_kill", settings.reaper_kills), ("worker_kill", settings.worker_kills),
-                        ("worker_stop", settings.worker_stops)):
+                        ("worker_stop", settings.worker_stops), ("idle_stop", settings.idle_stops),
+                        ("conn_kill", settings.conn_kills)):
         out += [(rng.uniform(0.05, 0.9) * window_s, kind) for _ in range(count)]
     return sorted(out)
 
@@ -102,9 +112,27 @@ class Injector:
 
     def worker_stop(self) -> None:
         victims = self._workers()
-        if not victims:
-            return
-        proc = self.rng.choice(victims)
+        if victims:
+            self._freeze(self.rng.choice(victims), "worker_stop")
+
+    def idle_stop(self) -> None:
+        """Freeze a worker idle in the pool (concurrency 1 first: enqueue hands tasks over
+        only to those), so tasks are handed over to it frozen; waits HANDED_WAIT_S at most
+        for one to be idle."""
+        stop_at = time.monotonic() + HANDED_WAIT_S
+        while time.monotonic() < stop_at:
+            try:
+                idle = {str(n) for n in self.probe.zrange(self.keys.idle, 0, -1)}
+            except redis.RedisError:
+                idle = set()
+            victims = [p for p in self._workers() if p.name in idle]
+            single = [p for p in victims if p.spec is not None and p.spec.concurrency == 1]
+            if single or victims:
+                self._freeze(self.rng.choice(single or victims), "idle_stop")
+                return
+            time.sleep(0.01)
+
+    def _freeze(self, proc: Any, kind: str) -> None:
         pause = self.settings.lease_s + self.rng.uniform(0.5, 2.0)
         proc.stopped = True
         proc.signal(signal.SIGSTOP)
@@ -116,8 +144,36 @@ class Injector:
         timer = threading.Timer(pause, resume)
         timer.start()
         self.timers.append(timer)
-        self.faults.worker_stops += 1
-        self.faults.note("worker_stop", target=proc.name, pid=proc.popen.pid, pause_s=round(pause, 2))
+        if kind == "idle_stop":
+            self.faults.idle_stops += 1
+        else:
+            self.faults.worker_stops += 1
+        self.faults.note(kind, target=proc.name, pid=proc.popen.pid, pause_s=round(pause, 2))
+
+    def handed(self, wait_s: float = HANDED_WAIT_S) -> int:
+        """Wait up to ``wait_s`` for a hand-over in flight (listed in ``handed``); how many."""
+        stop_at = time.monotonic() + wait_s
+        n = 0
+        while True:
+            try:
+                n = int(self.probe.zcard(self.keys.handed))
+            except redis.RedisError:
+                n = 0
+            if n or time.monotonic() >= stop_at:
+                self.faults.with_handed += n > 0
+                return n
+            time.sleep(0.005)
+
+    def conn_kill(self) -> None:
+        """Every client's connections closed by the server (the probe's own kept): workers'
+        blocked pops, take-up and heartbeat connections, producers', reapers'."""
+        handed = self.handed()
+        try:
+            killed = int(self.probe.execute_command("CLIENT", "KILL", "TYPE", "normal"))
+        except redis.RedisError:
+            return
+        self.faults.conn_kills += 1
+        self.faults.note("conn_kill", clients=killed, handed=handed)
 
     def reaper_kill(self) -> None:
         try:
@@ -144,6 +200,7 @@ class Injector:
 
     def _restart(self, how: str) -> None:
         server = self.cluster.server
+        handed = self.handed()
         down_at, down = time.time(), time.monotonic()
         cut = server.stop(how)
         time.sleep(self.rng.uniform(0.3, 1.5))  # down for a while: clients back off
@@ -158,7 +215,7 @@ class Injector:
         self.faults.aof_bytes_cut += cut
         self.faults.recoveries_s.append(recovery)
         self.faults.note(f"redis_{how}", down_at=down_at, down_s=round(up - down, 2),
-                         recovery_s=round(recovery, 2), aof_bytes_cut=cut)
+                         recovery_s=round(recovery, 2), aof_bytes_cut=cut, handed=handed)
 
     def recovered_after(self, up: float, up_ms: int) -> float:
         """Seconds from ``up`` until every live, running worker heartbeat and a reaper took or

@@ -13,8 +13,10 @@ class WorkerSpec:
 
 
 # mixed VRAM and concurrency; only the 48 and 80 GB cards fit the largest model's tasks
+# (enqueue hands a task over only to an idle worker of concurrency 1: two of them)
 WORKERS = (WorkerSpec(24, "L4", 1), WorkerSpec(24, "L4", 2), WorkerSpec(48, "L40S", 2),
-           WorkerSpec(48, "L40S", 3), WorkerSpec(80, "A100", 2), WorkerSpec(80, "H100", 4))
+           WorkerSpec(48, "L40S", 3), WorkerSpec(80, "A100", 2), WorkerSpec(80, "H100", 4),
+           WorkerSpec(48, "L40S", 1))
 
 # short leases and a fast reaper, so faults are seen and recovered from within seconds
 PROCESS_ENV = {
@@ -49,6 +51,8 @@ class Settings:
     reaper_kills: int = 8
     worker_kills: int = 30
     worker_stops: int = 20
+    idle_stops: int = 20  # an idle worker frozen, so hand-overs land on it
+    conn_kills: int = 10  # CLIENT KILL TYPE normal while a hand-over is in flight
     workers: tuple[WorkerSpec, ...] = WORKERS
     reapers: int = 2
     cancel_share: float = 0.05
@@ -69,4 +73,4 @@ class Settings:
 
 FULL = Settings()
 QUICK = Settings(tasks=1000, enqueue_s=60.0, drain_s=60.0, max_minutes=3.0, redis_restarts=2,
-                 reaper_kills=2, worker_kills=4, worker_stops=3)
+                 reaper_kills=2, worker_kills=4, worker_stops=3, idle_stops=3, conn_kills=3)

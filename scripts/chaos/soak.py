@@ -133,7 +133,8 @@ class Soak:
             return
         f = self.faults
         say(f"{time.monotonic() - self.started:5.0f} s: {len(self.ledger.acked)} acknowledged, {open_} "
-            f"not ended; kills {f.worker_kills}+{f.reaper_kills}, stops {f.worker_stops}, "
+            f"not ended; kills {f.worker_kills}+{f.reaper_kills}, stops {f.worker_stops}+{f.idle_stops}, "
+            f"conn kills {f.conn_kills}, "
             f"restarts {f.redis_restarts}")
 
     def drain(self, client: redis.Redis) -> None:
@@ -158,6 +159,7 @@ class Soak:
         collect.read_tasks(client, self.keys, snap)
         collect.read_logs(self.run_dir, snap)
         collect.read_workers(client, self.keys, snap)
+        collect.read_sla(client, self.keys, snap)
         live = {str(n) for n in client.zrange(self.keys.workers, 0, -1)}
         snap.leftovers = collect.leftovers(client, self.keys, live)
         observer.close()
@@ -181,6 +183,8 @@ class Soak:
         out: dict[str, Any] = {"seed": s.seed, "fsync": s.fsync, "tasks": len(led.acked),
                                "tasks_planned": s.tasks, "worker_kills": f.worker_kills,
                                "reaper_kills": f.reaper_kills, "worker_stops": f.worker_stops,
+                               "idle_stops": f.idle_stops, "conn_kills": f.conn_kills,
+                               "faults_with_handed": f.with_handed,
                                "redis_restarts": f.redis_restarts, "redis_kills": f.redis_kills,
                                "redis_crashes": f.redis_crashes, "aof_bytes_cut": f.aof_bytes_cut,
                                "acked_in_last_s_before_kills": self.at_risk(),

@@ -6,12 +6,15 @@ import random
 from typing import Any
 
 from gpuq.task import new_task_id
-from workers.chaos import MODELS
+from workers.chaos import MODELS, TIMEOUT_S
 
 PRIORITIES = ((0, 0.10), (1, 0.20), (2, 0.40), (3, 0.30))
 MODEL_SHARES = (("m-small", 0.40), ("m-mid", 0.30), ("m-large", 0.20), ("m-xl", 0.10))
-# run: plain work; yield_once: resumes from its own checkpoint; fail_once: retried once
-KINDS = (("run", 0.80), ("yield_once", 0.10), ("fail_once", 0.08), ("fail_always", 0.02))
+# run: plain work; yield_once: resumes from its own checkpoint; fail_once: retried once;
+# timeout_*: past chaos.timed's timeout_s (the first attempt, or every one)
+KINDS = (("run", 0.76), ("yield_once", 0.10), ("fail_once", 0.08), ("fail_always", 0.02),
+         ("timeout_once", 0.03), ("timeout_always", 0.01))
+TIMED = ("timeout_once", "timeout_always")
 PRODUCERS = (("sync", 0.40), ("async", 0.30), ("bulk", 0.30))
 
 
@@ -32,9 +35,11 @@ def duration(rng: random.Random) -> float:
 
 def task(rng: random.Random) -> dict[str, Any]:
     model = pick(rng, MODEL_SHARES)
-    seconds = duration(rng)
+    kind = pick(rng, KINDS)
+    seconds = round(rng.uniform(2, 7) * TIMEOUT_S, 3) if kind in TIMED else duration(rng)
     out: dict[str, Any] = {
-        "handler": "chaos.run", "payload": {"kind": pick(rng, KINDS), "s": seconds},
+        "handler": "chaos.timed" if kind in TIMED else "chaos.run",
+        "payload": {"kind": kind, "s": seconds},
         "model": model, "vram_gb": MODELS[model][0] + round(rng.uniform(0, 2), 1),
         "priority": pick(rng, PRIORITIES), "est_s": seconds, "max_attempts": 6,
         "task_id": new_task_id(),

@@ -1,6 +1,6 @@
 """The chaos soak's checker on fabricated snapshots: it passes a sound run and fails each
 invariant when the data shows it broken (a lost task, a double write seen by each witness,
-a stuck task, ledger drift, leftover keys)."""
+a stuck task, ledger drift, leftover keys, attempts past the bound, SLA counts off)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ IDLE_WORKER = {"id": "w1", "state": "idle", "running": "0", "vram_total_gb": "48
 
 def succeeded(run: str, attempt: int = 1) -> dict[str, str]:
     return {"state": "succeeded", "result": json.dumps({"run": run}), "vram_gb": "4", "priority": "2",
-            "attempt": str(attempt)}
+            "attempt": str(attempt), "began_at": "1000"}
 
 
 def sound() -> Snapshot:
@@ -36,7 +36,7 @@ def sound() -> Snapshot:
               Run("t2", 2, "w2", "r3", "ok")],
         rejected=Counter({("t2", "w1"): 1}),
         workers=[IDLE_WORKER], idle_scores={"w1": 43.0}, footprints={"m-small": 4.0},
-        leftovers={"running": 0, "leases": 0})
+        leftovers={"running": 0, "leases": 0}, sla_counted=2)
 
 
 def test_a_sound_run_passes() -> None:
@@ -175,6 +175,10 @@ def chaos_task(state: str, kind: str = "run", **more: str) -> dict[str, str]:
     (chaos_task("failed", "run", attempt="6"), None, False),  # attempts spent on lost leases
     (chaos_task("failed", "fail_once", attempt="1"), None, True),  # a retryable failure, not retried
     (chaos_task("succeeded", "fail_always", attempt="6"), None, True),
+    (chaos_task("succeeded", "timeout_always", attempt="6"), None, True),
+    (chaos_task("failed", "timeout_always", attempt="6"), None, False),
+    (chaos_task("succeeded", "timeout_once", attempt="2"), None, False),
+    (chaos_task("failed", "run", attempt="7"), None, True),  # past max_attempts
 ])
 def test_a_task_that_ended_other_than_it_should_fails(fields: dict[str, str], cancel: str | None,
                                                        wrong: bool) -> None:
@@ -187,3 +191,26 @@ def test_a_task_that_ended_other_than_it_should_fails(fields: dict[str, str], ca
     assert figures["wrong_endings"] == int(wrong)
     if wrong:
         assert not invariants_ok(figures)
+
+
+def test_sla_counted_twice_or_not_at_all_fails() -> None:
+    snap = sound()
+    snap.sla_counted = 3  # one task counted twice
+    assert check(snap)["sla_counts_off"] == 1
+    snap = sound()
+    del snap.tasks["t1"]["began_at"]  # its handler ran (r1), its SLA never decided
+    snap.sla_counted = 1
+    figures = check(snap)
+    assert (figures["sla_counts_off"], figures["started_sla_uncounted"]) == (0, 1)
+    assert not invariants_ok(figures)
+    snap.sla_unreported = {"t1"}  # its began failed with Redis away: uncounted by design
+    assert check(snap)["started_sla_uncounted"] == 0
+
+
+def test_a_warm_hand_over_taken_back_after_its_handler_started_is_no_run_beyond_claims() -> None:
+    snap = sound()
+    snap.runs.append(Run("t1", 1, "w2", "r9", "ok", lost=True))  # attempt 1 again, on w2
+    snap.rejected[("t1", "w2")] += 1  # its result discarded
+    assert check(snap)["runs_beyond_claims"] == 1
+    snap.taken_back["t1"] += 1  # w2's began found the hand-over taken back
+    assert check(snap)["runs_beyond_claims"] == 0
