@@ -266,6 +266,10 @@ def results_of(ex: Executor, spec: HandlerSpec, items: list[Claimed], results: A
             log.warning("lease.lost task=%s worker=%s: result discarded (its run was stopped)",
                         r.task_id, ex.id)
             continue
+        if late := r.timed_out():  # past its timeout_s, control's fail unsent (Executor.execute)
+            log.warning("task.timed_out task=%s worker=%s: %s", r.task_id, ex.id, late)
+            calls.append(ex.calls.fail(r.task_id, r.token, late))
+            continue
         if isinstance(result, BaseException):  # the handler failed this task alone
             message, retry = failure(result)
             log.info("task.failed task=%s worker=%s retryable=%s error=%s", r.task_id, ex.id, retry,

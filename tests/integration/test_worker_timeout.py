@@ -57,7 +57,9 @@ def test_a_busy_handler_that_will_not_stop_makes_the_worker_exit_with_its_stuck_
     wait_for(lambda: not procs.registered("w1"), 5, message="the stuck worker to have left")
 
 
-def test_a_handler_that_returns_past_its_timeout_unenforced_fails_its_task(queue: Queue) -> None:
+@pytest.mark.parametrize("batched", [False, True], ids=["single", "batch"])
+def test_a_handler_that_returns_past_its_timeout_unenforced_fails_its_task(queue: Queue,
+                                                                          batched: bool) -> None:
     """Regression: control's fail of a call past its bound did not go out (Redis away, the
     worker frozen) and the handler then returned: its ack went out and the task succeeded
     from a call past its timeout_s (a soak's timeout_always task, across a Redis restart).
@@ -66,10 +68,16 @@ def test_a_handler_that_returns_past_its_timeout_unenforced_fails_its_task(queue
     app = App("late")
     app.any_model()(lambda name: name)
 
-    @app.handler("late", timeout_s=0.05)
-    def handler(model: Any, payload: Any, ctx: Context) -> str:
-        time.sleep(0.2)
-        return "too late"
+    if batched:  # regression too: a batch call that returned past its bound was acked
+        @app.handler("late", timeout_s=0.05, batch=4)
+        def batch_handler(model: Any, payloads: list[Any], ctx: Context) -> list[str]:
+            time.sleep(0.2)
+            return ["too late"] * len(payloads)
+    else:
+        @app.handler("late", timeout_s=0.05)
+        def handler(model: Any, payload: Any, ctx: Context) -> str:
+            time.sleep(0.2)
+            return "too late"
 
     config = Config(pool=queue.config.pool, prefix=queue.config.prefix)
     worker = Worker(queue.redis, config, app, GpuInfo("L4", "u1", 24, None, "declared"), worker_id="w1")
