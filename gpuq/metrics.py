@@ -66,8 +66,8 @@ from prometheus_client.registry import Collector
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0,
                    30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 PHASES = ("queue", "load", "run")
-WORKER_OUTCOMES = ("succeeded", "failed", "retried", "yielded", "stopped", "lost")
-
+# gpuq_worker_tasks_total's outcomes (the table above; gpuq.worker.executor counts them)
+WORKER_OUTCOMES = ("succeeded", "failed", "retried", "passed", "yielded", "stopped", "lost")
 
 
 class WorkerMetrics:

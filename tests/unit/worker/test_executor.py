@@ -4,16 +4,18 @@ worker built over fakeredis without starting it: the call it returns is what the
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import fakeredis
 import pytest
 import redis
 
-from gpuq import Config, Queue
+from gpuq import Config, Queue, metrics
 from gpuq.app import App, Context
 from gpuq.errors import TaskError
 from gpuq.task import MAX_RESULT_BYTES
+from gpuq.worker import executor
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.loop import Worker
 from gpuq.worker.models import Reservation
@@ -212,3 +214,13 @@ def test_a_warm_hand_over_tells_began_no_load_came_first(monkeypatch: pytest.Mon
         running = Running("t1", 7, Context("t1", 1, "w", "m", 1.0, 1.0), 0.0, handed=True)
         assert ex.taken_up({"id": "t1"}, Reservation("m", 1.0, cold, ()), running)
     assert [args[3] for args in sent] == ["1", "1", "0"]
+
+
+def test_every_outcome_the_worker_counts_is_the_documented_set() -> None:
+    """Regression: metrics.WORKER_OUTCOMES, the outcomes of gpuq_worker_tasks_total, lacked
+    `passed`, which the worker counts for a task passed to the workers that run its handler."""
+    table = re.search(r"gpuq_worker_tasks_total \| counter \| [^|]*outcome \(([^)]*)\)",
+                      metrics.__doc__ or "")
+    assert table is not None and tuple(table[1].split(", ")) == metrics.WORKER_OUTCOMES
+    counted = {*executor.SETTLED.values(), *executor.FAILED.values(), "failed", "lost", "stopped"}
+    assert counted <= set(metrics.WORKER_OUTCOMES)
