@@ -35,7 +35,7 @@ from gpuq.errors import GpuqError, StaleLease, TaskError, TaskNotFound
 from gpuq.scripts import Call
 from gpuq.worker.broken import skipped
 from gpuq.worker.executor import Claimed, Executor
-from gpuq.worker.outcome import encode, failure, where
+from gpuq.worker.outcome import encode, failure, late, where
 from gpuq.worker.running import Running
 
 log = logging.getLogger(__name__)
@@ -266,9 +266,8 @@ def results_of(ex: Executor, spec: HandlerSpec, items: list[Claimed], results: A
             log.warning("lease.lost task=%s worker=%s: result discarded (its run was stopped)",
                         r.task_id, ex.id)
             continue
-        if late := r.timed_out():  # past its timeout_s, control's fail unsent (Executor.execute)
-            log.warning("task.timed_out task=%s worker=%s: %s", r.task_id, ex.id, late)
-            calls.append(ex.calls.fail(r.task_id, r.token, late))
+        if (fail := late(ex.calls, ex.id, r)) is not None:  # past its timeout_s (Executor.execute)
+            calls.append(fail)
             continue
         if isinstance(result, BaseException):  # the handler failed this task alone
             message, retry = failure(result)

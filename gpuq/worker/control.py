@@ -177,7 +177,7 @@ class Control:
         due = [r for r in timed if r.run_deadline is not None and now >= r.run_deadline]
         if due:  # a batch's tasks in one round trip (a Redis error: tried at the next watch)
             ex = self.executor
-            calls = [ex.calls.fail(r.task_id, r.token, f"ran past its {r.timeout_s:g} s timeout")
+            calls = [ex.calls.fail(r.task_id, r.token, r.timeout_error)
                      for r in due]
             for r, call, reply in zip(due, calls, ex.scripts.pipelined(calls)):
                 r.run_deadline = None

@@ -28,7 +28,7 @@ from gpuq.stream import Emitter
 from gpuq.worker.broken import Broken, skipped
 from gpuq.worker.models import ModelCache, Reservation
 from gpuq.worker.observer import Observer
-from gpuq.worker.outcome import encode, failure, where
+from gpuq.worker.outcome import encode, failure, late, where
 from gpuq.worker.passing import PASS_S, Elsewhere
 from gpuq.worker.presence import Presence
 from gpuq.worker.running import Running, RunningSet
@@ -235,9 +235,8 @@ class Executor:
                             task_id, self.id)
                 self.moot(running)
                 return None
-            if late := running.timed_out():
-                log.warning("task.timed_out task=%s worker=%s: %s", task_id, self.id, late)
-                return self.calls.fail(task_id, token, late)
+            if (fail := late(self.calls, self.id, running)) is not None:
+                return fail
             ack = self.calls.ack(task_id, token, encode(result))
             self.unacked[(task_id, ack.args[1])] = (fields["handler"], fields["model"], ran_s)
             return ack

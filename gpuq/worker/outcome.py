@@ -3,10 +3,15 @@ traceback its log line carries), a result as the ack sends it."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from gpuq.errors import TaskError
+from gpuq.scripts import Call, Calls
 from gpuq.task import JSON, MAX_RESULT_BYTES
+from gpuq.worker.running import Running
+
+log = logging.getLogger(__name__)
 
 
 def where(exc: BaseException) -> BaseException | None:
@@ -42,3 +47,13 @@ def encode(result: Any) -> str:
                         f"{MAX_RESULT_BYTES} allowed: store large outputs elsewhere and "
                         f"return a reference", False)
     return text
+
+
+def late(calls: Calls, worker_id: str, running: Running) -> Call[Any] | None:
+    """The fail of a handler call that returned past its ``timeout_s`` while control's fail
+    of it was not sent (Redis away, the worker frozen; Running.timed_out): it fails as that
+    would have, not acked. None when it returned in time."""
+    if (error := running.timed_out()) is None:
+        return None
+    log.warning("task.timed_out task=%s worker=%s: %s", running.task_id, worker_id, error)
+    return calls.fail(running.task_id, running.token, error)

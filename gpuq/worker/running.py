@@ -71,6 +71,11 @@ class Running:
         have; None when it returned in time (or control failed it: ``run_deadline`` gone)."""
         if self.run_deadline is None or time.monotonic() < self.run_deadline:
             return None
+        return self.timeout_error
+
+    @property
+    def timeout_error(self) -> str:
+        """Its task's error when its handler call ran past its ``timeout_s``."""
         return f"ran past its {self.timeout_s:g} s timeout"
 
     def interrupt(self) -> bool:
