@@ -82,11 +82,11 @@ class Broken:
         hand-over, a reservation) goes to another worker that runs its handler, unloaded;
         with none, the load is tried (only this worker could run the task)."""
         return (self.skipping(fields["model"])
-                and self.elsewhere.runs(fields["handler"], fields.get("priority", "")))
+                and self.elsewhere.runs_task(fields))
 
     def passes(self, exc: BaseException, fields: dict[str, str]) -> bool:
         """Whether a task whose model failed to load here is passed on, its attempt given
         back: at the first failure in a row (a later one spends it, so a model no worker
         loads still ends its tasks failed) while another live worker runs its handler."""
         return (isinstance(exc, ModelLoadFailed) and self.failures(exc.model) <= 1
-                and self.elsewhere.runs(fields["handler"], fields.get("priority", "")))
+                and self.elsewhere.runs_task(fields))

@@ -204,7 +204,7 @@ class Executor:
             if running.rejected:
                 handler = fields.get("handler", "")
                 if (not running.rejected.startswith(UNREADABLE) and handler not in self.app.handlers
-                        and self.elsewhere.runs(handler, fields.get("priority", ""))):
+                        and self.elsewhere.runs_task(fields)):
                     return self.pass_on(running, running.rejected, "another worker runs it")
                 raise TaskError(running.rejected, False)
             if res is None:

@@ -49,6 +49,11 @@ class Elsewhere:
             self._known[key] = (now, answer)
         return answer
 
+    def runs_task(self, fields: dict[str, str]) -> bool:
+        """Whether another live worker runs the handler of this task (its hash's fields) at
+        its priority."""
+        return self.runs(fields.get("handler", ""), fields.get("priority", ""))
+
     def _read(self, handler: str, priority: str) -> bool:
         client, keys, me = self.presence.redis, self.presence.keys, self.presence.worker_id
         pipe = client.pipeline(transaction=False)
