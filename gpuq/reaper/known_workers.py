@@ -1,11 +1,13 @@
 """The live workers a scale step plans from, their fields that do not change while a worker
-runs (GPU, levels, handlers) read once per worker start: a round reads each worker's state."""
+runs (GPU, levels, handlers) read once per worker start: a round reads each worker's state.
+``UntilRegistration`` keeps such fields for the other reaper steps (the preemption planner,
+the tenants' room) until any worker registers."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import redis
 
@@ -68,3 +70,28 @@ class KnownWorkers:
         else:  # no start to tell a restart by: read in full next round too
             self.kept.pop(wid, None)
         return record
+
+
+V = TypeVar("V")
+
+
+class UntilRegistration(Generic[V]):
+    """Values read from live workers' hashes that change only when a worker starts again:
+    kept per worker until the pool's ``registrations`` count moves (one may have started
+    again under its id, on another GPU or with another concurrency; registrations are rare),
+    and forgotten once a worker is no longer live (an id that comes back may be another GPU)."""
+
+    def __init__(self) -> None:
+        self.kept: dict[str, V] = {}
+        self._registrations: object = None  # the pool's count when ``kept`` was checked
+
+    def unknown(self, live: Sequence[str], registrations: object) -> list[str]:
+        """The live workers whose values the caller reads (and keeps): those not kept, every
+        one after a registration."""
+        if registrations != self._registrations:
+            self.kept, self._registrations = {}, registrations
+        self.kept = {w: self.kept[w] for w in live if w in self.kept}
+        return [w for w in live if w not in self.kept]
+
+    def clear(self) -> None:
+        self.kept, self._registrations = {}, None

@@ -49,6 +49,7 @@ from gpuq import work_index
 from gpuq.clock import server_ms
 from gpuq.config import Config
 from gpuq.keys import Keys, live_reservation
+from gpuq.reaper.known_workers import UntilRegistration
 from gpuq.reaper.preempt_limits import Limits, charge_of, read_limits
 from gpuq.reaper.preempt_options import Idle as Idle
 from gpuq.reaper.preempt_options import Option as Option
@@ -167,8 +168,7 @@ class Preemptor:
         self.scripts = scripts
         self.calls = calls
         # id -> (usable GB, levels, gpus), read once a start: all again after any registration
-        self.workers: dict[str, tuple[float, str, int]] = {}
-        self.registrations: object = None  # the pool's count when self.workers was checked
+        self.workers: UntilRegistration[tuple[float, str, int]] = UntilRegistration()
         self.reservation_keys: dict[str, str] = {}  # id -> its reserve:<id> key, made once
         # after a step that decided nothing: the first time (ms) a step could decide anything
         # with the pool unchanged (None: not before it changes); after one that did, its time
@@ -256,18 +256,12 @@ class Preemptor:
         self.reservations_end = None
         if not live:
             return [], [], set()
-        # forget workers that left (an id that comes back may be another GPU), and every
-        # worker's fields after a registration: one may have started again under its id,
-        # still live, on another GPU or serving other levels (registrations are rare)
-        if registrations != self.registrations:
-            self.workers, self.registrations = {}, registrations
+        unknown = self.workers.unknown(live, registrations)
         alive = set(live)
-        self.workers = {w: v for w, v in self.workers.items() if w in alive}
         names = self.reservation_keys = {w: key for w, key in self.reservation_keys.items() if w in alive}
         for w in live:
             if w not in names:
                 names[w] = k.reservation(w)
-        unknown = [w for w in live if w not in self.workers]
         pipe = r.pipeline(transaction=False)
         pipe.mget([names[w] for w in live])
         for w in unknown:  # a worker's GPU and lanes do not change while it lives
@@ -278,12 +272,12 @@ class Preemptor:
         held, *rows = pipe.execute()
         for w, f in zip(unknown, rows):
             if (record := GPU_FIELDS.record(w, f)) is not None:
-                self.workers[w] = (record.usable_gb, record.levels, record.gpus)
+                self.workers.kept[w] = (record.usable_gb, record.levels, record.gpus)
         ends = {w: got[1] for w, v in zip(live, held) if (got := live_reservation(v, now_ms))}
         reserved = set(ends)
         # a reservation's end frees its worker for the planner: a quiet time ends there too
         self.reservations_end = min(ends.values(), default=None)
-        info = {w: self.workers[w] for w in live if w in self.workers}
+        info = {w: self.workers.kept[w] for w in live if w in self.workers.kept}
         idle = list(dict.fromkeys(Idle(float(gb), info[str(w)][1], info[str(w)][2])
                                   for w, gb in scored(idle_raw) if str(w) in info))
         tasks = rows[len(unknown):]

@@ -30,6 +30,7 @@ import redis
 from gpuq.clock import server_ms
 from gpuq.config import Config
 from gpuq.keys import SLOTS, Keys
+from gpuq.reaper.known_workers import UntilRegistration
 from gpuq.scripts import Calls, Scripts
 from gpuq.tenants import DEFAULT_WEIGHT, bounds_of, registered
 
@@ -75,8 +76,7 @@ class TenantRoom:
         self.at: int | None = None  # ms of the last step
         self.binding = False  # whether the last step left any tenant bound
         self.forget_from = ""  # the name after which the next round looks for quiet tenants
-        self.slots_of: dict[str, int] = {}  # live worker -> its concurrency, kept until a registration
-        self.registrations: object = None  # the pool's count when slots_of was checked
+        self.slots_of: UntilRegistration[int] = UntilRegistration()  # live worker -> its concurrency
 
     def step(self, now_ms: int | None = None) -> int:
         """Read the work tenants offered since the last step, average their demand, and write the
@@ -93,7 +93,7 @@ class TenantRoom:
         registry, work, use, live_ids, published, registrations = pipe.execute()
         if not registry:  # tenancy is off: the last tenant's removal dropped every bound
             self.demand, self.work, self.at, self.binding = {}, {}, None, False
-            self.slots_of, self.registrations = {}, None
+            self.slots_of.clear()
             return 0
         self.decay({t: float(v) for t, v in work.items()}, now)
         self.forget(work, registry, now)
@@ -128,10 +128,7 @@ class TenantRoom:
         says none: one). A worker's concurrency changes only with a new start, which counts a
         registration: the kept figures hold until ``registrations`` moves, so a round reads
         only the workers it has not seen (at 2,048 workers, 2,049 commands a round less)."""
-        if registrations != self.registrations:  # one may have started again with another
-            self.slots_of, self.registrations = {}, registrations
-        kept = self.slots_of = {w: self.slots_of[w] for w in live if w in self.slots_of}
-        unknown = [w for w in live if w not in kept]
+        unknown, kept = self.slots_of.unknown(live, registrations), self.slots_of.kept
         if unknown:
             pipe = self.redis.pipeline(transaction=False)
             for wid in unknown:
