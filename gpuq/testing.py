@@ -16,12 +16,20 @@ handler name it brings changes what enqueue's fit check says afterwards. Once ev
 is run it sends the run times measured, as a worker's heartbeat does (learn.lua), so a
 task enqueued afterwards without ``est_s`` gets the learned mean.
 
+A handler's ``timeout_s`` is enforced as on a worker (gpuq.worker.control): a call still
+running past it fails its task, retryable, with ``ran past its N s timeout``; the handler sees
+``ctx.should_stop()`` at once and, past the config's ``grace_s``, ``StopTask`` (an async one:
+its asyncio task cancelled). A handler that will not stop even then (native code, or one that
+swallows ``StopTask``) keeps ``drain`` waiting, where a worker would exit with code 75.
+
 Needs the testing extra (``pip install 'gpuq[testing]'``, as README says) for fakeredis.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
+import threading
 from typing import Any
 
 from gpuq.app import App, Context
@@ -30,6 +38,7 @@ from gpuq.config import Config
 from gpuq.errors import AppError
 from gpuq.scripts import ClaimRequest
 from gpuq.worker import batch
+from gpuq.worker.control import Control
 from gpuq.worker.eventloop import EventLoop
 from gpuq.worker.executor import Executor
 from gpuq.worker.models import ModelCache
@@ -81,6 +90,7 @@ def drain(queue: Queue, app: App, *, vram_gb: float = 80.0, worker_id: str = "te
     tasks = RunningSet()
     executor = Executor(app, cache, presence, tasks, queue.scripts, queue.calls, Observer(), runtimes)
     batches = batch.wanted(app)
+    enforcer = timeouts(queue, executor, tasks)
     try:
         while tasks.tasks_run < limit:
             req = ClaimRequest(worker_id, cache.free_gb(), cache.evictable_gb(), 1, cache.loaded(),
@@ -100,6 +110,40 @@ def drain(queue: Queue, app: App, *, vram_gb: float = 80.0, worker_id: str = "te
         # the loop ended with the server reachable: an error above skips this and is raised
         runtimes.send(queue.scripts, queue.calls, rounds=None)
     finally:
+        if enforcer is not None:
+            enforcer.stop()
         presence.leave(cache.model_names())
         cache.aio.close()  # the loop async handlers ran on, if any did
     return tasks.tasks_run
+
+
+class Timeouts(threading.Thread):
+    """The deadlines a worker's heartbeat thread keeps (Control.watch), while ``drain``
+    runs handlers in its caller's thread: here only timeouts and the stops that follow them
+    come up (no control list is read, no lease is renewed or lost)."""
+
+    def __init__(self, control: Control) -> None:
+        super().__init__(name="gpuq-testing-timeouts", daemon=True)
+        self.control = control
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(max(0.01, self.control.watch())):
+            pass
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join()
+
+
+def timeouts(queue: Queue, executor: Executor, tasks: RunningSet) -> Timeouts | None:
+    """A started ``Timeouts`` when a handler of the app has a ``timeout_s``, else None."""
+    if all(spec.timeout_s is None for spec in executor.app.handlers.values()):
+        return None
+    # stop_s infinite: a handler that will not stop is waited for (its thread is the test's),
+    # not answered with the worker's exit; "drain" never comes, as no control list is read
+    control = Control(queue.redis, queue.keys, executor, tasks, stop_s=math.inf,
+                      grace_s=queue.config.grace_s, stopping=threading.Event(), drain=lambda: None)
+    thread = Timeouts(control)
+    thread.start()
+    return thread

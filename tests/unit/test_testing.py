@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
-from gpuq import App, State, TaskError
-from gpuq.errors import AppError, TaskFailed
+from gpuq import App, Context, State, TaskError
+from gpuq.config import Config
+from gpuq.errors import AppError, StopTask, TaskFailed
 from gpuq.testing import call_handler, drain, memory_queue
 
 
@@ -112,3 +114,50 @@ def test_async_loaders_and_handlers_run_directly_and_through_drain() -> None:
     assert drain(q, async_app()) == 3
     assert [t.result(timeout=0)["n"] for t in tasks] == [0, 1, 2]
     assert {t.name for t in threading.enumerate()} <= before  # its event loop was closed
+
+
+def timeout_app(seen: list[str]) -> App:
+    """Handlers bound to 0.2 s that run until stopped (at most CAP_S, so the code before
+    drain enforced the bound ends them too, and the test fails rather than hangs)."""
+    app = App("timeouts")
+    cap_s = 10.0
+
+    @app.any_model()
+    def load(name: str) -> str:
+        return name
+
+    @app.handler("polite", timeout_s=0.2)
+    def polite(model: str, payload: object, ctx: Context) -> str:
+        until = time.monotonic() + cap_s
+        while time.monotonic() < until:
+            if ctx.should_stop():
+                seen.append("should_stop")
+                return "stopped"
+            time.sleep(0.01)
+        return "ran on"
+
+    @app.handler("deaf", timeout_s=0.2)
+    def deaf(model: str, payload: object, ctx: Context) -> str:
+        until = time.monotonic() + cap_s
+        try:
+            while time.monotonic() < until:
+                time.sleep(0.01)
+        except StopTask:
+            seen.append("StopTask")
+            raise
+        return "ran on"
+
+    return app
+
+
+@pytest.mark.parametrize(("handler", "seen_as"), [("polite", "should_stop"), ("deaf", "StopTask")])
+def test_drain_enforces_a_handlers_timeout_as_a_worker_does(handler: str, seen_as: str) -> None:
+    seen: list[str] = []
+    q = memory_queue(config=Config(pool="test", grace_s=0.1))
+    task = q.enqueue(handler, None, model="m", vram_gb=1, max_attempts=1)
+    before = {t.name for t in threading.enumerate()}
+    assert drain(q, timeout_app(seen)) == 1
+    assert seen == [seen_as]  # told to stop, or stopped past the grace, as on a worker
+    with pytest.raises(TaskFailed, match="ran past its 0.2 s timeout$"):
+        task.result(timeout=0)
+    assert {t.name for t in threading.enumerate()} <= before  # its watcher was joined
