@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import redis
 
+    from gpuq.app import HandlerSpec
     from gpuq.keys import Keys
     from gpuq.worker.gpu import GpuInfo
 
@@ -25,22 +26,27 @@ Fields = dict[Any, Any]  # hash fields; redis-py types mapping keys invariantly
 
 def identity(worker_id: str, gpu: GpuInfo, reserve_gb: float, concurrency: int, levels: str,
              host: str, pid: int, handover: tuple[int, int, int] | None = None,
-             handlers: Iterable[str] = ()) -> Fields:
+             handlers: Mapping[str, HandlerSpec] | Iterable[str] = ()) -> Fields:
     """The worker hash fields that do not change while it runs (rewritten by every
     heartbeat, so a worker the reaper took for dead shows whole again). handover: the defer
     bound (ms), fair_every and lease (ms) with which enqueue starts a task on this worker
     while it idles with one slot, blocked on its wake list; None: it takes no hand-overs.
     handlers: the handler names its app runs (shown, so tasks no live worker can run are
-    flagged by status and the scale signals). reserve_gb: the KV-cache reserve of each
+    flagged by status and the scale signals), or its app's handlers (``App.handlers``),
+    whose ``timeout_s`` bounds status shows too. reserve_gb: the KV-cache reserve of each
     device; the hash holds the group's (VRAM fields span every device of a group)."""
     defer_ms, fair_every, lease_ms = handover if handover else ("", "", "")
+    specs = handlers.values() if isinstance(handlers, Mapping) else ()
+    # "name=seconds": a name holds no comma, and seconds no "=" (read split at the last)
+    timeouts = ",".join(sorted(f"{s.name}={s.timeout_s:g}" for s in specs if s.timeout_s is not None))
     return {"id": worker_id, "host": host, "pid": pid, "gpu_name": gpu.name,
             "gpu_uuid": gpu.uuid, "gpu_index": gpu.index_text, "gpus": gpu.count,
             "gpu_source": gpu.source, "vram_total_gb": gpu.total_gb,
             "kv_reserve_gb": gpu.reserve_gb(reserve_gb),
             "concurrency": concurrency, "levels": levels,
             "handover_defer_ms": defer_ms, "fair_every": fair_every, "lease_ms": lease_ms,
-            "handlers": ",".join(sorted(handlers)), "started_at": int(time.time() * 1000)}
+            "handlers": ",".join(sorted(handlers)), "timeouts": timeouts,
+            "started_at": int(time.time() * 1000)}
 
 
 def usable_gb(total_gb: object, reserve_gb: object) -> float:
@@ -82,6 +88,7 @@ class WorkerRecord:
     handlers: tuple[str, ...] = ()  # what its app runs
     concurrency: int = 1
     gpus: int = 1  # devices in its group
+    timeouts: tuple[tuple[str, float], ...] = ()  # (handler, timeout_s) of its bounded handlers
 
     @property
     def usable_gb(self) -> float:
@@ -101,7 +108,8 @@ class WorkerRecord:
                    models=_names(fields.get("models")), state=str(fields.get("state") or ""),
                    levels=levels or ALL_LEVELS, handlers=_names(fields.get("handlers")),
                    concurrency=max(1, int(field_number(fields.get("concurrency")))),
-                   gpus=max(1, int(field_number(fields.get("gpus")))))
+                   gpus=max(1, int(field_number(fields.get("gpus")))),
+                   timeouts=_timeouts(fields.get("timeouts")))
 
 
 @dataclass(frozen=True)
@@ -129,3 +137,10 @@ def field_number(value: object) -> float:
 
 def _names(value: object) -> tuple[str, ...]:
     return tuple(n for n in str(value or "").split(",") if n)
+
+
+def _timeouts(value: object) -> tuple[tuple[str, float], ...]:
+    """The (handler, seconds) pairs of a ``timeouts`` field; a damaged pair is left out."""
+    pairs = (item.rpartition("=") for item in _names(value))
+    return tuple((name, seconds) for name, _, text in pairs
+                 if name and (seconds := field_number(text)) > 0)

@@ -20,7 +20,7 @@ HEADS = 20  # head tasks read per queue: the oldest wait, and handlers no live w
 OTHER = "other"  # pool_view(top=N): the model label of the queues past the N deepest, summed
 RUNTIMES_SHOWN = 10  # learned run times shown: the pairs with the most runs
 SHOWN = WorkerFields(("gpu_name", "vram_total_gb", "vram_free_gb", "models", "state", "levels",
-                      "handlers", "gpus"))
+                      "handlers", "gpus", "timeouts"))
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class WorkerView:
     levels: str = ""  # priorities served, e.g. "0123"
     handlers: list[str] = field(default_factory=list)  # what its app runs
     gpus: int = 1  # devices in its group
+    timeouts: dict[str, float] = field(default_factory=dict)  # its handlers' timeout_s bounds
 
 
 @dataclass(frozen=True)
@@ -293,7 +294,7 @@ def _workers(client: redis.Redis, keys: Keys, workers: list[tuple[str, float]],
             # busy/idle from the live task set; the hash's state is as of the last heartbeat
             state="draining" if w.state == "draining" else ("busy" if tasks else "idle"),
             running=sorted(tasks), alive=alive, levels=w.levels if record else "",
-            handlers=list(w.handlers), gpus=w.gpus))
+            handlers=list(w.handlers), gpus=w.gpus, timeouts=dict(w.timeouts)))
         live = live_reservation(reserved, int(now_ms))
         if alive and live:
             reservations.append({"worker": wid, "task": live[0]})

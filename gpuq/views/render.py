@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from gpuq.redact import one_line
 from gpuq.task import Priority, State
-from gpuq.views.inspect import PoolView, scale_stale
+from gpuq.views.inspect import PoolView, WorkerView, scale_stale
 
 ENDED = (State.SUCCEEDED, State.FAILED, State.EXPIRED, State.CANCELED)  # the ended line's order
 
@@ -48,9 +49,27 @@ def render_status(view: PoolView) -> str:
                      f"{levels_label(w.levels):<7}{','.join(w.models) or '-'}")
     if not view.workers:
         lines.append("(no workers)")
+    lines += _timeouts(view.workers)
     lines += (_preemption(view) + _scale(view.scale, view.scale_age_s) + _runtimes(view.runtimes)
               + _tenants(view.tenants, view.tenants_required))
     return "\n".join(map(one_line, lines))  # names are users' text: no terminal escape gets through
+
+
+def _timeouts(workers: list[WorkerView]) -> list[str]:
+    """Each bounded handler's ``timeout_s`` as the live workers' apps register it; where
+    they differ (two versions of an app deployed), each bound with its count of workers
+    ("none": the handler without one)."""
+    live = [w for w in workers if w.alive]
+    bounded = sorted({h for w in live for h in w.timeouts})
+    if not bounded:
+        return []
+    lines = ["", "handler timeouts (timeout_s; past it a call fails its task, retryable):"]
+    for handler in bounded:
+        seen = Counter(f"{w.timeouts[handler]:g}s" if handler in w.timeouts else "none"
+                       for w in live if handler in w.timeouts or handler in w.handlers)
+        shown = ", ".join(f"{b} on {n} worker{'s' if n > 1 else ''}" for b, n in sorted(seen.items()))
+        lines.append(f"  {handler[:39]:<40}{shown if len(seen) > 1 else next(iter(seen))}")
+    return lines
 
 
 def _tenants(tenants: list[dict[str, Any]], required: bool) -> list[str]:

@@ -182,7 +182,7 @@ def test_status_json_shape(cli_pool: Pool) -> None:
     assert view["stats"] == {"enqueued": 4}
     (worker,) = view["workers"]
     assert set(worker) == {"id", "gpu", "vram_total_gb", "vram_free_gb", "models", "state",
-                           "running", "alive", "levels", "handlers", "gpus"}
+                           "running", "alive", "levels", "handlers", "gpus", "timeouts"}
     assert worker["handlers"] == ["sim.run"]
     assert worker["levels"] == "0123"
     assert worker["id"] == "w-a100" and worker["gpu"] == "A100-40"

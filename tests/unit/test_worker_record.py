@@ -6,14 +6,16 @@ from __future__ import annotations
 import fakeredis
 import pytest
 
-from gpuq import Config
+from gpuq import App, Config
 from gpuq.clock import server_ms
 from gpuq.keys import Keys
 from gpuq.reaper.preempt import Preemptor
 from gpuq.reaper.scale import Scaler
 from gpuq.scripts import Calls, Scripts
 from gpuq.views.inspect import pool_view
+from gpuq.views.render import render_status
 from gpuq.worker.gpu import GpuInfo
+from gpuq.worker.presence import Presence
 from gpuq.worker_record import WorkerFields, WorkerRecord, identity, status_fields, usable_gb
 
 GPU = GpuInfo("A100-80", "uuid-1", 80.0, 0, "nvml")
@@ -82,3 +84,29 @@ def test_a_hand_damaged_hash_breaks_neither_status_nor_the_planners() -> None:
     preemptor = Preemptor(client, keys, config, Scripts(client, keys), Calls(config))
     assert preemptor.step() == {}
     assert preemptor.workers.kept == {"w1": (0.0, "0123", 1)}
+
+
+def test_a_handlers_timeout_reaches_status_from_the_registration() -> None:
+    app = App("a")
+
+    @app.handler("llm.generate", timeout_s=30)
+    @app.handler("embed", timeout_s=0.5)
+    @app.handler("free")
+    def run(model: str, payload: object, ctx: object) -> None:
+        return None
+
+    client = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    keys = Keys("p")
+    Presence(client, keys, "w1").register(identity("w1", GPU, 5.0, 1, "0123", "host", 7,
+                                                   handlers=app.handlers), 30_000)
+    (w,) = pool_view(client, keys).workers
+    assert w.handlers == ["embed", "free", "llm.generate"]
+    assert w.timeouts == {"embed": 0.5, "llm.generate": 30.0}  # "free" has no bound
+    lines = render_status(pool_view(client, keys)).splitlines()
+    assert "  embed" + " " * 35 + "0.5s" in lines and "  llm.generate" + " " * 28 + "30s" in lines
+    assert not any(line.startswith("  free") for line in lines)
+
+
+def test_damaged_timeout_pairs_are_left_out() -> None:
+    r = WorkerRecord.parse("w1", written(timeouts="a=30,b=,=5,c=lots,d=-1,e=inf,f=a=2"))
+    assert r is not None and r.timeouts == (("a", 30.0), ("f=a", 2.0))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -130,3 +131,18 @@ def test_a_slow_reapers_signals_are_stale_only_after_three_of_its_rounds() -> No
     assert "scale signals:" in render_status(view(scale=scale, scale_age_s=60.0)).splitlines()
     lines = render_status(view(scale=scale, scale_age_s=91.0)).splitlines()
     assert "scale signals (stale: from a reaper round 91s ago):" in lines
+
+
+def test_handler_timeouts_show_where_live_workers_disagree() -> None:
+    workers = [WorkerView(f"w-{i}", "L4", 24, 20, [], "idle", [], alive, handlers=["gen", "emb"],
+                          timeouts=bounds)
+               for i, (alive, bounds) in enumerate([(True, {"gen": 30.0, "emb": 2.0}),
+                                                    (True, {"gen": 60.0, "emb": 2.0}),
+                                                    (True, {"emb": 2.0}),
+                                                    (False, {"gen": 5.0, "emb": 9.0, "old": 1.0})])]
+    lines = render_status(dataclasses.replace(view(), workers=workers)).splitlines()
+    at = lines.index("handler timeouts (timeout_s; past it a call fails its task, retryable):")
+    assert lines[at + 1:at + 3] == ["  emb" + " " * 37 + "2s",  # a dead worker's bounds not counted
+                                    "  gen" + " " * 37 + "30s on 1 worker, 60s on 1 worker, none on 1 worker"]
+    assert "old" not in "\n".join(lines)
+    assert "handler timeouts" not in render_status(view())
