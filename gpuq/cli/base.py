@@ -28,6 +28,7 @@ from gpuq.errors import (
     InvalidTask,
     ResultTimeout,
     TaskFailed,
+    Unschedulable,
 )
 from gpuq.redact import one_line, redact
 from gpuq.task import Priority, TaskSpec
@@ -47,7 +48,9 @@ class Exit(IntEnum):
 
     OK = 0
     ERROR = 1  # any failure not named below
-    BAD_INPUT = 2  # a usage error; an invalid option, setting, task, tenant or schedule: nothing written
+    # a usage error; an invalid option, setting, task, tenant or schedule, a task --check-fit
+    # refuses: nothing written
+    BAD_INPUT = 2
     NOT_DONE = 3  # the task waited for (--wait, --stream) ended failed, canceled or expired
     TIMED_OUT = 4  # --timeout passed before the task ended: it stands
     NO_REDIS = 5  # Redis could not be used: unreachable, authentication, TLS, no master, refused
@@ -56,7 +59,7 @@ class Exit(IntEnum):
 # the first kind an error is an instance of gives its code (a subclass before its base)
 EXIT_CODES: tuple[tuple[type[GpuqError], Exit], ...] = (
     (InvalidTask, Exit.BAD_INPUT), (ConfigError, Exit.BAD_INPUT), (BadTenant, Exit.BAD_INPUT),
-    (BadSchedule, Exit.BAD_INPUT), (TaskFailed, Exit.NOT_DONE),
+    (BadSchedule, Exit.BAD_INPUT), (Unschedulable, Exit.BAD_INPUT), (TaskFailed, Exit.NOT_DONE),
     (ResultTimeout, Exit.TIMED_OUT), (ConnectionFailed, Exit.NO_REDIS))
 
 

@@ -134,6 +134,22 @@ def test_bad_input_exits_2_and_writes_nothing(cli_pool: Pool, args: list[str], e
     assert cli_pool.all_keys() == set()
 
 
+def test_a_task_check_fit_refuses_exits_2_and_writes_nothing(cli_pool: Pool) -> None:
+    # regression: a refusal exited 1, as a failure that is not the input's
+    fit = ["--check-fit"]
+    none_yet = cli_pool.invoke("enqueue", *BASE, *fit)
+    assert_clean_error(none_yet, "no GPU class is registered in this pool yet")
+    assert none_yet.exit_code == Exit.BAD_INPUT
+    cli_pool.register_gpu("w-l4", "L4", 24)
+    before = cli_pool.all_keys()
+    for args, fragment in [(["sim.run", "--model", "m", "--vram-gb", "40"], "needs 40 GB of VRAM"),
+                           (["nope.x", "--model", "m", "--vram-gb", "4"], "registers handler 'nope.x'")]:
+        result = cli_pool.invoke("enqueue", *args, *fit)
+        assert_clean_error(result, fragment)
+        assert result.exit_code == Exit.BAD_INPUT == 2
+    assert cli_pool.all_keys() == before
+
+
 def test_other_failures_exit_1(cli_pool: Pool) -> None:
     result = cli_pool.invoke("task", "no-such-task")
     assert_clean_error(result, "task no-such-task not found")
