@@ -44,6 +44,7 @@ scrape; served by ``gpuq exporter``):
 | gpuq_model_workers_desired | gauge | pool, model | the reaper's scale signals: the `exporter_models` models desiring the most workers (and their arrival rates below) |
 | gpuq_arrivals_forecast_per_second | gauge | pool, kind (now, forecast), gpu_class, model | the scale signals' arrival rates (`rate_per_s`, `forecast_per_s`): per class (model "") and per model (gpu_class "") |
 | gpuq_scale_signal_age_seconds | gauge | pool | seconds since the reaper round that wrote the scale signals (their `at`), while one has a time; past 15 s, or three rounds of a reaper whose `reap_interval_s` is longer, they are stale (no reaper rewrites them) and the three rows above are left out |
+| gpuq_scale_signal_stale_after_seconds | gauge | pool | that staleness bound, max(15, 3 × the largest `every_s` of the signals), exported with the age (alerts compare the two) |
 | gpuq_reaper_active | gauge | pool | 1 while a reaper holds the pool's lock |
 | gpuq_tenant_queued | gauge | pool, tenant, priority | tasks queued per tenant (tenancy on: `gpuq tenant`); the tenant families show every registered tenant and the `exporter_models` unregistered ones with the most queued tasks |
 | gpuq_tenant_bound | gauge | pool, tenant | the running tasks the reaper lets the tenant have (`tenant:use` `bound:<t>`), while it sets one |
@@ -157,6 +158,7 @@ class PoolFigures:
     forecast: list[tuple[str, str, float, float]] = field(default_factory=list)
     reaper_active: bool = False
     scale_age_s: float | None = None  # PoolView.scale_age_s
+    scale_stale_after_s: float = 0.0  # the age past which they are stale (views.inspect)
     tenants: list[dict[str, Any]] = field(default_factory=list)  # PoolView.tenants
 
 
@@ -183,7 +185,7 @@ METRIC_NAMES = {
     "gpuq_model_loads_total": "counter", "gpuq_model_load_seconds_total": "counter",
     "gpuq_workers": "gauge", "gpuq_workers_desired": "gauge", "gpuq_workers_current": "gauge",
     "gpuq_model_workers_desired": "gauge", "gpuq_reaper_active": "gauge",
-    "gpuq_scale_signal_age_seconds": "gauge",
+    "gpuq_scale_signal_age_seconds": "gauge", "gpuq_scale_signal_stale_after_seconds": "gauge",
     "gpuq_arrivals_forecast_per_second": "gauge",
     "gpuq_tenant_queued": "gauge", "gpuq_tenant_bound": "gauge", "gpuq_tenant_running": "gauge",
     "gpuq_tenant_running_gpus": "gauge", "gpuq_tenant_running_vram_gb": "gauge",
@@ -279,9 +281,14 @@ class PoolCollector(Collector):
         yield per_model
         age = GaugeMetricFamily("gpuq_scale_signal_age_seconds",
                                 "Seconds since the reaper round that wrote the scale signals.", labels=["pool"])
+        # the bound beside the age, so an alert follows the reaper's interval (deploy/prometheus)
+        bound = GaugeMetricFamily("gpuq_scale_signal_stale_after_seconds",
+                                  "Age past which the scale signals are stale and left out.", labels=["pool"])
         if f.scale_age_s is not None:
             age.add_metric([pool], f.scale_age_s)
+            bound.add_metric([pool], f.scale_stale_after_s)
         yield age
+        yield bound
         rates = GaugeMetricFamily("gpuq_arrivals_forecast_per_second",
                                   "Arrivals per second now and one model load ahead (the scaler's forecast).",
                                   labels=["pool", "kind", "gpu_class", "model"])

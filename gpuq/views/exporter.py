@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from gpuq.keys import Keys
 from gpuq.metrics import PoolCollector, PoolFigures
 from gpuq.metrics_http import serve_http
-from gpuq.views.inspect import OTHER, number, pool_view, scale_stale
+from gpuq.views.inspect import OTHER, number, pool_view, scale_stale, scale_stale_after_s
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,7 @@ def read_figures(client: redis.Redis, keys: Keys, keep: int = 50,
                                                for m in view.models]),
         workers=workers, desired=desired, forecast=forecast,
         reaper_active=view.reaper_active, scale_age_s=view.scale_age_s,
+        scale_stale_after_s=scale_stale_after_s(view.scale),
         tenants=capped_tenants(view.tenants, keep))
 
 

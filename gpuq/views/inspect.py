@@ -331,13 +331,19 @@ def _fraction(text: str | None) -> float | None:
 STALE_SCALE_S = 15.0  # rounds come every second; a standby takes over within 10 s
 
 
-def scale_stale(scale: dict[str, dict[str, Any]], age_s: float | None) -> bool:
-    """Whether the scale signals are from a round too old for any reaper to be rewriting them
-    (``PoolView.scale_age_s``; None, no signal with a time: not known to be stale). A reaper
-    whose rounds are slower (each signal's `every_s`) is given three of them."""
+def scale_stale_after_s(scale: dict[str, dict[str, Any]]) -> float:
+    """The age past which the scale signals are from a round too old for any reaper to be
+    rewriting them: a reaper whose rounds are slower (each signal's `every_s`) is given
+    three of them."""
     every = [e for v in scale.values() if isinstance(e := v.get("every_s"), (int, float))
              and not isinstance(e, bool)]
-    return age_s is not None and age_s > max(STALE_SCALE_S, 3 * max(every, default=0.0))
+    return max(STALE_SCALE_S, 3 * max(every, default=0.0))
+
+
+def scale_stale(scale: dict[str, dict[str, Any]], age_s: float | None) -> bool:
+    """Whether the scale signals are stale (``PoolView.scale_age_s``; None, no signal with a
+    time: not known to be stale)."""
+    return age_s is not None and age_s > scale_stale_after_s(scale)
 
 
 def _scale_age(scale: dict[Any, Any], now_s: float) -> float | None:

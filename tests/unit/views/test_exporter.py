@@ -158,3 +158,35 @@ def test_scale_signals_no_reaper_rewrote_leave_the_desired_series_and_say_how_ol
         assert f"{family}{{" not in stale, family
     (age,) = [line for line in stale.splitlines() if line.startswith("gpuq_scale_signal_age_seconds{")]
     assert 299.0 <= float(age.split()[-1]) < 400.0
+
+
+def scale_series(q: Queue) -> dict[str, float]:
+    """The scale signals' age, its bound and the desired workers, as one scrape exports them."""
+    registry = CollectorRegistry()
+    registry.register(PoolCollector(lambda: read_figures(q.redis, q.keys)))
+    return {line.split("{")[0]: float(line.split()[-1])
+            for line in generate_latest(registry).decode().splitlines()
+            if line.startswith(("gpuq_scale_signal", "gpuq_workers_desired{"))}
+
+
+def test_the_staleness_bound_is_exported_beside_the_age_and_follows_the_reapers_rounds() -> None:
+    """Regression: GpuqScaleSignalsStale compared the age with a fixed 60 s, so a reaper with
+    rounds of 180 s or more set it off between its own rounds. The exporter exports the bound
+    it judges staleness by, for the rule to compare the age with."""
+    import json
+
+    q = Queue(fakeredis.FakeRedis(decode_responses=True), Config(pool="p"))
+
+    def scrape(age_s: float, every_s: float | None) -> dict[str, float]:
+        at = int(q.redis.time()[0] * 1000 - age_s * 1000)
+        signal = {"current": 1, "desired": 3, "at": at} | ({} if every_s is None else {"every_s": every_s})
+        q.redis.hset(q.keys.scale, "class:L4", json.dumps(signal))
+        return scale_series(q)
+
+    assert scrape(1.0, None)["gpuq_scale_signal_stale_after_seconds"] == 15.0
+    between_rounds = scrape(600.0, 300.0)  # two of a 300 s reaper's rounds: still fresh
+    assert between_rounds["gpuq_scale_signal_stale_after_seconds"] == 900.0
+    assert between_rounds["gpuq_workers_desired"] == 3.0
+    assert "gpuq_workers_desired" not in scrape(1000.0, 300.0)  # past the bound: stale
+    q.redis.delete(q.keys.scale)
+    assert scale_series(q) == {}  # no signal with a time: neither the age nor its bound
