@@ -280,7 +280,7 @@ for _, i in ipairs(ready) do
       handler = ARGV[o + 2], payload = ARGV[o + 3], model = model, vram_gb = vram_s,
       priority = prio, est_s = est_s, attempt = '1', deadline = deadline, tenant = ARGV[o + 10],
       checkpoint = '', enqueued_at = now_ms, queued_at = now_ms, started_at = now_ms,
-      sla = 'pending'}))
+      sla = 'pending', pickup_by = ms(pickup)}))
   else
     if idle then wake_worker(w) end
     redis.call('ZADD', queue_key(prio, model), ms(order), id)

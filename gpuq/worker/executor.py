@@ -33,7 +33,7 @@ from gpuq.worker.passing import PASS_S, Elsewhere
 from gpuq.worker.presence import Presence
 from gpuq.worker.running import Running, RunningSet
 from gpuq.worker.runtimes import NAMES_KEPT, Run, RunTimes
-from gpuq.worker.takeup import TakeUps
+from gpuq.worker.takeup import TakeUps, in_time
 
 log = logging.getLogger(__name__)
 Claimed = tuple[dict[str, str], Reservation | None, Running]  # task fields, its VRAM, its run
@@ -337,10 +337,10 @@ class Executor:
 
     def taken_up(self, fields: dict[str, str], res: Reservation, running: Running) -> bool:
         """The handler is about to start: a warm hand-over's began goes out without a wait
-        (gpuq.worker.takeup), any other start's with one (``report_start``)."""
-        if running.handed and not res.cold:
-            if self.takeups.send(fields, running):
-                return True
+        (gpuq.worker.takeup) while it is in time (``in_time``), any other start's with one
+        (``report_start``)."""
+        if in_time(running, res.cold) and self.takeups.send(fields, running):
+            return True
         return self.report_start(fields, running, warm=not res.cold)
 
     def report_start(self, fields: dict[str, str], running: Running, *, warm: bool = False) -> bool:
@@ -352,12 +352,14 @@ class Executor:
             decided, now_ms = self.scripts.run(self.calls.began(running.task_id, running.token,
                                                                 warm=warm))
         except (StaleLease, TaskNotFound):
-            log.warning("lease.lost task=%s worker=%s: lost during its model load",
-                        running.task_id, self.id)
+            log.warning("lease.lost task=%s worker=%s: %s", running.task_id, self.id,
+                        "taken back before it was taken up" if running.handed else "lost during its load")
             return False
-        except redis.RedisError as exc:  # the handler still runs; only its SLA goes uncounted
+        except redis.RedisError as exc:
+            # the handler still runs, its SLA uncounted; not a warm hand-over's, which may be
+            # taken back unanswered: it goes back at its pickup deadline (or its lease's end)
             log.warning("sla.unreported task=%s worker=%s error=%s", running.task_id, self.id, exc)
-            return True
+            return not running.handed
         if decided:
             self.observer.began(fields, now_ms)
         return True

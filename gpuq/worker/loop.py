@@ -47,7 +47,7 @@ from gpuq.worker.observer import Observer
 from gpuq.worker.presence import Presence
 from gpuq.worker.running import RunningSet
 from gpuq.worker.runtimes import RunTimes
-from gpuq.worker.takeup import handed_over
+from gpuq.worker.takeup import handed_over, pop, start_by
 
 log = logging.getLogger(__name__)
 
@@ -115,15 +115,18 @@ class Worker:
             first = (claim.task, *self.executor.begin(claim.task))
             return first, batch.begin_added(self.executor, claim.batch)
 
-    def handed(self, fields: dict[str, str]) -> Claimed | None:
+    def handed(self, fields: dict[str, str], start_by: float | None = None) -> Claimed | None:
         """A task enqueue started on this worker (handed_over), popped off its wake list: it
         runs once taken up (docs/PROTOCOL.md, Hand-over; Executor.take_up), unless the
-        worker is stopping (then it goes back to its queue)."""
+        worker is stopping (then it goes back to its queue). ``start_by``: until when its
+        handler may start warm before began is answered (takeup.start_by)."""
         with self.cache.lock:
             claimed = None if self.stopping.is_set() else (fields, *self.executor.begin(fields))
         if claimed is None:
             self.give_back(fields["id"], int(fields["token"]))
-        return claimed if claimed is None or self.executor.take_up(*claimed) else None
+            return None
+        claimed[2].start_by = start_by
+        return claimed if self.executor.take_up(*claimed) else None
 
     def give_back(self, task_id: str, token: int, until: float = 0.0, checkpoint: str = "") -> None:
         """Requeue a task this worker was given but will not finish (its attempt given back,
@@ -154,14 +157,11 @@ class Worker:
                 self.stopping.set()  # burst: nothing left that this worker can run
                 self.done.set()
         elif self.running.slots_used() < self.config.concurrency:
-            timeout = retry_s if retry_s > 0 else self.config.idle_block_s
-            # redis-py's own BLPOP, not gpuq.wire.exchange: a blocking wait would hold the
-            # client's kept connection for its whole timeout
+            timeout = max(0.01, retry_s if retry_s > 0 else self.config.idle_block_s)
             with self._blocked_lock:
                 self.blocked += 1
             try:
-                popped = self.redis.blpop([self.keys.wake(self.id), self.keys.pool_wake],
-                                          timeout=max(0.01, timeout))
+                popped, clock = pop(self.redis, [self.keys.wake(self.id), self.keys.pool_wake], timeout)
             finally:
                 with self._blocked_lock:
                     self.blocked -= 1
@@ -169,7 +169,7 @@ class Worker:
                 return True
             fields = handed_over(popped[1]) if popped is not None else None
             if fields is not None:
-                return self.handed(fields)
+                return self.handed(fields, start_by(fields, *clock))
         else:
             self.running.wait(1.0)
         return None

@@ -50,6 +50,7 @@ class Running:
     rejected: str | None = None  # why this worker will not run it (execute fails it)
     batched: bool = False  # added to the batch of another task: it uses that task's slot
     handed: bool = False  # a warm hand-over: its began goes with its handler (gpuq.worker.takeup)
+    start_by: float | None = None  # monotonic: a hand-over's began is waited for after this
     aio: AsyncCall | None = None  # its async handler's run on the event loop, while in it
     reservation: Reservation | None = None  # its memory in the ledger, until released (once)
     guard: threading.Lock = field(default_factory=threading.Lock)

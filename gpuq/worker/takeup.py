@@ -18,11 +18,13 @@ import json
 import logging
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import redis
 
+from gpuq.clock import from_time_reply
 from gpuq.errors import GpuqError, StaleLease, TaskNotFound
 from gpuq.functions import missing
 from gpuq.scripts import Call, Calls, Scripts
@@ -41,6 +43,47 @@ def handed_over(message: object) -> dict[str, str] | None:
     if not text.startswith("{"):
         return None
     return {str(k): str(v) for k, v in json.loads(text).items()}
+
+
+def pop(client: redis.Redis, keys: list[str], timeout: float) -> tuple[Any, tuple[float, int]]:
+    """BLPOP of the wake lists, and what bounds the server's clock for a hand-over it pops
+    (``start_by``): when it was sent, and the server's time read just after (TIME ahead of
+    it, in the same round trip). redis-py's own commands, not gpuq.wire.exchange: a
+    blocking wait would hold the client's kept connection for its whole timeout."""
+    pipe = client.pipeline(transaction=False)
+    pipe.time()
+    pipe.blpop(keys, timeout=timeout)
+    sent = time.monotonic()
+    server_time, popped = pipe.execute()
+    return popped, (sent, from_time_reply(server_time))
+
+
+def start_by(fields: dict[str, str], sent: float, server_ms: int) -> float | None:
+    """When (monotonic) a hand-over's handler stops starting before began is answered: half
+    its pickup window (``pickup_by``) is left on the server's clock, bounded from the server
+    time ``server_ms`` read just after ``sent`` (its pop's send): the server's clock reads at
+    most server_ms + (now - sent) then, whatever the hosts' clock offset or how long this
+    process was stopped or starved after the pop. The other half is for began's way to the
+    server; later, began is waited for, so a hand-over taken back meanwhile never starts
+    here. None (no ``pickup_by``): always waited for."""
+    try:
+        pickup, started = int(fields["pickup_by"]), int(fields["started_at"])
+    except (KeyError, ValueError):
+        return None
+    return sent + (pickup - (pickup - started) / 2 - server_ms) / 1000
+
+
+def in_time(running: Running, cold: bool) -> bool:
+    """A warm hand-over whose handler may start before began is answered: one popped late
+    (a loaded host, a stopped process) may be taken back before its began reaches the
+    server, and its handler must then not have started here (``start_by``)."""
+    if not running.handed or cold:
+        return False
+    if running.start_by is not None and time.monotonic() < running.start_by:
+        return True
+    log.info("task.take_up_late task=%s worker=%s: began waited for", running.task_id,
+             running.ctx.worker_id)
+    return False
 
 
 class TakeUp:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -73,9 +74,14 @@ def hand_over(queue: Queue, worker: Worker) -> tuple[str, dict[str, str]]:
     return task.id, dict(json.loads(message))
 
 
+def in_time() -> float:
+    """A start_by for a hand-over popped by hand: its worker is in time (takeup.start_by)."""
+    return time.monotonic() + WAIT_S
+
+
 def run(worker: Worker, fields: dict[str, str]) -> tuple[threading.Thread, list[Any]]:
     """The runner: take the hand-over up and run it in a thread; the settle calls go out."""
-    claimed = worker.handed(fields)
+    claimed = worker.handed(fields, in_time())
     assert claimed is not None
     pending: list[Any] = []
 
@@ -140,6 +146,37 @@ def taken_back(queue: Queue, worker: Worker, held: Held) -> None:
     r = queue.record(tid)
     assert (r.state, r.result, r.attempt) == (State.QUEUED, None, 0)
     assert "sla_met:P0" not in queue.redis.hgetall(queue.keys.stats)
+
+
+def test_a_warm_hand_over_popped_late_and_taken_back_never_starts_its_handler(
+        queue: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker pops the hand-over in time, then stalls (a loaded host) past half its
+    pickup window, and meanwhile the reaper takes it back: its began is waited for, finds
+    it taken back, and the handler never starts here (another worker runs it)."""
+    with warm(queue) as (worker, held):
+        task = queue.enqueue("held", model="m", vram_gb=4, priority="P0")  # P0: 100 ms window
+        handed = worker.handed
+
+        def stalled(fields: dict[str, str], *args: Any) -> Any:
+            time.sleep(0.3)  # the pop's reply read late: more than the window has passed
+            reap(queue, now_ms=server_ms(queue) + 1000)  # past its pickup deadline
+            return handed(fields, *args)
+
+        monkeypatch.setattr(worker, "handed", stalled)
+        claimed = worker.wait_for_work(0.0)
+        assert isinstance(claimed, tuple)
+        held.go.set()
+        pending = batch.execute(worker.executor, claimed, handed=True)
+        assert not held.started.is_set(), "the handler ran, and will run again elsewhere"
+        assert pending == []
+        r = queue.record(task.id)
+        assert (r.state, r.attempt) == (State.QUEUED, 0)
+        assert not worker.running.snapshot()
+
+
+def server_ms(queue: Queue) -> int:
+    secs, micros = queue.redis.time()
+    return int(secs) * 1000 + int(micros) // 1000
 
 
 def test_a_warm_hand_over_still_runs_when_began_cannot_be_sent(
@@ -230,7 +267,7 @@ def test_a_warm_hand_over_cut_off_before_its_ack_is_read_is_taken_up(real_queue:
         busy.lock.acquire()  # the take-up thread waits on it: the runner reads began's reply
         takeups._queue.put(busy)
         tid, fields = hand_over(real_queue, worker)
-        claimed = worker.handed(fields)
+        claimed = worker.handed(fields, in_time())
         assert claimed is not None
         real_queue.redis.execute_command("CLIENT", "PAUSE", str(WAIT_S * 2000), "WRITE")
         try:

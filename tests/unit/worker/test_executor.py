@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from typing import Any
 
 import fakeredis
@@ -211,7 +212,8 @@ def test_a_warm_hand_over_tells_began_no_load_came_first(monkeypatch: pytest.Mon
     monkeypatch.setattr(ex.scripts, "command", unsent)
     monkeypatch.setattr(ex.scripts, "run", lambda call: sent.append(call.args) or ("", 0))
     for cold in (False, True):
-        running = Running("t1", 7, Context("t1", 1, "w", "m", 1.0, 1.0), 0.0, handed=True)
+        running = Running("t1", 7, Context("t1", 1, "w", "m", 1.0, 1.0), 0.0, handed=True,
+                          start_by=time.monotonic() + 60)  # popped in time
         assert ex.taken_up({"id": "t1"}, Reservation("m", 1.0, cold, ()), running)
     assert [args[3] for args in sent] == ["1", "1", "0"]
 
