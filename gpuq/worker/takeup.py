@@ -86,6 +86,20 @@ def in_time(running: Running, cold: bool) -> bool:
     return False
 
 
+def bounded(pool: Any) -> Any:
+    """A connection of ``pool`` for take-ups, whose reads are bounded: it carries only short
+    scripts (began, the run's ack, fail or requeue), never a blocking pop, so a reply not in
+    by the pool's read timeout (its connect timeout where reads are unbounded for the pops:
+    gpuq.connection) means a lost connection, and a silent partition cannot hold the take-up
+    thread for good (a timeout is a connection error: began goes again)."""
+    conn = pool.get_connection()
+    options = pool.connection_kwargs
+    conn.socket_timeout = options.get("socket_timeout") or options.get("socket_connect_timeout") or 5.0
+    if settimeout := getattr(getattr(conn, "_sock", None), "settimeout", None):  # a fake has none
+        settimeout(conn.socket_timeout)  # a reconnect sets it from socket_timeout
+    return conn
+
+
 class TakeUp:
     """One hand-over's began, written and not yet answered."""
 
@@ -119,7 +133,7 @@ class TakeUps:
             conn = self._idle.pop()
             check(conn)  # closed while idle (a restart, a failover): began would be lost on it
         except IndexError:
-            conn = self.scripts.client.connection_pool.get_connection()
+            conn = bounded(self.scripts.client.connection_pool)
         try:
             conn.send_packed_command(pack(conn, [self.scripts.command(call)]), check_health=True)
         except (redis.RedisError, OSError) as exc:

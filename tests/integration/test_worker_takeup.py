@@ -5,6 +5,7 @@ back. A worker built in-process, not started: the test plays its runner."""
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +18,8 @@ from helpers import reap
 
 from gpuq import Config, Queue, worker_record
 from gpuq.app import App, Context
+from gpuq.connection import connect
+from gpuq.embedded import EmbeddedServer
 from gpuq.task import State
 from gpuq.worker import batch
 from gpuq.worker.gpu import GpuInfo
@@ -283,3 +286,42 @@ def test_a_warm_hand_over_cut_off_before_its_ack_is_read_is_taken_up(real_queue:
         busy.answered = True
         busy.lock.release()
     assert real_queue.record(tid).state is State.SUCCEEDED
+
+
+def test_a_take_up_connection_silenced_by_a_stopped_server_is_given_up_in_bounded_time() -> None:
+    """The server stops answering (SIGSTOP: the connection stays open, silent, as in a
+    partition) with began written: the take-up's read gives up at the pool's connect
+    timeout and drops the connection, rather than hold the take-up thread for good; began
+    goes again and, the server back, the hand-over is taken up and its SLA counted once."""
+    with EmbeddedServer() as server:
+        client = connect(server.url, socket_connect_timeout=0.5)
+        queue = Queue(client, Config(pool="silenced"))
+        try:
+            with warm(queue) as (worker, held):
+                tid, fields = hand_over(queue, worker)
+                assert server.proc is not None
+                server.proc.send_signal(signal.SIGSTOP)
+                try:
+                    thread, _ = run(worker, fields)
+                    assert held.started.wait(WAIT_S)
+                    up = worker.executor.takeups._sent[(tid, fields["token"])]
+                    assert wait_until(lambda: up.conn._sock is None), "still blocked on its read"
+                finally:
+                    server.proc.send_signal(signal.SIGCONT)
+                assert began_at(queue, tid), "began was lost"
+                held.go.set()
+                thread.join(WAIT_S)
+            assert queue.record(tid).state is State.SUCCEEDED
+            stats = queue.redis.hgetall(queue.keys.stats)  # decided once: late, by the stop
+            assert int(stats.get("sla_met:P0", 0)) + int(stats.get("sla_missed:P0", 0)) == 1
+        finally:
+            client.close()
+
+
+def wait_until(check: Any) -> bool:
+    """check() once true, polled for up to WAIT_S."""
+    for _ in range(WAIT_S * 20):
+        if check():
+            return True
+        threading.Event().wait(0.05)
+    return False
