@@ -175,6 +175,19 @@ def report_starts(ex: Executor, items: list[Claimed], *, warm: bool = False) -> 
     return [item for item in items if item[2].task_id not in lost]
 
 
+def start(ex: Executor, items: list[Claimed], loaded: bool) -> list[Claimed]:
+    """The tasks whose handler starts now, taken up: a warm hand-over started alone (no
+    batch wait) as a single handler's is, its began not waited for while in time
+    (Executor.taken_up); any other began in one round trip (``report_starts``)."""
+    if len(items) == 1 and items[0][2].handed and items[0][1] is not None and not loaded:
+        fields, res, running = items[0]
+        if fields.get("sla") != "pending" or ex.taken_up(fields, res, running):
+            return items
+        ex.observer.observe(running.task_id, "lost")
+        return []
+    return report_starts(ex, items, warm=not loaded)
+
+
 def run(ex: Executor, spec: HandlerSpec, items: list[Claimed]) -> list[Call[Any]]:
     """Call the batch handler once for the tasks and settle each; their VRAM and slots are
     released first."""
@@ -213,8 +226,7 @@ def settle(ex: Executor, spec: HandlerSpec, items: list[Claimed]) -> list[Call[A
         calls = [give_back(ex, r, YIELDED, "yielded") for _, _, r in items
                  if r.ctx.yield_requested and not r.stopped]  # asked during the load: not run
         loaded = any(res is not None and res.cold for _, res, _ in items)
-        items = report_starts(ex, [i for i in items if not (i[2].ctx.yield_requested or i[2].stopped)],
-                              warm=not loaded)
+        items = start(ex, [i for i in items if not (i[2].ctx.yield_requested or i[2].stopped)], loaded)
         if not items:
             return calls
         runs = [r for _, _, r in items]

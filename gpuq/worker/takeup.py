@@ -195,9 +195,10 @@ class TakeUps:
     def answer(self, up: TakeUp, reply: Any, *, ended: bool) -> None:
         """began's reply: its SLA counted, or the run lost (``ended``: its handler returned,
         and its settle calls, fenced off, count it)."""
-        task_id = up.running.task_id
+        task_id, resent = up.running.task_id, False
         try:
             if isinstance(reply, (redis.ConnectionError, redis.TimeoutError, OSError)):
+                resent = True
                 # cut off unanswered (a restart, a failover, a kill): began may not have run;
                 # fenced and counted once, it goes again on one of the client's connections
                 reply = self.scripts.run_raw(up.call)
@@ -208,6 +209,10 @@ class TakeUps:
                 raise reply
             decided, now_ms = up.call.parse(reply)
         except (StaleLease, TaskNotFound):
+            if resent and ended:  # its settle calls may have run first: their replies tell
+                log.info("task.take_up_after_end task=%s worker=%s: began, sent again, found the "
+                         "task ended or taken back", task_id, self.id)
+                return
             log.warning("lease.lost task=%s worker=%s: taken back before it was taken up",
                         task_id, self.id)
             if not ended:

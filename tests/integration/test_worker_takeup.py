@@ -41,17 +41,19 @@ class Held:
 
 
 @contextmanager
-def warm(queue: Queue) -> Iterator[tuple[Worker, Held]]:
-    """Worker w1, idle in the pool (so enqueue hands it tasks), holding model m."""
+def warm(queue: Queue, batched: bool = False) -> Iterator[tuple[Worker, Held]]:
+    """Worker w1, idle in the pool (so enqueue hands it tasks), holding model m; ``batched``:
+    its handler a batch handler that waits for no batch."""
     app, held = App("takeup-test"), Held()
     app.any_model()(lambda name: name)
 
-    @app.handler("held")
-    def handler(model: Any, payload: Any, ctx: Context) -> str:
-        held.ctx = ctx
+    def handler(model: Any, payload: Any, ctx: Any) -> Any:
+        held.ctx = ctx.contexts[0] if batched else ctx
         held.started.set()
         assert held.go.wait(WAIT_S)
-        return "done"
+        return ["done"] if batched else "done"
+
+    app.handler("held", **({"batch": 4, "batch_wait_ms": 0} if batched else {}))(handler)
 
     config = Config(pool=queue.config.pool, prefix=queue.config.prefix)
     worker = Worker(queue.redis, config, app, GpuInfo("L4", "u1", 24, None, "declared"), worker_id="w1")
@@ -97,10 +99,13 @@ def run(worker: Worker, fields: dict[str, str]) -> tuple[threading.Thread, list[
     return thread, pending
 
 
-def test_a_warm_hand_over_starts_its_handler_before_began_is_answered(real_queue: Queue) -> None:
+@pytest.mark.parametrize("batched", [False, True], ids=["single", "batch-no-wait"])
+def test_a_warm_hand_over_starts_its_handler_before_began_is_answered(real_queue: Queue,
+                                                                     batched: bool) -> None:
     """The server holds every write (CLIENT PAUSE WRITE), began's too: the handler starts
-    all the same; once let go, began runs before the ack, so the SLA is decided."""
-    with warm(real_queue) as (worker, held):
+    all the same, a batch handler's that waits for no batch too; once let go, began runs
+    before the ack, so the SLA is decided."""
+    with warm(real_queue, batched) as (worker, held):
         paused(real_queue, worker, held)
 
 
@@ -286,6 +291,27 @@ def test_a_warm_hand_over_cut_off_before_its_ack_is_read_is_taken_up(real_queue:
         busy.answered = True
         busy.lock.release()
     assert real_queue.record(tid).state is State.SUCCEEDED
+
+
+def test_began_sent_again_after_its_runs_ack_ran_reads_as_no_lost_lease(
+        real_queue: Queue, caplog: pytest.LogCaptureFixture) -> None:
+    """The connection is cut after began and the ack both ran, their replies unread: began
+    goes again and finds the task ended. That is no lost lease (the ack's retry tells how
+    the run ended): said as such, not as a hand-over taken back."""
+    with warm(real_queue) as (worker, held):
+        held.go.set()
+        tid, fields = hand_over(real_queue, worker)
+        claimed = worker.handed(fields, in_time())
+        assert claimed is not None
+        worker.settle(batch.execute(worker.executor, claimed, handed=True))
+        assert real_queue.record(tid).state is State.SUCCEEDED
+        call = worker.calls.began(tid, claimed[2].token, warm=True)
+        with caplog.at_level("INFO", logger="gpuq.worker.takeup"):
+            worker.executor.takeups.answer(TakeUp(None, call, fields, claimed[2]),
+                                           redis.ConnectionError("cut"), ended=True)
+        said = [r.getMessage() for r in caplog.records]
+        assert not any("lease.lost" in m for m in said), said
+        assert any(m.startswith(f"task.take_up_after_end task={tid}") for m in said), said
 
 
 def test_a_take_up_connection_silenced_by_a_stopped_server_is_given_up_in_bounded_time() -> None:
