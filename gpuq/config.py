@@ -51,6 +51,9 @@ class Config:
     exporter_models: int = 50  # per-model series the exporter keeps per metric (the rest: "other")
     stop_s: float = 5.0  # a task past its yield deadline that will not stop in-process this
     #                      long after being told makes the worker exit (EXIT_STUCK)
+    load_backoff_s: float = 30.0  # a model whose load failed is skipped by the worker's claims this
+    #                               long (0: not at all), doubled at each failure in a row...
+    load_backoff_max_s: float = 600.0  # ...up to this (gpuq.worker.broken)
     # reaper
     reap_interval_s: float = 1.0
     reaper_lock_s: float = 10.0
@@ -135,6 +138,9 @@ class Config:
             raise ConfigError("stream_maxlen must be >= 1")
         if not 1 <= self.stream_chunk_max_bytes <= 1 << 20:
             raise ConfigError("stream_chunk_max_bytes must be from 1 to 1048576")
+        if self.load_backoff_max_s < self.load_backoff_s:
+            raise ConfigError(f"load_backoff_max_s ({self.load_backoff_max_s}) must be >= "
+                              f"load_backoff_s ({self.load_backoff_s})")
         if not 0 < self.heartbeat_s < self.lease_s:
             raise ConfigError(f"heartbeat_s ({self.heartbeat_s}) must be > 0 and < lease_s ({self.lease_s})")
         return self

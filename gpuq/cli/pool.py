@@ -71,6 +71,12 @@ def _levels(ctx: click.Context, param: click.Parameter, value: str | None) -> st
 @click.option("--idle-timeout", "idle_timeout_s", type=float, default=None, callback=SECONDS,
               help="Idle seconds before unloading models and retiring above the pool's "
                    f"min_workers (default {DEFAULTS.idle_timeout_s:g}; 0: never; env GPUQ_IDLE_TIMEOUT_S).")
+@click.option("--load-backoff", "load_backoff_s", type=float, default=None, callback=SECONDS,
+              help="Seconds a model whose load failed here is left to other workers, doubled at each "
+                   f"failure in a row (default {DEFAULTS.load_backoff_s:g}; env GPUQ_LOAD_BACKOFF_S).")
+@click.option("--load-backoff-max", "load_backoff_max_s", type=float, default=None, callback=SECONDS,
+              help=f"The longest such backoff (default {DEFAULTS.load_backoff_max_s:g}; "
+                   "env GPUQ_LOAD_BACKOFF_MAX_S).")
 @click.option("--priorities", default=None, callback=_levels,
               help="Serve only these priorities, e.g. P0,P1: a dedicated lane (env GPUQ_PRIORITIES).")
 @click.option("--metrics-port", type=int, default=None,
@@ -85,8 +91,9 @@ def _levels(ctx: click.Context, param: click.Parameter, value: str | None) -> st
 def worker(ctx: click.Context, app_path: str, gpu_index: str | None, gpu_count: int | None,
            vram_gb: float | None, gpu_name: str | None, concurrency: int | None,
            worker_id: str | None, burst: bool,
-           idle_timeout_s: float | None, priorities: str | None, metrics_port: int | None,
-           metrics_host: str | None, rq_allow: tuple[str, ...], rq_url: str | None) -> None:
+           idle_timeout_s: float | None, load_backoff_s: float | None, load_backoff_max_s: float | None,
+           priorities: str | None, metrics_port: int | None, metrics_host: str | None,
+           rq_allow: tuple[str, ...], rq_url: str | None) -> None:
     """Run one worker process on one GPU or a group of GPUs."""
     from gpuq.app import load_app
     from gpuq.rq.support import enable_worker, require
@@ -95,10 +102,11 @@ def worker(ctx: click.Context, app_path: str, gpu_index: str | None, gpu_count: 
 
     if rq_allow:
         require()  # before anything else: the rq extra is missing
-    queue = open_queue(ctx)
-    cfg = queue.config.with_options(concurrency=concurrency, idle_timeout_s=idle_timeout_s,
-                                    priorities=priorities, metrics_port=metrics_port,
-                                    metrics_host=metrics_host)
+    cfg = config_of(ctx).with_options(  # bad settings: one line before Redis is reached
+        concurrency=concurrency, idle_timeout_s=idle_timeout_s, priorities=priorities,
+        load_backoff_s=load_backoff_s, load_backoff_max_s=load_backoff_max_s,
+        metrics_port=metrics_port, metrics_host=metrics_host)
+    cfg = replace(cfg, redis_url=(queue := open_queue(ctx)).url)
     app = load_app(app_path)
     enable_worker(app, rq_allow, rq_url or queue.url, queue)
     gpu = probe(gpu_index, vram_gb, gpu_name, worker_id or "worker", gpu_count, cfg.kv_reserve_gb)

@@ -3,8 +3,9 @@
 A loader that raised (weights missing on this host's disk, a driver fault on this GPU) most
 likely fails the same way for the next task of that model here, while other workers may load
 it. After a failed load of a model the worker names it in its claims as one to skip
-(claim.lua leaves its queues to the other workers) for ``BACKOFF_S``, doubled at each failure
-in a row up to ``MAX_S``; a successful load forgets the failures. Past the backoff the next
+(claim.lua leaves its queues to the other workers) for ``load_backoff_s`` (gpuq.config, 30 s),
+doubled at each failure in a row up to ``load_backoff_max_s`` (10 min); a successful load
+forgets the failures. Past the backoff the next
 claim takes the model's tasks again and tries the load once more. A preload hint
 (gpuq.worker.control) skips the model as claims do.
 
@@ -23,9 +24,6 @@ from collections.abc import Callable
 from gpuq.errors import ModelLoadFailed
 from gpuq.worker.passing import Elsewhere
 
-BACKOFF_S = 30.0  # a model's first skip after a failed load (a load costs tens of seconds)
-MAX_S = 600.0  # the longest skip, however many failures in a row
-
 
 def skipped(model: str) -> str:
     """The error of a task passed on, unloaded, while its model is skipped on this worker."""
@@ -35,8 +33,11 @@ def skipped(model: str) -> str:
 class Broken:
     """Each model's failed loads in a row and until when this worker's claims skip it."""
 
-    def __init__(self, elsewhere: Elsewhere, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, elsewhere: Elsewhere, backoff_s: float, max_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.elsewhere = elsewhere  # who else runs a handler
+        self.backoff_s = backoff_s  # a model's first skip (a load costs tens of seconds)
+        self.max_s = max_s  # the longest, however many failures in a row
         self._clock = clock
         self._failed: dict[str, tuple[int, float]] = {}  # model -> (failures in a row, skip until)
         self._lock = threading.Lock()
@@ -45,7 +46,7 @@ class Broken:
         """A load of ``model`` failed: its failures in a row, and the seconds it is skipped."""
         with self._lock:
             count = self._failed.get(model, (0, 0.0))[0] + 1
-            wait = min(MAX_S, BACKOFF_S * 2 ** (count - 1))
+            wait = min(self.max_s, self.backoff_s * 2 ** min(count - 1, 64))  # 2**1024: no float
             self._failed[model] = (count, self._clock() + wait)
         return count, wait
 

@@ -56,7 +56,8 @@ class Executor:
         self.calls = calls
         self.observer = observer
         self.elsewhere = Elsewhere(presence)  # who else runs a handler this app lacks
-        self.broken = Broken(self.elsewhere)  # models whose load failed here: claims skip them
+        # models whose load failed here: claims skip them for a backoff
+        self.broken = Broken(self.elsewhere, calls.config.load_backoff_s, calls.config.load_backoff_max_s)
         self.runtimes = runtimes
         # (task id, token) -> its run, until its ack's reply: only an acked run is learned
         self.unacked: dict[tuple[str, str], Run] = {}

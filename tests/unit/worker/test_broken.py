@@ -4,16 +4,18 @@ started, whose calls are sent by hand."""
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any
 
 import fakeredis
+import pytest
 
 from gpuq import Config, Queue, State
 from gpuq.app import App, Context
 from gpuq.clock import server_ms
+from gpuq.errors import ConfigError
 from gpuq.metrics import WorkerMetrics
-from gpuq.worker import broken
 from gpuq.worker.broken import Broken
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.loop import Worker
@@ -32,21 +34,38 @@ class Clock:
 def test_a_failed_models_backoff_grows_with_each_failure_and_a_load_resets_it() -> None:
     clock = Clock()
     client = fakeredis.FakeRedis(decode_responses=True)
-    models = Broken(Elsewhere(Presence(client, Queue(client, Config(pool="p")).keys, "w")), clock)
+    models = Broken(Elsewhere(Presence(client, Queue(client, Config(pool="p")).keys, "w")), 30, 600, clock)
     assert models.skipped() == [] and not models.skipping("m")
-    assert models.failed("m") == (1, broken.BACKOFF_S)
+    assert models.failed("m") == (1, 30)
     assert models.skipped() == ["m"] and models.skipping("m")
-    clock.now += broken.BACKOFF_S + 1
+    clock.now += 30 + 1
     assert models.skipped() == [] and models.failures("m") == 1  # claimed again, failures kept
-    assert models.failed("m") == (2, 2 * broken.BACKOFF_S)
+    assert models.failed("m") == (2, 2 * 30)
     for _ in range(10):
         models.failed("m")
-    assert models.failed("m")[1] == broken.MAX_S
+    assert models.failed("m")[1] == 600
     assert models.loaded("m") == 13 and models.failures("m") == 0 and models.skipped() == []
-    assert models.failed("m") == (1, broken.BACKOFF_S)
+    assert models.failed("m") == (1, 30)
 
 
-def worker_with_a_broken_model() -> tuple[Worker, Queue, list[str], fakeredis.FakeRedis]:
+def test_a_workers_load_backoff_follows_its_settings() -> None:
+    """Regression: the backoff was fixed at 30 s doubling to 10 min, whatever the settings."""
+    worker, _, _, _ = worker_with_a_broken_model(Config(pool="p", load_backoff_s=2, load_backoff_max_s=5))
+    assert [worker.executor.broken.failed("bad")[1] for _ in range(3)] == [2, 4, 5]
+
+
+@pytest.mark.parametrize("env, fragment", [
+    ({"GPUQ_LOAD_BACKOFF_S": "60", "GPUQ_LOAD_BACKOFF_MAX_S": "10"},
+     "load_backoff_max_s (10.0) must be >= load_backoff_s (60.0)"),
+    ({"GPUQ_LOAD_BACKOFF_S": "-1"}, "load_backoff_s must be >= 0, got -1.0"),
+    ({"GPUQ_LOAD_BACKOFF_MAX_S": "nan"}, "load_backoff_max_s must be a finite number")])
+def test_bad_load_backoff_settings_are_refused_in_one_line(env: dict[str, str], fragment: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        Config.from_env(env)
+
+
+def worker_with_a_broken_model(config: Config | None = None) -> tuple[Worker, Queue, list[str],
+                                                                   fakeredis.FakeRedis]:
     """A worker whose loader of model "bad" raises, in a pool where another live worker runs
     the same handler; returns the worker, a queue, the loads tried, the client."""
     client = fakeredis.FakeRedis(decode_responses=True)
@@ -64,7 +83,7 @@ def worker_with_a_broken_model() -> tuple[Worker, Queue, list[str], fakeredis.Fa
     def echo(model: Any, payload: Any, ctx: Context) -> str:
         return str(model)
 
-    config = Config(pool="p")
+    config = config or Config(pool="p")
     worker = Worker(client, config, app, GpuInfo("L4", "uuid", 24, None, "declared"), worker_id="w")
     queue = Queue(client, config)
     client.zadd(queue.keys.workers, {"other": server_ms(client) + 600_000})
@@ -106,7 +125,7 @@ def test_a_claim_passes_over_a_model_whose_load_failed_on_its_worker() -> None:
     assert worker.claim(None) == 0.0  # nothing else it takes: it waits to be woken
     assert loads == ["bad", "good"]
 
-    clock.now += broken.BACKOFF_S + 1  # past the backoff: the next load failure spends an attempt
+    clock.now += worker.config.load_backoff_s + 1  # past the backoff: the next load failure spends an attempt
     task_id, model, end = claim_and_run(worker)
     assert (task_id, model, end[0], end[5]) == (bad2.id, "bad", "fail", "1")
     assert client.hget(queue.keys.task(bad2.id), "attempt") == "1"
@@ -142,7 +161,7 @@ def test_a_preload_hint_skips_a_model_whose_load_failed_on_its_worker() -> None:
     control = worker.heartbeat().control
     control.preload("bad", 4)
     assert "bad" not in worker.cache.resident and worker.cache.free_gb() == 19
-    clock.now += broken.BACKOFF_S + 1  # past the backoff: the hint tries the load again
+    clock.now += worker.config.load_backoff_s + 1  # past the backoff: the hint tries the load again
     control.preload("bad", 4)
     for thread in threading.enumerate():
         if thread.name == "preload-bad":
