@@ -17,6 +17,7 @@ docs/DECISIONS.md, "A model whose load failed is left to other workers".
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -77,6 +78,15 @@ class Broken:
         now = self._clock()
         with self._lock:
             return sorted(m for m, (_, until) in self._failed.items() if until > now)
+
+    def ends_in(self) -> float:
+        """Seconds until the nearest skip ends (inf: none): an idle worker looks at that model's
+        queued tasks again then, rather than at its next wake-up."""
+        if not self._failed:
+            return math.inf
+        now = self._clock()
+        with self._lock:
+            return min((until - now for _, until in self._failed.values() if until > now), default=math.inf)
 
     def skips(self, fields: dict[str, str]) -> bool:
         """Whether a task that reached this worker although its claims skip its model (a

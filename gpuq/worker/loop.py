@@ -149,15 +149,16 @@ class Worker:
 
     def wait_for_work(self, retry_s: float) -> Claimed | bool | None:
         """Block on this worker's wake list and the pool's (no sleep loop). A task left for a
-        better-placed worker is looked at again once its deferral ends (retry_s). Returns a
-        task handed over at enqueue, if the wake-up carried one; True for a "look" token (the
-        worker was made its shape's lookout: lib/lookout.lua)."""
+        better-placed worker is looked at again once its deferral ends (retry_s), a skipped
+        model's once its backoff ends (gpuq.worker.broken). Returns a task handed over at
+        enqueue, if the wake-up carried one; True for a "look" token (lib/lookout.lua)."""
         if self.burst:
             if not self.running.wait(retry_s or 1.0, unless_empty=retry_s <= 0):
                 self.stopping.set()  # burst: nothing left that this worker can run
                 self.done.set()
         elif self.running.slots_used() < self.config.concurrency:
-            timeout = max(0.01, retry_s if retry_s > 0 else self.config.idle_block_s)
+            timeout = max(0.01, min(retry_s if retry_s > 0 else self.config.idle_block_s,
+                                    self.executor.broken.ends_in() + 0.01))
             with self._blocked_lock:
                 self.blocked += 1
             try:
@@ -323,9 +324,8 @@ class Worker:
         with redis_errors(self.config.redis_url):  # gone since it registered: give up, one line
             heartbeat.beat()
         heartbeat.start()
-        log.info("worker.started worker=%s pool=%s gpu=%s vram_gb=%g concurrency=%d levels=%s",
-                 self.id, self.config.pool, self.gpu.name, self.gpu.total_gb,
-                 self.config.concurrency, self.levels)
+        log.info("worker.started worker=%s pool=%s gpu=%s vram_gb=%g concurrency=%d levels=%s", self.id,
+                 self.config.pool, self.gpu.name, self.gpu.total_gb, self.config.concurrency, self.levels)
         runners = [threading.Thread(target=self.runner, name=f"runner-{i}", daemon=True)
                    for i in range(self.config.concurrency)]
         for t in runners:

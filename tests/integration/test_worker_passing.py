@@ -56,3 +56,19 @@ def test_a_model_one_worker_cannot_load_runs_on_another_without_spending_attempt
     log = broken.log()
     assert log.count("model.load_failed worker=broken model=m-x") == 1  # then it skipped m-x
     assert "task.passed task=" in log and "task.failed" not in log
+
+
+def test_a_skipped_models_task_is_claimed_when_the_backoff_ends_not_at_the_next_wake_up(
+        procs: Procs, real_queue: Queue) -> None:
+    """Regression: an idle worker skipping a model blocked for its whole idle_block_s (60 s
+    here) past the backoff's end (2 s): a task of that model queued meanwhile waited for an
+    unrelated wake-up. Two slots: woken by enqueue rather than handed the task."""
+    broken = procs.worker("broken", concurrency=2, env={
+        "GPUQ_SIM_LOAD_FAILS": "m-x", "GPUQ_LOAD_BACKOFF_S": "2", "GPUQ_IDLE_BLOCK_S": "60"})
+    first = real_queue.enqueue("sim.run", model="m-x", vram_gb=4, max_attempts=1)
+    procs.wait_state(first.id, State.FAILED, timeout=15)  # its load failed: m-x skipped for 2 s
+    task = real_queue.enqueue("sim.run", model="m-x", vram_gb=4, max_attempts=1)
+    record = procs.wait_state(task.id, State.FAILED, timeout=20)  # claimed, its load tried again
+    assert "loading model m-x failed" in (record.error or "")
+    assert broken.log().count("model.load_failed worker=broken model=m-x") == 2
+    assert "failures=2" in broken.log()
