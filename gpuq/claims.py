@@ -38,9 +38,9 @@ class ClaimRequest:
     # the worker knows it is not in `idle`: it has one slot, and its last claim (or a
     # hand-over) gave it a task; only a claim that found nothing lists it there again
     unlisted: bool = False
-    # models whose load failed on this worker lately: the claim passes their queues over
-    # (gpuq.worker.broken)
-    skipped: Sequence[str] = ()
+    # (model, ms) of models whose load failed on this worker lately: the claim passes their
+    # queues over, and offers pass the worker over for them, that long (gpuq.worker.broken)
+    skipped: Sequence[tuple[str, int]] = ()
 
     def fits(self, model: str, need_gb: float, gpus: int = 1) -> bool:
         """claim.lua's fit rule: a task asks no more devices than the group has; a held

@@ -222,7 +222,8 @@ class Keys:
 
     @property
     def lanes(self) -> str:
-        """Workers serving only some priorities (dedicated lanes): id -> levels, e.g. "01"."""
+        """Workers not offered every task: id -> levels (a dedicated lane, e.g. "01"), then the
+        models its claims skip with their ends (lib/lanes.lua)."""
         return self._key("lanes")
 
     @property

@@ -104,8 +104,8 @@ class Calls:
             args += [handler, str(more)]
         for model, footprint in req.loaded:  # negative: a running task uses it
             args += [model, ("-" if model in req.in_use else "") + _num(footprint)]
-        for model in req.skipped:
-            args += [model, "skip"]
+        for model, left_ms in req.skipped:
+            args += [model, f"skip:{left_ms}"]
         return Call("claim", args, Claim.parse)
 
     def claim_batch(self, worker_id: str, first: dict[str, str], free_gb: float,

@@ -37,8 +37,9 @@
 -- ARGV[20]  K: the worker's batch handlers (0..1000), then K pairs: handler name, how many
 --           more tasks its batch may take (0..1e4)
 -- ARGV[..]  pairs: loaded model name, its footprint (GB), negative while a running task of this
---           worker uses it (then it is not in the evictable VRAM); or a model name and "skip": its
---           load failed on this worker, whose claims pass its queues over a while (worker/broken.py)
+--           worker uses it (then it is not in the evictable VRAM); or a model name and "skip:<ms>":
+--           its load failed here; claims pass its queues over, and `lanes` lists it, <ms> more
+--           (worker/broken.py, lib/lanes.lua; a bare "skip": passed over, not listed)
 -- Returns  {0, "none", retry_ms}  nothing this worker can run; it is marked idle. retry_ms > 0:
 --            a task was left for another worker; this one looks again then (lib/lookout.lua)
 --          {0, "task", field, value, ...}  the claimed task: id, token, handler, payload, model,
@@ -94,10 +95,11 @@ for i = 21, 20 + 2 * nb, 2 do
   batches[ARGV[i]] = arg_num(i + 1, 0, 1e4, true)
   if ARGV[i] == '' or not batches[ARGV[i]] then return {1, 0, 'batch handlers must be name, count pairs'} end
 end
-local held, held_names, in_use, skip = {}, {}, {}, {}
+local held, held_names, in_use, skip, lane = {}, {}, {}, {}, levels
 for i = 21 + 2 * nb, #ARGV, 2 do
-  local gb = arg_num(i + 1, -1e9, 1e9)
-  if ARGV[i] == '' or not (gb or ARGV[i + 1] == 'skip') then return {1, 0, 'malformed model pair'} end
+  local gb, left = arg_num(i + 1, -1e9, 1e9), string.match(ARGV[i + 1], '^skip:(%d+)$')
+  if ARGV[i] == '' or not (gb or left or ARGV[i + 1] == 'skip') then return {1, 0, 'malformed model pair'} end
+  if left then lane = lane .. ' ' .. ARGV[i] .. ' ' .. ms(now + tonumber(left)) end
   if not gb then skip[ARGV[i]] = true else
     held[ARGV[i]], in_use[ARGV[i]] = math.abs(gb), gb < 0 or string.byte(ARGV[i + 1]) == 45
     held_names[#held_names + 1] = ARGV[i]
@@ -139,7 +141,7 @@ end
 local function better_elsewhere(m, need, p, wants)
   return remembered('e', m, need, p, wants, function()
     return idle_holder(m, need, worker, p, wants)
-      or tightest(need, '(' .. claimable, worker, p, true, wants) or false
+      or tightest(need, '(' .. claimable, worker, p, true, wants, m, now) or false
   end)
 end
 
@@ -163,26 +165,24 @@ local function busy_holders(m, need, p, wants)
   end)
 end
 
--- Whether the k-th task of queue (p, m) is better left for m's busy holders: the first of
--- them frees up, then they take the queue's tasks in turn (each about est_s long, as this
--- one), and would reach it within the left_s seconds it may still wait. Batch work prefers
--- waiting within its bound to a cold load; waiting for a holder that frees up only after
--- the bound is pure loss, since the task would be loaded cold then anyway.
+-- Whether the k-th task of queue (p, m) is better left for m's busy holders: the first of them
+-- frees up, then they take the queue's tasks in turn (each about est_s long, as this one), and
+-- would reach it within the left_s seconds it may still wait. Batch work prefers waiting within
+-- its bound to a cold load; waiting past it is pure loss (the task is loaded cold then anyway).
 local function wait_for_holders(m, need, p, k, est_s, left_s, wants)
   local n, free_in = busy_holders(m, need, p, wants)
   return n > 0 and free_in + math.floor((k - 1) / n) * est_s <= left_s
 end
 
--- The first `scan` tasks of a queue in the order a claim considers them. For a model this
--- worker holds (a warm start), those that can still start by their score (the start-by time:
--- SLA or deadline) first, oldest first, then the late ones: under overload a late task has
--- missed its SLA already, while taking it first makes the fresh ones behind it miss too. A
--- late task still goes before the next level's work. A cold start misses a short SLA anyway,
--- so other workers take their queues oldest first. With tenancy on, a queue's order is its
--- tenants' fair order (a flooding tenant's tasks lie ahead of now), kept as it is. Also
--- returns the ids and scores read (the head the index keeps) and, when only the first two
--- were, what reads the rest: most claims take the first, and the server formats every score
--- it replies (as much as a command each).
+-- The first `scan` tasks of a queue in the order a claim considers them. For a model this worker
+-- holds (a warm start), those that can still start by their score (the start-by time: SLA or
+-- deadline) first, oldest first, then the late ones: under overload a late task has missed its
+-- SLA already, while taking it first makes the fresh ones behind it miss too. A late task still
+-- goes before the next level's work. A cold start misses a short SLA anyway, so other workers
+-- take their queues oldest first. With tenancy on, a queue's order is its tenants' fair order (a
+-- flooding tenant's tasks lie ahead of now), kept as it is. Also returns the ids and scores read
+-- (the head the index keeps) and, when only the first two were, what reads the rest: most
+-- claims take the first, and the server formats every score it replies (a command's worth).
 local function candidates(q, warm)
   local head = redis.call('ZRANGE', q, '0', '1', 'WITHSCORES')
   if tenancy or not warm or not head[2] or tonumber(head[2]) >= now then
@@ -355,8 +355,7 @@ if not id then
     if w and not pass_to[w] then wake_worker(w) end
   end
   redis.call('ZADD', K_IDLE, claimable, worker)
-  -- a lane is listed where wake-ups look, so tasks it does not serve are not offered to it
-  if levels ~= '0123' then redis.call('HSET', K_LANES, worker, levels) end
+  if lane ~= '0123' then redis.call('HSET', K_LANES, worker, lane) end  -- wake-ups read it (lib/lanes)
   -- a hand-over not yet taken up: look again at its deadline (taken back if still not)
   if pickup and pickup > now then unread_until = reclaim_handed(now, 8, TTL, pickup) end
   if unread_until then retry = math.min(retry or math.huge, math.max(1, unread_until - now + 1)) end
@@ -396,5 +395,6 @@ elseif next_head then
 end
 if slots > 1 then redis.call('ZADD', K_IDLE, claimable - use, worker)
 elseif ARGV[19] ~= '2' then redis.call('ZREM', K_IDLE, worker) end
+if slots > 1 and lane ~= levels then redis.call('HSET', K_LANES, worker, lane) end  -- still idle
 if lookout then pass_lookout(worker, claimable, levels, gpus, now) end
 return reply

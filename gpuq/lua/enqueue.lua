@@ -230,7 +230,7 @@ for _, i in ipairs(ready) do
     score = math.min(score, deadline - math.floor(ests[i] * 1000))
     deadline = ms(deadline)
   end
-  local w, idle, warm = pick(model, vram, prio, idle_n, gpus_of[i])
+  local w, idle, warm = pick(model, vram, prio, idle_n, gpus_of[i], now)
   -- a call of one task may hand it over; a bulk call's tasks are queued and their workers
   -- woken, so each claim picks the best of the batch (the first task need not be it)
   local tenant = ARGV[o + 10]

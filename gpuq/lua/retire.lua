@@ -18,6 +18,7 @@
 --          {1, 0, reason} INVALID: a malformed argument (nothing written)
 
 --@include args
+--@include lanes
 --@include lookout
 --@include depart
 
@@ -46,7 +47,7 @@ local w = redis.call('HMGET', wk, 'models', 'gpus')
 local lanes = redis.call('HGET', K_LANES, worker)
 depart(worker, w[1])
 redis.call('HSET', wk, 'state', 'retiring')
-if claimable then pass_lookout(worker, claimable, lanes or '0123', tonumber(w[2]) or 1, now) end
+if claimable then pass_lookout(worker, claimable, lane_levels(lanes), tonumber(w[2]) or 1, now) end
 for _, k in ipairs({wk, wake_key(worker), control_key(worker), reservation_key(worker)}) do
   redis.call('PEXPIRE', k, 86400000)
 end

@@ -2,12 +2,12 @@
 
 A loader that raised (weights missing on this host's disk, a driver fault on this GPU) most
 likely fails the same way for the next task of that model here, while other workers may load
-it. After a failed load of a model the worker names it in its claims as one to skip
-(claim.lua leaves its queues to the other workers) for ``load_backoff_s`` (gpuq.config, 30 s),
-doubled at each failure in a row up to ``load_backoff_max_s`` (10 min); a successful load
-forgets the failures. Past the backoff the next
-claim takes the model's tasks again and tries the load once more. A preload hint
-(gpuq.worker.control) skips the model as claims do.
+it. After a failed load of a model the worker names it in its claims as one to skip (claim.lua
+leaves its queues to the other workers, and offers pass the worker over for it: lib/lanes.lua)
+for ``load_backoff_s`` (gpuq.config, 30 s), doubled at each failure in a row up to
+``load_backoff_max_s`` (10 min); a successful load forgets the failures. Past the backoff (an
+idle worker wakes then) the next claim takes the model's tasks again and tries the load once
+more. A preload hint (gpuq.worker.control) skips the model as claims do.
 
 The task whose load failed is passed on, its attempt given back (``gpuq.worker.passing``),
 when the failure is the first in a row and another live worker runs its handler; a later
@@ -71,13 +71,16 @@ class Broken:
             kept = self._failed.get(model)
         return kept is not None and kept[1] > self._clock()
 
-    def skipped(self) -> list[str]:
-        """The models claims skip now; every claim asks, and almost always none failed."""
+    def skipped(self) -> list[tuple[str, int]]:
+        """The models claims skip now, each with the ms its skip lasts (the claim lists it in
+        `lanes` that long, so that offers pass this worker over for it: lib/lanes.lua); every
+        claim asks, and almost always none failed."""
         if not self._failed:
             return []
         now = self._clock()
         with self._lock:
-            return sorted(m for m, (_, until) in self._failed.items() if until > now)
+            return sorted((m, math.ceil((until - now) * 1000))
+                          for m, (_, until) in self._failed.items() if until > now)
 
     def ends_in(self) -> float:
         """Seconds until the nearest skip ends (inf: none): an idle worker looks at that model's

@@ -11,6 +11,7 @@
 -- an idle worker of its shape, woken to claim now.
 
 --@include args
+--@include lanes
 --@include wake
 
 -- A lookout's time to look again is rounded up to a multiple of this many ms, so that one
@@ -40,7 +41,7 @@ local function pass_lookout(worker, claimable, levels, gpus, now)
   if w ~= worker then return end
   local room = string.format('%.17g', claimable)  -- exact: Lua's own text of a number rounds
   for _, other in ipairs(redis.call('ZRANGEBYSCORE', K_IDLE, room, room, 'LIMIT', 0, 8)) do
-    if other ~= worker and (redis.call('HGET', K_LANES, other) or '0123') == levels
+    if other ~= worker and lane_levels(redis.call('HGET', K_LANES, other)) == levels
         and (tonumber(redis.call('HGET', worker_key(other), 'gpus')) or 1) == gpus then
       redis.call('HSET', K_LOOKOUTS, shape, ms(now) .. ' ' .. other)
       wake_worker(other, 'look')

@@ -30,7 +30,7 @@ local function push(id, now, ttl)
   redis.call('ZREM', K_HANDED, id)  -- a hand-over's entry: only its own run may be taken back
   watch_deadline(id, f[5], f[6])
   local idle_n = redis.call('ZCARD', K_IDLE)
-  local offered, woken = wake(f[2], tonumber(f[4]), f[1], idle_n, tonumber(f[9]) or 1)
+  local offered, woken = wake(f[2], tonumber(f[4]), f[1], idle_n, tonumber(f[9]) or 1, now)
   redis.call('HSET', task_key(id), 'offered', offered or '', 'fair', fair_field)
   -- a woken worker has left the idle set: a pool-wide wake too while others remain
   if not woken or idle_n > 1 then wake_pool(1) end

@@ -1,6 +1,7 @@
 -- lib/wake.lua: the wake rule: which worker a task is offered to, and wake-ups.
 
 --@include args
+--@include lanes
 
 -- token: "1", or "look" for a worker woken as its shape's lookout (lib/lookout.lua)
 local function wake_worker(w, token)
@@ -13,16 +14,6 @@ local function wake_pool(count)
   -- the list is full most of the time nobody idles: then nothing is pushed
   local room = 16 - redis.call('LLEN', K_POOL_WAKE)
   for _ = 1, math.min(count or 1, room) do redis.call('LPUSH', K_POOL_WAKE, '1') end
-end
-
--- Whether a worker whose levels are `levels` (nil or false: all) serves priority p.
-local function lane_serves(levels, p)
-  return not levels or string.find(levels, tostring(p), 1, true) ~= nil
-end
-
--- Whether worker w serves priority p: only dedicated lanes are listed in `lanes`.
-local function serves(w, p)
-  return lane_serves(redis.call('HGET', K_LANES, w), p)
 end
 
 -- Whether worker w's group has `gpus` devices: read only for a task asking for more than one.
@@ -57,19 +48,20 @@ local function idle_holder(m, need, except, p, gpus)
   return nil
 end
 
--- The idle worker other than `except` serving priority p, with `gpus` devices, with the
--- least claimable VRAM in [need, upper] (among the 8 tightest: lanes are few; for a task on
--- several GPUs, 64, then the 8 roomiest: one-GPU workers with room must not hide a group);
--- with `unoccupied`, only one running no task (one with free slots stays in `idle` while it
--- runs others). A group's VRAM spans its devices: one-GPU work leaves a four-GPU group free.
+-- The idle worker other than `except` serving priority p, with `gpus` devices, not skipping
+-- model m at time now (m nil: any), with the least claimable VRAM in [need, upper] (among
+-- the 8 tightest: lanes are few; for a task on several GPUs, 64, then the 8 roomiest:
+-- one-GPU workers with room must not hide a group); with `unoccupied`, only one running no
+-- task (one with free slots stays in `idle` while it runs others). A group's VRAM spans its
+-- devices: one-GPU work leaves a four-GPU group free.
 --@calls ZRANGEBYSCORE ZREVRANGEBYSCORE (named in `reads`: gpuq/acl.py grants them)
-local function tightest(need, upper, except, p, unoccupied, gpus)
+local function tightest(need, upper, except, p, unoccupied, gpus, m, now)
   local reads = gpus > 1 and {{64, 'ZRANGEBYSCORE', need, upper}, {8, 'ZREVRANGEBYSCORE', upper, need}}
     or {{8, 'ZRANGEBYSCORE', need, upper}}
   for _, r in ipairs(reads) do
     local got = redis.call(r[2], K_IDLE, r[3], r[4], 'LIMIT', 0, r[1])
     for _, w in ipairs(got) do
-      if w ~= except and serves(w, p) and has_gpus(w, gpus)
+      if w ~= except and serves(w, p, m, now) and has_gpus(w, gpus)
           and not (unoccupied and redis.call('SCARD', worker_tasks_key(w)) > 0) then return w end
     end
     if #got < r[1] then return nil end  -- every idle worker in range was looked at
@@ -122,8 +114,8 @@ end
 -- it fits most tightly. With no worker idle the planner weighs every running task, as for
 -- any task that fits no idle worker. Returns that worker (or nil), whether it idles and
 -- whether it holds the model (only an idle holder with room is picked for holding it).
--- idle_n: the idle set's size; gpus: the devices the task runs across.
-local function pick(m, need, p, idle_n, gpus)
+-- idle_n: the idle set's size; gpus: the devices the task runs across; now: ms.
+local function pick(m, need, p, idle_n, gpus, now)
   idle_n = idle_n or redis.call('ZCARD', K_IDLE)
   if idle_n == 0 then return nil, false, false end
   local w = idle_holder(m, need, nil, p, gpus)
@@ -132,7 +124,7 @@ local function pick(m, need, p, idle_n, gpus)
     local busy = yielding_holder(m, need, p, gpus)
     if busy then return busy, false, true end
   end
-  w = tightest(need, '+inf', nil, p, false, gpus)
+  w = tightest(need, '+inf', nil, p, false, gpus, m, now)
   if not w then return nil, false, false end
   return w, true, false
 end
@@ -142,8 +134,8 @@ end
 -- finds nothing to claim, so a burst of enqueues spreads over idle workers. Callers also
 -- post a pool-wide wake when no worker was woken, or (while others idle) in case the woken
 -- one died idle.
-local function wake(m, need, p, idle_n, gpus)
-  local w, idle = pick(m, need, p, idle_n, gpus)
+local function wake(m, need, p, idle_n, gpus, now)
+  local w, idle = pick(m, need, p, idle_n, gpus, now)
   if idle then wake_worker(w) end
   return w, idle
 end

@@ -38,7 +38,7 @@ def test_a_failed_models_backoff_grows_with_each_failure_and_a_load_resets_it() 
     models = Broken(Elsewhere(Presence(client, Queue(client, Config(pool="p")).keys, "w")), 30, 600, clock)
     assert models.skipped() == [] and not models.skipping("m") and models.ends_in() == math.inf
     assert models.failed("m") == (1, 30)
-    assert models.skipped() == ["m"] and models.skipping("m") and models.ends_in() == 30
+    assert models.skipped() == [("m", 30_000)] and models.skipping("m") and models.ends_in() == 30
     clock.now += 30 + 1
     assert models.skipped() == [] and models.failures("m") == 1  # claimed again, failures kept
     assert models.failed("m") == (2, 2 * 30)

@@ -1,0 +1,31 @@
+-- lib/lanes.lua: what a worker is offered, from its `lanes` entry.
+--
+-- `lanes` lists the workers that are not offered every task: "<levels>" for a dedicated lane
+-- (e.g. "01"), then, for a worker whose claims skip models after their loads failed there
+-- (claim.lua `skip:<ms>` pairs), " <model> <until ms>" for each. An entry whose time has
+-- passed is stale, not removed: a worker's claim rewrites its entry while it skips, and a
+-- reader passes over the rest, so no other claim pays for a backoff's end.
+
+-- The levels of a `lanes` entry (nil or false: all).
+local function lane_levels(lane)
+  return lane and string.match(lane, '^%S+') or '0123'
+end
+
+-- Whether a worker whose `lanes` entry is `lane` (nil or false: none) serves priority p and,
+-- when model m is given, does not skip m at time now.
+local function lane_serves(lane, p, m, now)
+  if not lane then return true end
+  local levels, skips = string.match(lane, '^(%S+)(.*)$')
+  if not string.find(levels, tostring(p), 1, true) then return false end
+  if m and skips ~= '' then
+    for name, until_ms in string.gmatch(skips, '(%S+) (%d+)') do
+      if name == m and tonumber(until_ms) > now then return false end
+    end
+  end
+  return true
+end
+
+-- Whether worker w serves priority p (and, m given, does not skip model m at time now).
+local function serves(w, p, m, now)
+  return lane_serves(redis.call('HGET', K_LANES, w), p, m, now)
+end

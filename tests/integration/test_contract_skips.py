@@ -1,0 +1,53 @@
+"""Contract suite: a worker whose claims skip a model after its load failed there
+(gpuq/worker/broken.py) is passed over by the offers of that model's tasks, at enqueue and in
+other workers' claims, until the skip ends (lib/lanes.lua). Each test runs on fakeredis and on
+the real server (the ``backend`` fixture)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from helpers import T0, claim_reply, enqueue
+
+from gpuq import Queue, worker_record
+from gpuq.claims import ClaimRequest
+from gpuq.worker.gpu import GpuInfo
+from gpuq.worker.presence import Presence
+
+LEASE_MS, DEFER_MS, FAIR_EVERY = 30_000, 2_000, 5
+
+
+def idle(q: Queue, wid: str, free_gb: float, skipped: Sequence[tuple[str, int]] = (),
+         register: bool = True) -> None:
+    """A one-slot worker as presence writes it, whose claim (skipping ``skipped``) found nothing."""
+    if register:
+        gpu = GpuInfo("L4", f"uuid-{wid}", 24, None, "declared")
+        fields = worker_record.identity(wid, gpu, 5.0, 1, "0123", "h", 1, (DEFER_MS, FAIR_EVERY, LEASE_MS))
+        Presence(q.redis, q.keys, wid).register(fields, LEASE_MS)
+    req = ClaimRequest(wid, free_gb, 0, 1, skipped=tuple(skipped))
+    assert q.scripts.run(q.calls.claim(req, now_ms=T0)).task is None
+
+
+def test_enqueue_does_not_hand_a_task_to_a_worker_skipping_its_model(queue: Queue) -> None:
+    """Regression: enqueue handed a task to the tightest idle worker although that worker's
+    claims skipped the task's model (its load had failed there): the task was passed on
+    unloaded, 1 s in the delayed set, while another idle worker could have run it."""
+    idle(queue, "skipper", 10, [("m", 30_000)])  # the tighter fit for a 4 GB task
+    idle(queue, "other", 19)
+    first = enqueue(queue, T0 + 10, model="m", vram_gb=4)
+    assert queue.record(first).worker == "other"
+    idle(queue, "other", 19, register=False)
+    assert queue.record(enqueue(queue, T0 + 20, model="n", vram_gb=4)).worker == "skipper"  # n: not skipped
+    idle(queue, "skipper", 10, [("m", 30_000)], register=False)
+    # past the skip's end the tighter fit is offered m's tasks again (a stale entry is passed over)
+    assert queue.record(enqueue(queue, T0 + 30_001, model="m", vram_gb=4)).worker == "skipper"
+
+
+def test_a_claim_does_not_leave_a_task_for_a_worker_skipping_its_model(queue: Queue) -> None:
+    """Regression: a claim left a cold task for a tighter idle worker that skipped its model,
+    which was woken, skipped it, and the task waited out its defer bound."""
+    tid = enqueue(queue, T0, model="m", vram_gb=4)  # nobody idles: queued, offered to none
+    idle(queue, "skipper", 10, [("m", 30_000)])
+    c = claim_reply(queue, "other", 19, now_ms=T0 + 20)
+    assert c.task is not None and c.task["id"] == tid
+    assert queue.redis.llen(queue.keys.wake("skipper")) == 0  # not woken for it either
