@@ -56,8 +56,8 @@ class Executor:
         self.calls = calls
         self.observer = observer
         self.elsewhere = Elsewhere(presence)  # who else runs a handler this app lacks
-        # models whose load failed here: claims skip them for a backoff
-        self.broken = Broken(self.elsewhere, calls.config.load_backoff_s, calls.config.load_backoff_max_s)
+        config = calls.config  # models whose load failed here: claims skip them for a backoff
+        self.broken = Broken(self.elsewhere, config.load_backoff_s, config.load_backoff_max_s)
         self.runtimes = runtimes
         # (task id, token) -> its run, until its ack's reply: only an acked run is learned
         self.unacked: dict[tuple[str, str], Run] = {}
@@ -356,9 +356,8 @@ class Executor:
             log.warning("lease.lost task=%s worker=%s: %s", running.task_id, self.id,
                         "taken back before it was taken up" if running.handed else "lost during its load")
             return False
-        except redis.RedisError as exc:
-            # the handler still runs, its SLA uncounted; not a warm hand-over's, which may be
-            # taken back unanswered: it goes back at its pickup deadline (or its lease's end)
+        except redis.RedisError as exc:  # the handler runs, SLA uncounted; a warm hand-over's
+            # does not: it may be taken back unanswered at its pickup deadline (or lease's end)
             log.warning("sla.unreported task=%s worker=%s error=%s", running.task_id, self.id, exc)
             return not running.handed
         if decided:
