@@ -35,7 +35,7 @@ from gpuq.errors import GpuqError, StaleLease, TaskError, TaskNotFound
 from gpuq.scripts import Call
 from gpuq.worker.broken import skipped
 from gpuq.worker.executor import Claimed, Executor
-from gpuq.worker.outcome import encode, failure, late, where
+from gpuq.worker.outcome import batch_encode, failure, late, where
 from gpuq.worker.running import Running
 
 log = logging.getLogger(__name__)
@@ -264,8 +264,9 @@ def results_of(ex: Executor, spec: HandlerSpec, items: list[Claimed], results: A
     """One ack per task for a list of one result per task (a fail for an exception in the
     list); else every task fails."""
     n = len(items)
-    for _, _, r in items:
-        ex.observer.observe(r.task_id, phase="run", seconds=ran_s)
+    if ex.observer.metrics is not None:
+        for _, _, r in items:
+            ex.observer.observe(r.task_id, phase="run", seconds=ran_s)
     if not isinstance(results, list) or len(results) != n:
         got = (f"{len(results)} results" if isinstance(results, list)
                else f"a {type(results).__name__}, not a list,")
@@ -273,6 +274,7 @@ def results_of(ex: Executor, spec: HandlerSpec, items: list[Claimed], results: A
         log.info("task.failed tasks=%d worker=%s retryable=True error=%s", n, ex.id, message)
         return [ex.calls.fail(r.task_id, r.token, message) for _, _, r in items if not r.stopped]
     calls: list[Call[Any]] = []
+    encode = batch_encode()
     for (fields, _, r), result in zip(items, results):
         if r.stopped:  # no ack goes out: said, as for one task (Executor.execute)
             log.warning("lease.lost task=%s worker=%s: result discarded (its run was stopped)",

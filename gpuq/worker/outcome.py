@@ -3,7 +3,9 @@ traceback its log line carries), a result as the ack sends it."""
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from gpuq.errors import TaskError
@@ -42,11 +44,45 @@ def encode(result: Any) -> str:
         text = JSON.encode(result)
     except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise TaskError(f"handler returned a result that is not JSON: {exc}", False) from None
+    return sized(text)
+
+
+def sized(text: str) -> str:
+    """A result's JSON text, or TaskError when the ack would refuse it for its size."""
     if len(text) > MAX_RESULT_BYTES:  # the ack would be refused and the lease run out
         raise TaskError(f"handler returned a result of {len(text)} bytes, more than the "
                         f"{MAX_RESULT_BYTES} allowed: store large outputs elsewhere and "
                         f"return a reference", False)
     return text
+
+
+def batch_encode() -> Callable[[Any], str]:
+    """``encode`` for the results of one batch: JSONEncoder.encode builds its C encoder (and
+    a closure and a marks dict) for every call, much of a small result's cost; this one is
+    built once per batch, used by one thread. A result it refuses goes to ``encode``, which
+    says why, or encodes it (a refusal for marks an earlier failure left behind: the next
+    result gets fresh ones)."""
+    make = getattr(json.encoder, "c_make_encoder", None)  # CPython's _json: absent elsewhere
+    if make is None or JSON.indent is not None:
+        return encode
+    built: list[Callable[[Any, int], Any]] = []
+
+    def fast(result: Any) -> str:
+        if isinstance(result, str):
+            return encode(result)
+        if not built:
+            built.append(make({} if JSON.check_circular else None, JSON.default,
+                              json.encoder.encode_basestring_ascii if JSON.ensure_ascii
+                              else json.encoder.encode_basestring, JSON.indent, JSON.key_separator,
+                              JSON.item_separator, JSON.sort_keys, JSON.skipkeys, JSON.allow_nan))
+        try:
+            chunks = built[0](result, 0)
+        except (TypeError, ValueError, RecursionError):
+            built.clear()
+            return encode(result)
+        return sized("".join(chunks))
+
+    return fast
 
 
 def late(calls: Calls, worker_id: str, running: Running) -> Call[Any] | None:

@@ -15,9 +15,9 @@ from gpuq.app import App, BatchContext
 from gpuq.client import Queue
 from gpuq.errors import GpuqError, TaskError
 from gpuq.scripts import ClaimRequest
-from gpuq.task import State
+from gpuq.task import MAX_RESULT_BYTES, State
 from gpuq.testing import drain, memory_queue
-from gpuq.worker import batch
+from gpuq.worker import batch, outcome
 from gpuq.worker.executor import Executor
 from gpuq.worker.models import ModelCache
 from gpuq.worker.observer import Observer
@@ -339,3 +339,20 @@ def test_a_result_nested_too_deep_to_encode_fails_that_task_alone() -> None:
     first, second = map(q.record, ids)
     assert first.state == State.SUCCEEDED and first.result == 0
     assert second.state == State.FAILED and "not JSON" in (second.error or "")
+
+
+@pytest.mark.parametrize("value", [{"i": 1}, [1, 2.5, None, True], "text", 7, {"b": [{"c": "é"}]}])
+def test_a_batchs_encoder_writes_what_encode_writes(value: Any) -> None:
+    assert outcome.batch_encode()(value) == outcome.encode(value)
+
+
+def test_a_batchs_encoder_after_a_result_it_refused_encodes_the_next() -> None:
+    """A result the C encoder refuses midway leaves its containers marked: the same dict,
+    mended by the handler, is still encoded, not refused as circular."""
+    enc, result = outcome.batch_encode(), {"a": {1}}
+    with pytest.raises(TaskError, match="not JSON"):
+        enc(result)
+    result["a"] = 1  # type: ignore[assignment]
+    assert enc(result) == '{"a":1}'
+    with pytest.raises(TaskError, match="bytes, more than"):
+        enc(["x" * MAX_RESULT_BYTES])
