@@ -243,6 +243,8 @@ class Control:
             try:
                 ex.scripts.run(ex.calls.requeue(other.task_id, other.token, "worker restarted",
                                                 checkpoint=other.ctx.saved or ""))
+                # as at a shutdown: its attempt given back, its handler maybe started
+                log.warning("task.requeued task=%s worker=%s reason=stuck", other.task_id, self.id)
             except (GpuqError, redis.RedisError) as exc:
                 log.error("task.requeue_failed task=%s error=%s (the reaper will recover it)",
                           other.task_id, exc)

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 import fakeredis
+import pytest
 import redis
 
-from gpuq import Config, Queue, worker_record
+from gpuq import Config, Queue, State, worker_record
+from gpuq.worker import control as control_module
+from gpuq.worker.control import EXIT_STUCK
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.loop import Worker
+from gpuq.worker.running import Running
 from workers.sim import app
 
 
@@ -179,3 +184,24 @@ def test_a_run_given_back_at_shutdown_sends_nothing_when_its_handler_ends() -> N
     assert queue.record(running.task_id).state.value == "queued"
     assert running.stopped and running.ctx.should_stop()
     assert worker.executor.execute(fields, res, running) is None
+
+
+def test_a_stuck_exit_gives_back_the_tasks_still_running_and_logs_each(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A worker exiting stuck gives back its other tasks, attempts returned, as a shutdown
+    does, and says so per task (``task.requeued ... reason=stuck``, as a shutdown's give-back
+    does): a handler that had started is then no run beyond its claim to whoever reads the
+    logs (the chaos soak's checker)."""
+    config = Config(pool="sd", concurrency=2).validate()
+    queue, worker, (_, _, other) = claimed(config)
+    stuck = Running("t-stuck", 1, other.ctx, time.monotonic(), stopped=True)
+    exits: list[int] = []
+    monkeypatch.setattr(control_module.os, "_exit", exits.append)
+    monkeypatch.setattr(control_module.logging, "shutdown", lambda: None)  # caplog reads on
+    with caplog.at_level(logging.WARNING, logger="gpuq.worker.control"):
+        worker.heartbeat().control.exit_stuck(stuck)
+    assert exits == [EXIT_STUCK]
+    record = queue.record(other.task_id)
+    assert (record.state, record.attempt) == (State.QUEUED, 0)
+    assert f"task.requeued task={other.task_id} worker=w reason=stuck" in caplog.text
+    assert caplog.text.count("task.requeued") == 1
