@@ -5,7 +5,9 @@ It starts its own Redis (append-only file, ``appendfsync always`` unless told ot
 free port, 2 reapers and 6 worker processes (workers.chaos:app; mixed VRAM and concurrency),
 and enqueues tasks of mixed priorities, models, durations and kinds (some yield and resume from
 a checkpoint, some fail and retry, some are canceled, some carry deadlines) from a sync, an
-asyncio and a bulk producer; some run a handler with a ``timeout_s`` past it. Meanwhile it
+asyncio and a bulk producer; some run a handler with a ``timeout_s`` past it, and some heed no
+stop or yield request (sync and async; some swallow the stop once), so their worker stops them
+by force or exits stuck (75) and the soak, as its supervisor, restarts it. Meanwhile it
 SIGKILLs workers and the active reaper (replacements start), SIGSTOPs workers past their lease
 (busy ones, and idle ones so hand-overs land on a frozen worker) and continues them, kills the
 clients' connections (CLIENT KILL) while a hand-over is in flight, and restarts Redis (kill -9

@@ -18,10 +18,22 @@ resumes from the checkpoint), ``fail_once`` (raises on its first attempt), ``fai
 Handler ``chaos.timed`` has a ``timeout_s`` of ``TIMEOUT_S``: kind ``timeout_once`` works ``s``
 seconds (past it) on its first attempt, heeding no stop (it is failed, then stopped past the
 grace or its result discarded), and briefly after; ``timeout_always`` works ``s`` every time.
+
+Stubborn kinds heed nothing the worker says (no ``should_stop``, no ``should_yield``), so a
+run the worker wants ended is ended by force: ``stubborn`` (``chaos.run``) is a loop that never
+checks, for ``s`` seconds every attempt: a cancel, a lost lease or a yield request past its
+grace ends it with the worker's StopTask. On their first attempt ``stubborn_swallow``
+(``chaos.timed``) and ``stubborn_async`` (``chaos.atimed``, ``async def``, the same
+``timeout_s``) work ``s`` seconds, past the bound, and swallow the stop once: the first runs
+each step under a broad ``except Exception``, which takes StopTask too; the second catches
+the first cancel of its asyncio task. Still running ``stop_s`` after the stop, their worker
+exits EXIT_STUCK (the soak restarts it); later attempts are brief. A run that swallowed a stop
+and returned logs ``stop``, not ``ok``: its result must never be the task's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -74,14 +86,15 @@ for _name, (_vram, _load) in MODELS.items():
 
 def work(ctx: Context, seconds: float, done_before: float, heed: bool = True) -> float:
     """Work until ``seconds`` are done in all (counting ``done_before``); give way with a
-    checkpoint when asked to yield; stop early once the lease is lost (unless ``heed`` is
-    False: a handler that must be stopped). Returns seconds done."""
+    checkpoint when asked to yield; stop early once the lease is lost. With ``heed`` False,
+    neither (``should_yield()`` is true once the lease is lost, too): a handler that must be
+    stopped. Returns seconds done."""
     started = time.monotonic()
     while True:
         done = done_before + time.monotonic() - started
         if done >= seconds or (heed and ctx.should_stop()):
             return done
-        if ctx.should_yield():
+        if heed and ctx.should_yield():
             ctx.yield_now({"done_s": round(done, 4)})
         time.sleep(min(seconds - done, 0.02))
 
@@ -91,16 +104,47 @@ def timed(model: ChaosModel, payload: Any, ctx: Context) -> dict[str, Any]:
     return run(model, payload, ctx)
 
 
+def stubborn(seconds: float, swallow: bool) -> bool:
+    """Work ``seconds`` looking at nothing the worker says; with ``swallow`` each step runs
+    under a broad ``except Exception`` (a loop that logs an error and goes on), which takes
+    the worker's StopTask too. Returns whether a stop was swallowed."""
+    until, swallowed = time.monotonic() + seconds, False
+    while (left := until - time.monotonic()) > 0:
+        if not swallow:
+            time.sleep(min(left, 0.02))
+            continue
+        try:
+            time.sleep(min(left, 0.02))
+        except Exception:  # StopTask among them: it derives from Exception
+            swallowed = True
+    return swallowed
+
+
+def begin(ctx: Context) -> tuple[str, tuple[object, ...]]:
+    """A new run's id and the fields its log lines start with; its start line written."""
+    run_id = uuid.uuid4().hex[:12]
+    head = (ctx.task_id, ctx.attempt, ctx.worker_id, run_id)
+    note("start", *head)
+    return run_id, head
+
+
+def result(run_id: str, ctx: Context, model: ChaosModel, done_before: float = 0.0) -> dict[str, Any]:
+    return {"run": run_id, "worker": ctx.worker_id, "attempt": ctx.attempt, "model": model.name,
+            "resumed_from_s": done_before}
+
+
 @app.handler("chaos.run")
 def run(model: ChaosModel, payload: Any, ctx: Context) -> dict[str, Any]:
     kind = str(payload.get("kind", "run"))
     seconds = float(payload.get("s", 0.1))
-    run_id = uuid.uuid4().hex[:12]
-    head = (ctx.task_id, ctx.attempt, ctx.worker_id, run_id)
-    note("start", *head)
+    run_id, head = begin(ctx)
     end = "stop"
     try:
         done_before = float((ctx.checkpoint or {}).get("done_s", 0.0))
+        if kind == "stubborn" or (kind == "stubborn_swallow" and ctx.attempt == 1):
+            swallowed = stubborn(seconds, swallow=kind == "stubborn_swallow")
+            end = "stop" if swallowed else "ok"
+            return result(run_id, ctx, model)
         if kind == "yield_once" and ctx.checkpoint is None:
             work(ctx, seconds / 2, 0.0)
             ctx.yield_now({"done_s": round(seconds / 2, 4)})
@@ -110,10 +154,9 @@ def run(model: ChaosModel, payload: Any, ctx: Context) -> dict[str, Any]:
         if kind == "timeout_always" or (kind == "timeout_once" and ctx.attempt == 1):
             work(ctx, seconds, 0.0, heed=False)
         else:
-            work(ctx, 0.1 if kind == "timeout_once" else seconds, done_before)
+            work(ctx, 0.1 if kind in ("timeout_once", "stubborn_swallow") else seconds, done_before)
         end = "ok"
-        return {"run": run_id, "worker": ctx.worker_id, "attempt": ctx.attempt,
-                "model": model.name, "resumed_from_s": done_before}
+        return result(run_id, ctx, model, done_before)
     except Yielded:
         end = "yield"
         raise
@@ -121,4 +164,25 @@ def run(model: ChaosModel, payload: Any, ctx: Context) -> dict[str, Any]:
         end = "fail"
         raise
     finally:  # StopTask (a stop past the yield deadline) leaves end at "stop"
+        note(end, *head, int(ctx.lost))
+
+
+@app.handler("chaos.atimed", timeout_s=TIMEOUT_S)
+async def atimed(model: ChaosModel, payload: Any, ctx: Context) -> dict[str, Any]:
+    """Kind ``stubborn_async``: awaits heeding nothing, ``s`` seconds on its first attempt,
+    swallowing the first cancel of its asyncio task (a second one ends it)."""
+    run_id, head = begin(ctx)
+    end, swallowed = "stop", False
+    try:
+        until = time.monotonic() + (float(payload.get("s", 0.1)) if ctx.attempt == 1 else 0.1)
+        while (left := until - time.monotonic()) > 0:
+            try:
+                await asyncio.sleep(min(left, 0.02))
+            except asyncio.CancelledError:
+                if swallowed:
+                    raise
+                swallowed = True
+        end = "stop" if swallowed else "ok"
+        return result(run_id, ctx, model)
+    finally:  # cancelled twice, or the worker's exit: "stop" or no end line
         note(end, *head, int(ctx.lost))

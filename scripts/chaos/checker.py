@@ -60,6 +60,8 @@ class Snapshot:
     stuck_seen: set[str] = field(default_factory=set)  # noted stuck during the run (chaos.stuck)
     # task -> its warm hand-overs taken back with their handler started (the attempt given back)
     taken_back: Counter[str] = field(default_factory=Counter)
+    # task -> times a worker gave it back, its attempt uncounted, as it exited (stuck)
+    given_back: Counter[str] = field(default_factory=Counter)
     sla_counted: int = 0  # the pool's stats: sla_met + sla_missed over every priority
     sla_unreported: set[str] = field(default_factory=set)  # began's call failed (logged)
     # task id -> what a cancel of it answered: the state it found ("queued", "running"...),
@@ -143,20 +145,29 @@ def runs_beyond_claims(s: Snapshot) -> list[str]:
     """Tasks whose handler started more often than they were claimed: each claim counts an
     attempt, and a yield (or a stop) gives its attempt back while counting a preemption, and
     a warm hand-over taken back before its began arrived (its handler started, the run lost)
-    gives it back too, so starts can never exceed attempt + preemptions + those unless a run
-    had no claim of its own."""
+    gives it back too, as does a worker that exits (stuck) for the tasks it still ran, so
+    starts can never exceed attempt + preemptions + those unless a run had no claim of its own."""
     starts = Counter(r.task for r in s.runs)
     out = []
     for task_id, n in starts.items():
         f = s.tasks.get(task_id)
-        given_back = int(f.get("preemptions") or 0) + s.taken_back[task_id] if f else 0
+        given_back = (int(f.get("preemptions") or 0) + s.taken_back[task_id] + s.given_back[task_id]
+                      if f else 0)
         if f and n > int(f.get("attempt") or 0) + given_back:
             out.append(task_id)
     return sorted(out)
 
 
+def stopped_held(s: Snapshot) -> list[str]:
+    """Tasks with a run stopped by force (StopTask, a cancel of its asyncio task) though its
+    worker had not given it up: a stop goes only to a run requeued past its yield deadline
+    or lost (canceled, taken back, past its timeout_s), each marked lost before the stop."""
+    return sorted({r.task for r in s.runs if r.end == "stop" and not r.lost})
+
+
 def orphan_results(s: Snapshot) -> list[str]:
-    """Succeeded tasks whose result names no logged successful run (a result from nowhere)."""
+    """Succeeded tasks whose result names no logged successful run (a result from nowhere,
+    or from a run stopped by force that returned all the same)."""
     ok = {r.run for r in s.runs if r.end == "ok"}
     return [t for t in s.acked if s.tasks.get(t, {}).get("state") == "succeeded"
             and run_of(s.tasks[t].get("result")) not in ok]
@@ -220,10 +231,13 @@ def sla_off(s: Snapshot) -> int:
 
 def started_uncounted(s: Snapshot) -> list[str]:
     """Tasks whose handler started (a run logged) and whose SLA was never decided, but for a
-    began whose call failed with Redis away (logged ``sla.unreported``: uncounted by design)."""
-    started = {r.task for r in s.runs}
+    began whose call failed with Redis away (logged ``sla.unreported``: uncounted by design)
+    and a warm hand-over whose began found it taken back (canceled first) and that ended
+    without another run."""
+    started = Counter(r.task for r in s.runs)
     return sorted(t for t in started if t in s.acked and s.tasks.get(t)
-                  and not s.tasks[t].get("began_at") and t not in s.sla_unreported)
+                  and not s.tasks[t].get("began_at") and t not in s.sla_unreported
+                  and not (started[t] <= s.taken_back[t] and s.tasks[t].get("state") in TERMINAL))
 
 
 def _idle(worker: dict[str, str]) -> bool:
@@ -285,6 +299,7 @@ def check(s: Snapshot) -> dict[str, Any]:
         "results_written_twice": len(twice),
         "results_without_run": len(orphan_results(s)),
         "runs_beyond_claims": len(runs_beyond_claims(s)),
+        "stops_of_held_runs": len(stopped_held(s)),
         "wrong_endings": len(wrong),
         "sla_counts_off": sla_off(s),
         "started_sla_uncounted": len(started_uncounted(s)),
@@ -293,7 +308,7 @@ def check(s: Snapshot) -> dict[str, Any]:
         "vram_drift_max_gb": max(drift.values(), default=0.0),
         "leftover_keys": sum(s.leftovers.values()),
         "examples": {"lost": lost_enqueues(s)[:5], "twice": dict(list(twice.items())[:5]),
-                     "beyond_claims": runs_beyond_claims(s)[:5],
+                     "beyond_claims": runs_beyond_claims(s)[:5], "stopped_held": stopped_held(s)[:5],
                      "wrong_endings": dict(list(wrong.items())[:5]),
                      "sla_uncounted": started_uncounted(s)[:5],
                      "drift": drift, "leftovers": {k: v for k, v in s.leftovers.items() if v}},

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,7 +78,8 @@ class Proc:
     log_file: IO[bytes]
     spec: WorkerSpec | None = None
     stopped: bool = False  # SIGSTOPped now
-    killed: bool = False
+    killed: bool = False  # by the injector (set before the signal: not revived)
+    revived: bool = False  # exited by itself and replaced (Cluster.revive)
     started: float = field(default_factory=time.monotonic)
 
     def alive(self) -> bool:
@@ -96,6 +98,8 @@ class Cluster:
         self.server = Server(run_dir, settings.fsync)
         self.procs: list[Proc] = []
         self._names: dict[str, int] = {}
+        self._naming = threading.Lock()  # the injector and the reviver start processes
+        self.fates = threading.Lock()  # a worker is either killed or revived, never both
         (run_dir / "runs").mkdir()
         (run_dir / "logs").mkdir()
 
@@ -119,8 +123,9 @@ class Cluster:
         return proc
 
     def _name(self, base: str) -> str:
-        n = self._names.get(base, 0)
-        self._names[base] = n + 1
+        with self._naming:
+            n = self._names.get(base, 0)
+            self._names[base] = n + 1
         return base if n == 0 else f"{base}-r{n}"
 
     def worker(self, slot: int, spec: WorkerSpec) -> Proc:
@@ -128,6 +133,29 @@ class Cluster:
         return self._spawn(name, "worker", [
             "worker", "--app", APP, "--vram-gb", f"{spec.vram_gb:g}", "--gpu-name", spec.gpu,
             "--concurrency", str(spec.concurrency), "--name", name], spec)
+
+    def replace_worker(self, proc: Proc) -> Proc:
+        """A new worker in the slot of ``proc`` (w3-r2 is slot 3), with its spec."""
+        assert proc.spec is not None
+        return self.worker(int(proc.name[1:].split("-")[0]), proc.spec)
+
+    def revive(self) -> list[tuple[Proc, Proc]]:
+        """Replace each worker that exited by itself (not killed by the injector): one whose
+        handler would not stop exits EXIT_STUCK for its supervisor to restart it, and the
+        soak is that supervisor. Returns (the one exited, its replacement) pairs."""
+        with self.fates:
+            gone = [p for p in self.procs
+                    if p.kind == "worker" and not (p.killed or p.revived) and not p.alive()]
+            for proc in gone:
+                proc.revived = True
+        return [(proc, self.replace_worker(proc)) for proc in gone]
+
+    def mark_killed(self, proc: Proc) -> bool:
+        """Claim ``proc`` for a kill by the injector; False when it already exited by itself
+        and was revived."""
+        with self.fates:
+            proc.killed = not proc.revived
+            return proc.killed
 
     def reaper(self, slot: int) -> Proc:
         return self._spawn(self._name(f"reaper{slot}"), "reaper", ["reaper"])

@@ -23,7 +23,13 @@ LATE = re.compile(r"task\.timed_out task=(\S+) worker=(\S+): ran past")
 ACK_FAILED = re.compile(r"task\.(?:ack|settle)_failed task=(\S+)")
 # a warm hand-over's began found it taken back: its handler had started (the attempt given back)
 TAKEN_BACK = re.compile(r"gpuq\.worker\.takeup lease\.lost task=(\S+) worker=\S+: taken back")
+# a task its worker gave back (attempt not counted) as it shut down or exited stuck: its
+# handler may have started
+GIVEN_BACK = re.compile(r"task\.requeued task=(\S+) worker=\S+ reason=")
 UNREPORTED = re.compile(r"sla\.unreported task=(\S+)")  # began's call failed: SLA uncounted
+# a warm hand-over's began that went unanswered: the hand-over may have been taken back at its
+# pickup deadline, its handler started, without the worker learning it
+UNANSWERED = re.compile(r"gpuq\.worker\.takeup sla\.unreported task=(\S+)")
 
 
 def read_tasks(client: redis.Redis, keys: Keys, snap: Snapshot) -> None:
@@ -50,7 +56,24 @@ def read_logs(run_dir: Path, snap: Snapshot) -> None:
         snap.rejected.update(Counter(REJECTED.findall(text) + LATE.findall(text)))
         snap.ack_failed |= {(t, path.stem) for t in ACK_FAILED.findall(text)}
         snap.sla_unreported |= set(UNREPORTED.findall(text))
-        snap.taken_back.update(TAKEN_BACK.findall(text))
+        snap.taken_back.update(TAKEN_BACK.findall(text) + UNANSWERED.findall(text))
+        snap.given_back.update(GIVEN_BACK.findall(text))
+
+
+# the worker's forced stops, by what forced them: a yield not made by its deadline, a run lost
+# (canceled, taken back, past its timeout_s) still running past the grace, and a handler
+# still running stop_s after either (the worker exits EXIT_STUCK)
+FORCED = (("stops_past_yield_deadline", "preempt.stopped task="),
+          ("stops_past_grace", "task.stopped task="), ("stuck_exits", "worker.stuck worker="))
+
+
+def forced_stops(run_dir: Path) -> dict[str, int]:
+    out = dict.fromkeys((key for key, _event in FORCED), 0)
+    for path in sorted((run_dir / "logs").glob("w*.log")):
+        text = path.read_text(errors="replace")
+        for key, event in FORCED:
+            out[key] += text.count(event)
+    return out
 
 
 def read_sla(client: redis.Redis, keys: Keys, snap: Snapshot) -> None:

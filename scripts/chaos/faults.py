@@ -101,12 +101,11 @@ class Injector:
         if not victims:
             return
         proc = self.rng.choice(victims)
+        if not self.cluster.mark_killed(proc):  # it exited by itself: already replaced
+            return
         proc.signal(signal.SIGKILL)
-        proc.killed = True
         proc.popen.wait(10)
-        assert proc.spec is not None
-        slot = int(proc.name[1:].split("-")[0])
-        new = self.cluster.worker(slot, proc.spec)
+        new = self.cluster.replace_worker(proc)
         self.faults.worker_kills += 1
         self.faults.note("worker_kill", target=proc.name, pid=proc.popen.pid, replacement=new.name)
 

@@ -15,10 +15,15 @@ ROWS = (
     ("conn_kills", "client connections killed (CLIENT KILL)", False),
     ("redis_restarts", "Redis restarts (of which kill -9)", False),
     ("faults_with_handed", "faults struck with a hand-over in flight", False),
+    ("runs_stopped", "handler runs stopped by force (StopTask, cancel)", False),
+    ("stops_past_yield_deadline", "forced stops past a yield deadline", False),
+    ("stops_past_grace", "forced stops of lost runs past the grace", False),
+    ("stuck_exits", "workers exiting stuck (75), restarted", False),
     ("lost_acked_enqueues", "lost acknowledged enqueues", True),
     ("results_written_twice", "results written twice", True),
     ("results_without_run", "results naming no logged run", True),
     ("runs_beyond_claims", "tasks run more often than claimed", True),
+    ("stops_of_held_runs", "runs stopped by force while still their worker's", True),
     ("wrong_endings", "tasks ended other than they should", True),
     ("sla_counts_off", "SLA counts less the tasks decided", True),
     ("started_sla_uncounted", "tasks started with their SLA never counted", True),
@@ -29,7 +34,7 @@ ROWS = (
 )
 DETAIL = ("redis_crashes", "aof_bytes_cut", "acked_in_last_s_before_kills", "endings_read_then_lost",
           "recoveries_s",
-          "handler_runs", "runs_ok", "runs_yielded", "runs_failed", "runs_stopped", "runs_cut_by_kill",
+          "handler_runs", "runs_ok", "runs_yielded", "runs_failed", "runs_cut_by_kill", "worker_exits",
           "late_acks_rejected", "enqueue_retries", "enqueue_retries_found_written",
           "enqueue_first_try_duplicates", "canceled", "states", "leftovers", "lost_detail", "wall_s")
 

@@ -23,6 +23,7 @@ PROCESS_ENV = {
     "GPUQ_LEASE_S": "3",
     "GPUQ_HEARTBEAT_S": "0.5",
     "GPUQ_SHUTDOWN_GRACE_S": "5",
+    "GPUQ_STOP_S": "1",  # a stopped handler still running this long: the worker exits EXIT_STUCK
     "GPUQ_IDLE_BLOCK_S": "1",
     "GPUQ_IDLE_TIMEOUT_S": "0",  # no retirement: the soak keeps its pool
     "GPUQ_RETRY_BASE_S": "0.2",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,8 @@ class Soak:
         self.ledger = Ledger()
         self.stop = threading.Event()  # producers, canceler, injector
         self.stop_observer = threading.Event()
+        self.stop_reviver = threading.Event()
+        self.exits: list[tuple[str, int]] = []  # workers that exited by themselves: (name, code)
         self.threads: list[threading.Thread] = []
         self.started = time.monotonic()
         self.deadline = self.started + settings.max_minutes * 60
@@ -62,6 +65,7 @@ class Soak:
         finally:
             self.stop.set()
             self.stop_observer.set()
+            self.stop_reviver.set()
             for t in self.threads:
                 t.join(10)
             self.cluster.close()
@@ -89,6 +93,7 @@ class Soak:
         self.stuck = StuckWatch(url, self.keys, lambda: {p.name for p in cluster.procs if p.stopped})
         self.thread("stuck", self.stuck.run, self.stop_observer)
         faults = self.thread("faults", injector.run, plan(s, s.enqueue_s), self.stop)
+        reviver = self.thread("reviver", self.revive)
         for t in [*producers, faults]:
             while t.is_alive() and self.left_s() > 0:
                 t.join(10)
@@ -101,8 +106,21 @@ class Soak:
         observer.sweep()
         time.sleep(3 * s.heartbeat_s + 0.5)  # idle workers show their ledger, claims go idle
         snap = self.snapshot(client, observer)
+        self.stop_reviver.set()  # before the workers are stopped: they exit by themselves then
+        reviver.join()
+        snap.killed |= {name for name, _code in self.exits}
         after = self.shut_down(client)
         return self.figures(snap, after)
+
+    def revive(self) -> None:
+        """The workers' supervisor: replace each that exits by itself (EXIT_STUCK: a handler
+        it could not stop) until the workers are stopped at the end."""
+        while not self.stop_reviver.wait(0.2):
+            for gone, new in self.cluster.revive():
+                code = gone.popen.returncode
+                self.exits.append((gone.name, code))
+                self.faults.note("worker_exit", target=gone.name, code=code, replacement=new.name)
+                say(f"{gone.name} exited with code {code}; {new.name} started")
 
     def wait_workers(self, client: redis.Redis) -> None:
         names = [p.name for p in self.cluster.live("worker")]
@@ -192,6 +210,8 @@ class Soak:
                                "recoveries_s": [round(r, 2) for r in f.recoveries_s]}
         out.update(check(snap))
         out.update(run_counts(snap))
+        out.update(collect.forced_stops(self.run_dir))
+        out["worker_exits"] = dict(Counter(str(code) for _name, code in self.exits))
         out.update({"enqueue_retries": sum(led.errors.values()), "enqueue_errors": dict(led.errors),
                     "enqueue_retries_found_written": led.duplicate_retries,
                     "enqueue_first_try_duplicates": led.duplicate_first_tries,

@@ -11,10 +11,18 @@ from workers.chaos import MODELS, TIMEOUT_S
 PRIORITIES = ((0, 0.10), (1, 0.20), (2, 0.40), (3, 0.30))
 MODEL_SHARES = (("m-small", 0.40), ("m-mid", 0.30), ("m-large", 0.20), ("m-xl", 0.10))
 # run: plain work; yield_once: resumes from its own checkpoint; fail_once: retried once;
-# timeout_*: past chaos.timed's timeout_s (the first attempt, or every one)
-KINDS = (("run", 0.76), ("yield_once", 0.10), ("fail_once", 0.08), ("fail_always", 0.02),
-         ("timeout_once", 0.03), ("timeout_always", 0.01))
+# timeout_*: past chaos.timed's timeout_s (the first attempt, or every one); stubborn*: heed
+# no stop or yield request, so the worker stops them by force (workers/chaos.py)
+KINDS = (("run", 0.71), ("yield_once", 0.10), ("fail_once", 0.08), ("fail_always", 0.02),
+         ("timeout_once", 0.03), ("timeout_always", 0.01), ("stubborn", 0.03),
+         ("stubborn_swallow", 0.01), ("stubborn_async", 0.01))
 TIMED = ("timeout_once", "timeout_always")
+STUBBORN = ("stubborn", "stubborn_swallow", "stubborn_async")
+HANDLERS = {"timeout_once": "chaos.timed", "timeout_always": "chaos.timed",
+            "stubborn_swallow": "chaos.timed", "stubborn_async": "chaos.atimed"}
+# the swallowing kinds, past their 0.5 s bound, are stopped 2 s (the grace) later: one still
+# running stop_s (1 s) after that makes its worker exit
+STUBBORN_S = (1.0, 5.0)
 PRODUCERS = (("sync", 0.40), ("async", 0.30), ("bulk", 0.30))
 
 
@@ -36,9 +44,12 @@ def duration(rng: random.Random) -> float:
 def task(rng: random.Random) -> dict[str, Any]:
     model = pick(rng, MODEL_SHARES)
     kind = pick(rng, KINDS)
-    seconds = round(rng.uniform(2, 7) * TIMEOUT_S, 3) if kind in TIMED else duration(rng)
+    if kind in TIMED:
+        seconds = round(rng.uniform(2, 7) * TIMEOUT_S, 3)
+    else:
+        seconds = round(rng.uniform(*STUBBORN_S), 3) if kind in STUBBORN else duration(rng)
     out: dict[str, Any] = {
-        "handler": "chaos.timed" if kind in TIMED else "chaos.run",
+        "handler": HANDLERS.get(kind, "chaos.run"),
         "payload": {"kind": kind, "s": seconds},
         "model": model, "vram_gb": MODELS[model][0] + round(rng.uniform(0, 2), 1),
         "priority": pick(rng, PRIORITIES), "est_s": seconds, "max_attempts": 6,

@@ -139,10 +139,12 @@ def test_quick_soak_loses_nothing_and_writes_nothing_twice() -> None:
     assert out.stdout.strip(), out.stderr[-4000:]
     figures = json.loads(out.stdout.strip().splitlines()[-1])
     for key in ("lost_acked_enqueues", "results_written_twice", "results_without_run",
-                "runs_beyond_claims", "wrong_endings", "sla_counts_off", "started_sla_uncounted",
-                "stuck_queued_with_idle_fit", "vram_drift_workers", "leftover_keys"):
+                "runs_beyond_claims", "stops_of_held_runs", "wrong_endings", "sla_counts_off",
+                "started_sla_uncounted", "stuck_queued_with_idle_fit", "vram_drift_workers",
+                "leftover_keys"):
         assert figures[key] == 0, (key, figures["examples"], out.stderr[-2000:])
-    for key in ("worker_kills", "reaper_kills", "worker_stops", "idle_stops", "conn_kills", "handler_runs"):
+    for key in ("worker_kills", "reaper_kills", "worker_stops", "idle_stops", "conn_kills", "handler_runs",
+                "runs_stopped", "stops_past_grace"):
         assert figures[key] > 0, (key, figures)
     assert figures["redis_restarts"] >= 2 and figures["redis_kills"] >= 1
     assert figures["tasks"] == 1000 and figures["ok"] and out.returncode == 0

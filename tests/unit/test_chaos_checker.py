@@ -214,3 +214,40 @@ def test_a_warm_hand_over_taken_back_after_its_handler_started_is_no_run_beyond_
     assert check(snap)["runs_beyond_claims"] == 1
     snap.taken_back["t1"] += 1  # w2's began found the hand-over taken back
     assert check(snap)["runs_beyond_claims"] == 0
+
+
+def test_a_run_stopped_by_force_while_still_its_workers_fails() -> None:
+    snap = sound()
+    snap.tasks["t1"]["preemptions"] = "1"
+    snap.runs.append(Run("t1", 1, "w2", "r9", "stop", lost=True))  # requeued, then stopped
+    assert check(snap)["stops_of_held_runs"] == 0
+    snap.runs.append(Run("t1", 1, "w2", "r8", "stop", lost=False))  # stopped, never given up
+    figures = check(snap)
+    assert (figures["stops_of_held_runs"], figures["examples"]["stopped_held"]) == (1, ["t1"])
+    assert not invariants_ok(figures)
+
+
+def test_a_result_from_a_run_stopped_by_force_fails() -> None:
+    snap = sound()  # r1 swallowed its stop and returned: its result must have been discarded
+    snap.runs[0] = Run("t1", 1, "w1", "r1", "stop", lost=True)
+    assert check(snap)["results_without_run"] == 1
+
+
+def test_a_task_its_worker_gave_back_as_it_exited_stuck_is_no_run_beyond_claims() -> None:
+    snap = sound()
+    snap.runs.append(Run("t1", 1, "w2", "r9"))  # cut by w2's exit; its attempt given back
+    assert check(snap)["runs_beyond_claims"] == 1
+    snap.given_back["t1"] += 1  # w2 logged task.requeued ... reason=stuck
+    assert check(snap)["runs_beyond_claims"] == 0
+
+
+def test_a_hand_over_canceled_before_its_began_landed_needs_no_sla() -> None:
+    snap = sound()
+    del snap.tasks["t1"]["began_at"]  # its handler ran (r1); a cancel came before its began
+    snap.tasks["t1"]["state"] = "canceled"
+    snap.sla_counted = 1
+    assert check(snap)["started_sla_uncounted"] == 1
+    snap.taken_back["t1"] += 1  # began found it taken back: no start the server saw
+    assert check(snap)["started_sla_uncounted"] == 0
+    snap.runs.append(Run("t1", 2, "w2", "r9", "ok"))  # but a later run of it went uncounted
+    assert check(snap)["started_sla_uncounted"] == 1
