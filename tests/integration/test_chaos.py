@@ -133,7 +133,6 @@ def test_no_redis_at_start_is_one_line_and_a_non_zero_exit(command: list[str]) -
 
 @pytest.mark.timeout(300)
 def test_quick_soak_loses_nothing_and_writes_nothing_twice() -> None:
-    started = time.monotonic()
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "chaos.py"), "--quick", "--json"],
                          cwd=ROOT, capture_output=True, text=True, timeout=280, check=False)
     assert out.stdout.strip(), out.stderr[-4000:]
@@ -148,4 +147,3 @@ def test_quick_soak_loses_nothing_and_writes_nothing_twice() -> None:
         assert figures[key] > 0, (key, figures)
     assert figures["redis_restarts"] >= 2 and figures["redis_kills"] >= 1
     assert figures["tasks"] == 1000 and figures["ok"] and out.returncode == 0
-    assert time.monotonic() - started < 180
