@@ -24,8 +24,3 @@ local function lane_serves(lane, p, m, now)
   end
   return true
 end
-
--- Whether worker w serves priority p (and, m given, does not skip model m at time now).
-local function serves(w, p, m, now)
-  return lane_serves(redis.call('HGET', K_LANES, w), p, m, now)
-end

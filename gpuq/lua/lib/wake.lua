@@ -54,14 +54,16 @@ end
 -- one-GPU workers with room must not hide a group); with `unoccupied`, only one running no
 -- task (one with free slots stays in `idle` while it runs others). A group's VRAM spans its
 -- devices: one-GPU work leaves a four-GPU group free.
+-- Their lanes come in one HMGET: idle online lanes sit among them for every P2 enqueue.
 --@calls ZRANGEBYSCORE ZREVRANGEBYSCORE (named in `reads`: gpuq/acl.py grants them)
 local function tightest(need, upper, except, p, unoccupied, gpus, m, now)
   local reads = gpus > 1 and {{64, 'ZRANGEBYSCORE', need, upper}, {8, 'ZREVRANGEBYSCORE', upper, need}}
     or {{8, 'ZRANGEBYSCORE', need, upper}}
   for _, r in ipairs(reads) do
     local got = redis.call(r[2], K_IDLE, r[3], r[4], 'LIMIT', 0, r[1])
-    for _, w in ipairs(got) do
-      if w ~= except and serves(w, p, m, now) and has_gpus(w, gpus)
+    local lanes = got[1] and redis.call('HMGET', K_LANES, unpack(got)) or {}
+    for i, w in ipairs(got) do
+      if w ~= except and lane_serves(lanes[i], p, m, now) and has_gpus(w, gpus)
           and not (unoccupied and redis.call('SCARD', worker_tasks_key(w)) > 0) then return w end
     end
     if #got < r[1] then return nil end  -- every idle worker in range was looked at
