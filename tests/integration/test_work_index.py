@@ -70,6 +70,26 @@ def test_levels_the_first_page_shows_are_not_read_again(real_queue: Queue) -> No
     ack(q, c["id"], c["token"], now_ms=T0 + 11)
 
 
+def test_a_held_model_is_claimed_without_reading_its_levels_page(real_queue: Queue) -> None:
+    """A first page full of P2 models says P2 has work: a worker holding one of them takes
+    its task without reading P2's page of the index (before, a read of 16 members a claim)."""
+    q = real_queue
+    for i in range(17):
+        enqueue(q, T0 + i, model=f"m{i:02}", priority="P2", vram_gb=20)
+
+    def reads() -> dict[str, int]:
+        stats = q.redis.info("commandstats")
+        return {c: int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("zrange", "zrangebyscore")}
+
+    before = reads()
+    c = claim(q, "w1", 40, loaded=[("m05", 20.0)], now_ms=T0 + 100)
+    after = reads()
+    assert c is not None and c["model"] == "m05"
+    # zrange: the index's first page, the held queue's head; zrangebyscore: whether P3 has
+    # work, for the fairness count (the first page cannot tell)
+    assert {k: after[k] - before[k] for k in after} == {"zrange": 2, "zrangebyscore": 1}
+
+
 def test_a_level_past_a_full_first_page_is_read(queue: Queue) -> None:
     for i in range(16):  # a first page of P1 models only: P3's work is beyond it
         enqueue(queue, T0 + i, model=f"m{i:02}", priority="P1", vram_gb=500)

@@ -43,7 +43,7 @@ end
 
 -- What the index's first n members (first) say of each level: true or false where they show
 -- it in full (a level before the last one they reach, or every level when they are fewer
--- than n), nil where they cannot tell.
+-- than n), nil where they cannot tell; then true for each level they show some work of.
 -- One pass over them (not a list of models made per level to test its first).
 local function work_levels(first, n)
   local last, seen, known = first[1] and LEVEL_OF[string.sub(first[#first], 1, 1)] or -1, {}, {}
@@ -54,7 +54,7 @@ local function work_levels(first, n)
   for q = 0, 3 do
     if #first < n or q < last then known[q] = seen[q] == true end
   end
-  return known
+  return known, seen
 end
 
 -- The index's first n members from level p on.
