@@ -1,11 +1,13 @@
 """Task lifecycles per second: the fleet's claimers split over a few OS processes.
 
 Each process drives its share of the claiming workers ("virtual workers") in turns: one round
-trip with a claim per worker (pipelined), then one with the ack of each claimed task and one
-new task enqueued per ack for the acked task's model, so each model's queue keeps its size. A
-lifecycle is one enqueue, one claim and one ack. The processes start together on a barrier
-and stop at a deadline; the caller reads the server's CPU and INFO commandstats around the
-whole run.
+trip in which each worker sends what a one-slot ``gpuq worker`` sends (the ack of the task it
+holds with its next claim, one ``ack_claim`` call, the claim telling the script it is not in
+`idle`; its first claim alone), then one with a new task enqueued per ack for the acked
+task's model, so each model's queue keeps its size. A lifecycle is one enqueue, one claim and
+one ack; the tasks in hand at the deadline are acked alone then. The processes start together
+on a barrier and stop at a deadline; the caller reads the server's CPU and INFO commandstats
+around the whole run.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.synchronize import Barrier, Event
 from typing import Any
 
@@ -46,25 +48,42 @@ def drive(share: Share, ready: Barrier, go: Event, results: Any) -> None:
     client = connect(share.url)
     client.ping()  # connected; the scripts are loaded on the server already
     scripts, calls = Scripts(client, Keys(share.pool, config.prefix)), Calls(config)
+    unlisted = [replace(r, unlisted=True) for r in share.requests]
+    held: list[dict[str, str] | None] = [None] * len(share.requests)
     done = empty = turns = 0
     ready.wait()
     go.wait()
     t0 = time.perf_counter()
     deadline = t0 + share.seconds
     while time.perf_counter() < deadline:
-        follow: list[Call[Any]] = []
-        for reply in scripts.pipelined([calls.claim(r) for r in share.requests]):
-            task = Claim.parse(reply).task
-            if task is None:
-                empty += 1
-                continue
-            follow.append(calls.ack(task["id"], int(task["token"]), "null"))
-            follow.append(calls.enqueue([new_task(task["model"])]))
-        if follow:
-            for call, reply in zip(follow, scripts.pipelined(follow)):
+        sent: list[Call[Any]] = []
+        for i, task in enumerate(held):  # as gpuq.worker: the ack rides with the next claim
+            if task is not None:
+                sent.append(calls.ack(task["id"], int(task["token"]), "null"))
+            sent.append(calls.claim(share.requests[i] if task is None else unlisted[i]))
+        replies = iter(zip(sent, scripts.pipelined(sent)))
+        refill: list[Call[Any]] = []
+        for i, task in enumerate(held):
+            if task is not None:
+                call, reply = next(replies)
                 call.parse(reply)
-        done += len(follow) // 2
+                refill.append(calls.enqueue([new_task(task["model"])]))
+            call, reply = next(replies)
+            held[i] = Claim.parse(reply).task
+            empty += held[i] is None
+        if refill:
+            for call, reply in zip(refill, scripts.pipelined(refill)):
+                call.parse(reply)
+        done += len(refill)
         turns += 1
+    # the tasks in hand end as a stopping worker's do: acked alone (each ack and enqueue
+    # alternate, so no two workers' acks are joined into one call), so every claim of the
+    # window is one lifecycle and the later phases find no task running
+    last = [c for t in held if t is not None
+            for c in (calls.ack(t["id"], int(t["token"]), "null"), calls.enqueue([new_task(t["model"])]))]
+    for call, reply in zip(last, scripts.pipelined(last) if last else []):
+        call.parse(reply)
+    done += len(last) // 2
     results.put({"lifecycles": done, "empty_claims": empty, "turns": turns,
                  "seconds": time.perf_counter() - t0})
     client.close()

@@ -57,7 +57,9 @@ def test_the_smallest_point_reports_every_figure(capsys: pytest.CaptureFixture[s
     assert verbs["claim"]["calls"] >= 40 and verbs["claim"]["empty"] == 0
     assert verbs["claim"]["warm_share"] == 1.0  # every claimer holds models with queued work
     assert verbs["ack"]["calls"] == verbs["enqueue"]["calls"] == verbs["claim"]["calls"]
-    assert point["lifecycle"]["script_calls_per_lifecycle"] == pytest.approx(3.0, abs=0.05)
+    # an enqueue and an ack_claim a lifecycle: each worker's ack rides with its next claim, as
+    # gpuq.worker sends them (a worker's first claim and last ack go alone)
+    assert point["lifecycle"]["script_calls_per_lifecycle"] == pytest.approx(2.0, abs=0.1)
     assert point["fleet"]["idle_lanes"] == 1 and point["fleet"]["claimers"] == 7
     tenancy = point["reaper"]["tenancy_on"]
     assert tenancy["server_cpu_ms"] > 0 and tenancy["runs"] > 0 and "tenants_step_server_cpu_ms" in tenancy
