@@ -14,11 +14,17 @@ judged by them (docs/BENCHMARKS.md, "Where gpuq's time goes"). The server runs u
 * batched task: the same loop for a batch handler of 32 (a claim takes the batch, the
   batch's acks ride with the next claim), counted per task.
 
+* scale lifecycle: bench_scale's lifecycle phase at one point (W workers, M models, N queued;
+  ``scripts/bench/scale*.py``) from one process: each turn, every claiming worker's ack with
+  its next claim, then the replacement enqueues; per lifecycle (enqueue + claim + ack). Its
+  pool has many models and idle online lanes, which bench_instructions' own loops do not.
+
 Each phase is dumped on its own (``callgrind_control -d``); ``--top N`` prints the N
 functions with the most instructions of each. Needs valgrind and redis-server on PATH. Run
 it in two checkouts to compare them: the figures are of the checkout it runs from.
 
     python scripts/bench_instructions.py [--steps 300] [--json] [--top 15] [--port P]
+                                         [--scale W,M,N] (default 64,1000,10000; 0: skip)
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from gpuq.embedded import free_port  # noqa: E402
 
 WARMUP = 100
 BATCH = 32  # tasks a batch handler's claim takes
+SCALE_WARMUP, SCALE_TURNS = 3, 10  # turns of the scale phase (56 lifecycles a turn at W = 64)
 
 
 def control(*args: str) -> None:
@@ -117,6 +124,28 @@ def measure(url: str, steps: int) -> None:
     control("-d", "batched")
 
 
+def measure_scale(url: str, point: tuple[int, int, int], turns: int) -> int:
+    """bench_scale's lifecycles at ``point``, ``turns`` turns instrumented: how many."""
+    from bench.scale import Point, Sizes
+    from bench.scale_load import Workers
+
+    p = Point(url, *point, Sizes(calls=1, load_s=0.0, procs=1, reaper_rounds=1, scrapes=1))
+    p.register()
+    p.fill()
+    workers = Workers(p.scripts, p.calls, tuple(m.request for m in p.claimers))
+    for _ in range(SCALE_WARMUP):
+        workers.turn()
+    done = 0
+    control("-i", "on")
+    for _ in range(turns):
+        done += workers.turn()[0]
+    control("-i", "off")
+    control("-d", "scale")
+    workers.stop()
+    p.close()
+    return done
+
+
 def top(path: str, n: int) -> str:
     out = subprocess.run(["callgrind_annotate", path], capture_output=True, text=True).stdout
     lines = [ln for ln in out.splitlines() if ln.strip() and ln.lstrip()[0].isdigit()]
@@ -129,7 +158,15 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--top", type=int, default=0, help="also print each phase's top functions")
     ap.add_argument("--port", type=int, default=0, help="redis-server port (default: a free one)")
+    ap.add_argument("--scale", default="64,1000,10000",
+                    help="W,M,N of the scale lifecycle phase (64,1000,10000; 0: skip it)")
     a = ap.parse_args()
+    try:
+        point = None if a.scale == "0" else tuple(int(v) for v in a.scale.split(","))
+    except ValueError:
+        point = ()
+    if point is not None and (len(point) != 3 or min(point) < 1):
+        ap.error(f"--scale: expected W,M,N (positive integers) or 0, got {a.scale!r}")
     for tool in ("valgrind", "callgrind_control", "redis-server"):
         if not shutil.which(tool):
             print(f"bench_instructions: {tool} is not on PATH", file=sys.stderr)
@@ -154,12 +191,13 @@ def main() -> int:
                         raise RuntimeError("redis-server under valgrind did not start") from None
                     time.sleep(0.2)
             measure(url, a.steps)
+            lifecycles = measure_scale(url, point, SCALE_TURNS) if point else 0
         finally:
             server.terminate()
             server.wait(60)
         dumps = sorted(glob.glob(f"{tmp}/callgrind.out.*"))
-        if len(dumps) < 3:
-            raise RuntimeError(f"expected three dumps, found {dumps}")
+        if len(dumps) < (4 if point else 3):
+            raise RuntimeError(f"expected a dump a phase, found {dumps}")
         claim_ack, enqueue, batched = dumps[0], dumps[1], dumps[2]
         result = {"steps": a.steps,
                   "enqueue_instructions": round(total(enqueue) / a.steps),
@@ -167,6 +205,9 @@ def main() -> int:
                   "batched_task_instructions": round(total(batched) / (a.steps // BATCH * BATCH)),
                   "server": subprocess.run(["redis-server", "--version"], capture_output=True,
                                            text=True).stdout.strip()}
+        if point:
+            result["scale_point"] = dict(zip(("workers", "models", "tasks"), point))
+            result["scale_lifecycle_instructions"] = round(total(dumps[3]) / lifecycles)
         if a.json:
             print(json.dumps(result))
         else:
@@ -175,6 +216,9 @@ def main() -> int:
                   f"claim + ack   {result['claim_ack_instructions']:>9,} instructions a task\n"
                   f"batched task  {result['batched_task_instructions']:>9,} instructions a task "
                   f"(batches of {BATCH})")
+            if point:
+                print(f"scale cycle   {result['scale_lifecycle_instructions']:>9,} instructions a "
+                      f"lifecycle (bench_scale W,M,N = {a.scale})")
         if a.top:
             for name, path in (("claim + ack", claim_ack), ("enqueue", enqueue), ("batched", batched)):
                 print(f"\n{name}: top functions (all {a.steps} calls)\n{top(path, a.top)}")

@@ -42,48 +42,66 @@ def new_task(model: str) -> TaskSpec:
     return TaskSpec.build(HANDLER, None, model=model, vram_gb=TASK_GB)
 
 
+class Workers:
+    """Simulated one-slot workers sending what ``gpuq worker`` sends, and the task each holds."""
+
+    def __init__(self, scripts: Scripts, calls: Calls, requests: tuple[ClaimRequest, ...]) -> None:
+        self.scripts, self.calls, self.requests = scripts, calls, requests
+        self.unlisted = [replace(r, unlisted=True) for r in requests]
+        self.held: list[dict[str, str] | None] = [None] * len(requests)
+
+    def turn(self) -> tuple[int, int]:
+        """Each worker's ack with its next claim in one round trip, then a new task for each
+        acked one's model in another; the lifecycles ended and the claims that found nothing."""
+        calls, sent = self.calls, []
+        for i, task in enumerate(self.held):  # as gpuq.worker: the ack rides with the next claim
+            if task is not None:
+                sent.append(calls.ack(task["id"], int(task["token"]), "null"))
+            sent.append(calls.claim(self.requests[i] if task is None else self.unlisted[i]))
+        replies = iter(zip(sent, self.scripts.pipelined(sent)))
+        refill: list[Call[Any]] = []
+        empty = 0
+        for i, task in enumerate(self.held):
+            if task is not None:
+                call, reply = next(replies)
+                call.parse(reply)
+                refill.append(calls.enqueue([new_task(task["model"])]))
+            call, reply = next(replies)
+            self.held[i] = Claim.parse(reply).task
+            empty += self.held[i] is None
+        if refill:
+            for call, reply in zip(refill, self.scripts.pipelined(refill)):
+                call.parse(reply)
+        return len(refill), empty
+
+    def stop(self) -> int:
+        """The tasks in hand end as a stopping worker's do: acked alone (each ack and enqueue
+        alternate, so no two workers' acks are joined into one call); how many."""
+        last = [c for t in self.held if t is not None
+                for c in (self.calls.ack(t["id"], int(t["token"]), "null"),
+                          self.calls.enqueue([new_task(t["model"])]))]
+        for call, reply in zip(last, self.scripts.pipelined(last) if last else []):
+            call.parse(reply)
+        self.held = [None] * len(self.requests)
+        return len(last) // 2
+
+
 def drive(share: Share, ready: Barrier, go: Event, results: Any) -> None:
-    """The process body: turns of claims, then acks and enqueues, until the deadline."""
+    """The process body: turns until the deadline, then the tasks in hand acked, so every
+    claim of the window is one lifecycle and the later phases find no task running."""
     config = Config(pool=share.pool, lease_s=share.lease_s)
     client = connect(share.url)
     client.ping()  # connected; the scripts are loaded on the server already
-    scripts, calls = Scripts(client, Keys(share.pool, config.prefix)), Calls(config)
-    unlisted = [replace(r, unlisted=True) for r in share.requests]
-    held: list[dict[str, str] | None] = [None] * len(share.requests)
+    workers = Workers(Scripts(client, Keys(share.pool, config.prefix)), Calls(config), share.requests)
     done = empty = turns = 0
     ready.wait()
     go.wait()
     t0 = time.perf_counter()
     deadline = t0 + share.seconds
     while time.perf_counter() < deadline:
-        sent: list[Call[Any]] = []
-        for i, task in enumerate(held):  # as gpuq.worker: the ack rides with the next claim
-            if task is not None:
-                sent.append(calls.ack(task["id"], int(task["token"]), "null"))
-            sent.append(calls.claim(share.requests[i] if task is None else unlisted[i]))
-        replies = iter(zip(sent, scripts.pipelined(sent)))
-        refill: list[Call[Any]] = []
-        for i, task in enumerate(held):
-            if task is not None:
-                call, reply = next(replies)
-                call.parse(reply)
-                refill.append(calls.enqueue([new_task(task["model"])]))
-            call, reply = next(replies)
-            held[i] = Claim.parse(reply).task
-            empty += held[i] is None
-        if refill:
-            for call, reply in zip(refill, scripts.pipelined(refill)):
-                call.parse(reply)
-        done += len(refill)
-        turns += 1
-    # the tasks in hand end as a stopping worker's do: acked alone (each ack and enqueue
-    # alternate, so no two workers' acks are joined into one call), so every claim of the
-    # window is one lifecycle and the later phases find no task running
-    last = [c for t in held if t is not None
-            for c in (calls.ack(t["id"], int(t["token"]), "null"), calls.enqueue([new_task(t["model"])]))]
-    for call, reply in zip(last, scripts.pipelined(last) if last else []):
-        call.parse(reply)
-    done += len(last) // 2
+        ended, none = workers.turn()
+        done, empty, turns = done + ended, empty + none, turns + 1
+    done += workers.stop()
     results.put({"lifecycles": done, "empty_claims": empty, "turns": turns,
                  "seconds": time.perf_counter() - t0})
     client.close()
