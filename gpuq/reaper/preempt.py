@@ -42,6 +42,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -68,6 +69,9 @@ URGENT_LEVELS = (0, 1)  # priorities preemption is planned for
 MODELS_LOOKED_AT = 32  # per level, in head-score order (at most one per candidate worker)
 TASKS_PER_QUEUE = 2
 GPU_FIELDS = WorkerFields(("vram_total_gb", "kv_reserve_gb", "levels", "gpus"))  # fixed while it lives
+# a running task's, as read_workers reads them (worker_loads: vram_gb and model last)
+RUNNING_FIELDS = ("state", "token", "worker", "priority", "started_at", "est_s", "preemptible",
+                  "preemptions", "yield_by", "ready_at", "charged", "vram_gb", "model")
 
 
 @dataclass(frozen=True)
@@ -249,27 +253,36 @@ class Preemptor:
         (one of each claimable VRAM, lanes and GPUs: the plan asks only whether one fits),
         and the workers already reserved: two round trips, whatever the pool's size."""
         k, r = self.keys, self.redis
-        live_raw, idle_raw, running_raw, registrations = exchange(r, [
+        live_raw, idle_raw, running_raw, registrations, gate = exchange(r, [
             ("ZRANGEBYSCORE", k.workers, now_ms, "+inf"), ("ZRANGE", k.idle, 0, -1, "WITHSCORES"),
-            ("ZRANGE", k.running, 0, -1), ("GET", k.registrations)], retry=True)
+            ("ZRANGE", k.running, 0, -1), ("GET", k.registrations),
+            ("HGET", k.fairness, "reserved_until")], retry=True)
         live, running = [str(w) for w in live_raw], [str(i) for i in running_raw]
         self.reservations_end = None
         if not live:
             return [], [], set()
         unknown = self.workers.unknown(live, registrations)
-        alive = set(live)
-        names = self.reservation_keys = {w: key for w, key in self.reservation_keys.items() if w in alive}
-        for w in live:
-            if w not in names:
-                names[w] = k.reservation(w)
-        pipe = r.pipeline(transaction=False)
-        pipe.mget([names[w] for w in live])
-        for w in unknown:  # a worker's GPU and lanes do not change while it lives
-            GPU_FIELDS.read(pipe, k, w)
-        for i in running:
-            pipe.hmget(k.task(i), "state", "token", "worker", "priority", "started_at", "est_s",
-                       "preemptible", "preemptions", "yield_by", "ready_at", "charged", "vram_gb", "model")
-        held, *rows = pipe.execute()
+        # the claims' gate (lib/gates.lua): at or past every reservation's expiry, so at or
+        # before now none is live and no worker's key is read (as a claim reads none)
+        gated = _ms(gate, 0) <= now_ms
+        commands: list[tuple[Any, ...]] = []
+        if not gated:
+            alive = set(live)
+            names = self.reservation_keys = {w: key for w, key in self.reservation_keys.items()
+                                             if w in alive}
+            for w in live:
+                if w not in names:
+                    names[w] = k.reservation(w)
+            commands.append(("MGET", *(names[w] for w in live)))
+        # a worker's GPU and lanes do not change while it lives
+        commands += [("HMGET", k.worker(w), *GPU_FIELDS.names) for w in unknown]
+        commands += [("HMGET", k.task(i), *RUNNING_FIELDS) for i in running]
+        # raw replies, packed by hiredis: at 512 workers redis-py's per-argument packing of
+        # these reads was most of a pass's client time
+        replies = exchange(r, commands, retry=True) if commands else []
+        if err := next((x for x in replies if isinstance(x, Exception)), None):
+            raise err
+        held, rows = ([], replies) if gated else (replies[0], replies[1:])
         for w, f in zip(unknown, rows):
             if (record := GPU_FIELDS.record(w, f)) is not None:
                 self.workers.kept[w] = (record.usable_gb, record.levels, record.gpus)
@@ -277,9 +290,11 @@ class Preemptor:
         reserved = set(ends)
         # a reservation's end frees its worker for the planner: a quiet time ends there too
         self.reservations_end = min(ends.values(), default=None)
-        info = {w: self.workers.kept[w] for w in live if w in self.workers.kept}
-        idle = list(dict.fromkeys(Idle(float(gb), info[str(w)][1], info[str(w)][2])
-                                  for w, gb in scored(idle_raw) if str(w) in info))
+        info = self.workers.kept  # the live workers' (unknown() forgot the others)
+        # one Idle per shape: the shapes are few, the idle workers many
+        shapes = dict.fromkeys((float(gb), *info[str(w)][1:]) for w, gb in scored(idle_raw)
+                               if str(w) in info)
+        idle = [Idle(gb, levels, gpus) for gb, levels, gpus in shapes]
         tasks = rows[len(unknown):]
         load, frees, shares = worker_loads(r, k, tasks)
         victims = []

@@ -61,3 +61,19 @@ def test_the_planner_reads_a_worker_started_again_under_its_id_afresh(queue: Que
     assert planner.read_workers(now)[1] == [Idle(75.0, "0123", 1)]  # kept: not read again
     register(queue, "w1", "L4", 24, idle=True, levels="01")  # started again, still live
     assert planner.read_workers(now)[1] == [Idle(19.0, "01", 1)]
+
+
+def test_the_planner_takes_a_reservation_as_live_only_within_the_claims_gate(queue: Queue) -> None:
+    """The pool's `reserved_until` gate is at or past every reservation's expiry (preempt.lua
+    moves it with each one); a claim past it reads no reservation key, and the planner, which
+    skips the read of every live worker's key there, takes none as live either."""
+    register(queue, "w1", "A100", 80, idle=True)
+    planner = Preemptor(queue.redis, queue.keys, queue.config, queue.scripts, queue.calls)
+    now = int(time.time() * 1000)
+    queue.redis.set(queue.keys.reservation("w1"), f"t1 {now + 60_000}")  # no gate moved with it
+    queue.redis.hset(queue.keys.fairness, "reserved_until", str(now - 1))
+    assert planner.read_workers(now)[2] == set()
+    assert planner.reservations_end is None
+    queue.redis.hset(queue.keys.fairness, "reserved_until", str(now + 60_000))
+    assert planner.read_workers(now)[2] == {"w1"}
+    assert planner.reservations_end == now + 60_000
