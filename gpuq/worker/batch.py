@@ -179,8 +179,8 @@ def start(ex: Executor, items: list[Claimed], loaded: bool) -> list[Claimed]:
     """The tasks whose handler starts now, taken up: a warm hand-over started alone (no
     batch wait) as a single handler's is, its began not waited for while in time
     (Executor.taken_up); any other began in one round trip (``report_starts``)."""
-    if len(items) == 1 and items[0][2].handed and items[0][1] is not None and not loaded:
-        fields, res, running = items[0]
+    fields, res, running = items[0] if len(items) == 1 else ({}, None, None)
+    if running is not None and running.handed and res is not None and not loaded:
         if fields.get("sla") != "pending" or ex.taken_up(fields, res, running):
             return items
         ex.observer.observe(running.task_id, "lost")
