@@ -6,6 +6,29 @@
 --@include take
 --@include tally
 
+-- Each field of READ_HELD by its place there (lib/readable.lua's order).
+local READ_AT = (function()
+  local at = {}
+  for i = 1, #READ_HELD do at[READ_HELD[i]] = i end
+  return at
+end)()
+
+-- Task id's fields of READ_HELD, by place (false where absent, as HMGET gives them), read
+-- whole with HGETALL: a queued task holds some 14 fields and lacks about 10 of the 23, and
+-- HMGET scans a small hash's listpack once per field asked, to its end for an absent one,
+-- then takes 23 arguments in; HGETALL walks it once and takes none. Rather than a second
+-- read, a queued task's few other fields (a retried one's error) come along.
+local function read_held(id)
+  local all = redis.call('HGETALL', task_key(id))
+  local g = {false, false, false, false, false, false, false, false, false, false, false, false,
+    false, false, false, false, false, false, false, false, false, false, false}
+  for i = 1, #all, 2 do
+    local at = READ_AT[all[i]]
+    if at then g[at] = all[i + 1] end
+  end
+  return g
+end
+
 -- Start up to `count` more queued tasks of handler h from queue (p, m) on worker w, beside a
 -- task of that queue it runs (a batch: claim.lua when it takes the first, claim_batch.lua
 -- after), each as claim starts one (lib/take.lua: its own token, lease, attempt and SLA
@@ -38,7 +61,7 @@ local function take_batch(p, m, h, gpus, w, now, lease_until, free, footprint, w
     end
     local id = ids[i]
     i, seen = i + 1, seen + 1
-    local g = redis.call('HMGET', task_key(id), unpack(READ_HELD))
+    local g = read_held(id)
     if g[x + 2] ~= 'queued' then
       unqueue(id, p, m, nil, true)  -- a stale entry: nothing to run
     elseif g[1] == h and (tonumber(g[x + 3]) or 1) <= gpus then
