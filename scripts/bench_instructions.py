@@ -54,8 +54,10 @@ BATCH = 32  # tasks a batch handler's claim takes
 SCALE_WARMUP, SCALE_TURNS = 3, 10  # turns of the scale phase (56 lifecycles a turn at W = 64)
 
 
-def control(*args: str) -> None:
-    subprocess.run(["callgrind_control", *args], check=True, capture_output=True)
+def control(pid: int, *args: str) -> None:
+    """callgrind_control on this run's server alone: without a target it would switch and
+    dump every callgrind process of the user, another run's server among them."""
+    subprocess.run(["callgrind_control", *args, str(pid)], check=True, capture_output=True)
 
 
 def total(path: str) -> int:
@@ -67,8 +69,9 @@ def total(path: str) -> int:
     raise RuntimeError(f"{path}: no totals line")
 
 
-def measure(url: str, steps: int) -> None:
-    """Run the two phases, instrumented; each dumped when it ends."""
+def measure(url: str, steps: int, pid: int) -> None:
+    """Run the three phases on the server under callgrind (its ``pid``), instrumented; each
+    dumped when it ends."""
     client = redis.Redis.from_url(url, decode_responses=True)
     q = Queue(client, Config(pool="bench-claim"))
     q.enqueue_many([{"handler": "sim.noop", "payload": {"i": i}, "model": "m", "vram_gb": 1}
@@ -85,19 +88,19 @@ def measure(url: str, steps: int) -> None:
 
     for _ in range(WARMUP):
         step()
-    control("-i", "on")
+    control(pid, "-i", "on")
     for _ in range(steps):
         step()
-    control("-i", "off")
-    control("-d", "claim_ack")
+    control(pid, "-i", "off")
+    control(pid, "-d", "claim_ack")
     e = Queue(client, Config(pool="bench-enqueue"))
     for i in range(WARMUP):
         e.enqueue("sim.noop", {"i": i}, model="m", vram_gb=1)
-    control("-i", "on")
+    control(pid, "-i", "on")
     for i in range(steps):
         e.enqueue("sim.noop", {"i": i}, model="m", vram_gb=1)
-    control("-i", "off")
-    control("-d", "enqueue")
+    control(pid, "-i", "off")
+    control(pid, "-d", "enqueue")
     b = Queue(client, Config(pool="bench-batch"))
     n = (steps // BATCH + WARMUP // BATCH + 2) * BATCH
     for i in range(0, n, 1000):
@@ -117,14 +120,14 @@ def measure(url: str, steps: int) -> None:
 
     for _ in range(WARMUP // BATCH):
         batch_step()
-    control("-i", "on")
+    control(pid, "-i", "on")
     for _ in range(steps // BATCH):
         batch_step()
-    control("-i", "off")
-    control("-d", "batched")
+    control(pid, "-i", "off")
+    control(pid, "-d", "batched")
 
 
-def measure_scale(url: str, point: tuple[int, int, int], turns: int) -> int:
+def measure_scale(url: str, point: tuple[int, int, int], turns: int, pid: int) -> int:
     """bench_scale's lifecycles at ``point``, ``turns`` turns instrumented: how many."""
     from bench.scale import Point, Sizes
     from bench.scale_load import Workers
@@ -136,11 +139,11 @@ def measure_scale(url: str, point: tuple[int, int, int], turns: int) -> int:
     for _ in range(SCALE_WARMUP):
         workers.turn()
     done = 0
-    control("-i", "on")
+    control(pid, "-i", "on")
     for _ in range(turns):
         done += workers.turn()[0]
-    control("-i", "off")
-    control("-d", "scale")
+    control(pid, "-i", "off")
+    control(pid, "-d", "scale")
     workers.stop()
     p.close()
     return done
@@ -190,8 +193,8 @@ def main() -> int:
                     if time.monotonic() > deadline or server.poll() is not None:
                         raise RuntimeError("redis-server under valgrind did not start") from None
                     time.sleep(0.2)
-            measure(url, a.steps)
-            lifecycles = measure_scale(url, point, SCALE_TURNS) if point else 0
+            measure(url, a.steps, server.pid)
+            lifecycles = measure_scale(url, point, SCALE_TURNS, server.pid) if point else 0
         finally:
             server.terminate()
             server.wait(60)
