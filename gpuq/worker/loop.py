@@ -35,8 +35,9 @@ from gpuq.errors import StaleLease
 from gpuq.keys import Keys
 from gpuq.metrics import WorkerMetrics
 from gpuq.metrics_http import serve_http
-from gpuq.scripts import Call, Calls, ClaimRequest, Scripts
+from gpuq.scripts import Call, Calls, Scripts
 from gpuq.worker import batch, passing
+from gpuq.worker.asking import Asking
 from gpuq.worker.batch import Added
 from gpuq.worker.control import Control
 from gpuq.worker.executor import Claimed, Executor
@@ -80,6 +81,8 @@ class Worker:
         self.runtimes = RunTimes()  # the executor adds acked runs, the heartbeat sends them
         self.executor = Executor(app, self.cache, self.presence, self.running, self.scripts,
                                  self.calls, self.observer, self.runtimes, gpu.count)
+        self.asking = Asking(self.id, self.levels, gpu.count, self.batches, self.cache, self.executor.broken,
+                             self.calls)
         self.outage = Outage(f"worker={self.id}", log)  # Redis down: said once by all its loops
         self.blocked = 0  # runners blocked on the wake lists (concurrency > 1: see wake_sibling)
         self._blocked_lock = threading.Lock()
@@ -102,10 +105,7 @@ class Worker:
             if slots <= 0 or self.stopping.is_set():  # stopping: retired or draining, claim none
                 self.settle(pending)
                 return 0.0
-            req = ClaimRequest(self.id, self.cache.free_gb(), self.cache.evictable_gb(), slots,
-                               self.cache.loaded(), self.levels, self.gpu.count, self.cache.in_use(),
-                               self.batches, lookout, unlisted, self.executor.broken.skipped())
-            call = self.calls.claim(req)
+            call = self.asking.call(slots, lookout, unlisted)
             *done, reply = self.scripts.pipelined([*pending, call])
             for sent, answer in zip(pending, done):
                 self.executor.settle(sent, answer)

@@ -79,6 +79,20 @@ class ModelCache:
         """The loaded models a running task uses (not in evictable_gb)."""
         return frozenset(name for name, r in self.resident.items() if r.in_use > 0)
 
+    def ledger(self) -> tuple[float, float, list[tuple[str, float]], frozenset[str]]:
+        """free_gb, evictable_gb, loaded and in_use at once, in one pass (what each claim
+        reports, the same sums in the same order)."""
+        loaded, in_use, held, idle = [], [], 0.0, 0.0
+        for name, r in self.resident.items():
+            loaded.append((name, r.footprint_gb))
+            held += r.footprint_gb
+            if r.in_use > 0:
+                in_use.append(name)
+            else:
+                idle += r.footprint_gb
+        used = held + self.working_gb + sum(r.footprint_gb for r in self.unloading)
+        return usable_gb(self.total_gb, self.reserve_gb) - used, idle, loaded, frozenset(in_use)
+
     def model_names(self) -> list[str]:
         return [name for name, r in self.resident.items() if r.ready.is_set() and r.error is None]
 
@@ -92,7 +106,8 @@ class ModelCache:
                 evict = self._room_for(working, keep=model)
                 if evict is None:
                     return None
-                self._drop(evict)
+                if evict:
+                    self._drop(evict)
                 held.in_use += 1
                 self.resident.move_to_end(model)
                 self.working_gb += working
