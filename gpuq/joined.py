@@ -67,7 +67,8 @@ def split_replies(replies: list[Any], joined: list[tuple[Call[Any], int]]) -> li
     for (call, n), reply in zip(joined, replies):
         if call.script != "ack_claim":
             out += _acks(reply, n)
-        elif isinstance(reply, list) and len(reply) == 2 and all(isinstance(r, list) for r in reply):
+        elif isinstance(reply, list) and len(reply) == 2 and isinstance(reply[0], list) \
+                and isinstance(reply[1], list):
             out += _acks(reply[0], n - 1) + [reply[1]]
         else:  # an error of the whole call, or its own INVALID: every part's answer
             out += [reply] * n

@@ -249,11 +249,6 @@ class Calls:
         return Call("lead", [token, ttl], lambda r: int(checked(r)[1]) == 1)
 
 
-def missing_indexes(replies: Sequence[Any]) -> list[int]:
-    """Which calls found their code missing (server restarted or flushed)."""
-    return [i for i, r in enumerate(replies) if missing(r)]
-
-
 def wait_command(calls: Sequence[Call[Any]]) -> tuple[Any, ...] | None:
     """The WAIT sent after the calls on their connection (same round trip), if one asks for
     replicas: WAIT counts every write made on that connection before it."""
@@ -291,7 +286,7 @@ class Resend:
                  wait: tuple[Any, ...] | None) -> None:
         self.calls, self.wait, self.replies = calls, wait, replies
         self.acked = replies.pop() if wait is not None else None
-        self.missing = missing_indexes(replies)
+        self.missing = [i for i, r in enumerate(replies) if missing(r)]
 
     def commands(self, command: Callable[[Call[Any]], tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         return [command(self.calls[i]) for i in self.missing] + ([self.wait] if self.wait is not None else [])
@@ -376,6 +371,8 @@ class Scripts:
                 wait: tuple[Any, ...] | None = None, seen: list[Any] | None = None) -> list[Any]:
         """The replies, with the calls that found their code missing sent again once it is
         loaded (``Resend``); ``seen`` gets them before any is checked."""
+        if wait is None and seen is None and not any(isinstance(r, Exception) for r in replies):
+            return replies  # nothing to send again, raise or count: the usual case
         resend = Resend(replies, calls, wait)
         for _ in range(RELOADS):
             if not resend.missing:

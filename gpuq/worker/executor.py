@@ -144,7 +144,7 @@ class Executor:
             dropped = [old.spec.name for old in res.evict]
             self.publish(lambda: self.presence.show(cache, pipe, dropped=dropped))
         if not res.cold:
-            resident.ready.wait()
+            resident.ready.is_set() or resident.ready.wait()  # set: no Condition taken
             if resident.error is not None:
                 raise ModelLoadFailed(res.model, failure(resident.error)[0])
             return resident.obj

@@ -96,7 +96,10 @@ class Running:
 
 class RunningSet:
     def __init__(self) -> None:
-        self._changed = threading.Condition()
+        # the condition's lock, taken bare (its waits and notifies need it held): a
+        # Condition's ``with`` is a Python-level call, several a task on the runner's path
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
         self._running: dict[str, Running] = {}
         # runs that ended whose ack, fail or requeue is not answered yet (it rides with the
         # next claim, which an outage holds back): task id -> run. Their leases stay
@@ -113,7 +116,7 @@ class RunningSet:
         return len(self._running) + len(self._superseded)
 
     def track(self, *runs: Running) -> None:
-        with self._changed:  # a batch's runs under one lock
+        with self._lock:  # a batch's runs under one lock
             for run in runs:
                 old = self._running.get(run.task_id)
                 if old is not None and old is not run:
@@ -135,7 +138,7 @@ class RunningSet:
     def untrack(self, *ended: str | Running) -> None:
         """The runs ended (their slots are free); their leases are kept until ``settled``. A
         run given as a Running leaves only itself: not a later run of its task (``track``)."""
-        with self._changed:
+        with self._lock:
             for one in ended:
                 task_id = one if isinstance(one, str) else one.task_id
                 if not isinstance(one, str) and self._running.get(task_id) is not one:
@@ -151,44 +154,46 @@ class RunningSet:
 
     def settled(self, task_id: str, token: int) -> None:
         """The run's ack, fail or requeue was answered (or its lease is gone): no more renewals."""
-        with self._changed:
+        with self._lock:
             run = self._settling.get(task_id)
             if run is not None and run.token == token:
                 del self._settling[task_id]
 
     def settling(self) -> list[tuple[str, int]]:
-        with self._changed:
+        with self._lock:
             return [(task_id, run.token) for task_id, run in self._settling.items()]
 
     def held_by(self, thread_id: int) -> tuple[list[Running], list[Running]]:
         """The runs a runner thread took: those tracked (superseded ones too), and those it
         ended whose ack, fail or requeue is not answered yet."""
-        with self._changed:
+        with self._lock:
             tracked = [r for r in [*self._running.values(), *self._superseded] if r.thread_id == thread_id]
             return tracked, [r for r in self._settling.values() if r.thread_id == thread_id]
 
     def slots_used(self) -> int:
         """Runner slots taken: one per task, or per batch."""
-        with self._changed:
+        with self._lock:
+            if not (self._running or self._superseded):  # a one-slot worker's every claim
+                return 0
             return sum(1 for r in [*self._running.values(), *self._superseded] if not r.batched)
 
     def snapshot(self) -> list[Running]:
-        with self._changed:
+        with self._lock:
             return list(self._running.values())
 
     def superseded(self) -> list[Running]:
-        with self._changed:
+        with self._lock:
             return list(self._superseded)
 
     def watched(self) -> list[Running]:
         """The runs control enforces deadlines on: the tracked ones and the superseded."""
-        with self._changed:
+        with self._lock:
             return [*self._running.values(), *self._superseded]
 
     def wait(self, timeout: float, *, unless_empty: bool = False) -> bool:
         """Wait up to ``timeout`` for a task to end. With ``unless_empty``, return False at
         once, without waiting, when none runs."""
-        with self._changed:
+        with self._lock:
             if unless_empty and not self._running:
                 return False
             self._changed.wait(timeout)
@@ -197,13 +202,13 @@ class RunningSet:
     def nudge(self, reserved: bool = False) -> None:
         """Wake a batch waiting for more tasks (``wait_until``): the worker stops, a yield
         was asked, or (``reserved``) the planner reserved this worker for a waiting task."""
-        with self._changed:
+        with self._lock:
             self.reservations += reserved
             self._changed.notify_all()
 
     def wait_until(self, done: Callable[[], bool], timeout: float) -> None:
         """Wait up to ``timeout`` for ``done``, checked at every change and nudge."""
-        with self._changed:
+        with self._lock:
             self._changed.wait_for(done, timeout)
 
     def idle_s(self) -> float:

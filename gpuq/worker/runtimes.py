@@ -59,7 +59,8 @@ class RunTimes:
             return False
         with self._lock:
             self._runs.append((handler, model, float(seconds)))
-            self._trim()
+            if len(self._runs) > self.capacity:
+                self._trim()
         return True
 
     def take(self, limit: int = LEARN_MAX_RUNS) -> list[Run]:
