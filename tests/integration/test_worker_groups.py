@@ -38,7 +38,7 @@ def test_the_cli_refuses_more_gpus_than_any_group_has_in_one_line(procs: Procs) 
     procs.worker("pair", vram_gb=80, gpu_name="A100", gpu_count=2)
     out = procs.cli("enqueue", "sim.run", "--model", "llama-405b", "--vram-gb", "300", "--gpus", "4",
                     "--check-fit")
-    assert out.returncode == 1 and out.stdout == ""
+    assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [
         "Error: unschedulable: task needs 4 GPUs, the largest GPU group registered in this pool has 2"]
     bad = procs.cli("enqueue", "sim.run", "--model", "m", "--vram-gb", "1", "--gpus", "0")
