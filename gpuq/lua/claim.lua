@@ -264,16 +264,15 @@ local function scan_queue(p, m)
 end
 
 local PAGE, PAGES = 16, 4
-local first = redis.call('ZRANGE', K_MODELS_WITH_WORK, '0', '15')  -- PAGE; read once a call
-local has_work, shown = work_levels(first, PAGE)  -- levels with work as far as it shows; shown
+local has_work = work_ends()  -- levels with work, as far as the index's ends tell
 
 -- Held models first, then the others in head-score order, a page of the index at a time, at
 -- most PAGES pages (64 models, the oldest heads): a claim's work is bounded however many
 -- models have work; later ones wait for those ahead or a holder (docs/DECISIONS.md, Bounded
--- work). A level `first` shows in part has work: its page is read if held models give none.
+-- work). A level known to have work: its page is read only if held models give none.
 local function find(p)
   if has_work[p] == false then return nil end
-  local page, start = has_work[p] and work_models(first, p) or not shown[p] and work_page(p, 0, PAGE), 0
+  local page, start = not has_work[p] and work_page(p, 0, PAGE), 0
   if page and not page[1] then return nil end
   for _, m in ipairs(held_names) do  -- its queue read at once: an empty one costs the same
     local id, use, f, head = scan_queue(p, m)
@@ -290,7 +289,7 @@ local function find(p)
     start = start + PAGE
     page = #page == PAGE and start < PAGE * PAGES and work_page(p, start, PAGE) or {}
   end
-  has_work[p], shown[p] = nil, nil  -- the scan may have dropped stale entries: read again if asked
+  has_work[p] = nil  -- the scan may have dropped stale entries: read again if asked
   return nil
 end
 

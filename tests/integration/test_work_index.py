@@ -49,9 +49,10 @@ def test_a_model_name_with_the_separator_round_trips(queue: Queue) -> None:
     assert queue.redis.zcard(queue.keys.models_with_work) == 0
 
 
-def test_levels_the_first_page_shows_are_not_read_again(real_queue: Queue) -> None:
-    """With P2 work only, a claim learns from one read of the index that P0, P1 and P3 have
-    none: before, it read each level's index and checked P3's for the fairness count."""
+def test_levels_the_index_ends_show_are_not_read_again(real_queue: Queue) -> None:
+    """With P2 work only, a claim learns from the index's first and last members that P0, P1
+    and P3 have none: before, it read each level's index and checked P3's for the fairness
+    count."""
     q = real_queue
     for i in range(3):
         enqueue(q, T0 + i, model="A", priority="P2")
@@ -64,15 +65,17 @@ def test_levels_the_first_page_shows_are_not_read_again(real_queue: Queue) -> No
     c = claim(q, "w1", 40, now_ms=T0 + 10)
     after = reads()
     assert c is not None and c["priority"] == "2"
-    # zrange: the index's first page, the queue's head (hand-overs and tenants: the gates in
+    # zrange: the index's two ends, the queue's head (hand-overs and tenants: the gates in
     # `fair` say there are none, lib/gates.lua)
-    assert {k: after[k] - before[k] for k in after} == {"zrange": 2, "exists": 0}
+    assert {k: after[k] - before[k] for k in after} == {"zrange": 3, "exists": 0}
     ack(q, c["id"], c["token"], now_ms=T0 + 11)
 
 
 def test_a_held_model_is_claimed_without_reading_its_levels_page(real_queue: Queue) -> None:
-    """A first page full of P2 models says P2 has work: a worker holding one of them takes
-    its task without reading P2's page of the index (before, a read of 16 members a claim)."""
+    """An index whose first and last members are P2 says P2 has work and no other level has:
+    a worker holding one of its models takes its task without reading P2's page of the index,
+    and the fairness count reads nothing for P3 (before: a first page of 16 members parsed,
+    then P3's first member read, as a page full of P2 could not tell)."""
     q = real_queue
     for i in range(17):
         enqueue(q, T0 + i, model=f"m{i:02}", priority="P2", vram_gb=20)
@@ -85,9 +88,8 @@ def test_a_held_model_is_claimed_without_reading_its_levels_page(real_queue: Que
     c = claim(q, "w1", 40, loaded=[("m05", 20.0)], now_ms=T0 + 100)
     after = reads()
     assert c is not None and c["model"] == "m05"
-    # zrange: the index's first page, the held queue's head; zrangebyscore: whether P3 has
-    # work, for the fairness count (the first page cannot tell)
-    assert {k: after[k] - before[k] for k in after} == {"zrange": 2, "zrangebyscore": 1}
+    # zrange: the index's two ends, the held queue's head
+    assert {k: after[k] - before[k] for k in after} == {"zrange": 3, "zrangebyscore": 0}
 
 
 def test_a_level_past_a_full_first_page_is_read(queue: Queue) -> None:
@@ -96,6 +98,18 @@ def test_a_level_past_a_full_first_page_is_read(queue: Queue) -> None:
     enqueue(queue, T0 + 100, model="late", priority="P3")
     c = claim(queue, "w1", 40, now_ms=T0 + 200)
     assert c is not None and (c["priority"], c["model"]) == ("3", "late")
+
+
+def test_the_fairness_count_reads_the_levels_between_the_index_ends(queue: Queue) -> None:
+    """Work at P0, P2 and P3: the index's ends say P0 and P3 have work, not what lies
+    between; a P0 dispatch counts for P2 and P3 only, as one read of the index from P1 on
+    tells (P1 has none)."""
+    enqueue(queue, T0, model="A", priority="P0")
+    enqueue(queue, T0 + 1, model="B", priority="P2")
+    enqueue(queue, T0 + 2, model="C", priority="P3")
+    c = claim(queue, "w1", 40, loaded=[("A", 20.0)], now_ms=T0 + 10)
+    assert c is not None and c["priority"] == "0"
+    assert queue.redis.hmget(queue.keys.fairness, "1", "2", "3") == [None, "1", "1"]
 
 
 def test_reap_moves_an_older_release_s_per_level_index_into_it(queue: Queue) -> None:

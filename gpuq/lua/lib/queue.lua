@@ -57,6 +57,21 @@ local function work_levels(first, n)
   return known, seen
 end
 
+-- What the index's two ends say of each level: none below its first member's level nor
+-- above its last member's, work at both; nil between them (read when asked). Two one-member
+-- reads: a claim in a pool with work at one level knows every level from them.
+local function work_ends()
+  local lo = redis.call('ZRANGE', K_MODELS_WITH_WORK, '0', '0')[1]
+  if not lo then return {[0] = false, false, false, false} end
+  local hi = redis.call('ZRANGE', K_MODELS_WITH_WORK, '-1', '-1')[1]
+  local a, b, known = LEVEL_OF[string.sub(lo, 1, 1)], LEVEL_OF[string.sub(hi, 1, 1)], {}
+  if not (a and b and string.byte(lo, 2) == 58 and string.byte(hi, 2) == 58) then return known end
+  for q = 0, 3 do
+    if q < a or q > b then known[q] = false elseif q == a or q == b then known[q] = true end
+  end
+  return known
+end
+
 -- The index's first n members from level p on.
 local function work_from(p, n)
   return redis.call('ZRANGEBYSCORE', K_MODELS_WITH_WORK, LEVEL_LOW[tonumber(p)], '+inf', 'LIMIT', '0', ms(n))

@@ -73,15 +73,20 @@ end
 -- Fairness after k dispatches at level p (k: 1 unless given, a batch's count): its debt is
 -- paid; each lower level with work saw k more higher dispatches, counted up to fair_every
 -- (fair: the `fair` hash's values for levels 1..3; has_work: what the caller knows of which
--- levels have work, true or false by level; else the index is read once from level p + 1, and
--- a level it cannot tell of alone).
+-- levels have work, true, false or nil by level, else what the index's ends tell; for a level
+-- neither tells, the index is read once from level p + 1, and a level that cannot tell alone).
 local function count_dispatch(p, fair, fair_every, k, has_work)
   if p > 0 and finite(fair[p]) ~= 0 then redis.call('HSET', K_FAIRNESS, tostring(p), '0') end
+  local read = nil
   for q = p + 1, 3 do
     local seen = finite(fair[q]) or 0
     if seen < fair_every then
-      has_work = has_work or work_levels(work_from(p + 1, 16), 16)
+      has_work = has_work or work_ends()
       local known = has_work[q]
+      if known == nil then
+        read = read or work_levels(work_from(p + 1, 16), 16)
+        known = read[q]
+      end
       if known == nil then known = work_page(q, 0, 1)[1] ~= nil end
       if known then redis.call('HINCRBY', K_FAIRNESS, tostring(q), math.min(k or 1, fair_every - seen)) end
     end
