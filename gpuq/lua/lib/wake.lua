@@ -2,6 +2,7 @@
 
 --@include args
 --@include lanes
+--@include few_idle
 
 -- token: "1", or "look" for a worker woken as its shape's lookout (lib/lookout.lua)
 local function wake_worker(w, token)
@@ -120,13 +121,14 @@ end
 local function pick(m, need, p, idle_n, gpus, now)
   idle_n = idle_n or redis.call('ZCARD', K_IDLE)
   if idle_n == 0 then return nil, false, false end
-  local w = idle_holder(m, need, nil, p, gpus)
+  local few, w, fit = gpus <= 1 and idle_n <= FEW, nil, nil
+  if few then w, fit = pick_few(m, need, p, now) else w = idle_holder(m, need, nil, p, gpus) end
   if w then return w, true, true end
   if p == '0' or p == '1' then
     local busy = yielding_holder(m, need, p, gpus)
     if busy then return busy, false, true end
   end
-  w = tightest(need, '+inf', nil, p, false, gpus, m, now)
+  if few then w = fit else w = tightest(need, '+inf', nil, p, false, gpus, m, now) end
   if not w then return nil, false, false end
   return w, true, false
 end
