@@ -50,6 +50,7 @@ SUFFIXES: dict[str, str] = {
     "sla_misses": "misses",
     "failures": "failures",
     "lanes": "lanes",
+    "capacities": "capacities",
     "deadlines": "deadlines",
     "scale": "scale",
     "settings": "settings",
@@ -225,6 +226,12 @@ class Keys:
         """Workers not offered every task: id -> levels (a dedicated lane, e.g. "01"), then the
         models its claims skip with their ends (lib/lanes.lua)."""
         return self._key("lanes")
+
+    @property
+    def capacities(self) -> str:
+        """Live workers' fixed capacity: id -> "<usable GB> <gpus> <levels>" (lib/holders.lua
+        reads a model's busy holders' in one HMGET)."""
+        return self._key("capacities")
 
     @property
     def deadlines(self) -> str:

@@ -65,6 +65,7 @@
 --@include quota
 --@include reserve
 --@include wake
+--@include holders
 --@include start
 --@include take
 --@include batch
@@ -145,33 +146,29 @@ local function better_elsewhere(m, need, p, wants)
   end)
 end
 
--- How many busy holders of model m could take the task (busy_holders_of), and in how many
--- seconds the first of them expects to free up, by its tasks' estimates (an overrun one
--- counts as ending now). An idle holder that did not take the task has no room.
-local function busy_holders(m, need, p, wants)
-  return remembered('b', m, need, p, wants, function()
-    local n, soonest = 0, math.huge
-    for _, w in ipairs(busy_holders_of(m, need, p, worker, wants)) do
-      n = n + 1
-      for _, t in ipairs(redis.call('SMEMBERS', worker_tasks_key(w))) do
-        local r = redis.call('HMGET', task_key(t), 'started_at', 'est_s')
-        local started, est = finite(r[1]), finite(r[2])
-        if started and est then
-          soonest = math.min(soonest, math.max(0, started + est * 1000 - now) / 1000)
-        end
-      end
-    end
-    return n, soonest == math.huge and 0 or soonest
-  end)
-end
-
--- Whether the k-th task of queue (p, m) is better left for m's busy holders: the first of them
--- frees up, then they take the queue's tasks in turn (each about est_s long, as this one), and
--- would reach it within the left_s seconds it may still wait. Batch work prefers waiting within
--- its bound to a cold load; waiting past it is pure loss (the task is loaded cold then anyway).
+-- Whether the k-th task of queue (p, m) is better left for m's busy holders (busy_holders_of;
+-- an idle holder that did not take the task has no room): the first frees up (by its tasks'
+-- estimates; an overrun one counts as ending now, none known as now), then they take the
+-- queue's tasks in turn (each about est_s long, as this one) and would reach it within the
+-- left_s seconds it may still wait: batch work prefers that to a cold load, not past it. Their
+-- tasks are read (next_task) only until one frees up soon enough (the test is monotonic in
+-- that time: the soonest of all is no later); what was read is kept for the call.
 local function wait_for_holders(m, need, p, k, est_s, left_s, wants)
-  local n, free_in = busy_holders(m, need, p, wants)
-  return n > 0 and free_in + math.floor((k - 1) / n) * est_s <= left_s
+  local h = remembered('b', m, need, p, wants, function()
+    return {holders = busy_holders_of(m, need, p, worker, wants), h = 0, t = 0, ids = {}, soonest = math.huge}
+  end)
+  local n = #h.holders
+  if n == 0 then return false end
+  local function within(free_in) return free_in + math.floor((k - 1) / n) * est_s <= left_s end
+  while not (h.soonest < math.huge and within(h.soonest)) do
+    local t = next_task(h.holders, h)
+    if not t then return within(h.soonest == math.huge and 0 or h.soonest) end
+    local r = redis.call('HMGET', task_key(t), 'started_at', 'est_s')
+    local started, est = finite(r[1]), finite(r[2])
+    local ends = started and est and math.max(0, started + est * 1000 - now) / 1000
+    if ends then h.soonest = math.min(h.soonest, ends) end
+  end
+  return true
 end
 
 -- The first `scan` tasks of a queue in the order a claim considers them. For a model this worker

@@ -39,6 +39,7 @@
 --@include json
 --@include queue
 --@include wake
+--@include holders
 --@include start
 --@include runtime
 --@include tenancy

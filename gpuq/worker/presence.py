@@ -83,10 +83,12 @@ class Presence:
 
     def add_published(self, pipe: redis.client.Pipeline) -> None:
         """What the pool learns of this worker beside its hash: its GPU class (and a group's
-        size), its app's handlers and its lane."""
+        size), its capacity (read for busy holders: lib/holders.lua), its app's handlers and
+        its lane."""
         wid, keys, identity = self.worker_id, self.keys, self.identity
         usable = usable_gb(identity["vram_total_gb"], identity["kv_reserve_gb"])
         pipe.hset(keys.classes, identity["gpu_name"], usable)
+        pipe.hset(keys.capacities, wid, f"{usable!r} {int(identity['gpus'])} {identity['levels']}")
         if int(identity["gpus"]) > 1:  # enqueue's check_fit: a class of groups holds multi-GPU tasks
             pipe.hset(keys.class_gpus, identity["gpu_name"], identity["gpus"])
         if identity["handlers"]:
@@ -183,6 +185,7 @@ class Presence:
             pipe.zrem(keys.idle, wid)
             pipe.zrem(keys.workers, wid)
             pipe.hdel(keys.lanes, wid)
+            pipe.hdel(keys.capacities, wid)
             pipe.delete(*self._own_keys())
             try:
                 pipe.execute()

@@ -1,8 +1,10 @@
-"""What the wake rule reads (lib/wake.lua), counted in the real server's command stats."""
+"""What the wake rule and the busy-holder reads send (lib/wake.lua, lib/holders.lua), counted
+in the real server's command stats."""
 
 from __future__ import annotations
 
-from helpers import T0, enqueue, register_worker
+from conftest import MakeQueue
+from helpers import T0, claim_reply, enqueue, register_worker
 
 from gpuq import Queue
 
@@ -57,3 +59,32 @@ def test_few_idle_workers_offer_to_the_holder_that_serves_the_level(queue: Queue
     assert queue.redis.hget(queue.keys.task(held), "offered") == "roomy"
     cold = enqueue(queue, T0 + 1, model="other", vram_gb=20, priority="P2")
     assert queue.redis.hget(queue.keys.task(cold), "offered") == "tight"
+
+
+def commands(q: Queue) -> dict[str, int]:
+    """Calls per command the server counted, the scripts' own and INFO left out."""
+    stats = q.redis.info("commandstats")
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()
+            if k not in ("cmdstat_info", "cmdstat_fcall", "cmdstat_evalsha", "cmdstat_eval")}
+
+
+def test_a_claim_weighing_busy_holders_costs_the_same_however_many_there_are(
+        make_real_queue: MakeQueue) -> None:
+    """Bounded work: a claim that leaves a P2 task for its model's busy holders sends the same
+    commands with 40 holders as with 4 (the busy ones in one read, their capacities in one,
+    then their tasks until one frees up soon enough: here the first), not a few reads a
+    holder."""
+    q = make_real_queue(defer_s=2.0, holder_wait_s=120.0)
+    enqueue(q, T0, model="A", vram_gb=30, priority="P2")
+    sent = []
+    for count, cold in ((4, "cold-a"), (40, "cold-b")):
+        for i in range(len(sent) and 4, count):
+            register_worker(q, f"h{i:02d}", holds=("A",))
+            q.redis.hset(q.keys.task(f"running-on-h{i:02d}"), mapping={"started_at": T0, "est_s": 10})
+        before = commands(q)
+        r = claim_reply(q, cold, 75 - len(sent), now_ms=T0 + 3000)  # another shape: its own lookout
+        after = commands(q)
+        assert r.task is None and r.retry_s > 100
+        sent.append({k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)})
+    assert sent[0] == sent[1]
+    assert sum(sent[1].values()) <= 20

@@ -1,8 +1,8 @@
 -- lib/wake.lua: the wake rule: which worker a task is offered to, and wake-ups.
 
---@include args
 --@include lanes
 --@include few_idle
+--@include holders
 
 -- token: "1", or "look" for a worker woken as its shape's lookout (lib/lookout.lua)
 local function wake_worker(w, token)
@@ -69,45 +69,6 @@ local function tightest(need, upper, except, p, unoccupied, gpus, m, now)
     end
     if #got < r[1] then return nil end  -- every idle worker in range was looked at
   end
-end
-
--- The busy workers other than `except` that hold model m, serve priority p and are large
--- enough for need on `gpus` devices (each claims its held models first once it frees up), in
--- name order, among the first BUSY_HOLDERS busy holders by name: a decision reads a bounded
--- number of workers however many hold a popular model (docs/DECISIONS.md, Bounded work).
-local BUSY_HOLDERS = 16
-local function busy_holders_of(m, need, p, except, gpus)
-  local out, idle, seen = {}, {}, 0
-  local got = idle_holders(m)
-  for i = 1, #got, 2 do idle[got[i]] = true end
-  local holders = redis.call('SMEMBERS', holders_key(m))
-  table.sort(holders)  -- a set's order varies between server runs; decisions must not
-  for _, w in ipairs(holders) do
-    if seen >= BUSY_HOLDERS then break end
-    if w ~= except and not idle[w] then
-      seen = seen + 1
-      local g = redis.call('HMGET', worker_key(w), 'vram_total_gb', 'kv_reserve_gb', 'levels',
-        'gpus')
-      if finite(g[1]) and finite(g[1]) - (finite(g[2]) or 0) >= need
-          and lane_serves(g[3], p) and (tonumber(g[4]) or 1) >= gpus then
-        out[#out + 1] = w
-      end
-    end
-  end
-  return out
-end
-
--- A busy holder of model m running a preemptible task of lower priority than p: the
--- reaper's planner may ask that task to yield, so online work starts on a GPU that has
--- its model instead of loading it cold elsewhere.
-local function yielding_holder(m, need, p, gpus)
-  for _, w in ipairs(busy_holders_of(m, need, p, nil, gpus)) do
-    for _, t in ipairs(redis.call('SMEMBERS', worker_tasks_key(w))) do
-      local r = redis.call('HMGET', task_key(t), 'priority', 'preemptible')
-      if r[2] == '1' and level(r[1]) and tonumber(r[1]) > tonumber(p) then return w end
-    end
-  end
-  return nil
 end
 
 -- The worker best placed for a task, while any worker idles: an idle worker holding its
