@@ -6,15 +6,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuq.replies import checked, pairs_to_dict
+from gpuq.lua_source import reply_fields
+from gpuq.replies import checked
 
-# A claimed task's fields, in the order of the claim reply's pairs (lib/take.lua)
-TASK_FIELDS = ("id", "token", "handler", "payload", "model", "vram_gb", "priority", "est_s",
-               "attempt", "deadline", "tenant", "checkpoint", "enqueued_at", "queued_at",
-               "started_at", "sla", "due_at")
+# A claimed task's fields, in the order of the claim reply's values (lib/take.lua names them)
+TASK_FIELDS = reply_fields("take", "task")
 # A task taken beside a batch's first: the values that differ from the first's, in order
-BATCHED_FIELDS = ("id", "token", "payload", "vram_gb", "est_s", "attempt", "deadline", "tenant",
-                  "checkpoint", "enqueued_at", "queued_at", "sla", "due_at")
+BATCHED_FIELDS = reply_fields("take", "batched")
 
 
 @dataclass(frozen=True)
@@ -67,8 +65,9 @@ class Claim:
     def parse(cls, reply: list[Any]) -> Claim:
         if str(checked(reply)[1]) != "task":
             return cls(None, int(reply[2]) / 1000.0)
-        end = 2 + 2 * len(TASK_FIELDS)
-        task = pairs_to_dict(reply[2:end])
+        end = 2 + len(TASK_FIELDS)
+        task = dict(zip(TASK_FIELDS, reply[2:end]))
+        task["token"] = str(task["token"])  # the one number among the values
         return cls(task, batch=Batch.of(reply[end:], task) if len(reply) > end else None)
 
 

@@ -74,6 +74,21 @@ def included(text: str, where: str) -> dict[str, str]:
     return out
 
 
+# a reply's field names, in the order of its values: "--@reply <reply> <name> ..." lines
+_REPLY_LINE = re.compile(r"^--@reply[ \t]+(\w+)((?:[ \t]+\w+)+)[ \t]*$", re.M)
+
+
+def reply_fields(group: str, reply: str) -> tuple[str, ...]:
+    """The field names of a reply whose values a helper group sends in a fixed order (its
+    ``--@reply`` lines of that reply, joined): written once, in the library's sources, which
+    its digest covers (gpuq/functions.py)."""
+    names = tuple(n for r, line in _REPLY_LINE.findall(_lua_file("lib", f"{group}.lua"))
+                  if r == reply for n in line.split())
+    if not names or len(set(names)) != len(names):
+        raise ValueError(f"lib/{group}.lua: reply {reply!r} has no field names, or one twice")
+    return names
+
+
 # a helper of a group: the comment lines above it, then "local function <name>" up to the next
 _HELPER = re.compile(r"^(?:--[^\n]*\n)*local function (\w+)", re.M)
 

@@ -41,6 +41,31 @@ def test_a_constant_of_a_helper_group_is_made_once_at_load() -> None:
     assert "\nlocal READ_HELD = {" in block[:call] and "READ_HELD = {" not in block[call:]
 
 
+def test_the_claim_replys_field_order_is_part_of_the_library_digest(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker reads the claim reply's values by the names of lib/take.lua's --@reply lines:
+    ordered otherwise, the library gets another name, so the two never call each other."""
+    import gpuq.lua_source as lua_source
+
+    before = library(SCRIPT_NAMES).name
+    real = lua_source._lua_file
+
+    def swapped(*path: str) -> str:
+        text = real(*path)
+        return text.replace("--@reply task id token", "--@reply task token id") if path[-1:] == (
+            "take.lua",) else text
+
+    monkeypatch.setattr(lua_source, "_lua_file", swapped)
+    lua_source.script_source.cache_clear()
+    library.cache_clear()
+    try:
+        assert lua_source.reply_fields("take", "task")[:3] == ("token", "id", "handler")
+        assert library(SCRIPT_NAMES).name != before
+    finally:
+        lua_source.script_source.cache_clear()
+        library.cache_clear()
+
+
 @pytest.mark.parametrize("change", ["NAMES[2] = 'x'", "NAMES = {}", "table.insert(NAMES, 'x')"])
 def test_a_constant_that_is_changed_is_refused(monkeypatch: pytest.MonkeyPatch, change: str) -> None:
     import gpuq.functions as functions

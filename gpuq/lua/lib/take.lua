@@ -1,4 +1,4 @@
--- lib/take.lua: a queued task a claim chose starts on the claiming worker; its reply pairs.
+-- lib/take.lua: a queued task a claim chose starts on the claiming worker; its reply values.
 
 --@include args
 --@include queue
@@ -14,10 +14,17 @@
 -- tenant charged (tenancy on); a cold start noted. f: its fields (`readable`), read before
 -- the attempt is written; the deadline index is touched only if it has one; keep_head: the
 -- caller refreshes the queue's head in the index (unqueue). Returns the claim reply for the
--- task, {0, 'task', name, value, ...} in gpuq/claims.py TASK_FIELDS' order, built in one
--- constructor (sized once, no loop over the names); `batched` (a task beside a batch's
--- first): the values alone that differ from the first's (gpuq/claims.py BATCHED_FIELDS;
--- not its handler, model and priority, the first's, nor its start time, the call's).
+-- task, {0, 'task', value, ...} in the order of the `task` names below, built in one
+-- constructor (sized once, no loop); `batched` (a task beside a batch's first): the values
+-- that differ from the first's, in `batched` order (not its handler, model and priority, the
+-- first's, nor its start time, the call's). Values alone: each element of a reply costs the
+-- server a conversion and the worker a parse. gpuq/claims.py reads the names from these
+-- lines (a reply's lines join), so the library's digest covers their order
+-- (gpuq/functions.py): a worker never calls a library that orders them otherwise.
+--@reply task id token handler payload model vram_gb priority est_s attempt deadline tenant
+--@reply task checkpoint enqueued_at queued_at started_at sla due_at
+--@reply batched id token payload vram_gb est_s attempt deadline tenant checkpoint enqueued_at
+--@reply batched queued_at sla due_at
 local function take(id, p, m, w, now, lease_until, f, warm, tenancy, keep_head, batched)
   unqueue(id, p, m, f[8] ~= '', keep_head)
   fair_leave(id, f[18])
@@ -38,8 +45,6 @@ local function take(id, p, m, w, now, lease_until, f, warm, tenancy, keep_head, 
   if batched then
     return {id, token, f[2], f[4], f[6], f[7], f[8], f[9], f[10] or '', f[11], f[12], sla, due}
   end
-  return {0, 'task', 'id', id, 'token', token, 'handler', f[1], 'payload', f[2], 'model', f[3],
-    'vram_gb', f[4], 'priority', f[5], 'est_s', f[6], 'attempt', f[7], 'deadline', f[8],
-    'tenant', f[9], 'checkpoint', f[10] or '', 'enqueued_at', f[11], 'queued_at', f[12],
-    'started_at', ms(now), 'sla', sla, 'due_at', due}
+  return {0, 'task', id, token, f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10] or '',
+    f[11], f[12], ms(now), sla, due}
 end
