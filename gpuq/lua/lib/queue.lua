@@ -57,13 +57,16 @@ local function work_levels(first, n)
   return known, seen
 end
 
--- What the index's two ends say of each level: none below its first member's level nor
--- above its last member's, work at both; nil between them (read when asked). Two one-member
--- reads: a claim in a pool with work at one level knows every level from them.
+-- What the index's ends say of each level: none below its first member's level nor above its
+-- last member's, work at both; nil between them (read when asked). Its first ENDS members in
+-- one read: a pool with work in fewer queues than that (a drain of one model) learns every
+-- level from it; a larger one reads its last member too, rather than parse a longer page.
+-- (ENDS is 4, written out: the function library's main chunk is at Lua's 200 locals.)
 local function work_ends()
-  local lo = redis.call('ZRANGE', K_MODELS_WITH_WORK, '0', '0')[1]
-  if not lo then return {[0] = false, false, false, false} end
-  local hi = redis.call('ZRANGE', K_MODELS_WITH_WORK, '-1', '-1')[1]
+  local first = redis.call('ZRANGE', K_MODELS_WITH_WORK, '0', '3')
+  if not first[1] then return {[0] = false, false, false, false} end
+  if #first < 4 then return (work_levels(first, 4)) end
+  local lo, hi = first[1], redis.call('ZRANGE', K_MODELS_WITH_WORK, '-1', '-1')[1]
   local a, b, known = LEVEL_OF[string.sub(lo, 1, 1)], LEVEL_OF[string.sub(hi, 1, 1)], {}
   if not (a and b and string.byte(lo, 2) == 58 and string.byte(hi, 2) == 58) then return known end
   for q = 0, 3 do
