@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from gpuq.functions import Sender, library, missing
+from gpuq.functions import Sender, _evalsha_sources, library, missing
 from gpuq.lua_source import JOINED
 from gpuq.scripts import SCRIPT_NAMES
 
@@ -129,3 +129,15 @@ def test_a_joined_call_reads_the_clock_as_lib_args_clock_does() -> None:
     formula = "tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)"
     assert formula in resources.files("gpuq").joinpath("lua", "lib", "args.lua").read_text()
     assert all(formula in joined_split(name) for name in JOINED)
+
+
+def test_every_source_compiles_within_luas_limits() -> None:
+    """Lua allows 200 locals a function. Each EVALSHA source (a joined call's wraps its second
+    part in a function) and the library compile: a helper more in the claim's includes once
+    broke the joined ack_claim's source while FCALL, whose blocks split the locals, loaded."""
+    lua51 = pytest.importorskip("lupa.lua51")
+    errors = lua51.LuaRuntime().eval("function(s) local _, err = loadstring(s); return err end")
+    sources, _ = _evalsha_sources(SCRIPT_NAMES)
+    lib = library(SCRIPT_NAMES).source.split("\n", 1)[1]  # its "#!lua" line is the server's
+    for name, source in [*sources.items(), ("library", lib)]:
+        assert errors(source) is None, (name, errors(source))

@@ -2,14 +2,13 @@
 
 --@include lanes
 
--- What pick reads while at most FEW workers idle, for a one-GPU task: the idle workers with room
+-- What pick reads while at most 8 workers idle, for a one-GPU task: the idle workers with room
 -- (score >= need, in score then name order: ZINTER's for idle_holder, tightest's own read)
 -- and their lanes, one read each; the holders among those serving p are asked in one
 -- SMISMEMBER, and only when one serves p: a pool whose idle workers are online lanes pays two
 -- reads for a batch task, not four. Returns the idle holder, else false and the tightest fit.
-local FEW = 8
 local function pick_few(m, need, p, now)
-  local got = redis.call('ZRANGEBYSCORE', K_IDLE, need, '+inf', 'LIMIT', 0, FEW)
+  local got = redis.call('ZRANGEBYSCORE', K_IDLE, need, '+inf', 'LIMIT', '0', '8')
   if not got[1] then return false, nil end
   local lanes, serving = redis.call('HMGET', K_LANES, unpack(got)), {}
   for i, w in ipairs(got) do

@@ -7,15 +7,14 @@
 
 -- The busy workers other than `except` that hold model m, serve priority p and are large
 -- enough for need on `gpus` devices (each claims its held models first once it frees up), in
--- name order (bytes), among the first BUSY_HOLDERS busy holders by name. One ZDIFF gives the
+-- name order (bytes), among the first 16 busy holders by name. One ZDIFF gives the
 -- holders not in `idle`, sorted in C; their capacities (`capacities`: written at
 -- registration, removed at departure) come in one HMGET. A worker with no entry there
 -- (registered by an older gpuq) is read from its hash.
-local BUSY_HOLDERS = 16
 local function busy_holders_of(m, need, p, except, gpus)
   local busy, out = {}, {}
   for _, w in ipairs(redis.call('ZDIFF', 2, holders_key(m), K_IDLE)) do
-    if #busy >= BUSY_HOLDERS then break end
+    if #busy >= 16 then break end
     if w ~= except then busy[#busy + 1] = w end
   end
   if not busy[1] then return out end

@@ -61,7 +61,7 @@ end
 -- last member's, work at both; nil between them (read when asked). Its first ENDS members in
 -- one read: a pool with work in fewer queues than that (a drain of one model) learns every
 -- level from it; a larger one reads its last member too, rather than parse a longer page.
--- (ENDS is 4, written out: the function library's main chunk is at Lua's 200 locals.)
+-- (4 is written out: the claim's includes are near Lua's 200 locals a function.)
 local function work_ends()
   local first = redis.call('ZRANGE', K_MODELS_WITH_WORK, '0', '3')
   if not first[1] then return {[0] = false, false, false, false} end

@@ -31,15 +31,14 @@ end
 -- An idle worker other than `except` that holds model m, serves priority p, has the task's
 -- `gpus` devices and whose claimable VRAM (its idle score) covers the need: the tightest fit
 -- (ZINTER's order: score, then name; a one-GPU task leaves an idle group to work only it can
--- run) among the first IDLE_HOLDERS with room (lanes read in one HMGET).
-local IDLE_HOLDERS = 64
+-- run) among the first 64 with room (lanes read in one HMGET).
 local function idle_holder(m, need, except, p, gpus)
   local got, fit = idle_holders(m), {}
   for i = 1, #got, 2 do
     if got[i] ~= except and tonumber(got[i + 1]) >= need then fit[#fit + 1] = got[i] end
   end
   if not fit[1] then return nil end
-  local n = math.min(#fit, IDLE_HOLDERS)
+  local n = math.min(#fit, 64)
   local lanes = redis.call('HMGET', K_LANES, unpack(fit, 1, n))
   for i = 1, n do
     if lane_serves(lanes[i], p) and has_gpus(fit[i], gpus) then
@@ -82,7 +81,7 @@ end
 local function pick(m, need, p, idle_n, gpus, now)
   idle_n = idle_n or redis.call('ZCARD', K_IDLE)
   if idle_n == 0 then return nil, false, false end
-  local few, w, fit = gpus <= 1 and idle_n <= FEW, nil, nil
+  local few, w, fit = gpus <= 1 and idle_n <= 8, nil, nil
   if few then w, fit = pick_few(m, need, p, now) else w = idle_holder(m, need, nil, p, gpus) end
   if w then return w, true, true end
   if p == '0' or p == '1' then
