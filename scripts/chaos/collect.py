@@ -128,6 +128,8 @@ def after_stop(client: redis.Redis, keys: Keys) -> dict[str, int]:
         "workers_listed": int(client.zcard(keys.workers)) + int(client.zcard(keys.idle)),
         "worker_keys": len(scan(client, keys.worker("*"))),
         "holders_after_stop": sum(int(client.scard(k)) for k in scan(client, keys.holders("*"))),
+        # a worker's entries in the pool's hashes (its lane and skips, its capacity)
+        "worker_entries": int(client.hlen(keys.lanes)) + int(client.hlen(keys.capacities)),
     }
 
 
