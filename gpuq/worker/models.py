@@ -65,23 +65,22 @@ class ModelCache:
         self.unloading: list[Resident] = []
 
     def free_gb(self) -> float:
-        used = (sum(r.footprint_gb for r in self.resident.values()) + self.working_gb
-                + sum(r.footprint_gb for r in self.unloading))
-        return usable_gb(self.total_gb, self.reserve_gb) - used
+        return self.ledger()[0]
 
     def evictable_gb(self) -> float:
-        return sum(r.footprint_gb for r in self.resident.values() if r.in_use == 0)
+        return self.ledger()[1]
 
     def loaded(self) -> list[tuple[str, float]]:
-        return [(name, r.footprint_gb) for name, r in self.resident.items()]
+        return self.ledger()[2]
 
     def in_use(self) -> frozenset[str]:
         """The loaded models a running task uses (not in evictable_gb)."""
-        return frozenset(name for name, r in self.resident.items() if r.in_use > 0)
+        return self.ledger()[3]
 
     def ledger(self) -> tuple[float, float, list[tuple[str, float]], frozenset[str]]:
-        """free_gb, evictable_gb, loaded and in_use at once, in one pass (what each claim
-        reports, the same sums in the same order)."""
+        """What each claim reports, in one pass: the free VRAM (usable less what is loaded,
+        reserved for running tasks and still unloading), the evictable VRAM (loaded models no
+        running task uses), the loaded models with their footprints, and those in use."""
         loaded, in_use, held, idle = [], [], 0.0, 0.0
         for name, r in self.resident.items():
             loaded.append((name, r.footprint_gb))
