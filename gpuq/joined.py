@@ -58,7 +58,9 @@ def _acks(reply: Any, n: int) -> list[Any]:
         return [reply]
     if isinstance(reply, list) and len(reply) == n and all(isinstance(r, list) for r in reply):
         return list(reply)
-    return [reply] * n  # the call's own INVALID (a malformed now or TTL): each ack's answer
+    # {0}: every task was acked (ack.lua's one reply for all); or the call's own INVALID (a
+    # malformed now or TTL): each ack's answer
+    return [reply] * n
 
 
 def split_replies(replies: list[Any], joined: list[tuple[Call[Any], int]]) -> list[Any]:

@@ -21,8 +21,11 @@
 --                     1048576 bytes or not JSON text (nothing written; the task keeps running)
 --          {4}        NOT_FOUND
 --          {5, state} STALE_LEASE: the task is no longer running under this token
---          With triples: one such reply per task, in order, each task acked or not on its
---          own (INVALID for a malformed now or TTL, or a short triple, is the call's).
+--          With triples: {0} when every task was acked, else one such reply per task, in
+--          order, each task acked or not on its own (INVALID for a malformed now or TTL, or a
+--          short triple, is the call's). One {0} for all: a batch's usual answer is then one
+--          element, where a reply a task cost the server a table and its conversion and the
+--          worker a list to read, for each task.
 
 --@include args
 --@include json
@@ -49,6 +52,12 @@ end
 if #ARGV == 5 then return ack(ARGV[1], ARGV[2], ARGV[4]) end
 tally_on()  -- the tasks' counters and set members written once for all (lib/tally.lua)
 local replies = {ack(ARGV[1], ARGV[2], ARGV[4])}
-for i = 6, #ARGV, 3 do replies[#replies + 1] = ack(ARGV[i], ARGV[i + 1], ARGV[i + 2]) end
+local all = replies[1][1] == 0
+for i = 6, #ARGV, 3 do
+  local r = ack(ARGV[i], ARGV[i + 1], ARGV[i + 2])
+  replies[#replies + 1] = r
+  all = all and r[1] == 0
+end
 tally_flush()
+if all then return {0} end  -- every task acked
 return replies

@@ -89,8 +89,8 @@ class Worker:
 
     def settle(self, pending: list[Call[Any]]) -> None:
         """Send the finished tasks' acks or fails alone, in one round trip."""
-        for call, reply in zip(pending, self.executor.send(pending) if pending else []):
-            self.executor.settle(call, reply)
+        if pending:
+            batch.settle_all(self.executor, pending, self.executor.send(pending))
 
     def claim(self, pending: list[Call[Any]] | None = None, lookout: bool = False,
               unlisted: bool = False) -> tuple[Claimed, Added | None] | float:
@@ -107,8 +107,7 @@ class Worker:
                 return 0.0
             call = self.asking.call(slots, lookout, unlisted)
             *done, reply = self.scripts.pipelined([*pending, call])
-            for sent, answer in zip(pending, done):
-                self.executor.settle(sent, answer)
+            batch.settle_all(self.executor, pending, done)
             claim = call.parse(reply)
             if claim.task is None:
                 return claim.retry_s

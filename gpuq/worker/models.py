@@ -63,6 +63,9 @@ class ModelCache:
         # models evicted from the ledger whose unload (outside the lock) has not ended: their
         # memory is not free yet, or another runner's claim could load into it
         self.unloading: list[Resident] = []
+        # a held model's task within its weights holds nothing more: its reservation is the
+        # same for every such task (a batch's, mostly), made once per model
+        self._within: dict[str, Reservation] = {}
 
     def free_gb(self) -> float:
         return self.ledger()[0]
@@ -102,6 +105,13 @@ class ModelCache:
             if held is not None:
                 # as claim.lua's fit: the other idle models make room for a held model's task
                 working = max(0.0, need_gb - held.footprint_gb)
+                if working <= 0:  # nothing to evict (_room_for)
+                    held.in_use += 1
+                    self.resident.move_to_end(model)
+                    within = self._within.get(model)
+                    if within is None:
+                        within = self._within[model] = Reservation(model, 0.0, False, ())
+                    return within
                 evict = self._room_for(working, keep=model)
                 if evict is None:
                     return None

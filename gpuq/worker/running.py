@@ -159,6 +159,14 @@ class RunningSet:
             if run is not None and run.token == token:
                 del self._settling[task_id]
 
+    def settled_all(self, ended: list[tuple[str, int]]) -> None:
+        """``settled`` for each (task id, token), under one lock: a batch's acks."""
+        with self._lock:
+            for task_id, token in ended:
+                run = self._settling.get(task_id)
+                if run is not None and run.token == token:
+                    del self._settling[task_id]
+
     def settling(self) -> list[tuple[str, int]]:
         with self._lock:
             return [(task_id, run.token) for task_id, run in self._settling.items()]

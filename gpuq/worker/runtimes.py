@@ -63,6 +63,22 @@ class RunTimes:
                 self._trim()
         return True
 
+    def add_all(self, runs: list[Run]) -> None:
+        """``add`` for each run, under one lock: a batch's, which share one run time (the
+        batch's over its tasks) and so mostly one tuple, checked once."""
+        kept: list[Run] = []
+        last: Run | None = None
+        keep: Run | None = None
+        for run in runs:
+            if run is not last:
+                last, keep = run, (run[0], run[1], float(run[2])) if learnable(*run) else None
+            if keep is not None:
+                kept.append(keep)
+        with self._lock:
+            self._runs.extend(kept)
+            if len(self._runs) > self.capacity:
+                self._trim()
+
     def take(self, limit: int = LEARN_MAX_RUNS) -> list[Run]:
         """Remove and return the oldest runs, at most ``limit``."""
         with self._lock:

@@ -236,6 +236,25 @@ def test_a_batch_s_acks_go_as_one_call_each_task_fenced_on_its_own(queue: Queue)
     assert [len(a.args) for a in acks] == [5, 5, 5, 5]  # the callers' calls are unchanged
 
 
+def test_a_batch_whose_acks_all_succeed_gets_one_reply_for_all(queue: Queue) -> None:
+    batch_ids(queue, 3)
+    c = first(queue)
+    got = claim_batch(queue, "w1", c, 40, 2, now_ms=T0 + 100)
+    tasks = [c, *got.tasks]
+    acks = [queue.calls.ack(t["id"], int(t["token"]), f'{{"v": {i}}}', now_ms=T0 + 200)
+            for i, t in enumerate(tasks)]
+    joined = Call("ack", [*acks[0].args, *(a for t in acks[1:] for a in (t.args[0], t.args[1], t.args[3]))],
+                  acks[0].parse)
+    assert queue.scripts.run_raw(joined) == [0]  # one element, not a list a task
+    assert [queue.record(t["id"]).result for t in tasks] == [{"v": 0}, {"v": 1}, {"v": 2}]
+    # the client reads it as each task's own reply
+    batch_ids(queue, 3, now=T0 + 1000)
+    c = first(queue, now=T0 + 1100)
+    got = claim_batch(queue, "w1", c, 40, 2, now_ms=T0 + 1100)
+    acks = [queue.calls.ack(t["id"], int(t["token"]), "1", now_ms=T0 + 1200) for t in [c, *got.tasks]]
+    assert queue.scripts.pipelined(acks) == [[0], [0], [0]]
+
+
 def test_acks_at_another_now_or_ttl_go_as_calls_of_their_own(queue: Queue) -> None:
     batch_ids(queue, 2)
     c = first(queue)

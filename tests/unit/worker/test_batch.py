@@ -3,6 +3,7 @@ call and settled one by one (drain runs the same code as a worker)."""
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -356,3 +357,38 @@ def test_a_batchs_encoder_after_a_result_it_refused_encodes_the_next() -> None:
     assert enc(result) == '{"a":1}'
     with pytest.raises(TaskError, match="bytes, more than"):
         enc(["x" * MAX_RESULT_BYTES])
+
+
+def test_a_batch_s_acks_settle_together_each_on_its_own_reply() -> None:
+    q = memory_queue()
+    ids = enqueue(q, "h", 4)
+    ex = executor(q, app_with(lambda model, payloads, ctx: payloads))
+    req = ClaimRequest("w", ex.cache.free_gb(), ex.cache.evictable_gb(), 1, ex.cache.loaded(),
+                       batches=batch.wanted(ex.app))
+    claim = q.scripts.run(q.calls.claim(req))
+    assert claim.task is not None
+    with ex.cache.lock:
+        claimed = (claim.task, *ex.begin(claim.task))
+        added = batch.begin_added(ex, claim.batch)
+    calls = batch.execute(ex, claimed, added=added)
+    assert [c.script for c in calls] == ["ack"] * 4 and len(ex.running.settling()) == 4
+    q.cancel(ids[1])  # its ack is refused: the task is not running under its token
+    batch.settle_all(ex, calls, q.scripts.pipelined(calls))
+    assert ex.running.settling() == [] and ex.unacked == {}  # none renewed any more
+    assert [q.record(t).state for t in ids] == [State.SUCCEEDED, State.CANCELED, State.SUCCEEDED,
+                                                State.SUCCEEDED]
+    assert len(ex.runtimes.take()) == 3  # the acked runs alone are learned
+
+
+@pytest.mark.parametrize("text", ['{"a": [1, 2.5, null]}', "7", '"x"', "NaN", " 1", "1 ", "[1]\n"])
+def test_a_batch_reads_each_payload_as_json_loads_does(text: str) -> None:
+    assert batch.decoded(text) == json.loads(text) or math.isnan(json.loads(text))
+
+
+@pytest.mark.parametrize("text", ["", "x", '{"a": }', "1 2", '"open'])
+def test_a_payload_that_is_not_json_fails_as_json_loads_fails(text: str) -> None:
+    with pytest.raises(json.JSONDecodeError) as want:
+        json.loads(text)
+    with pytest.raises(json.JSONDecodeError) as got:
+        batch.decoded(text)
+    assert str(got.value) == str(want.value)

@@ -330,3 +330,18 @@ def test_an_unloader_that_raises_is_reported_and_frees_the_ledger() -> None:
     idle = cache.evict_idle()
     assert cache.unload(idle[0]) is False  # logged (model.unload_failed), not raised
     assert cache.free_gb() == pytest.approx(75.0) and cache.unloading == []
+
+
+def test_tasks_within_a_held_model_s_weights_share_one_reservation() -> None:
+    cache = ModelCache(make_app(), TOTAL, RESERVE)
+    first = loaded(cache, "a", 20)
+    free = cache.free_gb()
+    one, two = cache.reserve("a", 12), cache.reserve("a", 20)
+    assert one is two and one == Reservation("a", 0.0, False, ())
+    above = cache.reserve("a", 23)
+    assert above is not None and above.working_gb == 3 and cache.free_gb() == free - 3
+    assert cache.get("a").in_use == 4
+    for res in (one, two, above, first):
+        assert res is not None
+        cache.release(res)
+    assert cache.get("a").in_use == 0 and cache.working_gb == 0 and cache.free_gb() == free + 0

@@ -231,3 +231,13 @@ def test_drain_sends_the_run_times_so_a_later_task_gets_the_learned_mean() -> No
     assert n == "3" and 0.02 <= float(mean) < 0.5
     later = q.enqueue("slow", "ok", model="m", vram_gb=1)
     assert later.record().est_from == "history" and later.record().est_s == float(mean)
+
+
+def test_a_batch_s_runs_are_added_as_each_would_be() -> None:
+    buf = RunTimes(capacity=4)
+    shared = ("h", "m", 2)
+    buf.add_all([shared, shared, ("h x", "m", 1.0), ("h", "m", float("nan")), ("g", "m", 1.5), shared])
+    assert buf.take() == [("h", "m", 2.0), ("h", "m", 2.0), ("g", "m", 1.5), ("h", "m", 2.0)]
+    assert all(type(r[2]) is float for r in buf.take())
+    buf.add_all(runs(6))
+    assert buf.take() == runs(4, 2) and buf.dropped() == 2
