@@ -141,7 +141,7 @@ end
 
 local function better_elsewhere(m, need, p, wants)
   return remembered('e', m, need, p, wants, function()
-    return idle_holder(m, need, worker, p, wants)
+    return idle_holder(m, need, worker, p, wants, now)
       or tightest(need, '(' .. claimable, worker, p, true, wants, m, now) or false
   end)
 end

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
+
 from helpers import T0, claim_reply, enqueue
 
 from gpuq import Queue, worker_record
@@ -51,3 +53,44 @@ def test_a_claim_does_not_leave_a_task_for_a_worker_skipping_its_model(queue: Qu
     c = claim_reply(queue, "other", 19, now_ms=T0 + 20)
     assert c.task is not None and c.task["id"] == tid
     assert queue.redis.llen(queue.keys.wake("skipper")) == 0  # not woken for it either
+
+
+def stale_holding(q: Queue, wid: str, model: str) -> None:
+    """``wid`` listed among the model's holders although it dropped the model: an eviction
+    whose report met an outage (gpuq.worker.presence, ``unsent``) until the next beat."""
+    q.redis.sadd(q.keys.holders(model), wid)
+
+
+@pytest.mark.parametrize("others", [0, 8], ids=["few idle", "many idle"])
+def test_enqueue_does_not_hand_a_task_to_an_idle_holder_skipping_its_model(queue: Queue, others: int) -> None:
+    """Regression: the idle holder pick (lib/few_idle.lua with at most 8 idle, else
+    lib/wake.lua idle_holder) read a worker's lanes for its levels only: a worker listed
+    as a holder of m while its claims skipped m was handed m's task, which it passed on."""
+    idle(queue, "skipper", 10, [("m", 30_000)])
+    stale_holding(queue, "skipper", "m")
+    idle(queue, "other", 19)
+    for i in range(others):  # roomier than "other": the tightest fit stays "other"
+        idle(queue, f"big{i}", 23)
+    tid = enqueue(queue, T0 + 10, model="m", vram_gb=4)
+    assert queue.record(tid).worker == "other"
+    assert queue.redis.llen(queue.keys.wake("skipper")) == 0
+
+
+def test_a_claim_does_not_leave_a_task_for_an_idle_holder_skipping_its_model(queue: Queue) -> None:
+    """Regression: a claim left a cold task for an idle holder of its model that skipped it
+    (better_elsewhere: idle_holder), woke it, and the task waited out its defer bound."""
+    tid = enqueue(queue, T0, model="m", vram_gb=4)  # nobody idles: queued, offered to none
+    idle(queue, "skipper", 10, [("m", 30_000)])
+    stale_holding(queue, "skipper", "m")
+    c = claim_reply(queue, "other", 19, now_ms=T0 + 20)
+    assert c.task is not None and c.task["id"] == tid
+    assert queue.redis.llen(queue.keys.wake("skipper")) == 0
+
+
+def test_an_idle_holder_whose_skip_ended_is_offered_its_model_again(queue: Queue) -> None:
+    idle(queue, "holder", 10, [("m", 30_000)])
+    stale_holding(queue, "holder", "m")  # held again (loaded since): listed, and its skip over
+    idle(queue, "other", 9)
+    tid = enqueue(queue, T0 + 30_001, model="m", vram_gb=4)
+    assert queue.record(tid).worker == "holder"
+

@@ -4,23 +4,21 @@
 
 -- What pick reads while at most 8 workers idle, for a one-GPU task: the idle workers with room
 -- (score >= need, in score then name order: ZINTER's for idle_holder, tightest's own read)
--- and their lanes, one read each; the holders among those serving p are asked in one
--- SMISMEMBER, and only when one serves p: a pool whose idle workers are online lanes pays two
--- reads for a batch task, not four. Returns the idle holder, else false and the tightest fit.
+-- and their lanes, one read each; the holders among those serving p and not skipping m are
+-- asked in one SMISMEMBER, and only when one is left: a pool whose idle workers are online
+-- lanes pays two reads for a batch task, not four. Returns the idle holder, else false and
+-- the tightest fit.
 local function pick_few(m, need, p, now)
   local got = redis.call('ZRANGEBYSCORE', K_IDLE, need, '+inf', 'LIMIT', '0', '8')
   if not got[1] then return false, nil end
   local lanes, serving = redis.call('HMGET', K_LANES, unpack(got)), {}
   for i, w in ipairs(got) do
-    if lane_serves(lanes[i], p) then serving[#serving + 1] = w end
+    if lane_serves(lanes[i], p, m, now) then serving[#serving + 1] = w end
   end
   if not serving[1] then return false, nil end
   local held = redis.call('SMISMEMBER', holders_key(m), unpack(serving))
   for i, w in ipairs(serving) do
     if held[i] == 1 then return w end
   end
-  for i, w in ipairs(got) do
-    if lane_serves(lanes[i], p, m, now) then return false, w end
-  end
-  return false, nil
+  return false, serving[1]  -- in score order: the tightest fit
 end

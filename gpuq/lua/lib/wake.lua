@@ -28,11 +28,12 @@ local function idle_holders(m)
   return redis.call('ZINTER', 2, K_IDLE, holders_key(m), 'WEIGHTS', 1, 0, 'WITHSCORES')
 end
 
--- An idle worker other than `except` that holds model m, serves priority p, has the task's
--- `gpus` devices and whose claimable VRAM (its idle score) covers the need: the tightest fit
--- (ZINTER's order: score, then name; a one-GPU task leaves an idle group to work only it can
--- run) among the first 64 with room (lanes read in one HMGET).
-local function idle_holder(m, need, except, p, gpus)
+-- An idle worker other than `except` that holds model m, serves priority p, does not skip m
+-- at time now (a holding listed while its load failed later: an eviction whose report was
+-- lost), has the task's `gpus` devices and whose claimable VRAM (its idle score) covers the
+-- need: the tightest fit (ZINTER's order: score, then name; a one-GPU task leaves an idle
+-- group to work only it can run) among the first 64 with room (lanes read in one HMGET).
+local function idle_holder(m, need, except, p, gpus, now)
   local got, fit = idle_holders(m), {}
   for i = 1, #got, 2 do
     if got[i] ~= except and tonumber(got[i + 1]) >= need then fit[#fit + 1] = got[i] end
@@ -41,7 +42,7 @@ local function idle_holder(m, need, except, p, gpus)
   local n = math.min(#fit, 64)
   local lanes = redis.call('HMGET', K_LANES, unpack(fit, 1, n))
   for i = 1, n do
-    if lane_serves(lanes[i], p) and has_gpus(fit[i], gpus) then
+    if lane_serves(lanes[i], p, m, now) and has_gpus(fit[i], gpus) then
       return fit[i]
     end
   end
@@ -82,7 +83,7 @@ local function pick(m, need, p, idle_n, gpus, now)
   idle_n = idle_n or redis.call('ZCARD', K_IDLE)
   if idle_n == 0 then return nil, false, false end
   local few, w, fit = gpus <= 1 and idle_n <= 8, nil, nil
-  if few then w, fit = pick_few(m, need, p, now) else w = idle_holder(m, need, nil, p, gpus) end
+  if few then w, fit = pick_few(m, need, p, now) else w = idle_holder(m, need, nil, p, gpus, now) end
   if w then return w, true, true end
   if p == '0' or p == '1' then
     local busy = yielding_holder(m, need, p, gpus)
