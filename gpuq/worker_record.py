@@ -55,6 +55,20 @@ def usable_gb(total_gb: object, reserve_gb: object) -> float:
     return float(total_gb) - float(reserve_gb or 0)  # type: ignore[arg-type]
 
 
+def lane(levels: str, skipped: Sequence[tuple[str, int]] = (), now_ms: int = 0) -> str:
+    """A worker's `lanes` entry, as its claim writes it (lib/lanes.lua): the levels it serves,
+    then each model its claims skip (gpuq.worker.broken: name, ms left) with the skip's end."""
+    return levels + "".join(f" {model} {now_ms + left}" for model, left in skipped)
+
+
+def lane_skips(entry: object, now_ms: int) -> dict[str, int]:
+    """The models a `lanes` entry lists as skipped at now_ms, each with its skip's end (epoch
+    ms); an end passed is stale and left out, as lib/lanes.lua reads it."""
+    words = entry.split()[1:] if isinstance(entry, str) else []
+    ends = ((m, int(end)) for m, end in zip(words[::2], words[1::2]) if end.isdigit())
+    return {m: end for m, end in ends if end > now_ms}
+
+
 def model_fields(free_gb: float, models: list[str]) -> Fields:
     """The fields a model load or eviction rewrites: what the worker holds and has free."""
     return {"vram_free_gb": round(free_gb, 3), "models": ",".join(models)}

@@ -19,6 +19,7 @@ from gpuq.backoff import Outage
 from gpuq.errors import GpuqError
 from gpuq.metrics import WorkerMetrics
 from gpuq.scripts import Calls, Scripts
+from gpuq.worker.broken import Broken
 from gpuq.worker.control import Control
 from gpuq.worker.gpu import GpuInfo, nvml_used_gb
 from gpuq.worker.models import ModelCache
@@ -33,7 +34,8 @@ class Heartbeat(threading.Thread):
     def __init__(self, running: RunningSet, presence: Presence, cache: ModelCache,
                  scripts: Scripts, calls: Calls, control: Control, gpu: GpuInfo,
                  runtimes: RunTimes, *, period_s: float, outage: Outage, stopping: threading.Event,
-                 retired: threading.Event, metrics: WorkerMetrics | None = None) -> None:
+                 retired: threading.Event, metrics: WorkerMetrics | None = None,
+                 broken: Broken | None = None) -> None:
         super().__init__(name=f"heartbeat-{presence.worker_id}", daemon=True)
         self.id = presence.worker_id
         self.running = running
@@ -50,6 +52,7 @@ class Heartbeat(threading.Thread):
         self.stopping = stopping  # shown as draining
         self.retired = retired  # left the pool: a beat would list it again
         self.metrics = metrics
+        self.broken = broken  # the models its claims skip: its lane lists them when restored
         self.stopped = threading.Event()
 
     def beat(self) -> None:
@@ -69,7 +72,7 @@ class Heartbeat(threading.Thread):
         if revived:
             # the reaper took this worker for dead (a long pause) and dropped its holdings
             log.warning("worker.revived worker=%s: restoring model holdings", self.id)
-            self.presence.restore(self.cache)
+            self.presence.restore(self.cache, self.broken.skipped() if self.broken else ())
         self.presence.resync(self.cache)  # holdings a load or eviction could not send
         for task_id, token in settling:  # ended: its answer no longer matters to its run
             if task_id in lost:

@@ -346,7 +346,7 @@ class Worker:
         return Heartbeat(self.running, self.presence, self.cache, self.scripts, self.calls,
                          control, self.gpu, self.runtimes, period_s=self.config.heartbeat_s,
                          outage=self.outage, stopping=self.stopping, retired=self.retired,
-                         metrics=self.observer.metrics)
+                         metrics=self.observer.metrics, broken=self.executor.broken)
 
     def join_runners(self, runners: list[threading.Thread]) -> float:
         """Wait for the runners (each exits after its last ack) for ``shutdown_grace_s``; a

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +22,7 @@ from gpuq.clock import server_ms
 from gpuq.errors import ConfigError
 from gpuq.keys import Keys
 from gpuq.worker.models import ModelCache
-from gpuq.worker_record import ALL_LEVELS, Fields, model_fields, status_fields, usable_gb
+from gpuq.worker_record import ALL_LEVELS, Fields, lane, model_fields, status_fields, usable_gb
 
 
 @dataclass(frozen=True)
@@ -81,10 +81,12 @@ class Presence:
         pipe.zadd(keys.workers, {wid: now_ms + lease_ms})
         pipe.incr(keys.registrations)  # the planner's kept GPU fields may be another start's
 
-    def add_published(self, pipe: redis.client.Pipeline) -> None:
+    def add_published(self, pipe: redis.client.Pipeline, skipped: Sequence[tuple[str, int]] = (),
+                      now_ms: int = 0) -> None:
         """What the pool learns of this worker beside its hash: its GPU class (and a group's
         size), its capacity (read for busy holders: lib/holders.lua), its app's handlers and
-        its lane."""
+        its lane, listing the models its claims skip (``skipped``: name, ms left from the
+        server's now_ms; gpuq.worker.broken), as its claims list them."""
         wid, keys, identity = self.worker_id, self.keys, self.identity
         usable = usable_gb(identity["vram_total_gb"], identity["kv_reserve_gb"])
         pipe.hset(keys.classes, identity["gpu_name"], usable)
@@ -93,10 +95,10 @@ class Presence:
             pipe.hset(keys.class_gpus, identity["gpu_name"], identity["gpus"])
         if identity["handlers"]:
             pipe.sadd(keys.handlers, *identity["handlers"].split(","))
-        if identity["levels"] == ALL_LEVELS:
+        if identity["levels"] == ALL_LEVELS and not skipped:
             pipe.hdel(keys.lanes, wid)
         else:  # wake-ups and offers skip a lane worker for the priorities it does not serve
-            pipe.hset(keys.lanes, wid, identity["levels"])
+            pipe.hset(keys.lanes, wid, lane(identity["levels"], skipped, now_ms))
 
     @contextmanager
     def beat(self, cache: ModelCache, running: int, state: str,
@@ -159,17 +161,20 @@ class Presence:
         else:
             pipe.srem(self.keys.holders(model), self.worker_id)
 
-    def restore(self, cache: ModelCache) -> None:
+    def restore(self, cache: ModelCache, skipped: Sequence[tuple[str, int]] = ()) -> None:
         """Hold again what the cache holds, after the reaper took this worker for dead and
         dropped its holdings (under the cache's lock, so no eviction slips in between), and
         publish its class, handlers and lane again (Redis may have restarted empty: enqueue
-        would find no class to fit a task)."""
+        would find no class to fit a task). The lane lists the models its claims skip
+        (``skipped``: Broken.skipped): a runner's claim may have listed the worker idle
+        again before this, and offers would go to it for those models until its next claim."""
+        now_ms = server_ms(self.redis) if skipped else 0  # the clock claims list skips on
         with cache.lock:
             pipe = self.pipeline()
             for model in cache.model_names():
                 self.hold(pipe, model, True)
             if self.identity:
-                self.add_published(pipe)
+                self.add_published(pipe, skipped, now_ms)
             pipe.execute()
 
     def leave(self, models: list[str], until: float = 0.0) -> None:

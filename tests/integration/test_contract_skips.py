@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-
 from helpers import T0, claim_reply, enqueue
 
-from gpuq import Queue, worker_record
+from gpuq import App, Queue, worker_record
 from gpuq.claims import ClaimRequest
 from gpuq.worker.gpu import GpuInfo
+from gpuq.worker.models import ModelCache
 from gpuq.worker.presence import Presence
 
 LEASE_MS, DEFER_MS, FAIR_EVERY = 30_000, 2_000, 5
@@ -94,3 +94,18 @@ def test_an_idle_holder_whose_skip_ended_is_offered_its_model_again(queue: Queue
     tid = enqueue(queue, T0 + 30_001, model="m", vram_gb=4)
     assert queue.record(tid).worker == "holder"
 
+
+def test_a_restored_worker_still_lists_the_models_its_claims_skip(queue: Queue) -> None:
+    """Regression: Presence.restore (a worker revived after the reaper took it for dead, or
+    after Redis lost its data) rewrote the worker's lane as its levels alone: a runner's claim
+    had listed it idle again, skipping m, and enqueue handed it m's tasks until its next claim."""
+    gpu = GpuInfo("L4", "uuid-skipper", 24, None, "declared")
+    presence = Presence(queue.redis, queue.keys, "skipper")
+    presence.register(worker_record.identity("skipper", gpu, 5.0, 1, "0123", "h", 1,
+                                             (DEFER_MS, FAIR_EVERY, LEASE_MS)), LEASE_MS)
+    idle(queue, "skipper", 10, [("m", 30_000)], register=False)
+    idle(queue, "other", 19)
+    queue.redis.zrem(queue.keys.workers, "skipper")  # taken for dead after that claim
+    presence.restore(ModelCache(App("a"), 24, 5.0), [("m", 30_000)])
+    tid = enqueue(queue, T0 + 10, model="m", vram_gb=4)
+    assert queue.record(tid).worker == "other"

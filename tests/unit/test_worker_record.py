@@ -16,7 +16,15 @@ from gpuq.views.inspect import pool_view
 from gpuq.views.render import render_status
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.presence import Presence
-from gpuq.worker_record import WorkerFields, WorkerRecord, identity, status_fields, usable_gb
+from gpuq.worker_record import (
+    WorkerFields,
+    WorkerRecord,
+    identity,
+    lane,
+    lane_skips,
+    status_fields,
+    usable_gb,
+)
 
 GPU = GpuInfo("A100-80", "uuid-1", 80.0, 0, "nvml")
 
@@ -110,3 +118,13 @@ def test_a_handlers_timeout_reaches_status_from_the_registration() -> None:
 def test_damaged_timeout_pairs_are_left_out() -> None:
     r = WorkerRecord.parse("w1", written(timeouts="a=30,b=,=5,c=lots,d=-1,e=inf,f=a=2"))
     assert r is not None and r.timeouts == (("a", 30.0), ("f=a", 2.0))
+
+
+def test_a_lane_lists_skips_with_their_ends_and_reads_back_the_live_ones() -> None:
+    entry = lane("0123", [("m", 30_000), ("n", 5)], now_ms=1_000)
+    assert entry == "0123 m 31000 n 1005"  # as claim.lua writes it (lib/lanes.lua)
+    assert lane_skips(entry, 1_004) == {"m": 31_000, "n": 1_005}
+    assert lane_skips(entry, 1_005) == {"m": 31_000}  # an end passed is stale
+    assert lane("01") == "01"
+    assert lane_skips("01", 0) == {} == lane_skips(None, 0)
+    assert lane_skips("0123 m x n", 0) == {}  # damaged: nothing read

@@ -11,6 +11,7 @@ import redis
 
 from gpuq import Config, Queue, worker_record
 from gpuq.app import Context
+from gpuq.clock import server_ms
 from gpuq.worker.executor import Claimed
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.loop import Worker
@@ -399,3 +400,27 @@ def test_a_superseded_run_that_will_not_stop_holds_its_slot_and_makes_the_worker
     old.stop_deadline = 0.0
     control.watch()
     assert stuck == [task.id]
+
+
+def test_a_revived_worker_still_lists_the_models_its_claims_skip() -> None:
+    """Regression: a worker the reaper took for dead publishes its lane again when its beat
+    finds it revived (Presence.restore); that rewrite listed its levels alone, dropping the
+    models its claims skip (gpuq.worker.broken), which a runner's claim had listed as it put
+    the worker back in `idle`: until its next claim, offers of those models went to it."""
+    client = fakeredis.FakeRedis(decode_responses=True)
+    config = Config(pool="hb").validate()
+    queue = Queue(client, config)
+    worker = Worker(client, config, app, GpuInfo("sim", "x", 80, None, "declared"), worker_id="w")
+    worker.presence.register(worker_record.identity("w", worker.gpu, 5, 1, "0123", "h", 1), 30_000)
+    worker.executor.broken.failed("m")  # its load of m failed: skipped 30 s
+    assert not isinstance(worker.claim(None), tuple)  # nothing queued: listed idle, and m skipped
+    lanes = queue.keys.lanes
+    assert set(worker_record.lane_skips(client.hget(lanes, "w"), server_ms(client))) == {"m"}
+    client.zrem(queue.keys.workers, "w")  # the reaper took it for dead after that claim
+    worker.heartbeat().beat()  # revived: restored
+    assert set(worker_record.lane_skips(client.hget(lanes, "w"), server_ms(client))) == {"m"}
+    assert client.zscore(queue.keys.idle, "w") is not None
+    task = queue.enqueue("sim.noop", 1, model="m", vram_gb=1)
+    assert queue.record(task.id).offered is None  # not offered to the only idle worker: it skips m
+    other = queue.enqueue("sim.noop", 1, model="n", vram_gb=1)
+    assert queue.record(other.id).offered == "w"
