@@ -40,7 +40,7 @@ next round, and the simulator skips the rounds in between.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +61,7 @@ from gpuq.reaper.preempt_options import may_be_asked as may_be_asked
 from gpuq.replies import scored
 from gpuq.scripts import Calls, Scripts
 from gpuq.wire import exchange
-from gpuq.worker_record import WorkerFields, field_number
+from gpuq.worker_record import WorkerFields, field_number, lane_skips
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ def plan(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
     wait_ms = int(config.max_wait_s * 1000)
     for w in sorted(waiting, key=lambda t: t.priority):
         fits = candidates_for(w, victims, idle, used, room.get(w.tenant),
-                              lambda v: may_be_asked(v, config, now_ms))
+                              lambda v: may_be_asked(v, config, now_ms), now_ms)
         if not fits:
             continue
         soonest = min(fits, key=lambda o: o.ends_ms)
@@ -141,11 +141,13 @@ def quiet_until(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
     beyond ``max_wait_s`` and none of them may be asked to yield (its start-by time only
     chooses between decisions). Time alone ends that when the soonest end comes within
     ``max_wait_s`` (not for a task offered to a busy holder while a GPU idles: it is not
-    waited for) or a candidate reaches its minimum runtime."""
+    waited for) or a candidate reaches its minimum runtime; or, sooner maybe, when a worker's
+    skip of a task's model ends (its victims become candidates then)."""
     wait_ms = int(config.max_wait_s * 1000)
     times: list[int] = []
     limits = limits or {}
     for w in waiting:
+        times += [end for _, end in w.skipped_by]
         # a set of victims below preempt_max may be asked once its youngest ran its minimum
         fits = candidates_for(w, victims, idle, reserved, limits.get(w.tenant),
                               lambda v: v.preemptions < config.preempt_max)
@@ -191,7 +193,8 @@ class Preemptor:
         self.quiet_until = self.reservations_end
         if not candidates:
             return {}
-        waiting = self.read_waiting(now, min(MODELS_LOOKED_AT, candidates))
+        waiting = self.read_waiting(now, min(MODELS_LOOKED_AT, candidates),
+                                    sorted({v.worker for v in victims} - reserved))
         if not waiting:
             return {}
         limits = read_limits(self.redis, self.keys, {w.tenant for w in waiting})
@@ -217,9 +220,11 @@ class Preemptor:
             done[outcome] = done.get(outcome, 0) + 1
         return done
 
-    def read_waiting(self, now_ms: int, models: int = MODELS_LOOKED_AT) -> list[Waiting]:
+    def read_waiting(self, now_ms: int, models: int = MODELS_LOOKED_AT,
+                     workers: Sequence[str] = ()) -> list[Waiting]:
         """Heads of the P0/P1 queues (of the ``models`` queues with the oldest heads per
-        level) without a live reservation."""
+        level) without a live reservation, each with those of ``workers`` (the victims')
+        whose claims skip its model (their `lanes` entries, read with the reservations)."""
         k, r = self.keys, self.redis
         pipe = r.pipeline(transaction=False)
         for p in URGENT_LEVELS:
@@ -230,22 +235,28 @@ class Preemptor:
         pipe = r.pipeline(transaction=False)
         for p, m in pairs:
             pipe.zrange(k.queue(p, m), 0, TASKS_PER_QUEUE - 1, withscores=True)
-        heads = [(p, str(i), int(score)) for (p, _), head in zip(pairs, pipe.execute())
+        heads = [(p, m, str(i), int(score)) for (p, m), head in zip(pairs, pipe.execute())
                  for i, score in head]
         pipe = r.pipeline(transaction=False)
-        for _, i, _ in heads:
+        for _, _, i, _ in heads:
             pipe.hmget(k.task(i), "vram_gb", "reserved_for", "offered", "score", "gpus", "tenant")
         rows = pipe.execute()
         holders = sorted({str(h) for _, h, *_ in rows if h})
         pipe = r.pipeline(transaction=False)
         for h in holders:
             pipe.get(k.reservation(h))
-        live = {h: got[0] for h, v in zip(holders, pipe.execute())
-                if (got := live_reservation(v, now_ms))}
+        if workers:  # almost always no entry: lanes are few, skips rarer
+            pipe.hmget(k.lanes, *workers)
+        got_back = pipe.execute()
+        live = {h: got[0] for h, v in zip(holders, got_back) if (got := live_reservation(v, now_ms))}
+        skipping: dict[str, list[tuple[str, int]]] = {}  # model -> (worker, end)
+        for w, entry in zip(workers, got_back[len(holders):][0] if workers else ()):
+            for m, end in lane_skips(entry, now_ms).items():
+                skipping.setdefault(m, []).append((w, end))
         # the start-by is the task's `score` (the queue's score is its fair order with tenants)
         return [Waiting(i, p, float(need), _ms(start_by, score), str(offered or ""), int(gpus or 1),
-                        str(tenant or ""))
-                for (p, i, score), (need, holder, offered, start_by, gpus, tenant) in zip(heads, rows)
+                        str(tenant or ""), m, tuple(skipping.get(m, ())))
+                for (p, m, i, score), (need, holder, offered, start_by, gpus, tenant) in zip(heads, rows)
                 if need is not None and live.get(str(holder or "")) != i]
 
     def read_workers(self, now_ms: int) -> tuple[list[Victim], list[Idle], set[str]]:

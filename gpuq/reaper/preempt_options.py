@@ -21,6 +21,14 @@ class Waiting:
     offered: str = ""  # the worker enqueue offered it to (maybe a busy holder of its model)
     gpus: int = 1  # devices it runs across: only a group of at least that many can take it
     tenant: str = ""
+    model: str = ""
+    # (worker, end ms) of the workers whose claims skip its model (its load failed there
+    # lately: gpuq.worker.broken, read from `lanes`): no room is planned there until the end
+    skipped_by: tuple[tuple[str, int], ...] = ()
+
+    def skipped_on(self, now_ms: int | None) -> set[str]:
+        """The workers skipping its model at now_ms (None: every one listed)."""
+        return {w for w, end in self.skipped_by if now_ms is None or end > now_ms}
 
 
 @dataclass(frozen=True)
@@ -78,16 +86,19 @@ class Idle(NamedTuple):
 
 def candidates_for(w: Waiting, victims: list[Victim], idle: list[Idle],
                    used: set[str], limit: Limits | None = None,
-                   askable: Callable[[Victim], bool] | None = None) -> list[Option]:
+                   askable: Callable[[Victim], bool] | None = None,
+                   now_ms: int | None = None) -> list[Option]:
     """The options that could make room for ``w``: each victim whose end alone does, and on
     a worker where none does, the fewest of its victims that together do (not for a task
     whose tenant has limits: what several ends give back is not weighed); while an idle
     worker could claim it (and load its model cold), only those on the busy holder of its
     model it was offered to; while its tenant is at a limit, only its own tenant's victims
     whose end lets it start. askable: which victims may be asked to yield; where a worker's
-    set includes one that may not, the fewest of those that may are an option too."""
+    set includes one that may not, the fewest of those that may are an option too. A worker
+    skipping w's model at now_ms (None: any listed) offers none: it would pass w on unloaded."""
+    skipping = w.skipped_on(now_ms) if w.skipped_by else ()
     eligible = [v for v in victims if v.priority > w.priority and v.worker not in used
-                and str(w.priority) in v.levels and v.gpus >= w.gpus]
+                and str(w.priority) in v.levels and v.gpus >= w.gpus and v.worker not in skipping]
     fits = [Option((v,)) for v in eligible if v.room_gb >= w.need_gb]
     if limit is not None and limit.over(w.need_gb, w.gpus):
         return [o for o in fits if own_charge(w, o.victims[0])

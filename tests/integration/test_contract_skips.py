@@ -5,13 +5,15 @@ the real server (the ``backend`` fixture)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import pytest
-from helpers import T0, claim_reply, enqueue
+from helpers import T0, claim_reply, enqueue, register_worker
 
 from gpuq import App, Queue, worker_record
 from gpuq.claims import ClaimRequest
+from gpuq.reaper.preempt import Preemptor
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.models import ModelCache
 from gpuq.worker.presence import Presence
@@ -109,3 +111,26 @@ def test_a_restored_worker_still_lists_the_models_its_claims_skip(queue: Queue) 
     presence.restore(ModelCache(App("a"), 24, 5.0), [("m", 30_000)])
     tid = enqueue(queue, T0 + 10, model="m", vram_gb=4)
     assert queue.record(tid).worker == "other"
+
+
+def test_the_planner_plans_no_room_on_a_worker_skipping_the_waiting_tasks_model(queue: Queue) -> None:
+    """Regression: the preemption planner weighed every running victim whatever its worker's
+    claims skipped: a P0 task of m got a reservation on the worker whose batch task ended
+    first although that worker skipped m (its load had failed there), which then passed the
+    task on unloaded while another worker's victim was about to make room."""
+    now = int(time.time() * 1000)  # the planner reads the server's clock
+    for wid in ("skipper", "other"):
+        register_worker(queue, wid, "A100", 80)
+        queue.redis.delete(queue.keys.worker_tasks(wid))  # runs only what it claims below
+    request = ClaimRequest("skipper", 75, 0, 1, skipped=[("m", 60_000)])
+    assert queue.scripts.run(queue.calls.claim(request, now_ms=now - 2_000)).task is None  # lists m
+    for wid, est_s in (("skipper", 20), ("other", 25)):  # the skipper's victim ends first
+        tid = enqueue(queue, now - 1_000, model="x", vram_gb=40, priority="P3", est_s=est_s)
+        skipped = [("m", 60_000)] if wid == "skipper" else []
+        got = queue.scripts.run(queue.calls.claim(ClaimRequest(wid, 75, 0, 1, skipped=skipped),
+                                                  now_ms=now - 1_000))
+        assert got.task is not None and got.task["id"] == tid
+    urgent = enqueue(queue, now, model="m", vram_gb=40, priority="P0", est_s=5)
+    planner = Preemptor(queue.redis, queue.keys, queue.config, queue.scripts, queue.calls)
+    assert sum(planner.step(now).values()) == 1  # a yield asked (or a wait) on one worker
+    assert queue.redis.hget(queue.keys.task(urgent), "reserved_for") == "other"

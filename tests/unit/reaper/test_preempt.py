@@ -243,3 +243,16 @@ def test_a_set_of_every_task_sharing_a_models_weights_frees_the_weights_too() ->
     # a third sharer that is not a victim (another priority's, say) keeps the weights
     kept = [replace(v, sharers=3) for v in shared]
     assert plan([Waiting("p0", 0, 60)], kept, [], set(), CFG, NOW) == []
+
+
+def test_no_room_is_planned_on_a_worker_skipping_the_tasks_model_until_its_skip_ends() -> None:
+    """Regression: the planner reserved the worker whose victim ended first although its
+    claims skipped the waiting task's model (its load failed there): the task reached it
+    and was passed on unloaded."""
+    victims = [victim("soon", "a", left_s=10), victim("later", "b", left_s=20)]
+    w = Waiting("p0", 0, 40, model="m", skipped_by=(("a", NOW + 15_000),))
+    assert [d.victim.id for d in plan([w], victims, [], set(), CFG, NOW)] == ["later"]
+    assert [d.victim.id for d in plan([w], victims, [], set(), CFG, NOW + 15_000)] == ["soon"]
+    alone = [victims[0]]  # nothing else could make room: nothing is planned until the end
+    assert plan([w], alone, [], set(), CFG, NOW) == []
+    assert quiet_until([w], alone, [], set(), CFG) == NOW + 15_000
