@@ -56,20 +56,35 @@ def render_status(view: PoolView) -> str:
 
 
 def _timeouts(workers: list[WorkerView]) -> list[str]:
-    """Each bounded handler's ``timeout_s`` as the live workers' apps register it; where
-    they differ (two versions of an app deployed), each bound with its count of workers
-    ("none": the handler without one)."""
-    live = [w for w in workers if w.alive]
-    bounded = sorted({h for w in live for h in w.timeouts})
+    """Each bounded handler's ``timeout_s`` (handler_timeouts), a line each."""
+    bounded = handler_timeouts(workers)
     if not bounded:
         return []
     lines = ["", "handler timeouts (timeout_s; past it a call fails its task, retryable):"]
-    for handler in bounded:
+    for handler, shown in bounded:
+        lines.append(f"  {handler[:39]:<40}{timeouts_text(shown, ', ')}")
+    return lines
+
+
+def handler_timeouts(workers: list[WorkerView]) -> list[tuple[str, list[tuple[str, int]]]]:
+    """Each bounded handler's ``timeout_s`` as the live workers' apps register it (status and
+    top show them): its bounds ("30s"; "none": the handler without one), each with its count
+    of live workers running the handler; several where they differ (two versions of an app
+    deployed). By handler name."""
+    live = [w for w in workers if w.alive]
+    out = []
+    for handler in sorted({h for w in live for h in w.timeouts}):
         seen = Counter(f"{w.timeouts[handler]:g}s" if handler in w.timeouts else "none"
                        for w in live if handler in w.timeouts or handler in w.handlers)
-        shown = ", ".join(f"{b} on {n} worker{'s' if n > 1 else ''}" for b, n in sorted(seen.items()))
-        lines.append(f"  {handler[:39]:<40}{shown if len(seen) > 1 else next(iter(seen))}")
-    return lines
+        out.append((handler, sorted(seen.items())))
+    return out
+
+
+def timeouts_text(bounds: list[tuple[str, int]], sep: str) -> str:
+    """A handler's bounds (handler_timeouts): the bound alone where the workers agree."""
+    if len(bounds) == 1:
+        return bounds[0][0]
+    return sep.join(f"{b} on {n} worker{'s' if n > 1 else ''}" for b, n in bounds)
 
 
 def _tenants(tenants: list[dict[str, Any]], required: bool) -> list[str]:

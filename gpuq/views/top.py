@@ -2,7 +2,7 @@
 
 A frame is plain text that fits the terminal width: totals, queues by priority with their SLA
 attainment (handlers started, model loaded, within the SLA of enqueue), preemption and scale
-signals, recent SLA misses (late, cold or expired), then workers (last, as in top(1),
+signals, the handlers' timeouts, recent SLA misses (late, cold or expired), then workers (last, as in top(1),
 since that list grows with the pool and is what gets cut when the screen is short). On a
 terminal it redraws with ANSI cursor codes (no curses: it must also run without a terminal);
 otherwise, or with ``once``, it prints one frame without escape codes.
@@ -24,11 +24,12 @@ from gpuq.keys import Keys
 from gpuq.redact import one_line
 from gpuq.task import Priority
 from gpuq.views.inspect import PoolView, QueueView, WorkerView, number, pool_view, recent_misses, scale_stale
-from gpuq.views.render import attainment, levels_label
+from gpuq.views.render import attainment, handler_timeouts, levels_label, timeouts_text
 
 MIN_WIDTH = 60
 MISS_LINES = 8
 MODELS_PER_PRIORITY = 3
+TIMEOUT_LINES = 3  # at most, for the handler timeouts (the last ends in "+N" for the rest)
 # home, each line cleared to its end, the rest of the screen cleared: no blank flash per frame
 CLEAR, HOME, EOL, EOS = "\x1b[2J", "\x1b[H", "\x1b[K", "\x1b[J"
 HIDE_CURSOR, SHOW_CURSOR = "\x1b[?25l", "\x1b[?25h"
@@ -39,7 +40,8 @@ def render_top(view: PoolView, misses: list[dict[str, Any]], width: int = 80, *,
     """One frame; no line is longer than ``width``. now: the frame's time (epoch seconds)
     on the server's clock, which stamped the misses."""
     lines = (_header(view, now) + _queues(view, width) + _signals(view) + _progress(view)
-             + _tenants(view) + _misses(misses, now) + _workers(view.workers, width))
+             + _tenants(view) + _timeouts(view, width) + _misses(misses, now)
+             + _workers(view.workers, width))
     # names are users' text: escaped before the width is counted (gpuq.redact.one_line)
     return "\n".join(clip(one_line(line), width) for line in lines)
 
@@ -170,6 +172,23 @@ def _tenants(view: PoolView) -> list[str]:
         sla = f" {100 * met / done:.0f}%" if done else ""
         parts.append(f"{t['name']} q{queued}{cap}{sla}")
     return ["", "tenants: " + ", ".join(parts)] if parts else []
+
+
+def _timeouts(view: PoolView, width: int) -> list[str]:
+    """Each bounded handler's ``timeout_s``, as status shows them (where the live workers
+    differ, each bound with its count of workers), wrapped on up to TIMEOUT_LINES lines, the
+    last ending in "+N" for those that did not fit."""
+    rest = [f"{clip(h, 24)} {timeouts_text(b, ' / ')}" for h, b in handler_timeouts(view.workers)]
+    lines, head = [""], "handler timeouts: "
+    room = width - len(head)
+    while rest:
+        if len(lines) == TIMEOUT_LINES:
+            text, rest = fit_list(rest, len(rest), room), []
+        else:
+            n = next((k for k in range(len(rest), 1, -1) if len(", ".join(rest[:k])) < room), 1)
+            text, rest = ", ".join(rest[:n]) + ("," if n < len(rest) else ""), rest[n:]
+        lines.append((head if len(lines) == 1 else " " * len(head)) + text)
+    return lines if len(lines) > 1 else []
 
 
 def _yield(y: dict[str, Any]) -> str:

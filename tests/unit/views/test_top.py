@@ -256,3 +256,29 @@ def test_redis_errors_propagate() -> None:
     with pytest.raises(redis.ConnectionError):
         run_top(dead, Keys("p"), once=True, out=io.StringIO())
     dead.close()
+
+
+def test_handler_timeouts_show_as_status_shows_them() -> None:
+    """`gpuq status` lists each handler's timeout_s (the worker hash's `timeouts`); top did not
+    show them. As status words them: a bound alone where the live workers agree, each bound
+    with its count of workers where they differ (a dead worker's not counted); wrapped to
+    the width, on at most three lines, the last ending in "+N"."""
+    bounds = [(True, {"gen": 30.0, "emb": 2.0}), (True, {"gen": 60.0, "emb": 2.0}), (True, {"emb": 2.0}),
+              (False, {"gen": 5.0, "emb": 9.0, "old": 1.0})]
+    workers = [worker(f"w-{i}", alive=alive, handlers=["gen", "emb"], timeouts=t)
+               for i, (alive, t) in enumerate(bounds)]
+    lines = lines_of(render_top(pool(workers=workers), [], 80, now=NOW), 80)
+    at = lines.index("handler timeouts: emb 2s,")
+    assert lines[at + 1] == " " * 18 + "gen 30s on 1 worker / 60s on 1 worker / none on 1 worker"
+    assert lines[at - 1] == ""
+    assert at < [i for i, line in enumerate(lines) if line.startswith("WORKER")][0]
+    assert "old" not in "\n".join(lines)
+    wide = lines_of(render_top(pool(workers=workers), [], 120, now=NOW), 120)
+    assert "handler timeouts: emb 2s, gen 30s on 1 worker / 60s on 1 worker / none on 1 worker" in wide
+    many = [worker("w", handlers=[f"handler-{i:02d}" for i in range(20)],
+                   timeouts={f"handler-{i:02d}": 10.0 * (i + 1) for i in range(20)})]
+    lines = lines_of(render_top(pool(workers=many), [], 80, now=NOW), 80)
+    at = [i for i, x in enumerate(lines) if x.startswith("handler timeouts: handler-00 10s, ")][0]
+    assert lines[at + 1].startswith(" " * 18 + "handler-") and lines[at + 2].endswith(", +11")
+    assert lines[at + 3] == ""  # three lines at most
+    assert not any(x.startswith("handler timeouts") for x in render_top(pool(), [], 80, now=NOW).splitlines())
