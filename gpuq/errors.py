@@ -259,5 +259,6 @@ class BadTenant(TenantError):
 
 
 class BadSchedule(ScheduleError):
-    """A schedule malformed (its name, interval, cron expression or options): refused before
-    anything is stored."""
+    """A schedule malformed (its name, interval, cron expression or options), or whose task
+    enqueue would refuse (a tenant not registered where the pool requires it): refused
+    before anything is stored."""

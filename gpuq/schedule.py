@@ -109,7 +109,8 @@ def add(client: redis.Redis, keys: Keys, name: str, handler: str, payload: Any =
     spec = TaskSpec.build(handler, payload, **options)
     required, known = client.hmget(keys.tenants, REQUIRED, spec.tenant)
     if required == "1" and known is None:
-        raise ScheduleError(f"tenant {spec.tenant} is not registered (this pool requires it: "
+        # its runs' enqueue would refuse them (InvalidTask): bad input, as there
+        raise BadSchedule(f"tenant {spec.tenant} is not registered (this pool requires it: "
                             "gpuq tenant set)")
     task = {"handler": spec.handler, "payload": spec.payload, "model": spec.model,
             "vram_gb": spec.vram_gb, "priority": int(spec.priority), "preemptible": spec.preemptible,

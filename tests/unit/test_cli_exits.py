@@ -6,6 +6,7 @@ exited 2)."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -157,3 +158,49 @@ def test_other_failures_exit_1(cli_pool: Pool) -> None:
     unknown = cli_pool.invoke("schedule", "remove", "no-such-schedule")  # known only to the pool
     assert_clean_error(unknown, "no schedule named")
     assert unknown.exit_code == Exit.ERROR
+    gone = cli_pool.invoke("tenant", "rm", "no-such-tenant")  # nothing to remove: not the input's fault
+    assert_clean_error(gone, "tenant 'no-such-tenant' is not registered")
+    assert gone.exit_code == Exit.ERROR
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--tenant", "ghost"], "invalid task: tenant ghost is not registered (this pool requires it"),
+    (["--tenant", "alice", "--payload", '{"a": '], "invalid task: payload is not valid JSON"),
+    (["--tenant", "alice", "--priority", "P9"], "invalid task: unknown priority 'P9'"),
+    (["--tenant", "alice", "--vram-gb", "-1"], "invalid task: vram_gb must be a finite number > 0"),
+    (["--tenant", "alice", "--payload", json.dumps("x" * (1 << 20))], "payload is larger than 1048576 bytes"),
+    (["--tenant", "alice", "--vram-gb", "2e6"], "vram_gb must be a finite number > 0 and at most 1e6"),
+], ids=["unknown tenant", "malformed JSON", "unknown priority", "negative VRAM", "oversized payload",
+        "oversized VRAM"])
+def test_an_enqueue_refused_for_its_input_exits_2_and_writes_no_task(cli_pool: Pool, args: list[str],
+                                                                      fragment: str) -> None:
+    """Audit: every refusal of a task's own input, a tenant the pool does not know (tenants
+    required) included, is one line and exit 2, as click's usage errors are."""
+    cli_pool.ok("tenant", "set", "alice")
+    cli_pool.ok("tenant", "require", "on")
+    before = cli_pool.all_keys()
+    result = cli_pool.invoke("enqueue", "sim.run", "--model", "m", "--vram-gb", "4", *args)
+    assert_clean_error(result, fragment)
+    assert result.exit_code == Exit.BAD_INPUT == 2
+    assert cli_pool.all_keys() == before
+
+
+@pytest.mark.parametrize("args", [["--max-gpus", "-1"], ["--max-vram-gb", "nan"], ["--weight", "inf"],
+                                  ["--max-gpus", "1e3"]], ids=["gpus", "vram", "weight", "not an integer"])
+def test_a_tenant_setting_refused_exits_2_and_writes_nothing(cli_pool: Pool, args: list[str]) -> None:
+    result = cli_pool.invoke("tenant", "set", "x", *args)
+    assert_clean_error(result)
+    assert result.exit_code == Exit.BAD_INPUT == 2
+    assert cli_pool.all_keys() == set()
+
+
+def test_a_schedule_of_a_tenant_not_registered_exits_2_as_its_enqueue_would(cli_pool: Pool) -> None:
+    """Regression: `gpuq schedule add --tenant T` for a tenant the pool does not know (tenants
+    required) exited 1, while `gpuq enqueue --tenant T` of the same task exits 2 (bad input)."""
+    cli_pool.ok("tenant", "set", "alice")
+    cli_pool.ok("tenant", "require", "on")
+    before = cli_pool.all_keys()
+    result = cli_pool.invoke("schedule", "add", "s", *BASE, "--tenant", "ghost", "--every", "60")
+    assert_clean_error(result, "tenant ghost is not registered (this pool requires it")
+    assert result.exit_code == Exit.BAD_INPUT == 2
+    assert cli_pool.all_keys() == before
