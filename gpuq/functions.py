@@ -177,9 +177,13 @@ class Sender:
         self.refusal = ""  # why the library was refused, logged once the scripts load instead
 
     def command(self, call: Call[Any]) -> tuple[Any, ...]:
+        return (*self.head(call.script), *call.args)
+
+    def head(self, script: str) -> tuple[Any, ...]:
+        """A call's command before its arguments."""
         if self.fcall:
-            return ("FCALL", self.library.functions[call.script], 1, self.base, *call.args)
-        return ("EVALSHA", self.shas[call.script], 1, self.base, *call.args)
+            return ("FCALL", self.library.functions[script], 1, self.base)
+        return ("EVALSHA", self.shas[script], 1, self.base)
 
     def library_refused(self, exc: redis.ResponseError) -> bool:
         """After a FUNCTION LOAD error: False when the library is there anyway (another

@@ -52,6 +52,17 @@ def carried(joined: list[tuple[Call[Any], int]]) -> list[tuple[Call[Any], int]]:
     return out
 
 
+def claim_start(call: Call[Any]) -> int:
+    """Where a claim's arguments start among a call's (a claim's, or an ``ack_claim``'s after
+    its acks'); -1: none (another script, or a malformed count, sent as it is)."""
+    if call.script == "claim":
+        return 0 if call.args else -1
+    if call.script != "ack_claim" or not call.args[0].isdecimal():
+        return -1
+    start = 1 + int(call.args[0])
+    return start if start < len(call.args) else -1
+
+
 def _acks(reply: Any, n: int) -> list[Any]:
     """An ack call's reply as one per task it acked."""
     if n == 1:

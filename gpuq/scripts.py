@@ -26,11 +26,11 @@ from gpuq.claims import ClaimRequest as ClaimRequest
 from gpuq.config import Config
 from gpuq.errors import InvalidTask, NotRequeueable, ReplicaTimeout, TenantError
 from gpuq.functions import Sender, missing
-from gpuq.joined import carried, joined_acks, split_replies, wrote
+from gpuq.joined import carried, claim_start, joined_acks, split_replies, wrote
 from gpuq.keys import Keys
 from gpuq.replies import Code, checked, raise_for
 from gpuq.task import TaskSpec, deferral_args
-from gpuq.wire import exchange
+from gpuq.wire import Tail, exchange
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -265,9 +265,7 @@ def check_replicas(calls: Sequence[Call[Any]], replies: Sequence[Any], acked: An
         raise acked
     for call, reply in zip(calls, replies):
         asked = call.replicas
-        if asked is None or int(acked) >= asked.count:
-            continue
-        if not wrote(reply):
+        if asked is None or int(acked) >= asked.count or not wrote(reply):
             continue
         if asked.strict:
             raise ReplicaTimeout(asked.what, int(acked), asked.count, asked.timeout_ms)
@@ -321,13 +319,17 @@ class Scripts:
         self.client = client
         self.keys = keys
         self.sender = Sender(SCRIPT_NAMES, keys.base)
+        self.tail = Tail()
 
     def run(self, call: Call[T]) -> T:
         return call.parse(self.run_raw(call))
 
     def command(self, call: Call[Any]) -> tuple[Any, ...]:
-        """The bare FCALL (or EVALSHA) of a call."""
-        return self.sender.command(call)
+        """The bare FCALL (or EVALSHA) of a call; a claim's arguments packed once while a
+        worker's claims repeat them (gpuq.wire.Packed)."""
+        if (start := claim_start(call)) < 0:
+            return self.sender.command(call)
+        return self.tail.command(self.sender.head(call.script), call.args, start)
 
     def run_raw(self, call: Call[Any]) -> Any:
         """The script's reply, unparsed (its code loaded again where the server lacks it)."""
