@@ -1,12 +1,13 @@
 """A script call: the script's name, its arguments, the parser of its reply and the replicas
 its write must reach. ``gpuq.scripts.Calls`` builds one per verb; ``Scripts`` and
-``gpuq.aio`` run them."""
+``gpuq.aio`` run them. Immutable, and a tuple: a worker builds two a task, and a frozen
+dataclass's fields are each set through ``object.__setattr__`` (3x a tuple's build)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 T = TypeVar("T")
 
@@ -24,8 +25,7 @@ class Replicas:
     what: str
 
 
-@dataclass(frozen=True)
-class Call(Generic[T]):
+class Call(NamedTuple, Generic[T]):
     script: str
     args: list[str]
     parse: Callable[[list[Any]], T]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuq.lua_source import reply_fields
 from gpuq.replies import checked
@@ -53,9 +53,9 @@ class ClaimRequest:
         return need_gb <= self.free_gb + self.evictable_gb
 
 
-@dataclass(frozen=True)
-class Claim:
-    """A claim's answer: the task's fields, or None and when a deferred task may be retried."""
+class Claim(NamedTuple):
+    """A claim's answer: the task's fields, or None and when a deferred task may be retried.
+    A tuple, one a task: cheaper to build than a frozen dataclass (gpuq.call)."""
 
     task: dict[str, str] | None
     retry_s: float = 0.0  # > 0: a task was left for a better-placed worker until then

@@ -13,7 +13,6 @@ then the claim, as the two calls would.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from gpuq.call import Call
@@ -30,7 +29,7 @@ def joined_acks(calls: Sequence[Call[Any]]) -> list[tuple[Call[Any], int]]:
         if (call.script == "ack" and last is not None and last.script == "ack"
                 and last.args[2] == call.args[2] and last.args[4] == call.args[4]):
             if n == 1:  # the first join: a copy, so the caller's call keeps its own arguments
-                last = replace(last, args=list(last.args))
+                last = last._replace(args=list(last.args))
             last.args.extend((call.args[0], call.args[1], call.args[3]))
             out[-1] = (last, n + 1)
         else:

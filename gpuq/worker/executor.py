@@ -28,7 +28,7 @@ from gpuq.stream import Emitter
 from gpuq.worker.broken import Broken, skipped
 from gpuq.worker.models import ModelCache, Reservation
 from gpuq.worker.observer import Observer
-from gpuq.worker.outcome import encode, failure, late, where
+from gpuq.worker.outcome import failure, kept_encode, late, where
 from gpuq.worker.passing import PASS_S, Elsewhere
 from gpuq.worker.presence import Presence
 from gpuq.worker.running import Running, RunningSet
@@ -238,7 +238,7 @@ class Executor:
                 return None
             if (fail := late(self.calls, self.id, running)) is not None:
                 return fail
-            ack = self.calls.ack(task_id, token, encode(result))
+            ack = self.calls.ack(task_id, token, kept_encode(result))
             self.unacked[(task_id, ack.args[1])] = (fields["handler"], fields["model"], ran_s)
             return ack
         except Yielded:

@@ -21,7 +21,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuq.app import App, ModelSpec
 from gpuq.worker.eventloop import EventLoop
@@ -40,9 +40,9 @@ class Resident:
     error: BaseException | None = None
 
 
-@dataclass(frozen=True)
-class Reservation:
-    """What running one task holds: its model (and whether it must be loaded) and memory."""
+class Reservation(NamedTuple):
+    """What running one task holds: its model (and whether it must be loaded) and memory (a
+    tuple, one a task: gpuq.call)."""
 
     model: str
     working_gb: float

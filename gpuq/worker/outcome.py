@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -83,6 +84,18 @@ def batch_encode() -> Callable[[Any], str]:
         return sized("".join(chunks))
 
     return fast
+
+
+_kept = threading.local()  # each runner thread's encoder, made at its first result
+
+
+def kept_encode(result: Any) -> str:
+    """``encode`` with an encoder its thread keeps (``batch_encode``'s): a runner encodes a
+    result a task, and JSONEncoder.encode builds its C encoder for every call."""
+    fast = getattr(_kept, "encode", None)
+    if fast is None:
+        fast = _kept.encode = batch_encode()
+    return fast(result)
 
 
 def late(calls: Calls, worker_id: str, running: Running) -> Call[Any] | None:

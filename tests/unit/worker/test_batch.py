@@ -345,6 +345,15 @@ def test_a_result_nested_too_deep_to_encode_fails_that_task_alone() -> None:
 @pytest.mark.parametrize("value", [{"i": 1}, [1, 2.5, None, True], "text", 7, {"b": [{"c": "é"}]}])
 def test_a_batchs_encoder_writes_what_encode_writes(value: Any) -> None:
     assert outcome.batch_encode()(value) == outcome.encode(value)
+    assert outcome.kept_encode(value) == outcome.encode(value)  # a runner's, kept by its thread
+
+
+def test_a_runners_kept_encoder_after_a_result_it_refused_encodes_the_next() -> None:
+    result = {"a": {1}}
+    with pytest.raises(TaskError, match="not JSON"):
+        outcome.kept_encode(result)
+    result["a"] = 1  # type: ignore[assignment]
+    assert outcome.kept_encode(result) == '{"a":1}'
 
 
 def test_a_batchs_encoder_after_a_result_it_refused_encodes_the_next() -> None:
