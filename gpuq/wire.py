@@ -28,27 +28,38 @@ except ImportError:  # pragma: no cover - a dependency; the connection's packer 
 
 class _Kept:
     """The connection a client keeps for ``exchange`` (taken from its pool on first use, so
-    the pool's ``disconnect`` closes it too), the lock of the thread using it, and the
-    process that took it: a forked child takes its own."""
+    the pool's ``disconnect`` closes it too) and the lock of the thread using it. A forked
+    child forgets its parent's (``_forget``) and takes its own."""
 
-    __slots__ = ("conn", "lock", "pid")
+    __slots__ = ("conn", "lock")
 
     def __init__(self) -> None:
         self.conn: Any = None
         self.lock = threading.Lock()
-        self.pid = os.getpid()
 
 
 _kept: weakref.WeakKeyDictionary[redis.Redis, _Kept] = weakref.WeakKeyDictionary()
 _kept_lock = threading.Lock()
 
 
+def _forget() -> None:
+    """In a forked child: its parent's kept connections (and their locks, perhaps held by a
+    thread the child lacks) are not its own. Said at the fork, not checked at each exchange:
+    ``os.getpid`` is a system call, one a task on a busy worker."""
+    global _kept_lock
+    _kept.clear()
+    _kept_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget)
+
+
 def _kept_for(client: redis.Redis) -> _Kept:
     kept = _kept.get(client)
-    if kept is None or kept.pid != os.getpid():
+    if kept is None:
         with _kept_lock:
             kept = _kept.get(client)
-            if kept is None or kept.pid != os.getpid():
+            if kept is None:
                 kept = _kept[client] = _Kept()
     return kept
 
@@ -112,26 +123,31 @@ def pack(conn: Any, commands: list[tuple[Any, ...]]) -> Any:
     """The commands in the wire protocol, as chunks for ``conn.send_packed_command``. Where
     the connection packs with hiredis, hiredis packs them here directly, in one chunk: the
     same bytes, without the packer's per-argument checks (gpuq's commands are plain names,
-    strings and numbers). A command may end with ``Packed`` arguments."""
+    strings and numbers). A command may begin and end with ``Packed`` arguments (Tail)."""
     if hiredis is not None and type(getattr(conn, "_command_packer", None)).__name__ == _HIREDIS:
         return [b"".join([_packed(args) for args in commands])]
-    return conn.pack_commands([(*args[:-1], *args[-1].args) if type(args[-1]) is Packed else args
-                               for args in commands])
+    return conn.pack_commands([spread(args) for args in commands])
+
+
+def spread(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A command's every argument, its ``Packed`` ones among them."""
+    return (*args[0].args, *args[1:-1], *args[-1].args) if type(args[-1]) is Packed else args
 
 
 def _packed(args: tuple[Any, ...]) -> bytes:
-    tail = args[-1]
-    if type(tail) is not Packed:
+    if type(args[-1]) is not Packed:
         return hiredis.pack_command(args)  # type: ignore[no-any-return]
-    head = hiredis.pack_command(args[:-1])
-    return b"*%d\r\n%b%b" % (len(args) - 1 + len(tail.args), head[head.index(b"\n") + 1:], tail.wire())
+    head, middle, tail = args[0], args[1:-1], args[-1]
+    between = hiredis.pack_command(middle) if middle else b"\n"
+    return b"*%d\r\n%b%b%b" % (len(head.args) + len(middle) + len(tail.args), head.wire(),
+                               between[between.index(b"\n") + 1:], tail.wire())
 
 
 class Packed:
-    """Arguments that end many commands unchanged, put in the wire protocol once: a busy
-    worker's claim says the same 23 arguments with every ack (its ``ack_claim``'s last 23
-    of 32), and hiredis formats each argument's length with ``sprintf``, which was most of
-    the call's packing (about a tenth of the worker's instructions per task)."""
+    """Arguments many commands repeat, put in the wire protocol once: hiredis formats each
+    argument's length with ``sprintf``, and packing a busy worker's ``ack_claim`` (32
+    arguments: the script's name and keys and the claim's 23 the same at every task) was
+    about a tenth of its instructions per task."""
 
     __slots__ = ("args", "_wire")
 
@@ -147,18 +163,23 @@ class Packed:
 
 
 class Tail:
-    """The ``Packed`` arguments a sender's commands last ended with, kept while they do."""
+    """The ``Packed`` arguments of a sender's commands: their heads (the command and the
+    script's name and keys), and the arguments they last ended with, kept while they do."""
 
     def __init__(self) -> None:
+        self._heads: dict[tuple[Any, ...], Packed] = {}  # a few: one a script and command
         self._kept: Packed | None = None
 
     def command(self, head: tuple[Any, ...], args: list[Any], start: int) -> tuple[Any, ...]:
-        """``head`` then ``args``, those from ``start`` on as the kept Packed when they are
-        the same (an equal list: a kept call's, element by element the same strings)."""
+        """``head`` then ``args``: the head Packed, and those from ``start`` on as the kept
+        Packed when they are the same (an equal list: a kept call's, the same strings)."""
         tail, kept = args[start:], self._kept
         if kept is None or kept.args != tail:
             kept = self._kept = Packed(tail)
-        return (*head, *args[:start], kept)
+        packed = self._heads.get(head)
+        if packed is None:
+            packed = self._heads[head] = Packed(list(head))
+        return (packed, *args[:start], kept)
 
 
 def kept_connection(client: redis.Redis) -> Any:

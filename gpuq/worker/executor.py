@@ -28,7 +28,7 @@ from gpuq.stream import Emitter
 from gpuq.worker.broken import Broken, skipped
 from gpuq.worker.models import ModelCache, Reservation
 from gpuq.worker.observer import Observer
-from gpuq.worker.outcome import failure, kept_encode, late, where
+from gpuq.worker.outcome import decode, failure, kept_encode, late, where
 from gpuq.worker.passing import PASS_S, Elsewhere
 from gpuq.worker.presence import Presence
 from gpuq.worker.running import Running, RunningSet
@@ -219,7 +219,7 @@ class Executor:
                 # handler starts, whether or not the handler would check soon; its checkpoint stays
                 raise Yielded(task_id)
             spec = self.app.handlers[fields["handler"]]
-            payload = json.loads(fields["payload"])
+            payload = decode(fields["payload"])
             if fields.get("sla") == "pending" and not self.taken_up(fields, res, running):
                 self.observer.observe(task_id, "lost")
                 return None

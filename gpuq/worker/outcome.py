@@ -86,6 +86,21 @@ def batch_encode() -> Callable[[Any], str]:
     return fast
 
 
+# json.loads' own scan of a value (in C where _json is there)
+_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def decode(text: str) -> Any:
+    """``json.loads`` of a payload: one scan where nothing surrounds its value (enqueue
+    stores compact JSON), without json.loads' Python layers and whitespace matches; any
+    other text goes to json.loads (its whitespace, its errors)."""
+    try:
+        value, end = _scan(text, 0)
+    except (StopIteration, ValueError):
+        return json.loads(text)
+    return value if end == len(text) else json.loads(text)
+
+
 _kept = threading.local()  # each runner thread's encoder, made at its first result
 
 

@@ -19,6 +19,7 @@ from gpuq.config import Config
 from gpuq.embedded import EmbeddedServer
 from gpuq.scripts import ClaimRequest
 from gpuq.task import ended_count
+from gpuq.wire import spread
 
 T0 = 1_796_000_000_000
 
@@ -45,7 +46,7 @@ def script_calls(q: Queue) -> int | None:
 
 def test_calls_are_fcall_of_this_version_s_library(queue: Queue) -> None:
     call = queue.calls.claim(ClaimRequest("w1", 40.0, 0.0, 1))
-    command = queue.scripts.command(call)
+    command = spread(queue.scripts.command(call))  # its arguments as sent (gpuq.wire.Packed)
     assert command[:2] == ("FCALL", queue.scripts.sender.library.functions["claim"])
     assert command[1].startswith(queue.scripts.sender.library.name + "_")
     assert queue.scripts.run(call).task is None
@@ -140,7 +141,7 @@ def test_a_user_who_may_not_load_the_library_sends_evalsha(redis_server: Embedde
         assert not q.scripts.sender.fcall
         (said,) = [r.getMessage() for r in caplog.records if "scripts.evalsha" in r.getMessage()]
         assert "function|load" in said, said
-        assert q.scripts.command(q.calls.claim(ClaimRequest("w1", 40.0, 0.0, 1)))[0] == "EVALSHA"
+        assert spread(q.scripts.command(q.calls.claim(ClaimRequest("w1", 40.0, 0.0, 1))))[0] == "EVALSHA"
         assert admin.zcard(q.keys.queue(2, "m")) == 2
         client.close()
     finally:
@@ -179,7 +180,7 @@ def test_acks_and_the_claim_after_them_go_as_one_call_either_way(queue: Queue) -
         calls = [queue.calls.ack(one["id"], int(one["token"]), "1"),
                  queue.calls.ack(two["id"], int(two["token"]) + 1, "2"),  # a stale token
                  queue.calls.claim(ClaimRequest("w1", 40.0, 0.0, 1))]
-        assert [queue.scripts.command(c)[0] for c in calls] == ["FCALL" if fcall else "EVALSHA"] * 3
+        assert [spread(queue.scripts.command(c))[0] for c in calls] == ["FCALL" if fcall else "EVALSHA"] * 3
         before = script_calls(queue)
         acked, stale, reply = queue.scripts.pipelined(calls)
         if before is not None:  # a server that keeps command stats: one script call
