@@ -21,7 +21,6 @@ drain and the scale signals are reckoned from.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -35,12 +34,11 @@ from gpuq.errors import GpuqError, StaleLease, TaskError, TaskNotFound
 from gpuq.scripts import Call
 from gpuq.worker.broken import skipped
 from gpuq.worker.executor import Claimed, Executor
-from gpuq.worker.outcome import batch_encode, failure, late, where
+from gpuq.worker.outcome import batch_encode, decode, failure, late, where
 from gpuq.worker.running import Running
 from gpuq.worker.runtimes import Run
 
 log = logging.getLogger(__name__)
-_SCAN = json.decoder.JSONDecoder().scan_once  # type: ignore[attr-defined]  # json.loads without its Python calls
 Added = tuple[list[Claimed], int]  # tasks a batch's claim took beside its first, begun; left_ms
 YIELDED = "yielded to a higher-priority task"
 
@@ -232,7 +230,7 @@ def settle(ex: Executor, spec: HandlerSpec, items: list[Claimed]) -> list[Call[A
         if not items:
             return calls
         runs = [r for _, _, r in items]
-        payloads = [decoded(f["payload"]) for f, _, _ in items]
+        payloads = [decode(f["payload"]) for f, _, _ in items]
         began = time.monotonic()
         results = ex.invoke(spec, runs, model, payloads, BatchContext([r.ctx for r in runs]))
         ran_s = time.monotonic() - began
@@ -253,19 +251,6 @@ def settle(ex: Executor, spec: HandlerSpec, items: list[Claimed]) -> list[Call[A
         return calls + [ex.calls.fail(r.task_id, r.token, message, retry=retry)
                         for _, _, r in items if not r.stopped]
     return calls + results_of(ex, spec, items, results, ran_s)
-
-
-def decoded(text: str) -> Any:
-    """A payload's value, as ``json.loads`` gives it: one call of its C scanner for the
-    usual text (compact JSON, nothing around it), json.loads for any other (it says why)."""
-    if type(text) is str:
-        try:
-            value, end = _SCAN(text, 0)
-        except StopIteration:  # not a value where the text starts
-            end = -1
-        if end == len(text):
-            return value
-    return json.loads(text)
 
 
 def settle_all(ex: Executor, calls: list[Call[Any]], replies: list[Any]) -> None:

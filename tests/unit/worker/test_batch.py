@@ -3,7 +3,6 @@ call and settled one by one (drain runs the same code as a worker)."""
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
@@ -387,17 +386,3 @@ def test_a_batch_s_acks_settle_together_each_on_its_own_reply() -> None:
     assert [q.record(t).state for t in ids] == [State.SUCCEEDED, State.CANCELED, State.SUCCEEDED,
                                                 State.SUCCEEDED]
     assert len(ex.runtimes.take()) == 3  # the acked runs alone are learned
-
-
-@pytest.mark.parametrize("text", ['{"a": [1, 2.5, null]}', "7", '"x"', "NaN", " 1", "1 ", "[1]\n"])
-def test_a_batch_reads_each_payload_as_json_loads_does(text: str) -> None:
-    assert batch.decoded(text) == json.loads(text) or math.isnan(json.loads(text))
-
-
-@pytest.mark.parametrize("text", ["", "x", '{"a": }', "1 2", '"open'])
-def test_a_payload_that_is_not_json_fails_as_json_loads_fails(text: str) -> None:
-    with pytest.raises(json.JSONDecodeError) as want:
-        json.loads(text)
-    with pytest.raises(json.JSONDecodeError) as got:
-        batch.decoded(text)
-    assert str(got.value) == str(want.value)
