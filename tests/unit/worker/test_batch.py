@@ -14,7 +14,7 @@ import redis
 from gpuq.app import App, BatchContext
 from gpuq.client import Queue
 from gpuq.errors import GpuqError, TaskError
-from gpuq.scripts import ClaimRequest
+from gpuq.scripts import Call, ClaimRequest
 from gpuq.task import MAX_RESULT_BYTES, State
 from gpuq.testing import drain, memory_queue
 from gpuq.worker import batch, outcome
@@ -36,8 +36,8 @@ def executor(q: Queue, app: App) -> Executor:
                     Observer(), RunTimes())
 
 
-def run_one_batch(q: Queue, ex: Executor) -> list[str]:
-    """Claim one task, run the batch it starts, send its calls; the scripts called."""
+def batch_calls(q: Queue, ex: Executor) -> list[Call[Any]]:
+    """Claim one task and run the batch it starts; the calls it would send."""
     req = ClaimRequest("w", ex.cache.free_gb(), ex.cache.evictable_gb(), 1, ex.cache.loaded(),
                        batches=batch.wanted(ex.app))
     claim = q.scripts.run(q.calls.claim(req))
@@ -45,7 +45,12 @@ def run_one_batch(q: Queue, ex: Executor) -> list[str]:
     with ex.cache.lock:
         claimed = (claim.task, *ex.begin(claim.task))
         added = batch.begin_added(ex, claim.batch)
-    calls = batch.execute(ex, claimed, added=added)
+    return batch.execute(ex, claimed, added=added)
+
+
+def run_one_batch(q: Queue, ex: Executor) -> list[str]:
+    """Claim one task, run the batch it starts, send its calls; the scripts called."""
+    calls = batch_calls(q, ex)
     for call in calls:
         ex.settle(call, q.scripts.run_raw(call))
     assert len(ex.running) == 0 and ex.running.slots_used() == 0 and ex.cache.working_gb == 0
@@ -371,14 +376,7 @@ def test_a_batch_s_acks_settle_together_each_on_its_own_reply() -> None:
     q = memory_queue()
     ids = enqueue(q, "h", 4)
     ex = executor(q, app_with(lambda model, payloads, ctx: payloads))
-    req = ClaimRequest("w", ex.cache.free_gb(), ex.cache.evictable_gb(), 1, ex.cache.loaded(),
-                       batches=batch.wanted(ex.app))
-    claim = q.scripts.run(q.calls.claim(req))
-    assert claim.task is not None
-    with ex.cache.lock:
-        claimed = (claim.task, *ex.begin(claim.task))
-        added = batch.begin_added(ex, claim.batch)
-    calls = batch.execute(ex, claimed, added=added)
+    calls = batch_calls(q, ex)
     assert [c.script for c in calls] == ["ack"] * 4 and len(ex.running.settling()) == 4
     q.cancel(ids[1])  # its ack is refused: the task is not running under its token
     batch.settle_all(ex, calls, q.scripts.pipelined(calls))
