@@ -22,6 +22,7 @@ DEEP = 64  # queues sampled SAMPLE deep, the deepest (most of the backlog's work
 # and the rest of the budget samples the queues sampled longest ago in full
 SAMPLE_BUDGET = 2048
 WIDE_SAMPLE = 128  # tasks across several GPUs read (by score) from each end of `need` and `parked`
+TASK_FIELDS = ("vram_gb", "est_s", "handler", "score", "tenant", "gpus")  # a sampled task's
 
 
 def as_float(value: object) -> float:
@@ -53,18 +54,22 @@ def deepen(client: redis.Redis, keys: Keys, queues: list[tuple[int, str, int, li
 
 def read_backlogs(client: redis.Redis, keys: Keys,
                   queues: list[tuple[int, str, int, list[tuple[str, float]]]],
-                  reads: list[int], bounds: list[float], held_back: frozenset[str] = frozenset()
+                  reads: list[int], bounds: list[float], held_back: frozenset[str] = frozenset(),
+                  rows: TaskRows | None = None
                   ) -> tuple[list[Backlog], tuple[tuple[float, int], ...], list[str], tuple[Shape, ...]]:
     """Each queue's backlog from its first head tasks (reads: how many a queue), the need
     bands of one-GPU tasks, the sampled tasks' handlers, and the shapes of the queued and the
     parked tasks across several GPUs, up to WIDE_SAMPLE from each end of their scores (the
     fewest GPUs and least VRAM, the most GPUs and VRAM), so each shape's class is seen.
     held_back: tenants at a cap or bound; their sampled tasks are left out and the queue's
-    depth shrinks by their share of the sample."""
+    depth shrinks by their share of the sample. rows: the sampled tasks' fields as last
+    read (``TaskRows``): only the tasks not among them are read."""
+    rows = TaskRows() if rows is None else rows
+    heads = [[(str(tid), float(score)) for tid, score in head[:n]] for (*_, head), n in zip(queues, reads)]
+    unread = [t for (p, m, _, _), head in zip(queues, heads) for t in rows.unread((p, m), head)]
     pipe = client.pipeline(transaction=False)
-    for (*_, head), n in zip(queues, reads):
-        for tid, _ in head[:n]:
-            pipe.hmget(keys.task(tid), "vram_gb", "est_s", "handler", "score", "tenant", "gpus")
+    for tid, _ in unread:
+        pipe.hmget(keys.task(tid), *TASK_FIELDS)
     lower, wide = "-inf", repr(2 * shapes.WIDE)
     for bound in bounds:  # queued tasks' needs: in their queues, and parked (lua/park.lua)
         for key in (keys.need, keys.parked):
@@ -74,7 +79,8 @@ def read_backlogs(client: redis.Redis, keys: Keys,
         pipe.zrangebyscore(key, wide, "+inf", 0, WIDE_SAMPLE, withscores=True)
         pipe.zrevrangebyscore(key, "+inf", wide, 0, WIDE_SAMPLE, withscores=True)
     *replies_list, few_queued, most_queued, few_parked, most_parked = pipe.execute()
-    replies = iter(replies_list)
+    fields = rows.update([(p, m) for p, m, _, _ in queues], heads, dict(zip(unread, replies_list)))
+    replies = iter(fields)
     sampled = {**dict(few_queued), **dict(most_queued)}, {**dict(few_parked), **dict(most_parked)}
     backlogs, named = [], []
     for (p, m, depth, head), n in zip(queues, reads):
@@ -89,9 +95,44 @@ def read_backlogs(client: redis.Redis, keys: Keys,
         start_by = as_float(got[0][3]) if got and got[0][3] is not None else (
             float(head[0][1]) if head and len(got) == len(read) else math.inf)
         backlogs.append(Backlog(p, m, depth, start_by, sample))
-    counts = [int(n) for n in replies]
+    counts = [int(n) for n in replies_list[len(unread):]]
     bands = tuple(zip(bounds, (a + b for a, b in zip(counts[::2], counts[1::2]))))
     return backlogs, bands, named, tuple(shapes.shape_of(s) for got in sampled for s in got.values())
+
+
+class TaskRows:
+    """The sampled queued tasks' fields (TASK_FIELDS) as last read, per queue, so a round
+    reads only the tasks new to its sample: none of them changes while its task stays queued
+    (enqueue writes them; a task given a new start-by left its queue for it and comes back
+    under another queue score). Kept by (task, queue score): per queue those of this round's
+    read and those kept behind its last task (a queue read only at its head this round keeps
+    its last full read's); those before it in the queue's order have left it."""
+
+    def __init__(self) -> None:
+        self.kept: dict[tuple[int, str], dict[tuple[str, float], tuple[Any, ...]]] = {}
+
+    def unread(self, queue: tuple[int, str], head: list[tuple[str, float]]) -> list[tuple[str, float]]:
+        old = self.kept.get(queue, {})
+        return [t for t in head if t not in old]
+
+    def update(self, queues: list[tuple[int, str]], heads: list[list[tuple[str, float]]],
+               fresh: dict[tuple[str, float], Any]) -> list[tuple[Any, ...]]:
+        """The fields of each queue's head tasks, in order: those just read (fresh), the
+        others kept; a task whose hash was gone is not kept (and reads as gone). Queues not
+        read this round are forgotten."""
+        out: list[tuple[Any, ...]] = []
+        kept = {}
+        for queue, head in zip(queues, heads):
+            old = self.kept.get(queue, {})
+            got = [tuple(fresh[t]) if t in fresh else old[t] for t in head]
+            out += got
+            rows = {t: f for t, f in zip(head, got) if f[0] is not None}
+            if head:  # a sorted set's order: by score, then by member
+                last = (head[-1][1], head[-1][0])
+                rows.update((t, f) for t, f in old.items() if (t[1], t[0]) > last)
+            kept[queue] = rows
+        self.kept = kept
+        return out
 
 
 class Samples:
@@ -108,6 +149,7 @@ class Samples:
         # (priority, model) -> (when it was read in full, ms; its sample)
         self.kept: dict[tuple[int, str], tuple[int, tuple[tuple[float, float, int], ...]]] = {}
         self.full: set[int] = set()  # this round's queues read in full, by index
+        self.rows = TaskRows()  # the fields of the tasks sampled last round
 
     def reads(self, queues: list[tuple[int, str, int]]) -> list[int]:
         """How many head tasks to read of each queue (priority, model, depth) this round."""

@@ -25,6 +25,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Mapping
+from itertools import repeat
 from typing import Any
 
 import redis
@@ -68,22 +69,27 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
     pipe = client.pipeline(transaction=False)
     for level in Priority:
         work_index.read_level(pipe, keys, level, 0, MODELS_PER_LEVEL)
-    pipe.zrangebyscore(keys.workers, now_ms, "+inf")
+    pipe.zrangebyscore(keys.workers, now_ms, "+inf", withscores=True)
     pipe.zrange(keys.idle, 0, -1, withscores=True)
     pipe.hgetall(keys.classes)
     pipe.hgetall(keys.class_gpus)
     for key in (keys.need, keys.parked):  # the largest one-GPU need; parked: need's share out of queues
         pipe.zrevrangebyscore(key, f"({2 * shapes.WIDE!r}", "-inf", 0, 1, withscores=True)
     pipe.exists(keys.tenants)
-    *per_level, live, idle, classes, class_gpus, top, parked_top, tenancy = pipe.execute()
+    pipe.hget(keys.fairness, "reserved_until")
+    *per_level, leases, idle, classes, class_gpus, top, parked_top, tenancy, gate = pipe.execute()
+    live = [str(w) for w, _ in leases]
     top = max(top + parked_top, key=lambda pair: float(pair[1]), default=None)
     held_back = tenants.at_limit(tenants.read(client, keys)[0]) if tenancy else frozenset()
     pairs = [(int(p), m) for p, got in zip(Priority, per_level) for m in work_index.models(got)]
     models = sorted({m for _, m in pairs})
     pipe = client.pipeline(transaction=False)
     known = KnownWorkers() if known is None else known
-    known.read(pipe, keys, live)
-    if live:  # one command for every worker's reservation
+    known.read(pipe, keys, live, {str(w): float(t) for w, t in leases})
+    # the claims' gate (lib/gates.lua) is at or past every reservation's expiry: at or before
+    # now none is live, and the workers' reservation keys are not read (as a claim reads none)
+    reserving = bool(live) and as_float(gate) > now_ms
+    if reserving:  # one command for every worker's reservation
         pipe.mget([keys.reservation(wid) for wid in live])
     for p, m in pairs:
         pipe.zcard(keys.queue(p, m))
@@ -95,7 +101,7 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
     workers = []
     runnable: set[str] = set()  # handlers the live workers' apps register
     records = known.records(client, keys, live, replies)
-    for wid, record, reserved in zip(live, records, next(replies) if live else []):
+    for wid, record, reserved in zip(live, records, next(replies) if reserving else repeat(None)):
         if record is None:  # no hash: being reaped
             continue
         runnable.update(record.handlers)
@@ -114,7 +120,7 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
     samples = Samples() if samples is None else samples
     reads = samples.reads([(p, m, depth) for p, m, depth, _ in queues])
     read, bands, named, wide = read_backlogs(client, keys, deepen(client, keys, queues, reads), reads,
-                                             bounds, held_back)
+                                             bounds, held_back, samples.rows)
     backlogs = samples.fill(read, now_ms)  # queues not read in full: their kept sample
     entries = catalog.read(client, keys) if entries is None else entries
     unregistered: dict[str, int] = {}
