@@ -1,6 +1,7 @@
 """The reaper's memory of live workers. The scaler's: each one's fixed fields read once per
-start, its state every round; a worker started again under its id read in full again. The
-planner's: GPU fields read once, all again after any registration."""
+start, its state every round (given the leases: when its lease moved, and REFRESH more); a
+worker started again under its id read in full again. The planner's: GPU fields read
+once, all again after any registration."""
 
 from __future__ import annotations
 
@@ -29,6 +30,30 @@ def test_fixed_fields_are_read_once_a_start_and_the_state_every_round(queue: Que
     # a hand edit of a fixed field is not read again while the worker runs; its state is
     queue.redis.hset(queue.keys.worker("a"), mapping={"levels": "3", "state": "draining"})
     assert records(queue, known, ["a", "b"])["a"] == ("A100-80", "0123", "draining")
+
+
+def test_with_leases_a_state_is_read_when_its_lease_moved_or_in_the_refresh(queue: Queue) -> None:
+    """A beat renews the lease and rewrites the state: a worker whose lease stayed is read
+    only among the REFRESH read longest ago (a state written without a beat: retire.lua's)."""
+    register(queue, "a", "A100-80", 80)
+    register(queue, "b", "A100-80", 80)
+    known = KnownWorkers(refresh=1)
+
+    def states(leases: dict[str, float]) -> dict[str, str]:
+        pipe = queue.redis.pipeline(transaction=False)
+        known.read(pipe, queue.keys, ["a", "b"], leases)
+        got = known.records(queue.redis, queue.keys, ["a", "b"], iter(pipe.execute()))
+        return {w: r.state for w, r in zip(["a", "b"], got) if r is not None}
+
+    assert states({"a": 1.0, "b": 1.0}) == {"a": "idle", "b": "idle"}  # new: read in full
+    for w in ("a", "b"):
+        queue.redis.hset(queue.keys.worker(w), "state", "retiring")
+    assert states({"a": 1.0, "b": 1.0}) == {"a": "retiring", "b": "idle"}  # a: the refresh
+    assert states({"a": 1.0, "b": 1.0}) == {"a": "retiring", "b": "retiring"}  # b's turn
+    queue.redis.hset(queue.keys.worker("b"), "state", "draining")
+    queue.redis.hset(queue.keys.worker("a"), "state", "busy")
+    # b's lease moved (a beat): read at once; a, read longest ago, is the refresh
+    assert states({"a": 1.0, "b": 2.0}) == {"a": "busy", "b": "draining"}
 
 
 def test_a_worker_started_again_under_its_id_is_read_in_full(queue: Queue) -> None:

@@ -79,6 +79,55 @@ def test_a_round_reads_a_bounded_number_of_tasks_and_keeps_the_rest(make_real_qu
     assert len(reasons) == 30 and set(reasons.values()) == {"backlog 5 tasks, 15 s of work"}
 
 
+def test_a_queued_task_is_read_once_while_it_stays_in_the_sample(make_real_queue: MakeQueue) -> None:
+    q = make_real_queue(min_workers=0)
+    register(q, "w-h", "A100-80", 80)
+    for i in range(3):
+        enqueue(q, 5, f"m{i}", 16, est_s=3)
+    scaler = Scaler(q.redis, q.keys, q.config)
+
+    def hmgets() -> int:
+        return int(q.redis.info("commandstats").get("cmdstat_hmget", {}).get("calls", 0))
+
+    before = hmgets()
+    scaler.step()
+    assert hmgets() - before == 15 + 1  # every task, and the worker's hash
+    before = hmgets()
+    scaler.step()
+    assert hmgets() - before == 1  # the tasks as read: none changes while it stays queued
+    enqueue(q, 1, "m0", 16, est_s=30)  # a new task joins m0's sample
+    before = hmgets()
+    scaler.step()
+    assert hmgets() - before == 1 + 1
+    reasons = {k: v["reason"] for k, v in scale_hash(q).items() if k.startswith("model:")}
+    assert reasons == {"model:m0": "backlog 6 tasks, 45 s of work",
+                       "model:m1": "backlog 5 tasks, 15 s of work",
+                       "model:m2": "backlog 5 tasks, 15 s of work"}
+
+
+def test_a_round_reads_no_reservation_while_the_claims_gate_says_none_is_live(
+        make_real_queue: MakeQueue) -> None:
+    """preempt.lua moves `reserved_until` with each reservation it makes (lib/gates.lua):
+    past it, no worker's reservation key is read, and no worker counts as reserved."""
+    q = make_real_queue(min_workers=0)
+    enqueue(q, 6, "m", 30)
+    register(q, "w-a", "A100-40", 40, idle=True)
+    now = server_ms(q.redis)
+    q.redis.set(q.keys.reservation("w-a"), f"t-other {now + 60_000}")  # as preempt.lua writes it
+
+    def mgets() -> int:
+        return int(q.redis.info("commandstats").get("cmdstat_mget", {}).get("calls", 0))
+
+    q.redis.hset(q.keys.fairness, "reserved_until", str(now - 1))  # every reservation ended
+    before = mgets()
+    assert [h.worker for h in Scaler(q.redis, q.keys, q.config).step().hints] == ["w-a"]
+    assert mgets() == before
+    q.redis.delete(q.keys.control("w-a"))
+    q.redis.hset(q.keys.fairness, "reserved_until", str(now + 60_000))
+    assert Scaler(q.redis, q.keys, q.config).step().hints == []  # held for t-other: no hint
+    assert mgets() == before + 1
+
+
 def test_hook_command_gets_class_current_desired_when_desired_changes(
         make_real_queue: MakeQueue, tmp_path: Path) -> None:
     out = tmp_path / "calls"
