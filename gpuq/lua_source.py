@@ -140,10 +140,11 @@ JOINED: dict[str, tuple[tuple[str, int], tuple[str, int]]] = {"ack_claim": (("ac
 # A joined call's arguments: n, the first part's n arguments, then the second's. Each part
 # takes "0" or "" as "now, by the server's clock": the clock is read once for both, as
 # lib/args.lua's clock() reads it (the wrapper runs outside the parts' blocks, where that
-# helper is not in scope: the two must stay the same formula).
+# helper is not in scope: the two must stay the same formula), and passed to them as a
+# number, which clock() takes as it is (no text made here for the parts to parse back).
 _SPLIT = """\
 local n = tonumber(ARGV[1])
-if not n or n < 0 or n > #ARGV - 1 or n ~= math.floor(n) then
+if not n or n < 0 or n > #ARGV - 1 or n % 1 ~= 0 then
   return {{1, 0, 'the first argument must count the arguments of the first part'}}
 end
 local first, second
@@ -157,7 +158,7 @@ end
 local a, b = first[{a}] == '0' or first[{a}] == '', second[{b}] == '0' or second[{b}] == ''
 if a or b then
   local t = redis.call('TIME')
-  local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  local now = t[1] * 1000 + math.floor(t[2] / 1000)
   if a then first[{a}] = now end
   if b then second[{b}] = now end
 end

@@ -85,9 +85,9 @@ if not (free and evictable and slots and lease and fair_every and scan and gpus)
   return {1, 0, 'free and evictable GB, slots, lease, fair_every, scan and gpus must be numbers in range'}
 end
 if not string.find(levels, '^[0-3]+$') then return {1, 0, 'levels must be digits 0..3'} end
-local defer, hold = {}, {}
+local defer = {arg_num(10, 0, 1e13), arg_num(11, 0, 1e13), arg_num(12, 0, 1e13), arg_num(13, 0, 1e13)}
+local hold = {arg_num(14, 0, 1e13), arg_num(15, 0, 1e13), arg_num(16, 0, 1e13), arg_num(17, 0, 1e13)}
 for p = 1, 4 do
-  defer[p], hold[p] = arg_num(9 + p, 0, 1e13), arg_num(13 + p, 0, 1e13)
   if not (defer[p] and hold[p]) then return {1, 0, 'defer bounds and holder waits must be ms >= 0'} end
 end
 local batches, nb = {}, arg_num(20, 0, 1000, true)
@@ -98,11 +98,13 @@ for i = 21, 20 + 2 * nb, 2 do
 end
 local held, held_names, in_use, skip, lane = {}, {}, {}, {}, levels
 for i = 21 + 2 * nb, #ARGV, 2 do
-  local gb, left = arg_num(i + 1, -1e9, 1e9), string.match(ARGV[i + 1], '^skip:(%d+)$')
+  local gb = arg_num(i + 1, -1e9, 1e9)
+  local left = not gb and string.match(ARGV[i + 1], '^skip:(%d+)$')
   if ARGV[i] == '' or not (gb or left or ARGV[i + 1] == 'skip') then return {1, 0, 'malformed model pair'} end
   if left then lane = lane .. ' ' .. ARGV[i] .. ' ' .. ms(now + tonumber(left)) end
-  if not gb then skip[ARGV[i]] = true else
-    held[ARGV[i]], in_use[ARGV[i]] = math.abs(gb), gb < 0 or string.byte(ARGV[i + 1]) == 45
+  if not gb then skip[ARGV[i]] = true else  -- |gb| (0 + -0 is 0); in use if negative, "-0" too
+    held[ARGV[i]] = gb < 0 and -gb or 0 + gb
+    in_use[ARGV[i]] = gb < 0 or gb == 0 and string.byte(ARGV[i + 1]) == 45
     held_names[#held_names + 1] = ARGV[i]
   end
 end
@@ -121,7 +123,7 @@ if (finite(fair[4]) or math.huge) <= now then promote_due(now, 20, TTL) end
 local unread_until = pickup and pickup <= now and reclaim_handed(now, 8, TTL, pickup)
 
 -- Workers woken for a skipped task: the better-placed one, or one a too-big task fits.
-local pass_to, unfit_need, unfit_p, unfit_gpus, retry = {}, nil, nil, nil, nil
+local pass_to, unfit_need, unfit_p, unfit_gpus, retry = false, nil, nil, nil, nil  -- pass_to: a set
 
 -- The idle worker better placed than this one for a cold task, if any: one holding its
 -- model, or one it fits more tightly that runs nothing (a worker with free slots left in
@@ -178,24 +180,19 @@ end
 -- goes before the next level's work. A cold start misses a short SLA anyway, so other workers
 -- take their queues oldest first. With tenancy on, a queue's order is its tenants' fair order (a
 -- flooding tenant's tasks lie ahead of now), kept as it is. Also returns the ids and scores read
--- (the head the index keeps) and, when only the first two were, what reads the rest: most
--- claims take the first, and the server formats every score it replies (a command's worth).
+-- (the head the index keeps) and, when only the first two were, true: the scan reads the rest if
+-- it gets there (most claims take the first; the server formats every score it replies).
 local function candidates(q, warm)
   local head = redis.call('ZRANGE', q, '0', '1', 'WITHSCORES')
-  if tenancy or not warm or not head[2] or tonumber(head[2]) >= now then
-    local ids = {head[1], head[3]}
-    return ids, head, head[3] and scan > 2 and function()  -- from 0: the scan may have removed some
-      for _, id in ipairs(redis.call('ZRANGE', q, '0', ms(scan - 1))) do
-        if id ~= ids[1] and id ~= ids[2] then ids[#ids + 1] = id end
-      end
-    end
+  if tenancy or not warm or not head[2] or head[2] + 0 >= now then  -- a score's text: a number
+    return {head[1], head[3]}, head, head[3] ~= nil and scan > 2
   end
   head = redis.call('ZRANGE', q, '0', ms(scan - 1), 'WITHSCORES')
   local ids = redis.call('ZRANGEBYSCORE', q, ms(now), '+inf', 'LIMIT', '0', ms(scan))
   local seen = {}
   for _, id in ipairs(ids) do seen[id] = true end
   for i = 1, #head, 2 do if #ids < scan and not seen[head[i]] then ids[#ids + 1] = head[i] end end
-  return ids, head
+  return ids, head, false
 end
 
 -- First task of queue (p, m) this worker can run: its id, the VRAM it will use and its
@@ -203,43 +200,48 @@ end
 -- no longer queued, leaves the queue; one whose scheduling fields are corrupt is failed
 -- (defect); one whose tenant is at a quota is passed over.
 local function scan_queue(p, m)
-  local footprint = held[m]
-  local ids, head, rest = candidates(queue_key(LEVEL_TEXT[p], m), footprint ~= nil)
+  local footprint, q = held[m], queue_key(LEVEL_TEXT[p], m)
+  local ids, head, more = candidates(q, footprint ~= nil)
   for k = 1, scan do
-    if not ids[k] and rest then rest(); rest = nil end
+    if not ids[k] and more then  -- the rest of the first `scan`, from 0: the scan may have removed some
+      more = false
+      for _, x in ipairs(redis.call('ZRANGE', q, '0', ms(scan - 1))) do
+        if x ~= ids[1] and x ~= ids[2] then ids[#ids + 1] = x end
+      end
+    end
     local id = ids[k]
     if not id then break end
-    local f, all
+    local all, v, t, o, e, state, tenant, g  -- vram_gb, queued_at, offered, est_s, state, tenant, gpus
     if footprint then
-      -- with all a claim reply needs: the first that fits is taken (no second read)
-      all = redis.call('HMGET', task_key(id), unpack(READ_HELD))
-      local x = N_READABLE  -- the scan's fields: vram_gb, queued_at, est_s, tenant first
-      f = {all[4], all[12], all[x + 1], all[6], all[x + 2], all[9], all[x + 3]}
+      -- with all a claim reply needs (read whole: lib/batch.lua): the first that fits is taken
+      all = read_held(id)
+      local x = N_READABLE
+      v, t, o, e, state, tenant, g = all[4], all[12], all[x + 1], all[6], all[x + 2], all[9], all[x + 3]
     else
-      f = redis.call('HMGET', task_key(id), 'vram_gb', 'queued_at', 'offered', 'est_s', 'state',
-        'tenant', 'gpus')
+      v, t, o, e, state, tenant, g = unpack(redis.call('HMGET', task_key(id), 'vram_gb', 'queued_at',
+        'offered', 'est_s', 'state', 'tenant', 'gpus'))
     end
-    local need, queued_at, est, wants = finite(f[1]), finite(f[2]), finite(f[4]), tonumber(f[7]) or 1
+    local need, queued_at, est, wants = finite(v), finite(t), finite(e), g and tonumber(g) or 1
     local bad = not (need and need > 0) and 'vram_gb' or not queued_at and 'queued_at'
       or not (est and est >= 0) and 'est_s'
-    if f[5] ~= 'queued' then
+    if state ~= 'queued' then
       unqueue(id, p, m)  -- a stale entry: nothing to run
     elseif bad then
       fail_corrupt(id, bad, tostring(p), m, now, TTL)
-    elseif tenancy and f[6] and over_quota(f[6], need, wants) then
+    elseif tenancy and tenant and over_quota(tenant, need, wants) then
       -- at its tenant's cap: the next task of the queue may be another tenant's
     elseif wants > gpus then
       if not unfit_need then unfit_need, unfit_p, unfit_gpus = need, p, wants end
     elseif footprint and need - footprint <= held_room(m, footprint) then
-      local fields = readable(id, p, m, now, TTL, all)
-      if fields then return id, math.max(0, need - footprint), fields, head end
+      local fields = readable(id, p, m, now, TTL, all, need, est, queued_at)
+      if fields then return id, need > footprint and need - footprint or 0, fields, head end
     elseif not footprint and need <= claimable then
       local waited = now - queued_at
       local left = defer[p + 1] - waited
-      local offered = f[3] and f[3] ~= '' and f[3] ~= worker  -- a missing field reads false
+      local offered = o and o ~= '' and o ~= worker  -- a missing field reads false
       local better = left > 0 and (offered or better_elsewhere(m, need, p, wants))
       if better then
-        if better ~= true then pass_to[better] = true end
+        if better ~= true then pass_to = pass_to or {}; pass_to[better] = true end
         retry = math.min(retry or left, left)
         return nil
       end
@@ -260,7 +262,6 @@ local function scan_queue(p, m)
   return nil
 end
 
-local PAGE, PAGES = 16, 4
 local has_work = work_ends()  -- levels with work, as far as the index's ends tell
 
 -- Held models first, then the others in head-score order, a page of the index at a time, at
@@ -269,13 +270,13 @@ local has_work = work_ends()  -- levels with work, as far as the index's ends te
 -- work). A level known to have work: its page is read only if held models give none.
 local function find(p)
   if has_work[p] == false then return nil end
-  local page, start = not has_work[p] and work_page(p, 0, PAGE), 0
+  local page, start = not has_work[p] and work_page(p, 0, 16), 0  -- pages of 16, at most 4
   if page and not page[1] then return nil end
-  for _, m in ipairs(held_names) do  -- its queue read at once: an empty one costs the same
-    local id, use, f, head = scan_queue(p, m)
-    if id then return id, m, use, f, head end
+  for i = 1, #held_names do  -- its queue read at once: an empty one costs the same
+    local id, use, f, head = scan_queue(p, held_names[i])
+    if id then return id, held_names[i], use, f, head end
   end
-  page = page or work_page(p, 0, PAGE)
+  page = page or work_page(p, 0, 16)
   while page[1] do
     for _, m in ipairs(page) do
       if not (held[m] or skip[m]) then
@@ -283,8 +284,8 @@ local function find(p)
         if id then return id, m, use, f, head end
       end
     end
-    start = start + PAGE
-    page = #page == PAGE and start < PAGE * PAGES and work_page(p, start, PAGE) or {}
+    start = start + 16
+    page = #page == 16 and start < 64 and work_page(p, start, 16) or {}
   end
   has_work[p] = nil  -- the scan may have dropped stale entries: read again if asked
   return nil
@@ -292,7 +293,9 @@ end
 
 local order, serves = {}, {}
 for p = 1, 3 do if (finite(fair[p]) or 0) >= fair_every then order[#order + 1] = p end end
-for p = 0, 3 do order[#order + 1], serves[p] = p, string.find(levels, LEVEL_TEXT[p], 1, true) ~= nil end
+for p = 0, 3 do  -- '0123': most workers' (no C call)
+  order[#order + 1], serves[p] = p, levels == '0123' or string.find(levels, LEVEL_TEXT[p], 1, true) ~= nil
+end
 
 local id, p, m, use, f, head
 local reserved, has_key = reserved_task(worker, now, finite(fair[7]) or 0)
@@ -319,14 +322,13 @@ if reserved then
 end
 if has_key then redis.call('DEL', reservation_key(worker)) end  -- used, moot or expired
 
-local starved = #order - 4
-for i, level in ipairs(order) do
+for i = 1, #order do
   if id then break end
-  if serves[level] then
-    id, m, use, f, head = find(level)
+  if serves[order[i]] then
+    id, m, use, f, head = find(order[i])
     if id then
-      p = level
-      if i <= starved then redis.call('HINCRBY', K_STATS, 'fair:P' .. p, 1) end
+      p = order[i]
+      if i <= #order - 4 then redis.call('HINCRBY', K_STATS, 'fair:P' .. p, 1) end  -- a starved one
     end
   end
 end
@@ -344,11 +346,11 @@ local function look_again(r)
   return r
 end
 
-for w in pairs(pass_to) do wake_worker(w) end
+if pass_to then for w in pairs(pass_to) do wake_worker(w) end end
 if not id then
   if unfit_need then
     local w = tightest(unfit_need, '+inf', worker, unfit_p, false, unfit_gpus)
-    if w and not pass_to[w] then wake_worker(w) end
+    if w and not (pass_to and pass_to[w]) then wake_worker(w) end
   end
   redis.call('ZADD', K_IDLE, claimable, worker)
   if lane ~= '0123' then redis.call('HSET', K_LANES, worker, lane) end  -- wake-ups read it (lib/lanes)

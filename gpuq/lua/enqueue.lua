@@ -57,16 +57,17 @@ local sla = {['0'] = arg_num(3, 0, 1e13, true), ['1'] = arg_num(4, 0, 1e13, true
   ['2'] = arg_num(5, 0, 1e13, true), ['3'] = arg_num(6, 0, 1e13, true)}
 local G = 16
 local n = (#ARGV - 6) / G
-if n < 1 or n ~= math.floor(n) then return {1, 0, 'expected groups of 16 task fields'} end
+if n < 1 or n % 1 ~= 0 then return {1, 0, 'expected groups of 16 task fields'} end
 if not now then return {1, 0, 'now must be ms >= 0'} end
 if not (sla['0'] and sla['1'] and sla['2'] and sla['3']) then return {1, 0, 'SLAs must be ms >= 0'} end
 
 -- A name is non-empty, at most 200 bytes, without whitespace, control characters, braces or
 -- commas (keys, hash tags, lists and logs carry names). %c: every ASCII control character, the
 -- whitespace but the space among them. Plain finds: a bracket class costs several times as much
--- per byte.
+-- per byte; the control characters by one anchored match (an unanchored one tries a match at
+-- every byte).
 local function bad_chars(s)
-  return string.find(s, '%c') or string.find(s, ' ', 1, true) or string.find(s, '{', 1, true)
+  return not string.find(s, '^[^%c]*$') or string.find(s, ' ', 1, true) or string.find(s, '{', 1, true)
     or string.find(s, '}', 1, true) or string.find(s, ',', 1, true)
 end
 local function bad_name(s) return s == '' or #s > 200 or bad_chars(s) ~= nil end
@@ -131,8 +132,9 @@ end
 -- the first task's hash (its id taken) and the idle set; only a count > 0 asks each alone
 local present = redis.call('EXISTS', K_TENANTS, task_key(ARGV[7]), K_IDLE)
 local idle_n = present > 0 and redis.call('ZCARD', K_IDLE) or 0  -- only the wakes below change it
-local tenancy = present > math.min(idle_n, 1) and tenancy_on()
-local first_taken = present > math.min(idle_n, 1) + (tenancy and 1 or 0)
+local listed = idle_n > 0 and 1 or 0  -- `idle` among the keys counted
+local tenancy = present > listed and tenancy_on()
+local first_taken = present > listed + (tenancy and 1 or 0)
 local required = tenancy and redis.call('HGET', K_TENANTS, REQUIRED) == '1'
 local known_tenant = {}
 
@@ -144,7 +146,8 @@ local ready, held = {}, {}  -- tasks queued now (indexes); deferred ones (lib/de
 for i = 1, n do
   local o = 6 + (i - 1) * G
   local id, handler, payload, model = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
-  local vram, prio, est = tonumber(ARGV[o + 5]), ARGV[o + 6], tonumber(ARGV[o + 7])
+  local vram, prio = tonumber(ARGV[o + 5]), ARGV[o + 6]
+  local est = ARGV[o + 7] ~= '' and tonumber(ARGV[o + 7]) or nil  -- "": no C call
   local deadline, pre, tenant, attempts = ARGV[o + 8], ARGV[o + 9], ARGV[o + 10], tonumber(ARGV[o + 11])
   local gpus = tonumber(ARGV[o + 13])
   -- one scan over the four names (the id alone once the others passed), one by one only to say
@@ -181,17 +184,17 @@ for i = 1, n do
     est, from_history[i] = learned[pair] or 1, learned[pair] and true
   end
   if not est or est ~= est or est < 0 or est > 1e10 then return {1, i, 'est_s must be 0..1e10 or empty'} end
-  local d = tonumber(deadline)
+  local d = deadline ~= '' and tonumber(deadline)
   if deadline ~= '' and not (d and d > 0 and d <= 1e13) then  -- 1e13 ms: about 300 years
     return {1, i, 'deadline must be ms > 0 or empty'}
   end
   if pre ~= '0' and pre ~= '1' then return {1, i, 'preemptible must be 0 or 1'} end
   local report = ARGV[o + 12]
   if report ~= '0' and report ~= '1' then return {1, i, 'report_end must be 0 or 1'} end
-  if not attempts or attempts < 1 or attempts > 100 or attempts ~= math.floor(attempts) then
+  if not attempts or attempts < 1 or attempts > 100 or attempts % 1 ~= 0 then
     return {1, i, 'max_attempts must be an integer in 1..100'}
   end
-  if not gpus or gpus < 1 or gpus > 64 or gpus ~= math.floor(gpus) then
+  if not gpus or gpus < 1 or gpus > 64 or gpus % 1 ~= 0 then
     return {1, i, 'gpus must be an integer in 1..64'}
   end
   if #payload > 1048576 then return {1, i, 'payload is larger than 1048576 bytes'} end
@@ -220,7 +223,8 @@ end
 local function add(h, field, value) local n = #h; h[n + 1] = field; h[n + 2] = value; return h end
 local unwoken, targeted, heads, urgent, arrived = 0, 0, {}, false, {}
 local now_ms = ms(now)
-for _, i in ipairs(ready) do
+for r = 1, #ready do
+  local i = ready[r]
   local o = 6 + (i - 1) * G
   local id, model, prio, deadline = ARGV[o + 1], ARGV[o + 4], ARGV[o + 6], ARGV[o + 8]
   local vram = vrams[i]
@@ -251,7 +255,10 @@ for _, i in ipairs(ready) do
   if tenancy and not hand then
     order = fair_order(now, prio, tenant, score, sla[prio], ests[i], vram, gpus_of[i])
   end
-  local est_s, vram_s, score_ms = tostring(ests[i]), tostring(vram), ms(score)
+  -- a whole number's text as tostring makes it (%.14g), by ms (%d: the same below 1e14)
+  local est_s = ests[i] > 0 and ests[i] % 1 == 0 and ests[i] < 1e14 and ms(ests[i]) or tostring(ests[i])
+  local vram_s = vram % 1 == 0 and vram < 1e14 and ms(vram) or tostring(vram)
+  local score_ms = ms(score)
   -- optional fields only when there is one: each costs about a small command (PROTOCOL)
   local h = {'id', id, 'handler', ARGV[o + 2], 'payload', ARGV[o + 3],
     'model', model, 'vram_gb', vram_s, 'priority', prio, 'est_s', est_s,
@@ -288,10 +295,13 @@ for _, i in ipairs(ready) do
     redis.call('ZADD', K_NEED, need_score(vrams[i], vram_s, gpus_of[i]), id)
     watch_deadline(id, deadline, ests[i])
     local qk = prio .. ':' .. model  -- the index needs each queue's lowest new score once
-    if not heads[qk] or order < heads[qk][3] then heads[qk] = {prio, model, order} end
+    if not heads[qk] then  -- also listed in order: no pairs() walk below
+      heads[qk] = {prio, model, order}
+      heads[#heads + 1] = heads[qk]
+    elseif order < heads[qk][3] then heads[qk][3] = order end
   end
 end
-for _, h in pairs(heads) do index_head(h[1], h[2], ms(h[3])) end
+for k = 1, #heads do index_head(heads[k][1], heads[k][2], ms(heads[k][3])) end
 for i = 1, n do  -- held tasks (lib/defer.lua), in call order
   local o = 6 + (i - 1) * G
   if held[i] then
@@ -303,7 +313,7 @@ for i = 1, n do  -- held tasks (lib/defer.lua), in call order
       tonumber(ARGV[o + 8]), ests[i], tenancy)
   end
 end
-fair_flush()
+if tenancy then fair_flush() end  -- without tenancy nothing was added to flush
 count_arrivals(now, arrived)
 -- while other workers idle, pool-wide wakes for the tasks no idle worker was picked for, and
 -- one in case a picked worker died idle (its offer lapses after the defer bound); none while

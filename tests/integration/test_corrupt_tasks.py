@@ -83,6 +83,18 @@ def test_claim_fails_a_corrupt_task_and_claims_the_next(real_queue: Queue, field
     assert ended_count(stats, "failed") == 1
 
 
+@pytest.mark.parametrize("field, value", CORRUPTIONS)
+def test_a_warm_claim_names_the_corrupt_field_as_a_cold_one(real_queue: Queue, field: str,
+                                                             value: str | None) -> None:
+    """A held model's task is read whole and its scan's numbers checked once (lib/readable.lua
+    takes them): the same task fails, with the same field named, as on the cold path."""
+    queued_pair(real_queue)
+    corrupt(real_queue, "bad", field, value)
+    got = claim(real_queue, "w1", 40, loaded=[("A", 2.0)], now_ms=T0 + 10_000)
+    assert got is not None and got["id"] == "good"
+    assert_failed(real_queue, "bad", field)
+
+
 def test_a_deleted_attempt_reads_as_none_yet(real_queue: Queue) -> None:
     """An absent attempt is a task never started (PROTOCOL: absent fields): it runs."""
     queued_pair(real_queue)

@@ -11,11 +11,14 @@
 -- ms's last number and its text (state sits in a group's head: gpuq/lua_source.py keeps a
 -- script's reached helpers only)
 local last_ms, last_text = nil, nil
+-- one digit's text without a C call: counts, attempts and tries are mostly one digit
+local DIGIT = {[0] = '0', '1', '2', '3', '4', '5', '6', '7', '8', '9'}
 
 -- A text as a finite number, or nil: tonumber also reads "nan", "inf" and "1e309".
 -- Tests here are arithmetic, not math.huge or math.floor: each of those is a global
 -- lookup (and math.floor a C call) on lines every claim runs some twenty times.
 local function finite(text)
+  if not text then return nil end  -- an absent field (false): no C call
   local n = tonumber(text)
   if n and n - n == 0 then return n end  -- inf - inf and nan - nan are nan
   return nil
@@ -40,18 +43,21 @@ end
 
 -- A priority as its level's text ("0".."3"; from text or a number), or nil.
 local function level(p)
+  if p == '0' or p == '1' or p == '2' or p == '3' then return p end  -- a field's text: as it is
   p = tostring(p)
   if p == '0' or p == '1' or p == '2' or p == '3' then return p end
   return nil
 end
 
 -- ARGV "0" or "" means: use the server's clock, so hosts with skewed clocks agree; else an
--- integer ms up to 1e15 (the year 33658). nil for anything else (callers answer INVALID).
+-- integer ms up to 1e15 (the year 33658), as text or (a joined call's, gpuq/lua_source.py)
+-- a number. nil for anything else (callers answer INVALID). TIME's two fields are digits:
+-- arithmetic reads each once, where tonumber reads a text twice (two strtod calls).
 local function clock(arg)
-  local n = arg == '' and 0 or finite(arg)
+  local n = (arg == '0' or arg == '') and 0 or finite(arg)
   if n == 0 then
     local t = redis.call('TIME')
-    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    return t[1] * 1000 + math.floor(t[2] / 1000)
   end
   if n and n > 0 and n <= 1e15 and n % 1 == 0 then return n end
   return nil
@@ -60,6 +66,6 @@ end
 -- An integer ms as text. The last one is kept (last_ms, above): a call formats its `now`
 -- for every task.
 local function ms(n)
-  if n ~= last_ms then last_ms, last_text = n, string.format('%d', n) end
+  if n ~= last_ms then last_ms, last_text = n, DIGIT[n] or string.format('%d', n) end
   return last_text
 end

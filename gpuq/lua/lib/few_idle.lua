@@ -11,14 +11,21 @@
 local function pick_few(m, need, p, now)
   local got = redis.call('ZRANGEBYSCORE', K_IDLE, need, '+inf', 'LIMIT', '0', '8')
   if not got[1] then return false, nil end
-  local lanes, serving = redis.call('HMGET', K_LANES, unpack(got)), {}
-  for i, w in ipairs(got) do
-    if lane_serves(lanes[i], p, m, now) then serving[#serving + 1] = w end
+  -- idle lanes share their entries (e.g. "0" for each online lane): an entry is read once
+  local lanes, serving, said = redis.call('HMGET', K_LANES, unpack(got)), {}, {}
+  for i = 1, #got do
+    local lane = lanes[i]
+    local serves = not lane or said[lane]
+    if serves == nil then
+      serves = lane_serves(lane, p, m, now)
+      said[lane] = serves
+    end
+    if serves then serving[#serving + 1] = got[i] end
   end
   if not serving[1] then return false, nil end
   local held = redis.call('SMISMEMBER', holders_key(m), unpack(serving))
-  for i, w in ipairs(serving) do
-    if held[i] == 1 then return w end
+  for i = 1, #serving do
+    if held[i] == 1 then return serving[i] end
   end
   return false, serving[1]  -- in score order: the tightest fit
 end

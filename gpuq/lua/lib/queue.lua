@@ -21,14 +21,14 @@ local function work_member(p, m) return (LEVEL_TEXT[p] or p) .. ':' .. m end
 -- p x LEVEL_SPAN + score as text: spliced where score is a whole number of at most 15 digits
 -- (a head score in ms), else computed.
 local function work_score(p, score)
-  local text = score
-  if type(score) == 'number' and score == math.floor(score) and score >= 0 and score < 1e15 then
-    text = ms(score)
+  local text, kind = score, type(score)
+  if kind == 'number' and score % 1 == 0 and score >= 0 and score < 1e15 then
+    text, kind = ms(score), 'string'
   end
-  if type(text) ~= 'string' or not string.find(text, '^%d+$') or #text > 15 then
+  if kind ~= 'string' or #text > 15 or not string.find(text, '^%d+$') then
     return string.format('%.17g', tonumber(p) * LEVEL_SPAN + tonumber(score))
   end
-  if tonumber(p) == 0 then return text end
+  if p == 0 or p == '0' then return text end
   return (LEVEL_TEXT[p] or p) .. string.rep('0', 15 - #text) .. text
 end
 
@@ -66,9 +66,11 @@ local function work_ends()
   local first = redis.call('ZRANGE', K_MODELS_WITH_WORK, '0', '3')
   if not first[1] then return {[0] = false, false, false, false} end
   if #first < 4 then return (work_levels(first, 4)) end
-  local lo, hi = first[1], redis.call('ZRANGE', K_MODELS_WITH_WORK, '-1', '-1')[1]
-  local a, b, known = LEVEL_OF[string.sub(lo, 1, 1)], LEVEL_OF[string.sub(hi, 1, 1)], {}
-  if not (a and b and string.byte(lo, 2) == 58 and string.byte(hi, 2) == 58) then return known end
+  local a, x = string.byte(first[1], 1, 2)  -- "<p>:": the level's digit, then 58
+  local b, y = string.byte(redis.call('ZRANGE', K_MODELS_WITH_WORK, '-1', '-1')[1], 1, 2)
+  local known = {}
+  if not (x == 58 and y == 58 and a >= 48 and a <= 51 and b >= 48 and b <= 51) then return known end
+  a, b = a - 48, b - 48
   for q = 0, 3 do
     if q < a or q > b then known[q] = false elseif q == a or q == b then known[q] = true end
   end

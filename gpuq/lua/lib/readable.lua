@@ -28,18 +28,29 @@ end
 -- attempt and times in the reply's form; or nil when one is missing or malformed: the task
 -- is then failed (at now, its result kept ttl ms) with that field in its error, so a corrupt
 -- hash reaches no worker. f: the first N_READABLE fields of READ_HELD, read by the caller
--- (nil: read here). Each number is read from its text once (a tonumber of a 13-digit text
--- is two strtod calls): f.vram, f.score and f.enqueued keep vram_gb, score and enqueued_at
--- as numbers for the claim that goes on with them.
-local function readable(id, p, m, now, ttl, f)
+-- (nil: read here); vram, est, queued: the numbers of f[4], f[6] and f[12] where the caller
+-- read them already (nil: read here). Each number is read from its text once (a tonumber of
+-- a 13-digit text is two strtod calls): f.vram, f.score and f.enqueued keep vram_gb, score
+-- and enqueued_at as numbers for the claim that goes on with them.
+local function readable(id, p, m, now, ttl, f, vram, est, queued)
   f = f or redis.call('HMGET', task_key(id), unpack(READ_HELD, 1, N_READABLE))
-  local attempt, tries = finite(f[7] ~= '' and f[7] or 0), finite(f[16])
+  local attempt, tries = (not f[7] or f[7] == '') and 0 or finite(f[7]), finite(f[16])
   local has_deadline = f[8] and f[8] ~= ''
-  local vram, score, deadline = finite(f[4]), finite(f[13]), has_deadline and epoch(f[8])
-  local enqueued, queued = epoch(f[11]), epoch(f[12])
+  vram, est = vram or finite(f[4]), est or finite(f[6])
+  local score, deadline = finite(f[13]), has_deadline and epoch(f[8])
+  local enqueued = epoch(f[11])
+  if queued then  -- f[12] as the caller read it, checked as epoch checks its text
+    if not (queued >= 0 and queued <= 1e15 and queued % 1 == 0) then queued = nil end
+  else
+    queued = f[12] == f[11] and enqueued or epoch(f[12])  -- the same text: read once
+  end
+  -- defect's checks (lib/corrupt.lua), in its order, on the numbers read here; a text of at
+  -- most 2 bytes holds no hex number ("0x1")
   local bad = f[5] ~= (LEVEL_TEXT[p] or tostring(p)) and 'priority' or f[3] ~= m and 'model'
-    or defect(f[5], f[3], vram, f[6], score, deadline or f[8])
-    or hex(f[4]) and 'vram_gb' or hex(f[6]) and 'est_s'  -- the reply passes both on as stored
+    or not level(f[5]) and 'priority' or (not m or m == '') and 'model'
+    or not (vram and vram > 0) and 'vram_gb' or not (est and est >= 0 and est <= 1e10) and 'est_s'
+    or not score and 'score' or has_deadline and not deadline and not finite(f[8]) and 'deadline'
+    or #f[4] > 2 and hex(f[4]) and 'vram_gb' or #f[6] > 2 and hex(f[6]) and 'est_s'  -- passed on as stored
   if bad then
   elseif not f[1] or f[1] == '' then bad = 'handler'
   elseif not f[2] then bad = 'payload'
@@ -56,7 +67,8 @@ local function readable(id, p, m, now, ttl, f)
     fail_corrupt(id, bad, tostring(p), m, now, ttl)
     return nil
   end
-  f[7], f[11], f[12] = ms(attempt + 1), ms(enqueued), ms(queued)
+  f[7], f[11] = ms(attempt + 1), ms(enqueued)
+  f[12] = queued == enqueued and f[11] or ms(queued)
   f[8] = has_deadline and ms(deadline) or ''
   -- when it was due (a delayed or released task): its SLA counts from then; not a time: enqueue's
   f.vram, f.score, f.enqueued, f.due = vram, score, enqueued, epoch(f[20])

@@ -36,19 +36,20 @@ end
 -- earlier start decided it).
 local function start(id, p, m, w, now, lease_until, attempt, score, since, undecided, warm)
   local token = new_token()
-  local at = ms(now)
+  local token_ms, until_ms = ms(token), ms(lease_until)
+  local at = ms(now)  -- last: the claim reply's started_at is the same text (ms keeps it)
   if undecided and warm then
-    redis.call('HSET', task_key(id), 'state', 'running', 'worker', w, 'token', ms(token),
+    redis.call('HSET', task_key(id), 'state', 'running', 'worker', w, 'token', token_ms,
       'attempt', attempt, 'started_at', at, 'error', '', 'began_at', at)
   else
-    redis.call('HSET', task_key(id), 'state', 'running', 'worker', w, 'token', ms(token),
+    redis.call('HSET', task_key(id), 'state', 'running', 'worker', w, 'token', token_ms,
       'attempt', attempt, 'started_at', at, 'error', '')
   end
-  set_write('ZADD', K_RUNNING, ms(lease_until), id)
+  set_write('ZADD', K_RUNNING, until_ms, id)
   set_write('SADD', worker_tasks_key(w), id)
   local sla = ''
   if undecided then
-    sla = warm and decide_sla(id, p, m, now, tonumber(score), tonumber(since), now) or 'pending'
+    sla = warm and decide_sla(id, p, m, now, score, since, now) or 'pending'  -- numbers (callers)
   end
   return token, sla
 end
@@ -76,7 +77,9 @@ end
 -- levels have work, true, false or nil by level, else what the index's ends tell; for a level
 -- neither tells, the index is read once from level p + 1, and a level that cannot tell alone).
 local function count_dispatch(p, fair, fair_every, k, has_work)
-  if p > 0 and finite(fair[p]) ~= 0 then redis.call('HSET', K_FAIRNESS, tostring(p), '0') end
+  if p > 0 and fair[p] ~= '0' and finite(fair[p]) ~= 0 then  -- "0": no number read
+    redis.call('HSET', K_FAIRNESS, tostring(p), '0')
+  end
   local read = nil
   for q = p + 1, 3 do
     local seen = finite(fair[q]) or 0

@@ -14,7 +14,7 @@ end
 local function wake_pool(count)
   -- the list is full most of the time nobody idles: then nothing is pushed
   local room = 16 - redis.call('LLEN', K_POOL_WAKE)
-  for _ = 1, math.min(count or 1, room) do redis.call('LPUSH', K_POOL_WAKE, '1') end
+  for _ = 1, (count or 1) < room and (count or 1) or room do redis.call('LPUSH', K_POOL_WAKE, '1') end
 end
 
 -- Whether worker w's group has `gpus` devices: read only for a task asking for more than one.
