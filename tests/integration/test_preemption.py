@@ -120,7 +120,9 @@ def test_a_yield_request_is_withdrawn_when_its_task_starts_elsewhere(procs: Proc
                                                                       real_queue: Queue) -> None:
     procs.worker("w-free", vram_gb=48)
     procs.wait_idle("w-free")
-    pinned = p3(real_queue, 2.0, preemptible=False)  # ends soon; may not be preempted
+    # ends before the victim's grace runs out, not before the P0 task comes: the second
+    # worker's and the reaper's start (a second or two each on a loaded host) come between
+    pinned = p3(real_queue, 5.0, preemptible=False)  # may not be preempted
     procs.wait_state(pinned, State.RUNNING)
     slow = procs.worker("w-slow", vram_gb=48)
     procs.wait_idle("w-slow")
@@ -130,6 +132,7 @@ def test_a_yield_request_is_withdrawn_when_its_task_starts_elsewhere(procs: Proc
     procs.wait_state(victim, State.RUNNING)
     active_reaper(procs, GPUQ_GRACE_S="5")
     urgent = p0(real_queue)  # w-slow's task is asked to yield within 5 s
+    assert real_queue.task(pinned).record().state == State.RUNNING  # else nothing to withdraw
     done = procs.wait_state(urgent, State.SUCCEEDED, timeout=20)
     assert done.worker == "w-free"  # it freed up first: the request is withdrawn
     result = real_queue.task(victim).result(timeout=30)
