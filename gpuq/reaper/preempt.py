@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import redis
@@ -56,7 +56,7 @@ from gpuq.reaper.preempt_options import Idle as Idle
 from gpuq.reaper.preempt_options import Option as Option
 from gpuq.reaper.preempt_options import Victim as Victim
 from gpuq.reaper.preempt_options import Waiting as Waiting
-from gpuq.reaper.preempt_options import candidates_for, idle_takes, own_charge
+from gpuq.reaper.preempt_options import candidates_for, idle_takes, idle_to_read, own_charge, split_idle
 from gpuq.reaper.preempt_options import may_be_asked as may_be_asked
 from gpuq.replies import scored
 from gpuq.scripts import Calls, Scripts
@@ -89,9 +89,10 @@ class Decision:
 def plan(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
          reserved: set[str], config: Config, now_ms: int,
          limits: Mapping[str, Limits] | None = None) -> list[Decision]:
-    """Decisions for the waiting tasks, most urgent first. idle: (claimable GB, levels)
-    of idle workers; reserved: workers that already have a reservation; limits: the waiting
-    tasks' tenants that have any (preempt_limits.read_limits)."""
+    """Decisions for the waiting tasks, most urgent first. idle: the idle workers' shapes
+    (a worker skipping models stands alone: it takes none of their tasks); reserved:
+    workers that already have a reservation; limits: the waiting tasks' tenants that have
+    any (preempt_limits.read_limits)."""
     used: set[str] = set(reserved)
     room = dict(limits or {})  # with the starts decided so far counted
     out: list[Decision] = []
@@ -104,7 +105,7 @@ def plan(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
         soonest = min(fits, key=lambda o: o.ends_ms)
         # offered to a busy holder while a GPU idles: waited for only by its start-by time
         # (the idle GPU loads its model once the offer lapses)
-        may_wait = soonest.ends_ms <= now_ms + wait_ms and not idle_takes(w, idle, room.get(w.tenant))
+        may_wait = soonest.ends_ms <= now_ms + wait_ms and not idle_takes(w, idle, room.get(w.tenant), now_ms)
         graceful: Option | None = soonest if may_wait else None
         if w.start_by_ms is not None and w.start_by_ms > now_ms:
             # the SLA can still be met: wait only for a victim due to end by the start-by
@@ -142,7 +143,9 @@ def quiet_until(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
     chooses between decisions). Time alone ends that when the soonest end comes within
     ``max_wait_s`` (not for a task offered to a busy holder while a GPU idles: it is not
     waited for) or a candidate reaches its minimum runtime; or, sooner maybe, when a worker's
-    skip of a task's model ends (its victims become candidates then)."""
+    skip of a task's model ends (its victims become candidates then). An idle worker's skip
+    counts until the pool changes: its end only makes an idle worker take a task, so that
+    plans decide less, never more."""
     wait_ms = int(config.max_wait_s * 1000)
     times: list[int] = []
     limits = limits or {}
@@ -180,6 +183,7 @@ class Preemptor:
         # with the pool unchanged (None: not before it changes); after one that did, its time
         self.quiet_until: int | None = None
         self.reservations_end: int | None = None  # the first live reservation's expiry
+        self.idle_shapes: dict[Idle, list[str]] = {}  # the last read's idle workers by shape
 
     def step(self, now_ms: int | None = None) -> dict[str, int]:
         """Plan and commit; returns how many decisions of each kind took effect. now_ms: a
@@ -193,8 +197,8 @@ class Preemptor:
         self.quiet_until = self.reservations_end
         if not candidates:
             return {}
-        waiting = self.read_waiting(now, min(MODELS_LOOKED_AT, candidates),
-                                    sorted({v.worker for v in victims} - reserved))
+        waiting, idle = self.read_waiting(now, min(MODELS_LOOKED_AT, candidates),
+                                          sorted({v.worker for v in victims} - reserved), self.idle_shapes)
         if not waiting:
             return {}
         limits = read_limits(self.redis, self.keys, {w.tenant for w in waiting})
@@ -220,18 +224,21 @@ class Preemptor:
             done[outcome] = done.get(outcome, 0) + 1
         return done
 
-    def read_waiting(self, now_ms: int, models: int = MODELS_LOOKED_AT,
-                     workers: Sequence[str] = ()) -> list[Waiting]:
+    def read_waiting(self, now_ms: int, models: int = MODELS_LOOKED_AT, workers: Sequence[str] = (),
+                     idle: Mapping[Idle, Sequence[str]] | None = None) -> tuple[list[Waiting], list[Idle]]:
         """Heads of the P0/P1 queues (of the ``models`` queues with the oldest heads per
         level) without a live reservation, each with those of ``workers`` (the victims')
-        whose claims skip its model (their `lanes` entries, read with the reservations)."""
+        whose claims skip its model; and the idle shapes (``idle``: each with its workers)
+        with the workers of those that could claim a head that skip models split out
+        (preempt_options.split_idle). The `lanes` entries come with the reservations."""
         k, r = self.keys, self.redis
         pipe = r.pipeline(transaction=False)
         for p in URGENT_LEVELS:
             work_index.read_level(pipe, k, p, 0, models)
         pairs = [(p, m) for p, got in zip(URGENT_LEVELS, pipe.execute()) for m in work_index.models(got)]
+        idle = idle or {}
         if not pairs:
-            return []
+            return [], list(idle)
         pipe = r.pipeline(transaction=False)
         for p, m in pairs:
             pipe.zrange(k.queue(p, m), 0, TASKS_PER_QUEUE - 1, withscores=True)
@@ -241,23 +248,28 @@ class Preemptor:
         for _, _, i, _ in heads:
             pipe.hmget(k.task(i), "vram_gb", "reserved_for", "offered", "score", "gpus", "tenant")
         rows = pipe.execute()
-        holders = sorted({str(h) for _, h, *_ in rows if h})
+        # the start-by is the task's `score` (the queue's score is its fair order with tenants)
+        waiting = [(Waiting(i, p, float(need), _ms(start_by, score), str(offered or ""), int(gpus or 1),
+                            str(tenant or ""), m), str(holder or ""))
+                   for (p, m, i, score), (need, holder, offered, start_by, gpus, tenant) in zip(heads, rows)
+                   if need is not None]
+        holders = sorted({h for _, h in waiting if h})
+        # almost always no entry: lanes are few, skips rarer
+        laned = [*workers, *idle_to_read(idle, (w for w, _ in waiting))]
         pipe = r.pipeline(transaction=False)
         for h in holders:
             pipe.get(k.reservation(h))
-        if workers:  # almost always no entry: lanes are few, skips rarer
-            pipe.hmget(k.lanes, *workers)
+        if laned:
+            pipe.hmget(k.lanes, *laned)
         got_back = pipe.execute()
         live = {h: got[0] for h, v in zip(holders, got_back) if (got := live_reservation(v, now_ms))}
-        skipping: dict[str, list[tuple[str, int]]] = {}  # model -> (worker, end)
-        for w, entry in zip(workers, got_back[len(holders):][0] if workers else ()):
-            for m, end in lane_skips(entry, now_ms).items():
+        skips = {w: lane_skips(entry, now_ms) for w, entry in zip(laned, got_back[-1] if laned else ())}
+        skipping: dict[str, list[tuple[str, int]]] = {}  # model -> (victim's worker, end)
+        for w in workers:
+            for m, end in skips[w].items():
                 skipping.setdefault(m, []).append((w, end))
-        # the start-by is the task's `score` (the queue's score is its fair order with tenants)
-        return [Waiting(i, p, float(need), _ms(start_by, score), str(offered or ""), int(gpus or 1),
-                        str(tenant or ""), m, tuple(skipping.get(m, ())))
-                for (p, m, i, score), (need, holder, offered, start_by, gpus, tenant) in zip(heads, rows)
-                if need is not None and live.get(str(holder or "")) != i]
+        return ([replace(w, skipped_by=tuple(skipping.get(w.model, ()))) for w, h in waiting
+                 if live.get(h) != w.id], split_idle(idle, skips))
 
     def read_workers(self, now_ms: int) -> tuple[list[Victim], list[Idle], set[str]]:
         """Running preemptible tasks with their workers' GPU size and lanes, the idle workers
@@ -270,6 +282,7 @@ class Preemptor:
             ("HGET", k.fairness, "reserved_until")], retry=True)
         live, running = [str(w) for w in live_raw], [str(i) for i in running_raw]
         self.reservations_end = None
+        self.idle_shapes = {}
         if not live:
             return [], [], set()
         unknown = self.workers.unknown(live, registrations)
@@ -302,10 +315,12 @@ class Preemptor:
         # a reservation's end frees its worker for the planner: a quiet time ends there too
         self.reservations_end = min(ends.values(), default=None)
         info = self.workers.kept  # the live workers' (unknown() forgot the others)
-        # one Idle per shape: the shapes are few, the idle workers many
-        shapes = dict.fromkeys((float(gb), *info[str(w)][1:]) for w, gb in scored(idle_raw)
-                               if str(w) in info)
-        idle = [Idle(gb, levels, gpus) for gb, levels, gpus in shapes]
+        # one Idle per shape: the shapes are few, the idle workers many (a worker's skips, if
+        # any, are read only for a shape that could claim a waiting task: read_waiting)
+        for w, gb in scored(idle_raw):
+            if str(w) in info:
+                self.idle_shapes.setdefault(Idle(float(gb), *info[str(w)][1:]), []).append(str(w))
+        idle = list(self.idle_shapes)
         tasks = rows[len(unknown):]
         load, frees, shares = worker_loads(r, k, tasks)
         victims = []

@@ -4,7 +4,7 @@ victims, alone or several on one worker together, make room for it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -77,11 +77,45 @@ class Option:
 
 
 class Idle(NamedTuple):
-    """An idle worker as the planner weighs it."""
+    """An idle worker as the planner weighs it: one of a shape, or, with ``skips``, one worker."""
 
     gb: float  # claimable VRAM
     levels: str
     gpus: int = 1
+    # (model, end ms) of the models its claims skip (its `lanes` entry: gpuq.worker.broken)
+    skips: tuple[tuple[str, int], ...] = ()
+
+    def takes(self, w: Waiting, now_ms: int | None = None) -> bool:
+        """Whether it could claim ``w``, cold if need be: not while it skips w's model at
+        now_ms (None: a skip listed counts)."""
+        return (self.gb >= w.need_gb and str(w.priority) in self.levels and self.gpus >= w.gpus
+                and not any(m == w.model and (now_ms is None or end > now_ms) for m, end in self.skips))
+
+
+SKIPS_READ = 8  # idle workers of a shape whose skips are read (the wake rule's tightest reads 8)
+
+
+def idle_to_read(shapes: Mapping[Idle, Sequence[str]], waiting: Iterable[Waiting]) -> list[str]:
+    """The idle workers whose skips the plan reads: up to SKIPS_READ of each shape (its
+    workers, in `idle` order) that could claim one of ``waiting``; no other shape's answer
+    depends on them. Skips are rare: reading every idle worker's would cost each round."""
+    heads = list(waiting)
+    return [n for shape, names in shapes.items() if any(shape.takes(w) for w in heads)
+            for n in names[:SKIPS_READ]]
+
+
+def split_idle(shapes: Mapping[Idle, Sequence[str]], skips: Mapping[str, dict[str, int]]) -> list[Idle]:
+    """The idle shapes with their workers' skips (``skips``: the workers read, each with its
+    models' ends): a worker that skips some model is an Idle of its own; its shape stays
+    while any of its workers skips none or was not read."""
+    out: dict[Idle, None] = {}
+    for shape, names in shapes.items():
+        listed = [skips[n] for n in names if skips.get(n)]
+        if len(listed) < len(names):
+            out[shape] = None
+        for ends in listed:
+            out[shape._replace(skips=tuple(sorted(ends.items())))] = None
+    return list(out)
 
 
 def candidates_for(w: Waiting, victims: list[Victim], idle: list[Idle],
@@ -95,7 +129,8 @@ def candidates_for(w: Waiting, victims: list[Victim], idle: list[Idle],
     model it was offered to; while its tenant is at a limit, only its own tenant's victims
     whose end lets it start. askable: which victims may be asked to yield; where a worker's
     set includes one that may not, the fewest of those that may are an option too. A worker
-    skipping w's model at now_ms (None: any listed) offers none: it would pass w on unloaded."""
+    skipping w's model at now_ms (None: any listed) offers none: it would pass w on unloaded;
+    an idle one skipping it would not claim it."""
     skipping = w.skipped_on(now_ms) if w.skipped_by else ()
     eligible = [v for v in victims if v.priority > w.priority and v.worker not in used
                 and str(w.priority) in v.levels and v.gpus >= w.gpus and v.worker not in skipping]
@@ -105,7 +140,7 @@ def candidates_for(w: Waiting, victims: list[Victim], idle: list[Idle],
                 and not limit.after(o.victims[0].charge).over(w.need_gb, w.gpus)]
     if limit is None:
         fits += together(w, eligible, {o.worker for o in fits}, askable)
-    if idle_fits(w, idle):
+    if idle_fits(w, idle, now_ms):
         return [o for o in fits if o.worker == w.offered]
     return fits
 
@@ -155,14 +190,14 @@ def own_charge(w: Waiting, v: Victim) -> bool:  # v counts against the limits of
     return v.charge is not None and v.charge[0] == w.tenant
 
 
-def idle_takes(w: Waiting, idle: list[Idle], limit: Limits | None) -> bool:
-    """Whether an idle worker would claim ``w`` now (its tenant within its limits)."""
-    return idle_fits(w, idle) and not (limit is not None and limit.over(w.need_gb, w.gpus))
+def idle_takes(w: Waiting, idle: list[Idle], limit: Limits | None, now_ms: int | None = None) -> bool:
+    """Whether an idle worker would claim ``w`` at now_ms (its tenant within its limits)."""
+    return idle_fits(w, idle, now_ms) and not (limit is not None and limit.over(w.need_gb, w.gpus))
 
 
-def idle_fits(w: Waiting, idle: list[Idle]) -> bool:
-    """Whether an idle worker could claim ``w``, cold if need be."""
-    return any(i.gb >= w.need_gb and str(w.priority) in i.levels and i.gpus >= w.gpus for i in idle)
+def idle_fits(w: Waiting, idle: list[Idle], now_ms: int | None = None) -> bool:
+    """Whether an idle worker could claim ``w`` at now_ms, cold if need be."""
+    return any(i.takes(w, now_ms) for i in idle)
 
 
 def may_be_asked(v: Victim, config: Config, now_ms: int) -> bool:

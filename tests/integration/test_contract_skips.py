@@ -134,3 +134,23 @@ def test_the_planner_plans_no_room_on_a_worker_skipping_the_waiting_tasks_model(
     planner = Preemptor(queue.redis, queue.keys, queue.config, queue.scripts, queue.calls)
     assert sum(planner.step(now).values()) == 1  # a yield asked (or a wait) on one worker
     assert queue.redis.hget(queue.keys.task(urgent), "reserved_for") == "other"
+
+
+def test_the_planner_makes_room_for_a_task_whose_model_the_only_idle_worker_skips(queue: Queue) -> None:
+    """Regression: the planner took any idle worker with room for a waiting task as one
+    that would claim it: with only a worker skipping the task's model idle (its load had
+    failed there), a P0 task of that model waited with no room planned on a busy worker."""
+    now = int(time.time() * 1000)  # the planner reads the server's clock
+    for wid in ("skipper", "busy"):
+        register_worker(queue, wid, "A100", 80)
+        queue.redis.delete(queue.keys.worker_tasks(wid))  # runs only what it claims below
+    tid = enqueue(queue, now - 10_000, model="x", vram_gb=40, priority="P3", est_s=300)
+    got = queue.scripts.run(queue.calls.claim(ClaimRequest("busy", 75, 0, 1), now_ms=now - 10_000))
+    assert got.task is not None and got.task["id"] == tid
+    request = ClaimRequest("skipper", 75, 0, 1, skipped=[("m", 60_000)])
+    assert queue.scripts.run(queue.calls.claim(request, now_ms=now - 1_000)).task is None  # idle, lists m
+    urgent = enqueue(queue, now, model="m", vram_gb=40, priority="P0", est_s=5)
+    assert queue.redis.llen(queue.keys.wake("skipper")) == 0  # not offered to the skipper
+    planner = Preemptor(queue.redis, queue.keys, queue.config, queue.scripts, queue.calls)
+    assert planner.step(now) == {"yield": 1}
+    assert queue.redis.hget(queue.keys.task(urgent), "reserved_for") == "busy"

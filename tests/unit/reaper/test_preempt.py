@@ -8,6 +8,7 @@ from helpers import CFG, NOW, victim
 
 from gpuq.reaper.preempt import Idle, Victim, Waiting, plan, quiet_until
 from gpuq.reaper.preempt_limits import Limits
+from gpuq.reaper.preempt_options import idle_to_read, split_idle
 
 
 def test_victim_ending_within_max_wait_is_reserved_not_interrupted() -> None:
@@ -256,3 +257,35 @@ def test_no_room_is_planned_on_a_worker_skipping_the_tasks_model_until_its_skip_
     alone = [victims[0]]  # nothing else could make room: nothing is planned until the end
     assert plan([w], alone, [], set(), CFG, NOW) == []
     assert quiet_until([w], alone, [], set(), CFG) == NOW + 15_000
+
+
+def test_an_idle_worker_skipping_the_tasks_model_does_not_keep_room_from_being_planned() -> None:
+    """Regression: the planner counted an idle worker whose claims skip the waiting task's
+    model (its load failed there) as one that would claim it: a P0 task whose model only
+    skipping workers idled on waited with no preemption planned."""
+    w = Waiting("p0", 0, 40, model="m")
+    victims = [victim("v", "a", left_s=300)]
+    skipper = Idle(43.0, "0123", 1, (("m", NOW + 15_000),))
+    assert [(d.kind, d.victim.id) for d in plan([w], victims, [skipper], set(), CFG, NOW)] == [("yield", "v")]
+    assert plan([w], victims, [skipper], set(), CFG, NOW + 15_000) == []  # its skip over: it takes w
+    assert plan([w], victims, [skipper._replace(skips=(("n", NOW + 15_000),))], set(), CFG, NOW) == []
+    # a victim too young to be asked: the plan waits, and looks again once it may be asked
+    young = [victim("young", "a", ran_s=1, left_s=300)]
+    assert plan([w], young, [skipper], set(), CFG, NOW) == []
+    assert quiet_until([w], young, [skipper], set(), CFG) == NOW + 4_000
+
+
+def test_idle_workers_skipping_models_stand_alone_only_where_their_skips_were_read() -> None:
+    a, b = Idle(43.0, "0123"), Idle(20.0, "0123")
+    shapes = {a: ["s1", "s2"], b: [f"w{i}" for i in range(10)]}
+    # b is too small for the task: its workers' skips change nothing and are not read
+    assert idle_to_read(shapes, [Waiting("p0", 0, 40, model="m")]) == ["s1", "s2"]
+    assert idle_to_read(shapes, [Waiting("p0", 0, 10, model="m")]) == ["s1", "s2", *[f"w{i}" for i in range(8)]]
+    ends = {"m": NOW + 1}
+    # both of a's workers skip: a stands only as them; one of b's skips: b stays as well
+    assert split_idle(shapes, {"s1": ends, "s2": ends, "w0": ends, "w1": {}}) == [
+        a._replace(skips=(("m", NOW + 1),)), b, b._replace(skips=(("m", NOW + 1),))]
+    # one of a's skips none: a stays; b's unread workers may skip none: b stays
+    skips = {"s1": ends, "s2": {}, **{f"w{i}": ends for i in range(8)}}
+    assert split_idle(shapes, skips) == [a, a._replace(skips=(("m", NOW + 1),)), b,
+                                         b._replace(skips=(("m", NOW + 1),))]
