@@ -154,3 +154,18 @@ def test_the_planner_makes_room_for_a_task_whose_model_the_only_idle_worker_skip
     planner = Preemptor(queue.redis, queue.keys, queue.config, queue.scripts, queue.calls)
     assert planner.step(now) == {"yield": 1}
     assert queue.redis.hget(queue.keys.task(urgent), "reserved_for") == "busy"
+
+
+def test_a_claim_does_not_wake_a_worker_skipping_the_model_of_a_task_too_big_for_it(queue: Queue) -> None:
+    """Regression: a claim that found a task too big for its worker woke the idle worker it
+    fits most tightly whatever that worker skipped: one skipping the task's model was woken,
+    passed the task over, and the task waited for another wake-up."""
+    tid = enqueue(queue, T0, model="m", vram_gb=15)  # nobody idles: queued, offered to none
+    idle(queue, "skipper", 18, [("m", 30_000)])
+    register_worker(queue, "other", "L4", 24)
+    queue.redis.zadd(queue.keys.idle, {"other": 22})  # idle, its wake-up not yet acted on
+    assert claim_reply(queue, "small", 10, now_ms=T0 + 20).task is None
+    assert queue.redis.llen(queue.keys.wake("skipper")) == 0
+    assert queue.redis.llen(queue.keys.wake("other")) == 1
+    got = claim_reply(queue, "other", 22, now_ms=T0 + 30)
+    assert got.task is not None and got.task["id"] == tid
