@@ -41,6 +41,7 @@ from gpuq.reaper.scale_hook import CommandHook
 from gpuq.reaper.scale_plan import AWAY, HINT_EVERY_MS, ScalePlan, ScaleSignal, decimal, gpus_sampled, plan
 from gpuq.reaper.snapshot import Snapshot, WorkerState
 from gpuq.task import Priority
+from gpuq.worker_record import lane_skips
 
 log = logging.getLogger(__name__)
 HINT_TTL_MS = 60_000  # a live worker reads its control list at once; a hint is advisory
@@ -77,7 +78,8 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
         pipe.zrevrangebyscore(key, f"({2 * shapes.WIDE!r}", "-inf", 0, 1, withscores=True)
     pipe.exists(keys.tenants)
     pipe.hget(keys.fairness, "reserved_until")
-    *per_level, leases, idle, classes, class_gpus, top, parked_top, tenancy, gate = pipe.execute()
+    pipe.hgetall(keys.lanes)  # lanes are few, skips rarer: cheaper than an idle worker's each
+    *per_level, leases, idle, classes, class_gpus, top, parked_top, tenancy, gate, lanes = pipe.execute()
     live = [str(w) for w, _ in leases]
     top = max(top + parked_top, key=lambda pair: float(pair[1]), default=None)
     held_back = tenants.at_limit(tenants.read(client, keys)[0]) if tenancy else frozenset()
@@ -108,7 +110,8 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
         if record.state not in AWAY:
             workers.append(WorkerState(wid, record.gpu_name, record.usable_gb, record.levels,
                                        idle_gb.get(wid), live_reservation(reserved, now_ms) is not None,
-                                       record.gpus))
+                                       record.gpus, frozenset(lane_skips(lanes.get(wid), now_ms))
+                                       if wid in idle_gb else frozenset()))
     queues = [(p, m, int(next(replies)), next(replies)) for p, m in pairs]
     ids = {w.id for w in workers}
     holders = {m: frozenset(next(replies)) & ids for m in models}

@@ -11,7 +11,8 @@ Per model with queued work (its queues summed over priorities):
 - desired = enough workers to drain the work within ``scale_target_s``, where a holder drains
   the whole target and a new worker first loads the model (catalog mean load time, counted at
   most half the target, so slow loads still get workers); at least 1; at least current + 1
-  when late and no idle worker serving that priority fits it; at most n + current.
+  when late and no idle worker serving that priority (and not skipping the model) fits it;
+  at most n + current.
 - Forecast (``scale_signal`` "forecast", the default; ``gpuq.reaper.forecast`` states the
   model): when a model's forecast rate F over the next horizon (its mean load time plus
   ``forecast_lead_s``) is a rise, desired = max(the above, ceil(F × mean est_s /
@@ -23,9 +24,10 @@ Per GPU class (every registered class, and any class a live worker shows):
 
 - current = its live workers (draining or retiring ones excluded: they take no new work).
 - Each model's shortfall (desired − current, most urgent model first) is first met by idle
-  workers that fit it (VRAM and GPUs) and serve its priorities, each idle worker once,
-  tightest fit first; the rest goes to the smallest class that holds the model's need (least
-  usable VRAM, then fewest GPUs, with at least its GPUs: ``gpuq.shapes.smallest_fit``).
+  workers that fit it (VRAM and GPUs), serve its priorities and do not skip it (its load
+  failed there lately: gpuq.worker.broken), each idle worker once, tightest fit first; the
+  rest goes to the smallest class that holds the model's need (least usable VRAM, then
+  fewest GPUs, with at least its GPUs: ``gpuq.shapes.smallest_fit``).
 - Queued tasks that fit no live worker but fit a class add at least 1 to the smallest such
   class (one-GPU tasks counted from the ``need`` index by VRAM bands, tasks over several GPUs
   from a sample of their ``need`` scores; not by reading tasks).
@@ -43,8 +45,9 @@ Per GPU class (every registered class, and any class a live worker shows):
   the class with the most live workers, else to the largest class.
 
 Warm hints: for a model with at least ``warm_backlog`` queued tasks whose holders have no free
-slot, the tightest idle worker (not holding it, not reserved by the preemption planner) whose
-idle score fits the need and whose levels serve at least ``warm_backlog`` of those tasks gets
+slot, the tightest idle worker (not holding it, not skipping it, not reserved by the
+preemption planner) whose idle score fits the need and whose levels serve at least
+``warm_backlog`` of those tasks gets
 ``preload <model> <vram_gb>`` (the catalog footprint, else the need) on its control list. A
 model is hinted at most once per ``HINT_EVERY_MS``, a worker at most once per step. Under the
 forecast, idle workers left unhinted preload the models expected next
@@ -151,8 +154,8 @@ def _classes(snap: Snapshot) -> list[tuple[str, float, int]]:
 
 def _fits(w: WorkerState, m: _Model, levels: Iterable[int] | None = None) -> bool:
     """An idle worker with room for the model's need that serves one of its levels (or of
-    ``levels``)."""
-    return (w.idle_gb or 0) >= m.need_gb and w.gpus >= m.need_gpus and any(
+    ``levels``) and does not skip the model."""
+    return (w.idle_gb or 0) >= m.need_gb and w.gpus >= m.need_gpus and m.name not in w.skips and any(
         map(w.serves, m.by_level if levels is None else levels))
 
 
@@ -376,7 +379,8 @@ def plan(snapshot: Snapshot, config: Config, now_ms: int,
     if config.scale_signal == "forecast":
         recent = {**(recent_hints or {}), **{h.model: now_ms for h in hints}}
         held = {m: frozenset(ids) & live for m, ids in snapshot.holders.items()}
-        full = [(w.id, w.usable_gb, w.gpus) for w in spare if (w.levels or "0123") == "0123"]  # no lanes
+        # no lanes; none skipping a model either (rare: a forecast's preload may wait)
+        full = [(w.id, w.usable_gb, w.gpus) for w in spare if (w.levels or "0123") == "0123" and not w.skips]
         hints += [WarmHint(w, m, gb) for w, m, gb in ahead_hints(
             full, held, snapshot.forecasts, snapshot.footprint_gb,
             config, now_ms, recent, HINT_EVERY_MS, {h.worker for h in hints}, snapshot.weighed,

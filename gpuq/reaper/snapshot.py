@@ -20,6 +20,9 @@ class WorkerState:
     idle_gb: float | None = None  # claimable GB while it has a free slot (in ``idle``)
     reserved: bool = False  # the preemption planner holds it for a queued task
     gpus: int = 1  # devices in its group
+    # the models an idle one's claims skip now (its `lanes` entry: gpuq.worker.broken): it
+    # takes none of their tasks and passes their preload hints over
+    skips: frozenset[str] = frozenset()
 
     def serves(self, priority: int) -> bool:
         return str(priority) in (self.levels or "0123")

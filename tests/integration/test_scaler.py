@@ -15,6 +15,7 @@ import pytest
 from helpers import register_worker as register
 
 from gpuq import Config, Queue, catalog
+from gpuq.claims import ClaimRequest
 from gpuq.clock import server_ms
 from gpuq.keys import ARRIVAL_TTL_S
 from gpuq.reaper.loop import Reaper
@@ -232,6 +233,22 @@ def test_warm_hint_names_the_catalog_footprint(make_real_queue: MakeQueue) -> No
     pipe.execute()
     Scaler(q.redis, q.keys, q.config).step()
     assert q.redis.lrange(q.keys.control("w-idle"), 0, -1) == ["preload m 14.5"]
+
+
+def test_a_warm_hint_passes_over_an_idle_worker_skipping_the_model(make_real_queue: MakeQueue) -> None:
+    """Regression: the scaler took an idle worker whose claims skip a model (its load failed
+    there lately: its `lanes` entry lists it) for one that takes the model's work: the
+    model's warm hint went to it, which passed the preload over, and no other was hinted
+    for HINT_EVERY_MS."""
+    q = make_real_queue(min_workers=0)
+    enqueue(q, 4, "m", 16)
+    register(q, "w-holder", "L4", 24, holds=("m",))
+    register(q, "w-skipper", "L4", 24, idle=True)  # the tightest fit
+    register(q, "w-idle", "A100-80", 80, idle=True)
+    request = ClaimRequest("w-skipper", 19, 0, 1, skipped=[("m", 60_000)])
+    assert q.scripts.run(q.calls.claim(request, now_ms=server_ms(q.redis))).task is None  # lists m
+    plan = Scaler(q.redis, q.keys, q.config).step()
+    assert [(h.worker, h.model) for h in plan.hints] == [("w-idle", "m")]
 
 
 def test_dead_and_draining_workers_do_not_count(make_real_queue: MakeQueue) -> None:

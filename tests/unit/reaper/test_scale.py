@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from collections.abc import Sequence
 
 import pytest
@@ -23,8 +24,8 @@ def queue(model: str, depth: int, *, priority: int = 2, est_s: float = 1.0, vram
 
 
 def worker(wid: str, gpu: str = "A100", *, idle_gb: float | None = None, levels: str = "0123",
-           reserved: bool = False) -> WorkerState:
-    return WorkerState(wid, gpu, CLASSES[gpu], levels, idle_gb, reserved)
+           reserved: bool = False, skips: frozenset[str] = frozenset()) -> WorkerState:
+    return WorkerState(wid, gpu, CLASSES[gpu], levels, idle_gb, reserved, skips=skips)
 
 
 def bands(**counts: int) -> tuple[tuple[float, int], ...]:
@@ -208,3 +209,20 @@ def test_a_lane_holding_the_model_is_no_capacity_for_work_it_does_not_serve() ->
     online = snap([worker("lane", levels="01")], [queue("m", 2, priority=0, est_s=30.0)],
                   {"m": {"lane"}})
     assert signal(plan(online, CFG, NOW), "model", "m").current == 1
+
+
+def test_an_idle_worker_skipping_a_model_neither_covers_its_work_nor_takes_its_hint() -> None:
+    """Regression: the scale plan counted an idle worker whose claims skip a model (its load
+    failed there lately) as one that would take the model's work: late work got no worker
+    more, the shortfall was met by it, and its warm hint went to it, which passed it over."""
+    skipper = worker("s", "L4", idle_gb=19, skips=frozenset({"m"}))
+    late = snap([worker("h"), skipper], [queue("m", 1, priority=0, est_s=0.1, late=True)], {"m": {"h"}})
+    assert signal(plan(late, CFG, NOW), "model", "m").desired == 2
+    s = snap([worker("h"), skipper], [queue("m", 120, est_s=2.0)], {"m": {"h"}})
+    assert counts(plan(s, CFG, NOW))["L4"] == (1, 4)  # a shortfall of 3, none of it met by "s"
+    assert counts(plan(replace(s, workers=(worker("h"), replace(skipper, skips=frozenset()))),
+                       CFG, NOW))["L4"] == (1, 3)
+    backlog = snap([worker("h"), skipper, worker("t", "L4", idle_gb=18)], [queue("m", 5, priority=1)],
+                   {"m": {"h"}}, footprint_gb={"m": 14.0})
+    assert plan(backlog, Config(), NOW).hints == [WarmHint("t", "m", 14.0)]
+    assert plan(replace(backlog, workers=backlog.workers[:2]), Config(), NOW).hints == []

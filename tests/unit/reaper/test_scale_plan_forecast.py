@@ -137,6 +137,18 @@ def test_forecast_hints_leave_lane_workers_alone() -> None:
     assert [(h.worker, h.model) for h in hints] == [("full", "m")]
 
 
+def test_forecast_hints_leave_workers_skipping_a_model_alone() -> None:
+    """A worker whose claims skip a model (its load failed there) passes its preload over:
+    the hint, kept from others for HINT_EVERY_MS, was lost."""
+    skipper = WorkerState("s", "A100", CLASSES["A100"], "0123", 75.0, skips=frozenset({"m"}))
+    full = WorkerState("full", "A100", CLASSES["A100"], "0123", 75.0)
+    s = Snapshot((skipper,), (), CLASSES, {}, footprint_gb={"m": 30.0},
+                 forecasts={"m": rise("m", 0.05, 0.4)}, est_s={"m": 5.0})
+    assert plan(s, CFG, NOW).hints == []
+    assert [(h.worker, h.model) for h in plan(replace(s, workers=(skipper, full)), CFG, NOW).hints] == [
+        ("full", "m")]
+
+
 def test_forecast_hints_go_only_to_a_group_with_the_gpus_the_models_tasks_ask() -> None:
     """Found by a QA pass: a one-GPU worker preloaded a model whose tasks asked four GPUs.
     The GPUs a model's tasks ask: this step's queue samples, else those seen before."""
