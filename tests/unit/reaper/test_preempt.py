@@ -280,7 +280,8 @@ def test_idle_workers_skipping_models_stand_alone_only_where_their_skips_were_re
     shapes = {a: ["s1", "s2"], b: [f"w{i}" for i in range(10)]}
     # b is too small for the task: its workers' skips change nothing and are not read
     assert idle_to_read(shapes, [Waiting("p0", 0, 40, model="m")]) == ["s1", "s2"]
-    assert idle_to_read(shapes, [Waiting("p0", 0, 10, model="m")]) == ["s1", "s2", *[f"w{i}" for i in range(8)]]
+    first8 = [f"w{i}" for i in range(8)]
+    assert idle_to_read(shapes, [Waiting("p0", 0, 10, model="m")]) == ["s1", "s2", *first8]
     ends = {"m": NOW + 1}
     # both of a's workers skip: a stands only as them; one of b's skips: b stays as well
     assert split_idle(shapes, {"s1": ends, "s2": ends, "w0": ends, "w1": {}}) == [

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
