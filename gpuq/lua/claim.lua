@@ -334,14 +334,15 @@ for i = 1, #order do
 end
 
 -- The retry (ms) to reply, rounded up to LOOK_EVERY: 0 while another idle worker of this
--- shape is due to look again by then (lib/lookout.lua)
+-- shape is due to look again by then (lib/lookout.lua). A worker skipping a model looks for
+-- itself only: it never scans that model's queues for the others.
 local function look_again(r)
   local shape = shape_of(claimable, levels, gpus)
   if r > 0 then r = math.ceil((now + r) / LOOK_EVERY) * LOOK_EVERY - now end
   local due, w = lookout_of(shape)
   if r > 0 and w ~= worker and due and due >= now and due <= now + r
       and tonumber(redis.call('ZSCORE', K_IDLE, w)) == claimable then return 0 end
-  if r > 0 then redis.call('HSET', K_LOOKOUTS, shape, ms(now + r) .. ' ' .. worker)
+  if r > 0 and next(skip) == nil then redis.call('HSET', K_LOOKOUTS, shape, ms(now + r) .. ' ' .. worker)
   elseif w == worker then redis.call('HDEL', K_LOOKOUTS, shape) end
   return r
 end

@@ -117,3 +117,22 @@ def test_the_reaper_drops_lookouts_long_past_due(queue: Queue) -> None:
         "8 0123 2": f"{now - 5000} w-late", "9 0123 1": "garbage"})
     assert Reaper(queue.redis, queue.config).prune_lookouts() == 2
     assert set(queue.redis.hkeys(queue.keys.lookouts)) == {"70 01 1", "8 0123 2"}
+
+
+def test_a_worker_skipping_a_model_is_never_its_shapes_lookout(queue: Queue) -> None:
+    """Regression: a worker whose claims skip a model (its load failed there) became its
+    shape's lookout, or was passed the duty, and the other idle workers of the shape counted
+    on it to look again for a deferred task of that model, whose queues it never scans: they
+    took the task only at their next wake-up."""
+    tid = scene(queue)
+    skipping = ClaimRequest("c1", 70, 0, 1, skipped=(("B", 30_000),))
+    first = queue.scripts.run(queue.calls.claim(skipping, now_ms=T0 + 11))
+    assert first.task is None and first.retry_s == 2.089  # it looks again for its own queues
+    assert queue.redis.hget(queue.keys.lookouts, SHAPE) is None  # but keeps no duty
+    assert claim_reply(queue, "c2", 70, now_ms=T0 + 12).retry_s == 2.088  # c2 is the lookout
+    assert queue.redis.hget(queue.keys.lookouts, SHAPE) == f"{T0 + 2100} c2"
+    # c2 takes the task at its deferral's end; the duty does not pass to the skipping c1
+    taken = claim_reply(queue, "c2", 70, now_ms=T0 + 2010, lookout=True)
+    assert taken.task is not None and taken.task["id"] == tid
+    assert queue.redis.llen(queue.keys.wake("c1")) == 0
+    assert queue.redis.hget(queue.keys.lookouts, SHAPE) is None

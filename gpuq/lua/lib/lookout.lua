@@ -32,7 +32,8 @@ local function lookout_of(shape)
 end
 
 -- A lookout took a task: the duty passes to an idle worker of its shape (not one of a
--- dedicated lane or a group of another size), woken with a "look" token to claim now as
+-- dedicated lane or a group of another size, nor one skipping a model: it would not scan
+-- that model's queues for the others), woken with a "look" token to claim now as
 -- the lookout: it takes the next task whose deferral ended and passes the duty on again,
 -- or keeps it until the next deferral's end, or (nothing left) drops it.
 local function pass_lookout(worker, claimable, levels, gpus, now)
@@ -41,7 +42,8 @@ local function pass_lookout(worker, claimable, levels, gpus, now)
   if w ~= worker then return end
   local room = string.format('%.17g', claimable)  -- exact: Lua's own text of a number rounds
   for _, other in ipairs(redis.call('ZRANGEBYSCORE', K_IDLE, room, room, 'LIMIT', 0, 8)) do
-    if other ~= worker and lane_levels(redis.call('HGET', K_LANES, other)) == levels
+    local lane = other ~= worker and redis.call('HGET', K_LANES, other)  -- false: none
+    if other ~= worker and lane_levels(lane) == levels and not lane_skips(lane, now)
         and (tonumber(redis.call('HGET', worker_key(other), 'gpus')) or 1) == gpus then
       redis.call('HSET', K_LOOKOUTS, shape, ms(now) .. ' ' .. other)
       wake_worker(other, 'look')
