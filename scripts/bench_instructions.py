@@ -23,8 +23,13 @@ Each phase is dumped on its own (``callgrind_control -d``); ``--top N`` prints t
 functions with the most instructions of each. Needs valgrind and redis-server on PATH. Run
 it in two checkouts to compare them: the figures are of the checkout it runs from.
 
+* worker (``--worker N1,N2``, instead of the phases above): the worker process's own
+  instructions per task, single-task and batch=32 handlers, from burst drains of N1 and N2
+  tasks under cachegrind (``scripts/bench/worker_instructions.py``).
+
     python scripts/bench_instructions.py [--steps 300] [--json] [--top 15] [--port P]
                                          [--scale W,M,N] (default 64,1000,10000; 0: skip)
+    python scripts/bench_instructions.py --worker 200,1200 [--json] [--port P]
 """
 
 from __future__ import annotations
@@ -155,6 +160,31 @@ def top(path: str, n: int) -> str:
     return "\n".join(lines[:n + 1])
 
 
+def worker_phase(ap: argparse.ArgumentParser, a: argparse.Namespace) -> int:
+    """The worker process's instructions per task (bench.worker_instructions)."""
+    from bench.worker_instructions import BATCH as WORKER_BATCH
+    from bench.worker_instructions import measure as measure_worker
+
+    try:
+        n1, n2 = (int(v) for v in a.worker.split(","))
+    except ValueError:
+        n1 = n2 = 0
+    if not 0 < n1 < n2:
+        ap.error(f"--worker: expected N1,N2 with 0 < N1 < N2, got {a.worker!r}")
+    for tool in ("valgrind", "redis-server"):
+        if not shutil.which(tool):
+            print(f"bench_instructions: {tool} is not on PATH", file=sys.stderr)
+            return 2
+    result = measure_worker(n1, n2, a.port)
+    if a.json:
+        print(json.dumps(result))
+    else:
+        print(f"worker, single task  {result['worker_single_instructions']:>9,} instructions a task\n"
+              f"worker, batched task {result['worker_batch_instructions']:>9,} instructions a task "
+              f"(batches of {WORKER_BATCH}; drains of {n1} and {n2} tasks)")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=300, help="measured calls per phase (300)")
@@ -163,7 +193,11 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=0, help="redis-server port (default: a free one)")
     ap.add_argument("--scale", default="64,1000,10000",
                     help="W,M,N of the scale lifecycle phase (64,1000,10000; 0: skip it)")
+    ap.add_argument("--worker", default="", metavar="N1,N2",
+                    help="count the worker process's instructions per task instead (e.g. 200,1200)")
     a = ap.parse_args()
+    if a.worker:
+        return worker_phase(ap, a)
     try:
         point = None if a.scale == "0" else tuple(int(v) for v in a.scale.split(","))
     except ValueError:
