@@ -13,29 +13,42 @@ from the pool as before.
 from __future__ import annotations
 
 import os
+import select
+import socket
 import threading
+import time
 import weakref
 from collections.abc import Iterable
 from typing import Any
 
 import redis
+from redis.retry import Retry
 
 try:
     import hiredis
 except ImportError:  # pragma: no cover - a dependency; the connection's packer serves then
     hiredis = None  # type: ignore[assignment]
+try:  # what ``_bare`` reads of redis-py's hiredis parser; without it every exchange is redis-py's
+    from redis._parsers.hiredis import NOT_ENOUGH_DATA
+    from redis._parsers.hiredis import _HiredisParser as _Parser
+    HIREDIS_PARSER: Any = _Parser
+except ImportError:  # pragma: no cover - another redis-py: its own send and read serve
+    HIREDIS_PARSER = NOT_ENOUGH_DATA = None
 
 
 class _Kept:
     """The connection a client keeps for ``exchange`` (taken from its pool on first use, so
     the pool's ``disconnect`` closes it too) and the lock of the thread using it. A forked
-    child forgets its parent's (``_forget``) and takes its own."""
+    child forgets its parent's (``_forget``) and takes its own. ``poller``: a poll of the
+    connection's socket (``polled``), kept for ``_bare``'s check."""
 
-    __slots__ = ("conn", "lock")
+    __slots__ = ("conn", "lock", "poller", "polled")
 
     def __init__(self) -> None:
         self.conn: Any = None
         self.lock = threading.Lock()
+        self.poller: Any = None
+        self.polled: Any = None
 
 
 _kept: weakref.WeakKeyDictionary[redis.Redis, _Kept] = weakref.WeakKeyDictionary()
@@ -76,11 +89,15 @@ def exchange(client: redis.Redis, commands: Iterable[tuple[Any, ...]], *,
     kept = _kept_for(client)
     if kept.lock.acquire(blocking=False):
         try:
-            if kept.conn is None:
-                kept.conn = client.connection_pool.get_connection()
+            conn = kept.conn
+            if conn is None:
+                conn = kept.conn = client.connection_pool.get_connection()
+            elif retry and (bare := _bare(kept, conn)) is not None:
+                listed = list(commands)
+                return _bare_exchange(conn, bare, pack(conn, listed), len(listed))
             else:
-                check(kept.conn)
-            return _exchange_on(kept.conn, commands, retry)
+                check(conn)
+            return _exchange_on(conn, commands, retry)
         finally:
             kept.lock.release()
     pool = client.connection_pool
@@ -209,3 +226,111 @@ def read_replies(conn: Any, n: int) -> list[Any]:
         except redis.exceptions.ResponseError as exc:
             replies.append(exc)
     return replies
+
+
+# The worker's ack+claim, the heartbeat and the scripts' calls go on the kept connection
+# without redis-py's send and read around it (per exchange: the pool's check through three
+# layers and a new poll object, the health check, a host string built for each reply's error
+# message, the parser's loop): about a fifth of a busy worker's instructions per task. Same
+# bytes, same replies, same faults: a connection error or timeout drops the connection
+# under the client's retry policy; a server error is a reply. A connection class with its
+# own send or read (Sentinel's reads READONLY as a failover, gpuq.cluster's reads MOVED),
+# another parser, one not yet connected or due a health check goes through redis-py's.
+_SEND = redis.connection.AbstractConnection.send_packed_command
+_READ = redis.connection.AbstractConnection.read_response
+_CLOSED = "Connection closed by server."  # redis-py's words
+_bare_kinds: dict[type, bool] = {}
+
+
+def _bare(kept: _Kept, conn: Any) -> tuple[Any, Any, Any] | None:
+    """The kept connection's socket, hiredis reader and parser when its exchange may go bare
+    (``_bare_exchange``), after the pool's check of it (``check``: one the server closed or
+    with data left unread is dropped, then None); None when it goes through redis-py's."""
+    kind = type(conn)
+    plain = _bare_kinds.get(kind)
+    if plain is None:
+        plain = _bare_kinds[kind] = (HIREDIS_PARSER is not None and kind.send_packed_command is _SEND
+                                     and kind.read_response is _READ)
+    sock, parser = conn._sock, conn._parser
+    if not plain or sock is None or type(parser) is not HIREDIS_PARSER or parser._reader is None:
+        return None
+    if conn.health_check_interval and time.monotonic() > conn.next_health_check:
+        return None
+    if kept.polled is not sock:  # a new socket: polled by a poll of its own from now on
+        kept.poller = select.poll()
+        kept.poller.register(sock, select.POLLIN)
+        kept.polled = sock
+    # TLS: decrypted bytes may wait above the socket, where poll does not see them
+    if (parser._reader.has_data() or kept.poller.poll(0)
+            or (type(sock) is not socket.socket and sock.pending())):
+        conn.disconnect()
+        return None
+    return sock, parser._reader, parser
+
+
+def _bare_exchange(conn: Any, bare: tuple[Any, Any, Any], chunks: list[bytes], n: int) -> list[Any]:
+    """``_exchange_on`` with ``retry`` for a connection ``_bare`` passed (its packed commands,
+    n of them): its first attempt bare, a retry (reconnected) through redis-py's send and
+    read. Under a policy of no retries (gpuq's own connections) the attempt is made without
+    ``call_with_retry``, which would drop the connection and raise as the caller does."""
+    data = b"".join(chunks) if len(chunks) > 1 else chunks[0]
+    try:
+        policy = conn.retry
+        if type(policy) is Retry and policy._retries == 0:
+            return _send_read(conn, *bare, data, n)
+
+        def attempt() -> list[Any]:
+            if conn._sock is bare[0]:
+                return _send_read(conn, *bare, data, n)
+            return exchange_packed(conn, [(chunks, n)])
+
+        return policy.call_with_retry(  # type: ignore[no-any-return]
+            attempt, lambda _error: conn.disconnect())
+    except BaseException:
+        conn.disconnect()  # reconnected on its next use
+        raise
+
+
+def _send_read(conn: Any, sock: Any, reader: Any, parser: Any, data: bytes, n: int) -> list[Any]:
+    """Send ``data`` (n commands) on the connection's socket, then read n replies, as
+    redis-py's ``send_packed_command`` and ``read_response`` would (its push messages
+    handled by its parser); a fault raised as theirs are (the caller drops the connection)."""
+    try:
+        sock.sendall(data)
+    except OSError as exc:
+        raise _fault(exc, "Timeout writing to socket",
+                     f"Error {exc.errno} while writing to socket. {exc.strerror}.") from exc
+    replies: list[Any] = []
+    push, buffer = parser._hiredis_PushNotificationType, parser._buffer
+    try:
+        while len(replies) < n:
+            reply = reader.gets()
+            while reply is NOT_ENOUGH_DATA:
+                got = sock.recv_into(buffer)
+                if not got:
+                    raise redis.ConnectionError(_CLOSED)
+                reader.feed(buffer, 0, got)
+                reply = reader.gets()
+            if push is not None and type(reply) is push:
+                parser.handle_push_response(reply)
+                continue
+            if isinstance(reply, redis.ConnectionError):  # e.g. LOADING: raised, as the parser does
+                raise reply
+            if type(reply) is list and reply and isinstance(reply[0], redis.ConnectionError):
+                raise reply[0]
+            replies.append(reply)
+    except OSError as exc:
+        where = conn._host_error()
+        raise _fault(exc, f"Timeout reading from {where}",
+                     f"Error while reading from {where} : {exc.args}") from exc
+    if conn.health_check_interval:
+        conn.next_health_check = time.monotonic() + conn.health_check_interval
+    return replies
+
+
+def _fault(exc: OSError, timed_out: str, failed: str) -> redis.RedisError:
+    """redis-py's error for a socket's: its own timeout (no errno) a TimeoutError, the
+    rest (an OS-level ETIMEDOUT among them: the connection is dead) a ConnectionError."""
+    if isinstance(exc, TimeoutError) and exc.errno is None:
+        return redis.TimeoutError(timed_out)
+    return redis.ConnectionError(failed)

@@ -1,21 +1,20 @@
 """Runs one claimed task: load its model if cold, call its handler, ack or fail it (fenced).
 
 A blocking handler runs in the runner thread; an ``async def`` one on the worker's event
-loop while the runner thread waits for it (``invoke``; gpuq.worker.eventloop).
-
-A successful run's handler time goes to the worker's ``RunTimes`` once its ack succeeds; the
-heartbeat thread sends them to learn.lua (``gpuq.worker.runtimes``)."""
+loop while the runner thread waits for it (``invoke``; gpuq.worker.eventloop). A successful
+run's handler time goes to the worker's ``RunTimes`` once its ack succeeds; the heartbeat
+thread sends them to learn.lua (``gpuq.worker.runtimes``)."""
 
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable
+from types import CoroutineType
 from typing import Any
 
 import redis
@@ -85,7 +84,8 @@ class Executor:
         # made at the first of them (most runs emit nothing)
         ctx.new_sink = functools.partial(Emitter, self.scripts, self.calls.config, running.task_id,
                                          running.token)
-        self.observer.started(fields)
+        if self.observer.metrics is not None:  # off (no --metrics-port): no call a task
+            self.observer.started(fields)
         if track:  # before the lock is released: the next claim sees one slot fewer
             self.running.track(running)
         return res, running
@@ -228,7 +228,8 @@ class Executor:
                 result = self.invoke(spec, [running], model, payload, ctx)
             finally:  # a run that raised spent its GPU time too
                 ran_s = time.monotonic() - began
-                self.observer.observe(task_id, phase="run", seconds=ran_s)
+                if self.observer.metrics is not None:
+                    self.observer.observe(task_id, phase="run", seconds=ran_s)
             if running.stopped:
                 # its handler returned a result all the same: no ack goes out, so say it was
                 # thrown away, as for a late ack the server refuses
@@ -266,8 +267,7 @@ class Executor:
     def pass_on(self, running: Running, error: str, why: str) -> Call[Any]:
         """Give a task to the other workers: its attempt given back, it waits PASS_S, and
         this runner claims nothing for as long (gpuq.worker.passing)."""
-        log.warning("task.passed task=%s worker=%s error=%s (%s)", running.task_id, self.id, error,
-                    why)
+        log.warning("task.passed task=%s worker=%s error=%s (%s)", running.task_id, self.id, error, why)
         return self.calls.fail(running.task_id, running.token, error, pass_ms=int(PASS_S * 1000))
 
     def release(self, running: Running, res: Reservation | None = None) -> None:
@@ -326,7 +326,7 @@ class Executor:
             if aio is not None:
                 return aio.run(spec.fn(*args))
             result = spec.fn(*args)
-            if not inspect.iscoroutine(result):
+            if not isinstance(result, CoroutineType):  # inspect.iscoroutine, without its call
                 return result
             aio = self.cache.aio.call()  # an async def behind a plain decorator: awaited there
             for r in runs:
@@ -394,7 +394,7 @@ class Executor:
             self.observer.observe(task_id, "lost")
             log.error("task.settle_failed task=%s worker=%s error=%s", task_id, self.id, exc)
         else:
-            outcome = SETTLED.get(call.script) or FAILED.get(done, "failed")
-            self.observer.observe(task_id, outcome)
+            if self.observer.metrics is not None:
+                self.observer.observe(task_id, SETTLED.get(call.script) or FAILED.get(done, "failed"))
             if run is not None:
                 self.runtimes.add(*run)

@@ -55,12 +55,14 @@ class RunTimes:
     def add(self, handler: str, model: str, seconds: float) -> bool:
         """Keep one run; False, keeping nothing, for one learn.lua would refuse (which would
         make it refuse the whole call)."""
-        if not learnable(handler, model, seconds):
+        # learnable and _trim inline: a run a task
+        if not (_learnable_names(handler, model) and 0.0 <= seconds <= MAX_SECONDS):
             return False
         with self._lock:
+            if len(self._runs) >= self.capacity:
+                self._runs.popleft()
+                self._dropped += 1
             self._runs.append((handler, model, float(seconds)))
-            if len(self._runs) > self.capacity:
-                self._trim()
         return True
 
     def add_all(self, runs: list[Run]) -> None:

@@ -11,6 +11,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis
@@ -39,7 +40,7 @@ from gpuq.reaper.preempt import Preemptor, may_be_asked
 from gpuq.scripts import Call, Claim, ClaimRequest
 from gpuq.task import Priority, State
 from gpuq.tenants import Tenant, set_tenant
-from gpuq.wire import kept_connection
+from gpuq.wire import exchange, kept_connection
 from gpuq.work_index import member
 
 MakeQueue = Callable[..., Queue]
@@ -538,18 +539,53 @@ def test_a_call_whose_connection_breaks_mid_way_follows_the_clients_retry_policy
     q.redis.set_retry(Retry(NoBackoff(), 1))
     q.enqueue("h", model="A", vram_gb=1)  # the client now keeps a connection for its calls
     conn = kept_connection(q.redis)
-    real_send = conn.send_packed_command
     broken = []
 
-    def send_once_broken(*args: object, **kwargs: object) -> object:
-        if not broken:  # the write fails: nothing reached the server
-            broken.append(1)
-            raise redis.ConnectionError("connection reset by peer")
-        return real_send(*args, **kwargs)
+    class BrokenOnce:
+        """The connection's socket, whose first write fails: nothing reaches the server."""
 
-    conn.send_packed_command = send_once_broken  # type: ignore[method-assign]
+        def __init__(self, sock: Any) -> None:
+            self.sock = sock
+
+        def sendall(self, data: bytes) -> None:
+            if not broken:
+                broken.append(1)
+                raise ConnectionResetError(104, "Connection reset by peer")
+            self.sock.sendall(data)
+
+        def pending(self) -> int:  # as a TLS socket's: nothing decrypted waits
+            return 0
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.sock, name)
+
+    conn._sock = BrokenOnce(conn._sock)
     t = q.enqueue("h", model="A", vram_gb=1)
     assert broken and q.record(t.id).state is State.QUEUED
+
+
+def test_calls_on_a_plain_kept_connection_skip_redis_pys_send_and_read(
+        real_queue: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain connection's calls go bare (gpuq.wire._bare), one the server closed is
+    dropped first, and a server error comes back as the reply it is."""
+    q = real_queue
+    q.enqueue("h", model="A", vram_gb=1)
+    conn = kept_connection(q.redis)
+
+    def refused(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("redis-py's send or read was used")
+
+    monkeypatch.setattr(conn, "send_packed_command", refused)
+    monkeypatch.setattr(conn, "read_response", refused)
+    t = q.enqueue("h", model="A", vram_gb=1)
+    assert q.record(t.id).state is State.QUEUED
+    got = exchange(q.redis, [("SET", "x", "1"), ("HGET", "x", "f"), ("GET", "x")], retry=True)
+    assert got[0] == "OK" and isinstance(got[1], redis.ResponseError) and got[2] == "1"
+    monkeypatch.undo()
+    killer = redis.Redis(host=conn.host, port=conn.port)
+    killer.client_kill_filter(_type="normal", skipme=True)
+    killer.close()
+    assert exchange(q.redis, [("GET", "x")], retry=True) == ["1"]  # reconnected, no retry spent
 
 
 def test_a_call_while_the_kept_connection_is_busy_takes_one_from_the_pool(
