@@ -68,7 +68,7 @@ def measure(n1: int, n2: int, port: int = 0) -> dict[str, Any]:
     result: dict[str, Any] = {"n1": n1, "n2": n2}
     server = EmbeddedServer()
     server.port = port  # 0: a free one
-    with server.start(), tempfile.TemporaryDirectory(prefix="gpuq-cachegrind-") as tmp:
+    with server, tempfile.TemporaryDirectory(prefix="gpuq-cachegrind-") as tmp:
         for kind in HANDLERS:
             i1 = counted_drain(server.url, kind, n1, Path(tmp) / f"{kind}-a.out")
             i2 = counted_drain(server.url, kind, n2, Path(tmp) / f"{kind}-b.out")
