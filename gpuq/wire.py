@@ -301,7 +301,8 @@ def _send_read(conn: Any, sock: Any, reader: Any, parser: Any, data: bytes, n: i
         raise _fault(exc, "Timeout writing to socket",
                      f"Error {exc.errno} while writing to socket. {exc.strerror}.") from exc
     replies: list[Any] = []
-    push, buffer = parser._hiredis_PushNotificationType, parser._buffer
+    # redis-py 6 has no push type on this parser (RESP2 brings no push messages)
+    push, buffer = getattr(parser, "_hiredis_PushNotificationType", None), parser._buffer
     try:
         while len(replies) < n:
             reply = reader.gets()
