@@ -65,11 +65,12 @@ class Calls:
         self.config = config
         self._ttl = str(int(config.result_ttl_s * 1000))
         # arguments fixed by the (frozen) config, formatted once rather than on every call
-        self._sla = [str(ms) for ms in config.sla_ms()]
+        self._sla = " ".join(str(ms) for ms in config.sla_ms())  # enqueue's, one text
         self._claim_tail = [str(int(config.lease_s * 1000)), str(config.fair_every)]
-        self._defer = [str(ms) for ms in config.defer_ms()]
-        self._hold = [str(ms) for ms in config.holder_wait_ms()]
         self._scan = str(config.scan_per_queue)
+        # claim's in one text (claim.lua); P0 and P1 never wait for a busy holder
+        self._claim_settings = " ".join([*self._claim_tail, self._scan, *map(str, config.defer_ms()),
+                                         *map(str, config.holder_wait_ms()[2:])])
 
     def _replicas(self, strict: bool, what: str) -> Replicas | None:
         c = self.config
@@ -77,7 +78,7 @@ class Calls:
 
     def enqueue(self, specs: Sequence[TaskSpec], *, check_fit: bool = False,
                 now_ms: int = 0) -> Call[int]:
-        args = [str(now_ms), "1" if check_fit else "0", *self._sla]
+        args = [str(now_ms), "1" if check_fit else "0", self._sla]
         for s in specs:
             deadline = "" if s.deadline_s is None else str(max(1, int(s.deadline_s * 1000)))
             est = "" if s.est_s is None else _num(s.est_s)  # "": the learned estimate, else 1
@@ -98,7 +99,7 @@ class Calls:
 
     def claim(self, req: ClaimRequest, *, now_ms: int = 0) -> Call[Claim]:
         args = [req.worker_id, str(now_ms), _num(req.free_gb), _num(req.evictable_gb), str(req.slots),
-                *self._claim_tail, req.levels, self._scan, *self._defer, *self._hold, str(req.gpus),
+                self._claim_settings, req.levels, str(req.gpus),
                 "1" if req.lookout else "2" if req.unlisted else "0", str(len(req.batches))]
         for handler, more in req.batches:
             args += [handler, str(more)]

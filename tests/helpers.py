@@ -25,7 +25,7 @@ RESERVE_GB = 5.0  # KV reserve of each device of a registered worker (register_w
 ENQUEUE_FIELDS = ("id", "handler", "payload", "model", "vram_gb", "priority", "est_s",
                   "deadline", "preemptible", "tenant", "max_attempts", "report_end", "gpus", "due",
                   "after", "after_any")
-ENQUEUE_HEAD = 6  # now, check_fit, SLA of P0..P3
+ENQUEUE_HEAD = 3  # now, check_fit, the SLAs of P0..P3 (one text)
 
 
 def claim(queue: Queue, worker_id: str, free_gb: float, evictable_gb: float = 0, slots: int = 1,

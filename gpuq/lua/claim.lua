@@ -24,17 +24,15 @@
 -- ARGV[3]  free VRAM (GB): total - KV reserve - loaded models - running tasks' working memory
 -- ARGV[4]  evictable VRAM (GB): footprint of loaded models no running task uses
 -- ARGV[5]  free slots (>= 1)
--- ARGV[6]  lease (ms)
--- ARGV[7]  fair_every (N: one lower dispatch after N higher ones)
--- ARGV[8]  levels this worker serves, e.g. "0123"
--- ARGV[9]  tasks examined per (priority, model) queue
--- ARGV[10..13]  defer bound of P0..P3 (ms)
--- ARGV[14..17]  holder wait of P0..P3 (ms): how long a cold task waits for a busy GPU that
---               holds its model (0: not at all)
--- ARGV[18]  GPUs in this worker's group (>= 1)
--- ARGV[19]  "1": this worker is its shape's lookout (its last claim replied retry_ms > 0);
---           "2": it is not in `idle` (one slot, and its last claim or a hand-over gave it a task)
--- ARGV[20]  K: the worker's batch handlers (0..1000), then K pairs: handler name, how many
+-- ARGV[6]  settings, 9 whole numbers in one text: lease (ms), fair_every (N: one lower dispatch
+--          after N higher ones), tasks examined per (priority, model) queue, defer bounds of
+--          P0..P3 (ms), holder waits of P2, P3 (ms: how long a cold task waits for a busy GPU
+--          that holds its model; P0 and P1 never wait)
+-- ARGV[7]  levels this worker serves, e.g. "0123"
+-- ARGV[8]  GPUs in this worker's group (>= 1)
+-- ARGV[9]  "1": this worker is its shape's lookout (its last claim replied retry_ms > 0);
+--          "2": it is not in `idle` (one slot, and its last claim or a hand-over gave it a task)
+-- ARGV[10]  K: the worker's batch handlers (0..1000), then K pairs: handler name, how many
 --           more tasks its batch may take (0..1e4)
 -- ARGV[..]  pairs: loaded model name, its footprint (GB), negative while a running task of this
 --           worker uses it (then it is not in the evictable VRAM); or a model name and "skip:<ms>":
@@ -72,32 +70,32 @@
 --@include due
 --@include lookout
 
-if #ARGV < 20 or #ARGV % 2 == 1 then
-  return {1, 0, 'expected 20 arguments, then handler, count and model, footprint pairs'}
+if #ARGV < 10 or #ARGV % 2 == 1 then
+  return {1, 0, 'expected 10 arguments, then handler, count and model, footprint pairs'}
 end
 local worker, now = ARGV[1], clock(ARGV[2])
 local free, evictable, slots = arg_num(3, -1e9, 1e9), arg_num(4, 0, 1e9), arg_num(5, 1, 1e6, true)
-local lease, fair_every, levels = arg_num(6, 0, 1e12, true), arg_num(7, 1, 1e9, true), ARGV[8]
-local scan, gpus, lookout = arg_num(9, 1, 1e4, true), arg_num(18, 1, 1e4, true), ARGV[19] == '1'
+-- the settings' texts; a level's defer bound and holder wait ([4 + p], [6 + p]) read for a cold task
+local settings = {string.match(ARGV[6], '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')}
+local lease, fair_every, scan = finite(settings[1]), finite(settings[2]), finite(settings[3])
+local levels, gpus, lookout = ARGV[7], arg_num(8, 1, 1e4, true), ARGV[9] == '1'
 if worker == '' then return {1, 0, 'worker id must not be empty'} end
 if not now then return {1, 0, 'now must be ms >= 0'} end
-if not (free and evictable and slots and lease and fair_every and scan and gpus) then
-  return {1, 0, 'free and evictable GB, slots, lease, fair_every, scan and gpus must be numbers in range'}
+if not (lease and lease <= 1e12 and fair_every >= 1 and fair_every <= 1e9 and scan >= 1 and scan <= 1e4
+    and #settings[4] <= 13 and #settings[5] <= 13 and #settings[6] <= 13 and #settings[7] <= 13
+    and #settings[8] <= 13 and #settings[9] <= 13) then
+  return {1, 0, 'settings: lease, fair_every, scan, 4 defer bounds, 2 holder waits (whole, < 1e13)'}
 end
-if not string.find(levels, '^[0-3]+$') then return {1, 0, 'levels must be digits 0..3'} end
-local defer = {arg_num(10, 0, 1e13), arg_num(11, 0, 1e13), arg_num(12, 0, 1e13), arg_num(13, 0, 1e13)}
-local hold = {arg_num(14, 0, 1e13), arg_num(15, 0, 1e13), arg_num(16, 0, 1e13), arg_num(17, 0, 1e13)}
-for p = 1, 4 do
-  if not (defer[p] and hold[p]) then return {1, 0, 'defer bounds and holder waits must be ms >= 0'} end
-end
-local batches, nb = {}, arg_num(20, 0, 1000, true)
-if not nb or #ARGV < 20 + 2 * nb then return {1, 0, 'batch handlers must be name, count pairs'} end
-for i = 21, 20 + 2 * nb, 2 do
+if not (free and evictable and slots and gpus) then return {1, 0, 'free, evictable, slots, gpus out of range'} end
+if levels ~= '0123' and not string.find(levels, '^[0-3]+$') then return {1, 0, 'levels must be digits 0..3'} end
+local batches, nb = {}, arg_num(10, 0, 1000, true)
+if not nb or #ARGV < 10 + 2 * nb then return {1, 0, 'batch handlers must be name, count pairs'} end
+for i = 11, 10 + 2 * nb, 2 do
   batches[ARGV[i]] = arg_num(i + 1, 0, 1e4, true)
   if ARGV[i] == '' or not batches[ARGV[i]] then return {1, 0, 'batch handlers must be name, count pairs'} end
 end
 local held, held_names, in_use, skip, lane = {}, {}, {}, {}, levels
-for i = 21 + 2 * nb, #ARGV, 2 do
+for i = 11 + 2 * nb, #ARGV, 2 do
   local gb = arg_num(i + 1, -1e9, 1e9)
   local left = not gb and string.match(ARGV[i + 1], '^skip:(%d+)$')
   if ARGV[i] == '' or not (gb or left or ARGV[i + 1] == 'skip') then return {1, 0, 'malformed model pair'} end
@@ -117,7 +115,10 @@ local TTL = '604800000'  -- no result TTL here: a task failed as corrupt stays r
 -- Room for a task of model m this worker holds (footprint fp GB): free VRAM plus the other idle
 -- models, which the worker evicts for it as for a cold load (its ModelCache does the same).
 -- evictable counts m too while it is idle, not while a running task uses it.
-local function held_room(m, fp) return free + math.max(0, evictable - (in_use[m] and 0 or fp)) end
+local function held_room(m, fp)  -- max(0, ...) by a test, not math.max's C call
+  local idle_gb = evictable - (in_use[m] and 0 or fp)
+  return idle_gb > 0 and free + idle_gb or free
+end
 
 if (finite(fair[4]) or math.huge) <= now then promote_due(now, 20, TTL) end
 local unread_until = pickup and pickup <= now and reclaim_handed(now, 8, TTL, pickup)
@@ -237,7 +238,7 @@ local function scan_queue(p, m)
       if fields then return id, need > footprint and need - footprint or 0, fields, head end
     elseif not footprint and need <= claimable then
       local waited = now - queued_at
-      local left = defer[p + 1] - waited
+      local left = tonumber(settings[4 + p]) - waited
       local offered = o and o ~= '' and o ~= worker  -- a missing field reads false
       local better = left > 0 and (offered or better_elsewhere(m, need, p, wants))
       if better then
@@ -248,7 +249,7 @@ local function scan_queue(p, m)
       -- batch work waits longer for a busy GPU holding its model than pay a cold load here,
       -- while the holders would get to it within its holder wait; later tasks of a deep
       -- backlog are taken here
-      left = hold[p + 1] - waited
+      left = (p < 2 and 0 or tonumber(settings[6 + p])) - waited
       if not (left > 0 and wait_for_holders(m, need, p, k, est, left / 1000, wants)) then
         local fields = readable(id, p, m, now, TTL)
         if fields then return id, need, fields, head end
@@ -291,10 +292,11 @@ local function find(p)
   return nil
 end
 
-local order, serves = {}, {}
+local order, serves = {}, LANE_LEVELS[levels]  -- levels in order: a lookup (lib/lanes.lua)
 for p = 1, 3 do if (finite(fair[p]) or 0) >= fair_every then order[#order + 1] = p end end
-for p = 0, 3 do  -- '0123': most workers' (no C call)
-  order[#order + 1], serves[p] = p, levels == '0123' or string.find(levels, LEVEL_TEXT[p], 1, true) ~= nil
+for p = 0, 3 do order[#order + 1] = p end
+if not serves then
+  serves = {}; for p = 0, 3 do serves[p] = string.find(levels, LEVEL_TEXT[p], 1, true) end
 end
 
 local id, p, m, use, f, head
@@ -393,7 +395,7 @@ elseif next_head then
   end
 end
 if slots > 1 then redis.call('ZADD', K_IDLE, claimable - use, worker)
-elseif ARGV[19] ~= '2' then redis.call('ZREM', K_IDLE, worker) end
+elseif ARGV[9] ~= '2' then redis.call('ZREM', K_IDLE, worker) end
 if slots > 1 and lane ~= levels then redis.call('HSET', K_LANES, worker, lane) end  -- still idle
 if lookout then pass_lookout(worker, claimable, levels, gpus, now) end
 return reply

@@ -13,8 +13,8 @@
 -- ARGV[2]  check_fit: "1" rejects a task no registered GPU class could fit (VRAM, or
 --          GPUs: a class of groups of N devices holds tasks of up to N), or whose handler
 --          no worker of the pool has registered
--- ARGV[3..6]  SLA of P0..P3 (ms)
--- ARGV[7..]  groups of 16 per task: id, handler, payload (JSON text), model, vram_gb,
+-- ARGV[3]  SLAs of P0..P3 (ms), in one text: 4 whole numbers (< 1e13), space-separated
+-- ARGV[4..]  groups of 16 per task: id, handler, payload (JSON text), model, vram_gb,
 --            priority (0..3), est_s ("": the mean run time learned for its handler and
 --            model, and est_from "history", else 1), deadline_ms (relative to now, "" =
 --            none; stored absolute), preemptible ("1"/"0"), tenant, max_attempts,
@@ -52,22 +52,25 @@
 
 local now = clock(ARGV[1])
 local check_fit = ARGV[2] == '1'
--- by the priority's text as it comes (validated below): a lookup, not a parse per task
-local sla = {['0'] = arg_num(3, 0, 1e13, true), ['1'] = arg_num(4, 0, 1e13, true),
-  ['2'] = arg_num(5, 0, 1e13, true), ['3'] = arg_num(6, 0, 1e13, true)}
+-- the SLAs' texts, checked here; a level's is read (sla, by the priority's text as it comes) when
+-- the first task of it is validated: a call of one task reads one, not four (C calls)
+local slas, sla = {string.match(ARGV[3] or '', '^(%d+) (%d+) (%d+) (%d+)$')}, {}
 local G = 16
-local n = (#ARGV - 6) / G
+local n = (#ARGV - 3) / G
 if n < 1 or n % 1 ~= 0 then return {1, 0, 'expected groups of 16 task fields'} end
 if not now then return {1, 0, 'now must be ms >= 0'} end
-if not (sla['0'] and sla['1'] and sla['2'] and sla['3']) then return {1, 0, 'SLAs must be ms >= 0'} end
+if not (slas[1] and #slas[1] <= 13 and #slas[2] <= 13 and #slas[3] <= 13 and #slas[4] <= 13) then
+  return {1, 0, 'SLAs must be 4 whole ms < 1e13'}
+end
 
 -- A name is non-empty, at most 200 bytes, without whitespace, control characters, braces or
 -- commas (keys, hash tags, lists and logs carry names). %c: every ASCII control character, the
 -- whitespace but the space among them. Plain finds: a bracket class costs several times as much
--- per byte; the control characters by one anchored match (an unanchored one tries a match at
--- every byte).
+-- per byte; the control characters by one anchored match of %C, their complement (an
+-- unanchored one tries a match at every byte, and [^%c] walks a bracket class at each: twice
+-- the instructions over a task's names).
 local function bad_chars(s)
-  return not string.find(s, '^[^%c]*$') or string.find(s, ' ', 1, true) or string.find(s, '{', 1, true)
+  return not string.find(s, '^%C*$') or string.find(s, ' ', 1, true) or string.find(s, '{', 1, true)
     or string.find(s, '}', 1, true) or string.find(s, ',', 1, true)
 end
 local function bad_name(s) return s == '' or #s > 200 or bad_chars(s) ~= nil end
@@ -130,7 +133,7 @@ end
 -- limited tenant's task is not handed over (claims keep quotas), unregistered ones may be refused.
 -- One EXISTS counts three keys a busy pool's enqueue usually finds absent: the tenants hash,
 -- the first task's hash (its id taken) and the idle set; only a count > 0 asks each alone
-local present = redis.call('EXISTS', K_TENANTS, task_key(ARGV[7]), K_IDLE)
+local present = redis.call('EXISTS', K_TENANTS, task_key(ARGV[4]), K_IDLE)
 local idle_n = present > 0 and redis.call('ZCARD', K_IDLE) or 0  -- only the wakes below change it
 local listed = idle_n > 0 and 1 or 0  -- `idle` among the keys counted
 local tenancy = present > listed and tenancy_on()
@@ -144,12 +147,13 @@ local vrams, ests, tries, gpus_of = {}, {}, {}, {}  -- each task's numbers, pars
 local learned, from_history = {}, {}  -- "<handler> <model>" -> mean or false; task -> true
 local ready, held = {}, {}  -- tasks queued now (indexes); deferred ones (lib/defer.lua)
 for i = 1, n do
-  local o = 6 + (i - 1) * G
+  local o = 3 + (i - 1) * G
   local id, handler, payload, model = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
-  local vram, prio = tonumber(ARGV[o + 5]), ARGV[o + 6]
+  local vram, prio = SMALL[ARGV[o + 5]] or tonumber(ARGV[o + 5]), ARGV[o + 6]
   local est = ARGV[o + 7] ~= '' and tonumber(ARGV[o + 7]) or nil  -- "": no C call
-  local deadline, pre, tenant, attempts = ARGV[o + 8], ARGV[o + 9], ARGV[o + 10], tonumber(ARGV[o + 11])
-  local gpus = tonumber(ARGV[o + 13])
+  local deadline, pre, tenant, attempts = ARGV[o + 8], ARGV[o + 9], ARGV[o + 10], ARGV[o + 11]
+  attempts = SMALL[attempts] or tonumber(attempts)
+  local gpus = SMALL[ARGV[o + 13]] or tonumber(ARGV[o + 13])
   -- one scan over the four names (the id alone once the others passed), one by one only to say
   -- which is bad; the cache key joins them with a comma, which no good name holds
   local names = handler .. ',' .. model .. ',' .. tenant
@@ -176,6 +180,7 @@ for i = 1, n do
     return {1, i, 'vram_gb must be a number > 0'}
   end
   if prio ~= '0' and prio ~= '1' and prio ~= '2' and prio ~= '3' then return {1, i, 'priority must be 0..3'} end
+  sla[prio] = sla[prio] or SMALL[slas[SMALL[prio] + 1]] or tonumber(slas[SMALL[prio] + 1])
   if not est and ARGV[o + 7] == '' then  -- none given: learned from history, else 1 s
     local pair = runtime_field(handler, model)
     if learned[pair] == nil then
@@ -214,20 +219,25 @@ for i = 1, n do
   end
   vrams[i], ests[i], tries[i], gpus_of[i] = vram, est, attempts, gpus
   if tenancy then work[tenant] = (work[tenant] or 0) + est end
-  local later, why = deferral(id, ARGV[o + 14], ARGV[o + 15], ARGV[o + 16], seen)
+  local later, why = false, nil  -- due, after, after_any as most tasks send them: queued now
+  if ARGV[o + 14] ~= '' or ARGV[o + 15] ~= '' or ARGV[o + 16] ~= '0' then
+    later, why = deferral(id, ARGV[o + 14], ARGV[o + 15], ARGV[o + 16], seen)
+  end
   if later == nil then return {1, i, why} end
   held[i] = later or nil
   if not later or later.ready then ready[#ready + 1] = i end
 end
 
 local function add(h, field, value) local n = #h; h[n + 1] = field; h[n + 2] = value; return h end
+-- arrived: the models in order of first arrival, and model -> tasks (lib/arrivals.lua)
 local unwoken, targeted, heads, urgent, arrived = 0, 0, {}, false, {}
 local now_ms = ms(now)
 for r = 1, #ready do
   local i = ready[r]
-  local o = 6 + (i - 1) * G
+  local o = 3 + (i - 1) * G
   local id, model, prio, deadline = ARGV[o + 1], ARGV[o + 4], ARGV[o + 6], ARGV[o + 8]
   local vram = vrams[i]
+  if not arrived[model] then arrived[#arrived + 1] = model end
   arrived[model] = (arrived[model] or 0) + 1
   local score = now + sla[prio]
   if deadline ~= '' then
@@ -259,18 +269,20 @@ for r = 1, #ready do
   local est_s = ests[i] > 0 and ests[i] % 1 == 0 and ests[i] < 1e14 and ms(ests[i]) or tostring(ests[i])
   local vram_s = vram % 1 == 0 and vram < 1e14 and ms(vram) or tostring(vram)
   local score_ms = ms(score)
-  -- optional fields only when there is one: each costs about a small command (PROTOCOL)
-  local h = {'id', id, 'handler', ARGV[o + 2], 'payload', ARGV[o + 3],
-    'model', model, 'vram_gb', vram_s, 'priority', prio, 'est_s', est_s,
+  local order_ms = order == score and score_ms or ms(order)  -- a text made once: ms keeps the last
+  -- optional fields only when there is one: each costs about a small command (PROTOCOL). State
+  -- and priority first: a small hash is a list that each field's lookup walks from its start,
+  -- and every later script of the task reads or writes state (ack reads priority too)
+  local h = {'state', 'queued', 'priority', prio, 'id', id, 'handler', ARGV[o + 2],
+    'payload', ARGV[o + 3], 'model', model, 'vram_gb', vram_s, 'est_s', est_s,
     'preemptible', ARGV[o + 9], 'tenant', ARGV[o + 10],
-    'max_attempts', ms(tries[i]), 'state', 'queued', 'score', score_ms,
-    'enqueued_at', now_ms, 'queued_at', now_ms}
+    'max_attempts', ms(tries[i]), 'score', score_ms, 'enqueued_at', now_ms, 'queued_at', now_ms}
   if deadline ~= '' then add(h, 'deadline', deadline) end
   if ARGV[o + 12] == '1' then add(h, 'report_end', '1') end
   if from_history[i] then add(h, 'est_from', 'history') end
   if gpus_of[i] > 1 then add(h, 'gpus', ARGV[o + 13]) end
   if w and not hand then add(h, 'offered', w) end
-  if tenancy and not hand then add(add(h, 'order', ms(order)), 'fair', prio .. ':' .. tenant) end
+  if tenancy and not hand then add(add(h, 'order', order_ms), 'fair', prio .. ':' .. tenant) end
   redis.call('HSET', task_key(id), unpack(h))  -- one write, the optional fields included
   if hand then
     -- handed over: started here as a claim would, with the worker's lease; unread on its wake
@@ -279,7 +291,7 @@ for r = 1, #ready do
     redis.call('ZREM', K_IDLE, w)
     -- its SLA is left to began, which the worker calls as its handler starts (warm or
     -- cold): a hand-over taken back never started there, and must not count as met
-    local token = start(id, prio, model, w, now, now + hand.lease, '1', score, now, true, false)
+    local token = start(id, prio, model, w, now, now + hand.lease, '1', score, now, true, false, false)
     if not warm then note_cold_start(id, model, now) end
     redis.call('ZADD', K_HANDED, ms(pickup), id)
     gate_before('pickup_at', pickup)
@@ -291,19 +303,19 @@ for r = 1, #ready do
       sla = 'pending', pickup_by = ms(pickup)}))
   else
     if idle then wake_worker(w) end
-    redis.call('ZADD', queue_key(prio, model), ms(order), id)
+    redis.call('ZADD', queue_key(prio, model), order_ms, id)
     redis.call('ZADD', K_NEED, need_score(vrams[i], vram_s, gpus_of[i]), id)
     watch_deadline(id, deadline, ests[i])
     local qk = prio .. ':' .. model  -- the index needs each queue's lowest new score once
     if not heads[qk] then  -- also listed in order: no pairs() walk below
-      heads[qk] = {prio, model, order}
+      heads[qk] = {prio, model, order, order_ms}
       heads[#heads + 1] = heads[qk]
-    elseif order < heads[qk][3] then heads[qk][3] = order end
+    elseif order < heads[qk][3] then heads[qk][3], heads[qk][4] = order, order_ms end
   end
 end
-for k = 1, #heads do index_head(heads[k][1], heads[k][2], ms(heads[k][3])) end
+for k = 1, #heads do index_head(heads[k][1], heads[k][2], heads[k][3], heads[k][4]) end
 for i = 1, n do  -- held tasks (lib/defer.lua), in call order
-  local o = 6 + (i - 1) * G
+  local o = 3 + (i - 1) * G
   if held[i] then
     hold(ARGV[o + 1], {'id', ARGV[o + 1], 'handler', ARGV[o + 2], 'payload', ARGV[o + 3], 'model', ARGV[o + 4],
       'vram_gb', tostring(vrams[i]), 'priority', ARGV[o + 6], 'est_s', tostring(ests[i]),

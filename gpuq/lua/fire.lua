@@ -71,7 +71,7 @@ hold(id, {'id', id, 'handler', t.handler, 'payload', t.payload, 'model', t.model
   {due = now}, now, sla[prio], tonumber(t.deadline_ms), est, false)  -- its order: below
 redis.call('ZREM', K_DELAYED, id)
 redis.call('HINCRBY', K_STATS, 'enqueued', 1)
-count_arrivals(now, {[t.model] = 1})
+count_arrivals(now, {t.model, [t.model] = 1})
 if tenancy and redis.call('HGET', K_TENANTS, REQUIRED) == '1'
     and redis.call('HEXISTS', K_TENANTS, tenant) == 0 then
   end_failed(id, now, ttl,

@@ -124,6 +124,21 @@ def test_fail_retries_after_backoff_then_fails_for_good(make_queue: MakeQueue) -
     assert (err.value.state, err.value.error) == ("failed", "oom again")
 
 
+def test_a_first_claim_writes_no_error_and_a_retry_s_claim_clears_it(make_queue: MakeQueue) -> None:
+    """Claim clears the error of an attempt before; a task it read whole (its model held here)
+    that has none gets no empty field (one field more for each later lookup of the hash to
+    walk: docs/PROTOCOL.md, the task hash)."""
+    q = make_queue(retry_base_s=1.0)
+    tid = enqueue(q, T0)
+    key = q.keys.task(tid)
+    c = claimed(q, "w", loaded=[("A", 1.0)])
+    assert not q.redis.hexists(key, "error") and q.redis.hget(key, "state") == "running"
+    assert fail(q, tid, c["token"], "oom", now_ms=T0 + 10) == "delayed"
+    assert q.redis.hget(key, "error") == "oom"
+    claimed(q, "w", now_ms=T0 + 1010, loaded=[("A", 1.0)])  # the retry, promoted by the claim
+    assert q.redis.hget(key, "error") == "" and q.record(tid).attempt == 2
+
+
 def test_fail_without_retry_ends_at_once_and_a_stale_fail_is_rejected(queue: Queue) -> None:
     tid = enqueue(queue, T0, max_attempts=5)
     c = claimed(queue)

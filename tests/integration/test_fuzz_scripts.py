@@ -440,24 +440,26 @@ def bench(redis_server: EmbeddedServer, connect: Callable[[str], redis.Redis],
 # or were taken when they should not be (noted), and the reply code each gets now.
 N, TTL = str(NOW), "604800000"
 TASK = ["h", "null", "A", "1", "2", "1", "", "1", "default", "3", "0", "1", "", "", "0"]  # after the id, P2
-CLAIM = ["w1", N, "50", "10", "2", "30000", "5", "0123", "8", "100", "500", "2000", "2000", "0", "0",
-         "150000", "300000", "1"]
+CLAIM = ["w1", N, "50", "10", "2", "30000 5 8 100 500 2000 2000 150000 300000", "0123", "1", "0", "0"]
 JSON_OVER = '"' + "a" * MAX_PAYLOAD_BYTES + '"'  # a JSON text one byte past 1 MiB
 REGRESSIONS: list[tuple[str, list[str], int]] = [
     # half-written: the first task was stored before the second's SLA (P1's, "x") stopped it
-    ("enqueue", [N, "0", "200", "x", "300000", "86400000", "n1", *TASK, "n2", *TASK[:4], "1",
+    ("enqueue", [N, "0", "200 x 300000 86400000", "n1", *TASK, "n2", *TASK[:4], "1",
                  *TASK[5:]], 1),
-    ("enqueue", ["inf", "0", "200", "1000", "300000", "86400000", "n1", *TASK], 1),  # stored "inf" times
+    ("enqueue", ["inf", "0", "200 1000 300000 86400000", "n1", *TASK], 1),  # stored "inf" times
     # est_s 1e300 with a deadline: its score and deadline watch became -inf
-    ("enqueue", [N, "0", "200", "1000", "300000", "86400000", "n1", *TASK[:5], "1e300", "5000",
+    ("enqueue", [N, "0", "200 1000 300000 86400000", "n1", *TASK[:5], "1e300", "5000",
                  *TASK[7:]], 1),
-    ("enqueue", [N, "0", "200", "1000", "300000", "86400000", "n1", *TASK[:10], "2", *TASK[11:]],
+    ("enqueue", [N, "0", "200 1000 300000 86400000", "n1", *TASK[:10], "2", *TASK[11:]],
      1),  # report_end
-    ("enqueue", [N, "0", "200", "1000", "300000", "86400000", "n1", *TASK[:5], "", *TASK[6:]], 0),
+    ("enqueue", [N, "0", "200 1000 300000 86400000", "n1", *TASK[:5], "", *TASK[6:]], 0),
     ("claim", [], 1),
     ("claim", CLAIM[:9], 1),
     ("claim", [CLAIM[0], CLAIM[1], "nan", *CLAIM[3:]], 1),
-    ("claim", [*CLAIM[:8], "x", *CLAIM[9:]], 1),
+    ("claim", [*CLAIM[:5], "30000 5 x 100 500 2000 2000 150000 300000", *CLAIM[6:]], 1),
+    ("claim", [*CLAIM[:5], "30000 5 8 100 500 2000 2000 150000", *CLAIM[6:]], 1),  # a holder wait short
+    ("claim", [*CLAIM[:5], "30000 5 8 100 500 2000 20000000000000 150000 300000", *CLAIM[6:]], 1),
+    ("claim", [*CLAIM[:5], "30000 0 8 100 500 2000 2000 150000 300000", *CLAIM[6:]], 1),  # fair_every 0
     ("began", ["run1", "1"], 1),
     ("began", ["run1", "1", "nan"], 1),
     ("began", ["run1", "4", N], 5),  # another attempt's token

@@ -190,5 +190,5 @@ def test_a_claim_s_read_is_readable_s_fields_then_offered_state_and_gpus() -> No
     (body,) = re.findall(r"^local READ_HELD = \{(.*?)\}", text, re.M | re.S)
     names = re.findall(r"'(\w+)'", body)
     n = int(re.findall(r"^local N_READABLE = (\d+)$", text, re.M)[0])
-    assert names[n:] == ["offered", "state", "gpus"] and len(set(names)) == len(names)
+    assert names[n:] == ["offered", "state", "gpus", "error"] and len(set(names)) == len(names)
     assert names[:3] == ["handler", "payload", "model"] and names[n - 1] == "due_at"

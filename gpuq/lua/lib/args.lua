@@ -11,15 +11,26 @@
 -- ms's last number and its text (state sits in a group's head: gpuq/lua_source.py keeps a
 -- script's reached helpers only)
 local last_ms, last_text = nil, nil
--- one digit's text without a C call: counts, attempts and tries are mostly one digit
-local DIGIT = {[0] = '0', '1', '2', '3', '4', '5', '6', '7', '8', '9'}
+-- 0..99 as text and back without a C call (string.format, or tonumber's strtod: some 1k
+-- instructions each): counts, attempts, slots, GPUs, GB and the claim's settings are mostly
+-- such. Made by concatenation: a library's load sees no globals.
+local DIGIT = (function()
+  local t = {}
+  for i = 0, 99 do t[i] = i .. '' end
+  return t
+end)()
+local SMALL = (function()
+  local t = {}
+  for i = 0, 99 do t[i .. ''] = i end
+  return t
+end)()
 
 -- A text as a finite number, or nil: tonumber also reads "nan", "inf" and "1e309".
 -- Tests here are arithmetic, not math.huge or math.floor: each of those is a global
 -- lookup (and math.floor a C call) on lines every claim runs some twenty times.
 local function finite(text)
   if not text then return nil end  -- an absent field (false): no C call
-  local n = tonumber(text)
+  local n = SMALL[text] or tonumber(text)
   if n and n - n == 0 then return n end  -- inf - inf and nan - nan are nan
   return nil
 end
@@ -28,7 +39,8 @@ end
 -- argument before they write: a malformed call is answered {1, 0, reason} (INVALID) and
 -- changes nothing, rather than stopping on a Lua error halfway through its writes.
 local function arg_num(i, lo, hi, int)
-  local n = tonumber(ARGV[i])  -- finite bounds: nan, inf and 1e309 fail them
+  local t = ARGV[i]  -- finite bounds: nan, inf and 1e309 fail them
+  local n = t and #t < 3 and SMALL[t] or tonumber(t)
   if n and n >= lo and n <= hi and (not int or n % 1 == 0) then return n end
   return nil
 end

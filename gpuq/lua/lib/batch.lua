@@ -21,7 +21,7 @@ end)()
 local function read_held(id)
   local all = redis.call('HGETALL', task_key(id))
   local g = {false, false, false, false, false, false, false, false, false, false, false, false,
-    false, false, false, false, false, false, false, false, false, false, false,
+    false, false, false, false, false, false, false, false, false, false, false, false,
     vram = false, score = false, enqueued = false, due = false}  -- readable's: no rehash
   for i = 1, #all, 2 do
     local at = READ_AT[all[i]]

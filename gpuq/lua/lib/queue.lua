@@ -16,20 +16,29 @@ local LEVEL_OF = {['0'] = 0, ['1'] = 1, ['2'] = 2, ['3'] = 3}
 local LEVEL_LOW = {[0] = '-500000000000000', '500000000000000', '1500000000000000', '2500000000000000'}
 local LEVEL_HIGH = {[0] = '(500000000000000', '(1500000000000000', '(2500000000000000', '(3500000000000000'}
 
+-- '0' x k for k = 0..15: the zeros a spliced score needs, by lookup, not string.rep
+local ZEROS = (function()
+  local t, z = {}, ''
+  for k = 0, 15 do t[k], z = z, z .. '0' end
+  return t
+end)()
+
 local function work_member(p, m) return (LEVEL_TEXT[p] or p) .. ':' .. m end
 
 -- p x LEVEL_SPAN + score as text: spliced where score is a whole number of at most 15 digits
--- (a head score in ms), else computed.
-local function work_score(p, score)
-  local text, kind = score, type(score)
+-- (a head score in ms), else computed. text: score's text made by ms, when the caller has
+-- it (score is then a number: no type or digit test of a text it made).
+local function work_score(p, score, text)
+  local kind = text and 'number' or type(score)
   if kind == 'number' and score % 1 == 0 and score >= 0 and score < 1e15 then
-    text, kind = ms(score), 'string'
-  end
-  if kind ~= 'string' or #text > 15 or not string.find(text, '^%d+$') then
+    text = text or ms(score)
+  elseif kind ~= 'string' or #score > 15 or not string.find(score, '^%d+$') then
     return string.format('%.17g', tonumber(p) * LEVEL_SPAN + tonumber(score))
+  else
+    text = score
   end
   if p == 0 or p == '0' then return text end
-  return (LEVEL_TEXT[p] or p) .. string.rep('0', 15 - #text) .. text
+  return (LEVEL_TEXT[p] or p) .. ZEROS[15 - #text] .. text
 end
 
 -- The models of level p among index members (others skipped).
@@ -99,9 +108,10 @@ local function refresh_head(p, m)
   end
 end
 
--- Queue (p, m) got a task at score: the index keeps the lower of it and the head score.
-local function index_head(p, m, score)
-  redis.call('ZADD', K_MODELS_WITH_WORK, 'LT', work_score(p, score), work_member(p, m))
+-- Queue (p, m) got a task at score: the index keeps the lower of it and the head score (text:
+-- score's text made by ms, when the caller has it: work_score).
+local function index_head(p, m, score, text)
+  redis.call('ZADD', K_MODELS_WITH_WORK, 'LT', work_score(p, score, text), work_member(p, m))
 end
 
 -- A task with a deadline is watched by the reaper's expiry pass from its latest start

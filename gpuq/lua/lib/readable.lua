@@ -6,13 +6,14 @@
 
 -- What a claim reads of a queued task in one HMGET: the fields readable checks and the
 -- claim reply gives, in readable's order (the first N_READABLE), then offered, state and gpus
--- (at N_READABLE + 1, + 2, + 3), which the claim checks before it passes the reply in.
+-- (at N_READABLE + 1, + 2, + 3), which the claim checks before it passes the reply in, and
+-- error (+ 4: false when a hash read whole has none: lib/take.lua then clears none).
 -- Constants: made once where the scripts run as a function library (gpuq/functions.py).
 local N_READABLE = 20
 local READ_HELD = {'handler', 'payload', 'model', 'vram_gb', 'priority', 'est_s', 'attempt',
   'deadline', 'tenant', 'checkpoint', 'enqueued_at', 'queued_at', 'score', 'reserved_for',
   'yield_victim', 'max_attempts', 'began_at', 'fair', 'order', 'due_at', 'offered', 'state',
-  'gpus'}
+  'gpus', 'error'}
 
 -- Whether a number's text is hex, which tonumber reads and a worker's float() does not.
 local function hex(v) return string.find(v, '[xX]') ~= nil end
@@ -38,11 +39,13 @@ local function readable(id, p, m, now, ttl, f, vram, est, queued)
   local has_deadline = f[8] and f[8] ~= ''
   vram, est = vram or finite(f[4]), est or finite(f[6])
   local score, deadline = finite(f[13]), has_deadline and epoch(f[8])
-  local enqueued = epoch(f[11])
+  local enqueued
   if queued then  -- f[12] as the caller read it, checked as epoch checks its text
     if not (queued >= 0 and queued <= 1e15 and queued % 1 == 0) then queued = nil end
+    enqueued = f[11] == f[12] and queued or epoch(f[11])  -- the same text: read once
   else
-    queued = f[12] == f[11] and enqueued or epoch(f[12])  -- the same text: read once
+    enqueued = epoch(f[11])
+    queued = f[12] == f[11] and enqueued or epoch(f[12])
   end
   -- defect's checks (lib/corrupt.lua), in its order, on the numbers read here; a text of at
   -- most 2 bytes holds no hex number ("0x1")

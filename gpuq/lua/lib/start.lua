@@ -4,6 +4,10 @@
 --@include queue
 --@include tally
 
+-- each level's stats field of a met SLA, by its text and number: a lookup, not a new string
+local SLA_MET = {[0] = 'sla_met:P0', 'sla_met:P1', 'sla_met:P2', 'sla_met:P3', ['0'] = 'sla_met:P0',
+  ['1'] = 'sla_met:P1', ['2'] = 'sla_met:P2', ['3'] = 'sla_met:P3'}
+
 -- Remember a missed SLA for `gpuq top` (newest first, the last 100: gpuq/keys.py MISSES_KEPT).
 local function note_miss(id, p, m, wait_ms, now, kind)
   redis.call('LPUSH', K_SLA_MISSES, cjson.encode({id = id, priority = 'P' .. p, model = m,
@@ -19,7 +23,7 @@ end
 -- yield, a stop or a lost lease gives it back) counts once. Returns "met" or "missed".
 local function decide_sla(id, p, m, now, score, since, started)
   if now <= score then
-    count_stat('sla_met:P' .. p)
+    count_stat(SLA_MET[p] or 'sla_met:P' .. p)
     return 'met'
   end
   count_stat('sla_missed:P' .. p)
@@ -31,14 +35,23 @@ end
 -- worker's task set. Claim and enqueue's hand-over share it. The SLA is decided where the
 -- handler starts: here for a task whose SLA is undecided and whose model the worker holds
 -- (warm: its handler starts at once); for one started cold it is left to began.lua, which
--- the worker calls after the load. Returns the token and the reply's sla: "met" or
--- "missed" (decided here), "pending" (the worker reports the handler's start) or "" (an
--- earlier start decided it).
-local function start(id, p, m, w, now, lease_until, attempt, score, since, undecided, warm)
+-- the worker calls after the load. A previous attempt's `error` is cleared; erred = false:
+-- the caller read the whole hash and it has none (a first start), so nothing is written there
+-- (a field less to write, and to scan past in every later lookup of the hash). Returns the
+-- token and the reply's sla: "met" or "missed" (decided here), "pending" (the worker reports
+-- the handler's start) or "" (an earlier start decided it).
+local function start(id, p, m, w, now, lease_until, attempt, score, since, undecided, warm, erred)
   local token = new_token()
   local token_ms, until_ms = ms(token), ms(lease_until)
   local at = ms(now)  -- last: the claim reply's started_at is the same text (ms keeps it)
-  if undecided and warm then
+  local began = undecided and warm
+  if erred == false and began then
+    redis.call('HSET', task_key(id), 'state', 'running', 'worker', w, 'token', token_ms,
+      'attempt', attempt, 'started_at', at, 'began_at', at)
+  elseif erred == false then
+    redis.call('HSET', task_key(id), 'state', 'running', 'worker', w, 'token', token_ms,
+      'attempt', attempt, 'started_at', at)
+  elseif began then
     redis.call('HSET', task_key(id), 'state', 'running', 'worker', w, 'token', token_ms,
       'attempt', attempt, 'started_at', at, 'error', '', 'began_at', at)
   else

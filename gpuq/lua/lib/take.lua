@@ -32,7 +32,7 @@ local function take(id, p, m, w, now, lease_until, f, warm, tenancy, keep_head, 
   local undecided = not f[17] or f[17] == ''  -- no handler start has decided its SLA yet
   -- a miss's wait counts from when the task was due (a delayed or released one), else enqueued
   local token, sla = start(id, p, m, w, now, lease_until, f[7], f.score, f.due or f.enqueued,
-    undecided, warm)
+    undecided, warm, f[24])  -- READ_HELD's error: false when the hash has none
   if tenancy then
     charge(id, f[9], f.vram)
     count_tenant_sla(p, f[9], sla)

@@ -28,7 +28,8 @@ def steady(rate_per_min: int, end_ms: int = NOW, buckets: int = N + 1) -> dict[i
 
 def test_the_lua_bucket_and_ttl_are_the_python_constants() -> None:
     lua = resources.files("gpuq").joinpath("lua", "lib", "arrivals.lua").read_text()
-    assert re.search(r"arrivals_key\(ms\(math\.floor\(now / (\d+)\)\)\)", lua).group(1) == str(B)  # type: ignore[union-attr]
+    bucket = re.search(r"arrivals_key\(ms\(\(now - now % (\d+)\) / (\d+)\)\)", lua)
+    assert bucket is not None and bucket.group(1) == bucket.group(2) == str(B)
     assert re.search(r"'EXPIRE', bucket, '(\d+)'\)", lua).group(1) == str(ARRIVAL_TTL_S)  # type: ignore[union-attr]
     # a week of history and the windows around it fit in the TTL
     assert ARRIVAL_TTL_S * 1000 > 7 * DAY_MS + 2 * SET.window_s * 1000
