@@ -252,7 +252,7 @@ def ok_reply(name: str, r: list[Any], argv: Sequence[bytes]) -> bool:
     """Whether an OK reply has the shape the script's header promises."""
     tail = r[1:]
     if name == "enqueue":
-        return tail == [(len(argv) - 6) // 15]
+        return tail == [(len(argv) - 3) // 16]
     if name == "claim":
         if tail[:1] == [b"none"]:
             return len(tail) == 2 and is_count(tail[1])

@@ -167,7 +167,7 @@ def test_a_missing_estimate_is_sent_empty_for_the_pool_to_fill_in() -> None:
     """est_s None (the API's and the CLI's default) goes on the wire as "": enqueue.lua then
     uses the mean learned for the task's handler and model, else 1 s."""
     calls = Queue(fakeredis.FakeRedis(decode_responses=True)).calls
-    at = 6 + 6  # the call's head (now, check_fit, four SLAs), then est_s, the 7th task field
+    at = 3 + 6  # the call's head (now, check_fit, the SLAs' text), then est_s, the 7th task field
     sent = calls.enqueue([TaskSpec.build("h", model="m", vram_gb=1),
                           TaskSpec.build("h", model="m", vram_gb=1, est_s=2.5),
                           TaskSpec.build("h", model="m", vram_gb=1, est_s=0)]).args
