@@ -335,9 +335,8 @@ for i = 1, #order do
   end
 end
 
--- The retry (ms) to reply, rounded up to LOOK_EVERY: 0 while another idle worker of this
--- shape is due to look again by then (lib/lookout.lua). A worker skipping a model looks for
--- itself only: it never scans that model's queues for the others.
+-- The retry (ms) to reply, rounded up to LOOK_EVERY: 0 while another idle worker of this shape
+-- is due to look again by then (lib/lookout.lua); one skipping a model looks for itself only.
 local function look_again(r)
   local shape = shape_of(claimable, levels, gpus)
   if r > 0 then r = math.ceil((now + r) / LOOK_EVERY) * LOOK_EVERY - now end

@@ -27,14 +27,6 @@ local function lane_levels(lane)
   return lane and string.match(lane, '^%S+') or '0123'
 end
 
--- Whether a `lanes` entry skips any model at time now.
-local function lane_skips(lane, now)
-  for until_ms in string.gmatch(lane and string.match(lane, '^%S+(.*)$') or '', '%S+ (%d+)') do
-    if tonumber(until_ms) > now then return true end
-  end
-  return false
-end
-
 -- Whether a worker whose `lanes` entry is `lane` (nil or false: none) serves priority p and,
 -- when model m is given, does not skip m at time now.
 local function lane_serves(lane, p, m, now)

@@ -43,7 +43,11 @@ local function pass_lookout(worker, claimable, levels, gpus, now)
   local room = string.format('%.17g', claimable)  -- exact: Lua's own text of a number rounds
   for _, other in ipairs(redis.call('ZRANGEBYSCORE', K_IDLE, room, room, 'LIMIT', 0, 8)) do
     local lane = other ~= worker and redis.call('HGET', K_LANES, other)  -- false: none
-    if other ~= worker and lane_levels(lane) == levels and not lane_skips(lane, now)
+    local skips = false  -- any skip of its entry still in force
+    for until_ms in string.gmatch(lane and string.match(lane, '^%S+(.*)$') or '', '%S+ (%d+)') do
+      skips = skips or tonumber(until_ms) > now
+    end
+    if other ~= worker and lane_levels(lane) == levels and not skips
         and (tonumber(redis.call('HGET', worker_key(other), 'gpus')) or 1) == gpus then
       redis.call('HSET', K_LOOKOUTS, shape, ms(now) .. ' ' .. other)
       wake_worker(other, 'look')
