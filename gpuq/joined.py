@@ -23,6 +23,8 @@ def joined_acks(calls: Sequence[Call[Any]]) -> list[tuple[Call[Any], int]]:
     """The calls, each run of consecutive acks at the same now and TTL made one ack call of
     several tasks (ack.lua's triples: one script call's overhead and clock read for a whole
     batch's results); with how many calls each stands for."""
+    if len(calls) < 3 and (len(calls) < 2 or calls[0].script != "ack" or calls[1].script != "ack"):
+        return [(call, 1) for call in calls]  # a runner's ack and claim: nothing to join
     out: list[tuple[Call[Any], int]] = []
     for call in calls:
         last, n = out[-1] if out else (None, 0)
@@ -40,6 +42,12 @@ def joined_acks(calls: Sequence[Call[Any]]) -> list[tuple[Call[Any], int]]:
 def carried(joined: list[tuple[Call[Any], int]]) -> list[tuple[Call[Any], int]]:
     """``joined_acks``' calls with an ack call (of one task or several) right before a claim
     made one ``ack_claim`` call: the ack's argument count, its arguments, the claim's."""
+    if len(joined) == 2:  # a runner's ack (or a batch's) and claim: no loop
+        (ack, k), (call, n) = joined
+        if call.script != "claim" or ack.script != "ack":
+            return joined
+        return [(Call("ack_claim", [str(len(ack.args)), *ack.args, *call.args], call.parse, ack.replicas),
+                 k + 1)]
     out: list[tuple[Call[Any], int]] = []
     for call, n in joined:
         if call.script == "claim" and out and out[-1][0].script == "ack":
@@ -75,6 +83,11 @@ def _acks(reply: Any, n: int) -> list[Any]:
 
 def split_replies(replies: list[Any], joined: list[tuple[Call[Any], int]]) -> list[Any]:
     """The replies of joined calls as one per original call (the plain commands' after)."""
+    if len(joined) == 1 and len(replies) == 1:  # a runner's ack_claim alone (no WAIT, no extra)
+        (call, n), reply = joined[0], replies[0]
+        if (n == 2 and call.script == "ack_claim" and type(reply) is list and len(reply) == 2
+                and type(reply[0]) is list and type(reply[1]) is list):
+            return reply  # one ack's reply, then the claim's
     out: list[Any] = []
     for (call, n), reply in zip(joined, replies):
         if call.script != "ack_claim":

@@ -55,25 +55,36 @@ _kept: weakref.WeakKeyDictionary[redis.Redis, _Kept] = weakref.WeakKeyDictionary
 _kept_lock = threading.Lock()
 
 
+# the client last looked up and its _Kept: a worker's exchanges are all its one client's,
+# and the weak dictionary's get is a Python call and a new weak reference each
+_last: tuple[weakref.ref[redis.Redis], _Kept] | None = None
+
+
 def _forget() -> None:
     """In a forked child: its parent's kept connections (and their locks, perhaps held by a
     thread the child lacks) are not its own. Said at the fork, not checked at each exchange:
     ``os.getpid`` is a system call, one a task on a busy worker."""
-    global _kept_lock
+    global _kept_lock, _last
     _kept.clear()
     _kept_lock = threading.Lock()
+    _last = None
 
 
 os.register_at_fork(after_in_child=_forget)
 
 
 def _kept_for(client: redis.Redis) -> _Kept:
+    global _last
+    last = _last  # one read: another thread may replace it meanwhile
+    if last is not None and last[0]() is client:
+        return last[1]
     kept = _kept.get(client)
     if kept is None:
         with _kept_lock:
             kept = _kept.get(client)
             if kept is None:
                 kept = _kept[client] = _Kept()
+    _last = (weakref.ref(client), kept)
     return kept
 
 

@@ -92,7 +92,9 @@ class ModelCache:
                 in_use.append(name)
             else:
                 idle += r.footprint_gb
-        used = held + self.working_gb + sum(r.footprint_gb for r in self.unloading)
+        used = held + self.working_gb
+        if self.unloading:  # mostly none: no generator for them at every claim
+            used += sum(r.footprint_gb for r in self.unloading)
         return usable_gb(self.total_gb, self.reserve_gb) - used, idle, loaded, frozenset(in_use)
 
     def model_names(self) -> list[str]:

@@ -74,7 +74,10 @@ class Elsewhere:
 
 def passed(pending: list[Call[Any]]) -> bool:
     """Whether a runner's unsent calls pass a task on."""
-    return any(call.script == "fail" and call.args[4] == "2" for call in pending)
+    for call in pending:  # a loop, not any() of a generator: asked once a task
+        if call.script == "fail" and call.args[4] == "2":
+            return True
+    return False
 
 
 def sit_out(sent: list[Call[Any]], stopping: threading.Event) -> list[Call[Any]]:

@@ -100,6 +100,9 @@ class RunningSet:
         # Condition's ``with`` is a Python-level call, several a task on the runner's path
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
+        # threads in a wait on _changed: a one-slot worker's runner ends a task with none, and
+        # Condition.notify_all is two Python calls and a check that the lock is held
+        self._waiting = 0
         self._running: dict[str, Running] = {}
         # runs that ended whose ack, fail or requeue is not answered yet (it rides with the
         # next claim, which an outage holds back): task id -> run. Their leases stay
@@ -150,7 +153,8 @@ class RunningSet:
                     self._settling[task_id] = run
             self.tasks_run += len(ended)
             self._last_active = time.monotonic()
-            self._changed.notify_all()
+            if self._waiting:
+                self._changed.notify_all()
 
     def settled(self, task_id: str, token: int) -> None:
         """The run's ack, fail or requeue was answered (or its lease is gone): no more renewals."""
@@ -204,7 +208,11 @@ class RunningSet:
         with self._lock:
             if unless_empty and not self._running:
                 return False
-            self._changed.wait(timeout)
+            self._waiting += 1
+            try:
+                self._changed.wait(timeout)
+            finally:
+                self._waiting -= 1
             return True
 
     def nudge(self, reserved: bool = False) -> None:
@@ -217,7 +225,11 @@ class RunningSet:
     def wait_until(self, done: Callable[[], bool], timeout: float) -> None:
         """Wait up to ``timeout`` for ``done``, checked at every change and nudge."""
         with self._lock:
-            self._changed.wait_for(done, timeout)
+            self._waiting += 1
+            try:
+                self._changed.wait_for(done, timeout)
+            finally:
+                self._waiting -= 1
 
     def idle_s(self) -> float:
         """Seconds since a task last started or ended."""
