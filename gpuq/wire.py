@@ -104,7 +104,7 @@ def exchange(client: redis.Redis, commands: Iterable[tuple[Any, ...]], *,
             if conn is None:
                 conn = kept.conn = client.connection_pool.get_connection()
             elif retry and (bare := _bare(kept, conn)) is not None:
-                listed = list(commands)
+                listed = commands if type(commands) is list else list(commands)
                 return _bare_exchange(conn, bare, pack(conn, listed), len(listed))
             else:
                 check(conn)
@@ -153,6 +153,8 @@ def pack(conn: Any, commands: list[tuple[Any, ...]]) -> Any:
     same bytes, without the packer's per-argument checks (gpuq's commands are plain names,
     strings and numbers). A command may begin and end with ``Packed`` arguments (Tail)."""
     if hiredis is not None and type(getattr(conn, "_command_packer", None)).__name__ == _HIREDIS:
+        if len(commands) == 1:  # a worker's ack_claim: no list to build and join
+            return [_packed(commands[0])]
         return [b"".join([_packed(args) for args in commands])]
     return conn.pack_commands([spread(args) for args in commands])
 
@@ -250,6 +252,7 @@ def read_replies(conn: Any, n: int) -> list[Any]:
 _SEND = redis.connection.AbstractConnection.send_packed_command
 _READ = redis.connection.AbstractConnection.read_response
 _CLOSED = "Connection closed by server."  # redis-py's words
+_CONNECTION_ERROR = redis.ConnectionError  # read twice a reply: no module attribute lookups
 _bare_kinds: dict[type, bool] = {}
 
 
@@ -326,9 +329,9 @@ def _send_read(conn: Any, sock: Any, reader: Any, parser: Any, data: bytes, n: i
             if push is not None and type(reply) is push:
                 parser.handle_push_response(reply)
                 continue
-            if isinstance(reply, redis.ConnectionError):  # e.g. LOADING: raised, as the parser does
+            if isinstance(reply, _CONNECTION_ERROR):  # e.g. LOADING: raised, as the parser does
                 raise reply
-            if type(reply) is list and reply and isinstance(reply[0], redis.ConnectionError):
+            if type(reply) is list and reply and isinstance(reply[0], _CONNECTION_ERROR):
                 raise reply[0]
             replies.append(reply)
     except OSError as exc:

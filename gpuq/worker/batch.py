@@ -256,10 +256,22 @@ def settle(ex: Executor, spec: HandlerSpec, items: list[Claimed]) -> list[Call[A
 def settle_all(ex: Executor, calls: list[Call[Any]], replies: list[Any]) -> None:
     """``Executor.settle`` each call with its reply; the acks answered OK (a batch's, its
     usual end) under one lock for their renewals and one for their runs, rather than two a
-    task. Never raises, as settle."""
+    task; a runner's one ack answered OK without its reply parsed (three calls fewer).
+    Never raises, as settle."""
     if len(calls) < 2:
         for call, reply in zip(calls, replies):
-            ex.settle(call, reply)
+            if call.script != "ack" or type(reply) is not list or not reply or reply[0] != 0:
+                ex.settle(call, reply)
+                continue
+            task_id, token = call.args[0], call.args[1]
+            try:
+                ex.running.settled(task_id, int(token))
+                if (run := ex.unacked.pop((task_id, token), None)) is not None:
+                    ex.runtimes.add(*run)
+                if ex.observer.metrics is not None:
+                    ex.observer.observe(task_id, "succeeded")
+            except Exception:  # as settle: said; the run is renewed until its lease is dropped
+                log.exception("task.settle_failed task=%s worker=%s", task_id, ex.id)
         return
     ended: list[tuple[str, int]] = []
     runs: list[Run] = []

@@ -212,7 +212,8 @@ class Worker:
                 pending = []
                 lookout = not isinstance(claimed, tuple) and claimed > 0
                 unlisted = one_slot and isinstance(claimed, tuple)
-                outage.up(started)
+                if outage.since is not None:  # up's own first check, without its call a task
+                    outage.up(started)
                 backoff.reset()
                 if isinstance(claimed, tuple):
                     from_idle, waited = waited, False

@@ -103,38 +103,43 @@ class ModelCache:
     def reserve(self, model: str, need_gb: float) -> Reservation | None:
         """Account for a claimed task; None if it cannot fit on this GPU even after evicting."""
         with self.lock:
-            held = self.resident.get(model)
-            if held is not None:
-                # as claim.lua's fit: the other idle models make room for a held model's task
-                working = max(0.0, need_gb - held.footprint_gb)
-                if working <= 0:  # nothing to evict (_room_for)
-                    held.in_use += 1
-                    self.resident.move_to_end(model)
-                    within = self._within.get(model)
-                    if within is None:
-                        within = self._within[model] = Reservation(model, 0.0, False, ())
-                    return within
-                evict = self._room_for(working, keep=model)
-                if evict is None:
-                    return None
-                if evict:
-                    self._drop(evict)
+            return self.reserve_held(model, need_gb)
+
+    def reserve_held(self, model: str, need_gb: float) -> Reservation | None:
+        """``reserve`` by a caller holding the lock (a worker's claim: its lock taken again,
+        re-entrant, would cost a task an argument parse and two calls)."""
+        held = self.resident.get(model)
+        if held is not None:
+            # as claim.lua's fit: the other idle models make room for a held model's task
+            working = need_gb - held.footprint_gb
+            if not working > 0.0:  # nothing to evict (_room_for); max(0.0, ...) without its call
                 held.in_use += 1
                 self.resident.move_to_end(model)
-                self.working_gb += working
-                return Reservation(model, working, False, tuple(evict))
-            spec = self.app.model_spec(model)
-            if spec is None:
-                return None
-            footprint = spec.footprint(need_gb)
-            working = max(0.0, need_gb - footprint)
-            evict = self._room_for(footprint + working)
+                within = self._within.get(model)
+                if within is None:
+                    within = self._within[model] = Reservation(model, 0.0, False, ())
+                return within
+            evict = self._room_for(working, keep=model)
             if evict is None:
                 return None
-            self._drop(evict)
-            self.resident[model] = Resident(spec, footprint, in_use=1)
+            if evict:
+                self._drop(evict)
+            held.in_use += 1
+            self.resident.move_to_end(model)
             self.working_gb += working
-            return Reservation(model, working, True, tuple(evict))
+            return Reservation(model, working, False, tuple(evict))
+        spec = self.app.model_spec(model)
+        if spec is None:
+            return None
+        footprint = spec.footprint(need_gb)
+        working = max(0.0, need_gb - footprint)
+        evict = self._room_for(footprint + working)
+        if evict is None:
+            return None
+        self._drop(evict)
+        self.resident[model] = Resident(spec, footprint, in_use=1)
+        self.working_gb += working
+        return Reservation(model, working, True, tuple(evict))
 
     def _room_for(self, need_gb: float, keep: str | None = None) -> list[Resident] | None:
         """The idle models other than ``keep`` to evict, least recently used first, for

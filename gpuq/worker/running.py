@@ -184,9 +184,12 @@ class RunningSet:
 
     def slots_used(self) -> int:
         """Runner slots taken: one per task, or per batch."""
+        # a one-slot worker's every claim: nothing runs, read without the lock. A claim holds
+        # the cache lock, under which alone runs are tracked: while it reads, the runs only
+        # end, so "none" is what the lock would answer (elsewhere it is a moment's answer)
+        if not (self._running or self._superseded):
+            return 0
         with self._lock:
-            if not (self._running or self._superseded):  # a one-slot worker's every claim
-                return 0
             return sum(1 for r in [*self._running.values(), *self._superseded] if not r.batched)
 
     def snapshot(self) -> list[Running]:
