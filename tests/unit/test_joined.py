@@ -60,3 +60,27 @@ def test_a_carried_call_s_reply_splits_into_its_acks_and_its_claim() -> None:
     invalid = [1, 0, "the first argument must count the arguments of the first part"]
     error = ValueError("boom")
     assert split_replies([invalid, error], joined) == [invalid] * 3 + [error] * 2
+
+
+def test_a_runner_s_one_ack_and_claim_go_as_one_call_and_split_back() -> None:
+    calls = [ack("a"), claim()]
+    joined = carried(joined_acks(calls))
+    assert [(c.script, n) for c, n in joined] == [("ack_claim", 2)]
+    assert joined[0][0].args == ["5", "a", "7", "0", '"r-a"', "1000", "w1", "0", "40"]
+    assert calls[1].args == ["w1", "0", "40"]  # the kept claim call is untouched
+    got = [0, "task", "t1"]
+    assert split_replies([[[0], got]], joined) == [[0], got]
+    invalid = [1, 0, "the first argument must count the arguments of the first part"]
+    error = ValueError("boom")
+    for whole in (invalid, error, [[0], "not a list"], [[0]]):  # the whole call's answer
+        assert split_replies([whole], joined) == [whole, whole]
+
+
+def test_two_calls_not_an_ack_then_a_claim_go_as_they_are() -> None:
+    for calls in ([claim(), ack("a")], [fail("a"), claim()], [ack("a"), fail("b")], [claim()], []):
+        joined = carried(joined_acks(calls))
+        assert [c for c, _ in joined] == calls
+        replies = [[0, "x"]] * len(calls) + ["popped"]
+        assert split_replies(replies, joined) == replies
+    two = carried(joined_acks([ack("a"), ack("b")]))
+    assert [(c.script, n) for c, n in two] == [("ack", 2)]

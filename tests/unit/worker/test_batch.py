@@ -384,3 +384,23 @@ def test_a_batch_s_acks_settle_together_each_on_its_own_reply() -> None:
     assert [q.record(t).state for t in ids] == [State.SUCCEEDED, State.CANCELED, State.SUCCEEDED,
                                                 State.SUCCEEDED]
     assert len(ex.runtimes.take()) == 3  # the acked runs alone are learned
+
+
+@pytest.mark.parametrize("canceled", [False, True])
+def test_a_runner_s_one_ack_settles_on_its_reply(canceled: bool) -> None:
+    """A single task's ack (a runner's every task) settles as a batch's: an OK reply ends
+    its renewals and keeps its run time; a refused one is said, and learns nothing."""
+    app = App("t")
+    app.model("bge", vram_gb=2)(lambda name: name)
+    app.handler("one", model="bge")(lambda model, payload, ctx: payload)
+    q = memory_queue()
+    task_id, = enqueue(q, "one", 1)
+    ex = executor(q, app)
+    calls = batch_calls(q, ex)
+    assert [c.script for c in calls] == ["ack"] and ex.running.settling() != []
+    if canceled:
+        q.cancel(task_id)
+    batch.settle_all(ex, calls, q.scripts.pipelined(calls))
+    assert ex.running.settling() == [] and ex.unacked == {}
+    assert q.record(task_id).state == (State.CANCELED if canceled else State.SUCCEEDED)
+    assert len(ex.runtimes.take()) == (0 if canceled else 1)
