@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import hiredis
 import redis
 from redis.connection import PythonRespSerializer
@@ -11,7 +13,7 @@ from gpuq.config import Config
 from gpuq.joined import carried, joined_acks
 from gpuq.keys import Keys
 from gpuq.scripts import Call, Calls, Scripts
-from gpuq.wire import Packed, Tail, pack
+from gpuq.wire import Packed, Tail, _kept_for, pack
 
 
 def connection(python_packer: bool = False) -> redis.Connection:
@@ -62,3 +64,15 @@ def test_an_ack_claim_whose_count_says_nowhere_is_sent_as_it_is() -> None:
     for count in ("x", "-1", "99", "1.5", "²"):
         call = Call("ack_claim", [count, "t1", "3", "0", "1", "60", "w1"], lambda r: r)
         assert scripts.command(call) == scripts.sender.command(call)
+
+
+def test_each_client_keeps_its_own_connection_whichever_was_last() -> None:
+    """The last client's kept connection is found first: clients taking turns, or one made
+    where a collected one was, still each get their own."""
+    a, b = redis.Redis(host="127.0.0.1", port=1), redis.Redis(host="127.0.0.1", port=1)
+    kept_a, kept_b = _kept_for(a), _kept_for(b)
+    assert kept_a is not kept_b
+    assert [_kept_for(c) for c in (a, a, b, a, b, b)] == [kept_a, kept_a, kept_b, kept_a, kept_b, kept_b]
+    del a, b
+    gc.collect()
+    assert _kept_for(redis.Redis(host="127.0.0.1", port=1)) not in (kept_a, kept_b)
