@@ -55,14 +55,15 @@ class RunTimes:
     def add(self, handler: str, model: str, seconds: float) -> bool:
         """Keep one run; False, keeping nothing, for one learn.lua would refuse (which would
         make it refuse the whole call)."""
-        # learnable and _trim inline: a run a task
+        # learnable inline: a run a task
         if not (_learnable_names(handler, model) and 0.0 <= seconds <= MAX_SECONDS):
             return False
-        with self._lock:
-            if len(self._runs) >= self.capacity:
-                self._runs.popleft()
-                self._dropped += 1
-            self._runs.append((handler, model, float(seconds)))
+        # a deque's append is atomic: the lock (an argument parse and two calls a task) only
+        # to trim past the capacity; take and put_back only ever take from the left
+        self._runs.append((handler, model, float(seconds)))
+        if len(self._runs) > self.capacity:
+            with self._lock:
+                self._trim()
         return True
 
     def add_all(self, runs: list[Run]) -> None:
