@@ -98,7 +98,7 @@ def exchange(client: redis.Redis, commands: Iterable[tuple[Any, ...]], *,
     command is packed and sent as it is built (a stream: the server runs the first while the
     client builds the next). Raw replies: no response callbacks."""
     kept = _kept_for(client)
-    if kept.lock.acquire(blocking=False):
+    if kept.lock.acquire(False):  # positional: no keyword matched in its argument parse
         try:
             conn = kept.conn
             if conn is None:

@@ -81,7 +81,8 @@ def batch_encode() -> Callable[[Any], str]:
         except (TypeError, ValueError, RecursionError):
             built.clear()
             return encode(result)
-        return sized("".join(chunks))
+        text = "".join(chunks)
+        return text if len(text) <= MAX_RESULT_BYTES else sized(text)  # sized's check, inline
 
     return fast
 
