@@ -63,7 +63,9 @@ class Claim(NamedTuple):
 
     @classmethod
     def parse(cls, reply: list[Any]) -> Claim:
-        if str(checked(reply)[1]) != "task":
+        if reply[0] != 0:
+            checked(reply)
+        if str(reply[1]) != "task":
             return cls(None, int(reply[2]) / 1000.0)
         end = 2 + len(TASK_FIELDS)
         task = dict(zip(TASK_FIELDS, reply[2:end]))

@@ -1,10 +1,9 @@
 """The Lua scripts of gpuq: one loader, one typed call builder per script.
 
-Each script in ``gpuq/lua/`` is a function of one library (``gpuq.functions``: sent as bare
-FCALL, the library loaded again when the server lacks it; EVALSHA where the server cannot
-load it). ``Calls`` builds a typed ``Call`` per verb (its arguments and the parser of its reply); ``Scripts``
-runs calls on a sync client over ``gpuq.wire``, alone or several per round trip, and
-``gpuq.aio`` runs the same calls on an asyncio client, so each verb is written once.
+Each script in ``gpuq/lua/`` is a function of one library (``gpuq.functions``: bare FCALL, the
+library loaded again when the server lacks it, EVALSHA where it cannot load it). ``Calls`` builds
+a typed ``Call`` per verb (its arguments, its reply's parser); ``Scripts`` runs calls on a sync
+client over ``gpuq.wire``, alone or several a round trip, ``gpuq.aio`` on an asyncio client.
 """
 
 from __future__ import annotations
@@ -72,9 +71,10 @@ class Calls:
         self._claim_settings = " ".join([*self._claim_tail, self._scan, *map(str, config.defer_ms()),
                                          *map(str, config.holder_wait_ms()[2:])])
 
-    def _replicas(self, strict: bool, what: str) -> Replicas | None:
-        c = self.config
-        return Replicas(c.replica_acks, c.replica_wait_ms, strict, what) if c.replica_acks else None
+    def _replicas(self, strict: bool, what: str, task_id: str = "") -> Replicas | None:
+        c = self.config  # a task's call is named (a format) only where replicas are asked
+        return None if not c.replica_acks else Replicas(
+            c.replica_acks, c.replica_wait_ms, strict, f"{what} of task {task_id}" if task_id else what)
 
     def enqueue(self, specs: Sequence[TaskSpec], *, check_fit: bool = False,
                 now_ms: int = 0) -> Call[int]:
@@ -135,7 +135,7 @@ class Calls:
 
     def ack(self, task_id: str, token: int, result_json: str, *, now_ms: int = 0) -> Call[None]:
         return Call("ack", [task_id, str(token), str(now_ms), result_json, self._ttl],
-                    lambda r: raise_for(r, task_id), self._replicas(False, f"ack of task {task_id}"))
+                    lambda r: raise_for(r, task_id), self._replicas(False, "ack", task_id))
 
     def wait(self, task_id: str) -> Call[str]:
         """A result waiter registers, just before its pop: the task's state (TaskNotFound
@@ -182,7 +182,7 @@ class Calls:
             raise_for(r, task_id)
             return str(r[1])
 
-        return Call("fail", args, parse, self._replicas(False, f"fail of task {task_id}"))
+        return Call("fail", args, parse, self._replicas(False, "fail", task_id))
 
     def requeue(self, task_id: str, token: int | None, reason: str, *, consume: bool = False,
                 preempted: str = "", checkpoint: str = "", now_ms: int = 0) -> Call[str]:
@@ -201,7 +201,7 @@ class Calls:
             raise_for(r, task_id)
             return str(r[1])
 
-        return Call("requeue", args, parse, self._replicas(False, f"requeue of task {task_id}"))
+        return Call("requeue", args, parse, self._replicas(False, "requeue", task_id))
 
     def cancel(self, task_id: str, *, now_ms: int = 0) -> Call[str]:
         def parse(r: list[Any]) -> str:
@@ -345,7 +345,7 @@ class Scripts:
         and reads their replies instead of ``exchange`` (gpuq.worker.takeup)."""
         joined = carried(joined_acks(calls))
         sent = [call for call, _ in joined]
-        commands = [self.command(c) for c in sent] + list(extra)
+        commands = [*map(self.command, sent), *extra]
         wait = wait_command(sent)
         if wait is not None:
             commands.append(wait)
