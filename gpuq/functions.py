@@ -67,6 +67,7 @@ def _block(name: str, function: str) -> list[str]:
     per_call: list[str] = []  # statements run again at each call
     declared: list[str] = []
     kept: list[str] = []
+    constants: list[str] = []
     lines = head[1:]
     i = 0
     while i < len(lines):
@@ -80,7 +81,7 @@ def _block(name: str, function: str) -> list[str]:
                 statement.append(lines[i])
             names = [n.strip() for n in m[1].split(",")]
             if all(_CONSTANT.match(n) for n in names):  # made once, where it stands
-                _check_constant(name, names, script_source(name))
+                constants += names
                 kept.append("local " + "\n".join(statement))
             else:
                 declared.append(m[1])
@@ -91,6 +92,7 @@ def _block(name: str, function: str) -> list[str]:
             raise ValueError(f"{name}: a helper group's top-level statement {line!r} is neither "
                              "a helper, a local nor a comment")
         i += 1
+    check_constants(name, constants, script_source(name))
     return ["do",
             *(f"local {k}" for k, _ in key_names), *(f"local {names}" for names in declared),
             "local base",
@@ -116,12 +118,17 @@ def _joined_block(name: str, function: str) -> list[str]:
             "end)"]
 
 
-def _check_constant(script: str, names: list[str], source: str) -> None:
-    """A constant made once at load must not change: no line assigns to it or into it."""
-    for n in names:
-        if re.search(rf"(?<![\w.]){n}\s*(\[[^\]]*\]\s*)?=(?!=)|table\.\w+\(\s*{n}\b", source.replace(
-                f"local {n} =", "")):
-            raise ValueError(f"{script}: constant {n} is changed after it is made")
+def check_constants(script: str, names: list[str], source: str) -> None:
+    """A constant made once at load must not change: no line assigns to it or into it. One
+    search for them all: a search a constant was most of a process's start (every client
+    builds the library)."""
+    if not names:
+        return
+    alt = "|".join(map(re.escape, names))
+    made = re.sub(rf"local (?:{alt}) =", "", source)
+    found = re.search(rf"(?<![\w.])({alt})\s*(\[[^\]]*\]\s*)?=(?!=)|table\.\w+\(\s*({alt})\b", made)
+    if found:
+        raise ValueError(f"{script}: constant {found[1] or found[3]} is changed after it is made")
 
 
 @functools.cache

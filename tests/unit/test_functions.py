@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from gpuq.functions import Sender, _evalsha_sources, library, missing
+from gpuq.functions import Sender, _evalsha_sources, check_constants, library, missing
 from gpuq.lua_source import JOINED
 from gpuq.scripts import SCRIPT_NAMES
 
@@ -141,3 +141,11 @@ def test_every_source_compiles_within_luas_limits() -> None:
     lib = library(SCRIPT_NAMES).source.split("\n", 1)[1]  # its "#!lua" line is the server's
     for name, source in [*sources.items(), ("library", lib)]:
         assert errors(source) is None, (name, errors(source))
+
+
+@pytest.mark.parametrize("change", ["A = 2", "BB[3] = 1", "BB [k] = v", "table.insert(BB, 1)"])
+def test_a_constant_changed_after_it_is_made_fails_the_build(change: str) -> None:
+    made = "local A = 1\nlocal BB = {}\nlocal y = A + BB[1]\nif A == 2 then y = BB end\n"
+    check_constants("s", ["A", "BB"], made)  # read, compared, passed on: unchanged
+    with pytest.raises(ValueError, match="is changed after it is made"):
+        check_constants("s", ["A", "BB"], made + change + "\n")
