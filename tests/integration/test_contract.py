@@ -571,6 +571,9 @@ def test_calls_on_a_plain_kept_connection_skip_redis_pys_send_and_read(
     q = real_queue
     q.enqueue("h", model="A", vram_gb=1)
     conn = kept_connection(q.redis)
+    plain = redis.connection.AbstractConnection
+    if type(conn).read_response is not plain.read_response:
+        pytest.skip("a Cluster's or Sentinel's connection reads MOVED or READONLY itself: redis-py's read")
 
     def refused(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("redis-py's send or read was used")
