@@ -46,17 +46,21 @@ def carried(joined: list[tuple[Call[Any], int]]) -> list[tuple[Call[Any], int]]:
         (ack, k), (call, n) = joined
         if call.script != "claim" or ack.script != "ack":
             return joined
-        return [(Call("ack_claim", [str(len(ack.args)), *ack.args, *call.args], call.parse, ack.replicas),
-                 k + 1)]
+        return [(_ack_claim(ack, call), k + 1)]
     out: list[tuple[Call[Any], int]] = []
     for call, n in joined:
         if call.script == "claim" and out and out[-1][0].script == "ack":
             ack, k = out.pop()
-            args = [str(len(ack.args)), *ack.args, *call.args]
-            out.append((Call("ack_claim", args, call.parse, ack.replicas), k + 1))
+            out.append((_ack_claim(ack, call), k + 1))
         else:
             out.append((call, n))
     return out
+
+
+def _ack_claim(ack: Call[Any], claim: Call[Any]) -> Call[Any]:
+    """One ``ack_claim`` call of an ack call and the claim after it: the ack's argument
+    count, its arguments, the claim's (gpuq/lua_source.py's split)."""
+    return Call("ack_claim", [str(len(ack.args)), *ack.args, *claim.args], claim.parse, ack.replicas)
 
 
 def claim_start(call: Call[Any]) -> int:
