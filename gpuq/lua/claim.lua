@@ -123,8 +123,9 @@ end
 if (finite(fair[4]) or math.huge) <= now then promote_due(now, 20, TTL) end
 local unread_until = pickup and pickup <= now and reclaim_handed(now, 8, TTL, pickup)
 
--- Workers woken for a skipped task: the better-placed one, or one a too-big task fits.
-local pass_to, unfit_need, unfit_p, unfit_gpus, unfit_m, retry = false  -- pass_to: a set
+-- Workers woken for a skipped task: the better-placed one (pass_to, a set), or one the first
+-- task too big for this worker fits (unfit: {need, priority, gpus, model}).
+local pass_to, unfit, retry = false, false
 
 -- The idle worker better placed than this one for a cold task, if any: one holding its
 -- model, or one it fits more tightly that runs nothing (a worker with free slots left in
@@ -232,7 +233,7 @@ local function scan_queue(p, m)
     elseif tenancy and tenant and over_quota(tenant, need, wants) then
       -- at its tenant's cap: the next task of the queue may be another tenant's
     elseif wants > gpus then
-      if not unfit_need then unfit_need, unfit_p, unfit_gpus, unfit_m = need, p, wants, m end
+      if not unfit then unfit = {need, p, wants, m} end
     elseif footprint and need - footprint <= held_room(m, footprint) then
       local fields = readable(id, p, m, now, TTL, all, need, est, queued_at)
       if fields then return id, need > footprint and need - footprint or 0, fields, head end
@@ -256,8 +257,7 @@ local function scan_queue(p, m)
       else
         retry = math.min(retry or left, left)
       end
-    elseif not unfit_need then
-      unfit_need, unfit_p, unfit_gpus, unfit_m = need, p, wants, m
+    elseif not unfit then unfit = {need, p, wants, m}
     end
   end
   return nil
@@ -350,8 +350,8 @@ end
 
 if pass_to then for w in pairs(pass_to) do wake_worker(w) end end
 if not id then
-  if unfit_need then
-    local w = tightest(unfit_need, '+inf', worker, unfit_p, false, unfit_gpus, unfit_m, now)
+  if unfit then
+    local w = tightest(unfit[1], '+inf', worker, unfit[2], false, unfit[3], unfit[4], now)
     if w and not (pass_to and pass_to[w]) then wake_worker(w) end
   end
   redis.call('ZADD', K_IDLE, claimable, worker)
