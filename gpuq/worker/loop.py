@@ -7,7 +7,8 @@ SIGTERM stops claiming, lets running tasks finish for ``shutdown_grace_s``, requ
 still running (attempt given back), and exits; a second signal ends the grace; ``gpuq drain``
 waits without a limit. Idle for ``idle_timeout_s``, while the pool keeps more than
 ``min_workers`` live, it unloads its models (a hung unloader does not hold the exit:
-ModelCache.unload_all), leaves and exits 0 (no autoscaler kills a busy worker).
+ModelCache.unload_all), leaves and exits 0 (no autoscaler kills a busy worker); both ways
+out are gpuq.worker.leaving's.
 
 An ``async def`` handler runs on the worker's one event loop while its runner thread waits
 (gpuq.worker.eventloop), so N runners give N concurrent coroutines sharing one model.
@@ -36,7 +37,7 @@ from gpuq.keys import Keys
 from gpuq.metrics import WorkerMetrics
 from gpuq.metrics_http import serve_http
 from gpuq.scripts import Call, Calls, Scripts
-from gpuq.worker import batch, passing
+from gpuq.worker import batch, leaving, passing
 from gpuq.worker.asking import Asking
 from gpuq.worker.batch import Added
 from gpuq.worker.control import Control
@@ -275,39 +276,6 @@ class Worker:
                 self.draining = True
             self.request_stop()
 
-    def check_idle(self) -> None:
-        """Idle past the timeout: retire, unloading the models, unless the pool is at its
-        minimum; then stay with the models loaded (the next task for one of them starts warm;
-        they go only to make room) and look again after another timeout."""
-        timeout = self.config.idle_timeout_s
-        if timeout <= 0 or self.burst or self.stopping.is_set():
-            return
-        with self.cache.lock:  # claims hold it too: none can start while this decides
-            if len(self.running) or self.running.idle_s() < timeout:
-                return
-            retired, live = self.scripts.run(self.calls.retire(self.id))
-            if retired:
-                self.retired.set()  # the heartbeat stops beating: it would list us again
-                self.stopping.set()
-                unloaded = self.cache.evict_idle()
-            else:
-                self.running.touch()
-                unloaded = []
-        if unloaded:
-            self.cache.unload_all(unloaded, time.monotonic() + self.config.shutdown_grace_s, self.hurry)
-            names = [r.spec.name for r in unloaded]
-            try:  # retire dropped the holdings already: only the hash's view is late
-                self.presence.show(self.cache, dropped=names)
-            except redis.RedisError as exc:  # raised, it would leave the worker stopping for good
-                log.warning("presence.unsent worker=%s error=%s", self.id, exc)
-            log.info("worker.idle_unloaded worker=%s models=%s", self.id, ",".join(names))
-        if retired:
-            log.info("worker.retiring worker=%s idle_s=%.0f live_workers=%d", self.id, timeout, live)
-            self.request_stop()
-        else:
-            log.info("worker.idle_stays worker=%s live_workers=%d models=%s: the pool is at its "
-                     "minimum", self.id, live, ",".join(self.cache.model_names()))
-
     def run(self) -> int:
         cfg = self.config
         handover = None if self.burst else (int(cfg.defer_s * 1000), cfg.fair_every, int(cfg.lease_s * 1000))
@@ -333,10 +301,10 @@ class Worker:
             t.start()
         while not self.done.wait(0.5):
             try:
-                self.check_idle()
+                leaving.check_idle(self)
             except redis.RedisError as exc:  # the runners and the heartbeat retry meanwhile
                 self.outage.down(exc)
-        self.shutdown(runners, heartbeat)
+        leaving.shutdown(self, runners, heartbeat)
         log.info("worker.stopped worker=%s tasks=%d model_loads=%d", self.id,
                  self.running.tasks_run, self.executor.model_loads)
         return 0
@@ -349,52 +317,3 @@ class Worker:
                          control, self.gpu, self.runtimes, period_s=self.config.heartbeat_s,
                          outage=self.outage, stopping=self.stopping, retired=self.retired,
                          metrics=self.observer.metrics, broken=self.executor.broken)
-
-    def join_runners(self, runners: list[threading.Thread]) -> float:
-        """Wait for the runners (each exits after its last ack) for ``shutdown_grace_s``; a
-        drain waits however long they take, until a SIGTERM cuts it to the grace from then.
-        Returns when the grace ends (monotonic)."""
-        grace_end = time.monotonic() + self.config.shutdown_grace_s
-        while self.draining and any(t.is_alive() for t in runners):
-            for t in runners:
-                t.join(0.2)
-            grace_end = time.monotonic() + self.config.shutdown_grace_s
-        while not self.hurry.is_set() and (alive := [t for t in runners if t.is_alive()]):
-            if (left := grace_end - time.monotonic()) <= 0:
-                break
-            alive[0].join(min(0.1, left))  # a second signal cuts the grace short
-        return grace_end
-
-    def give_back_unread(self) -> None:
-        """Tasks handed over at enqueue that no runner read (left behind the stop wake-ups)
-        go back to their queues before leaving deletes the wake list."""
-        try:
-            unread = self.redis.lrange(self.keys.wake(self.id), 0, -1)
-        except redis.RedisError:
-            return  # a claim or the reaper takes them back at their pickup deadline
-        for fields in filter(None, map(handed_over, unread)):
-            self.give_back(fields["id"], int(fields["token"]))
-
-    def shutdown(self, runners: list[threading.Thread], heartbeat: Heartbeat) -> None:
-        self.stopping.set()
-        try:  # unblock runners waiting on their wake list
-            self.redis.lpush(self.keys.wake(self.id), *["stop"] * len(runners))
-        except redis.RedisError:
-            pass
-        grace_end = self.join_runners(runners)
-        # with Redis away, keep trying the give-backs to the grace's end (at least stop_s)
-        until = max(grace_end, time.monotonic() + self.config.stop_s)
-        for r in [r for r in self.running.snapshot() if not r.stopped]:  # stopped: requeued
-            self.give_back(r.task_id, r.token, until, r.ctx.saved or "")
-            r.stopped = r.ctx.lost = True  # no longer ours: its handler's end is moot
-        self.give_back_unread()
-        heartbeat.stop()  # before leaving: a late beat would list this worker again
-        held = self.cache.model_names()
-        evicted = self.cache.evict_idle()
-        try:  # before the unloads: a worker still listed idle would be handed tasks meanwhile
-            self.presence.leave(held, until)
-        except redis.RedisError as exc:
-            log.error("worker.leave_failed worker=%s error=%s", self.id, exc)
-        self.cache.unload_all(evicted, max(until, time.monotonic() + self.config.stop_s), self.hurry)
-        self.cache.aio.close()  # async tasks still running past the grace are cancelled
-        self.executor.takeups.close()

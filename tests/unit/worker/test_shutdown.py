@@ -12,6 +12,7 @@ import redis
 
 from gpuq import Config, Queue, State, worker_record
 from gpuq.worker import control as control_module
+from gpuq.worker import leaving
 from gpuq.worker.control import EXIT_STUCK
 from gpuq.worker.gpu import GpuInfo
 from gpuq.worker.loop import Worker
@@ -111,7 +112,7 @@ def test_a_task_given_back_at_shutdown_keeps_its_saved_checkpoint() -> None:
     handler had saved: its next run started over (a stop past a yield deadline kept it)."""
     queue, worker, running = claimed_worker()
     running.ctx.save_checkpoint({"done": 30})
-    worker.shutdown([], worker.heartbeat())
+    leaving.shutdown(worker, [], worker.heartbeat())
     record = queue.record(running.task_id)
     assert (record.state.value, record.attempt, record.checkpoint) == ("queued", 0, {"done": 30})
 
@@ -148,7 +149,7 @@ def test_an_unloader_that_never_returns_does_not_keep_the_worker_from_exiting() 
                             "h", vram_gb=4)
     try:
         t0 = time.monotonic()
-        worker.shutdown([], worker.heartbeat())
+        leaving.shutdown(worker, [], worker.heartbeat())
         assert time.monotonic() - t0 < 3.0
         assert queue.redis.zscore(queue.keys.workers, "w") is None
         assert queue.redis.zscore(queue.keys.idle, "w") is None
@@ -168,7 +169,7 @@ def test_a_retire_whose_last_show_meets_an_outage_still_stops_the_worker() -> No
     worker.presence.show = down  # type: ignore[method-assign]
     time.sleep(0.05)
     try:
-        worker.check_idle()
+        leaving.check_idle(worker)
     except redis.RedisError:
         pass  # the main loop logs it as an outage and goes on
     assert worker.retired.is_set() and worker.done.is_set()
@@ -180,7 +181,7 @@ def test_a_run_given_back_at_shutdown_sends_nothing_when_its_handler_ends() -> N
     requeued: "task.failed ... StopTask" and "lease.lost ... failure discarded" logged for
     every task of a graceful stop, and each counted as lost in the worker's metrics."""
     queue, worker, (fields, res, running) = claimed()
-    worker.shutdown([], worker.heartbeat())
+    leaving.shutdown(worker, [], worker.heartbeat())
     assert queue.record(running.task_id).state.value == "queued"
     assert running.stopped and running.ctx.should_stop()
     assert worker.executor.execute(fields, res, running) is None
