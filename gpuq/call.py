@@ -1,5 +1,5 @@
 """A script call: the script's name, its arguments, the parser of its reply and the replicas
-its write must reach. ``gpuq.scripts.Calls`` builds one per verb; ``Scripts`` and
+its write must reach. ``gpuq.calls.Calls`` builds one per verb; ``gpuq.scripts.Scripts`` and
 ``gpuq.aio`` run them. Immutable, and a tuple: a worker builds two a task, and a frozen
 dataclass's fields are each set through ``object.__setattr__`` (3x a tuple's build)."""
 
