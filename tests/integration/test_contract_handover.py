@@ -150,6 +150,19 @@ def test_enqueue_wakes_on_the_list_of_the_tasks_priority(queue: Queue) -> None:
     assert queue.redis.llen(queue.keys.level_wake(0)) == 1  # the other still idles
 
 
+def test_a_requeued_task_wakes_on_the_list_of_its_priority(queue: Queue) -> None:
+    """A task going back to its queue (a requeue, a retry's promotion) wakes as enqueue does:
+    on its priority's list, which an idle online lane does not wait on."""
+    register(queue, "lane", levels="0")
+    register(queue, "w1")
+    tid = enqueue(queue, T0, model="m", vram_gb=1, priority="P2")  # handed over to w1
+    token = pop_wake(queue, "w1")["token"]
+    assert queue.redis.llen(queue.keys.level_wake(2)) == 1  # enqueue's safety token
+    queue.scripts.run(queue.calls.requeue(tid, int(token), "yielded", now_ms=T0 + 10))
+    assert queue.redis.llen(queue.keys.level_wake(2)) == 2
+    assert queue.redis.llen(queue.keys.pool_wake) == 0
+
+
 def test_a_pickup_not_confirmed_in_time_goes_to_the_next_claim(queue: Queue) -> None:
     """The worker it was handed to died idle: another idle worker, woken by the pool-wide
     token, is told to look again at the pickup deadline, then takes the task."""
