@@ -55,8 +55,7 @@ class RunTimes:
     def add(self, handler: str, model: str, seconds: float) -> bool:
         """Keep one run; False, keeping nothing, for one learn.lua would refuse (which would
         make it refuse the whole call)."""
-        # learnable inline: a run a task
-        if not (_learnable_names(handler, model) and 0.0 <= seconds <= MAX_SECONDS):
+        if not learnable(handler, model, seconds):
             return False
         # a deque's append is atomic: the lock (an argument parse and two calls a task) only
         # to trim past the capacity; take and put_back only ever take from the left
