@@ -58,7 +58,6 @@ SUFFIXES: dict[str, str] = {
     "registrations": "registrations",
     "idle": "idle",
     "pool_wake": "wake",
-    "level_wake": "wakes:{priority}",  # for the idle workers serving one priority (lib/wake.lua)
     "lookouts": "lookouts",
     "classes": "classes",
     "class_gpus": "classes:gpus",
@@ -268,9 +267,6 @@ class Keys:
     @property
     def pool_wake(self) -> str:
         return self._key("pool_wake")
-
-    def level_wake(self, priority: int | str) -> str:
-        return self._key("level_wake", priority)
 
     @property
     def lookouts(self) -> str:

@@ -230,8 +230,7 @@ end
 
 local function add(h, field, value) local n = #h; h[n + 1] = field; h[n + 2] = value; return h end
 -- arrived: the models in order of first arrival, and model -> tasks (lib/arrivals.lua)
--- unwoken: priority -> its tasks no idle worker was picked for; targeted: one picked's priority
-local unwoken, targeted, heads, urgent, arrived = {}, false, {}, false, {}
+local unwoken, targeted, heads, urgent, arrived = 0, 0, {}, false, {}
 local now_ms = ms(now)
 for r = 1, #ready do
   local i = ready[r]
@@ -256,9 +255,9 @@ for r = 1, #ready do
     and (warm or prio == '0' or prio == '1' or not busy_holders_of(model, vram, prio, w, gpus_of[i])[1])
     and handover(w)
   if idle then
-    targeted, idle_n = prio, idle_n - 1
+    targeted, idle_n = 1, idle_n - 1
   else
-    unwoken[prio] = (unwoken[prio] or 0) + 1
+    unwoken = unwoken + 1
     urgent = urgent or prio == '0' or prio == '1'
   end
   -- numbers formatted once (a float's formatting costs as much as a command), normalized
@@ -328,14 +327,10 @@ for i = 1, n do  -- held tasks (lib/defer.lua), in call order
 end
 if tenancy then fair_flush() end  -- without tenancy nothing was added to flush
 count_arrivals(now, arrived)
--- while other workers idle, wakes on each priority's list for the tasks no idle worker was
--- picked for, and one in case a picked worker died idle (its offer lapses after the defer
--- bound); none while nobody idles: only idle workers wait on the lists, and a busy one
--- claims when it is done
-if idle_n > 0 then
-  if targeted then unwoken[targeted] = (unwoken[targeted] or 0) + 1 end
-  for p, count in pairs(unwoken) do wake_pool(count, level_wake_key(p)) end
-end
+-- while other workers idle, pool-wide wakes for the tasks no idle worker was picked for, and
+-- one in case a picked worker died idle (its offer lapses after the defer bound); none while
+-- nobody idles: only idle workers wait on the lists, and a busy one claims when it is done
+if idle_n > 0 and unwoken + targeted > 0 then wake_pool(unwoken + targeted) end
 -- online or nearline work no idle worker can take: wake the reaper to plan a preemption now
 -- rather than at its next round (one token: it plans for every waiting task at once)
 if urgent then

@@ -78,10 +78,7 @@ class GpuqScheduler:
         # methods, and the scale step, always followed by `control`) drops them, and `woken`
         # reads them again
         self.counts: list[Any] | None = None
-        # the pool's wake list, then each priority's (lib/wake.lua), as a worker pops them
-        self.lists = [self.keys.pool_wake, *map(self.keys.level_wake, "0123")]
-        self._count = [("ZCARD", self.keys.idle), *(("LLEN", k) for k in self.lists)]
-        self.levels: dict[str, str] = {}  # each GPU's levels served: a lane pops its own
+        self._count = [("ZCARD", self.keys.idle), ("LLEN", self.keys.pool_wake)]
         # the woken workers' tokens, popped with the next claim's round trip (the woken
         # worker's own: a claim reads neither wake list)
         self.drain: list[tuple[Any, ...]] = []
@@ -104,7 +101,6 @@ class GpuqScheduler:
         lease_ms = int(self.config.lease_s * 1000)
         pipe = self.redis.pipeline(transaction=False)
         for worker_id, total_gb, levels, devices in gpus:
-            self.levels[worker_id] = levels
             name = class_name(f"sim-{total_gb / devices:g}GB", devices)
             gpu = GpuInfo(name, "", total_gb, None, "declared", devices)
             fields = worker_record.identity(worker_id, gpu, self.config.kv_reserve_gb, 1, levels, "sim", 0)
@@ -123,7 +119,7 @@ class GpuqScheduler:
         call = self.calls.enqueue([spec], now_ms=now_ms)
         extra = [("LPOP", self.keys.urgent), *self._count, ("HGET", self.keys.task(task_id), "offered")]
         reply, *rest = self.scripts.pipelined([call], self._with_drain(extra))
-        token, self.counts = rest[-len(extra)], rest[-len(extra) + 1:]
+        token, self.counts = rest[-4], rest[-3:]
         call.parse(reply)
         return bool(token == "1")  # "due": a delayed task became first due (a replay keeps time)
 
@@ -137,7 +133,7 @@ class GpuqScheduler:
             ack = self.calls.ack(finished.task_id, finished.token, "null", now_ms=now_ms)
             acked, reply, *rest = self.scripts.pipelined([ack, call], self._with_drain(self._count))
             ack.parse(acked)
-        self.counts = rest[-len(self._count):]
+        self.counts = rest[-2:]
         got = call.parse(reply)
         if got.task is None:
             return got.retry_s
@@ -198,11 +194,10 @@ class GpuqScheduler:
         if not n_idle:
             return {}
         # `idle` lists only GPUs the engine holds idle (one slot each), so with as many listed
-        # as held idle and no pool-wide token nobody was woken: counts, not the whole set
-        listed_n, *more = self.counts or exchange(self.redis, self._count, retry=True)
+        # as held idle and no pool-wide token nobody was woken: two counts, not the whole set
+        listed_n, pooled, *offered = self.counts or exchange(self.redis, self._count, retry=True)
         self.counts = None
-        pooled, offered = more[:len(self.lists)], more[len(self.lists):]
-        if listed_n == n_idle and not any(pooled):
+        if listed_n == n_idle and not pooled:
             return {}
         idle = ids()
         own: list[str] = []
@@ -217,17 +212,12 @@ class GpuqScheduler:
             rest = [w for w in idle if w in still]
             tokens = exchange(self.redis, [("LRANGE", self.keys.wake(w), 0, -1) for w in own], retry=True)
             looks = {w: "look" in got for w, got in zip(own, tokens)}
-        # each of the others pops its levels' tokens first, then the pool's (Worker.wake_lists)
-        popped, chosen = [0] * len(pooled), set(own)
-        for w in rest:
-            at = next((i for i in [1 + int(q) for q in self.levels.get(w, "0123")] + [0]
-                       if pooled[i] > popped[i]), None)
-            if at is not None:
-                popped[at] += 1
-                chosen.add(w)
+        shared = min(pooled, len(rest))
         # the tokens are popped in the first woken worker's claim's round trip
         self.drain = [("DEL", self.keys.wake(w)) for w in own]
-        self.drain += [("LPOP", k, n) for k, n in zip(self.lists, popped) if n]
+        if shared:
+            self.drain.append(("LPOP", self.keys.pool_wake, shared))
+        chosen = set(rest[:shared]) | set(own)
         return {w: looks.get(w, False) for w in idle if w in chosen}
 
     def plan(self, now_ms: int) -> dict[str, int]:

@@ -66,8 +66,7 @@ class Worker:
         self.batches = batch.wanted(app)
         gpu_tag = gpu.index_text.replace(",", "+") or "x"
         self.id = worker_id or f"{socket.gethostname()}-{gpu_tag}-{uuid.uuid4().hex[:6]}"
-        keys = self.keys = Keys(config.pool, config.prefix)
-        self.wake_lists = [keys.wake(self.id), *map(keys.level_wake, self.levels), keys.pool_wake]
+        self.keys = Keys(config.pool, config.prefix)
         self.scripts = Scripts(client, self.keys)
         self.calls = Calls(config)
         self.cache = ModelCache(app, gpu.total_gb, gpu.reserve_gb(config.kv_reserve_gb))
@@ -86,7 +85,8 @@ class Worker:
         self.asking = Asking(self.id, self.levels, gpu.count, self.batches, self.cache, self.executor.broken,
                              self.calls)
         self.outage = Outage(f"worker={self.id}", log)  # Redis down: said once by all its loops
-        self.blocked, self._blocked_lock = 0, threading.Lock()  # runners blocked: see wake_sibling
+        self.blocked = 0  # runners blocked on the wake lists (concurrency > 1: see wake_sibling)
+        self._blocked_lock = threading.Lock()
 
     def settle(self, pending: list[Call[Any]]) -> None:
         """Send the finished tasks' acks or fails alone, in one round trip."""
@@ -148,11 +148,10 @@ class Worker:
                     return
 
     def wait_for_work(self, retry_s: float) -> Claimed | bool | None:
-        """Block on this worker's wake list (hand-overs), then its levels' and the pool's
-        (lib/wake.lua; no sleep loop). A task left for a better-placed worker is looked at
-        again once its deferral ends (retry_s), a skipped model's once its backoff ends
-        (gpuq.worker.broken). Returns a task handed over at enqueue, if the wake-up carried
-        one; True for a "look" token (lib/lookout.lua)."""
+        """Block on this worker's wake list and the pool's (no sleep loop). A task left for a
+        better-placed worker is looked at again once its deferral ends (retry_s), a skipped
+        model's once its backoff ends (gpuq.worker.broken). Returns a task handed over at
+        enqueue, if the wake-up carried one; True for a "look" token (lib/lookout.lua)."""
         if self.burst:
             if not self.running.wait(retry_s or 1.0, unless_empty=retry_s <= 0):
                 self.stopping.set()  # burst: nothing left that this worker can run
@@ -163,7 +162,7 @@ class Worker:
             with self._blocked_lock:
                 self.blocked += 1
             try:
-                popped, clock = pop(self.redis, self.wake_lists, timeout)
+                popped, clock = pop(self.redis, [self.keys.wake(self.id), self.keys.pool_wake], timeout)
             finally:
                 with self._blocked_lock:
                     self.blocked -= 1

@@ -19,13 +19,13 @@ from gpuq.worker.presence import Presence
 LEASE_MS, DEFER_MS, FAIR_EVERY = 30_000, 2_000, 5
 
 
-def register(q: Queue, wid: str, *, slots: int = 1, handover: bool = True, levels: str = "0123") -> None:
+def register(q: Queue, wid: str, *, slots: int = 1, handover: bool = True) -> None:
     """A worker as presence writes it, then idle: its claim found nothing."""
     gpu = GpuInfo("L4", f"uuid-{wid}", 24, None, "declared")
-    fields = worker_record.identity(wid, gpu, 5.0, slots, levels, "h", 1,
+    fields = worker_record.identity(wid, gpu, 5.0, slots, "0123", "h", 1,
                                (DEFER_MS, FAIR_EVERY, LEASE_MS) if handover else None)
     Presence(q.redis, q.keys, wid).register(fields, LEASE_MS)
-    assert claim(q, wid, 19, slots=slots, levels=levels, now_ms=T0) is None
+    assert claim(q, wid, 19, slots=slots, now_ms=T0) is None
 
 
 def test_an_idle_one_slot_worker_is_handed_the_task_started(queue: Queue) -> None:
@@ -126,41 +126,11 @@ def test_a_heartbeat_for_a_hand_over_leaves_handed(queue: Queue) -> None:
 def test_enqueue_pushes_pool_wakes_only_while_a_worker_idles(queue: Queue) -> None:
     """Only idle workers block on the wake lists; a busy one claims again when it is done,
     so a token pushed while nobody idles would only wake a worker later, for nothing."""
-    enqueue(queue, T0, model="m", vram_gb=30, priority="P2")  # no worker at all
-    assert queue.redis.llen(queue.keys.level_wake(2)) == 0
-    register(queue, "w1")  # idles with 19 GB: a 30 GB task is for nobody here
-    enqueue(queue, T0 + 1, model="m", vram_gb=30, priority="P2")
-    assert queue.redis.llen(queue.keys.level_wake(2)) == 1
-
-
-def test_enqueue_wakes_on_the_list_of_the_tasks_priority(queue: Queue) -> None:
-    """A task no idle worker was picked for wakes on its priority's list, which only workers
-    serving that priority wait on: an idle online lane is not woken by batch work (it would
-    claim, find nothing and idle again, a wasted claim a task). The safety token for a
-    picked worker goes on its task's list too; the pool's own list is for wakes of tasks of
-    several or unknown priorities (a release of children, a quota raised)."""
-    register(queue, "lane", levels="0")
-    register(queue, "other", levels="0")
-    enqueue(queue, T0, model="m", vram_gb=1, priority="P2")
-    enqueue(queue, T0 + 1, model="m", vram_gb=1, priority="P3")
-    lists = {p: queue.redis.llen(queue.keys.level_wake(p)) for p in range(4)}
-    assert lists == {0: 0, 1: 0, 2: 1, 3: 1} and queue.redis.llen(queue.keys.pool_wake) == 0
-    online = enqueue(queue, T0 + 2, model="m", vram_gb=1, priority="P0")
-    assert queue.record(online).worker in ("lane", "other")  # handed over to one of them
-    assert queue.redis.llen(queue.keys.level_wake(0)) == 1  # the other still idles
-
-
-def test_a_requeued_task_wakes_on_the_list_of_its_priority(queue: Queue) -> None:
-    """A task going back to its queue (a requeue, a retry's promotion) wakes as enqueue does:
-    on its priority's list, which an idle online lane does not wait on."""
-    register(queue, "lane", levels="0")
-    register(queue, "w1")
-    tid = enqueue(queue, T0, model="m", vram_gb=1, priority="P2")  # handed over to w1
-    token = pop_wake(queue, "w1")["token"]
-    assert queue.redis.llen(queue.keys.level_wake(2)) == 1  # enqueue's safety token
-    queue.scripts.run(queue.calls.requeue(tid, int(token), "yielded", now_ms=T0 + 10))
-    assert queue.redis.llen(queue.keys.level_wake(2)) == 2
+    enqueue(queue, T0, model="m", vram_gb=30)  # no worker at all
     assert queue.redis.llen(queue.keys.pool_wake) == 0
+    register(queue, "w1")  # idles with 19 GB: a 30 GB task is for nobody here
+    enqueue(queue, T0 + 1, model="m", vram_gb=30)
+    assert queue.redis.llen(queue.keys.pool_wake) == 1
 
 
 def test_a_pickup_not_confirmed_in_time_goes_to_the_next_claim(queue: Queue) -> None:
@@ -171,7 +141,7 @@ def test_a_pickup_not_confirmed_in_time_goes_to_the_next_claim(queue: Queue) -> 
     queue.redis.zadd(queue.keys.idle, {"dead": 1})  # the tighter fit: it gets the task
     tid = enqueue(queue, T0 + 10, priority="P1", model="m", vram_gb=1)
     assert queue.record(tid).worker == "dead"
-    assert queue.redis.llen(queue.keys.level_wake(1)) == 1  # w2 still idles: the safety token
+    assert queue.redis.llen(queue.keys.pool_wake) == 1  # w2 still idles: the safety token
     early = claim_reply(queue, "w2", 19, now_ms=T0 + 20)
     # its pickup deadline (T0 + 510), + 1 ms, rounded up to 100 ms as a lookout's time is
     assert early.task is None and early.retry_s == (600 - 20) / 1000

@@ -33,7 +33,7 @@ local function push(id, now, ttl)
   local offered, woken = wake(f[2], tonumber(f[4]), f[1], idle_n, tonumber(f[9]) or 1, now)
   redis.call('HSET', task_key(id), 'offered', offered or '', 'fair', fair_field)
   -- a woken worker has left the idle set: a pool-wide wake too while others remain
-  if not woken or idle_n > 1 then wake_pool(1, level_wake_key(f[1])) end
+  if not woken or idle_n > 1 then wake_pool(1) end
   return 'queued'
 end
 

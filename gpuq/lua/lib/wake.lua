@@ -10,14 +10,11 @@ local function wake_worker(w, token)
   redis.call('LPUSH', wake_key(w), token or '1')
 end
 
--- One entry per task left unwoken (up to 16 a list), so as many idle workers can wake: on
--- the list of the tasks' priority where there is one (the key given), which only workers
--- serving it wait on (an idle online lane is not woken by batch work), else on the pool's.
-local function wake_pool(count, key)
-  key = key or K_POOL_WAKE
+-- One entry per task left unwoken (up to 16), so as many idle workers can wake.
+local function wake_pool(count)
   -- the list is full most of the time nobody idles: then nothing is pushed
-  local room = 16 - redis.call('LLEN', key)
-  for _ = 1, (count or 1) < room and (count or 1) or room do redis.call('LPUSH', key, '1') end
+  local room = 16 - redis.call('LLEN', K_POOL_WAKE)
+  for _ = 1, (count or 1) < room and (count or 1) or room do redis.call('LPUSH', K_POOL_WAKE, '1') end
 end
 
 -- Whether worker w's group has `gpus` devices: read only for a task asking for more than one.
