@@ -60,7 +60,7 @@ MIN_TIME_SCALE = 0.01  # the arrival rate grows as 1/time_scale; below this it o
 
 @dataclass(frozen=True)
 class Kind:
-    """One kind of request in the mix; est_s is drawn uniformly from [est_lo, est_hi]."""
+    """One kind of request in the mix; its run (unscaled s) is drawn from [est_lo, est_hi]."""
 
     name: str
     priority: Priority
@@ -99,15 +99,19 @@ def arrival_rate(time_scale: float) -> float:
     return TARGET_BUSY * len(GPUS) / mean_s
 
 
-def new_task(rng: random.Random, n: int) -> dict[str, Any]:
+def new_task(rng: random.Random, n: int, time_scale: float) -> dict[str, Any]:
+    """A request of the mix. Its simulated run lasts ``run_s`` (unscaled, as the model loads
+    in workers/sim.py) times the time scale, and ``est_s`` says so: the holder wait and the
+    planner then weigh what the GPUs really take; the SLAs and deadlines are wall time."""
     kind = rng.choices(WORKLOAD, weights=[k.weight for k in WORKLOAD])[0]
-    return {"handler": "sim.run", "payload": {"kind": kind.name, "n": n}, "model": kind.model,
-            "vram_gb": kind.vram_gb, "priority": kind.priority,
-            "est_s": round(rng.uniform(kind.est_lo, kind.est_hi), 3), "deadline_s": kind.deadline_s,
-            "gpus": kind.gpus}
+    run_s = round(rng.uniform(kind.est_lo, kind.est_hi), 3)
+    return {"handler": "sim.run", "payload": {"kind": kind.name, "n": n, "run_s": run_s},
+            "model": kind.model, "vram_gb": kind.vram_gb, "priority": kind.priority,
+            "est_s": round(run_s * time_scale, 4), "deadline_s": kind.deadline_s, "gpus": kind.gpus}
 
 
-def produce(queue: Queue, rng: random.Random, seconds: float, rate: float) -> list[str]:
+def produce(queue: Queue, rng: random.Random, seconds: float, rate: float,
+            time_scale: float) -> list[str]:
     """Poisson arrivals for `seconds`; arrivals that fall due together go in one round trip."""
     ids: list[str] = []
     start = time.monotonic()
@@ -117,7 +121,7 @@ def produce(queue: Queue, rng: random.Random, seconds: float, rate: float) -> li
         due: list[dict[str, Any]] = []
         elapsed = time.monotonic() - start
         while next_at < seconds and next_at <= elapsed:
-            due.append(new_task(rng, len(ids) + len(due)))
+            due.append(new_task(rng, len(ids) + len(due), time_scale))
             next_at += rng.expovariate(rate)
         ids += [t.id for t in queue.enqueue_many(due)]
     return ids
@@ -230,7 +234,7 @@ def session(queue: Queue, fleet: Fleet, seconds: float, time_scale: float,
     rate = arrival_rate(time_scale)
     click.echo(f"{len(GPUS)} simulated GPUs and a reaper up in {time.monotonic() - started:.1f} s; "
                f"producing for {seconds:g} s at {rate:.1f} tasks/s (seed {seed})", err=True)
-    ids = produce(queue, random.Random(seed), seconds, rate)
+    ids = produce(queue, random.Random(seed), seconds, rate, time_scale)
     drain(queue, fleet, len(ids))
     fleet.stop()  # before reading the logs, so every worker has flushed its last line
     records, began = fetch_records(queue.redis, queue.keys, ids)

@@ -2,14 +2,14 @@
 
 Serves any model name a task gives: its VRAM footprint is the task's ``vram_gb`` and its
 load time comes from the table below (default about a second). The handler ``sim.run``
-sleeps for the task's ``est_s`` (the GPU work), gives way when asked to yield (resuming
-from its checkpoint) and returns which worker and model ran it.
-Both load and run times are multiplied by ``GPUQ_SIM_TIME_SCALE`` (default 1.0), so demos
-and tests can run a realistic workload in seconds. ``GPUQ_SIM_LOAD_FAILS`` names models
-(comma-separated) whose load raises on this worker, as when their weights are missing from
-its host's disk. ``sim.noop`` returns at once (benchmarks);
-``sim.fail`` raises (retry tests); ``sim.stream`` emits chunks over its run (streamed
-results). Nothing here fakes a result: it reports what happened.
+sleeps for the payload's ``run_s``, else the task's ``est_s`` (the GPU work), gives way
+when asked to yield (resuming from its checkpoint) and returns which worker and model ran
+it. Both load and run times are multiplied by ``GPUQ_SIM_TIME_SCALE`` (default 1.0), so
+demos and tests can run a realistic workload in seconds. ``GPUQ_SIM_LOAD_FAILS`` names
+models (comma-separated) whose load raises on this worker, as when their weights are
+missing from its host's disk. ``sim.noop`` returns at once (benchmarks); ``sim.fail``
+raises (retry tests); ``sim.stream`` emits chunks over its run (streamed results).
+Nothing here fakes a result: it reports what happened.
 """
 
 from __future__ import annotations
@@ -50,12 +50,13 @@ def load(name: str) -> SimModel:
 
 @app.handler("sim.run")
 def run(model: SimModel, payload: Any, ctx: Context) -> dict[str, Any]:
-    """Sleep for the task's estimate in short steps, giving way when asked: on a yield
-    request it checkpoints the (simulated) seconds done and yields; the next run resumes
-    from there. Payload flags for tests: "ignore_yield" keeps sleeping through yield and
-    stop requests; "uninterruptible" sleeps in one native call nothing can interrupt."""
+    """Sleep for the payload's ``run_s`` (else the task's estimate) in short steps, giving
+    way when asked: on a yield request it checkpoints the (simulated) seconds done and
+    yields; the next run resumes from there. Payload flags for tests: "ignore_yield" keeps
+    sleeping through yield and stop requests; "uninterruptible" sleeps in one native call
+    nothing can interrupt."""
     flags = payload if isinstance(payload, dict) else {}
-    seconds = ctx.est_s * scale()
+    seconds = float(flags.get("run_s", ctx.est_s)) * scale()
     done_before = float((ctx.checkpoint or {}).get("done_s", 0.0))
     started = time.monotonic()
     if flags.get("uninterruptible"):
