@@ -92,3 +92,24 @@ def test_the_holder_wait_is_decided_by_the_soonest_of_all_holders_tasks(make_que
     q.redis.hset(q.keys.task("running-on-h3"), "est_s", 125)  # now 25 s: none within 20 s
     c = claim(q, "cold2", 75, now_ms=T0 + 100_000)
     assert c is not None and c["id"] == tid
+
+
+def test_a_holder_with_a_free_slot_but_no_room_is_a_busy_holder(make_queue: MakeQueue) -> None:
+    """A two-slot worker running a 70 GB task of model A stays in `idle` (a free slot) with
+    5 GB to claim: a second 70 GB task of A waits for it, as for a holder out of `idle`,
+    rather than load A on another GPU; it does not wait for a holder running nothing."""
+    q = make_queue(defer_s=2.0, holder_wait_s=120.0)
+    register_worker(q, "two", holds=("A",), idle=True)
+    q.redis.srem(q.keys.holders("A"), "two")
+    running = enqueue(q, T0, model="A", vram_gb=70, priority="P2", est_s=10)
+    c = claim(q, "two", 75, slots=2, now_ms=T0)
+    assert c is not None and c["id"] == running
+    q.redis.sadd(q.keys.holders("A"), "two")
+    assert q.redis.zscore(q.keys.idle, "two") == 5
+    tid = enqueue(q, T0 + 1, model="A", vram_gb=70, priority="P2", est_s=10)
+    r = claim_reply(q, "cold", 75, now_ms=T0 + 3000)  # past the defer bound: frees up in 7 s
+    assert r.task is None and r.retry_s > 100
+    assert q.record(tid).state is State.QUEUED
+    q.redis.srem(q.keys.worker_tasks("two"), running)  # its task ended, its claim not yet made
+    c = claim(q, "cold2", 75, now_ms=T0 + 3000)
+    assert c is not None and c["id"] == tid

@@ -5,17 +5,34 @@
 --@include args
 --@include lanes
 
+-- Model m's idle holders and their idle scores (claimable VRAM), in score order: one ZINTER of
+-- `idle` and the holders set, in C, rather than a ZSCORE per holder.
+local function idle_holders(m)
+  return redis.call('ZINTER', 2, K_IDLE, holders_key(m), 'WEIGHTS', 1, 0, 'WITHSCORES')
+end
+
 -- The busy workers other than `except` that hold model m, serve priority p and are large
--- enough for need on `gpus` devices (each claims its held models first once it frees up), in
--- name order (bytes), among the first 16 busy holders by name. One ZDIFF gives the
--- holders not in `idle`, sorted in C; their capacities (`capacities`: written at
--- registration, removed at departure) come in one HMGET. A worker with no entry there
--- (registered by an older gpuq) is read from its hash.
+-- enough for need on `gpus` devices (each claims its held models first once it frees up): the
+-- first 16 busy holders, those not in `idle` by name (bytes; one ZDIFF, sorted in C), then
+-- those in `idle` running tasks whose score (what their free slots may claim) is under the
+-- need: a worker with slots left stays in `idle` while it runs tasks, whose VRAM it frees as
+-- they end (one running none that did not take the task has no room for it).
+-- Their capacities (`capacities`: written at registration, removed at departure) come in one
+-- HMGET. A worker with no entry there (registered by an older gpuq) is read from its hash.
 local function busy_holders_of(m, need, p, except, gpus)
   local busy, out = {}, {}
   for _, w in ipairs(redis.call('ZDIFF', 2, holders_key(m), K_IDLE)) do
     if #busy >= 16 then break end
     if w ~= except then busy[#busy + 1] = w end
+  end
+  if #busy < 16 then
+    local idle = idle_holders(m)
+    for i = 1, #idle, 2 do
+      if #busy >= 16 or tonumber(idle[i + 1]) >= need then break end
+      if idle[i] ~= except and redis.call('SCARD', worker_tasks_key(idle[i])) > 0 then
+        busy[#busy + 1] = idle[i]
+      end
+    end
   end
   if not busy[1] then return out end
   local caps = redis.call('HMGET', K_CAPACITIES, unpack(busy))

@@ -22,12 +22,6 @@ local function has_gpus(w, gpus)
   return gpus <= 1 or (tonumber(redis.call('HGET', worker_key(w), 'gpus')) or 1) >= gpus
 end
 
--- Model m's idle holders and their idle scores (claimable VRAM), in score order: one ZINTER of
--- `idle` and the holders set, in C, rather than a ZSCORE per holder.
-local function idle_holders(m)
-  return redis.call('ZINTER', 2, K_IDLE, holders_key(m), 'WEIGHTS', 1, 0, 'WITHSCORES')
-end
-
 -- An idle worker other than `except` that holds model m, serves priority p, does not skip m
 -- at time now (a holding listed while its load failed later: an eviction whose report was
 -- lost), has the task's `gpus` devices and whose claimable VRAM (its idle score) covers the
