@@ -222,7 +222,7 @@ def settle(ex: Executor, spec: HandlerSpec, items: list[Claimed]) -> list[Call[A
             # the first loads the model if cold; the rest share it (one evicts only if the
             # ledger had to make room for its working memory)
             if res is not None and (i == 0 or res.cold or res.evict):
-                model = ex.prepare_model(res, running.task_id)
+                model = ex.loading.prepare(res, running.task_id)
         calls = [give_back(ex, r, YIELDED, "yielded") for _, _, r in items
                  if r.ctx.yield_requested and not r.stopped]  # asked during the load: not run
         loaded = any(res is not None and res.cold for _, res, _ in items)

@@ -273,7 +273,7 @@ class Control:
 
     def _load(self, res: Reservation) -> None:
         try:
-            self.executor.prepare_model(res)
+            self.executor.loading.prepare(res)
             log.info("model.preloaded worker=%s model=%s", self.id, res.model)
         except Exception as exc:  # the next task for it retries the load
             log.error("model.preload_failed worker=%s model=%s error=%s", self.id, res.model, exc)

@@ -13,18 +13,17 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
 from types import CoroutineType
 from typing import Any
 
 import redis
 
-from gpuq import catalog
 from gpuq.app import App, Context, HandlerSpec, Yielded
-from gpuq.errors import GpuqError, ModelLoadFailed, StaleLease, TaskError, TaskNotFound
+from gpuq.errors import GpuqError, StaleLease, TaskError, TaskNotFound
 from gpuq.scripts import Call, Calls, Scripts
 from gpuq.stream import Emitter
 from gpuq.worker.broken import Broken, skipped
+from gpuq.worker.loading import Loading
 from gpuq.worker.models import ModelCache, Reservation
 from gpuq.worker.observer import Observer
 from gpuq.worker.outcome import decode, failure, kept_encode, late, where
@@ -62,7 +61,7 @@ class Executor:
         self.unacked: dict[tuple[str, str], Run] = {}
         self.id = presence.worker_id
         self.gpus = gpus  # devices in the worker's group
-        self.model_loads = 0
+        self.loading = Loading(cache, presence, self.broken, observer, gpus)  # its models' loads
         self.takeups = TakeUps(scripts, calls, observer, presence)  # warm hand-overs' began
         # why this app cannot run (handler, model), None: it can; the app's handlers and
         # loaders are fixed once the worker runs, and a batch asks once per task
@@ -128,72 +127,6 @@ class Executor:
             stand_in = Context(fields["id"], 0, self.id, fields.get("model", ""), 0.0, 0.0)
             return stand_in, f"{UNREADABLE}: {type(exc).__name__}: {exc}"
 
-    def prepare_model(self, res: Reservation, task_id: str = "") -> Any:
-        """Unload what must make room, load the model if this task is the one to, return it."""
-        cache = self.cache
-        resident = cache.resident[res.model]  # cache.get's lookup: one call fewer a task
-        if res.evict:  # for a cold load, or for the working memory of a held model's task
-            for old in res.evict:
-                if cache.unload(old):
-                    log.info("model.evicted worker=%s model=%s", self.id, old.spec.name)
-            # their memory is free only now (models.ModelCache.unloading): another runner of
-            # this worker whose claim found no room looks again
-            pipe = self.presence.pipeline()
-            pipe.lpush(self.presence.keys.wake(self.id), "1")
-            # before a load: until then wake-ups would still pick this worker
-            dropped = [old.spec.name for old in res.evict]
-            self.publish(lambda: self.presence.show(cache, pipe, dropped=dropped))
-        if not res.cold:
-            resident.ready.is_set() or resident.ready.wait()  # set: no Condition taken
-            if resident.error is not None:
-                raise ModelLoadFailed(res.model, failure(resident.error)[0])
-            return resident.obj
-        try:
-            seconds = cache.load(resident)
-        except Exception as exc:
-            count, skip_s = self.broken.failed(res.model)
-            self.observer.load_failed(res.model)
-            log.warning("model.load_failed worker=%s model=%s error=%s failures=%d skipped_s=%g",
-                        self.id, res.model, failure(exc)[0], count, skip_s,
-                        exc_info=exc)  # the task's error is one line: where is here
-            raise ModelLoadFailed(res.model, failure(exc)[0]) from None
-        if self.broken.loaded(res.model):
-            log.info("model.mended worker=%s model=%s: its tasks are claimed again", self.id, res.model)
-        pipe = self.presence.pipeline()
-        catalog.record_load(pipe, self.presence.keys, res.model, resident.footprint_gb, seconds,
-                            self.task_gpus(task_id))
-        self.publish(lambda: self.presence.show(cache, pipe, held=[res.model]))
-        self.model_loads += 1
-        self.observer.observe(task_id, phase="load", seconds=seconds)
-        log.info("model.loaded worker=%s model=%s vram_gb=%g load_s=%.3f", self.id, res.model,
-                 resident.footprint_gb, seconds)
-        return resident.obj
-
-    def task_gpus(self, task_id: str) -> int:
-        """The GPUs the task a load is for asks, for the catalog (0: a preload, or unknown).
-        A one-GPU worker runs only one-GPU tasks; a group reads the task's field (a round
-        trip per cold load), so the reaper's forecast never preloads onto fewer GPUs a model
-        whose tasks ran at once on a group, never seen in a queue."""
-        if not task_id:
-            return 0
-        if self.gpus <= 1:
-            return 1
-        try:
-            got = self.presence.redis.hget(self.presence.keys.task(task_id), "gpus")
-            return max(1, int(got or 1))
-        except (redis.RedisError, ValueError):
-            return 0
-
-    def publish(self, show: Callable[[], None]) -> None:
-        """Tell the pool what a load or an eviction changed; with Redis away the task goes on
-        (its model is loaded: failing it would spend an attempt on an outage), the holdings
-        wait for the next beat (Presence.resync) and the load's timing is not recorded."""
-        try:
-            show()
-        except redis.RedisError as exc:
-            log.warning("presence.unsent worker=%s error=%s: holdings sent at the next beat",
-                        self.id, exc)
-
     def execute(self, fields: dict[str, str], res: Reservation | None,
                 running: Running) -> Call[Any] | None:
         """Run the task; return its ack, fail or yield call, which the runner sends together
@@ -213,7 +146,7 @@ class Executor:
                                 f"more than this GPU can free", True)
             if res.cold and self.broken.skips(fields):
                 return self.pass_on(running, skipped(ctx.model), "another worker may load it")
-            model = self.prepare_model(res, task_id)
+            model = self.loading.prepare(res, task_id)
             if ctx.yield_requested or running.stopped:
                 # asked to yield (or stopped) while its model loaded: give way before the
                 # handler starts, whether or not the handler would check soon; its checkpoint stays

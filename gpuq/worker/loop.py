@@ -305,7 +305,7 @@ class Worker:
                 self.outage.down(exc)
         leaving.shutdown(self, runners, heartbeat)
         log.info("worker.stopped worker=%s tasks=%d model_loads=%d", self.id,
-                 self.running.tasks_run, self.executor.model_loads)
+                 self.running.tasks_run, self.executor.loading.count)
         return 0
 
     def heartbeat(self) -> Heartbeat:

@@ -38,6 +38,9 @@ class Resident:
     obj: Any = None
     ready: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
+    # listed as held (holders set, the hash's models) while it loads: a task's load is, from
+    # its start (gpuq.worker.loading); a preload only once loaded
+    shown: bool = False
 
 
 class Reservation(NamedTuple):
@@ -98,7 +101,9 @@ class ModelCache:
         return usable_gb(self.total_gb, self.reserve_gb) - used, idle, loaded, frozenset(in_use)
 
     def model_names(self) -> list[str]:
-        return [name for name, r in self.resident.items() if r.ready.is_set() and r.error is None]
+        """The models the pool sees this worker hold: loaded, or loading for a task."""
+        return [name for name, r in self.resident.items()
+                if (r.ready.is_set() or r.shown) and r.error is None]
 
     def reserve(self, model: str, need_gb: float) -> Reservation | None:
         """Account for a claimed task; None if it cannot fit on this GPU even after evicting."""

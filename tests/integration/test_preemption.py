@@ -32,8 +32,12 @@ def procs(redis_server: EmbeddedServer, pool: str, prefix: str, tmp_path: Path) 
         yield p
 
 
-def p3(q: Queue, seconds: float, payload: Any = None, *, preemptible: bool = True) -> str:
-    return q.enqueue("sim.run", payload, model="batch-model", vram_gb=30, priority="P3",
+def p3(q: Queue, seconds: float, payload: Any = None, *, preemptible: bool = True,
+       model: str = "batch-model") -> str:
+    """A P3 task; a second one meant to run beside the first names another model: batch work
+    waits for a busy holder of its model (from the start of its load) rather than load it on
+    an idle GPU."""
+    return q.enqueue("sim.run", payload, model=model, vram_gb=30, priority="P3",
                      est_s=est(seconds), preemptible=preemptible).id
 
 
@@ -62,7 +66,7 @@ def test_victim_ending_within_max_wait_is_waited_for(procs: Procs, real_queue: Q
     active_reaper(procs, GPUQ_MAX_WAIT_S=str(est(5.0)), GPUQ_PREEMPT_MIN_RUNTIME_S="60")
     short = p3(real_queue, 2.5)
     procs.wait_state(short, State.RUNNING)
-    long = p3(real_queue, 20.0)
+    long = p3(real_queue, 20.0, model="batch-model-2")
     procs.wait_state(long, State.RUNNING)
     urgent = p0(real_queue)
     done = procs.wait_state(urgent, State.SUCCEEDED, timeout=20)
@@ -207,7 +211,7 @@ def test_non_preemptible_task_is_never_chosen(procs: Procs, real_queue: Queue) -
     # the non-preemptible task ends sooner: it would be the victim were it preemptible
     pinned = p3(real_queue, 5.0, preemptible=False)
     procs.wait_state(pinned, State.RUNNING)
-    other = p3(real_queue, 8.0)
+    other = p3(real_queue, 8.0, model="batch-model-2")
     other_worker = procs.wait_state(other, State.RUNNING).worker
     procs.reaper()
     urgent = p0(real_queue)

@@ -62,7 +62,7 @@ def warm(queue: Queue, batched: bool = False) -> Iterator[tuple[Worker, Held]]:
     with worker.cache.lock:
         res = worker.cache.reserve("m", 4)
     assert res is not None and res.cold
-    worker.executor.prepare_model(res)  # loaded: what it hands over next starts warm
+    worker.executor.loading.prepare(res)  # loaded: what it hands over next starts warm
     worker.cache.release(res)
     assert worker.claim() == 0.0  # found nothing: idle
     try:
