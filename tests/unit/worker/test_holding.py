@@ -49,7 +49,8 @@ def worker_and_queue(loads: Loads) -> tuple[Worker, Queue, fakeredis.FakeRedis]:
 
 def seen_holding(q: Queue, client: fakeredis.FakeRedis, model: str) -> tuple[bool, str]:
     """(in the model's holders, the worker hash's `models`)."""
-    return client.sismember(q.keys.holders(model), "w") == 1, str(client.hget(q.keys.worker("w"), "models") or "")
+    models = client.hget(q.keys.worker("w"), "models")
+    return client.sismember(q.keys.holders(model), "w") == 1, str(models or "")
 
 
 @pytest.mark.parametrize("fails", [False, True])
