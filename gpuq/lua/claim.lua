@@ -17,6 +17,7 @@
 -- when they would get to it within that wait (a cold load costs tens of seconds). A task too
 -- big for this worker wakes the tightest idle worker that fits it. Cost: O(levels x min(models
 -- with work, 64 + held) x scan x log N), a model's holders read once (busy ones: 16 at most).
+--
 -- KEYS[1]  pool key base
 -- ARGV[1]  worker id
 -- ARGV[2]  now (ms; "0" = server clock)
@@ -151,12 +152,11 @@ end
 
 -- Whether the k-th task of queue (p, m) is better left for m's busy holders (busy_holders_of;
 -- an idle holder that did not take the task has no room): the first frees up (by its tasks'
--- estimates, from their model's load end: ready_at; an overrun one counts as ending now, none
--- known as now), then they take the queue's tasks in turn (each about est_s long, as this
--- one) and would reach it within the left_s seconds it may still wait: batch work prefers
--- that to a cold load, not past it. Their tasks are read (next_task) only until one frees up
--- soon enough (the test is monotonic in that time: the soonest of all is no later); what was
--- read is kept for the call.
+-- estimates; an overrun one counts as ending now, none known as now), then they take the
+-- queue's tasks in turn (each about est_s long, as this one) and would reach it within the
+-- left_s seconds it may still wait: batch work prefers that to a cold load, not past it. Their
+-- tasks are read (next_task) only until one frees up soon enough (the test is monotonic in
+-- that time: the soonest of all is no later); what was read is kept for the call.
 local function wait_for_holders(m, need, p, k, est_s, left_s, wants)
   local h = remembered('b', m, need, p, wants, function()
     return {holders = busy_holders_of(m, need, p, worker, wants), h = 0, t = 0, ids = {}, soonest = math.huge}
@@ -167,9 +167,9 @@ local function wait_for_holders(m, need, p, k, est_s, left_s, wants)
   while not (h.soonest < math.huge and within(h.soonest)) do
     local t = next_task(h.holders, h)
     if not t then return within(h.soonest == math.huge and 0 or h.soonest) end
-    local r = redis.call('HMGET', task_key(t), 'started_at', 'est_s', 'ready_at')
-    local started, est, ready = finite(r[1]), finite(r[2]), finite(r[3])
-    local ends = started and est and math.max(0, math.max(started, ready or 0) + est * 1000 - now) / 1000
+    local r = redis.call('HMGET', task_key(t), 'started_at', 'est_s')
+    local started, est = finite(r[1]), finite(r[2])
+    local ends = started and est and math.max(0, started + est * 1000 - now) / 1000
     if ends then h.soonest = math.min(h.soonest, ends) end
   end
   return true

@@ -113,20 +113,3 @@ def test_a_holder_with_a_free_slot_but_no_room_is_a_busy_holder(make_queue: Make
     q.redis.srem(q.keys.worker_tasks("two"), running)  # its task ended, its claim not yet made
     c = claim(q, "cold2", 75, now_ms=T0 + 3000)
     assert c is not None and c["id"] == tid
-
-
-def test_a_holder_still_loading_frees_up_its_load_after_its_estimate(make_queue: MakeQueue) -> None:
-    """A holder's task counts from its model's expected load end (ready_at), as the planner
-    counts a victim's: one claimed at T0 for 100 s whose load ends at T0 + 60 s frees up at
-    T0 + 160 s, past the 117 s a P2 task may still wait at T0 + 3 s: it is loaded here."""
-    q = make_queue(defer_s=2.0, holder_wait_s=120.0)
-    busy_holder(q, "h", "A", ends_in_s=100)
-    tid = enqueue(q, T0, model="A", vram_gb=30, priority="P2")
-    q.redis.hset(q.keys.task("running-on-h"), "ready_at", T0 + 60_000)
-    c = claim(q, "cold", 75, now_ms=T0 + 3000)
-    assert c is not None and c["id"] == tid
-    q.redis.hset(q.keys.task("running-on-h"), "ready_at", T0 + 10_000)  # frees up at T0 + 110 s
-    again = enqueue(q, T0, model="A", vram_gb=30, priority="P2")
-    r = claim_reply(q, "cold2", 75, now_ms=T0 + 3000)
-    assert r.task is None and r.retry_s > 100
-    assert q.record(again).state is State.QUEUED
