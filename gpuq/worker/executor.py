@@ -60,7 +60,6 @@ class Executor:
         # (task id, token) -> its run, until its ack's reply: only an acked run is learned
         self.unacked: dict[tuple[str, str], Run] = {}
         self.id = presence.worker_id
-        self.gpus = gpus  # devices in the worker's group
         self.loading = Loading(cache, presence, self.broken, observer, gpus)  # its models' loads
         self.takeups = TakeUps(scripts, calls, observer, presence)  # warm hand-overs' began
         # why this app cannot run (handler, model), None: it can; the app's handlers and

@@ -45,9 +45,10 @@ class Loading:
         resident = cache.resident[res.model]  # cache.get's lookup: one call fewer a task
         # a task's load holds its model from its start (as a replay's does): batch work of
         # the model waits for this worker rather than load it on another GPU meanwhile
-        if res.cold and task_id:
+        announced = res.cold and bool(task_id)
+        if announced:
             resident.shown = True
-        if res.evict or res.cold and resident.shown:
+        if res.evict or announced:
             pipe = self.presence.pipeline()
             for old in res.evict:  # for a cold load, or a held model's task's working memory
                 if cache.unload(old):
@@ -57,7 +58,7 @@ class Loading:
                 pipe.lpush(self.presence.keys.wake(self.id), "1")
             # before a load: until then wake-ups would still pick this worker
             dropped = [old.spec.name for old in res.evict]
-            held = [res.model] if res.cold and resident.shown else []
+            held = [res.model] if announced else []
             self.publish(lambda: self.presence.show(cache, pipe, held=held, dropped=dropped))
         if not res.cold:
             resident.ready.is_set() or resident.ready.wait()  # set: no Condition taken
