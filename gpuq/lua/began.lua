@@ -5,7 +5,8 @@
 -- which may yet be taken back (lib/due.lua): this call takes it up (it leaves `handed`).
 -- The worker calls this just before the handler. Fenced by the token: a task requeued meanwhile (a
 -- yield during the load, a stop, a lost lease) is not counted here, and stays undecided
--- for its next start. Counted once per task (began_at), as claim counts a warm start:
+-- for its next start. A cold start's `loading` ends here, `ready_at` now (every cold start
+-- calls this, decided or not). Counted once per task (began_at), as claim counts a warm start:
 -- stats sla_met:P<n> or sla_missed:P<n> (the handler started by the task's start-by score
 -- or not); a miss is noted in `misses` (kind "cold", or "late" when it was started after
 -- its score or its handler started without a load: a warm hand-over taken up late).
@@ -31,10 +32,12 @@ local id, token, now, warm = ARGV[1], ARGV[2], clock(ARGV[3]), ARGV[4] == '1'
 if not now then return {1, 0, 'now must be ms >= 0'} end
 local tk = task_key(id)
 local f = redis.call('HMGET', tk, 'state', 'token', 'priority', 'model', 'score', 'enqueued_at',
-  'started_at', 'began_at', 'tenant', 'due_at')
+  'started_at', 'began_at', 'tenant', 'due_at', 'loading')
 if not f[1] then return {4} end
 if f[1] ~= 'running' or f[2] ~= token then return {5, f[1]} end
 redis.call('ZREM', K_HANDED, id)  -- a hand-over: its worker took it up (lib/due.lua)
+-- its load is over: the planner counts its work from now (lib/start.lua note_cold_start)
+if f[11] == '1' then redis.call('HSET', tk, 'loading', '', 'ready_at', ms(now)) end
 local p, score, enqueued, started = level(f[3]), finite(f[5]), finite(f[6]), finite(f[7])
 if (f[8] and f[8] ~= '') or not (p and f[4] and score and enqueued and started) then
   return {0, '', ms(now)}

@@ -41,7 +41,7 @@ if pass or (ARGV[5] == '1' and attempt and max_attempts and attempt < max_attemp
   -- a yield asked of this run is moot: its retry may be asked again (preempt.lua refuses a
   -- victim whose yield_by is set)
   redis.call('HSET', tk, 'state', 'delayed', 'error', err, 'worker', '', 'token', '',
-    'ready_at', '', 'yield_by', '', 'yield_for', '')
+    'ready_at', '', 'loading', '', 'yield_by', '', 'yield_for', '')
   add_delayed(now + wait, id)
   return {0, pass and 'passed' or 'delayed', ms(wait)}
 end

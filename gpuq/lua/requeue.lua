@@ -66,7 +66,7 @@ if token == '' and f[1] ~= 'running' then
     redis.call('DEL', done_key(id), stream_key(id))  -- its stream starts afresh
     redis.call('HSET', tk, 'attempt', '0', 'deadline', '', 'finished_at', '', 'worker', '',
       'token', '', 'streamed', '', 'progress', '', 'progress_msg', '', 'yield_by', '',
-      'yield_for', '')
+      'yield_for', '', 'loading', '')
     -- a child canceled while it waited for its parents never got a start-by score: it gets
     -- the one its release would have given (its parents are not waited for again)
     local s = redis.call('HMGET', tk, 'score', 'sla_ms')

@@ -2,8 +2,10 @@
 enqueue offered to a busy GPU holding their model.
 
 A victim's runtime and end count from when its work began: for a cold start, once its
-model is loaded (the claim's ready_at, from the catalog's mean load), since a task asked to
-yield while it loads yields only after the load, which is then thrown away.
+model is loaded (the claim's ready_at, from the catalog's mean load, and no sooner than now
+while the worker has not reported its handler's start: a load may outlast its mean, and a
+model's first has none), since a task asked to yield while it loads yields only after the
+load, which is then thrown away.
 
 For each such task, the candidates are running, preemptible, lower-priority tasks on live
 workers whose GPU is large enough (usable VRAM >= the task's need; a group of at least its
@@ -71,7 +73,7 @@ TASKS_PER_QUEUE = 2
 GPU_FIELDS = WorkerFields(("vram_total_gb", "kv_reserve_gb", "levels", "gpus"))  # fixed while it lives
 # a running task's, as read_workers reads them (worker_loads: vram_gb and model last)
 RUNNING_FIELDS = ("state", "token", "worker", "priority", "started_at", "est_s", "preemptible",
-                  "preemptions", "yield_by", "ready_at", "charged", "vram_gb", "model")
+                  "preemptions", "yield_by", "ready_at", "loading", "charged", "vram_gb", "model")
 
 
 @dataclass(frozen=True)
@@ -325,12 +327,14 @@ class Preemptor:
         load, frees, shares = worker_loads(r, k, tasks)
         victims = []
         for i, f, freed, (shared, sharers) in zip(running, tasks, frees, shares):
-            state, token, worker, prio, started, est, pre, count, asked, ready, charged, vram, model = f
+            state, token, worker, prio, started, est, pre, count, asked, ready, loading, charged, vram, \
+                model = f
             if state != "running" or pre != "1" or asked or worker not in info or not started:
                 continue
             usable, levels, gpus = info[worker]
-            # a cold start's work begins once its model is loaded (claim.lua: ready_at)
-            began = max(int(started), int(ready or 0))
+            # a cold start's work begins once its model is loaded (lib/start.lua: ready_at),
+            # and no sooner than now while it still loads (began.lua ends `loading`)
+            began = max(int(started), int(ready or 0), now_ms if loading == "1" else 0)
             victims.append(Victim(i, int(token), worker, int(prio), began, float(est),
                                   int(count or 0), usable - (load[worker] - freed),
                                   levels, gpus, charge_of(charged), freed, str(model or ""),

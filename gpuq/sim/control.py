@@ -48,6 +48,8 @@ class Replay(Protocol):
 
     def give_way(self, w: Any, how: str) -> None: ...
 
+    def ms(self, t: float | None = None) -> int: ...
+
 
 class Control:
     def __init__(self, engine: Replay) -> None:
@@ -84,6 +86,12 @@ class Control:
             e.at(min(w.run.work_from, e.now + grace_s), "yield", w.id, w.generation)
             return
         e.give_way(w, "yielded")
+
+    def began(self, w: Gpu, gen: int) -> None:
+        """A cold start's load ended: the worker reports its handler's start (began.lua),
+        unless the run was stopped first."""
+        if gen == w.generation and w.run is not None:
+            self.scheduler.began(w.run.offer, self.engine.ms())
 
     def preload(self, w: Gpu, model: str, vram_gb: float) -> None:
         """A warm hint: nothing if the GPU has the model or no room for it."""

@@ -14,10 +14,11 @@ back as the checkpoint, and the next run resumes from there. One that comes whil
 loads its model is honoured when the load ends (the handler's first check), unless it was
 withdrawn by then; if the grace passes first, the worker stops the task and the load is lost.
 A task's handler starts when its model is loaded (the SLA's measure), noted when its run
-stops. When the reaper's rounds and passes run is ``gpuq.sim.rounds``'s; its scale step runs
-every round (``gpuq.sim.hints``), or with an autoscaler (``gpuq.sim.autoscale``: GPUs join and
-leave the pool) at its cadence, and the GPUs take its warm hints as a worker does
-(``gpuq.sim.control``: a preload loads while the GPU stays free to claim).
+stops; after a cold start the GPU reports that start (began.lua), as a worker does. When the
+reaper's rounds and passes run is ``gpuq.sim.rounds``'s; its scale step runs every round
+(``gpuq.sim.hints``), or with an autoscaler (``gpuq.sim.autoscale``: GPUs join and leave the
+pool) at its cadence, and the GPUs take its warm hints as a worker does (``gpuq.sim.control``:
+a preload loads while the GPU stays free to claim).
 
 Simplifications, stated: workers never die (leases are long, so the reaper's recovery has
 nothing to do); a task's cold load announces its model as held when it starts, not when it
@@ -180,6 +181,8 @@ class Engine:
                 continue  # the ending worker claimed; no new wake tokens
             elif kind == "yield":
                 self.deferred_yield(self.by_id[key], gen)
+            elif kind == "began":
+                self.control.began(self.by_id[key], gen)
             elif kind == "retry":
                 worker = self.by_id[key]
                 if worker.run is None and not worker.gone and worker.retry_at == self.now:
@@ -260,6 +263,8 @@ class Engine:
             self.scheduler.unhold(w.id, [r.spec.name for r in res.evict])
         end = work_from + max(0.0, task.service_s - got.done_s)
         w.run = Run(got, res, work_from, end, self.now)
+        if got.cold:  # before a yield deferred to the load's end, as the worker reports it
+            self.at(work_from, "began", w.id, w.generation)
         self.busy += 1
         self.rounds.count_queued(task, -1)
         self.claims.append(got.task_id)

@@ -46,6 +46,7 @@ class Offer:
     task_id: str
     token: int
     done_s: float  # work already done by an earlier, preempted run
+    cold: bool = False  # gpuq's claim started it cold: the worker reports its handler's start
 
 
 class Scheduler(Protocol):
@@ -138,7 +139,13 @@ class GpuqScheduler:
         if got.task is None:
             return got.retry_s
         checkpoint = json.loads(got.task.get("checkpoint") or "{}")
-        return Offer(got.task["id"], int(got.task["token"]), float(checkpoint.get("done_s", 0.0)))
+        return Offer(got.task["id"], int(got.task["token"]), float(checkpoint.get("done_s", 0.0)),
+                     got.task.get("sla") == "pending")
+
+    def began(self, offer: Offer, now_ms: int) -> None:
+        """A cold-started task's handler starts (its load is over), as the worker reports it."""
+        self._stale()
+        self.scripts.run(self.calls.began(offer.task_id, offer.token, now_ms=now_ms))
 
     def yield_task(self, offer: Offer, done_s: float, now_ms: int) -> None:
         self._stale()

@@ -832,10 +832,11 @@ def test_a_cold_claim_notes_when_its_model_should_be_loaded(queue: Queue) -> Non
     assert c is not None and c["id"] == warm
     c = claim(queue, "w3", 40, now_ms=T0 + 30)  # never loaded in this pool: no estimate
     assert c is not None and c["id"] == unknown
-    assert queue.redis.hmget(queue.keys.task(warm), "ready_at") == [None]
-    assert queue.redis.hmget(queue.keys.task(unknown), "ready_at") == [None]
+    assert queue.redis.hmget(queue.keys.task(warm), "ready_at", "loading") == [None, None]
+    assert queue.redis.hmget(queue.keys.task(unknown), "ready_at", "loading") == [None, "1"]
+    assert queue.redis.hget(queue.keys.task(cold), "loading") == "1"
     queue.requeue(cold)  # its next start may be warm: the estimate goes with this one
-    assert queue.redis.hget(queue.keys.task(cold), "ready_at") == ""
+    assert queue.redis.hmget(queue.keys.task(cold), "ready_at", "loading") == ["", ""]
 
 
 def test_the_planner_counts_a_cold_victims_runtime_from_its_models_load(queue: Queue) -> None:
@@ -852,6 +853,31 @@ def test_the_planner_counts_a_cold_victims_runtime_from_its_models_load(queue: Q
     assert v.id == victim and v.started_ms == now - 5_000 + 20_000
     assert v.ends_ms == now + 115_000
     assert not may_be_asked(v, queue.config, now)
+
+
+@pytest.mark.parametrize("mean_load_s", [3.0, None])
+def test_a_victim_still_loading_counts_from_now_until_its_handler_starts(
+        queue: Queue, mean_load_s: float | None) -> None:
+    """A load may outlast the catalog's mean, and a model's first load in the pool has none:
+    until the worker reports its handler's start (began.lua), the victim's work counts from
+    no sooner than now, so it is not asked to yield (its load would be thrown away); from
+    then, from that report. Found in the demo: loading 70B victims were asked to yield."""
+    if mean_load_s:
+        record_loads(queue, "batch", mean_load_s)
+    now = int(time.time() * 1000)
+    queue.redis.hset(queue.keys.worker("w1"), mapping={"vram_total_gb": 80, "kv_reserve_gb": 5})
+    queue.redis.zadd(queue.keys.workers, {"w1": now + 60_000})
+    victim = enqueue(queue, now - 20_000, model="batch", vram_gb=30, priority="P3", est_s=100)
+    c = claim(queue, "w1", 75, now_ms=now - 20_000)  # 20 s into its load
+    assert c is not None and c["sla"] == "pending"
+    planner = Preemptor(queue.redis, queue.keys, queue.config, queue.scripts, queue.calls)
+    (v,) = planner.read_workers(now)[0]
+    assert v.id == victim and v.started_ms == now and v.ends_ms == now + 100_000
+    assert not may_be_asked(v, queue.config, now)
+    assert queue.scripts.run(queue.calls.began(victim, int(c["token"]), now_ms=now - 4_000))[0]
+    (v,) = planner.read_workers(now)[0]
+    assert v.started_ms == now - 4_000 and may_be_asked(v, queue.config, now)
+    assert queue.redis.hmget(queue.keys.task(victim), "loading", "ready_at") == ["", str(now - 4_000)]
 
 
 def test_the_planner_weighs_what_a_victims_neighbours_keep(queue: Queue) -> None:

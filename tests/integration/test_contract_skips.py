@@ -147,6 +147,7 @@ def test_the_planner_makes_room_for_a_task_whose_model_the_only_idle_worker_skip
     tid = enqueue(queue, now - 10_000, model="x", vram_gb=40, priority="P3", est_s=300)
     got = queue.scripts.run(queue.calls.claim(ClaimRequest("busy", 75, 0, 1), now_ms=now - 10_000))
     assert got.task is not None and got.task["id"] == tid
+    queue.scripts.run(queue.calls.began(tid, int(got.task["token"]), now_ms=now - 9_000))  # loaded
     request = ClaimRequest("skipper", 75, 0, 1, skipped=[("m", 60_000)])
     assert queue.scripts.run(queue.calls.claim(request, now_ms=now - 1_000)).task is None  # idle, lists m
     urgent = enqueue(queue, now, model="m", vram_gb=40, priority="P0", est_s=5)

@@ -168,11 +168,12 @@ def test_victim_ignoring_the_request_is_stopped_and_requeued_once(procs: Procs,
 
 def test_a_victim_asked_while_its_model_loads_yields_before_its_handler_starts(
         procs: Procs, real_queue: Queue) -> None:
-    # the 70B model loads for 5.5 s (workers/sim.py, scaled); its load time is not in the
-    # catalog yet, so the planner asks at the minimum runtime, mid-load. The handler would
-    # ignore the request: the worker gives way for it once the load ends, within the grace
+    # the 70B model loads for 5.5 s (workers/sim.py, scaled); with no minimum runtime the
+    # planner may ask a victim still loading (otherwise it waits for the worker's began),
+    # and asks at once, mid-load. The handler would ignore the request: the worker gives way
+    # for it once the load ends, within the grace
     worker = procs.worker("w1", vram_gb=80)
-    active_reaper(procs, GPUQ_GRACE_S="10")
+    active_reaper(procs, GPUQ_GRACE_S="10", GPUQ_PREEMPT_MIN_RUNTIME_S="0")
     victim = real_queue.enqueue("sim.run", {"ignore_yield": True}, model="llama3-70b", vram_gb=70,
                                 priority="P3", est_s=est(20.0)).id
     began = procs.wait_state(victim, State.RUNNING).started_at

@@ -335,25 +335,44 @@ def test_a_victim_coming_of_age_between_rounds_is_asked_then(redis_server: Embed
     assert p3.preemptions == 1 and p3.outcome == "succeeded"
 
 
+ASKED_AT = 0.5 + URGENT_REACTION_S  # the P0 task's urgent pass
+
+
 # a yielding victim's handler started when its load ended; a stopped one's only on its next
 # run, after the P0 task's load and run and its own second load
 @pytest.mark.parametrize(("grace_s", "how", "gives_way_at", "victim_starts"), [
-    (30.0, "yielded", LOAD_S, LOAD_S), (2.0, "stopped", 0.7 + 2.0, 2.7 + LOAD_S + 5 + LOAD_S)])
+    (30.0, "yielded", LOAD_S, LOAD_S),
+    (2.0, "stopped", ASKED_AT + 2.0, ASKED_AT + 2.0 + LOAD_S + 5 + LOAD_S)])
 def test_a_victim_asked_while_it_loads_gives_way_when_the_load_ends_or_the_grace_does(
         redis_server: EmbeddedServer, grace_s: float, how: str, gives_way_at: float,
         victim_starts: float) -> None:
-    # the P3 task loads its model for 10 s and is asked to yield at 0.7 s (its model's load
-    # time is not known yet: the planner counts its runtime from its claim); its handler
-    # sees the request when the load ends, unless the worker stopped it at the grace first
+    # the P3 task loads its model for 10 s and, with no minimum runtime, is asked to yield
+    # at once; its handler sees the request when the load ends, unless the worker stopped it
+    # at the grace first
     tasks = [task(0, "b", 3, service=100, vram=40), task(0.5, "a", 0, service=5, vram=40)]
     r = simulate(tasks, parse_gpus("1x80"), "gpuq", speedup=1.0, load_time=fixed_load,
-                 config=Config(preempt_min_runtime_s=0.7, grace_s=grace_s), server=redis_server)
+                 config=Config(preempt_min_runtime_s=0.0, grace_s=grace_s), server=redis_server)
     p3, p0 = r.tasks
     assert p0.start_s == pytest.approx(gives_way_at, abs=0.002)
     assert p3.preemptions == 1 and p3.outcome == "succeeded"
     assert r.preemptions.get(how) == 1 and r.preemptions.get("yield_requested") == 1
     assert p3.exec_s == pytest.approx(victim_starts, abs=0.002)
     assert (p3.cold_start, p3.load_wait_s) == (True, pytest.approx(LOAD_S))
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_victim_loading_a_model_never_loaded_before_is_not_asked_until_it_runs(
+        redis_server: EmbeddedServer, skip: bool) -> None:
+    # "b" has no load time in the catalog yet: the P3 task's load counts as not begun until
+    # the GPU reports its handler's start (began, at 10 s), so the P0 at 0.5 s waits for that
+    # plus the minimum runtime, instead of throwing the load away
+    tasks = [task(0, "b", 3, service=100, vram=40), task(0.5, "a", 0, service=5, vram=40)]
+    r = simulate(tasks, parse_gpus("1x80"), "gpuq", speedup=1.0, load_time=fixed_load,
+                 config=Config(preempt_min_runtime_s=0.7), server=redis_server, skip_ahead=skip)
+    p3, p0 = r.tasks
+    assert p0.start_s == pytest.approx(LOAD_S + 0.7, abs=0.01)
+    assert r.preemptions.get("yielded") == 1 and r.preemptions.get("stopped", 0) == 0
+    assert p3.exec_s == pytest.approx(LOAD_S) and p3.outcome == "succeeded"
 
 
 @pytest.mark.parametrize("skip", [True, False])

@@ -81,6 +81,7 @@ local function requeue(id, now, reason, consume, ttl)
     return 'expired'
   end
   redis.call('HSET', tk, 'state', 'queued', 'worker', '', 'token', '', 'error', reason,
-    'queued_at', ms(now), 'ready_at', '', 'attempt', ms(attempt))
+    'queued_at', ms(now), 'ready_at', '', 'loading', '',
+    'attempt', ms(attempt))
   return push(id, now, ttl)
 end

@@ -39,7 +39,8 @@ end
 -- the caller read the whole hash and it has none (a first start), so nothing is written there
 -- (a field less to write, and to scan past in every later lookup of the hash). Returns the
 -- token and the reply's sla: "met" or "missed" (decided here), "pending" (the worker reports
--- the handler's start) or "" (an earlier start decided it).
+-- the handler's start: every cold start, since began.lua also ends its `loading`) or "" (a
+-- warm start an earlier start decided).
 local function start(id, p, m, w, now, lease_until, attempt, score, since, undecided, warm, erred)
   local token = new_token()
   local token_ms, until_ms = ms(token), ms(lease_until)
@@ -60,9 +61,9 @@ local function start(id, p, m, w, now, lease_until, attempt, score, since, undec
   end
   set_write('ZADD', K_RUNNING, until_ms, id)
   set_write('SADD', worker_tasks_key(w), id)
-  local sla = ''
-  if undecided then
-    sla = warm and decide_sla(id, p, m, now, score, since, now) or 'pending'  -- numbers (callers)
+  local sla = warm and '' or 'pending'
+  if undecided and warm then
+    sla = decide_sla(id, p, m, now, score, since, now)  -- numbers (callers)
   end
   return token, sla
 end
@@ -75,13 +76,18 @@ local function mean_load_ms(m)
   return math.floor(total / loads * 1000)
 end
 
--- A cold start (the worker loads the task's model first): note when the model should be
--- loaded, by its mean measured load (nothing before its first load). The preemption
--- planner counts a victim's runtime and end from there: asking a task to yield while it
--- loads would throw the load away (it yields only once its handler runs).
+-- A cold start (the worker loads the task's model first): `loading` until began.lua, and
+-- when the model should be loaded, by its mean measured load (no ready_at before its first
+-- load). The preemption planner counts a victim's runtime and end from there, and from no
+-- sooner than now while it loads: asking a task to yield while it loads would throw the
+-- load away (it yields only once its handler runs), and a load may outlast its mean.
 local function note_cold_start(id, m, now)
   local load = mean_load_ms(m)
-  if load > 0 then redis.call('HSET', task_key(id), 'ready_at', ms(now + load)) end
+  if load > 0 then
+    redis.call('HSET', task_key(id), 'loading', '1', 'ready_at', ms(now + load))
+  else
+    redis.call('HSET', task_key(id), 'loading', '1')
+  end
 end
 
 -- Fairness after k dispatches at level p (k: 1 unless given, a batch's count): its debt is
