@@ -88,10 +88,17 @@ class Control:
         e.give_way(w, "yielded")
 
     def began(self, w: Gpu, gen: int) -> None:
-        """A cold start's load ended: the worker reports its handler's start (began.lua),
-        unless the run was stopped first."""
-        if gen == w.generation and w.run is not None:
-            self.scheduler.began(w.run.offer, self.engine.ms())
+        """A cold start's load ended, unless the run was stopped first: the catalog records
+        the load, and the worker reports its handler's start (began.lua)."""
+        run = w.run
+        if gen != w.generation or run is None:
+            return
+        if run.offer.cold:
+            self.scheduler.began(run.offer, self.engine.ms(), run.load)
+        elif run.load:
+            self.scheduler.recorded(run.load)
+        if run.load:
+            self.engine.steps.loaded(run.load[0])
 
     def preload(self, w: Gpu, model: str, vram_gb: float) -> None:
         """A warm hint: nothing if the GPU has the model or no room for it."""
@@ -104,7 +111,7 @@ class Control:
         for old in res.evict:  # a simulated unload takes no time
             w.cache.unload(old)
         if res.evict:
-            self.scheduler.unhold(w.id, [r.spec.name for r in res.evict])
+            self.scheduler.hold(w.id, [r.spec.name for r in res.evict])
         seconds = e.load_time(model)
         e.loads += 1
         w.preloading[model] = (e.now + seconds, seconds, res)
@@ -116,5 +123,5 @@ class Control:
         resident.ready.set()
         w.cache.release(res)
         if not w.gone:  # a retired worker's load is lost with it
-            self.scheduler.loaded(w.id, model, resident.footprint_gb, seconds, [])
+            self.scheduler.hold(w.id, [], model, (model, resident.footprint_gb, seconds))
             self.engine.steps.loaded(model)

@@ -20,9 +20,9 @@ reaper's rounds and passes run is ``gpuq.sim.rounds``'s; its scale step runs eve
 pool) at its cadence, and the GPUs take its warm hints as a worker does (``gpuq.sim.control``:
 a preload loads while the GPU stays free to claim).
 
-Simplifications, stated: workers never die (leases are long, so the reaper's recovery has
-nothing to do); a task's cold load announces its model as held when it starts, not when it
-ends (a preload's, as the worker's, when it ends); one task at a time per GPU.
+As a worker, a GPU holds a task's model from its load's start (a preload's once loaded) and
+records the load in the catalog when it ends. Simplifications, stated: workers never die
+(leases are long, so the reaper's recovery has nothing to do); one task at a time per GPU.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ class Run:
     work_from: float  # when the task's own work starts (after a cold load)
     end: float
     claimed: float
+    load: tuple[str, float, float] | None = None  # a cold load's model, footprint, seconds
 
 
 @dataclass
@@ -250,21 +251,20 @@ class Engine:
             work_from = w.preloading[task.model][0]
         else:
             cache.resident[task.model].ready.set()
+        load = None
         if res.cold:
             seconds = self.load_time(task.model)
             self.longest_load = max(self.longest_load, seconds)
             work_from += seconds
             self.loads += 1
-            if isinstance(self.scheduler, GpuqScheduler):
-                self.scheduler.loaded(w.id, task.model, task.vram_gb, seconds,
-                                      [r.spec.name for r in res.evict])
-                self.steps.loaded(task.model)
-        elif res.evict and isinstance(self.scheduler, GpuqScheduler):
-            self.scheduler.unhold(w.id, [r.spec.name for r in res.evict])
+            load = (task.model, task.vram_gb, seconds)
         end = work_from + max(0.0, task.service_s - got.done_s)
-        w.run = Run(got, res, work_from, end, self.now)
-        if got.cold:  # before a yield deferred to the load's end, as the worker reports it
-            self.at(work_from, "began", w.id, w.generation)
+        w.run = Run(got, res, work_from, end, self.now, load)
+        if isinstance(self.scheduler, GpuqScheduler):
+            if res.cold or res.evict:
+                self.scheduler.hold(w.id, [r.spec.name for r in res.evict], task.model if res.cold else "")
+            if got.cold or load:  # before a yield deferred to the load's end, as a worker reports
+                self.at(work_from, "began", w.id, w.generation)
         self.busy += 1
         self.rounds.count_queued(task, -1)
         self.claims.append(got.task_id)
