@@ -50,6 +50,7 @@ SUFFIXES: dict[str, str] = {
     "sla_misses": "misses",
     "failures": "failures",
     "lanes": "lanes",
+    "serving": "serving:{level}",
     "capacities": "capacities",
     "deadlines": "deadlines",
     "scale": "scale",
@@ -157,8 +158,7 @@ class Keys:
         return self._key("wake", worker_id)
 
     def control(self, worker_id: str) -> str:
-        """Control messages to a worker, read by its heartbeat thread: "yield <task>",
-        "preload <model> <vram_gb>", "drain"."""
+        """Control messages to a worker, read by its heartbeat thread: "yield <task>", ..."""
         return self._key("control", worker_id)
 
     def reservation(self, worker_id: str) -> str:
@@ -226,6 +226,10 @@ class Keys:
         """Workers not offered every task: id -> levels (a dedicated lane, e.g. "01"), then the
         models its claims skip with their ends (lib/lanes.lua)."""
         return self._key("lanes")
+
+    def serving(self, level: int | str) -> str:
+        """Live workers serving priority level 0..3 (a set; read by lib/holders.lua while lanes exist)."""
+        return self._key("serving", level)
 
     @property
     def capacities(self) -> str:

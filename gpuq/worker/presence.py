@@ -99,6 +99,11 @@ class Presence:
             pipe.hdel(keys.lanes, wid)
         else:  # wake-ups and offers skip a lane worker for the priorities it does not serve
             pipe.hset(keys.lanes, wid, lane(identity["levels"], skipped, now_ms))
+        for level in ALL_LEVELS:  # idle holders that serve a level: one ZINTER (lib/holders.lua)
+            if level in identity["levels"]:
+                pipe.sadd(keys.serving(level), wid)
+            else:
+                pipe.srem(keys.serving(level), wid)
 
     @contextmanager
     def beat(self, cache: ModelCache, running: int, state: str,
@@ -191,6 +196,8 @@ class Presence:
             pipe.zrem(keys.workers, wid)
             pipe.hdel(keys.lanes, wid)
             pipe.hdel(keys.capacities, wid)
+            for level in ALL_LEVELS:
+                pipe.srem(keys.serving(level), wid)
             pipe.delete(*self._own_keys())
             try:
                 pipe.execute()

@@ -32,13 +32,21 @@ def busy_holder(q: Queue, wid: str, model: str, device_gb: float = 80, ends_in_s
     q.redis.hset(q.keys.task(f"running-on-{wid}"), mapping={"started_at": now_ms, "est_s": ends_in_s})
 
 
+def serving(q: Queue) -> list[set[str]]:
+    """Each level's `serving` set (lib/holders.lua)."""
+    return [q.redis.smembers(q.keys.serving(level)) for level in range(4)]
+
+
 def test_a_workers_capacity_is_listed_from_registration_to_departure(queue: Queue) -> None:
+    """And so is each level it serves, in that level's `serving` set."""
     usable = register_worker(queue, "w1")
     group = register_worker(queue, "g1", device_gb=48, gpus=2, levels="01")
     register_worker(queue, "ret", idle=True)
     register_worker(queue, "dead")
     assert capacity(queue, "w1") == (usable, 1, "0123")
     assert capacity(queue, "g1") == (group, 2, "01")
+    every = {"w1", "ret", "dead"}
+    assert serving(queue) == [every | {"g1"}, every | {"g1"}, every, every]
     Presence(queue.redis, queue.keys, "w1").leave([])
     assert capacity(queue, "w1") is None
     for wid in ("g1", "ret", "dead"):
@@ -49,6 +57,7 @@ def test_a_workers_capacity_is_listed_from_registration_to_departure(queue: Queu
     heartbeat(queue, "g1", [], now_ms=T0 + 50_000)
     assert reap(queue, now_ms=T0 + 60_000).dead_workers == 1
     assert capacity(queue, "dead") is None and capacity(queue, "g1") == (group, 2, "01")
+    assert serving(queue) == [{"g1"}, {"g1"}, set(), set()]
 
 
 def test_a_busy_holder_is_weighed_by_its_listed_capacity(make_queue: MakeQueue) -> None:

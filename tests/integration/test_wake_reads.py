@@ -48,6 +48,25 @@ def test_a_batch_task_reads_few_idle_lanes_once(real_queue: Queue) -> None:
     assert q.redis.zcard(q.keys.idle) == 8
 
 
+def test_idle_lanes_holding_the_model_are_not_read_for_batch_work(real_queue: Queue) -> None:
+    """Regression (scripts/bench_scale.py: enqueue 201 µs at 2,048 workers and 10 models
+    against 55 at 8): idle online lanes holding a batch task's model came back from the
+    idle holders' ZINTER for every enqueue, their lanes read to pass them over. The ZINTER
+    now keeps only workers serving the task's level: nine idle lanes holding the model cost
+    the one HMGET of the tightest idle fit, and the idle worker that serves P2 gets it."""
+    q = real_queue
+    for i in range(9):  # more than few_idle's 8: the general path
+        register_worker(q, f"lane-{i}", device_gb=40, idle=True, levels="0", holds=("m",))
+    before = reads(q)
+    lone = enqueue(q, T0, model="m", vram_gb=20, priority="P2")
+    after = reads(q)
+    assert {k: after[k] - before[k] for k in after} == {"hget": 1, "hmget": 1}
+    assert q.redis.hget(q.keys.task(lone), "offered") is None
+    register_worker(q, "batch", device_gb=80, idle=True, holds=("m",))
+    held = enqueue(q, T0 + 1, model="m", vram_gb=20, priority="P2")
+    assert q.redis.hget(q.keys.task(held), "offered") == "batch"
+
+
 def test_few_idle_workers_offer_to_the_holder_that_serves_the_level(queue: Queue) -> None:
     """With few idle workers the wake rule decides as with many: the tightest idle holder
     that serves the task's level (a lane holding the model is passed over), else the

@@ -33,8 +33,8 @@ def all_keys(k: Keys) -> list[str]:
     return out
 
 
-SAMPLE = {"priority": 2, "model": "llama3-8b", "task_id": "t1", "worker_id": "w1", "rq_queue": "gpu",
-          "bucket": 30_000_000}
+SAMPLE = {"priority": 2, "level": 2, "model": "llama3-8b", "task_id": "t1", "worker_id": "w1",
+          "rq_queue": "gpu", "bucket": 30_000_000}
 
 
 @pytest.mark.parametrize("prefix", ["gpuq", "ci"])

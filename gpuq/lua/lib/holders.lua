@@ -6,8 +6,14 @@
 --@include lanes
 
 -- Model m's idle holders and their idle scores (claimable VRAM), in score order: one ZINTER of
--- `idle` and the holders set, in C, rather than a ZSCORE per holder.
-local function idle_holders(m)
+-- `idle` and the holders set, in C, rather than a ZSCORE per holder. With priority p, while
+-- any worker is a lane, only those serving p (`serving:<p>`, a third input): idle online lanes
+-- holding the model would otherwise come back for every batch task, to be passed over.
+local function idle_holders(m, p)
+  if p and redis.call('HLEN', K_LANES) > 0 then
+    return redis.call('ZINTER', 3, K_IDLE, holders_key(m), serving_key(p), 'WEIGHTS', 1, 0, 0,
+      'WITHSCORES')
+  end
   return redis.call('ZINTER', 2, K_IDLE, holders_key(m), 'WEIGHTS', 1, 0, 'WITHSCORES')
 end
 

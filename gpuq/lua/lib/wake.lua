@@ -28,7 +28,7 @@ end
 -- need: the tightest fit (ZINTER's order: score, then name; a one-GPU task leaves an idle
 -- group to work only it can run) among the first 64 with room (lanes read in one HMGET).
 local function idle_holder(m, need, except, p, gpus, now)
-  local got, fit = idle_holders(m), {}
+  local got, fit = idle_holders(m, p), {}
   for i = 1, #got, 2 do
     if got[i] ~= except and tonumber(got[i + 1]) >= need then fit[#fit + 1] = got[i] end
   end
