@@ -43,9 +43,8 @@ log = logging.getLogger(__name__)
 
 # The 80 GB cards get two slots: they hold several models at once (75 GB usable), so an
 # online request can run beside a long batch job, as a serving stack with two streams would,
-# instead of waiting for the batch job to yield (preemption asks a task to yield only after
-# it has run preempt_min_runtime_s, wall time, longer than most of the demo's scaled tasks).
-# The 48 and 24 GB cards hold one or two models, and one slot keeps them from thrashing.
+# instead of waiting for the batch job to yield. The 48 and 24 GB cards hold one or two
+# models, and one slot keeps them from thrashing.
 # The pair of 80 GB cards is one worker serving a 70B model in 16-bit weights (144 GB) over
 # both, as a tensor-parallel server does; its one-GPU work goes to the single cards first.
 GPUS = (Gpu("sim-H100-80GB", 80, 2), Gpu("sim-A100-80GB", 80, 2),
@@ -130,14 +129,18 @@ def produce(queue: Queue, rng: random.Random, seconds: float, rate: float,
 class Fleet:
     """The demo's worker processes (one per GPU) and its reaper, each logging to its own file."""
 
-    def __init__(self, url: str, pool: str, time_scale: float, log_dir: Path) -> None:
+    def __init__(self, url: str, pool: str, time_scale: float, log_dir: Path,
+                 min_runtime_s: float) -> None:
         # INFO whatever the caller set: model loads are counted from the logs
         self.base = [sys.executable, "-m", "gpuq", "--pool", pool, "--log-level", "INFO"]
         # the URL goes in the environment, not argv, where ps would show its password to anyone;
         # the demo waits for every task before stopping, so a long shutdown grace only delays
-        # the failure path
+        # the failure path. A victim's minimum runtime counts GPU work, which runs time_scale
+        # as long here as it would on a GPU: scaled as the loads and runs are (the SLAs, the
+        # callers' promises, are not)
         self.env = {**os.environ, "GPUQ_REDIS_URL": url, "GPUQ_SIM_TIME_SCALE": repr(time_scale),
-                    "GPUQ_SHUTDOWN_GRACE_S": "3"}
+                    "GPUQ_SHUTDOWN_GRACE_S": "3",
+                    "GPUQ_PREEMPT_MIN_RUNTIME_S": repr(min_runtime_s * time_scale)}
         self.log_dir = log_dir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.failed: dict[str, str] = {}  # name -> how it ended, for processes that misbehaved
@@ -261,7 +264,8 @@ def run_demo(config: Config, *, seconds: float, time_scale: float, as_json: bool
                 client = connect(url)
                 client.ping()  # before anything is set up that would need cleaning up
                 queue = Queue(client, cfg, url=url)
-                fleet = Fleet(url, cfg.pool, time_scale, Path(tempfile.mkdtemp(prefix="gpuq-demo-")))
+                fleet = Fleet(url, cfg.pool, time_scale, Path(tempfile.mkdtemp(prefix="gpuq-demo-")),
+                              cfg.preempt_min_runtime_s)
                 result = session(queue, fleet, seconds, time_scale, seed)
     finally:
         if fleet is not None:
