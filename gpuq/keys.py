@@ -158,7 +158,7 @@ class Keys:
         return self._key("wake", worker_id)
 
     def control(self, worker_id: str) -> str:
-        """Control messages to a worker, read by its heartbeat thread: "yield <task>", ..."""
+        """Messages to a worker's heartbeat thread: "yield <task>", "preload <model> <gb>", "drain"."""
         return self._key("control", worker_id)
 
     def reservation(self, worker_id: str) -> str:

@@ -93,12 +93,11 @@ class Control:
         run = w.run
         if gen != w.generation or run is None:
             return
-        if run.offer.cold:
-            self.scheduler.began(run.offer, self.engine.ms(), run.load)
-        elif run.load:
-            self.scheduler.recorded(run.load)
         if run.load:
+            self.scheduler.recorded(run.load)
             self.engine.steps.loaded(run.load[0])
+        if run.offer.cold:
+            self.scheduler.began(run.offer, self.engine.ms())
 
     def preload(self, w: Gpu, model: str, vram_gb: float) -> None:
         """A warm hint: nothing if the GPU has the model or no room for it."""
@@ -123,5 +122,6 @@ class Control:
         resident.ready.set()
         w.cache.release(res)
         if not w.gone:  # a retired worker's load is lost with it
-            self.scheduler.hold(w.id, [], model, (model, resident.footprint_gb, seconds))
+            self.scheduler.recorded((model, resident.footprint_gb, seconds))
+            self.scheduler.hold(w.id, [], model)
             self.engine.steps.loaded(model)

@@ -142,17 +142,14 @@ class GpuqScheduler:
         return Offer(got.task["id"], int(got.task["token"]), float(checkpoint.get("done_s", 0.0)),
                      got.task.get("sla") == "pending")
 
-    def began(self, offer: Offer, now_ms: int, load: tuple[str, float, float] | None = None) -> None:
-        """A cold-started task's handler starts (its load is over), as the worker reports it;
-        load: (model, footprint, seconds) of the load that ended, recorded in the catalog
-        first, as the worker records it once loaded (gpuq.worker.loading)."""
-        if load is not None:
-            self.recorded(load)
+    def began(self, offer: Offer, now_ms: int) -> None:
+        """A cold-started task's handler starts (its load is over), as the worker reports it."""
         self._stale()
         self.scripts.run(self.calls.began(offer.task_id, offer.token, now_ms=now_ms))
 
     def recorded(self, load: tuple[str, float, float]) -> None:
-        """A load ended: (model, footprint, seconds) into the catalog."""
+        """A load ended: (model, footprint, seconds) into the catalog, as the worker records it
+        once loaded (gpuq.worker.loading)."""
         self._stale()
         pipe = self.redis.pipeline(transaction=False)
         catalog.record_load(pipe, self.keys, *load)
@@ -173,19 +170,15 @@ class GpuqScheduler:
         """Whether a yield request for the task still stands (withdraw_yield clears it)."""
         return bool(self.redis.hget(self.keys.task(task_id), "yield_for"))
 
-    def hold(self, worker_id: str, dropped: list[str], held: str = "",
-             load: tuple[str, float, float] | None = None) -> None:
+    def hold(self, worker_id: str, dropped: list[str], held: str = "") -> None:
         """Tell the pool a worker dropped models and holds one (affinity and expiry read
         it): a task's model from its load's start, a preload's once loaded, as a worker's
-        (gpuq.worker.loading); load: (model, footprint, seconds), a finished load for the
-        catalog."""
+        (gpuq.worker.loading)."""
         self._stale()
         presence = Presence(self.redis, self.keys, worker_id)
         pipe = presence.pipeline()
         for old in dropped:
             presence.hold(pipe, old, False)
-        if load is not None:
-            catalog.record_load(pipe, self.keys, *load)
         if held:
             presence.hold(pipe, held, True)
         pipe.execute()
