@@ -228,7 +228,7 @@ class Keys:
         return self._key("lanes")
 
     def serving(self, level: int | str) -> str:
-        """Live workers serving priority level 0..3 (a set; read by lib/holders.lua while lanes exist)."""
+        """Live workers serving priority level 0..3 (a set; read by the wake rule while lanes exist)."""
         return self._key("serving", level)
 
     @property

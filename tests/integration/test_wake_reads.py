@@ -108,3 +108,38 @@ def test_a_claim_weighing_busy_holders_costs_the_same_however_many_there_are(
         sent.append({k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)})
     assert sent[0].pop("zinter") == 1 and sent[0] == sent[1]
     assert sum(sent[1].values()) <= 20
+
+
+def test_online_work_reaches_the_idle_worker_that_serves_it_past_many_batch_lanes(
+        real_queue: Queue) -> None:
+    """Regression: the tightest-fit read looks at the 8 tightest idle workers; with nine idle
+    batch lanes tighter than the one idle worker that serves P0, a P0 task was offered to
+    nobody and left to the pool's wake list, which a batch lane may pop and find nothing in:
+    the task then waited for the serving worker's idle timeout (5 s against a 200 ms SLA).
+    Online work now reads the idle workers serving its level when the tightest ones do not."""
+    q = real_queue
+    for i in range(9):
+        register_worker(q, f"batch-{i}", device_gb=24, idle=True, levels="23")
+    register_worker(q, "online", device_gb=80, idle=True)
+    tid = enqueue(q, T0, model="m", vram_gb=10, priority="P0")
+    assert q.redis.hget(q.keys.task(tid), "offered") == "online"
+    assert q.redis.lrange(q.keys.wake("online"), 0, -1) == ["1"]
+    # batch work behind the same lanes still takes one read of the tightest: a lane serving
+    # P2 is among them
+    batch = enqueue(q, T0 + 1, model="m", vram_gb=10, priority="P2")
+    assert q.redis.hget(q.keys.task(batch), "offered") == "batch-0"
+
+
+def test_a_claim_too_small_for_online_work_wakes_the_worker_that_serves_it(real_queue: Queue) -> None:
+    """The same read from a claim (claim.lua, where a level is a number): a worker too small
+    for the P0 task at its queue's head wakes the tightest idle worker that fits and serves
+    P0, past nine idle batch lanes that fit it more tightly."""
+    q = real_queue
+    tid = enqueue(q, T0, model="m", vram_gb=30, priority="P0")  # nobody idles: no offer
+    for i in range(9):
+        register_worker(q, f"batch-{i}", device_gb=48, idle=True, levels="23")
+    register_worker(q, "online", device_gb=80, idle=True)
+    register_worker(q, "tiny", device_gb=16)
+    assert claim_reply(q, "tiny", free_gb=11, now_ms=T0 + 1).task is None
+    assert q.redis.lrange(q.keys.wake("online"), 0, -1) == ["1"]
+    assert q.redis.hget(q.keys.task(tid), "state") == "queued"

@@ -43,12 +43,38 @@ local function idle_holder(m, need, except, p, gpus, now)
   return nil
 end
 
+-- Whether idle worker w, whose `lanes` entry is `lane`, may be offered a task (see tightest).
+local function takes(w, lane, except, p, unoccupied, gpus, m, now)
+  return w ~= except and lane_serves(lane, p, m, now) and has_gpus(w, gpus)
+    and not (unoccupied and redis.call('SCARD', worker_tasks_key(w)) > 0)
+end
+
+-- Online work the tightest idle workers all passed over (lanes of other levels, as many as
+-- were read): the idle workers serving p (`serving:<p>`), in score order, the first 8 in
+-- [need, upper] weighed. One ZINTER, O(the smaller of `idle` and the serving set); batch work
+-- is left to the pool's wake list instead, which an idle lane of another level may pop and
+-- find nothing in: a wait of an idle timeout, within a batch SLA, not an online one.
+local function tightest_serving(need, upper, except, p, unoccupied, gpus, m, now)
+  local below = upper ~= '+inf' and tonumber(string.sub(upper, 2))  -- upper: '(' .. VRAM
+  local got, fit = redis.call('ZINTER', 2, K_IDLE, serving_key(p), 'WEIGHTS', 1, 0, 'WITHSCORES'), {}
+  for i = 1, #got, 2 do
+    local s = tonumber(got[i + 1])
+    if #fit == 8 or (below and s >= below) then break end
+    if s >= need then fit[#fit + 1] = got[i] end
+  end
+  local lanes = fit[1] and redis.call('HMGET', K_LANES, unpack(fit)) or {}
+  for i, w in ipairs(fit) do
+    if takes(w, lanes[i], except, p, unoccupied, gpus, m, now) then return w end
+  end
+end
+
 -- The idle worker other than `except` serving priority p, with `gpus` devices, not skipping
 -- model m at time now (m nil: any), with the least claimable VRAM in [need, upper] (among
 -- the 8 tightest: lanes are few; for a task on several GPUs, 64, then the 8 roomiest:
--- one-GPU workers with room must not hide a group); with `unoccupied`, only one running no
--- task (one with free slots stays in `idle` while it runs others). A group's VRAM spans its
--- devices: one-GPU work leaves a four-GPU group free.
+-- one-GPU workers with room must not hide a group; online work read past by lanes of other
+-- levels: tightest_serving); with `unoccupied`, only one running no task (one with free
+-- slots stays in `idle` while it runs others). A group's VRAM spans its devices: one-GPU
+-- work leaves a four-GPU group free.
 -- Their lanes come in one HMGET: idle online lanes sit among them for every P2 enqueue.
 --@calls ZRANGEBYSCORE ZREVRANGEBYSCORE (named in `reads`: gpuq/acl.py grants them)
 local function tightest(need, upper, except, p, unoccupied, gpus, m, now)
@@ -58,10 +84,12 @@ local function tightest(need, upper, except, p, unoccupied, gpus, m, now)
     local got = redis.call(r[2], K_IDLE, r[3], r[4], 'LIMIT', 0, r[1])
     local lanes = got[1] and redis.call('HMGET', K_LANES, unpack(got)) or {}
     for i, w in ipairs(got) do
-      if w ~= except and lane_serves(lanes[i], p, m, now) and has_gpus(w, gpus)
-          and not (unoccupied and redis.call('SCARD', worker_tasks_key(w)) > 0) then return w end
+      if takes(w, lanes[i], except, p, unoccupied, gpus, m, now) then return w end
     end
     if #got < r[1] then return nil end  -- every idle worker in range was looked at
+  end
+  if tonumber(p) <= 1 and redis.call('HLEN', K_LANES) > 0 then  -- p: a number in claim.lua
+    return tightest_serving(need, upper, except, p, unoccupied, gpus, m, now)
   end
 end
 
