@@ -235,14 +235,19 @@ def _queues(client: redis.Redis, keys: Keys, per_level: list[list[str]], now: fl
             top: int | None) -> tuple[list[QueueView], list[tuple[str, str]], int]:
     """Each queue's depth and oldest wait (pool_view's ``top``), the (task id, handler) of
     the head tasks read, and the parked tasks' count."""
-    # one MULTI with `parked`: a task the park pass moves between the reads is counted once
-    pipe = client.pipeline(transaction=True)
     pairs = [(p, m) for p, models in zip(Priority, per_level) for m in models]
-    for p, m in pairs:
-        pipe.zcard(keys.queue(p, m))
-    pipe.zcard(keys.parked)
-    *counts, parked = pipe.execute()
-    depths = dict(zip(pairs, (int(n) for n in counts)))
+    def counts(atomic: bool) -> list[int]:
+        pipe = client.pipeline(transaction=atomic)
+        for p, m in pairs:
+            pipe.zcard(keys.queue(p, m))
+        pipe.zcard(keys.parked)
+        return [int(n) for n in pipe.execute()]
+
+    try:  # one MULTI with `parked`: a task the park pass moves between the reads is counted once
+        *depth_of, parked = counts(True)
+    except redis.OutOfMemoryError:  # a full server refuses whatever a MULTI queues, reads too,
+        *depth_of, parked = counts(False)  # and a full pool is when its view is needed
+    depths = dict(zip(pairs, depth_of))
     rows: list[tuple[Priority, str, list[tuple[Priority, str]]]] = []  # level, model, queues
     for p, models in zip(Priority, per_level):
         level = [(p, m) for m in models]  # index order: the earliest head start-by first

@@ -27,6 +27,7 @@ from gpuq.client import Queue
 from gpuq.connection import CONNECT_OPTIONS, connect, connect_async, redis_errors
 from gpuq.embedded import EmbeddedServer, free_port, stop_process
 from gpuq.errors import ConfigError, ServerRefused
+from gpuq.views.exporter import read_figures
 
 REDIS_SERVER = shutil.which("redis-server")
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="needs redis-server on PATH")
@@ -132,6 +133,27 @@ def test_out_of_memory() -> None:
         clean_error(run_cli(full.url, *TASK), "refused the command", "out of memory")
         with pytest.raises(ServerRefused, match="out of memory"):
             Queue.from_url(full.url).enqueue("sim.run", None, model="m", vram_gb=1)
+        client.close()
+
+
+def test_a_full_server_still_shows_its_pool() -> None:
+    """Regression: with the server at maxmemory (noeviction), status, top and the exporter's
+    scrape failed, "out of memory": their queue depths were read in a MULTI, whose queued
+    commands a full server refuses, reads included. A full pool is when its view matters."""
+    with EmbeddedServer() as full:
+        client = redis.Redis(port=full.port, decode_responses=True)
+        pool = f"p{uuid.uuid4().hex[:8]}"
+        queue = Queue.from_url(full.url, pool=pool)
+        queue.enqueue("sim.run", None, model="m", vram_gb=1)
+        client.set("ballast", b"x" * 4_000_000)
+        client.config_set("maxmemory", "2mb")
+        for args in (["status"], ["status", "--json"], ["top", "--once"]):
+            result = CliRunner().invoke(cli, ["--redis", full.url, "--pool", pool, *args])
+            assert result.exit_code == 0, result.output
+            assert "out of memory" not in result.output
+        figures = read_figures(client, queue.keys)
+        assert [(p, m, n) for p, m, n, _ in figures.queues] == [("P2", "m", 1)]
+        queue.close()
         client.close()
 
 
