@@ -151,12 +151,14 @@ class Config:
         return replace(self, **given).validate()
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> Config:
+    def from_env(cls, environ: dict[str, str] | None = None, /, **given: Any) -> Config:
+        """The GPUQ_* settings, with the options ``given`` (None: not given) in place of
+        their variables, which are then not read: a flag wins over a bad variable."""
         env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
+        values: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
         for f in fields(cls):
             raw = env.get(f"GPUQ_{f.name.upper()}")
-            if raw is None:
+            if raw is None or f.name in values:
                 continue
             kind = type(getattr(cls(), f.name))
             try:

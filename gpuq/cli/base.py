@@ -14,12 +14,14 @@ from enum import IntEnum
 from typing import Any, TypeVar, get_args, get_type_hints
 
 import click
+from click.core import ParameterSource
 
 from gpuq import logs
 from gpuq.client import Queue
 from gpuq.config import Config
 from gpuq.connection import connect, redis_errors
 from gpuq.errors import (
+    AppError,
     BadSchedule,
     BadTenant,
     ConfigError,
@@ -48,8 +50,8 @@ class Exit(IntEnum):
 
     OK = 0
     ERROR = 1  # any failure not named below
-    # a usage error; an invalid option, setting, task, tenant or schedule, a task --check-fit
-    # refuses: nothing written
+    # a usage error; an invalid option, setting, app, task, tenant or schedule, a task
+    # --check-fit refuses: nothing written
     BAD_INPUT = 2
     NOT_DONE = 3  # the task waited for (--wait, --stream) ended failed, canceled or expired
     TIMED_OUT = 4  # --timeout passed before the task ended: it stands
@@ -58,9 +60,9 @@ class Exit(IntEnum):
 
 # the first kind an error is an instance of gives its code (a subclass before its base)
 EXIT_CODES: tuple[tuple[type[GpuqError], Exit], ...] = (
-    (InvalidTask, Exit.BAD_INPUT), (ConfigError, Exit.BAD_INPUT), (BadTenant, Exit.BAD_INPUT),
-    (BadSchedule, Exit.BAD_INPUT), (Unschedulable, Exit.BAD_INPUT), (TaskFailed, Exit.NOT_DONE),
-    (ResultTimeout, Exit.TIMED_OUT), (ConnectionFailed, Exit.NO_REDIS))
+    (InvalidTask, Exit.BAD_INPUT), (ConfigError, Exit.BAD_INPUT), (AppError, Exit.BAD_INPUT),
+    (BadTenant, Exit.BAD_INPUT), (BadSchedule, Exit.BAD_INPUT), (Unschedulable, Exit.BAD_INPUT),
+    (TaskFailed, Exit.NOT_DONE), (ResultTimeout, Exit.TIMED_OUT), (ConnectionFailed, Exit.NO_REDIS))
 
 
 # click reads an exception's exit code from its class: one class per code
@@ -136,6 +138,13 @@ def open_queue(ctx: click.Context) -> Queue:
     return Queue(client, replace(cfg, redis_url=url), url=url)
 
 
+def an_id(value: str) -> str:
+    """A task or worker id argument: an empty one is a usage error, not an id nobody has."""
+    if not value:
+        raise click.BadParameter("must not be empty")
+    return value
+
+
 def priority_type(value: str) -> Priority:
     try:
         return Priority.parse(value)
@@ -166,6 +175,7 @@ def no_preempt_option(help: str) -> Callable[[F], F]:
 
 
 @click.group(cls=Cli)
+@click.version_option(package_name="gpuq", message="%(prog)s %(version)s")
 @click.option("--redis", "redis_url", envvar="GPUQ_REDIS_URL", default=None,
               help=f"Redis URL (env GPUQ_REDIS_URL; default {DEFAULT_URL}, the demo embeds one): "
                    "redis://, rediss:// (TLS), unix://, redis+sentinel://HOST:PORT[,...]/MASTER[/DB], "
@@ -177,7 +187,8 @@ def no_preempt_option(help: str) -> Callable[[F], F]:
 @click.option("--pool", envvar="GPUQ_POOL", default=DEFAULTS.pool, show_default=True,
               help="Pool name (env GPUQ_POOL).")
 @click.option("--log-level", envvar="GPUQ_LOG_LEVEL", default="INFO", show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+              help="env GPUQ_LOG_LEVEL; any case.")
 @click.option("--log-format", envvar="GPUQ_LOG_FORMAT", default="text", show_default=True,
               type=click.Choice(["text", "json"]),
               help="json: one object per line with the event name and fields (env GPUQ_LOG_FORMAT).")
@@ -187,8 +198,11 @@ def cli(ctx: click.Context, redis_url: str | None, tls_ca: str | None, tls_cert:
     """gpuq: a Redis-backed task queue that schedules AI inference work onto GPUs."""
     logs.configure(log_level, log_format)
     try:
-        cfg = Config.from_env().with_options(redis_url=redis_url, pool=pool, tls_ca=tls_ca,
-                                             tls_cert=tls_cert, tls_key=tls_key)
+        # a flag given wins over its variable, even a bad one (GPUQ_POOL= with --pool p)
+        given = {k: v for k, v in (("redis_url", redis_url), ("pool", pool), ("tls_ca", tls_ca),
+                                   ("tls_cert", tls_cert), ("tls_key", tls_key))
+                 if ctx.get_parameter_source(k) is ParameterSource.COMMANDLINE}
+        cfg = Config.from_env(**given)
     except GpuqError as exc:
         raise failure_of(exc) from None
     # click reads an empty variable as not set, and Config an empty URL as "the default"

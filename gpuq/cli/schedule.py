@@ -40,7 +40,7 @@ def add(ctx: click.Context, /, name: str, every: str | None, cron: str | None, s
         task: tuple[str, ...]) -> None:
     """Add schedule NAME: its runs are tasks of HANDLER with the options of gpuq enqueue
     (--payload, --model, --vram-gb, --priority, --est-s, --deadline-s, --tenant,
-    --no-preempt, --max-attempts)."""
+    --no-preempt, --max-attempts, --gpus)."""
     given: dict[str, Any] = _run_spec.main(list(task), prog_name="gpuq schedule add NAME --",
                                            standalone_mode=False)
     if not isinstance(given, dict):  # --help of the task part: printed already

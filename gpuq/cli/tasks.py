@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import click
 
-from gpuq.cli.base import PRIORITY_HELP, no_preempt_option, open_queue, task_option
+from gpuq.cli.base import PRIORITY_HELP, an_id, no_preempt_option, open_queue, task_option
 from gpuq.client import Queue
 from gpuq.connection import redis_errors
 from gpuq.errors import ConfigError
@@ -103,17 +103,22 @@ def enqueue(ctx: click.Context, /, handler: str, payload: str, no_preempt: bool,
     data = parse_payload_text(payload)
     queue = open_queue(ctx)
     task = queue.enqueue(handler, data, preemptible=not no_preempt, check_fit=check_fit, **options)
-    if stream:
-        started = time.monotonic()
-        for chunk in task.stream(timeout):
-            if chunk.restart:
-                click.echo(f"(attempt {chunk.attempt} restarts the stream)", err=True)
-            click.echo(json.dumps(chunk.data))
-        timeout = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
-    elif not wait:
+    if not (wait or stream):
         click.echo(task.id)
         return
-    click.echo(json.dumps(task.result(timeout)))
+    try:
+        if stream:
+            started = time.monotonic()
+            for chunk in task.stream(timeout):
+                if chunk.restart:
+                    click.echo(f"(attempt {chunk.attempt} restarts the stream)", err=True)
+                click.echo(json.dumps(chunk.data))
+            timeout = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+        click.echo(json.dumps(task.result(timeout)))
+    except KeyboardInterrupt:  # the wait ends, not the task: say which task it was
+        click.echo(f"Interrupted: task {task.id} goes on (gpuq task {task.id}; gpuq cancel {task.id})",
+                   err=True)
+        ctx.exit(130)
 
 
 def verb(name: str, argument: str, act: Callable[[Queue, str], Any], said: str,
@@ -122,7 +127,7 @@ def verb(name: str, argument: str, act: Callable[[Queue, str], Any], said: str,
     (``said`` names ``{id}`` and ``{state}``: what the method returned)."""
 
     @click.command(name, help=help)
-    @click.argument(argument)
+    @click.argument(argument, type=an_id)
     @click.pass_context
     def command(ctx: click.Context, /, **given: str) -> None:
         subject = given[argument]
@@ -141,7 +146,7 @@ cancel = verb("cancel", "task_id", Queue.cancel, "canceled {id} (was {state})",
 
 
 @click.command()
-@click.argument("task_id")
+@click.argument("task_id", type=an_id)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
 def task(ctx: click.Context, task_id: str, as_json: bool) -> None:

@@ -112,9 +112,13 @@ def heading(report: dict[str, Any], target_load: float | None) -> str:
     up (target_load: the offered load that chose it; None: the speedup was given)."""
     sizes = Counter(report["gpus"])
     pool = ", ".join(f"{n}x{gb:g}" for gb, n in sorted(sizes.items(), key=lambda kv: -kv[0]))
+    workers = f"{len(report['gpus'])} workers ({pool} GB)"
+    if a := report.get("autoscale"):  # `gpus` lists every GPU booted, not a pool at once
+        workers = (f"{a['min']}-{a['max']} autoscaled workers of {report['gpus'][0]:g} GB "
+                   f"(at most {a['peak_gpus']} at once; {a['boots']} boots)")
     chosen = "" if target_load is None else f" (chosen for an offered load of {target_load:g})"
-    return (f"trace {report['trace']}: {report['tasks']} tasks on {len(report['gpus'])} workers "
-            f"({pool} GB), arrivals sped up {report['speedup']:.4g}x{chosen}")
+    return (f"trace {report['trace']}: {report['tasks']} tasks on {workers}, "
+            f"arrivals sped up {report['speedup']:.4g}x{chosen}")
 
 
 def render(reports: list[dict[str, Any]]) -> str:

@@ -8,6 +8,7 @@ worker cases run real processes (tests/procs.py).
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -262,6 +263,23 @@ def test_cli_requeue_of_a_failed_task_and_refusals(procs: Procs, real_queue: Que
                     "task is succeeded: there is nothing to requeue")
     assert real_queue.record(failed).state is State.SUCCEEDED
     assert error_line(procs.cli("requeue", "no-such-task")) == "Error: task no-such-task not found"
+
+
+def test_ctrl_c_on_a_waiting_enqueue_names_the_task_it_leaves(procs: Procs, real_queue: Queue) -> None:
+    """Regression: Ctrl-C on `gpuq enqueue --wait` printed "Aborted!" and exited 1; the task
+    went on and its id, never printed, was lost to the user. Now stderr names it, exit 130."""
+    proc = procs.start("enqueue", ["enqueue", "sim.run", "--model", "m", "--vram-gb", "1", "--wait"])
+    queued = real_queue.keys.queue(2, "m")
+    wait_for(lambda: procs.redis.zcard(queued) == 1, 20, message=lambda: proc.log())
+    (task_id,) = procs.redis.zrange(queued, 0, -1)
+    # into the wait: its first pop marked the task waited
+    wait_for(lambda: procs.redis.hget(real_queue.keys.task(task_id), "waited"), 20,
+             message=lambda: proc.log())
+    proc.signal(signal.SIGINT)
+    assert proc.wait() == 130
+    assert proc.log().strip().splitlines()[-1] == (
+        f"Interrupted: task {task_id} goes on (gpuq task {task_id}; gpuq cancel {task_id})")
+    assert real_queue.record(task_id).state is State.QUEUED
 
 
 def test_cli_drain_of_an_unknown_worker_fails(procs: Procs) -> None:

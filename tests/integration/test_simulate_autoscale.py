@@ -164,6 +164,11 @@ def test_cli_replays_both_signals(tmp_path: Path) -> None:
     text = CliRunner().invoke(cli, ["simulate", "--trace", str(path), "--gpus", "1x80", "--speedup", "1",
                                      "--autoscale", "1:3", "--scale-signal", "forecast"])
     assert text.exit_code == 0 and "GPU-HOURS" in text.output
+    # regression: the heading counted every GPU booted as the pool ("on 107 workers (107x80 GB)")
+    boots = reports[1]["autoscale"]["boots"]
+    peak = reports[1]["autoscale"]["peak_gpus"]
+    assert text.stdout.startswith(f"trace {path}: {reports[1]['tasks']} tasks on 1-3 autoscaled "
+                                  f"workers of 80 GB (at most {peak} at once; {boots} boots), ")
     bad = CliRunner().invoke(cli, ["simulate", "--trace", str(path), "--gpus", "1x80,1x48",
                                     "--autoscale", "1:3"])
     assert bad.exit_code != 0 and "one GPU kind" in bad.output

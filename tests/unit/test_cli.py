@@ -308,6 +308,24 @@ def test_worker_without_a_gpu_or_a_declared_size(cli_pool: Pool) -> None:
     pytest.skip("an NVIDIA GPU is present; a worker would start on it")
 
 
+@pytest.mark.parametrize("command", ["task", "cancel", "requeue", "drain"])
+def test_an_empty_id_is_a_usage_error(cli_pool: Pool, command: str) -> None:
+    """Regression: `gpuq task ''` answered "task  not found" (exit 1), as if asked for an id."""
+    result = cli_pool.invoke(command, "")
+    assert_clean_error(result, "must not be empty")
+    assert result.exit_code == 2
+
+
+def test_a_flag_wins_over_its_bad_variable(cli_pool: Pool) -> None:
+    """Regression: GPUQ_POOL= (empty) failed `gpuq --pool p status` ("pool '' must be
+    non-empty"): the variables were checked before the flags replaced them. Without the
+    flag the empty variable is still refused."""
+    assert cli_pool.invoke("status", "--json", env={"GPUQ_POOL": ""}).exit_code == 0
+    result = CliRunner().invoke(cli, ["--redis", cli_pool.url, "status"], env={"GPUQ_POOL": ""})
+    assert_clean_error(result, "pool '' must be non-empty")
+    assert result.exit_code == 2
+
+
 def test_bad_environment_setting(cli_pool: Pool) -> None:
     result = cli_pool.invoke("status", env={"GPUQ_LEASE_S": "soon"})
     assert_clean_error(result, "GPUQ_LEASE_S='soon' is not a valid float")
@@ -333,7 +351,9 @@ def test_worker_bad_options(cli_pool: Pool, args: list[str], fragment: str) -> N
         args = ["--app", "workers.sim:app", *args]
     if "--vram-gb" not in args:
         args = [*args, "--vram-gb", "24"]
-    assert_clean_error(cli_pool.invoke("worker", *args), fragment)
+    result = cli_pool.invoke("worker", *args)
+    assert_clean_error(result, fragment)
+    assert result.exit_code == 2  # bad input, an --app that does not load included
     assert cli_pool.all_keys() == set()  # no worker was registered
 
 
