@@ -254,9 +254,21 @@ def check_name(what: str, name: object) -> None:
         raise AppError(f"{what} name {problem}")
 
 
-def check_callable(what: str, fn: object) -> None:
+def check_callable(what: str, fn: object, takes: str = "") -> None:
+    """A function, and (``takes``: its arguments, as a caller passes them) callable so."""
     if not callable(fn):
         raise AppError(f"{what} must be a function, got {fn!r}")
+    if not takes:
+        return
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to read (some builtins): called as it is
+        return
+    try:
+        signature.bind(*takes.split(", "))
+    except TypeError:  # every call would fail, each a task's attempt: refuse it at start
+        raise AppError(f"{what} must take ({takes}), got {getattr(fn, '__name__', 'a callable')}"
+                       f"({', '.join(signature.parameters)})") from None
 
 
 @dataclass
@@ -280,10 +292,12 @@ class App:
             except InvalidTask as exc:
                 raise AppError(f"model {name!r}: {exc.reason} (or None)") from None
         if unload is not None:
-            check_callable(f"model {name!r}: unload", unload)
+            check_callable(f"model {name!r}: unload", unload, "model")
 
         def register(load: Loader) -> Loader:
-            check_callable(f"model {name!r}: the loader", load)
+            check_callable(f"model {name!r}: the loader", load, "name")
+            if name in self.models:
+                raise AppError(f"model {name!r} is registered twice in app {self.name!r}")
             self.models[name] = ModelSpec(name, vram_gb, load, unload)
             return load
         return register
@@ -291,10 +305,10 @@ class App:
     def any_model(self, *, unload: Unloader | None = None) -> Callable[[Loader], Loader]:
         """Register a loader for any model name (its footprint is the task's VRAM)."""
         if unload is not None:
-            check_callable("any_model: unload", unload)
+            check_callable("any_model: unload", unload, "model")
 
         def register(load: Loader) -> Loader:
-            check_callable("any_model: the loader", load)
+            check_callable("any_model: the loader", load, "name")
             self.fallback = ModelSpec("*", None, load, unload)
             return load
         return register
@@ -314,7 +328,10 @@ class App:
         check_timeout(name, timeout_s)
 
         def register(fn: H) -> H:
-            check_callable(f"handler {name!r}", fn)
+            args = "model, payloads, ctx" if batch > 1 else "model, payload, ctx"
+            check_callable(f"handler {name!r}", fn, args)
+            if name in self.handlers:
+                raise AppError(f"handler {name!r} is registered twice in app {self.name!r}")
             self.handlers[name] = HandlerSpec(name, fn, model, batch, float(batch_wait_ms),
                                               is_coroutine_fn(fn),
                                               None if timeout_s is None else float(timeout_s))
@@ -360,4 +377,8 @@ def load_app(path: str) -> App:
     app = getattr(module, attr, None)
     if not isinstance(app, App):
         raise AppError(f"{path} is not a gpuq.App")
+    for spec in app.handlers.values():  # its tasks would all fail: the worker would publish it
+        if spec.model is not None and app.model_spec(spec.model) is None:
+            raise AppError(f"handler {spec.name!r} runs model {spec.model!r}, which has no loader "
+                           f"in app {app.name!r} (@app.model({spec.model!r}) or @app.any_model())")
     return app

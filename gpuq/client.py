@@ -175,8 +175,9 @@ class Queue(Producer[redis.Redis, "Task"]):
             return got
 
     def stream(self, task_id: str, timeout: float | None = None) -> Iterator[Chunk]:
-        """The chunks the task's handler emits, from the first, as they come, until the task
-        ends (then read its result as usual); ResultTimeout once ``timeout`` seconds pass
+        """The chunks the task's handler emits, from the first kept (the stream keeps about
+        the last ``stream_maxlen``: an earlier start shows as a ``seq`` past 0), as they come,
+        until the task ends (then read its result as usual); ResultTimeout once ``timeout`` seconds pass
         (None: no limit). A chunk with ``restart`` opens a new run: drop what the earlier
         run sent (gpuq.stream). Blocks on XREAD, with an EXISTS of the task in the same round
         trip: TaskNotFound once the task was deleted under the read (a flush, an eviction)."""

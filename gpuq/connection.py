@@ -106,6 +106,9 @@ async def _start_async(conn: Any) -> None:
 @contextmanager
 def url_checked(url: str) -> Iterator[None]:
     """A Redis URL that cannot be parsed is a configuration error, not a stack trace."""
+    if not isinstance(url, str) or not url:
+        raise ConfigError(f"a Redis URL is needed (a non-empty str, e.g. redis://127.0.0.1:6379/0), "
+                          f"got {url!r}")
     try:
         yield
     except ValueError as exc:

@@ -40,7 +40,7 @@ class Producer(Generic[ClientT, EnqueuedT]):
     """One pool on one Redis, the producer side, whatever the client."""
 
     def __init__(self, client: ClientT, config: Config | None = None, *, url: str = "") -> None:
-        self.config = config or Config()
+        self.config = (config or Config()).validate()  # a bad pool name must write no key
         self.url = url or self.config.redis_url or "redis"
         encoder = getattr(client, "get_encoder", None)
         if encoder is not None and not encoder().decode_responses:  # every reader takes text
@@ -64,8 +64,10 @@ class Producer(Generic[ClientT, EnqueuedT]):
         ``payload``: JSON-serializable data. ``model`` and ``vram_gb`` (weights included)
         place it; ``priority``: P0..P3, 0..3 or online/nearline/batch/offline; ``est_s``:
         estimated run seconds (None: the mean the pool learned from this handler and model's
-        successful runs, else 1); ``deadline_s``: seconds from now it must end by, else it
-        expires; ``preemptible=False``: never interrupted for higher-priority work;
+        successful runs, else 1); ``deadline_s``: seconds from now by which it should end: a
+        queued task that can no longer (now + ``est_s``, plus a load while no live worker
+        holds its model) expires; a run under way is not cut short (``timeout_s`` on its
+        handler bounds that); ``preemptible=False``: never interrupted for higher-priority work;
         ``max_attempts``: 1..100; ``task_id``: default a new unique id; ``gpus``: devices it
         runs across (1..64; only a worker with a group of at least that many claims it, and
         ``vram_gb`` is its need over all of them). ``check_fit``: Unschedulable if no

@@ -30,6 +30,7 @@ from __future__ import annotations
 import inspect
 import math
 import threading
+import time
 from typing import Any
 
 from gpuq.app import App, Context
@@ -37,7 +38,7 @@ from gpuq.client import Queue
 from gpuq.config import Config
 from gpuq.errors import AppError
 from gpuq.scripts import ClaimRequest
-from gpuq.worker import batch
+from gpuq.worker import batch, outcome
 from gpuq.worker.control import Control
 from gpuq.worker.eventloop import EventLoop
 from gpuq.worker.executor import Executor
@@ -62,7 +63,8 @@ def memory_queue(pool: str = "test", config: Config | None = None) -> Queue:
 
 def call_handler(app: App, handler: str, payload: Any = None, *, model: str,
                  vram_gb: float = 1.0, est_s: float = 0.0) -> Any:
-    """Load the model and run one handler directly, as a worker would (no queue)."""
+    """Load the model and run one handler directly, as a worker would (no queue); a result
+    a worker would refuse (not JSON, too large) raises its TaskError."""
     problem = app.check(handler, model)
     if problem:
         raise AppError(problem)
@@ -75,15 +77,20 @@ def call_handler(app: App, handler: str, payload: Any = None, *, model: str,
         if inspect.isawaitable(loaded):
             loaded = aio.wait(loaded)
         result = app.handlers[handler].fn(loaded, payload, ctx)
-        return aio.wait(result) if inspect.isawaitable(result) else result
+        result = aio.wait(result) if inspect.isawaitable(result) else result
+        outcome.encode(result)  # a worker acks the JSON text, or fails the task
+        return result
     finally:
         aio.close()
 
 
 def drain(queue: Queue, app: App, *, vram_gb: float = 80.0, worker_id: str = "test-worker",
-          limit: int = 10_000) -> int:
+          limit: int = 10_000, wait_s: float = 10.0) -> int:
     """Claim and run tasks in-process through the real scripts until none fits, then send
-    their run times; returns how many ran (a batch may take the count past ``limit``)."""
+    their run times; returns how many ran (a batch may take the count past ``limit``).
+    A delayed task (a retry waiting out its backoff, ``delay_s``) due within ``wait_s`` is
+    waited for and run (the backoff is real time: ``Config(retry_base_s=...)`` shortens
+    it); 0 leaves such tasks delayed."""
     cache = ModelCache(app, vram_gb, queue.config.kv_reserve_gb)
     presence = Presence(queue.redis, queue.keys, worker_id)
     runtimes = RunTimes(capacity=max(1, limit))  # every run kept until the one send at the end
@@ -97,7 +104,10 @@ def drain(queue: Queue, app: App, *, vram_gb: float = 80.0, worker_id: str = "te
                                batches=batches)
             claim = queue.scripts.run(queue.calls.claim(req))
             if claim.task is None:
-                break
+                if (pause := due_in(queue, wait_s)) is None:
+                    break
+                time.sleep(pause)  # the next claim promotes the task come due
+                continue
             fields = claim.task
             with cache.lock:
                 res, running = executor.begin(fields)
@@ -115,6 +125,17 @@ def drain(queue: Queue, app: App, *, vram_gb: float = 80.0, worker_id: str = "te
         presence.leave(cache.model_names())
         cache.aio.close()  # the loop async handlers ran on, if any did
     return tasks.tasks_run
+
+
+def due_in(queue: Queue, within_s: float) -> float | None:
+    """Seconds until the pool's next delayed task is due (a little past, so that the
+    server's clock has passed it), or None when there is none within ``within_s``."""
+    first = queue.redis.zrange(queue.keys.delayed, 0, 0, withscores=True)
+    if not first:
+        return None
+    seconds, micros = queue.redis.time()
+    left = (float(first[0][1]) - (seconds * 1000 + micros / 1000)) / 1000
+    return max(0.0, left) + 0.005 if left <= within_s else None
 
 
 class Timeouts(threading.Thread):

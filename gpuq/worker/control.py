@@ -260,6 +260,10 @@ class Control:
         with cache.lock:
             if self.stopping.is_set() or model in cache.resident:
                 return
+            if cache.app.model_spec(model) is None:  # a model of another app's tasks
+                log.info("model.preload_skipped worker=%s model=%s: no loader in app %s",
+                         self.id, model, cache.app.name)
+                return
             # as claims skip it: a hint must not evict idle models for a load that fails here
             if self.executor.broken.skipping(model):
                 log.info("model.preload_skipped worker=%s model=%s: its load failed here lately",

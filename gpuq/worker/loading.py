@@ -70,8 +70,9 @@ class Loading:
         except BaseException as exc:
             if resident.shown:  # held no more (its error keeps it out of model_names)
                 self.publish(lambda: self.presence.show(cache, dropped=[res.model]))
-            if not isinstance(exc, Exception):
+            if not isinstance(exc, (Exception, SystemExit, KeyboardInterrupt)):  # a cancel
                 raise
+            # a loader's sys.exit() or KeyboardInterrupt is its failure, as a handler's is
             count, skip_s = self.broken.failed(res.model)
             self.observer.load_failed(res.model)
             log.warning("model.load_failed worker=%s model=%s error=%s failures=%d skipped_s=%g",

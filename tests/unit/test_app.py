@@ -179,6 +179,41 @@ def test_load_app_not_an_app(fake_module: types.ModuleType) -> None:
         load_app("gpuq_test_fake_app:not_an_app")
 
 
+def test_registrations_that_could_only_fail_at_run_time_are_refused_at_start(
+        fake_module: types.ModuleType) -> None:
+    """Regression: a second registration of a name replaced the first; a handler or loader
+    taking other arguments than the worker passes failed every attempt of every task; a
+    handler naming a model with no loader was published, and its tasks failed when run."""
+    app = App("twice")
+
+    @app.handler("h")
+    def one(model: object, payload: object, ctx: object) -> None:
+        return None
+
+    with pytest.raises(AppError, match="handler 'h' is registered twice in app 'twice'"):
+        app.handler("h")(one)
+    app.model("m")(lambda name: name)
+    with pytest.raises(AppError, match="model 'm' is registered twice"):
+        app.model("m")(lambda name: name)
+    with pytest.raises(AppError, match=r"handler 'two' must take \(model, payload, ctx\), "
+                                       r"got two\(model, payload\)"):
+        @app.handler("two")
+        def two(model: object, payload: object) -> None:
+            return None
+    with pytest.raises(AppError, match=r"handler 'b' must take \(model, payloads, ctx\)"):
+        app.handler("b", batch=4)(lambda model, payloads: None)
+    with pytest.raises(AppError, match=r"model 'n': the loader must take \(name\)"):
+        app.model("n")(lambda: None)
+    app.handler("flexible")(lambda *args, **kwargs: None)  # takes what it is given
+    fake_module.ghost = App("ghost")
+    fake_module.ghost.handler("g", model="nowhere")(lambda model, payload, ctx: None)
+    with pytest.raises(AppError, match=r"handler 'g' runs model 'nowhere', which has no loader "
+                                       r"in app 'ghost'"):
+        load_app("gpuq_test_fake_app:ghost")
+    fake_module.ghost.any_model()(lambda name: name)  # any model: the handler's too
+    assert load_app("gpuq_test_fake_app:ghost") is fake_module.ghost
+
+
 def test_a_checkpoint_past_the_limit_is_refused_where_it_is_saved() -> None:
     """Regression: a checkpoint over 1 MiB was kept, then the server refused the yield's
     requeue: the task sat running without a handler until its lease ran out."""

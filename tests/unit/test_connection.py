@@ -406,6 +406,35 @@ def test_a_pool_name_that_would_split_an_acl_rule_is_refused() -> None:
             Config(pool=pool).validate()
 
 
+@pytest.mark.parametrize("url", [None, "", 6379])
+def test_a_missing_url_is_a_config_error(url: object) -> None:
+    """Regression: Queue.from_url(None) raised a TypeError from deep in the URL parsing."""
+    from gpuq import Queue
+    from gpuq.aio import AsyncQueue
+
+    for make in (Queue.from_url, AsyncQueue.from_url):
+        with pytest.raises(ConfigError, match="a Redis URL is needed"):
+            make(url)  # type: ignore[arg-type]
+
+
+def test_a_queue_made_from_a_client_checks_its_config_before_any_write() -> None:
+    """Regression: Queue(client, Config(pool="a b")) and memory_queue(pool="a}{") were taken
+    and wrote keys under pool names from_url refuses (one of them two hash tags)."""
+    import fakeredis
+
+    from gpuq import Queue
+    from gpuq.testing import memory_queue
+
+    client = fakeredis.FakeRedis(decode_responses=True)
+    for config in (Config(pool="a b"), Config(pool="a}{"), Config(pool="p", lease_s=-1)):
+        with pytest.raises(ConfigError):
+            Queue(client, config).enqueue("h", None, model="m", vram_gb=1)
+    for pool in ("", "a b"):
+        with pytest.raises(ConfigError):
+            memory_queue(pool=pool)
+    assert client.keys("*") == []
+
+
 def test_a_reaper_refused_by_the_acl_exits_instead_of_retrying(monkeypatch: pytest.MonkeyPatch) -> None:
     """Regression: a running reaper took NOPERM for an outage and retried until killed."""
     import fakeredis

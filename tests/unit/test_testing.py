@@ -57,11 +57,40 @@ def test_a_handler_raising_task_error_without_retry_fails_at_once() -> None:
     q = memory_queue()
     refused = q.enqueue("refuse", None, model="small", vram_gb=6, max_attempts=3)
     retried = q.enqueue("boom", None, model="small", vram_gb=6, max_attempts=3)
-    assert drain(q, app, vram_gb=24) == 2
+    assert drain(q, app, vram_gb=24, wait_s=0) == 2
     with pytest.raises(TaskFailed, match="failed: bad input$"):
         refused.result(timeout=0)
     assert refused.record().attempt == 1
     assert retried.status() is State.DELAYED  # any other exception: retried after its backoff
+
+
+def test_drain_runs_retries_that_come_due_within_its_wait() -> None:
+    """Regression: drain stopped at the first claim that found nothing, leaving a retry
+    delayed: a test's result then hung on its backoff and other tasks' run times. Retries
+    due within ``wait_s`` run to their end; a task delayed for longer stays delayed."""
+    q = memory_queue(config=Config(pool="test", retry_base_s=0.05))
+    retried = q.enqueue("boom", None, model="small", vram_gb=6, max_attempts=3)
+    later = q.enqueue("echo", {"n": 1}, model="small", vram_gb=6, delay_s=3600)
+    started = time.monotonic()
+    assert drain(q, make_app(), vram_gb=24) == 3
+    assert time.monotonic() - started < 5  # the retries' backoff, not the hour's delay
+    with pytest.raises(TaskFailed, match="ValueError: bad input"):
+        retried.result(timeout=0)
+    assert retried.record().attempt == 3
+    assert later.status() is State.DELAYED
+
+
+def test_call_handler_refuses_a_result_a_worker_would_not_ack() -> None:
+    """Regression: call_handler returned a result that is not JSON, which a worker (and
+    drain) fails the task for."""
+    app = make_app()
+
+    @app.handler("opaque", model="small")
+    def opaque(model: str, payload: object, ctx: object) -> dict[str, object]:
+        return {"x": object()}
+
+    with pytest.raises(TaskError, match="handler returned a result that is not JSON"):
+        call_handler(app, "opaque", model="small")
 
 
 def test_drain_fails_a_task_whose_model_no_gpu_of_its_size_holds_without_retry() -> None:

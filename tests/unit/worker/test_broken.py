@@ -4,6 +4,7 @@ started, whose calls are sent by hand."""
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import threading
@@ -168,3 +169,21 @@ def test_a_preload_hint_skips_a_model_whose_load_failed_on_its_worker() -> None:
         if thread.name == "preload-bad":
             thread.join(10)
     assert loads == ["bad"] and worker.executor.broken.failures("bad") == 2
+
+
+def test_a_preload_hint_for_a_model_this_app_cannot_load_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """Regression: a hint for a model of another app's tasks logged "no room" every 30 s on a
+    worker with room to spare; it has no loader for it."""
+    app = App("named")
+
+    @app.model("mine", vram_gb=4)
+    def load(name: str) -> str:
+        return name
+
+    client = fakeredis.FakeRedis(decode_responses=True)
+    worker = Worker(client, Config(pool="p"), app, GpuInfo("L4", "uuid", 24, None, "declared"),
+                    worker_id="w")
+    with caplog.at_level(logging.INFO, logger="gpuq"):
+        worker.heartbeat().control.preload("elsewhere", 4)
+    assert "elsewhere" not in worker.cache.resident and worker.cache.free_gb() == 19
+    assert any("model=elsewhere: no loader in app named" in r.getMessage() for r in caplog.records)

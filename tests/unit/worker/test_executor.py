@@ -171,7 +171,7 @@ def test_an_unexpected_failure_logs_where_it_was_raised(caplog: pytest.LogCaptur
     app = App("executor-test")
 
     @app.model("broken", vram_gb=1)
-    def load_broken() -> None:
+    def load_broken(name: str) -> None:
         raise OSError("weights missing")
 
     app.any_model()(lambda name: name)
@@ -195,6 +195,33 @@ def test_an_unexpected_failure_logs_where_it_was_raised(caplog: pytest.LogCaptur
               for r in caplog.records if r.getMessage().startswith(("task.failed", "model.load_failed"))}
     assert traced == {"task.failed task=t0": True, "task.failed task=t1": False,
                       "model.load_failed worker=w": True, "task.failed task=t2": False}
+
+
+@pytest.mark.parametrize("raised", [SystemExit(1), KeyboardInterrupt()], ids=["exit", "interrupt"])
+def test_a_loader_that_exits_fails_its_load(raised: BaseException) -> None:
+    """Regression: a loader's sys.exit() or KeyboardInterrupt failed the task as the
+    handler's error ("SystemExit: 1"): no load failure was counted, so the worker's claims
+    did not pass over the model and other workers were not given its tasks."""
+    app = App("exits")
+
+    @app.model("exits", vram_gb=1)
+    def load(name: str) -> None:
+        raise raised
+
+    @app.handler("h")
+    def handler(model: Any, payload: Any, ctx: Context) -> None:
+        return None
+
+    worker = Worker(fakeredis.FakeRedis(decode_responses=True), Config(pool="p"), app,
+                    GpuInfo("L4", "uuid", 24, None, "declared"), worker_id="w")
+    fields = {"id": "t", "handler": "h", "model": "exits", "payload": "1", "vram_gb": "4",
+              "attempt": "1", "est_s": "1", "token": "7"}
+    with worker.cache.lock:
+        res, running = worker.executor.begin(fields)
+    call = worker.executor.execute(fields, res, running)
+    assert call is not None and call.script == "fail"
+    assert f"loading model exits failed: {type(raised).__name__}" in str(call.args)
+    assert worker.executor.broken.failures("exits") == 1
 
 
 def test_a_warm_hand_over_tells_began_no_load_came_first(monkeypatch: pytest.MonkeyPatch) -> None:
