@@ -147,7 +147,9 @@ class Waiting:
         refusal or failed credentials would be the same on the next try, and a connection
         the queue's close() broke (closed) is no outage."""
         now = time.monotonic()
-        if closed or type(error) not in (ConnectionFailed, NoMaster):
+        if closed:  # the error the break gave names the server: the queue's own close did it
+            raise ConnectionFailed(error.url, "the queue was closed") from None
+        if type(error) not in (ConnectionFailed, NoMaster):
             raise error
         if self.down_since is None:
             self.down_since, self.backoff = now, 0.1
