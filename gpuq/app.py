@@ -128,9 +128,11 @@ class Context:
         return self.yield_requested or self.lost
 
     def save_checkpoint(self, state: Any) -> None:
-        """Keep JSON-able state for the task's next run (``ctx.checkpoint`` there); at most
-        1 MiB of JSON, as the server takes with a requeue; InvalidTask for more, or for a
-        value that is not JSON (nothing kept)."""
+        """Keep JSON-able state for the task's next run (``ctx.checkpoint`` there) after this
+        one gives way: a yield, a stop, the worker's shutdown (it goes with their requeue; a
+        retry after the handler raised starts without it). At most 1 MiB of JSON, as the
+        server takes with a requeue; InvalidTask for more, or for a value that is not JSON
+        (nothing kept)."""
         if isinstance(state, (bytes, bytearray)):  # JSON's own message would not say where
             raise InvalidTask("checkpoint must be JSON-serializable data, not bytes")
         try:
