@@ -11,6 +11,7 @@ import itertools
 import json
 import math
 import random
+import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -120,8 +121,6 @@ def positive_number(name: str, value: object, *, allow_zero: bool = False,
         upto = f" and at most {most:g}".replace("e+0", "e").replace("e+", "e") if most < math.inf else ""
         raise InvalidTask(f"{name} must be a finite number {bound}{upto}, got {value!r}")
     return number
-
-
 
 
 _good_names: set[str] = set()  # handler, model and tenant names repeat: check each once
@@ -295,7 +294,8 @@ def build_specs(tasks: Iterable[Mapping[str, Any]]) -> list[TaskSpec]:
         try:
             specs.append(TaskSpec.build(**t))
         except (TypeError, InvalidTask) as exc:  # no handler, an unknown option, a bad value
-            why = exc.reason if isinstance(exc, InvalidTask) else str(exc)
+            why = exc.reason if isinstance(exc, InvalidTask) else re.sub(  # enqueue's words
+                r"\S*TaskSpec\.build\(\) (argument after \*\* )?", "", str(exc))
             raise InvalidTask(f"task {i} of the batch: {why}", getattr(exc, "task_id", None)) from None
     seen: set[str] = set()
     for spec in specs:  # one call's chunks are separate scripts: catch repeats before any

@@ -130,8 +130,14 @@ def test_a_name_seen_valid_does_not_pass_another_kind_of_value() -> None:
 def test_bulk_item_without_handler_or_with_unknown_option_is_invalid(item: dict[str, object],
                                                                       match: str) -> None:
     good = {"handler": "h", "model": "m", "vram_gb": 1}
-    with pytest.raises(InvalidTask, match=rf"task 1 of the batch: .*{match}"):
+    with pytest.raises(InvalidTask, match=rf"task 1 of the batch: .*{match}") as info:
         build_specs([good, item])
+    assert "TaskSpec" not in str(info.value)  # enqueue's words, not an internal function's
+
+
+def test_a_bulk_item_that_is_not_a_mapping_is_named_so() -> None:
+    with pytest.raises(InvalidTask, match=r"task 0 of the batch: must be a mapping, not NoneType$"):
+        build_specs([None])  # type: ignore[list-item]
 
 
 @pytest.mark.parametrize("payload", [{1, 2}, b"bytes", bytearray(b"x"), object(), math.nan,
