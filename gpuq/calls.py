@@ -82,8 +82,9 @@ class Calls:
                 "1" if req.lookout else "2" if req.unlisted else "0", str(len(req.batches))]
         for handler, more in req.batches:
             args += [handler, str(more)]
-        for model, footprint in req.loaded:  # negative: a running task uses it
-            args += [model, ("-" if model in req.in_use else "") + _num(footprint)]
+        for model, footprint in req.loaded:  # negative: a running task uses it; "~": loading
+            args += [model, ("~" if model in req.loading else "") + ("-" if model in req.in_use else "")
+                     + _num(footprint)]
         for model, left_ms in req.skipped:
             args += [model, f"skip:{left_ms}"]
         return Call("claim", args, Claim.parse)

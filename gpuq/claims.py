@@ -39,6 +39,9 @@ class ClaimRequest:
     # (model, ms) of models whose load failed on this worker lately: the claim passes their
     # queues over, and offers pass the worker over for them, that long (gpuq.worker.broken)
     skipped: Sequence[tuple[str, int]] = ()
+    # loaded models whose load has not ended (also in in_use): a task of one waits for it,
+    # so the claim starts it cold, its SLA decided when its handler starts (began.lua)
+    loading: frozenset[str] = frozenset()
 
     def fits(self, model: str, need_gb: float, gpus: int = 1) -> bool:
         """claim.lua's fit rule: a task asks no more devices than the group has; a held

@@ -17,17 +17,15 @@
 -- when they would get to it within that wait (a cold load costs tens of seconds). A task too
 -- big for this worker wakes the tightest idle worker that fits it. Cost: O(levels x min(models
 -- with work, 64 + held) x scan x log N), a model's holders read once (busy ones: 16 at most).
---
 -- KEYS[1]  pool key base
 -- ARGV[1]  worker id
 -- ARGV[2]  now (ms; "0" = server clock)
 -- ARGV[3]  free VRAM (GB): total - KV reserve - loaded models - running tasks' working memory
 -- ARGV[4]  evictable VRAM (GB): footprint of loaded models no running task uses
 -- ARGV[5]  free slots (>= 1)
--- ARGV[6]  settings, 9 whole numbers in one text: lease (ms), fair_every (N: one lower dispatch
---          after N higher ones), tasks examined per (priority, model) queue, defer bounds of
---          P0..P3 (ms), holder waits of P2, P3 (ms: how long a cold task waits for a busy GPU
---          that holds its model; P0 and P1 never wait)
+-- ARGV[6]  settings, 9 whole numbers in one text: lease (ms), fair_every (one lower dispatch after
+--          N higher ones), tasks examined per queue, defer bounds of P0..P3 (ms), holder waits
+--          of P2, P3 (ms a cold task waits for a busy GPU holding its model; P0, P1 never wait)
 -- ARGV[7]  levels this worker serves, e.g. "0123"
 -- ARGV[8]  GPUs in this worker's group (>= 1)
 -- ARGV[9]  "1": this worker is its shape's lookout (its last claim replied retry_ms > 0);
@@ -35,9 +33,9 @@
 -- ARGV[10]  K: the worker's batch handlers (0..1000), then K pairs: handler name, how many
 --           more tasks its batch may take (0..1e4)
 -- ARGV[..]  pairs: loaded model name, its footprint (GB), negative while a running task of this
---           worker uses it (then it is not in the evictable VRAM); or a model name and "skip:<ms>":
---           its load failed here; claims pass its queues over, and `lanes` lists it, <ms> more
---           (worker/broken.py, lib/lanes.lua; a bare "skip": passed over, not listed)
+--           worker uses it (then not in the evictable VRAM), "~" first while its load has not
+--           ended (its task starts cold); or a model and "skip:<ms>": its load failed here, its
+--           queues passed over and `lanes` listing it <ms> more (worker/broken.py; "skip": not listed)
 -- Returns  {0, "none", retry_ms}  nothing this worker can run; it is marked idle. retry_ms > 0:
 --            a task was left for another worker; this one looks again then (lib/lookout.lua)
 --          {0, "task", field, value, ...}  the claimed task: id, token, handler, payload, model,
@@ -47,13 +45,11 @@
 --            then what lib/batch.lua took beside it, as claim_batch.lua replies (cold: not tried)
 --          {1, 0, reason}  INVALID: a malformed argument (nothing written)
 -- A queued task no claim could run wedges nothing: an id whose hash is gone (or no longer queued)
--- leaves its queue; one whose hash has a field missing or malformed (`readable`) ends failed
--- with "corrupt task: field <name> is missing or malformed" in its error.
--- A task's SLA is decided once, at its first handler start: in stats as sla_met:P<n> or
--- sla_missed:P<n> (its handler started by its queue score, the start-by time, or not; a miss
--- also noted in `misses` for gpuq top). A task whose model this worker holds starts its handler
--- at once: decided here (reply sla "met" or "missed"). One started cold (the worker loads its
--- model first) gets sla "pending": the worker calls began.lua when the handler starts. sla ""
+-- leaves its queue; one with a field missing or malformed (`readable`) ends failed, "corrupt task".
+-- A task's SLA is decided once, at its first handler start (stats sla_met:P<n> or sla_missed:P<n>,
+-- by its queue score, the start-by time; a miss noted in `misses`). A task whose model this
+-- worker holds loaded starts its handler at once: decided here (reply sla "met" or "missed"). One
+-- started cold gets sla "pending": the worker calls began.lua when the handler starts. sla ""
 -- when an earlier start decided it.
 
 --@include args
@@ -97,12 +93,14 @@ end
 local held, held_names, in_use, skip, lane = {}, {}, {}, {}, levels
 for i = 11 + 2 * nb, #ARGV, 2 do
   local gb = arg_num(i + 1, -1e9, 1e9)
+  local wait = not gb and string.match(ARGV[i + 1], '^~(.+)$')  -- still loading: its task starts cold
+  if wait then ARGV[i + 1] = wait; gb = arg_num(i + 1, -1e9, 1e9) end
   local left = not gb and string.match(ARGV[i + 1], '^skip:(%d+)$')
   if ARGV[i] == '' or not (gb or left or ARGV[i + 1] == 'skip') then return {1, 0, 'malformed model pair'} end
   if left then lane = lane .. ' ' .. ARGV[i] .. ' ' .. ms(now + tonumber(left)) end
   if not gb then skip[ARGV[i]] = true else  -- |gb| (0 + -0 is 0); in use if negative, "-0" too
     held[ARGV[i]] = gb < 0 and -gb or 0 + gb
-    in_use[ARGV[i]] = gb < 0 or gb == 0 and string.byte(ARGV[i + 1]) == 45
+    in_use[ARGV[i]] = wait and 'loading' or gb < 0 or gb == 0 and string.byte(ARGV[i + 1]) == 45
     held_names[#held_names + 1] = ARGV[i]
   end
 end
@@ -366,10 +364,12 @@ end
 -- taken was its queue's head: the index takes the next one from the scan's read (or drops
 -- the model when the read saw the whole queue) instead of reading the queue again.
 local next_head = head and head[1] == id
-local reply = take(id, LEVEL_TEXT[p], m, worker, now, now + lease, f, held[m] ~= nil, tenancy, next_head)
+-- a model still loading here: its task starts cold, and its batch waits for the load
+local reply = take(id, LEVEL_TEXT[p], m, worker, now, now + lease, f,
+  held[m] ~= nil and in_use[m] ~= 'loading', tenancy, next_head)
 -- a batch handler's task on a held model brings its batch: the VRAM left beside it, none
 -- evicted (a cold start's batch waits for its load: claim_batch.lua)
-local more, taken, batch_use, seen = held[m] and batches[f[1]], 0, 0, false
+local more, taken, batch_use, seen = held[m] and in_use[m] ~= 'loading' and batches[f[1]], 0, 0, false
 if more then
   local at = #reply + 1
   reply[at], reply[at + 1] = 0, ms(now)

@@ -231,7 +231,7 @@ class Engine:
         its deferral ends. finished: the task the worker just ended, acked with this claim."""
         cache = w.cache
         req = ClaimRequest(w.id, cache.free_gb(), cache.evictable_gb(), 1, cache.loaded(), w.levels,
-                           w.devices, cache.in_use(), lookout=w.lookout)
+                           w.devices, cache.in_use(), lookout=w.lookout, loading=cache.loading())
         got = self.scheduler.claim(w.id, req, self.ms(), finished)
         w.lookout = not isinstance(got, Offer) and got > 0
         w.retry_at = None  # a real worker's wait is timed from its last claim

@@ -38,8 +38,8 @@ class Asking:
         the claim is sent: the VRAM it reports is what the worker holds)."""
         said = (*self.cache.ledger(), slots, lookout, unlisted, self.broken.skipped())
         if self._call is None or said != self._said:
-            free_gb, evictable_gb, loaded, in_use = said[:4]
+            free_gb, evictable_gb, loaded, in_use, loading = said[:5]
             req = ClaimRequest(self.worker_id, free_gb, evictable_gb, slots, loaded, self.levels, self.gpus,
-                               in_use, self.batches, lookout, unlisted, said[7])
+                               in_use, self.batches, lookout, unlisted, said[8], loading)
             self._call, self._said = self.calls.claim(req), said
         return self._call

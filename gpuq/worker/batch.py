@@ -136,7 +136,8 @@ def claim_more(ex: Executor, first: Claimed, count: int,
         if stopping is not None and stopping.is_set():
             return None
         footprint = ex.cache.get(res.model).footprint_gb
-        call = ex.calls.claim_batch(ex.id, fields, ex.cache.free_gb(), footprint, not res.cold, count)
+        call = ex.calls.claim_batch(ex.id, fields, ex.cache.free_gb(), footprint,
+                                    not (res.cold or res.waits), count)
         try:
             return begin_added(ex, ex.scripts.run(call))
         except (StaleLease, TaskNotFound):
@@ -225,7 +226,7 @@ def settle(ex: Executor, spec: HandlerSpec, items: list[Claimed]) -> list[Call[A
                 model = ex.loading.prepare(res, running.task_id)
         calls = [give_back(ex, r, YIELDED, "yielded") for _, _, r in items
                  if r.ctx.yield_requested and not r.stopped]  # asked during the load: not run
-        loaded = any(res is not None and res.cold for _, res, _ in items)
+        loaded = any(res is not None and (res.cold or res.waits) for _, res, _ in items)
         items = start(ex, [i for i in items if not (i[2].ctx.yield_requested or i[2].stopped)], loaded)
         if not items:
             return calls

@@ -272,9 +272,10 @@ class Executor:
         """The handler is about to start: a warm hand-over's began goes out without a wait
         (gpuq.worker.takeup) while it is in time (``in_time``), any other start's with one
         (``report_start``)."""
-        if in_time(running, res.cold) and self.takeups.send(fields, running):
+        cold = res.cold or res.waits  # waits: a load under way here came first all the same
+        if in_time(running, cold) and self.takeups.send(fields, running):
             return True
-        return self.report_start(fields, running, warm=not res.cold)
+        return self.report_start(fields, running, warm=not cold)
 
     def report_start(self, fields: dict[str, str], running: Running, *, warm: bool = False) -> bool:
         """A cold-started (or, ``warm``, handed-over) task's handler is about to start:

@@ -51,6 +51,9 @@ class Reservation(NamedTuple):
     working_gb: float
     cold: bool  # this task loads the model
     evict: tuple[Resident, ...]  # idle models to unload first (for a held model's task too)
+    # the model was still loading here (a preload, another slot's task): the handler waits
+    # for that load, so the task starts cold all the same (its SLA decided by began.lua)
+    waits: bool = False
 
 
 class ModelCache:
@@ -80,25 +83,35 @@ class ModelCache:
         return self.ledger()[2]
 
     def in_use(self) -> frozenset[str]:
-        """The loaded models a running task uses (not in evictable_gb)."""
+        """The loaded models a running task uses, or that are still loading (not in
+        evictable_gb)."""
         return self.ledger()[3]
 
-    def ledger(self) -> tuple[float, float, list[tuple[str, float]], frozenset[str]]:
+    def loading(self) -> frozenset[str]:
+        """The models whose load has not ended (a task of one starts when it does)."""
+        return self.ledger()[4]
+
+    def ledger(self) -> tuple[float, float, list[tuple[str, float]], frozenset[str], frozenset[str]]:
         """What each claim reports, in one pass: the free VRAM (usable less what is loaded,
         reserved for running tasks and still unloading), the evictable VRAM (loaded models no
-        running task uses), the loaded models with their footprints, and those in use."""
-        loaded, in_use, held, idle = [], [], 0.0, 0.0
+        running task uses), the loaded models with their footprints, those in use (a load
+        under way included: it is not evicted), and those still loading."""
+        loaded, in_use, loading, held, idle = [], [], [], 0.0, 0.0
         for name, r in self.resident.items():
             loaded.append((name, r.footprint_gb))
             held += r.footprint_gb
-            if r.in_use > 0:
+            if not r.ready.is_set():
+                loading.append(name)
+                in_use.append(name)
+            elif r.in_use > 0:
                 in_use.append(name)
             else:
                 idle += r.footprint_gb
         used = held + self.working_gb
         if self.unloading:  # mostly none: no generator for them at every claim
             used += sum(r.footprint_gb for r in self.unloading)
-        return usable_gb(self.total_gb, self.reserve_gb) - used, idle, loaded, frozenset(in_use)
+        return (usable_gb(self.total_gb, self.reserve_gb) - used, idle, loaded, frozenset(in_use),
+                frozenset(loading))
 
     def model_names(self) -> list[str]:
         """The models the pool sees this worker hold: loaded, or loading for a task."""
@@ -117,9 +130,12 @@ class ModelCache:
         if held is not None:
             # as claim.lua's fit: the other idle models make room for a held model's task
             working = need_gb - held.footprint_gb
+            waits = not held.ready.is_set()
             if not working > 0.0:  # nothing to evict (_room_for); max(0.0, ...) without its call
                 held.in_use += 1
                 self.resident.move_to_end(model)
+                if waits:
+                    return Reservation(model, 0.0, False, (), True)
                 within = self._within.get(model)
                 if within is None:
                     within = self._within[model] = Reservation(model, 0.0, False, ())
@@ -132,7 +148,7 @@ class ModelCache:
             held.in_use += 1
             self.resident.move_to_end(model)
             self.working_gb += working
-            return Reservation(model, working, False, tuple(evict))
+            return Reservation(model, working, False, tuple(evict), waits)
         spec = self.app.model_spec(model)
         if spec is None:
             return None

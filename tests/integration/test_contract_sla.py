@@ -17,6 +17,7 @@ from test_contract_handover import pop_wake, register
 
 from gpuq import Queue
 from gpuq.errors import InvalidTask, StaleLease, TaskNotFound
+from gpuq.scripts import Call, Claim, ClaimRequest
 from gpuq.task import State
 
 SLA_MS = 200  # P0's default
@@ -44,6 +45,37 @@ def test_a_warm_claim_decides_at_once(queue: Queue) -> None:
     c = claim(queue, "w1", 20, loaded=[("m", 4)], now_ms=T0 + SLA_MS + 1)
     assert c is not None and c["id"] == late and c["sla"] == "missed"
     assert [m["kind"] for m in misses(queue)] == ["late"]
+
+
+def test_a_task_of_a_model_still_loading_on_the_worker_starts_cold(queue: Queue) -> None:
+    """Regression: a worker preloading a model (a warm hint), or loading it for another slot's
+    task, listed it as loaded: the claim of a task of it decided the SLA "met" at the claim,
+    and the handler started when the load ended, 12 s later. Listed as loading ("~"), the
+    task starts cold: pending, `loading` until began.lua decides at the handler's start; a
+    batch's tasks are not taken beside it (claim_batch.lua asks after the load)."""
+    tid = enqueue(queue, T0, priority="P0", model="m", vram_gb=4)
+    req = ClaimRequest("w1", 20, 0, 2, (("m", 4),), in_use=frozenset({"m"}), loading=frozenset({"m"}))
+    assert queue.calls.claim(req).args[-1] == "~-4"
+    c = queue.scripts.run(queue.calls.claim(req, now_ms=T0 + 10)).task
+    assert c is not None and c["id"] == tid and c["sla"] == "pending"
+    assert "sla_met:P0" not in stats(queue)
+    assert queue.redis.hmget(queue.keys.task(tid), "loading", "began_at") == ["1", None]
+    assert began(queue, tid, c["token"], T0 + 10 + 12_000) == ("missed", T0 + 12_010)
+    assert [m["kind"] for m in misses(queue)] == ["cold"]
+    # once loaded, the same model's next task is warm again
+    warm = enqueue(queue, T0 + 20_000, priority="P0", model="m", vram_gb=4)
+    req = ClaimRequest("w1", 20, 0, 2, (("m", 4),), in_use=frozenset({"m"}))
+    c = queue.scripts.run(queue.calls.claim(req, now_ms=T0 + 20_010)).task
+    assert c is not None and c["id"] == warm and c["sla"] == "met"
+
+
+@pytest.mark.parametrize("value", ["~", "~x", "~1e999", "~~4"])
+def test_a_malformed_loading_pair_is_refused(queue: Queue, value: str) -> None:
+    enqueue(queue, T0, model="m", vram_gb=4)
+    args = ["w1", str(T0), "20", "0", "1", queue.calls.claim(ClaimRequest("w1", 20, 0, 1)).args[5],
+            "0123", "1", "0", "0", "m", value]
+    with pytest.raises(InvalidTask, match="malformed model pair"):
+        queue.scripts.run(Call("claim", args, Claim.parse))
 
 
 def test_a_cold_start_in_time_that_loads_past_the_sla_is_missed_when_its_handler_starts(

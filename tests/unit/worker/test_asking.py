@@ -48,28 +48,31 @@ def afresh(cache: ModelCache, broken: Broken, calls: Calls, slots: int, lookout:
            unlisted: bool) -> list[str]:
     """The arguments of the claim the worker built before each claim, from its state now."""
     req = ClaimRequest("w", cache.free_gb(), cache.evictable_gb(), slots, cache.loaded(), "0123", 2,
-                       cache.in_use(), BATCHES, lookout, unlisted, broken.skipped())
+                       cache.in_use(), BATCHES, lookout, unlisted, broken.skipped(), cache.loading())
     return calls.claim(req).args
 
 
-def test_the_ledger_is_the_four_figures_a_claim_reports(parts: Parts) -> None:
+def test_the_ledger_is_the_five_figures_a_claim_reports(parts: Parts) -> None:
     cache = parts[0]
 
-    def check() -> tuple[float, float, list[tuple[str, float]], frozenset[str]]:
+    def check() -> tuple[float, float, list[tuple[str, float]], frozenset[str], frozenset[str]]:
         got = cache.ledger()
-        assert got == (cache.free_gb(), cache.evictable_gb(), cache.loaded(), cache.in_use())
+        assert got == (cache.free_gb(), cache.evictable_gb(), cache.loaded(), cache.in_use(),
+                       cache.loading())
         return got
 
     check()
     a = cache.reserve("a", 26.0)  # cold: 20 GB of weights, 6 GB working memory
     assert a is not None
+    assert check()[3:] == (frozenset({"a"}), frozenset({"a"}))  # loading: in use, and said so
     cache.load(cache.get("a"))
     assert check()[3] == frozenset({"a"})
     b = cache.reserve("b", 30.0)
     assert b is not None
     cache.load(cache.get("b"))
     cache.release(b)
-    assert check() == (pytest.approx(75.0 - 20 - 6 - 30), 30.0, [("a", 20.0), ("b", 30.0)], frozenset({"a"}))
+    assert check() == (pytest.approx(75.0 - 20 - 6 - 30), 30.0, [("a", 20.0), ("b", 30.0)], frozenset({"a"}),
+                       frozenset())
     cache.release(a)
     assert cache.reserve("c", 40.0) is not None  # evicts the idle a, counted while it unloads
     assert cache.unloading and check()[3] == frozenset({"c"})

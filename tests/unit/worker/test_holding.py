@@ -91,3 +91,34 @@ def test_a_preload_holds_its_model_once_loaded() -> None:
             break
         threading.Event().wait(0.02)
     assert seen_holding(q, client, "m") == (True, "m")
+
+
+def test_a_task_claimed_while_its_model_preloads_is_decided_when_its_handler_starts() -> None:
+    """Regression: a worker preloading a model (a warm hint) claimed a task of it as warm:
+    began_at and the SLA were written at the claim, and its handler started when the load
+    ended (12 s later in a pool run). The claim now says the model is loading: the task
+    starts cold, and began.lua decides when the handler starts."""
+    loads = Loads()
+    worker, q, client = worker_and_queue(loads)
+    control = Control(client, q.keys, worker.executor, worker.running, stop_s=1, grace_s=1,
+                      stopping=threading.Event(), drain=lambda: None)
+    control.preload("m", 4.0)
+    assert loads.started.wait(10)
+    task = q.enqueue("echo", model="m", vram_gb=4, priority="P0")
+    got = worker.claim(None)
+    assert isinstance(got, tuple)
+    fields, res, running = got[0]
+    assert fields["id"] == task.id and fields["sla"] == "pending"
+    assert res is not None and not res.cold and res.waits  # loaded by the preload, not this task
+    assert client.hmget(q.keys.task(task.id), "loading", "began_at") == ["1", None]
+    ran = threading.Thread(target=lambda: worker.settle([worker.executor.execute(fields, res, running)]))
+    ran.start()
+    threading.Event().wait(0.3)  # the load goes on: the handler has not started
+    assert client.hget(q.keys.task(task.id), "began_at") is None
+    loads.go.set()
+    ran.join(10)
+    began_at, started_at = (int(v) for v in client.hmget(q.keys.task(task.id), "began_at", "started_at"))
+    assert began_at >= started_at + 300  # ms: at the handler's start, past the load
+    assert client.hget(q.keys.task(task.id), "loading") == ""
+    (miss,) = client.lrange(q.keys.sla_misses, 0, -1)
+    assert '"kind":"cold"' in miss.replace(" ", "")  # its load came first: a cold miss
