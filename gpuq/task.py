@@ -54,9 +54,7 @@ class Priority(IntEnum):
             text = value.strip().lower()
             if text in _PRIORITY_NAMES:
                 return cls(_PRIORITY_NAMES[text])
-        raise InvalidTask(
-            f"unknown priority {value!r} (use P0..P3, 0..3 or online/nearline/batch/offline)"
-        )
+        raise InvalidTask(f"unknown priority {value!r} (use P0..P3, 0..3 or online/nearline/batch/offline)")
 
 
 _PRIORITY_NAMES = {
@@ -213,9 +211,10 @@ class TaskSpec(NamedTuple):
             raise InvalidTask("after_any_outcome needs after (the parent tasks it waits for)")
         if deadline_s is not None:  # enqueue.lua takes at most 1e13 ms (about 300 years)
             deadline_s = positive_number("deadline_s", deadline_s, most=MAX_SECONDS)
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not (
-            1 <= max_attempts <= 100
-        ):
+            if isinstance(est_s, (int, float)) and est_s > deadline_s:  # as enqueue.lua refuses it
+                raise InvalidTask(f"deadline_s {deadline_s:g} is shorter than est_s {est_s:g}: "
+                                  "it cannot end in time")
+        if type(max_attempts) is not int or not 1 <= max_attempts <= 100:  # a bool is no int here
             raise InvalidTask(f"max_attempts must be an integer in 1..100, got {max_attempts!r}")
         if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS:
             raise InvalidTask(f"gpus must be an integer in 1..{MAX_GPUS}, got {gpus!r}")

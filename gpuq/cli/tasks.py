@@ -60,8 +60,9 @@ def spec_options(command: F) -> F:
             task_option("est_s", "Estimated run seconds (default: the mean the pool learned from "
                         "this handler and model's successful runs, else 1)."),
             task_option("deadline_s", "Seconds from now (from its due time when delayed) the "
-                        "task must end by: one that can no longer make it is expired before it "
-                        "starts; a running one is not stopped at it."),
+                        "task must end by: one shorter than --est-s is refused; one that can no "
+                        "longer make it is expired before it starts; a running one is not "
+                        "stopped at it."),
             task_option("tenant", None),
             no_preempt_option("Never preempt this task."),
             task_option("max_attempts", None),

@@ -193,6 +193,9 @@ for i = 1, n do
   if deadline ~= '' and not (d and d > 0 and d <= 1e13) then  -- 1e13 ms: about 300 years
     return {1, i, 'deadline must be ms > 0 or empty'}
   end
+  if d and est * 1000 > d and not from_history[i] then  -- a learned estimate is the pool's guess
+    return {1, i, 'deadline is shorter than est_s: the task could not end in time'}
+  end
   if pre ~= '0' and pre ~= '1' then return {1, i, 'preemptible must be 0 or 1'} end
   local report = ARGV[o + 12]
   if report ~= '0' and report ~= '1' then return {1, i, 'report_end must be 0 or 1'} end

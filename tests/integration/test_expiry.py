@@ -17,7 +17,7 @@ from helpers import T0, ack, claim, enqueue, fail, heartbeat, reap
 from procs import Procs, wait_for
 
 from gpuq import Queue, catalog
-from gpuq.errors import TaskFailed
+from gpuq.errors import InvalidTask, TaskFailed
 from gpuq.reaper import Reaper
 from gpuq.task import State, TaskRecord, ended_count
 from gpuq.work_index import member
@@ -101,6 +101,23 @@ def test_a_deadline_the_estimate_cannot_meet_expires_before_it_passes(queue: Que
     assert r.finished_at == (T0 + 6_001) / 1000
     assert_unqueued(queue, tid)
     assert claim(queue, "w1", 40, now_ms=T0 + 6_002) is None
+
+
+def test_a_deadline_shorter_than_the_tasks_own_estimate_is_refused_at_enqueue(queue: Queue) -> None:
+    """Regression: est_s 30 with deadline_s 5 was queued, handed over to an idle worker at
+    once, and ran 25 s past its deadline (counted a late start): the expiry that would refuse
+    it runs once a round. A producer's own estimate that cannot meet its deadline is bad
+    input; a learned estimate is the pool's guess, and the expiry judges it."""
+    with pytest.raises(InvalidTask, match="deadline is shorter than est_s: the task could not end in time"):
+        enqueue(queue, T0, est_s=30, deadline_s=5)
+    assert queue.redis.zcard(queue.keys.queue(2, "A")) == 0  # nothing written
+    queue.redis.hset(queue.keys.runtimes, "h A", "30 40 3")  # learned: a mean of 30 s
+    guessed = enqueue(queue, T0, deadline_s=5)  # taken; expired once it cannot meet it
+    assert queue.record(guessed).state is State.QUEUED
+    expired = expires(queue, guessed, T0 + 1)
+    assert expired.error == "deadline cannot be met: 4.999 s left, task needs 30.000 s"
+    exact = enqueue(queue, T0, est_s=5, deadline_s=5)  # ends right at its deadline: taken
+    assert queue.record(exact).state is State.QUEUED
 
 
 def test_a_cold_model_load_alone_makes_the_deadline_unmeetable(queue: Queue) -> None:
@@ -293,8 +310,9 @@ def test_the_reaper_looks_ahead_by_the_longest_mean_load(queue: Queue) -> None:
 
 
 def test_the_reaper_expires_a_long_backlog_in_one_round(queue: Queue) -> None:
+    measured_loads(queue, "A", 30.0)  # no live worker holds A: each needs a 30 s load first
     ids = [t.id for t in queue.enqueue_many(
-        {"handler": "h", "model": "A", "vram_gb": 1, "est_s": 5, "deadline_s": 1}
+        {"handler": "h", "model": "A", "vram_gb": 1, "est_s": 5, "deadline_s": 10}
         for _ in range(250))]
     assert Reaper(queue.redis, queue.config).expire() == 250
     assert all(queue.record(t).state is State.EXPIRED for t in ids)
@@ -373,7 +391,8 @@ def test_a_blocked_waiter_wakes_when_its_task_expires(real_queue: Queue) -> None
 
 def test_a_reaper_process_expires_tasks_no_worker_took(procs: Procs, real_queue: Queue) -> None:
     procs.reaper()
-    hopeless = real_queue.enqueue("sim.run", model="m", vram_gb=4, est_s=60, deadline_s=30)
+    measured_loads(real_queue, "big", 40.0)  # no live worker holds it: 20 s of work, a 40 s load
+    hopeless = real_queue.enqueue("sim.run", model="big", vram_gb=4, est_s=20, deadline_s=30)
     start = time.monotonic()
     late = real_queue.enqueue("sim.run", model="m", vram_gb=4, est_s=0, deadline_s=1.5,
                               priority="P1")
@@ -393,7 +412,8 @@ def test_a_reaper_process_expires_tasks_no_worker_took(procs: Procs, real_queue:
 
     r = procs.wait_state(hopeless.id, State.EXPIRED, timeout=5)
     assert r.error is not None and r.error.startswith("deadline cannot be met: ")
-    assert r.error.endswith(" s left, task needs 60.000 s")
+    assert r.error.endswith(" s left, task needs 20.000 s plus 40.000 s to load model big "
+                            "(no live worker holds it)")
     stats = procs.redis.hgetall(real_queue.keys.stats)
     assert stats["expired:P1"] == "1" and stats["expired:P2"] == "1"
     wait_for(lambda: procs.redis.zcard(real_queue.keys.deadlines) == 0, timeout=5,

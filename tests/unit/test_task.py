@@ -284,3 +284,12 @@ def test_a_name_over_200_bytes_in_utf8_is_refused_by_the_client() -> None:
     """Found by a QA pass: the client counted characters, enqueue.lua counts bytes."""
     with pytest.raises(InvalidTask, match="longer than 200 bytes"):
         build(tenant="é" * 150)
+
+
+def test_a_deadline_shorter_than_the_estimate_is_refused_before_anything_is_sent() -> None:
+    """As enqueue.lua refuses it (test_expiry.py): a producer's own estimate that cannot meet
+    its deadline is bad input, also for a schedule's runs; at the deadline exactly, taken."""
+    with pytest.raises(InvalidTask, match="deadline_s 5 is shorter than est_s 30: it cannot end in time"):
+        build(est_s=30, deadline_s=5)
+    assert build(est_s=5, deadline_s=5).deadline_s == 5.0
+    assert build(deadline_s=5).deadline_s == 5.0  # no estimate given: the pool's is judged later
