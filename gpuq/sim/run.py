@@ -82,14 +82,16 @@ def autoscaled_config(config: Config, autoscale: Autoscale, speedup: float) -> C
 
 def fitting(tasks: Sequence[TraceTask], gpus: Sequence[tuple[str, float]],
             config: Config) -> list[TraceTask]:
-    """The tasks some worker of ``gpus`` could hold; the rest are refused up front, as
-    enqueue's fit check would (a plain FIFO would otherwise block behind one forever).
-    config: the replay's (``sim_config``), whose ``kv_reserve_gb`` each GPU keeps back."""
+    """The tasks some worker of ``gpus`` could hold and whose deadline their own estimate
+    can meet; the rest are refused up front, as enqueue's fit check (and its deadline check)
+    would (a plain FIFO would otherwise block behind one forever). config: the replay's
+    (``sim_config``), whose ``kv_reserve_gb`` each GPU keeps back."""
     usable: dict[int, float] = {}  # group size -> the most VRAM a worker of that size offers
     for w, gb in gpus:
         n = devices_of(w)
         usable[n] = max(usable.get(n, 0.0), gb - config.kv_reserve_gb * n)
-    return [t for t in tasks if any(n >= t.gpus and t.vram_gb <= gb for n, gb in usable.items())]
+    return [t for t in tasks if any(n >= t.gpus and t.vram_gb <= gb for n, gb in usable.items())
+            and not (t.deadline_s is not None and t.est_s is not None and t.est_s > t.deadline_s)]
 
 
 MAX_SPAN_S = 1e11  # virtual seconds a replay may run: EPOCH_MS + this stays within 1e15 ms

@@ -56,7 +56,8 @@ def task(rng: random.Random) -> dict[str, Any]:
         "task_id": new_task_id(),
     }
     if rng.random() < 0.15:  # some carry deadlines; the tight ones may expire under load
-        out["deadline_s"] = round(rng.uniform(2.0, 30.0), 1)
+        # never under the task's own estimate, which enqueue refuses
+        out["deadline_s"] = round(max(rng.uniform(2.0, 30.0), seconds) + 0.05, 1)
     return out
 
 

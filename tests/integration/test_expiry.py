@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from helpers import T0, ack, claim, enqueue, fail, heartbeat, reap
+from helpers import T0, ack, claim, enqueue, fail, heartbeat, raw_enqueue_call, reap
 from procs import Procs, wait_for
 
 from gpuq import Queue, catalog
@@ -108,8 +108,11 @@ def test_a_deadline_shorter_than_the_tasks_own_estimate_is_refused_at_enqueue(qu
     once, and ran 25 s past its deadline (counted a late start): the expiry that would refuse
     it runs once a round. A producer's own estimate that cannot meet its deadline is bad
     input; a learned estimate is the pool's guess, and the expiry judges it."""
+    with pytest.raises(InvalidTask, match="deadline_s 5 is shorter than est_s 30: it cannot end in time"):
+        enqueue(queue, T0, est_s=30, deadline_s=5)  # the client's check
+    _, call = raw_enqueue_call(queue, T0, est_s="30", deadline="5000")  # another client's call
     with pytest.raises(InvalidTask, match="deadline is shorter than est_s: the task could not end in time"):
-        enqueue(queue, T0, est_s=30, deadline_s=5)
+        queue.scripts.run(call)
     assert queue.redis.zcard(queue.keys.queue(2, "A")) == 0  # nothing written
     queue.redis.hset(queue.keys.runtimes, "h A", "30 40 3")  # learned: a mean of 30 s
     guessed = enqueue(queue, T0, deadline_s=5)  # taken; expired once it cannot meet it

@@ -140,7 +140,7 @@ def test_a_p0_is_not_left_waiting_for_a_natural_end_past_its_sla(redis_server: E
 # and a P2 with a far deadline runs at the end
 PREEMPT_MAX = [replace(task(0, "b", 3, service=2000), est_s=1000), task(3, "a", 0, service=20),
                task(4.5, "c", 3, service=10), task(100, "a", 0, service=20), task(200, "a", 0, service=20),
-               replace(task(250.5, "e", 1, service=10), deadline_s=5),
+               replace(task(250.5, "e", 1, service=10), est_s=4, deadline_s=5),
                replace(task(400, "d", 1, service=10), deadline_s=100),
                replace(task(410, "d", 2, service=10), deadline_s=100_000)]
 def test_skipping_rounds_gives_the_same_replay(

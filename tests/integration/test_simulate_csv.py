@@ -9,6 +9,10 @@ from pathlib import Path
 import pytest
 from procs import Procs
 
+from gpuq.config import Config
+from gpuq.sim.model import TraceTask
+from gpuq.sim.run import fitting
+
 TINY = """\
 arrival_s,model,priority,service_s,vram_gb,tenant,load_s
 0,llama,P0,2,30,acme,12
@@ -190,3 +194,19 @@ def test_a_trace_none_of_whose_tasks_fits_is_one_error_line(procs: Procs, tmp_pa
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("Error:"), out.stderr
         assert "none of its 3 tasks fits a GPU of the pool" in lines[0]
+
+
+def test_a_row_whose_estimate_outlasts_its_deadline_is_one_error_line(procs: Procs, tmp_path: Path) -> None:
+    """Enqueue refuses a deadline shorter than the task's own est_s (test_expiry.py): a row
+    whose estimate (its est_s, else its model's mean service_s) outlasts its deadline is an
+    error naming its line, as any value enqueue refuses; a replay's own task list drops
+    such a task as refused up front (``fitting``), for every policy."""
+    env = {"GPUQ_TRACES": str(tmp_path / "absent")}
+    trace = tmp_path / "deadlines.csv"
+    for rows, said in (("0,m,P1,2,20,5", "est_s 20"), ("0,m,P1,2,,30\n1,m,P1,20,,5", "est_s 11")):
+        trace.write_text(f"arrival_s,model,priority,service_s,est_s,deadline_s\n{rows}\n", encoding="utf-8")
+        out = procs.cli("simulate", "--trace", str(trace), "--gpus", "1x80", "--policy", "fifo", env=env)
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.strip().endswith(f": deadline_s 5 is shorter than {said}: it cannot end in time")
+    ok, late = TraceTask(0, "m", 10, 1, 2, 2, 30), TraceTask(1, "m", 10, 1, 2, 20, 5)
+    assert fitting([ok, late], [("g0", 80.0)], Config()) == [ok]
