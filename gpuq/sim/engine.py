@@ -230,8 +230,9 @@ class Engine:
         """The worker claims; a task left for a better-placed GPU is looked at again when
         its deferral ends. finished: the task the worker just ended, acked with this claim."""
         cache = w.cache
-        req = ClaimRequest(w.id, cache.free_gb(), cache.evictable_gb(), 1, cache.loaded(), w.levels,
-                           w.devices, cache.in_use(), lookout=w.lookout, loading=cache.loading())
+        free_gb, evictable_gb, loaded, in_use, loading = cache.ledger()  # one pass, not five
+        req = ClaimRequest(w.id, free_gb, evictable_gb, 1, loaded, w.levels, w.devices, in_use,
+                           lookout=w.lookout, loading=loading)
         got = self.scheduler.claim(w.id, req, self.ms(), finished)
         w.lookout = not isinstance(got, Offer) and got > 0
         w.retry_at = None  # a real worker's wait is timed from its last claim

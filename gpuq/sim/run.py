@@ -91,7 +91,7 @@ def fitting(tasks: Sequence[TraceTask], gpus: Sequence[tuple[str, float]],
         n = devices_of(w)
         usable[n] = max(usable.get(n, 0.0), gb - config.kv_reserve_gb * n)
     return [t for t in tasks if any(n >= t.gpus and t.vram_gb <= gb for n, gb in usable.items())
-            and not (t.deadline_s is not None and t.est_s is not None and t.est_s > t.deadline_s)]
+            and not (t.deadline_s is not None and t.est_s > t.deadline_s)]
 
 
 MAX_SPAN_S = 1e11  # virtual seconds a replay may run: EPOCH_MS + this stays within 1e15 ms

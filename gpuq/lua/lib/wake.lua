@@ -43,10 +43,14 @@ local function idle_holder(m, need, except, p, gpus, now)
   return nil
 end
 
--- Whether idle worker w, whose `lanes` entry is `lane`, may be offered a task (see tightest).
-local function takes(w, lane, except, p, unoccupied, gpus, m, now)
-  return w ~= except and lane_serves(lane, p, m, now) and has_gpus(w, gpus)
-    and not (unoccupied and redis.call('SCARD', worker_tasks_key(w)) > 0)
+-- The first of idle workers `ws` (in the caller's order) that may be offered a task (see
+-- tightest), their lanes read in one HMGET; nil when none.
+local function first_taker(ws, except, p, unoccupied, gpus, m, now)
+  local lanes = ws[1] and redis.call('HMGET', K_LANES, unpack(ws)) or {}
+  for i, w in ipairs(ws) do
+    if w ~= except and lane_serves(lanes[i], p, m, now) and has_gpus(w, gpus)
+        and not (unoccupied and redis.call('SCARD', worker_tasks_key(w)) > 0) then return w end
+  end
 end
 
 -- Online work the tightest idle workers all passed over (lanes of other levels, as many as
@@ -62,10 +66,7 @@ local function tightest_serving(need, upper, except, p, unoccupied, gpus, m, now
     if #fit == 8 or (below and s >= below) then break end
     if s >= need then fit[#fit + 1] = got[i] end
   end
-  local lanes = fit[1] and redis.call('HMGET', K_LANES, unpack(fit)) or {}
-  for i, w in ipairs(fit) do
-    if takes(w, lanes[i], except, p, unoccupied, gpus, m, now) then return w end
-  end
+  return first_taker(fit, except, p, unoccupied, gpus, m, now)
 end
 
 -- The idle worker other than `except` serving priority p, with `gpus` devices, not skipping
@@ -82,10 +83,8 @@ local function tightest(need, upper, except, p, unoccupied, gpus, m, now)
     or {{8, 'ZRANGEBYSCORE', need, upper}}
   for _, r in ipairs(reads) do
     local got = redis.call(r[2], K_IDLE, r[3], r[4], 'LIMIT', 0, r[1])
-    local lanes = got[1] and redis.call('HMGET', K_LANES, unpack(got)) or {}
-    for i, w in ipairs(got) do
-      if takes(w, lanes[i], except, p, unoccupied, gpus, m, now) then return w end
-    end
+    local w = first_taker(got, except, p, unoccupied, gpus, m, now)
+    if w then return w end
     if #got < r[1] then return nil end  -- every idle worker in range was looked at
   end
   if tonumber(p) <= 1 and redis.call('HLEN', K_LANES) > 0 then  -- p: a number in claim.lua
