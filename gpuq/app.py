@@ -122,9 +122,10 @@ class Context:
         return self.lost
 
     def should_yield(self) -> bool:
-        """True once the preemption planner asked this task to give way. A handler that can,
-        saves a checkpoint and calls ``yield_now``; one that ignores it is stopped at the
-        yield deadline and requeued all the same."""
+        """True once the preemption planner asked this task to give way, or the worker's
+        shutdown did (its grace nearly out). A handler that can, saves a checkpoint and
+        calls ``yield_now``; one that ignores it is stopped at the yield deadline (given
+        back at the shutdown grace's end) and requeued all the same."""
         return self.yield_requested or self.lost
 
     def save_checkpoint(self, state: Any) -> None:

@@ -35,12 +35,11 @@ from gpuq.scripts import Call
 from gpuq.worker.broken import skipped
 from gpuq.worker.executor import Claimed, Executor
 from gpuq.worker.outcome import batch_encode, decode, failure, late, where
-from gpuq.worker.running import Running
+from gpuq.worker.running import YIELDED, Running
 from gpuq.worker.runtimes import Run
 
 log = logging.getLogger(__name__)
 Added = tuple[list[Claimed], int]  # tasks a batch's claim took beside its first, begun; left_ms
-YIELDED = "yielded to a higher-priority task"
 
 
 def batch_spec(ex: Executor, fields: dict[str, str]) -> HandlerSpec | None:
@@ -224,7 +223,7 @@ def settle(ex: Executor, spec: HandlerSpec, items: list[Claimed]) -> list[Call[A
             # ledger had to make room for its working memory)
             if res is not None and (i == 0 or res.cold or res.evict):
                 model = ex.loading.prepare(res, running.task_id)
-        calls = [give_back(ex, r, YIELDED, "yielded") for _, _, r in items
+        calls = [ex.yielded(r) for _, _, r in items
                  if r.ctx.yield_requested and not r.stopped]  # asked during the load: not run
         loaded = any(res is not None and (res.cold or res.waits) for _, res, _ in items)
         items = start(ex, [i for i in items if not (i[2].ctx.yield_requested or i[2].stopped)], loaded)
@@ -236,7 +235,7 @@ def settle(ex: Executor, spec: HandlerSpec, items: list[Claimed]) -> list[Call[A
         results = ex.invoke(spec, runs, model, payloads, BatchContext([r.ctx for r in runs]))
         ran_s = time.monotonic() - began
     except Yielded:
-        return calls + [give_back(ex, r, YIELDED, "yielded") if r.ctx.yield_requested
+        return calls + [ex.yielded(r) if r.ctx.yield_requested
                         else give_back(ex, r, f"its batch {YIELDED}", "")
                         for _, _, r in items if not r.stopped]
     except BaseException as exc:  # sys.exit(), KeyboardInterrupt...: must not end the runner

@@ -111,7 +111,7 @@ class Control:
         """The task the yield was for started elsewhere or ended: keep running, unless the
         handler already yielded or the worker already stopped it."""
         for r in self.running.snapshot():
-            if r.task_id == task_id and r.yield_deadline is not None and not r.stopped:
+            if r.task_id == task_id and r.yield_deadline is not None and not (r.stopped or r.leaving):
                 r.yield_deadline = None
                 r.ctx.yield_requested = False
                 log.info("preempt.withdrawn task=%s worker=%s", task_id, self.id)

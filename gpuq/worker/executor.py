@@ -178,10 +178,7 @@ class Executor:
             if running.stopped:
                 self.moot(running)
                 return None
-            log.info("preempt.yielded task=%s worker=%s checkpoint=%s", task_id, self.id,
-                     "saved" if ctx.saved else "none")
-            return self.calls.requeue(task_id, token, "yielded to a higher-priority task",
-                                      preempted="yielded", checkpoint=ctx.saved or "")
+            return self.yielded(running)
         except BaseException as exc:  # sys.exit(), KeyboardInterrupt...: must not end the runner
             if running.stopped:  # StopTask, or whatever the stop broke: the task is requeued
                 self.moot(running)
@@ -195,6 +192,19 @@ class Executor:
         finally:
             self.release(running, res)
             self.running.untrack(running)
+
+    def yielded(self, running: Running) -> Call[Any]:
+        """The requeue of a run whose handler yielded (or that was asked to before its
+        handler started), with its checkpoint, its attempt given back."""
+        reason, preempted = running.gives_way()
+        saved = "saved" if running.ctx.saved else "none"
+        if preempted:
+            log.info("preempt.yielded task=%s worker=%s checkpoint=%s", running.task_id, self.id, saved)
+        else:  # given back as the shutdown's give-back is, and said in its words
+            log.info("task.requeued task=%s worker=%s reason=yielded_at_shutdown checkpoint=%s",
+                     running.task_id, self.id, saved)
+        return self.calls.requeue(running.task_id, running.token, reason, preempted=preempted,
+                                  checkpoint=running.ctx.saved or "")
 
     def pass_on(self, running: Running, error: str, why: str) -> Call[Any]:
         """Give a task to the other workers: its attempt given back, it waits PASS_S, and

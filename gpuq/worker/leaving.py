@@ -6,6 +6,7 @@ calls these from its main thread."""
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from typing import Protocol
@@ -86,17 +87,41 @@ def check_idle(w: LeavingWorker) -> None:
 def join_runners(w: LeavingWorker, runners: list[threading.Thread]) -> float:
     """Wait for the runners (each exits after its last ack) for ``shutdown_grace_s``; a
     drain waits however long they take, until a SIGTERM cuts it to the grace from then.
-    Returns when the grace ends (monotonic)."""
+    What still runs ``yield_window`` before the grace ends is asked to yield. Returns when
+    the grace ends (monotonic)."""
     grace_end = time.monotonic() + w.config.shutdown_grace_s
     while w.draining and any(t.is_alive() for t in runners):
         for t in runners:
             t.join(0.2)
         grace_end = time.monotonic() + w.config.shutdown_grace_s
+    ask_at = grace_end - yield_window(w.config)
     while not w.hurry.is_set() and (alive := [t for t in runners if t.is_alive()]):
-        if (left := grace_end - time.monotonic()) <= 0:
+        if (left := grace_end - (now := time.monotonic())) <= 0:
             break
+        if now >= ask_at:
+            ask_to_yield(w, left)
+            ask_at = math.inf
         alive[0].join(min(0.1, left))  # a second signal cuts the grace short
     return grace_end
+
+
+def yield_window(config: Config) -> float:
+    """How long before its shutdown grace ends a worker asks its running tasks to yield: the
+    planner's ``grace_s`` (a handler's time to save a checkpoint), within the first half
+    of the grace left to finish them."""
+    return min(config.grace_s, config.shutdown_grace_s / 2)
+
+
+def ask_to_yield(w: LeavingWorker, left: float) -> None:
+    """Ask every run to give way (``ctx.should_yield()``): a handler that saves a checkpoint
+    and yields goes back with it now, as a give-back does, rather than lose its progress at
+    the grace's end; one still loading its model yields when the load ends."""
+    runs = [r for r in w.running.snapshot() if not (r.stopped or r.ctx.lost)]
+    for r in runs:
+        r.leaving = r.ctx.yield_requested = True
+    w.running.nudge()
+    if runs:
+        log.info("worker.yield_asked worker=%s tasks=%d grace_left_s=%.1f", w.id, len(runs), left)
 
 
 def give_back_unread(w: LeavingWorker) -> None:

@@ -47,7 +47,7 @@ from gpuq.worker.heartbeat import Heartbeat
 from gpuq.worker.models import ModelCache
 from gpuq.worker.observer import Observer
 from gpuq.worker.presence import Presence
-from gpuq.worker.running import RunningSet
+from gpuq.worker.running import SHUT_DOWN, RunningSet
 from gpuq.worker.runtimes import RunTimes
 from gpuq.worker.takeup import handed_over, pop, start_by
 
@@ -135,7 +135,7 @@ class Worker:
         backoff = Backoff()
         while True:
             try:
-                self.scripts.run(self.calls.requeue(task_id, token, "worker shut down",
+                self.scripts.run(self.calls.requeue(task_id, token, SHUT_DOWN,
                                                     checkpoint=checkpoint))
                 log.warning("task.requeued task=%s worker=%s reason=shutdown", task_id, self.id)
                 return

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from gpuq.worker.models import Reservation
 
 log = logging.getLogger(__name__)
+YIELDED = "yielded to a higher-priority task"
+SHUT_DOWN = "worker shut down"
 
 @dataclass
 class Running:
@@ -37,6 +39,7 @@ class Running:
     started: float
     thread_id: int = 0  # the runner thread calling the handler
     yield_deadline: float | None = None  # monotonic: asked to yield, stopped after this
+    leaving: bool = False  # asked to yield by the worker's shutdown, not by the planner
     stop_deadline: float | None = None  # monotonic: stopped, the worker exits after this
     lost_deadline: float | None = None  # monotonic: its lease is gone, stopped after this
     run_deadline: float | None = None  # monotonic: its handler call ends its timeout_s then
@@ -78,6 +81,11 @@ class Running:
     def timeout_error(self) -> str:
         """Its task's error when its handler call ran past its ``timeout_s``."""
         return f"ran past its {self.timeout_s:g} s timeout"
+
+    def gives_way(self) -> tuple[str, str]:
+        """The reason and ``preempted`` kind of this run's requeue once its handler yields:
+        at the worker's shutdown it goes back as a give-back does (no preemption counted)."""
+        return (SHUT_DOWN, "") if self.leaving else (YIELDED, "yielded")
 
     def interrupt(self) -> bool:
         """Stop the handler, only while it is inside it (the guard keeps the stop out of the

@@ -247,6 +247,31 @@ def test_sigterm_with_short_grace_requeues_then_another_worker_completes(
     assert finished.attempt == 1 and finished.result["worker"] == "w2"
 
 
+def test_sigterm_asks_a_running_handler_to_yield_and_the_next_run_resumes(
+        procs: Procs, real_queue: Queue) -> None:
+    """A handler that checkpoints when asked to yield keeps its progress across a SIGTERM:
+    1 s (GPUQ_GRACE_S) before the 3 s grace ends the worker asks it to yield, it goes back
+    with its checkpoint (no preemption counted), the worker exits before the grace is out,
+    and the next worker's run resumes where it stopped."""
+    worker = procs.worker("w1", env={"GPUQ_SHUTDOWN_GRACE_S": "3", "GPUQ_GRACE_S": "1"})
+    task = real_queue.enqueue("sim.run", {"run_s": est(6)}, model="m", vram_gb=10)
+    wait_for(lambda: real_queue.redis.hget(real_queue.keys.task(task.id), "began_at"), 15,
+             message="the handler to start")
+    worker.terminate()
+    assert worker.wait(15) == 0, worker.log()
+    record = task.record()
+    assert (record.state, record.attempt, record.preemptions, record.error) == (
+        State.QUEUED, 0, 0, "worker shut down")
+    assert record.checkpoint["done_s"] > 0, record
+    assert "worker.yield_asked worker=w1 tasks=1" in worker.log()
+    said = f"task.requeued task={task.id} worker=w1 reason=yielded_at_shutdown checkpoint=saved"
+    assert said in worker.log()
+    assert "reason=shutdown" not in worker.log()  # not given back at the grace's end
+    procs.worker("w2")
+    finished = procs.wait_state(task.id, State.SUCCEEDED, timeout=20)
+    assert finished.attempt == 1 and finished.result["resumed_from_s"] == record.checkpoint["done_s"]
+
+
 def test_a_second_sigint_gives_running_tasks_back_at_once(procs: Procs, real_queue: Queue) -> None:
     """Ctrl-C twice: the second ends the grace (30 s here) and the task goes back, attempt
     given back, as when the grace runs out."""

@@ -113,11 +113,16 @@ def test_a_result_that_cannot_be_stored_fails_that_task_alone() -> None:
     assert "not JSON" in (q.record(ids[1]).error or "")
 
 
-def test_a_yield_gives_every_task_back_without_using_an_attempt() -> None:
+@pytest.mark.parametrize("asked_by", ["planner", "shutdown"])
+def test_a_yield_gives_every_task_back_without_using_an_attempt(asked_by: str) -> None:
+    """A yield the worker's shutdown asked for gives the tasks back as its give-back does:
+    not counted as a preemption (preempt_max), said as a shutdown."""
     q = memory_queue()
     ids = enqueue(q, "h", 3)
 
     def yields(model: str, payloads: list[Any], ctx: BatchContext) -> list[Any]:
+        for r in ex.running.snapshot():  # as the planner's yield, or the shutdown's, marks them
+            r.ctx.yield_requested, r.leaving = True, asked_by == "shutdown"
         ctx.contexts[0].save_checkpoint({"done": 1})
         ctx.yield_now()
 
@@ -126,6 +131,8 @@ def test_a_yield_gives_every_task_back_without_using_an_attempt() -> None:
     for tid in ids:
         r = q.record(tid)
         assert (r.state, r.attempt) == (State.QUEUED, 0)
+        assert (r.preemptions, r.error) == ((0, "worker shut down") if asked_by == "shutdown"
+                                            else (1, "yielded to a higher-priority task"))
     assert q.redis.hget(q.keys.task(ids[0]), "checkpoint") == '{"done":1}'
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -21,7 +22,7 @@ from workers.sim import app
 
 
 def claimed(config: Config | None = None, the_app: Any = app, handler: str = "sim.noop",
-            vram_gb: float = 1) -> tuple[Queue, Worker, Any]:
+            vram_gb: float = 1, payload: Any = 1) -> tuple[Queue, Worker, Any]:
     """A worker on fakeredis that claimed the one task enqueued (model m): the queue, the
     worker and what the claim gave it."""
     client = fakeredis.FakeRedis(decode_responses=True)
@@ -29,7 +30,7 @@ def claimed(config: Config | None = None, the_app: Any = app, handler: str = "si
     queue = Queue(client, config)
     worker = Worker(client, config, the_app, GpuInfo("sim", "x", 80, None, "declared"), worker_id="w")
     worker.presence.register(worker_record.identity("w", worker.gpu, 5, 1, "0123", "h", 1), 30_000)
-    queue.enqueue(handler, 1, model="m", vram_gb=vram_gb, max_attempts=1)
+    queue.enqueue(handler, payload, model="m", vram_gb=vram_gb, max_attempts=1)
     got = worker.claim(None)
     assert isinstance(got, tuple)
     return queue, worker, got[0]
@@ -206,3 +207,41 @@ def test_a_stuck_exit_gives_back_the_tasks_still_running_and_logs_each(
     assert (record.state, record.attempt) == (State.QUEUED, 0)
     assert f"task.requeued task={other.task_id} worker=w reason=stuck" in caplog.text
     assert caplog.text.count("task.requeued") == 1
+
+
+@pytest.mark.parametrize("heeds", [True, False])
+def test_a_shutdown_asks_what_still_runs_to_yield_before_its_grace_ends(heeds: bool) -> None:
+    """The defect: a SIGTERM waited out the grace and gave the task back without asking its
+    handler to yield, so a handler that checkpoints when asked lost its progress. Now, the
+    planner's grace_s (here 0.5 s) before the shutdown grace (2 s) ends, what still runs is
+    asked: a handler that yields goes back with its checkpoint, as a give-back (no
+    preemption counted); one that ignores it is given back at the grace's end, as before."""
+    config = Config(pool="sd", shutdown_grace_s=2, grace_s=0.5).validate()
+    queue, worker, claim = claimed(config, handler="sim.run",
+                                   payload={"run_s": 30, "ignore_yield": not heeds})
+    running = claim[2]
+
+    def runner() -> None:
+        call = worker.executor.execute(*claim)
+        worker.settle([call] if call else [])
+
+    thread = threading.Thread(target=runner, daemon=True)
+    thread.start()
+    leaving.shutdown(worker, [thread], worker.heartbeat())
+    assert running.leaving and running.ctx.should_yield()
+    record = queue.record(running.task_id)
+    assert (record.state, record.attempt, record.preemptions, record.error) == (
+        State.QUEUED, 0, 0, "worker shut down")
+    if heeds:  # yielded once asked (1.5 s in, its model's load included): its checkpoint says so
+        assert record.checkpoint["done_s"] > 0 and not thread.is_alive()
+    else:
+        assert record.checkpoint is None and running.stopped
+
+
+def test_the_planner_withdrawing_its_yield_leaves_a_shutdown_s_ask_in_force() -> None:
+    _, worker, (_, _, running) = claimed()
+    control = worker.heartbeat().control
+    control.on_yield(running.task_id, 10_000)
+    running.leaving = True  # the shutdown asked too
+    control.on_unyield(running.task_id)
+    assert running.ctx.should_yield()
