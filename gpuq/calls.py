@@ -6,7 +6,7 @@ runs them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuq.call import Call, Replicas
@@ -26,10 +26,21 @@ class ReapResult:
     failed: int
     dead_workers: int
     promoted: int
+    # (worker, task, state) per task recovered (worker "": its lease expired), (worker, "",
+    # "") per dead worker that ran none: for the reaper's log, not compared
+    recovered: tuple[tuple[str, str, str], ...] = field(default=(), compare=False)
 
     def __add__(self, other: ReapResult) -> ReapResult:
         return ReapResult(self.requeued + other.requeued, self.failed + other.failed,
-                          self.dead_workers + other.dead_workers, self.promoted + other.promoted)
+                          self.dead_workers + other.dead_workers, self.promoted + other.promoted,
+                          self.recovered + other.recovered)
+
+
+def _reaped(r: list[Any]) -> ReapResult:
+    checked(r)
+    named = tuple((str(e[0]), str(e[1]), str(e[2])) if len(e) == 3 else (str(e[0]), "", "")
+                  for e in (r[5] if len(r) > 5 else ()))
+    return ReapResult(int(r[1]), int(r[2]), int(r[3]), int(r[4]), named)
 
 
 def _num(x: float) -> str:
@@ -191,8 +202,7 @@ class Calls:
         return Call("cancel", [task_id, str(now_ms), self._ttl], parse)
 
     def reap(self, *, limit: int = 100, now_ms: int = 0) -> Call[ReapResult]:
-        return Call("reap", [str(now_ms), str(limit), self._ttl],
-                    lambda r: ReapResult(*(int(x) for x in checked(r)[1:5])))
+        return Call("reap", [str(now_ms), str(limit), self._ttl], _reaped)
 
     def expire(self, *, limit: int = 100, horizon_ms: int = 0, offset: int = 0,
                now_ms: int = 0) -> Call[tuple[int, int, int]]:

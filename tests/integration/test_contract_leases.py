@@ -6,6 +6,7 @@ another thread acts use the real server only (``real_queue``).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from gpuq.errors import (
     TaskFailed,
     TaskNotFound,
 )
+from gpuq.reaper import Reaper
 from gpuq.scripts import ReapResult
 from gpuq.task import State
 from gpuq.work_index import member
@@ -71,7 +73,8 @@ def test_ack_after_reap_recovered_an_expired_lease_is_rejected(queue: Queue) -> 
     tid = enqueue(queue, T0)
     first = claimed(queue, "w1")
     assert reap(queue, now_ms=T0 + LEASE_MS - 1).requeued == 0  # lease still live
-    assert reap(queue, now_ms=T0 + LEASE_MS + 1) == ReapResult(1, 0, 0, 0)
+    got = reap(queue, now_ms=T0 + LEASE_MS + 1)
+    assert got == ReapResult(1, 0, 0, 0) and got.recovered == (("", tid, "queued"),)
     r = queue.record(tid)
     assert r.state is State.QUEUED and r.attempt == 1 and r.error == "lease expired"
     assert r.worker is None and r.token is None
@@ -307,7 +310,8 @@ def test_reap_requeues_a_dead_workers_tasks_at_once(queue: Queue) -> None:
     assert c["id"] == tid and queue.redis.zscore(queue.keys.idle, "w1") is not None
     # w1 stops heartbeating; its liveness ends at T0 + 30 s, the lease at T0 + 50 s
     assert reap(queue, now_ms=T0 + LEASE_MS - 1) == ReapResult(0, 0, 0, 0)
-    assert reap(queue, now_ms=T0 + LEASE_MS + 1) == ReapResult(1, 0, 1, 0)
+    got = reap(queue, now_ms=T0 + LEASE_MS + 1)
+    assert got == ReapResult(1, 0, 1, 0) and got.recovered == (("w1", tid, "queued"),)
     r = queue.record(tid)
     assert r.state is State.QUEUED and r.attempt == 1 and r.worker is None
     assert r.error == "worker w1 died"
@@ -330,6 +334,7 @@ def test_a_task_whose_lease_is_lost_max_attempts_times_fails(queue: Queue) -> No
         now += LEASE_MS + 1
         results.append(reap(queue, now_ms=now))
     assert results == [ReapResult(1, 0, 0, 0), ReapResult(0, 1, 0, 0)]
+    assert [r.recovered for r in results] == [(("", tid, "queued"),), (("", tid, "failed"),)]
     r = queue.record(tid)
     assert r.state is State.FAILED and r.attempt == 2
     assert r.error is not None and "lease expired" in r.error and "2 attempts" in r.error
@@ -374,3 +379,23 @@ def test_a_draining_worker_does_not_count_toward_min_workers(make_queue: MakeQue
     assert q.scripts.run(q.calls.retire("idle", now_ms=T0 + 1)) == (False, 2)
     q.redis.hset(q.keys.worker("leaving"), "state", "busy")
     assert q.scripts.run(q.calls.retire("idle", now_ms=T0 + 2)) == (True, 2)
+
+
+def test_the_reaper_names_each_dead_worker_and_what_became_of_each_task(
+        queue: Queue, caplog: pytest.LogCaptureFixture) -> None:
+    """An operator reading the reaper's log learns which workers died and which tasks went
+    back (or ended), not only how many: a line per dead worker, one per expired lease."""
+    died_with = enqueue(queue, T0)
+    heartbeat(queue, "w1", [], now_ms=T0)  # alive until T0 + lease: long past on the server's clock
+    claimed(queue, "w1", now_ms=T0 + 1)
+    heartbeat(queue, "w2", [], now_ms=T0)  # died running nothing
+    lapsed = enqueue(queue, T0)
+    claimed(queue, "w3", now_ms=T0 + 2)
+    queue.redis.zrem(queue.keys.workers, "w3")  # its liveness already forgotten: only the lease is left
+    with caplog.at_level(logging.WARNING, logger="gpuq.reaper"):
+        got = Reaper(queue.redis, queue.config).reap_once()
+    assert (got.requeued, got.dead_workers) == (2, 2)
+    pool = queue.config.pool
+    assert f"reaper.worker_dead pool={pool} worker=w1 tasks={died_with}:queued" in caplog.text
+    assert f"reaper.worker_dead pool={pool} worker=w2 tasks=none" in caplog.text
+    assert f"reaper.lease_expired pool={pool} tasks={lapsed}:queued" in caplog.text
