@@ -61,7 +61,7 @@ for _, w in ipairs(dead) do
     local unread = redis.call('ZSCORE', K_HANDED, id) or unread_handover(w, id) ~= nil
     recover(id, unread and 'its worker died before picking it up' or 'worker ' .. w .. ' died', not unread, w)
   end
-  if #recovered == before then recovered[#recovered + 1] = {w} end
+  if #recovered == before then recovered[#recovered + 1] = { w } end
   redis.call('DEL', wk, worker_tasks_key(w), wake_key(w), control_key(w), reservation_key(w))
 end
 

@@ -73,7 +73,8 @@ if token == '' and f[1] ~= 'running' then
     if not finite(s[1]) then redis.call('HSET', tk, 'score', ms(now + (finite(s[2]) or 0))) end
     recount_children(id)
   else
-    return {1, 0, 'task is ' .. f[1] .. ': there is nothing to requeue'}
+    local said = f[1] == 'succeeded' and 'task already succeeded' or 'task is ' .. f[1]
+    return {1, 0, said .. ': there is nothing to requeue'}
   end
   -- a task not yet due (delay_s / at; delayed, or canceled while delayed) is due now: its
   -- start-by score, fair order and deadline, all counted from its due time, move back by as

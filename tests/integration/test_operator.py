@@ -171,7 +171,7 @@ def test_requeue_of_a_queued_or_succeeded_task_is_refused(queue: Queue) -> None:
     ack(queue, tid, c["token"], {"n": 1}, now_ms=T0 + 1)
     with pytest.raises(NotRequeueable) as err:
         queue.requeue(tid)
-    assert str(err.value) == f"cannot requeue task {tid}: task is succeeded: there is nothing to requeue"
+    assert str(err.value) == f"cannot requeue task {tid}: task already succeeded: there is nothing to requeue"
     r = queue.record(tid)
     assert r.state is State.SUCCEEDED and r.result == {"n": 1} and r.attempt == 1
     assert queue.redis.pttl(queue.keys.task(tid)) > 0
@@ -260,7 +260,7 @@ def test_cli_requeue_of_a_failed_task_and_refusals(procs: Procs, real_queue: Que
     ack(real_queue, failed, c["token"], "ok")
     line = error_line(procs.cli("requeue", failed))
     assert line == (f"Error: cannot requeue task {failed}: "
-                    "task is succeeded: there is nothing to requeue")
+                    "task already succeeded: there is nothing to requeue")
     assert real_queue.record(failed).state is State.SUCCEEDED
     assert error_line(procs.cli("requeue", "no-such-task")) == "Error: task no-such-task not found"
 
