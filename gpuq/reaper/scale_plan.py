@@ -27,7 +27,9 @@ Per GPU class (every registered class, and any class a live worker shows):
   workers that fit it (VRAM and GPUs), serve its priorities and do not skip it (its load
   failed there lately: gpuq.worker.broken), each idle worker once, tightest fit first; the
   rest goes to the smallest class that holds the model's need (least usable VRAM, then
-  fewest GPUs, with at least its GPUs: ``gpuq.shapes.smallest_fit``).
+  fewest GPUs, with at least its GPUs: ``gpuq.shapes.smallest_fit``), passing over classes
+  whose live workers are all lanes serving none of its queued priorities
+  (``gpuq.reaper.scale_classes.fit``).
 - Queued tasks that fit no live worker but fit a class add at least 1 to the smallest such
   class (one-GPU tasks counted from the ``need`` index by VRAM bands, tasks over several GPUs
   from a sample of their ``need`` scores; not by reading tasks).
@@ -62,6 +64,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuq.config import Config
+from gpuq.reaper import scale_classes
 from gpuq.reaper.forecast import RISE, Forecast
 from gpuq.reaper.scale_ahead import ahead_hints, calm_classes
 from gpuq.reaper.snapshot import Snapshot, WorkerState
@@ -132,11 +135,6 @@ def decimal(x: float) -> str:
     return f"{x:.3f}".rstrip("0").rstrip(".")  # plain decimal, as the wire format wants
 
 
-def _sizes(snap: Snapshot) -> dict[str, float]:
-    # a registered class's size, else the first live worker's of that class (reversed: it wins)
-    return {**{w.gpu: w.usable_gb for w in reversed(snap.workers)}, **snap.classes}
-
-
 def gpus_sampled(snap: Snapshot) -> dict[str, int]:
     """Per model, the most GPUs a task of its queues' samples asks this step."""
     out: dict[str, int] = {}
@@ -144,12 +142,6 @@ def gpus_sampled(snap: Snapshot) -> dict[str, int]:
         for *_, gpus in b.sample:
             out[b.model] = max(out.get(b.model, 1), gpus)
     return out
-
-
-def _classes(snap: Snapshot) -> list[tuple[str, float, int]]:
-    """Each class's (name, usable GB, GPUs): registered, else as its first live worker shows."""
-    gpus = {**{w.gpu: w.gpus for w in reversed(snap.workers)}, **snap.class_gpus}
-    return [(c, gb, gpus.get(c, 1)) for c, gb in _sizes(snap).items()]
 
 
 def _fits(w: WorkerState, m: _Model, levels: Iterable[int] | None = None) -> bool:
@@ -167,7 +159,7 @@ def _spare(snap: Snapshot) -> list[WorkerState]:
 
 def _models(snap: Snapshot, now_ms: int) -> list[_Model]:
     """Backlogs summed per model, most urgent first (late, then most work)."""
-    classes = [(gb, g) for _, gb, g in _classes(snap)]
+    classes = [(gb, g) for _, gb, g in scale_classes.classes(snap)]
     out: dict[str, _Model] = {}
     needs: dict[str, list[tuple[float, int]]] = {}
     for b in snap.backlogs:
@@ -214,7 +206,8 @@ def _class_extra(snap: Snapshot, models: Sequence[_Model], holders: Mapping[str,
     """Workers to add per class, and why: model shortfalls idle workers do not cover, and
     tasks that fit no live worker. calm: classes whose shortfalls the live workers absorb
     before a new worker could start (the forecast's check), and why."""
-    classes = _classes(snap)
+    classes = scale_classes.classes(snap)
+    levels = scale_classes.class_levels(snap)
     spare = _spare(snap)
     extra: Counter[str] = Counter()
     why: dict[str, list[str]] = {}
@@ -226,7 +219,7 @@ def _class_extra(snap: Snapshot, models: Sequence[_Model], holders: Mapping[str,
                 short -= 1
                 if short == 0:
                     break
-        fit = smallest_fit(classes, m.need_gb, m.need_gpus)
+        fit = scale_classes.fit(classes, m.need_gb, m.need_gpus, m.by_level, levels)
         if short > 0 and fit is not None:
             extra[fit] += short
             why.setdefault(fit, []).append(f"{m.name} +{short}: {sig.reason}")
@@ -282,7 +275,7 @@ def _class_forecast(snap: Snapshot, config: Config, models: Sequence[_Model]
                     ) -> dict[str, tuple[float, float, float, float]]:
     """Per class, over the models whose smallest fit it is: Σ level, Σ forecast (per s), and
     Σ level × est_s, Σ forecast × est_s (their work, GPU-seconds per second)."""
-    classes = _classes(snap)
+    classes = scale_classes.classes(snap)
     out: dict[str, tuple[float, float, float, float]] = {}
     for m in models:
         f = snap.forecasts.get(m.name)
@@ -298,7 +291,7 @@ def _class_forecast(snap: Snapshot, config: Config, models: Sequence[_Model]
 
 def _class_signals(snap: Snapshot, config: Config, extra: Counter[str], why: dict[str, list[str]],
                    ahead: Mapping[str, tuple[float, float, float, float]]) -> list[ScaleSignal]:
-    sizes = _sizes(snap)
+    sizes = scale_classes.sizes(snap)
     live = Counter(w.gpu for w in snap.workers)
     desired = {c: live[c] + extra[c] for c in sizes}
     for c, (_, rate, work_now, work) in ahead.items():
@@ -364,9 +357,10 @@ def plan(snapshot: Snapshot, config: Config, now_ms: int,
     ahead = _class_forecast(snapshot, config, models + others)
     calm: dict[str, str] = {}
     if config.scale_signal == "forecast":
-        classes = _classes(snapshot)
+        classes = scale_classes.classes(snapshot)
+        levels = scale_classes.class_levels(snapshot)
         calm = calm_classes(Counter(w.gpu for w in snapshot.workers), [
-            (smallest_fit(classes, m.need_gb, m.need_gpus), m.work_s,
+            (scale_classes.fit(classes, m.need_gb, m.need_gpus, m.by_level, levels), m.work_s,
              snapshot.load_s.get(m.name, 0.0)) for m in models], {c: v[3] for c, v in ahead.items()},
             config.forecast_lead_s)
     extra, why = _class_extra(snapshot, models, holders, model_signals, calm)
@@ -385,7 +379,7 @@ def plan(snapshot: Snapshot, config: Config, now_ms: int,
             full, held, snapshot.forecasts, snapshot.footprint_gb,
             config, now_ms, recent, HINT_EVERY_MS, {h.worker for h in hints}, snapshot.weighed,
             {**snapshot.gpus_seen, **gpus_sampled(snapshot)})]
-    classes = _classes(snapshot)
+    classes = scale_classes.classes(snapshot)
     shapes = [(gb, g) for _, gb, g in classes]
     wide = [(gb, g) for gb, g in snapshot.wide if not holds(shapes, gb, g)]
     over = sum(n for b, n in snapshot.need_bands if math.isinf(b))  # one-GPU tasks above every class

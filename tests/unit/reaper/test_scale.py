@@ -226,3 +226,17 @@ def test_an_idle_worker_skipping_a_model_neither_covers_its_work_nor_takes_its_h
                    {"m": {"h"}}, footprint_gb={"m": 14.0})
     assert plan(backlog, Config(), NOW).hints == [WarmHint("t", "m", 14.0)]
     assert plan(replace(backlog, workers=backlog.workers[:2]), Config(), NOW).hints == []
+
+
+def test_a_class_whose_live_workers_are_all_lanes_is_not_asked_to_grow_for_work_they_skip() -> None:
+    """Found by an operator's pass: a class of P0/P1 lanes was asked for more workers for a
+    P2/P3 backlog its workers never take (another lane of it would not either, and an
+    autoscaler adding one would add it again each round). The shortfall goes to the next
+    class that holds it; to the lanes' class only when every class that does is like it."""
+    lanes = [worker("l1", levels="01"), worker("l2", levels="01")]
+    batch = [queue("m", 40, priority=3, est_s=30.0, vram_gb=40)]
+    assert counts(plan(snap(lanes, batch), CFG, NOW)) == {"L4": (0, 0), "A100": (2, 2), "H200": (0, 20)}
+    online = [queue("m", 40, priority=0, est_s=30.0, vram_gb=40)]
+    assert counts(plan(snap(lanes, online), CFG, NOW))["A100"] == (2, 22)
+    every = snap([*lanes, worker("h", "H200", levels="0")], batch)
+    assert counts(plan(every, CFG, NOW)) == {"L4": (0, 0), "A100": (2, 22), "H200": (1, 1)}
