@@ -87,8 +87,11 @@ def fill(ex: Executor, spec: HandlerSpec, first: Claimed, stopping: threading.Ev
     items = [first, *(added[0] if added else [])]
     if first[1] is None or first[2].rejected:  # execute fails it alone
         return items
-    if handed and not first[1].cold and spec.batch_wait_ms <= 0:
-        return items
+    if handed and not first[1].cold:
+        if spec.batch_wait_ms <= 0:
+            return items
+        if not ex.take_up(*first, now=True):  # the wait may outlast its pickup deadline
+            return []
     left_ms, waited = None if added is None else added[1], False
     while len(items) < spec.batch:
         if left_ms is None or waited:

@@ -88,14 +88,17 @@ class Executor:
             self.running.track(running)
         return res, running
 
-    def take_up(self, fields: dict[str, str], res: Reservation | None, running: Running) -> bool:
+    def take_up(self, fields: dict[str, str], res: Reservation | None, running: Running,
+                *, now: bool = False) -> bool:
         """A hand-over not taken up by its pickup deadline is taken back (a worker frozen when
         the server popped it for it, lib/due.lua): a warm one is taken up by began as its
         handler starts (gpuq.worker.takeup); a cold one here, before its load, by renewing
-        its lease. False when it was taken back (its run released): another worker runs it."""
-        if res is None or not res.cold:
+        its lease, as a warm one is (``now``) before a batch's wait for more tasks. False
+        when it was taken back (its run released): another worker runs it."""
+        if res is None or not (res.cold or now):
             running.handed = res is not None
             return True
+        running.handed = False  # taken up here: its began, when it starts, is a plain start's
         try:
             _revived, lost = self.scripts.run(self.calls.heartbeat(self.id, [(running.task_id,
                                                                               running.token)]))

@@ -41,9 +41,9 @@ class Held:
 
 
 @contextmanager
-def warm(queue: Queue, batched: bool = False) -> Iterator[tuple[Worker, Held]]:
+def warm(queue: Queue, batched: bool = False, wait_ms: int = 0) -> Iterator[tuple[Worker, Held]]:
     """Worker w1, idle in the pool (so enqueue hands it tasks), holding model m; ``batched``:
-    its handler a batch handler that waits for no batch."""
+    its handler a batch handler that waits ``wait_ms`` for a batch."""
     app, held = App("takeup-test"), Held()
     app.any_model()(lambda name: name)
 
@@ -53,7 +53,7 @@ def warm(queue: Queue, batched: bool = False) -> Iterator[tuple[Worker, Held]]:
         assert held.go.wait(WAIT_S)
         return ["done"] if batched else "done"
 
-    app.handler("held", **({"batch": 4, "batch_wait_ms": 0} if batched else {}))(handler)
+    app.handler("held", **({"batch": 4, "batch_wait_ms": wait_ms} if batched else {}))(handler)
 
     config = Config(pool=queue.config.pool, prefix=queue.config.prefix)
     worker = Worker(queue.redis, config, app, GpuInfo("L4", "u1", 24, None, "declared"), worker_id="w1")
@@ -180,6 +180,29 @@ def test_a_warm_hand_over_popped_late_and_taken_back_never_starts_its_handler(
         r = queue.record(task.id)
         assert (r.state, r.attempt) == (State.QUEUED, 0)
         assert not worker.running.snapshot()
+
+
+def test_a_warm_hand_over_to_a_batch_that_waits_is_taken_up_before_the_wait(
+        queue: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a QA pass: a P3 task handed to a batch handler with batch_wait_ms 3 s (past
+    its 2 s pickup deadline) was taken back during the wait, claimed again and waited
+    again: its handler started after 6 s, not 3. Now the hand-over is taken up (its lease
+    renewed) before the wait, as a cold one is before its load."""
+    with warm(queue, batched=True, wait_ms=3000) as (worker, held):
+        task = queue.enqueue("held", model="m", vram_gb=4, priority="P2")  # pickup within 2 s
+        claimed = worker.wait_for_work(0.0)
+        assert isinstance(claimed, tuple)
+
+        def waited(*args: Any) -> bool:  # the wait, its pickup deadline passing meanwhile
+            reap(queue, now_ms=server_ms(queue) + 2_500)
+            return False
+
+        monkeypatch.setattr(batch, "wait_for_more", waited)
+        held.go.set()
+        worker.settle(batch.execute(worker.executor, claimed, threading.Event(), handed=True))
+        assert held.started.is_set()
+        r = queue.record(task.id)
+        assert (r.state, r.result, r.attempt) == (State.SUCCEEDED, "done", 1)
 
 
 def server_ms(queue: Queue) -> int:
