@@ -29,7 +29,7 @@ BOUND = "bound:"  # tenant:use field prefix of the reaper's bounds (lib/quota.lu
 class Tenant:
     name: str
     weight: float = DEFAULT_WEIGHT
-    max_gpus: int | None = None  # GPUs its running tasks run across (a gpus=N task: N)
+    max_gpus: int | None = None  # GPUs its running tasks ask for (a gpus=N task: N, each its own)
     max_vram_gb: float | None = None  # their VRAM, weights included
 
     def __post_init__(self) -> None:
@@ -82,7 +82,7 @@ class TenantState:
 
     tenant: Tenant
     registered: bool
-    # limited tenants only (caps or bound): running tasks, the GPUs they run across, their VRAM
+    # limited tenants only (caps or bound): running tasks, the GPUs they ask for, their VRAM
     running: int | None = None
     running_gpus: int | None = None
     running_vram_gb: float | None = None

@@ -8,7 +8,7 @@ import click
 
 from gpuq.cli.tasks import opened
 from gpuq.redact import one_line
-from gpuq.tenants import Tenant, read, remove_tenant, require_registered, set_tenant
+from gpuq.tenants import DEFAULT_WEIGHT, Tenant, read, remove_tenant, require_registered, set_tenant
 
 
 @click.group()
@@ -18,16 +18,24 @@ def tenant() -> None:
 
 @tenant.command("set")
 @click.argument("name")
-@click.option("--weight", type=float, default=1.0, show_default=True,
-              help="Share of each level against the other tenants with work queued there.")
-@click.option("--max-gpus", type=int, default=None, help="Most tasks (GPUs) running at once.")
+@click.option("--weight", type=float, default=None,
+              help="Share of each level against the other tenants with work queued there "
+                   "[default: as it was; 1 for a new tenant].")
+@click.option("--max-gpus", type=int, default=None,
+              help="Most GPUs its running tasks ask for: a task of --gpus N counts N, "
+                   "tasks sharing a GPU (a batch's) one each (0: none run).")
 @click.option("--max-vram-gb", type=float, default=None, help="Most VRAM (GB) its running tasks use.")
 @click.pass_context
-def set_(ctx: click.Context, name: str, weight: float, max_gpus: int | None,
+def set_(ctx: click.Context, name: str, weight: float | None, max_gpus: int | None,
          max_vram_gb: float | None) -> None:
-    """Register a tenant or change it (unset caps are removed)."""
-    t = Tenant(name, weight, max_gpus, max_vram_gb)
+    """Register a tenant or change it: a weight not given stays as it was; caps not given
+    are removed."""
+    Tenant(name, DEFAULT_WEIGHT if weight is None else weight, max_gpus, max_vram_gb)  # checked first
     with opened(ctx) as queue:
+        if weight is None:
+            was = queue.redis.hget(queue.keys.tenants, name)
+            weight = (Tenant.parse(name, str(was)) or Tenant(name)).weight if was else DEFAULT_WEIGHT
+        t = Tenant(name, weight, max_gpus, max_vram_gb)
         before = set_tenant(queue, t)
     click.echo(one_line(f"{'changed' if before else 'registered'} {_line(t)}"))
 

@@ -1,7 +1,7 @@
 -- tenant.lua: register, change or remove a tenant, or set the pool's tenant policy.
 --
 -- A tenant's weight is its share of each level against the other tenants with work queued
--- there; max_gpus and max_vram_gb cap the GPUs its running tasks run across and their VRAM,
+-- there; max_gpus and max_vram_gb cap the GPUs its running tasks ask for and their VRAM,
 -- and its bound caps its running tasks (lib/quota.lua). A tenant whose limits come or go has its running use
 -- recounted from the running set (O(running tasks): an operator's call, or a bound the
 -- reaper sets or lifts), so limits bind the tasks already running too: a tenant over a new

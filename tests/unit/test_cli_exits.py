@@ -194,6 +194,17 @@ def test_a_tenant_setting_refused_exits_2_and_writes_nothing(cli_pool: Pool, arg
     assert cli_pool.all_keys() == set()
 
 
+def test_a_tenant_set_without_a_weight_keeps_the_one_it_had(cli_pool: Pool) -> None:
+    """Found by a QA pass: `tenant set A --max-gpus 1` on a tenant of weight 3 reset its
+    weight to 1 (the option's default), which its help did not say."""
+    said = cli_pool.ok("tenant", "set", "a", "--weight", "3").strip()
+    assert said == "registered a: weight 3, max_gpus -, max_vram_gb -"
+    said = cli_pool.ok("tenant", "set", "a", "--max-gpus", "1").strip()
+    assert said == "changed a: weight 3, max_gpus 1, max_vram_gb -"
+    said = cli_pool.ok("tenant", "set", "b", "--max-gpus", "2").strip()
+    assert said == "registered b: weight 1, max_gpus 2, max_vram_gb -"
+
+
 def test_a_schedule_of_a_tenant_not_registered_exits_2_as_its_enqueue_would(cli_pool: Pool) -> None:
     """Regression: `gpuq schedule add --tenant T` for a tenant the pool does not know (tenants
     required) exited 1, while `gpuq enqueue --tenant T` of the same task exits 2 (bad input)."""

@@ -1,7 +1,8 @@
 -- lib/quota.lua: a limited tenant's running tasks, their GPUs and VRAM stay within its limits.
 --
 -- While tenancy is on (lib/tenancy.lua), a tenant is limited by its caps (max_gpus: the GPUs
--- its running tasks run across, a task of gpus=N counting N; max_vram_gb, registered) and by
+-- its running tasks ask for, a task of gpus=N counting N, tasks sharing one GPU one each:
+-- a batch's tasks are capped as tasks; max_vram_gb, registered) and by
 -- its bound: the running tasks the reaper lets it have while other tenants' recent demand
 -- needs room ("bound:<t>" in `tenant_use`, written by tenant.lua "bound" for
 -- gpuq/reaper/tenant_room.py; a bound counts tasks, as the reaper's share counts workers). A
