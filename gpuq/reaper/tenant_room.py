@@ -14,7 +14,9 @@ others' room is their demand (each counted up to its share), D, plus ``tenant_he
 x sqrt(D), at most their shares: square-root staffing, since Poisson arrivals of mean load D
 vary by about sqrt(D), so the flooding tenant leaves idle workers for the others' next tasks
 without reserving a worker for every light tenant. A bound is at least the tenant's share
-(and one). With one tenant with demand, or ``tenant_headroom`` 0, nobody is bound. The
+(and one). A tenant's demand and room count at most the tasks its ``max_gpus`` lets run:
+room it could never use is not kept from the others. With one tenant with demand, or
+``tenant_headroom`` 0, nobody is bound. The
 demand lives in the reaper's memory: a standby that takes over starts from what it reads
 then. Each round also publishes the slots per live worker for the fair order (lib/fair.lua).
 """
@@ -42,10 +44,13 @@ FORGET_PER_ROUND = 100  # tenants looked at a round, in turn by name
 
 
 def plan_bounds(demand: Mapping[str, float], weights: Mapping[str, float], live: int,
-                headroom: float) -> dict[str, int]:
+                headroom: float, caps: Mapping[str, int] | None = None) -> dict[str, int]:
     """The bound of each tenant borrowing beyond its share: live workers less the room the
-    other tenants' demand needs (see the module's docstring)."""
-    active = {t: d for t, d in demand.items() if d >= ACTIVE}
+    other tenants' demand needs (see the module's docstring). caps: the most tasks a
+    tenant's ``max_gpus`` lets run; no room is kept for a tenant beyond it."""
+    caps = caps or {}
+    capped = {t: min(d, caps.get(t, math.inf)) for t, d in demand.items()}
+    active = {t: d for t, d in capped.items() if d >= ACTIVE}
     if len(active) < 2 or headroom <= 0 or live < 1:
         return {}
     total = sum(weights.get(t, DEFAULT_WEIGHT) for t in active)
@@ -56,7 +61,8 @@ def plan_bounds(demand: Mapping[str, float], weights: Mapping[str, float], live:
         if d <= share[t]:
             continue
         others = sum(kept.values()) - kept[t]
-        room = min(sum(share.values()) - share[t], others + headroom * math.sqrt(others))
+        reach = sum(caps.get(o, math.inf) for o in active if o != t)  # what their caps let run
+        room = min(sum(share.values()) - share[t], others + headroom * math.sqrt(others), reach)
         bound = max(1, math.floor(live - room + 1e-9))
         if bound < live:
             bounds[t] = bound
@@ -97,13 +103,15 @@ class TenantRoom:
             return 0
         self.decay({t: float(v) for t, v in work.items()}, now)
         self.forget(work, registry, now)
-        weights = {name: t.weight for name, t in registered(registry).items()}
+        tenants = registered(registry)
+        weights = {name: t.weight for name, t in tenants.items()}
+        caps = {name: t.max_gpus for name, t in tenants.items() if t.max_gpus is not None}
         current = bounds_of(use)
         # bounds, demand and the fair order count running tasks: a worker runs up to its
         # concurrency at once
         live = self.slots(live_ids, registrations)
         self.publish(live, len(live_ids), published)
-        bounds = plan_bounds(self.demand, weights, live, self.config.tenant_headroom)
+        bounds = plan_bounds(self.demand, weights, live, self.config.tenant_headroom, caps)
         self.binding = bool(bounds)
         changed = [(t, str(bounds[t]) if t in bounds else "-")
                    for t in sorted(set(bounds) | set(current)) if bounds.get(t) != current.get(t)]

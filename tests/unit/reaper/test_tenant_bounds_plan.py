@@ -33,3 +33,12 @@ def test_tenants_within_their_shares_are_never_bound() -> None:
 def test_no_headroom_keeps_no_room() -> None:
     assert plan_bounds({"a": 12.0, "b": 1.2}, {}, 8, 0.0) == {}
     assert plan_bounds({"a": 12.0, "b": 1.2}, {}, 0, 1.0) == {}
+
+
+def test_no_room_is_kept_for_a_tenant_past_what_its_cap_lets_run() -> None:
+    """Found by a QA pass: tenant A (weight 3, max_gpus 1) and B both flooding four workers:
+    the room kept for A's demand (its share, 3) left B bound to 1, so two workers idled
+    while B's tasks queued. A can run 1: B may run the other 3."""
+    assert plan_bounds({"a": 5.0, "b": 5.0}, {"a": 3.0}, 4, 1.0) == {"a": 3, "b": 1}
+    assert plan_bounds({"a": 5.0, "b": 5.0}, {"a": 3.0}, 4, 1.0, {"a": 1}) == {"b": 3}
+    assert plan_bounds({"a": 5.0, "b": 5.0}, {}, 4, 1.0, {"a": 0}) == {}  # a runs nothing: b alone
