@@ -118,6 +118,9 @@ class Cli(click.Group):
             raise failure_of(exc) from None
         except UnicodeEncodeError as exc:  # a lone surrogate: bytes given that were not UTF-8
             raise failure(f"{exc.object[:80]!r} is not valid UTF-8 text", Exit.BAD_INPUT) from None
+        except KeyboardInterrupt:  # Ctrl-C: the shell's code for SIGINT, not an error's 1
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
 
 
 def config_of(ctx: click.Context) -> Config:

@@ -207,7 +207,8 @@ def find_gpus(trace_name: str, traces_dir: str | None, gpus_spec: str, speedup: 
               sla_target: float, priority: int = 0, most: int = 256) -> dict[str, Any]:
     """The smallest pool of one GPU kind (``--gpus 1x80``) whose gpuq replay meets the SLA
     target at ``priority`` (handlers started, models loaded, within the SLA): doubling, then
-    bisection (attainment grows with the pool, up to what cold starts leave)."""
+    bisection (attainment grows with the pool, up to what cold starts leave; not at every
+    point: a smaller pool between two sizes tried may meet it too, docs/SIMULATOR.md)."""
     if speedup is not None and target_load is not None:
         raise ConfigError("give --speedup or --target-load, not both")
     size = one_kind(gpus_spec, "--find-gpus")

@@ -86,13 +86,16 @@ def _serve(requests: Sequence[Request], capacity_gb: float, resident: dict[str, 
     return counts
 
 
-def pool_usable_gb(gpus: Sequence[float], kv_reserve_gb: float) -> float:
-    return sum(usable_gb(gb, kv_reserve_gb) for gb in gpus)
+def pool_usable_gb(gpus: Sequence[tuple[float, int]], kv_reserve_gb: float) -> float:
+    """The VRAM tasks may use across the pool's workers, (total GB, GPUs) each: a group keeps
+    the KV reserve on each of its GPUs."""
+    return sum(usable_gb(gb, kv_reserve_gb * n) for gb, n in gpus)
 
 
-def references(requests: Sequence[Request], gpus: Sequence[float],
+def references(requests: Sequence[Request], gpus: Sequence[tuple[float, int]],
                kv_reserve_gb: float) -> dict[str, dict[str, Any]]:
-    """The report's ``reference`` (Belady) and ``reference_lru`` for one request order."""
+    """The report's ``reference`` (Belady) and ``reference_lru`` for one request order, over
+    the workers' (total GB, GPUs)."""
     capacity = pool_usable_gb(gpus, kv_reserve_gb)
     return {"reference": belady(requests, capacity).report("belady", capacity),
             "reference_lru": lru(requests, capacity).report("lru", capacity)}

@@ -7,7 +7,7 @@ from typing import Any
 
 from gpuq.metrics import PREEMPTION_KINDS
 from gpuq.report import percentile
-from gpuq.sim.model import SimResult
+from gpuq.sim.model import SimResult, devices_of
 from gpuq.sim.reference import Request, ratio, references
 
 # the engine counts what the planner decided and what the GPUs did; a yield request
@@ -22,7 +22,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
     gpus = len(result.gpus)
     busy, loading = sum(result.busy_s.values()), sum(result.loading_s.values())
     capacity = gpus * result.makespan_s
-    sizes = [gb for _, gb in result.gpus]
+    sizes = [(gb, devices_of(wid)) for wid, gb in result.gpus]
     scaled = result.autoscale
     if scaled is not None:  # GPUs came and went: their own hours, the largest pool's VRAM
         capacity = scaled["gpu_hours"] * 3600
@@ -34,6 +34,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "policy": result.policy,
         "speedup": result.speedup,
         "gpus": [gb for _, gb in result.gpus],
+        "pool": pool_spec([wid for wid, _ in result.gpus], [gb for _, gb in result.gpus]),
         "priorities": priorities,
         # busy = loading + running; the split shows whether busy time was useful work
         "gpu_busy_fraction": round(busy / capacity, 4) if capacity else 0.0,
@@ -107,18 +108,38 @@ def _duration(x: float | None) -> str:
     return f"{x / 86400:.1f}d"
 
 
+def pool_spec(ids: list[str], sizes: list[float]) -> str:
+    """The pool as ``--gpus`` writes it ("6x80,2x48/01,2x4x80"), from the workers' ids and VRAM."""
+    shapes: Counter[tuple[int, float, str]] = Counter()
+    for wid, gb in zip(ids, sizes):
+        devices = devices_of(wid)
+        shapes[devices, gb / devices, wid.partition("@")[2]] += 1
+    return ",".join(f"{n}x{f'{d}x' if d > 1 else ''}{per:g}{f'/{lane}' if lane else ''}"
+                    for (d, per, lane), n in shapes.items())
+
+
+def unserved(pool: str) -> list[int]:
+    """The priorities no worker of a pool spec serves (every worker a lane serving others)."""
+    served: set[int] = set()
+    for part in filter(None, pool.split(",")):
+        served |= {int(c) for c in part.partition("/")[2] or "0123"}
+    return [p for p in range(4) if p not in served]
+
+
 def heading(report: dict[str, Any], target_load: float | None) -> str:
     """What a replay ran: the trace, its tasks, the pool, and how much its arrivals were sped
     up (target_load: the offered load that chose it; None: the speedup was given)."""
-    sizes = Counter(report["gpus"])
-    pool = ", ".join(f"{n}x{gb:g}" for gb, n in sorted(sizes.items(), key=lambda kv: -kv[0]))
-    workers = f"{len(report['gpus'])} workers ({pool} GB)"
+    pool = report.get("pool") or ",".join(f"{n}x{gb:g}" for gb, n in Counter(report["gpus"]).items())
+    workers = f"{len(report['gpus'])} workers ({pool.replace(',', ', ')} GB)"
     if a := report.get("autoscale"):  # `gpus` lists every GPU booted, not a pool at once
         workers = (f"{a['min']}-{a['max']} autoscaled workers of {report['gpus'][0]:g} GB "
                    f"(at most {a['peak_gpus']} at once; {a['boots']} boots)")
     chosen = "" if target_load is None else f" (chosen for an offered load of {target_load:g})"
+    missing = unserved(pool) if report.get("pool") else []
+    starved = ("" if not missing else f"; no worker serves {', '.join(f'P{p}' for p in missing)}: "
+               "their tasks never start under gpuq (the baselines ignore lanes)")
     return (f"trace {report['trace']}: {report['tasks']} tasks on {workers}, "
-            f"arrivals sped up {report['speedup']:.4g}x{chosen}")
+            f"arrivals sped up {report['speedup']:.4g}x{chosen}{starved}")
 
 
 def render(reports: list[dict[str, Any]]) -> str:

@@ -86,7 +86,8 @@ def trace_path(name: str, path: Path | str | None = None) -> Path:
     """The file of trace ``name``; ``path`` may be the file itself or its directory."""
     if name not in TRACES:
         if "/" in name or name.endswith((".csv", ".csv.gz")):  # meant as a file
-            raise FileNotFoundError(f"trace file {name} not found")
+            what = "is a directory, not a CSV file" if Path(name).is_dir() else "not found"
+            raise FileNotFoundError(f"trace file {name} {what}")
         raise ValueError(f"unknown trace {name!r}; known traces: {', '.join(sorted(TRACES))}; "
                          "or the path of a CSV file")
     return _locate(TRACES[name], path)
@@ -230,7 +231,9 @@ def read_trace(
         tasks, skipped = _READERS[name](trace_csv.records(file), seed)
     rows = len(tasks) + sum(skipped.values())  # every reader keeps or skips each row
     tasks.sort(key=lambda t: t.arrival_s)  # stable: ties keep the file's order
-    log.debug("trace.read name=%s rows=%d tasks=%d skipped=%s", name, rows, len(tasks), dict(skipped))
+    # rows left out are said where a replay's reader sees them (docs/SIMULATOR.md, Traces)
+    log.log(logging.INFO if skipped else logging.DEBUG, "trace.read name=%s rows=%d tasks=%d skipped=%s",
+            name, rows, len(tasks), ", ".join(f"{n} {why}" for why, n in sorted(skipped.items())) or "none")
     return TraceRead(name, file, rows, tasks[:limit], dict(skipped), given)
 
 

@@ -215,3 +215,14 @@ def test_a_schedule_of_a_tenant_not_registered_exits_2_as_its_enqueue_would(cli_
     assert_clean_error(result, "tenant ghost is not registered (this pool requires it")
     assert result.exit_code == Exit.BAD_INPUT == 2
     assert cli_pool.all_keys() == before
+
+
+def test_ctrl_c_in_a_command_exits_130(cli_pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a QA pass: Ctrl-C in `gpuq simulate` printed click's "Aborted!" and exited 1,
+    an error's code; a shell's convention for SIGINT is 130."""
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("gpuq.cli.tenants.read", interrupted)
+    result = cli_pool.invoke("tenant", "list")
+    assert result.exit_code == 130 and result.output.strip() == "interrupted"

@@ -50,9 +50,10 @@ def test_cold_starts_are_counted_per_priority() -> None:
 
 
 def test_the_pool_is_one_cache_of_every_gpus_usable_vram() -> None:
-    assert pool_usable_gb([80.0, 80.0, 48.0], 5.0) == 193.0
+    assert pool_usable_gb([(80.0, 1), (80.0, 1), (48.0, 1)], 5.0) == 193.0
+    assert pool_usable_gb([(320.0, 4), (80.0, 1)], 5.0) == 375.0  # a group: a reserve per GPU
     # two 15 GB GPUs keep 10 GB each: three 10 GB models would not fit one, but fit the pool
-    refs = references(seq("abcabc"), [15.0, 15.0, 15.0], 5.0)
+    refs = references(seq("abcabc"), [(15.0, 1)] * 3, 5.0)
     assert refs["reference"] == {"rule": "belady", "usable_gb": 30.0, "loads": 3,
                                  "cold_starts": {"P0": 3, "P1": 0, "P2": 0, "P3": 0}}
     assert refs["reference_lru"]["loads"] == 3

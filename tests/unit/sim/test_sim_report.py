@@ -9,7 +9,7 @@ import pytest
 
 from gpuq.errors import ConfigError
 from gpuq.sim.model import SimResult, SimTask, TraceTask
-from gpuq.sim.report import render, render_split, summarize
+from gpuq.sim.report import heading, render, render_split, summarize
 from gpuq.sim.run import parse_gpus, speedup_for
 
 
@@ -136,3 +136,29 @@ def test_split_tables_keep_columns_apart_for_long_waits() -> None:
     part = {"tasks": 1105, "wait_p50_s": 27358.9, "wait_p99_s": 131095.38, "sla_attainment": 0.0}
     rows = render_split([{"policy": "fifo", "by_size": {"70b": part}}], "by_size", "MODELS").splitlines()
     assert rows[1].split() == ["fifo", "70b", "1105", "7.6h", "36.4h", "0.0%"]
+
+
+def test_the_heading_shows_groups_and_lanes_and_warns_of_levels_no_worker_serves() -> None:
+    """Found by a QA pass: `--gpus 2x4x80` and `--gpus 2x320` both read "2 workers (2x320
+    GB)", a lane pool's heading left its lanes out, and a pool of P0/P1 lanes replayed every
+    P2/P3 task as starved without a word (the baselines, which ignore lanes, served them)."""
+    tasks = [task("a", 0, 0.0, 0.1, 1.1, "succeeded")]
+
+    def heading_of(spec: str) -> str:
+        result = SimResult("gpuq", 1.0, parse_gpus(spec), [0.2, 1.0, 300.0, None], tasks, makespan_s=1.1)
+        return heading({**summarize(result), "trace": "t"}, None)
+
+    assert "2 workers (2x4x80 GB)" in heading_of("2x4x80")
+    assert "3 workers (1x80, 2x24/01 GB)" in heading_of("1x80,2x24/10")
+    assert "serves" not in heading_of("1x80,2x24/10")
+    assert heading_of("2x80/01").endswith("; no worker serves P2, P3: their tasks never start under "
+                                          "gpuq (the baselines ignore lanes)")
+
+
+def test_the_references_keep_a_group_s_reserve_on_each_of_its_gpus() -> None:
+    """Found by a QA pass: a 4x80 group's usable VRAM was counted as 315 GB (one 5 GB reserve),
+    where its worker keeps 300 (one per GPU)."""
+    tasks = [replace(task("a", 0, 0.0, 0.1, 1.1, "succeeded"), vram_gb=10)]
+    result = SimResult("gpuq", 1.0, parse_gpus("1x4x80,1x80"), [0.2, 1.0, 300.0, None], tasks,
+                       makespan_s=1.1, kv_reserve_gb=5.0)
+    assert summarize(result)["reference"]["usable_gb"] == 375.0

@@ -131,6 +131,8 @@ def test_an_unreadable_file_is_one_error(tmp_path: Path) -> None:
     assert "is not readable CSV text" in message(tmp_path / "latin.csv")
     with pytest.raises(FileNotFoundError, match="trace file .*absent.csv not found"):
         read_trace(str(tmp_path / "absent.csv"))
+    with pytest.raises(FileNotFoundError, match="is a directory, not a CSV file"):
+        read_trace(f"{tmp_path}/")
 
 
 def test_load_times_given_by_the_file_replace_the_measured_ones(tmp_path: Path) -> None:
