@@ -16,12 +16,14 @@ from __future__ import annotations
 import json
 import logging
 import re
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
 from gpuq.clock import server_ms
+from gpuq.connection import redis_errors
 from gpuq.cron import Cron
 from gpuq.errors import BadSchedule, GpuqError, ScheduleError
 from gpuq.keys import REQUIRED, Keys
@@ -107,7 +109,8 @@ def add(client: redis.Redis, keys: Keys, name: str, handler: str, payload: Any =
     if set(options) & {"delay_s", "at", "after", "after_any_outcome", "task_id"}:
         raise BadSchedule("a schedule's runs take no delay, at, after or task_id")
     spec = TaskSpec.build(handler, payload, **options)
-    required, known = client.hmget(keys.tenants, REQUIRED, spec.tenant)
+    with _errors(client):
+        required, known = client.hmget(keys.tenants, REQUIRED, spec.tenant)
     if required == "1" and known is None:
         # its runs' enqueue would refuse them (InvalidTask): bad input, as there
         raise BadSchedule(f"tenant {spec.tenant} is not registered (this pool requires it: "
@@ -121,10 +124,13 @@ def add(client: redis.Redis, keys: Keys, name: str, handler: str, payload: Any =
         task["est_s"] = spec.est_s
     if spec.deadline_s is not None:
         task["deadline_ms"] = max(1, int(spec.deadline_s * 1000))
-    s = Schedule(name, every_ms, expr, skip_missed, server_ms(client), task)
-    value = {"every_ms": every_ms, "cron": expr, "skip_missed": skip_missed,
-             "anchor_ms": s.anchor_ms, "task": task}
-    if not client.hsetnx(keys.schedules, name, json.dumps({k: v for k, v in value.items() if v is not None})):
+    with _errors(client):
+        s = Schedule(name, every_ms, expr, skip_missed, server_ms(client), task)
+        value = {"every_ms": every_ms, "cron": expr, "skip_missed": skip_missed,
+                 "anchor_ms": s.anchor_ms, "task": task}
+        text = json.dumps({k: v for k, v in value.items() if v is not None})
+        stored = client.hsetnx(keys.schedules, name, text)
+    if not stored:
         raise ScheduleError(f"{name} exists (remove it first)")
     return s
 
@@ -134,7 +140,8 @@ def list_schedules(client: redis.Redis, keys: Keys) -> list[Schedule]:
     pipe = client.pipeline(transaction=False)
     pipe.hgetall(keys.schedules)
     pipe.hgetall(keys.schedule_fired)
-    stored, fired = pipe.execute()
+    with _errors(client):
+        stored, fired = pipe.execute()
     out = []
     for name, text in sorted(stored.items()):
         try:
@@ -149,8 +156,20 @@ def remove(client: redis.Redis, keys: Keys, name: str) -> None:
     pipe = client.pipeline(transaction=True)
     pipe.hdel(keys.schedules, name)
     pipe.hdel(keys.schedule_fired, name)
-    if not pipe.execute()[0]:
+    with _errors(client):
+        removed = pipe.execute()[0]
+    if not removed:
         raise ScheduleError(f"no schedule named {name!r}")
+
+
+def _errors(client: redis.Redis) -> AbstractContextManager[None]:
+    """A dead or refusing Redis as a GpuqError (ConnectionFailed...), as a Queue's calls raise
+    it, naming the server the client was made for. The client must be a synchronous one (an
+    AsyncQueue's is not: a sync Queue serves its schedules)."""
+    if isinstance(client, (redis.asyncio.Redis, redis.asyncio.RedisCluster)):
+        raise ScheduleError("schedules take a synchronous client (Queue.redis), not an asyncio one")
+    kw = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    return redis_errors(f"redis://{kw.get('host', '')}:{kw.get('port', '')}/{kw.get('db', 0)}")
 
 
 def fire_call(calls: Calls, name: str, period_ms: int, *, skip: bool = False,

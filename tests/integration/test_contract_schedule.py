@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 
 import pytest
+import redis
+import redis.asyncio
 from helpers import T0, claim, enqueue_specs, spec
 
 from gpuq import Queue
 from gpuq import schedule as sched
-from gpuq.errors import InvalidTask, ScheduleError
+from gpuq.errors import ConnectionFailed, InvalidTask, ScheduleError
+from gpuq.keys import Keys
 from gpuq.task import State
 from gpuq.tenants import Tenant, require_registered, set_tenant
 
@@ -160,3 +163,21 @@ def test_a_run_of_an_unregistered_tenant_fails_where_registration_is_required(qu
     rec = queue.record(f"nightly@{period}")
     assert rec.state is State.FAILED and "tenant ghost is not registered" in (rec.error or "")
     assert queue.redis.zcard(queue.keys.queue(2, "A")) == 0
+
+
+def test_the_schedule_api_on_a_dead_server_raises_connection_failed() -> None:
+    """Found by a QA pass: add, list_schedules and remove raised redis-py's ConnectionError
+    where every Queue call raises ConnectionFailed (the CLI mapped it; a program could not)."""
+    dead = redis.Redis(port=1, socket_connect_timeout=0.5, decode_responses=True)
+    keys = Keys("gpuq", "p")
+    with pytest.raises(ConnectionFailed, match="127.0.0.1:1|localhost:1"):
+        sched.add(dead, keys, "s", "h", None, every="1m", model="m", vram_gb=1)
+    with pytest.raises(ConnectionFailed):
+        sched.list_schedules(dead, keys)
+    with pytest.raises(ConnectionFailed):
+        sched.remove(dead, keys, "s")
+
+
+def test_the_schedule_api_refuses_an_asyncio_client_in_one_line() -> None:
+    with pytest.raises(ScheduleError, match="synchronous client"):
+        sched.list_schedules(redis.asyncio.Redis(port=1), Keys("gpuq", "p"))  # type: ignore[arg-type]
