@@ -39,9 +39,10 @@ if pass then redis.call('HSET', tk, 'attempt', ms(attempt - 1)) end
 if pass or (ARGV[5] == '1' and attempt and max_attempts and attempt < max_attempts) then
   local wait = pass and base or math.floor(math.min(base * 2 ^ math.max(0, attempt - 1), cap))
   -- a yield asked of this run is moot: its retry may be asked again (preempt.lua refuses a
-  -- victim whose yield_by is set)
+  -- victim whose yield_by is set); its progress is the failed run's (a retry starts over,
+  -- as its stream does)
   redis.call('HSET', tk, 'state', 'delayed', 'error', err, 'worker', '', 'token', '',
-    'ready_at', '', 'loading', '', 'yield_by', '', 'yield_for', '')
+    'ready_at', '', 'loading', '', 'yield_by', '', 'yield_for', '', 'progress', '', 'progress_msg', '')
   add_delayed(now + wait, id)
   return {0, pass and 'passed' or 'delayed', ms(wait)}
 end

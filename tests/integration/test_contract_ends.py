@@ -129,6 +129,18 @@ def test_progress_is_kept_as_decimal_text(queue: Queue) -> None:
     assert queue.record(tid).progress == 1.0
 
 
+def test_a_retry_starts_without_the_failed_run_s_progress(queue: Queue) -> None:
+    """Found by a QA pass: a task's progress stayed at the failed run's 75% through its retry
+    backoff and into the next run (which starts over, as its stream does), then jumped back."""
+    tid = enqueue(queue, T0, model="A", max_attempts=2)
+    t = claim(queue, "w1", 75, now_ms=T0 + 1, loaded=[("A", 1)])
+    assert t is not None
+    queue.scripts.run(Call("progress", [tid, t["token"], "0.75", "step 3"], lambda r: r))
+    assert queue.progress(tid) == (0.75, "step 3")
+    fail(queue, tid, t["token"], "boom", now_ms=T0 + 2)
+    assert queue.record(tid).state.value == "delayed" and queue.progress(tid) is None
+
+
 def test_a_canceled_hand_over_leaves_its_worker_s_wake_list(queue: Queue) -> None:
     register_worker(queue, "w1", idle=True, holds=("A",))
     queue.redis.hset(queue.keys.worker("w1"),
