@@ -14,8 +14,9 @@ cannot make it execute arbitrary code; payloads are JSON, never pickle.
     @app.handler("embed", model="bge-m3", batch=32, batch_wait_ms=20)
     def embed(model, payloads, ctx): return [model.encode(p["text"]) for p in payloads]
 
-A batch handler (``batch`` > 1) gets the payloads of up to ``batch`` tasks of its handler and
-model, claimed together (gpuq/lua/claim_batch.lua), and returns one result per task, in
+A batch handler (registered with a ``batch`` size, 1 too) gets the payloads of up to
+``batch`` tasks of its handler and model, claimed together (gpuq/lua/claim_batch.lua), and
+returns one result per task, in
 order (an exception in a task's place fails that task alone); each task keeps its own
 lease, attempt, result and retry (``gpuq.worker.batch``).
 
@@ -213,12 +214,13 @@ class ModelSpec:
 @dataclass(frozen=True)
 class HandlerSpec:
     name: str
-    fn: Callable[..., Any]  # a Handler, or a BatchHandler when batch > 1
+    fn: Callable[..., Any]  # a Handler, or a BatchHandler when batched
     model: str | None  # None: runs with whatever model the task names
-    batch: int = 1  # tasks per handler call at most; 1: one task, one payload
+    batch: int = 1  # tasks per handler call at most
     batch_wait_ms: float = 0.0  # how long a batch short of `batch` may wait for more
     is_async: bool = False  # a coroutine function: it runs on the worker's event loop
     timeout_s: float | None = None  # a run of its handler call is stopped past this; None: no bound
+    batched: bool = False  # registered with a batch size (1 too): called with a list of payloads
 
 
 def is_coroutine_fn(fn: object) -> bool:
@@ -316,28 +318,30 @@ class App:
             return load
         return register
 
-    def handler(self, name: str, *, model: str | None = None, batch: int = 1,
+    def handler(self, name: str, *, model: str | None = None, batch: int | None = None,
                 batch_wait_ms: float = 0, timeout_s: float | None = None) -> Callable[[H], H]:
-        """Register a handler: fn(model, payload, ctx) -> result; with ``batch`` > 1,
-        fn(model, payloads, ctx) -> one result per payload, in order (a BatchContext), its
-        batch waiting up to ``batch_wait_ms`` for more tasks (never past a task's start-by
-        time). Either may be ``async def`` (run on the worker's event loop). ``timeout_s``:
+        """Register a handler: fn(model, payload, ctx) -> result; with a ``batch`` size (1
+        too: a size read from settings keeps one calling convention), fn(model, payloads,
+        ctx) -> one result per payload, in order (a BatchContext), its batch waiting up to
+        ``batch_wait_ms`` for more tasks (never past a task's start-by time). Either may
+        be ``async def`` (run on the worker's event loop). ``timeout_s``:
         a handler call (a batch's one call) still running this long fails its tasks
         (retryable) and is stopped as a lost run is (gpuq.worker.control); None: no bound."""
         check_name("handler", name)
         if model is not None:
             check_name(f"handler {name!r}: model", model)
-        check_batch(name, batch, batch_wait_ms)
+        check_batch(name, 1 if batch is None else batch, batch_wait_ms)
         check_timeout(name, timeout_s)
 
         def register(fn: H) -> H:
-            args = "model, payloads, ctx" if batch > 1 else "model, payload, ctx"
+            args = "model, payload, ctx" if batch is None else "model, payloads, ctx"
             check_callable(f"handler {name!r}", fn, args)
             if name in self.handlers:
                 raise AppError(f"handler {name!r} is registered twice in app {self.name!r}")
-            self.handlers[name] = HandlerSpec(name, fn, model, batch, float(batch_wait_ms),
+            self.handlers[name] = HandlerSpec(name, fn, model, batch or 1, float(batch_wait_ms),
                                               is_coroutine_fn(fn),
-                                              None if timeout_s is None else float(timeout_s))
+                                              None if timeout_s is None else float(timeout_s),
+                                              batched=batch is not None)
             return fn
         return register
 

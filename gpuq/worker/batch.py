@@ -45,12 +45,13 @@ Added = tuple[list[Claimed], int]  # tasks a batch's claim took beside its first
 def batch_spec(ex: Executor, fields: dict[str, str]) -> HandlerSpec | None:
     """The handler spec of a task whose handler is a batch handler, else None."""
     spec = ex.app.handlers.get(fields.get("handler", ""))
-    return spec if spec is not None and spec.batch > 1 else None
+    return spec if spec is not None and spec.batched else None
 
 
 def wanted(app: App) -> tuple[tuple[str, int], ...]:
     """(handler, n) for each batch handler: a claim taking its task takes n more (ClaimRequest)."""
-    return tuple((name, spec.batch - 1) for name, spec in app.handlers.items() if spec.batch > 1)
+    return tuple((name, spec.batch - 1) for name, spec in app.handlers.items()
+                 if spec.batched and spec.batch > 1)
 
 
 def begin_added(ex: Executor, batch: Batch | None) -> Added | None:

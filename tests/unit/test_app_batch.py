@@ -19,12 +19,14 @@ def test_a_batch_handler_is_registered_with_its_settings() -> None:
     assert app.handler("embed", model="bge-m3", batch=32, batch_wait_ms=20)(echo) is echo
     spec = app.handlers["embed"]
     assert (spec.batch, spec.batch_wait_ms, spec.model, spec.fn) == (32, 20.0, "bge-m3", echo)
-    app.handler("one")(echo)
-    assert (app.handlers["one"].batch, app.handlers["one"].batch_wait_ms) == (1, 0.0)
+    app.handler("one")(lambda model, payload, ctx: payload)
+    assert (app.handlers["one"].batch, app.handlers["one"].batched) == (1, False)
+    app.handler("size-one", batch=1)(echo)  # a size from settings: still lists of payloads
+    assert (app.handlers["size-one"].batch, app.handlers["size-one"].batched) == (1, True)
     app.handler("edge", batch=MAX_BATCH, batch_wait_ms=0.5)(echo)
 
 
-@pytest.mark.parametrize("batch", [0, -1, 2.0, "4", True, None, MAX_BATCH + 1])
+@pytest.mark.parametrize("batch", [0, -1, 2.0, "4", True, MAX_BATCH + 1])
 def test_batch_must_be_an_integer_from_one(batch: Any) -> None:
     with pytest.raises(AppError) as err:
         App("a").handler("embed", batch=batch)

@@ -411,3 +411,19 @@ def test_a_runner_s_one_ack_settles_on_its_reply(canceled: bool) -> None:
     assert ex.running.settling() == [] and ex.unacked == {}
     assert q.record(task_id).state == (State.CANCELED if canceled else State.SUCCEEDED)
     assert len(ex.runtimes.take()) == (0 if canceled else 1)
+
+
+def test_a_handler_registered_with_batch_1_gets_a_list_of_one() -> None:
+    """Found by a QA pass: batch=1 (a size read from settings) silently made the handler a
+    one-payload handler: written for lists, it failed each task with a TypeError."""
+    q = memory_queue()
+    ids = enqueue(q, "h", 2)
+    seen: list[Any] = []
+
+    def handler(model: str, payloads: list[Any], ctx: BatchContext) -> list[Any]:
+        seen.append(payloads)
+        return [p * 10 for p in payloads]
+
+    assert drain(q, app_with(handler, size=1)) == 2
+    assert seen == [[0], [1]]
+    assert [q.record(t).result for t in ids] == [0, 10]
