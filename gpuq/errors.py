@@ -105,7 +105,9 @@ class TaskFailed(GpuqError):
         self.task_id = task_id
         self.state = state
         self.error = error
-        super().__init__(f"task {task_id} {state}: {error}" if error else f"task {task_id} {state}")
+        # a plain cancel's error is its state's name: said once
+        said = error and error != state
+        super().__init__(f"task {task_id} {state}: {error}" if said else f"task {task_id} {state}")
 
 
 class ResultTimeout(GpuqError):

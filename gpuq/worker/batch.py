@@ -315,7 +315,7 @@ def results_of(ex: Executor, spec: HandlerSpec, items: list[Claimed], results: A
     if not isinstance(results, list) or len(results) != n:
         got = (f"{len(results)} results" if isinstance(results, list)
                else f"a {type(results).__name__}, not a list,")
-        message = f"batch handler {spec.name!r} returned {got} for {n} tasks"
+        message = f"batch handler {spec.name!r} returned {got} for {n} task{'s' if n != 1 else ''}"
         log.info("task.failed tasks=%d worker=%s retryable=True error=%s", n, ex.id, message)
         return [ex.calls.fail(r.task_id, r.token, message) for _, _, r in items if not r.stopped]
     calls: list[Call[Any]] = []

@@ -14,7 +14,7 @@ from gpuq.aio import AsyncQueue, AsyncTask
 from gpuq.cli import cli
 from gpuq.client import Queue, Task
 from gpuq.config import Config
-from gpuq.errors import InvalidTask, NotRequeueable, WorkerNotFound
+from gpuq.errors import InvalidTask, NotRequeueable, TaskFailed, WorkerNotFound
 from gpuq.task import State, TaskSpec
 
 # TaskSpec options producers do not set: the rq bridge asks for its tasks' ends this way
@@ -241,3 +241,10 @@ def test_from_url_keeps_the_configs_pool_unless_told(monkeypatch: pytest.MonkeyP
     assert Queue.from_url("redis://h/0", pool, config).config.pool == wanted
     assert pools == [wanted]  # a Cluster client finds the master of that pool's slot
     assert AsyncQueue.from_url("redis://h/0", pool, config).config.pool == wanted
+
+
+def test_a_canceled_task_s_result_says_canceled_once() -> None:
+    """Found by a QA pass: result() of a canceled task raised "task T canceled: canceled"."""
+    assert str(TaskFailed("t", "canceled", "canceled")) == "task t canceled"
+    assert str(TaskFailed("t", "failed", "boom")) == "task t failed: boom"
+    assert str(TaskFailed("t", "canceled", "its parent p failed")) == "task t canceled: its parent p failed"
