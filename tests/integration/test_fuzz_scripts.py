@@ -277,8 +277,10 @@ def ok_reply(name: str, r: list[Any], argv: Sequence[bytes]) -> bool:
         return tail in ([b"queued"], [b"failed"])
     if name == "cancel":
         return len(tail) == 1 and tail[0] in (b"queued", b"delayed", b"waiting", b"running")
-    if name == "reap":
-        return len(tail) == 4 and all(is_count(x) for x in tail)
+    if name == "reap":  # the counts, then {worker, id, state} per task recovered, {worker} per idle death
+        return (len(tail) == 5 and all(is_count(x) for x in tail[:4]) and isinstance(tail[4], list)
+                and all(isinstance(e, list) and len(e) in (1, 3) and all(isinstance(x, bytes) for x in e)
+                        for e in tail[4]))
     if name == "expire":
         return (len(tail) == 3 and all(is_count(x) for x in tail)
                 and tail[0] + tail[2] <= tail[1])  # expired and kept, of those looked at
