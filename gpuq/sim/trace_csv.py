@@ -76,11 +76,14 @@ def header(file: Path) -> list[str]:
     return []
 
 
-def records(file: Path) -> Iterator[dict[str, str]]:
-    """The rows as ``{column: value}`` (a short row lacks its last columns)."""
+def records(file: Path, at: list[int] | None = None) -> Iterator[dict[str, str]]:
+    """The rows as ``{column: value}`` (a short row lacks its last columns); ``at[0]``: the
+    line of the row last given, for an error about it."""
     rows = lines(file)
     names = next(([n.strip() for n in fields] for _, fields in rows), [])
-    for _, fields in rows:
+    for line, fields in rows:
+        if at is not None:
+            at[0] = line
         yield dict(zip(names, fields))
 
 

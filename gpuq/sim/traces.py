@@ -240,14 +240,18 @@ def read_trace(
 def _read_known(name: str, file: Path, seed: int) -> tuple[list[TraceTask], Counter[str]]:
     """A file of trace ``name`` found by its header: a value its reader cannot take is an
     error naming the file, not a stack trace."""
+    at = [0]
     try:
-        tasks, skipped = _READERS[name](trace_csv.records(file), seed)
+        tasks, skipped = _READERS[name](trace_csv.records(file, at), seed)
+        at[0] = 0  # read: a task's check below names no line
         for task in tasks:
             trace_csv.check(task)
     except (KeyError, ValueError, InvalidTask) as exc:
-        why = exc.reason if isinstance(exc, InvalidTask) else f"{type(exc).__name__}: {exc}"
-        raise ValueError(f"{file} has the columns of the {name} trace, but a row is not one of "
-                         f"it: {why}") from None
+        why = (exc.reason if isinstance(exc, InvalidTask) else f"no value in column {exc}"
+               if isinstance(exc, KeyError) else str(exc))
+        where = f" line {at[0]}" if at[0] else ""
+        raise ValueError(f"{file}{where} has the columns of the {name} trace, but is not a row "
+                         f"of it: {why}") from None
     return tasks, skipped
 
 

@@ -169,7 +169,11 @@ def test_a_broken_file_of_a_known_format_is_one_error(tmp_path: Path) -> None:
     header = ",".join(traces.HEADERS["openb"])
     file = write(tmp_path / "openb.csv", f"{header}\n0,j,x,,,1,1,16,1,1,LS,P0,Running,0,0\n")
     assert traces.known_format(file) == "openb"
-    assert "has the columns of the openb trace, but a row is not one of it" in message(file)
+    got = message(file)
+    assert f"{file} line 2 has the columns of the openb trace, but is not a row of it: " in got, got
+    short = write(tmp_path / "short.csv", f"{header}\n0,j,x\n")  # found by a QA pass: KeyError: 'status'
+    assert message(short).endswith("line 2 has the columns of the openb trace, but is not a row of it: "
+                                   "no value in column 'num_gpus'"), message(short)
 
 
 GENAI_ROW = "{arrival},{model},,,{service},TXT_2_IMG,SUCCEED,G0001,0,1,30,63"
@@ -187,7 +191,7 @@ def test_a_value_out_of_range_in_a_file_of_a_known_format_is_one_error(
             GENAI_ROW.format(arrival=arrival, model="M1", service=service)]
     file = write(tmp_path / "genai.csv", "\n".join([header, *rows]) + "\n")
     got = message(file)
-    assert "has the columns of the genai trace, but a row is not one of it: " + expected in got, got
+    assert "has the columns of the genai trace, but is not a row of it: " + expected in got, got
 
 
 def test_an_iso_time_past_the_clocks_bound_is_one_error(tmp_path: Path) -> None:
