@@ -94,12 +94,13 @@ class Schedule:
 
 
 def add(client: redis.Redis, keys: Keys, name: str, handler: str, payload: Any = None, *,
-        every: str | None = None, cron: str | None = None, skip_missed: bool = False,
+        every: str | None = None, cron: str | None = None, skip_missed: bool = False, url: str = "",
         **options: Any) -> Schedule:
     """Store a schedule (ScheduleError, nothing stored, when the name is taken or bad, both
     or neither of every and cron are given, or either is malformed, or its tenant is not
     registered in a pool that requires it; InvalidTask for a bad task template).
-    ``options``: TaskSpec.build's, but no delay, at or after."""
+    ``options``: TaskSpec.build's, but no delay, at or after. ``url``: the server's, for
+    errors (a Queue's ``url``; empty: read from the client)."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise BadSchedule(f"name {name!r}: 1..100 letters, digits or _ . : -")
     if (every is None) == (cron is None):
@@ -109,7 +110,7 @@ def add(client: redis.Redis, keys: Keys, name: str, handler: str, payload: Any =
     if set(options) & {"delay_s", "at", "after", "after_any_outcome", "task_id"}:
         raise BadSchedule("a schedule's runs take no delay, at, after or task_id")
     spec = TaskSpec.build(handler, payload, **options)
-    with _errors(client):
+    with _errors(client, url):
         required, known = client.hmget(keys.tenants, REQUIRED, spec.tenant)
     if required == "1" and known is None:
         # its runs' enqueue would refuse them (InvalidTask): bad input, as there
@@ -124,7 +125,7 @@ def add(client: redis.Redis, keys: Keys, name: str, handler: str, payload: Any =
         task["est_s"] = spec.est_s
     if spec.deadline_s is not None:
         task["deadline_ms"] = max(1, int(spec.deadline_s * 1000))
-    with _errors(client):
+    with _errors(client, url):
         s = Schedule(name, every_ms, expr, skip_missed, server_ms(client), task)
         value = {"every_ms": every_ms, "cron": expr, "skip_missed": skip_missed,
                  "anchor_ms": s.anchor_ms, "task": task}
@@ -135,12 +136,12 @@ def add(client: redis.Redis, keys: Keys, name: str, handler: str, payload: Any =
     return s
 
 
-def list_schedules(client: redis.Redis, keys: Keys) -> list[Schedule]:
+def list_schedules(client: redis.Redis, keys: Keys, *, url: str = "") -> list[Schedule]:
     """Every schedule of the pool, by name (one with an unreadable value is left out)."""
     pipe = client.pipeline(transaction=False)
     pipe.hgetall(keys.schedules)
     pipe.hgetall(keys.schedule_fired)
-    with _errors(client):
+    with _errors(client, url):
         stored, fired = pipe.execute()
     out = []
     for name, text in sorted(stored.items()):
@@ -151,25 +152,32 @@ def list_schedules(client: redis.Redis, keys: Keys) -> list[Schedule]:
     return out
 
 
-def remove(client: redis.Redis, keys: Keys, name: str) -> None:
+def remove(client: redis.Redis, keys: Keys, name: str, *, url: str = "") -> None:
     """Remove a schedule (its runs already enqueued stay); ScheduleError if there is none."""
     pipe = client.pipeline(transaction=True)
     pipe.hdel(keys.schedules, name)
     pipe.hdel(keys.schedule_fired, name)
-    with _errors(client):
+    with _errors(client, url):
         removed = pipe.execute()[0]
     if not removed:
         raise ScheduleError(f"no schedule named {name!r}")
 
 
-def _errors(client: redis.Redis) -> AbstractContextManager[None]:
+def _errors(client: redis.Redis, url: str) -> AbstractContextManager[None]:
     """A dead or refusing Redis as a GpuqError (ConnectionFailed...), as a Queue's calls raise
-    it, naming the server the client was made for. The client must be a synchronous one (an
-    AsyncQueue's is not: a sync Queue serves its schedules)."""
+    it, naming ``url`` (a Queue's ``url``), else the server the client was made for. The
+    client must be a synchronous one (an AsyncQueue's is not: a sync Queue serves its
+    schedules)."""
     if isinstance(client, (redis.asyncio.Redis, redis.asyncio.RedisCluster)):
         raise ScheduleError("schedules take a synchronous client (Queue.redis), not an asyncio one")
-    kw = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
-    return redis_errors(f"redis://{kw.get('host', '')}:{kw.get('port', '')}/{kw.get('db', 0)}")
+    if url:
+        return redis_errors(url)
+    pool = getattr(client, "connection_pool", None)
+    kw = getattr(pool, "connection_kwargs", {})
+    scheme = "rediss" if isinstance(pool, redis.ConnectionPool) and issubclass(
+        pool.connection_class, redis.SSLConnection) else "redis"
+    user = f"{kw.get('username') or ''}:***@" if kw.get("password") else ""  # never the password
+    return redis_errors(f"{scheme}://{user}{kw.get('host', '')}:{kw.get('port', '')}/{kw.get('db', 0)}")
 
 
 def fire_call(calls: Calls, name: str, period_ms: int, *, skip: bool = False,

@@ -49,7 +49,7 @@ def add(ctx: click.Context, /, name: str, every: str | None, cron: str | None, s
     with opened(ctx) as queue:
         s = schedules.add(queue.redis, queue.keys, name, given.pop("handler"),
                           parse_payload_text(payload), every=every, cron=cron,
-                          skip_missed=skip_missed, preemptible=not no_preempt, **given)
+                          skip_missed=skip_missed, preemptible=not no_preempt, url=queue.url, **given)
     nxt = s.next_ms(s.anchor_ms)
     click.echo(f"added {name}: first run at {nxt / 1000 if nxt else 'never'} (epoch s)")
 
@@ -61,7 +61,7 @@ def list_(ctx: click.Context, as_json: bool) -> None:
     """Every schedule: its interval or cron, last and next period (epoch s), its task."""
     with opened(ctx) as queue:
         now = server_ms(queue.redis)
-        found = [s.to_dict(now) for s in schedules.list_schedules(queue.redis, queue.keys)]
+        found = [s.to_dict(now) for s in schedules.list_schedules(queue.redis, queue.keys, url=queue.url)]
     if as_json:  # the payload as JSON, as `gpuq task --json` shows a task's (stored as its text)
         shown = [{**d, "task": {**d["task"], "payload": _json_or_text(d["task"].get("payload"))}}
                  for d in found]
@@ -91,7 +91,7 @@ def _json_or_text(text: Any) -> Any:
 def remove(ctx: click.Context, name: str) -> None:
     """Remove a schedule (runs already enqueued stay)."""
     with opened(ctx) as queue:
-        schedules.remove(queue.redis, queue.keys, name)
+        schedules.remove(queue.redis, queue.keys, name, url=queue.url)
     click.echo(f"removed {name}")
 
 
