@@ -85,6 +85,8 @@ def list_(ctx: click.Context, as_json: bool) -> None:
                             f"  {queued}"))
     if not all(s.registered for s in states):
         click.echo("* not registered: weight 1, no caps")
+    if any(s.running is None for s in states):  # the claim counts use only where a limit needs it
+        click.echo("RUNNING, GPUS, VRAM: counted for tenants with a cap or a bound only (-: not counted)")
     if required:
         click.echo("tasks of tenants not registered are refused")
 

@@ -226,3 +226,13 @@ def test_ctrl_c_in_a_command_exits_130(cli_pool: Pool, monkeypatch: pytest.Monke
     monkeypatch.setattr("gpuq.cli.tenants.read", interrupted)
     result = cli_pool.invoke("tenant", "list")
     assert result.exit_code == 130 and result.output.strip() == "interrupted"
+
+
+def test_tenant_list_says_what_an_uncounted_running_column_means(cli_pool: Pool) -> None:
+    """Found by a QA pass: an uncapped tenant's RUNNING read "-" while its task ran, which the
+    list did not explain (use is counted only where a limit needs it)."""
+    cli_pool.ok("tenant", "set", "free")
+    cli_pool.ok("tenant", "set", "capped", "--max-gpus", "2")
+    out = cli_pool.ok("tenant", "list")
+    assert "RUNNING, GPUS, VRAM: counted for tenants with a cap or a bound only (-: not counted)" in out
+    assert [line.split()[5] for line in out.splitlines()[1:3]] == ["0", "-"]  # capped, free
