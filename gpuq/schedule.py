@@ -38,8 +38,11 @@ _EVERY = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?")
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
-def parse_every(text: str) -> int:
-    """An interval such as "10m", "90s", "1.5h", "2d" or "30" (seconds), in ms; >= 1 s."""
+def parse_every(text: str | float) -> int:
+    """An interval such as "10m", "90s", "1.5h", "2d" or "30" (seconds, a number too), in ms;
+    >= 1 s."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        text = repr(float(text))  # inf and nan stay unparsed: refused below
     m = _EVERY.fullmatch(text.strip()) if isinstance(text, str) else None
     if not m:
         raise BadSchedule(f"every {text!r}: expected a number and a unit (ms, s, m, h, d)")
@@ -94,7 +97,7 @@ class Schedule:
 
 
 def add(client: redis.Redis, keys: Keys, name: str, handler: str, payload: Any = None, *,
-        every: str | None = None, cron: str | None = None, skip_missed: bool = False, url: str = "",
+        every: str | float | None = None, cron: str | None = None, skip_missed: bool = False, url: str = "",
         **options: Any) -> Schedule:
     """Store a schedule (ScheduleError, nothing stored, when the name is taken or bad, both
     or neither of every and cron are given, or either is malformed, or its tenant is not

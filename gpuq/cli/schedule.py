@@ -70,11 +70,19 @@ def list_(ctx: click.Context, as_json: bool) -> None:
     if not found:
         click.echo("(no schedules)")
     for d in found:
-        when = f"every {d['every_s']:g}s" if d["every_s"] else f"cron {d['cron']!r}"
+        when = f"every {_every(d['every_s'])}" if d["every_s"] else f"cron {d['cron']!r}"
         t = d["task"]
         click.echo(one_line(f"{d['name']}: {when}{' skip-missed' if d['skip_missed'] else ''}, "
                             f"last {d['last_period'] or '-'}, next {d['next_period']}: {t['handler']} "
                             f"model={t['model']} P{t['priority']}"))
+
+
+def _every(seconds: float) -> str:
+    """An interval as `--every` takes it: its largest whole unit (3600 -> 1h, 90 -> 90s)."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 def _json_or_text(text: Any) -> Any:

@@ -56,7 +56,7 @@ def test_schedule_add_list_remove(cli_pool: Pool) -> None:
     assert nightly["task"]["priority"] == 2 and nightly["task"]["payload"] == {"k": 1}
     assert often["task"]["payload"] is None  # JSON, as `gpuq task --json` shows a payload
     assert often["every_s"] == 600 and often["next_period"] > time.time() + 590
-    assert "often: every 600s" in cli_pool.ok("schedule", "list")
+    assert "often: every 10m" in cli_pool.ok("schedule", "list")  # as --every takes it, not 600s
     assert cli_pool.ok("schedule", "remove", "often").strip() == "removed often"
     assert [s["name"] for s in json.loads(cli_pool.ok("schedule", "list", "--json"))] == ["nightly"]
     assert "1 schedules" in cli_pool.ok("status")

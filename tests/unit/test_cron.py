@@ -126,14 +126,20 @@ def test_matches_follows_the_fields(text: str, at: int) -> None:
     assert c.matches(at) == expected
 
 
-def test_a_cron_or_interval_that_is_not_text_is_a_schedule_error() -> None:
-    """The defect: the Python API raised AttributeError for every=10 or cron=5."""
+def test_a_cron_that_is_not_text_is_a_schedule_error_and_a_number_interval_is_seconds() -> None:
+    """The defect: the Python API raised AttributeError for every=10 or cron=5. Then every=10
+    was refused as "expected a number and a unit" (found by a QA pass): a number is seconds,
+    as the text "10" is."""
     from gpuq.schedule import parse_every
 
     with pytest.raises(ScheduleError, match="expected text"):
         Cron.parse(5)  # type: ignore[arg-type]
-    with pytest.raises(ScheduleError, match="expected a number and a unit"):
-        parse_every(10)  # type: ignore[arg-type]
+    assert parse_every(10) == parse_every("10") == 10_000 and parse_every(1.5) == 1500
+    for bad in (True, float("nan"), float("inf"), None):
+        with pytest.raises(ScheduleError, match="expected a number and a unit"):
+            parse_every(bad)  # type: ignore[arg-type]
+    with pytest.raises(ScheduleError, match="at least 1 s"):
+        parse_every(0.5)
 
 
 def test_an_interval_too_large_for_a_float_is_a_schedule_error() -> None:
