@@ -23,3 +23,21 @@ def which_model() -> dict[str, Any]:
 
 def leave() -> None:
     raise SystemExit(3)
+
+
+def canceled_while_running(stop: bool) -> int:
+    """As if its gpuq task were canceled while it ran (``on_cancel``: the test's cancel, and
+    the bridge's pass that tells RQ), its lease lost (what the worker's heartbeat sets); then,
+    with ``stop``, stopped as the worker stops a lost run past the grace, else it returns a
+    value all the same."""
+    from gpuq.errors import StopTask
+
+    ctx = current_context().ctx
+    on_cancel[0](ctx.task_id)
+    ctx.lost = True
+    if stop:
+        raise StopTask()
+    return 7
+
+
+on_cancel: list[Any] = []  # set by the test before the job runs

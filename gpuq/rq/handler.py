@@ -55,8 +55,13 @@ class RqHandler:
         try:
             with running(RqContext(model, ctx, job)):
                 value = job.perform()
-        except (Yielded, StopTask):  # gave way to other work: the task is queued again
+        except Yielded:  # gave way to other work: the worker queues the task again
             outcome.queued_again(job)
+            raise
+        except StopTask:  # stopped: requeued by the worker (past a yield deadline), or its
+            # lease lost (canceled: the bridge gives RQ that end; taken back: its next run's)
+            if self.state(ctx) in ("queued", "delayed"):
+                outcome.queued_again(job)
             raise
         except (Exception, SystemExit):  # RQ's worker fails a job that calls sys.exit() too
             if self.last_attempt(ctx):
@@ -64,6 +69,10 @@ class RqHandler:
             else:
                 outcome.queued_again(job)
             raise
+        if ctx.should_stop():  # canceled or taken back as it ran: its result is not the job's
+            log.warning("rq.discarded job=%s task=%s: the task's run was canceled or taken back",
+                        job.id, ctx.task_id)
+            return {"rq_job": job.id, "status": "discarded"}
         try:
             outcome.finished(job, value, ctx.worker_id)
         except (TypeError, ValueError, AttributeError) as exc:  # RQ's serializer refused it
@@ -71,6 +80,10 @@ class RqHandler:
             outcome.failed(job, message, ctx.worker_id)
             raise TaskError(message, False) from None
         return {"rq_job": job.id, "status": "finished"}
+
+    def state(self, ctx: Context) -> str | None:
+        value = self.pool.hget(self.keys.task(ctx.task_id), "state")
+        return None if value is None else str(value)
 
     def last_attempt(self, ctx: Context) -> bool:
         budget = self.pool.hget(self.keys.task(ctx.task_id), "max_attempts")

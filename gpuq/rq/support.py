@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import redis
@@ -9,7 +10,7 @@ import redis
 from gpuq.app import App
 from gpuq.client import Queue
 from gpuq.connection import connect
-from gpuq.errors import ConfigError
+from gpuq.errors import AppError, ConfigError, GpuqError
 from gpuq.tls import Tls
 
 
@@ -32,11 +33,28 @@ def rq_client(url: str, tls: Tls | None = None) -> redis.Redis:
     return connect(url, tls=tls if secure else None, decode_responses=False)
 
 
+MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def module_names(given: object, where: str, error: type[GpuqError]) -> list[str]:
+    """The module names of an allowlist setting, each checked (``error``, one line, for a
+    value that is not a list of dotted names: a bare string, a pattern, a path)."""
+    if isinstance(given, (str, bytes)) or not isinstance(given, Iterable):
+        raise error(f"{where} must be a list of module names such as myapp.jobs, got {given!r}")
+    names = []
+    for name in given:
+        if not isinstance(name, str) or not MODULE.fullmatch(name.strip()):
+            raise error(f"{where}: {name!r} is not a module name (dotted, e.g. myapp.jobs; no patterns)")
+        names.append(name.strip())
+    return names
+
+
 def enable_worker(app: App, extra_allow: Iterable[str], rq_url: str, queue: Queue) -> None:
     """Register the rq handler when the app's ``rq_allow`` or ``--rq-allow`` names modules."""
     from gpuq.rq.unpickle import Allowlist
 
-    allow = Allowlist([*app.rq_allow, *extra_allow])
+    allow = Allowlist([*module_names(app.rq_allow, f"app {app.name!r}: rq_allow", AppError),
+                       *module_names(extra_allow, "--rq-allow", ConfigError)])
     if not allow:
         return
     require()

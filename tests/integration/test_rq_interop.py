@@ -359,3 +359,29 @@ def test_a_job_whose_worker_died_shows_queued_again_in_rq(
     real_queue.redis.lpush(real_queue.keys.ended, task_id)
     assert bridge.run() == 0
     assert job.get_status() == "started"
+
+
+@pytest.mark.parametrize("stop", [False, True], ids=["returned", "stopped"])
+def test_a_job_canceled_in_gpuq_while_it_runs_ends_canceled_in_rq(
+        real_queue: Queue, rq_redis: redis.Redis, rq_queue: rq.Queue, redis_server: EmbeddedServer,
+        monkeypatch: pytest.MonkeyPatch, stop: bool) -> None:
+    """Found by a QA pass: `gpuq cancel` of a running RQ job left RQ showing it `queued` for
+    good once its worker stopped the run (the stop was taken for a yield), or `finished`
+    with a result when the job returned within the grace (the worker discarded it)."""
+    from gpuq import testing
+    from gpuq.rq.bridge import Bridge
+
+    job = rq_queue.enqueue("tests.rq_jobs.canceled_while_running", stop, meta={"gpuq": GPU})
+    bridge = Bridge(real_queue, rq_redis, redis_server.url, [rq_queue.name], {}, burst=True)
+    assert bridge.run() == 0 and bridge.delivered == 1
+    app = rq_app(real_queue, rq_redis, monkeypatch)  # puts the repository on the path
+
+    def cancel(task_id: str) -> None:  # as an operator would, the bridge telling RQ at once
+        real_queue.cancel(task_id)
+        assert bridge.run() == 0 and job.get_status() == "canceled"
+
+    monkeypatch.setattr("tests.rq_jobs.on_cancel", [cancel])
+    testing.drain(real_queue, app, vram_gb=24)
+    assert bridge.run() == 0
+    assert job.get_status() == "canceled", job.get_status()
+    assert job.id not in rq_queue.finished_job_registry.get_job_ids() and job.latest_result() is None

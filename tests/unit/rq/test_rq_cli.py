@@ -57,3 +57,28 @@ def test_bad_bridge_defaults_are_refused_at_start(args: list[str], fragment: str
     result = CliRunner().invoke(cli, ["--redis", DEAD_REDIS, "rq-bridge", "--rq-queue", "gpu", *args])
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1  # bad input
     assert fragment in result.output
+
+
+@pytest.mark.parametrize("given, fragment", [
+    ("myapp.jobs", "must be a list of module names such as myapp.jobs, got 'myapp.jobs'"),
+    (None, "must be a list of module names"),
+    ([sys], "is not a module name"),
+    ([""], "'' is not a module name"),
+    (["myapp.*"], "'myapp.*' is not a module name (dotted, e.g. myapp.jobs; no patterns)"),
+    (["myapp/jobs"], "is not a module name"),
+    (["myapp.jobs:add"], "is not a module name"),
+])
+def test_an_rq_allowlist_that_names_no_modules_is_refused_in_one_line(given: object, fragment: str) -> None:
+    """Found by a QA pass: App(rq_allow="myapp.jobs") allowed the modules a, b, j, m, ... (each
+    letter), a module object or None gave a traceback, and --rq-allow '' or 'myapp.*'
+    started a worker that refused every job."""
+    from gpuq.errors import AppError, ConfigError
+    from gpuq.rq.support import module_names
+
+    with pytest.raises(AppError) as err:
+        module_names(given, "app 'llm': rq_allow", AppError)
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ConfigError):
+        module_names(given, "--rq-allow", ConfigError)
+    got = module_names([" myapp.jobs ", "other_mod"], "--rq-allow", ConfigError)
+    assert got == ["myapp.jobs", "other_mod"]
