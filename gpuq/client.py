@@ -17,7 +17,7 @@ import redis
 
 from gpuq import bulk
 from gpuq.config import Config
-from gpuq.connection import connect, redis_errors, sentinels_of
+from gpuq.connection import READ_TIMEOUT_S, connect, redis_errors, sentinels_of
 from gpuq.errors import ConnectionFailed, GpuqError
 from gpuq.producer import PENDING, Producer, Waiting, stored
 from gpuq.scripts import Scripts
@@ -41,7 +41,7 @@ class Queue(Producer[redis.Redis, "Task"]):
         leaving its ``with`` block closes the client it makes."""
         base = config or Config()
         cfg = replace(base, redis_url=url, pool=base.pool if pool is None else pool).validate()
-        queue = cls(connect(url, tls=Tls.of(cfg), pool=cfg.pool), cfg, url=url)
+        queue = cls(connect(url, tls=Tls.of(cfg), pool=cfg.pool, socket_timeout=READ_TIMEOUT_S), cfg, url=url)
         queue.owns_client = True
         return queue
 

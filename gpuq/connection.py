@@ -48,6 +48,12 @@ from gpuq.tls import ClosedAfterHandshake, SentinelTlsConnection, Tls, TlsConnec
 # keepalive and the connect timeout (which covers the handshake too: _start) catch a dead server
 CONNECT_OPTIONS: dict[str, Any] = {"decode_responses": True, "socket_timeout": None,
                                    "socket_connect_timeout": 5, "socket_keepalive": True}
+# clients whose calls block at most 5 s (a result wait's or a stream's pop: gpuq.producer's
+# MAX_BLOCK_S): producers, the views, the exporter. A frozen server (SIGSTOP, CLIENT PAUSE)
+# then fails a call in this long rather than hang it past a wait's timeout or a scrape's.
+# Not AsyncQueue's: with a read timeout redis-py sends under asyncio.wait_for, which drops a
+# caller's cancellation landing as the send completes (Python 3.11)
+READ_TIMEOUT_S = 7.0
 TCP_ONLY = ("socket_keepalive",)  # redis-py's unix socket connections refuse it
 try:  # redis-py >= 6.4: with maintenance notifications on (its default), the asyncio pool
     # skips its check for a socket the server closed, and the first call on each connection a

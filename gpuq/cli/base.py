@@ -19,7 +19,7 @@ from click.core import ParameterSource
 from gpuq import logs
 from gpuq.client import Queue
 from gpuq.config import Config
-from gpuq.connection import connect, redis_errors
+from gpuq.connection import READ_TIMEOUT_S, connect, redis_errors
 from gpuq.errors import (
     AppError,
     BadSchedule,
@@ -128,14 +128,17 @@ def config_of(ctx: click.Context) -> Config:
     return cfg
 
 
-def open_queue(ctx: click.Context) -> Queue:
+def open_queue(ctx: click.Context, *, blocking: bool = False) -> Queue:
+    """The pool's queue; its client's reads are bounded (READ_TIMEOUT_S) unless the command
+    ``blocking`` blocks longer on a pop (a worker's idle wait, the reaper's, the bridge's)."""
     cfg = config_of(ctx)
     if ctx.obj.get("empty_url"):  # e.g. --redis "$UNSET": the default server is not what was meant
         raise ConfigError("the Redis URL given (--redis or GPUQ_REDIS_URL) is empty: give one, or "
                           f"leave both out for {DEFAULT_URL}")
     url = cfg.redis_url or DEFAULT_URL
     with redis_errors(url):
-        client = connect(url, tls=Tls.of(cfg), pool=cfg.pool)
+        client = connect(url, tls=Tls.of(cfg), pool=cfg.pool,
+                         socket_timeout=None if blocking else READ_TIMEOUT_S)
         ctx.call_on_close(client.close)  # no socket outlives its command (in-process callers)
         client.ping()
     return Queue(client, replace(cfg, redis_url=url), url=url)

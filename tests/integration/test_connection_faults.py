@@ -21,12 +21,13 @@ import redis
 from click.testing import CliRunner, Result
 
 import gpuq.cli.base
+import gpuq.client
 from gpuq.aio import AsyncQueue
 from gpuq.cli import cli
 from gpuq.client import Queue
 from gpuq.connection import CONNECT_OPTIONS, connect, connect_async, redis_errors
 from gpuq.embedded import EmbeddedServer, free_port, stop_process
-from gpuq.errors import ConfigError, ServerRefused
+from gpuq.errors import ConfigError, ConnectionFailed, ServerRefused
 from gpuq.views.exporter import read_figures
 
 REDIS_SERVER = shutil.which("redis-server")
@@ -190,6 +191,36 @@ def test_blocking_pops_keep_no_read_timeout(server: EmbeddedServer) -> None:
     started = time.monotonic()
     asyncio.run(through_asyncio())
     assert time.monotonic() - started >= 0.9
+
+
+def test_a_frozen_server_fails_a_producer_s_and_a_view_s_call_in_bounded_time(
+        server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by an operator's pass: with the server frozen (SIGSTOP, CLIENT PAUSE), a scrape
+    of the exporter answered 200 after the whole freeze (25 s, past Prometheus' scrape
+    timeout) with nothing logged, and `enqueue --wait --timeout 15` returned after 42 s: their
+    clients had no read timeout. Producers (Queue.from_url), the views and the exporter now
+    read with one (READ_TIMEOUT_S, 1 s here); blocking pops stay unbounded for the worker,
+    the reaper and the bridge (above), and for AsyncQueue (a read timeout makes redis-py send
+    under asyncio.wait_for, which drops a caller's cancellation: test_aio)."""
+    for module in (gpuq.client, gpuq.cli.base):
+        monkeypatch.setattr(module, "READ_TIMEOUT_S", 1.0)
+    monkeypatch.setitem(CONNECT_OPTIONS, "socket_connect_timeout", 0.5)  # a new connection's handshake
+    pauser = redis.Redis.from_url(server.url)
+    queue = Queue.from_url(server.url, pool="frozen")
+    queue.redis.ping()  # connected before the freeze: only a read is left to bound
+    pauser.execute_command("CLIENT", "PAUSE", 4000, "ALL")
+    try:
+        started = time.monotonic()
+        with pytest.raises(redis.TimeoutError):  # the exporter's scrape: a 503 and one log line
+            read_figures(queue.redis, queue.keys, 50)
+        with pytest.raises(ConnectionFailed, match="(?i)time"):  # on a new connection: its handshake
+            queue.enqueue("sim.run", model="m", vram_gb=1)
+        clean_error(run_cli(server.url, "status"), "cannot reach Redis")
+        assert time.monotonic() - started < 3.5  # about 1 + 0.5 + 0.5 s, not the 4 s freeze
+    finally:
+        pauser.execute_command("CLIENT", "UNPAUSE")
+        queue.close()
+        pauser.close()
 
 
 def test_empty_url_is_an_error_and_no_url_the_default(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -232,12 +232,12 @@ def test_from_url_keeps_the_configs_pool_unless_told(monkeypatch: pytest.MonkeyP
 
     pools: list[str] = []
 
-    def connect(url: str, *, tls: Any = None, pool: str = "?") -> Any:
+    def connect(url: str, *, tls: Any = None, pool: str = "?", **options: Any) -> Any:
         pools.append(pool)
         return Closing()
 
     monkeypatch.setattr(gpuq.client, "connect", connect)
-    monkeypatch.setattr(gpuq.aio, "connect_async", lambda url, tls=None: Closing())
+    monkeypatch.setattr(gpuq.aio, "connect_async", lambda url, tls=None, **options: Closing())
     assert Queue.from_url("redis://h/0", pool, config).config.pool == wanted
     assert pools == [wanted]  # a Cluster client finds the master of that pool's slot
     assert AsyncQueue.from_url("redis://h/0", pool, config).config.pool == wanted
