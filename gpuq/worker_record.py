@@ -49,6 +49,9 @@ def identity(worker_id: str, gpu: GpuInfo, reserve_gb: float, concurrency: int, 
             "started_at": int(time.time() * 1000)}
 
 
+AWAY = ("draining", "retiring")  # worker states (WorkerRecord.state) that take no new work
+
+
 def usable_gb(total_gb: object, reserve_gb: object) -> float:
     """What tasks may use of a GPU: its total less the KV-cache reserve (the claim script
     computes the same from the same two fields)."""

@@ -63,7 +63,7 @@ from gpuq.reaper.preempt_options import may_be_asked as may_be_asked
 from gpuq.replies import scored
 from gpuq.scripts import Calls, Scripts
 from gpuq.wire import exchange
-from gpuq.worker_record import WorkerFields, field_number, lane_skips
+from gpuq.worker_record import AWAY, WorkerFields, field_number, lane_skips
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,7 @@ MODELS_LOOKED_AT = 32  # per level, in head-score order (at most one per candida
 TASKS_PER_QUEUE = 2
 GPU_FIELDS = WorkerFields(("vram_total_gb", "kv_reserve_gb", "levels", "gpus"))  # fixed while it lives
 # a running task's, as read_workers reads them (worker_loads: vram_gb and model last)
+AWAY_RAW = tuple(state.encode() for state in AWAY)  # a client without decode_responses
 RUNNING_FIELDS = ("state", "token", "worker", "priority", "started_at", "est_s", "preemptible",
                   "preemptions", "yield_by", "ready_at", "loading", "charged", "vram_gb", "model")
 
@@ -339,7 +340,18 @@ class Preemptor:
                                   int(count or 0), usable - (load[worker] - freed),
                                   levels, gpus, charge_of(charged), freed, str(model or ""),
                                   shared, sharers))
-        return victims, idle, reserved
+        return self.staying(victims), idle, reserved
+
+    def staying(self, victims: list[Victim]) -> list[Victim]:
+        """The victims whose workers are not on their way out (draining, retiring: their
+        heartbeat's state): such a worker takes no new work, so its task's end frees a GPU
+        nobody can use, and a drain promises its tasks their end. One read per busy worker."""
+        workers = sorted({v.worker for v in victims})
+        if not workers:
+            return victims
+        states = exchange(self.redis, [("HGET", self.keys.worker(w), "state") for w in workers], retry=True)
+        leaving = {w for w, state in zip(workers, states) if state in AWAY or state in AWAY_RAW}
+        return [v for v in victims if v.worker not in leaving]
 
 
 def worker_loads(client: redis.Redis, keys: Keys,

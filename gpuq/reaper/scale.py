@@ -38,10 +38,10 @@ from gpuq.reaper import forecast
 from gpuq.reaper.backlog_sample import SAMPLE_REST, Samples, as_float, deepen, read_backlogs
 from gpuq.reaper.known_workers import KnownWorkers
 from gpuq.reaper.scale_hook import CommandHook
-from gpuq.reaper.scale_plan import AWAY, HINT_EVERY_MS, ScalePlan, ScaleSignal, decimal, gpus_sampled, plan
+from gpuq.reaper.scale_plan import HINT_EVERY_MS, ScalePlan, ScaleSignal, decimal, gpus_sampled, plan
 from gpuq.reaper.snapshot import Snapshot, WorkerState
 from gpuq.task import Priority
-from gpuq.worker_record import lane_skips
+from gpuq.worker_record import AWAY, lane_skips
 
 log = logging.getLogger(__name__)
 HINT_TTL_MS = 60_000  # a live worker reads its control list at once; a hint is advisory

@@ -71,7 +71,6 @@ from gpuq.reaper.snapshot import Snapshot, WorkerState
 from gpuq.shapes import holds, smallest_fit
 
 HINT_EVERY_MS = 30_000  # a model is hinted again only after this long
-AWAY = ("draining", "retiring")  # worker states that take no new work
 
 
 @dataclass(frozen=True)

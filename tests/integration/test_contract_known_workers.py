@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+from helpers import claim, enqueue
 from helpers import register_worker as register
 
 from gpuq import Queue
@@ -102,3 +103,20 @@ def test_the_planner_takes_a_reservation_as_live_only_within_the_claims_gate(que
     queue.redis.hset(queue.keys.fairness, "reserved_until", str(now + 60_000))
     assert planner.read_workers(now)[2] == {"w1"}
     assert planner.reservations_end == now + 60_000
+
+
+def test_the_planner_takes_no_victim_on_a_worker_on_its_way_out(queue: Queue) -> None:
+    """Found by an operator's pass: the planner asked the task of a draining worker to yield
+    for a P0 task; the drain's task gave way (a drain promises it its end) and the worker
+    left, freeing a GPU nobody could use, so a second victim was asked 0.7 s later."""
+    now = int(time.time() * 1000)
+    for w in ("d1", "d2"):
+        register(queue, w, "A100", 80, idle=True)
+        enqueue(queue, now, model="m", vram_gb=10, est_s=800)
+        assert claim(queue, w, 75, now_ms=now) is not None
+    planner = Preemptor(queue.redis, queue.keys, queue.config, queue.scripts, queue.calls)
+    assert sorted(v.worker for v in planner.read_workers(now)[0]) == ["d1", "d2"]
+    queue.redis.hset(queue.keys.worker("d1"), "state", "draining")
+    assert [v.worker for v in planner.read_workers(now)[0]] == ["d2"]
+    queue.redis.hset(queue.keys.worker("d2"), "state", "retiring")
+    assert planner.read_workers(now)[0] == []
