@@ -33,9 +33,10 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.queue import Queue as RqQueue
 
+from gpuq.backoff import Backoff, Outage
 from gpuq.client import Queue
 from gpuq.connection import redis_errors
-from gpuq.errors import DuplicateTask, TaskNotFound
+from gpuq.errors import ConnectionFailed, DuplicateTask, TaskNotFound
 from gpuq.redact import one_line
 from gpuq.rq import outcome
 from gpuq.rq.fields import JobRefused, task_id_for, task_spec
@@ -72,14 +73,24 @@ class Bridge:
         self.refused = 0
 
     def run(self) -> int:
-        """Recover, then move jobs until stopped (or, in burst mode, until every queue is empty)."""
+        """Recover, then move jobs until stopped (or, in burst mode, until every queue is
+        empty). A Redis it cannot reach at start ends it (ConnectionFailed); one lost later
+        is waited out with backoff, as a worker does, and the taken lists recovered again (a
+        move cut mid-way)."""
         try:
             with redis_errors(self.rq_url):
                 self.recover()
-                turn = 0
-                while True:
+            turn, backoff, outage = 0, Backoff(), Outage("bridge", log)
+            while True:
+                started = time.monotonic()
+                try:
+                    if outage.since is not None:
+                        self.recover()
                     self.report_ended()
-                    if any([self.move(name, 0) for name in self.names]):
+                    moved = any([self.move(name, 0) for name in self.names])
+                    outage.up(started)
+                    backoff.reset()
+                    if moved:
                         continue
                     if self.burst:
                         return 0
@@ -87,6 +98,9 @@ class Bridge:
                     name = self.names[turn % len(self.names)]
                     turn += 1
                     self.move(name, 1)
+                except (redis.ConnectionError, redis.TimeoutError, ConnectionFailed) as exc:
+                    outage.down(exc)
+                    time.sleep(backoff.delay())
         except KeyboardInterrupt:
             return 0
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -385,3 +386,24 @@ def test_a_job_canceled_in_gpuq_while_it_runs_ends_canceled_in_rq(
     assert bridge.run() == 0
     assert job.get_status() == "canceled", job.get_status()
     assert job.id not in rq_queue.finished_job_registry.get_job_ids() and job.latest_result() is None
+
+
+def test_a_bridge_whose_connections_are_killed_waits_and_goes_on(
+        procs: Procs, rq_queue: rq.Queue, rq_redis: redis.Redis) -> None:
+    """Found by a QA pass: `CLIENT KILL TYPE normal` (a failover, a proxy's restart) ended the
+    bridge with exit 5, no summary; jobs then waited in RQ until someone restarted it. It
+    now logs the outage, waits it out and moves the next job."""
+    rq_queue.enqueue("tests.rq_jobs.add", 2, 3, meta={"gpuq": GPU})
+    proc = bridge(procs, rq_queue)
+    wait_for(lambda: "rq.delivered" in proc.log(), 15, 0.05, "the first job to move")
+    time.sleep(0.3)  # blocked on the empty queue
+    blocked = [c["id"] for c in rq_redis.client_list() if c.get("cmd") == "blmove"]  # the bridge's
+    assert blocked, rq_redis.client_list()
+    for client_id in blocked:
+        rq_redis.client_kill_filter(_id=client_id)
+    time.sleep(0.5)
+    rq_queue.enqueue("tests.rq_jobs.add", 4, 5, meta={"gpuq": GPU})
+    wait_for(lambda: proc.log().count("rq.delivered") == 2, 15, 0.05, "the second job to move")
+    assert proc.alive(), proc.log()
+    proc.terminate()
+    assert proc.wait(10) == 0 and "rq-bridge: 2 delivered, 0 refused" in proc.log(), proc.log()
