@@ -9,7 +9,7 @@ import redis
 
 from gpuq.app import App
 from gpuq.client import Queue
-from gpuq.connection import connect
+from gpuq.connection import connect, redis_errors
 from gpuq.errors import AppError, ConfigError, GpuqError
 from gpuq.tls import Tls
 
@@ -60,4 +60,7 @@ def enable_worker(app: App, extra_allow: Iterable[str], rq_url: str, queue: Queu
     require()
     from gpuq.rq.handler import install
 
-    install(app, allow, rq_client(rq_url, Tls.of(queue.config)), queue.redis, queue.keys)
+    rq_redis = rq_client(rq_url, Tls.of(queue.config))
+    with redis_errors(rq_url):  # at start, as the bridge does: not as every job's failure
+        rq_redis.ping()
+    install(app, allow, rq_redis, queue.redis, queue.keys)

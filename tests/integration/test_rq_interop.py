@@ -407,3 +407,13 @@ def test_a_bridge_whose_connections_are_killed_waits_and_goes_on(
     assert proc.alive(), proc.log()
     proc.terminate()
     assert proc.wait(10) == 0 and "rq-bridge: 2 delivered, 0 refused" in proc.log(), proc.log()
+
+
+def test_a_worker_whose_rq_redis_is_unreachable_exits_at_start(procs: Procs) -> None:
+    """Found by a QA pass: `--rq-redis` naming a dead server started the worker (exit 0), and
+    every RQ job then failed with a ConnectionError, using up its attempts; the bridge given
+    the same URL exits 5 at start."""
+    proc = procs.start("w1", ["worker", "--app", SIM_APP, "--vram-gb", "24", "--rq-allow", "tests.rq_jobs",
+                              "--rq-redis", "redis://127.0.0.1:1/0"])
+    assert proc.wait(30) == 5, proc.log()
+    assert "cannot reach Redis at redis://127.0.0.1:1/0" in proc.log()
