@@ -32,9 +32,10 @@ def set_(ctx: click.Context, name: str, weight: float | None, max_gpus: int | No
     are removed."""
     Tenant(name, DEFAULT_WEIGHT if weight is None else weight, max_gpus, max_vram_gb)  # checked first
     with opened(ctx) as queue:
-        if weight is None:
+        if weight is None:  # as it was: a tenant not registered (or not readable) has the default
             was = queue.redis.hget(queue.keys.tenants, name)
-            weight = (Tenant.parse(name, str(was)) or Tenant(name)).weight if was else DEFAULT_WEIGHT
+            kept = Tenant.parse(name, str(was)) if was else None
+            weight = kept.weight if kept else DEFAULT_WEIGHT
         t = Tenant(name, weight, max_gpus, max_vram_gb)
         before = set_tenant(queue, t)
     click.echo(one_line(f"{'changed' if before else 'registered'} {_line(t)}"))

@@ -72,7 +72,6 @@ MODELS_LOOKED_AT = 32  # per level, in head-score order (at most one per candida
 TASKS_PER_QUEUE = 2
 GPU_FIELDS = WorkerFields(("vram_total_gb", "kv_reserve_gb", "levels", "gpus"))  # fixed while it lives
 # a running task's, as read_workers reads them (worker_loads: vram_gb and model last)
-AWAY_RAW = tuple(state.encode() for state in AWAY)  # a client without decode_responses
 RUNNING_FIELDS = ("state", "token", "worker", "priority", "started_at", "est_s", "preemptible",
                   "preemptions", "yield_by", "ready_at", "loading", "charged", "vram_gb", "model")
 
@@ -277,7 +276,8 @@ class Preemptor:
     def read_workers(self, now_ms: int) -> tuple[list[Victim], list[Idle], set[str]]:
         """Running preemptible tasks with their workers' GPU size and lanes, the idle workers
         (one of each claimable VRAM, lanes and GPUs: the plan asks only whether one fits),
-        and the workers already reserved: two round trips, whatever the pool's size."""
+        and the workers already reserved: two round trips, whatever the pool's size, and a
+        third, one read per busy worker, for the victims' workers' states (``staying``)."""
         k, r = self.keys, self.redis
         live_raw, idle_raw, running_raw, registrations, gate = exchange(r, [
             ("ZRANGEBYSCORE", k.workers, now_ms, "+inf"), ("ZRANGE", k.idle, 0, -1, "WITHSCORES"),
@@ -350,7 +350,7 @@ class Preemptor:
         if not workers:
             return victims
         states = exchange(self.redis, [("HGET", self.keys.worker(w), "state") for w in workers], retry=True)
-        leaving = {w for w, state in zip(workers, states) if state in AWAY or state in AWAY_RAW}
+        leaving = {w for w, state in zip(workers, states) if state in AWAY}
         return [v for v in victims if v.worker not in leaving]
 
 
