@@ -9,7 +9,7 @@ load, which is then thrown away.
 
 For each such task, the candidates are running, preemptible, lower-priority tasks on live
 workers whose GPU is large enough (usable VRAM >= the task's need; a group of at least its
-GPUs) and which serve the task's priority; where no one of a worker's victims makes room
+GPUs) and which serve the task's priority and run its handler; where no one of a worker's victims makes room
 alone (a group, or several slots, running several tasks), the fewest of them that together
 do are one option (gpuq.reaper.preempt_options: waited for until the last ends, or each
 asked to yield); for a task offered to a busy holder of its model, only that holder's (an
@@ -70,7 +70,9 @@ log = logging.getLogger(__name__)
 URGENT_LEVELS = (0, 1)  # priorities preemption is planned for
 MODELS_LOOKED_AT = 32  # per level, in head-score order (at most one per candidate worker)
 TASKS_PER_QUEUE = 2
-GPU_FIELDS = WorkerFields(("vram_total_gb", "kv_reserve_gb", "levels", "gpus"))  # fixed while it lives
+Shape = tuple[float, str, int, "frozenset[str] | None"]  # a live worker's usable GB, levels, gpus, handlers
+# fixed while a worker lives
+GPU_FIELDS = WorkerFields(("vram_total_gb", "kv_reserve_gb", "levels", "gpus", "handlers"))
 # a running task's, as read_workers reads them (worker_loads: vram_gb and model last)
 RUNNING_FIELDS = ("state", "token", "worker", "priority", "started_at", "est_s", "preemptible",
                   "preemptions", "yield_by", "ready_at", "loading", "charged", "vram_gb", "model")
@@ -178,8 +180,8 @@ class Preemptor:
         self.config = config
         self.scripts = scripts
         self.calls = calls
-        # id -> (usable GB, levels, gpus), read once a start: all again after any registration
-        self.workers: UntilRegistration[tuple[float, str, int]] = UntilRegistration()
+        # id -> (usable GB, levels, gpus, handlers), read once a start: all again after any registration
+        self.workers: UntilRegistration[Shape] = UntilRegistration()
         self.reservation_keys: dict[str, str] = {}  # id -> its reserve:<id> key, made once
         # after a step that decided nothing: the first time (ms) a step could decide anything
         # with the pool unchanged (None: not before it changes); after one that did, its time
@@ -248,13 +250,13 @@ class Preemptor:
                  for i, score in head]
         pipe = r.pipeline(transaction=False)
         for _, _, i, _ in heads:
-            pipe.hmget(k.task(i), "vram_gb", "reserved_for", "offered", "score", "gpus", "tenant")
+            pipe.hmget(k.task(i), "vram_gb", "reserved_for", "offered", "score", "gpus", "tenant", "handler")
         rows = pipe.execute()
         # the start-by is the task's `score` (the queue's score is its fair order with tenants)
         waiting = [(Waiting(i, p, float(need), _ms(start_by, score), str(offered or ""), int(gpus or 1),
-                            str(tenant or ""), m), str(holder or ""))
-                   for (p, m, i, score), (need, holder, offered, start_by, gpus, tenant) in zip(heads, rows)
-                   if need is not None]
+                            str(tenant or ""), m, str(handler or "")), str(holder or ""))
+                   for (p, m, i, score), (need, holder, offered, start_by, gpus, tenant, handler)
+                   in zip(heads, rows) if need is not None]
         holders = sorted({h for _, h in waiting if h})
         # almost always no entry: lanes are few, skips rarer
         laned = [*workers, *idle_to_read(idle, (w for w, _ in waiting))]
@@ -312,7 +314,9 @@ class Preemptor:
         held, rows = ([], replies) if gated else (replies[0], replies[1:])
         for w, f in zip(unknown, rows):
             if (record := GPU_FIELDS.record(w, f)) is not None:
-                self.workers.kept[w] = (record.usable_gb, record.levels, record.gpus)
+                # no handlers published (a simulated worker): it runs whatever it claims
+                self.workers.kept[w] = (record.usable_gb, record.levels, record.gpus,
+                                        frozenset(record.handlers) or None)
         ends = {w: got[1] for w, v in zip(live, held) if (got := live_reservation(v, now_ms))}
         reserved = set(ends)
         # a reservation's end frees its worker for the planner: a quiet time ends there too
@@ -321,8 +325,10 @@ class Preemptor:
         # one Idle per shape: the shapes are few, the idle workers many (a worker's skips, if
         # any, are read only for a shape that could claim a waiting task: read_waiting)
         for w, gb in scored(idle_raw):
-            if str(w) in info:
-                self.idle_shapes.setdefault(Idle(float(gb), *info[str(w)][1:]), []).append(str(w))
+            if (shape := info.get(str(w))) is not None:
+                _, levels, gpus, handlers = shape
+                key = Idle(float(gb), levels, gpus, handlers=handlers)
+                self.idle_shapes.setdefault(key, []).append(str(w))
         idle = list(self.idle_shapes)
         tasks = rows[len(unknown):]
         load, frees, shares = worker_loads(r, k, tasks)
@@ -332,14 +338,14 @@ class Preemptor:
                 model = f
             if state != "running" or pre != "1" or asked or worker not in info or not started:
                 continue
-            usable, levels, gpus = info[worker]
+            usable, levels, gpus, handlers = info[worker]
             # a cold start's work begins once its model is loaded (lib/start.lua: ready_at),
             # and no sooner than now while it still loads (began.lua ends `loading`)
             began = max(int(started), int(ready or 0), now_ms if loading == "1" else 0)
             victims.append(Victim(i, int(token), worker, int(prio), began, float(est),
                                   int(count or 0), usable - (load[worker] - freed),
                                   levels, gpus, charge_of(charged), freed, str(model or ""),
-                                  shared, sharers))
+                                  shared, sharers, handlers))
         return self.staying(victims), idle, reserved
 
     def staying(self, victims: list[Victim]) -> list[Victim]:

@@ -22,6 +22,7 @@ class Waiting:
     gpus: int = 1  # devices it runs across: only a group of at least that many can take it
     tenant: str = ""
     model: str = ""
+    handler: str = ""  # "": any worker runs it
     # (worker, end ms) of the workers whose claims skip its model (its load failed there
     # lately: gpuq.worker.broken, read from `lanes`): no room is planned there until the end
     skipped_by: tuple[tuple[str, int], ...] = ()
@@ -53,6 +54,7 @@ class Victim:
     model: str = ""
     shared_gb: float = 0.0
     sharers: int = 1
+    handlers: frozenset[str] | None = None  # its worker's app's (runs); None: not published
 
     @property
     def ends_ms(self) -> int:
@@ -84,12 +86,21 @@ class Idle(NamedTuple):
     gpus: int = 1
     # (model, end ms) of the models its claims skip (its `lanes` entry: gpuq.worker.broken)
     skips: tuple[tuple[str, int], ...] = ()
+    handlers: frozenset[str] | None = None  # its app's (runs); None: not published
 
     def takes(self, w: Waiting, now_ms: int | None = None) -> bool:
         """Whether it could claim ``w``, cold if need be: not while it skips w's model at
-        now_ms (None: a skip listed counts)."""
+        now_ms (None: a skip listed counts), nor if its app lacks w's handler."""
         return (self.gb >= w.need_gb and str(w.priority) in self.levels and self.gpus >= w.gpus
+                and runs(self.handlers, w.handler)
                 and not any(m == w.model and (now_ms is None or end > now_ms) for m, end in self.skips))
+
+
+def runs(handlers: frozenset[str] | None, handler: str) -> bool:
+    """Whether a worker whose app runs ``handlers`` runs ``handler``: one that does not
+    passes the task on unrun, or fails it where no live worker runs it (a typo), so no room
+    is planned or waited for there."""
+    return handlers is None or not handler or handler in handlers
 
 
 SKIPS_READ = 8  # idle workers of a shape whose skips are read (the wake rule's tightest reads 8)
@@ -130,10 +141,11 @@ def candidates_for(w: Waiting, victims: list[Victim], idle: list[Idle],
     whose end lets it start. askable: which victims may be asked to yield; where a worker's
     set includes one that may not, the fewest of those that may are an option too. A worker
     skipping w's model at now_ms (None: any listed) offers none: it would pass w on unloaded;
-    an idle one skipping it would not claim it."""
+    an idle one skipping it would not claim it. Nor does one whose app lacks w's handler."""
     skipping = w.skipped_on(now_ms) if w.skipped_by else ()
     eligible = [v for v in victims if v.priority > w.priority and v.worker not in used
-                and str(w.priority) in v.levels and v.gpus >= w.gpus and v.worker not in skipping]
+                and str(w.priority) in v.levels and v.gpus >= w.gpus and v.worker not in skipping
+                and runs(v.handlers, w.handler)]
     fits = [Option((v,)) for v in eligible if v.room_gb >= w.need_gb]
     if limit is not None and limit.over(w.need_gb, w.gpus):
         return [o for o in fits if own_charge(w, o.victims[0])

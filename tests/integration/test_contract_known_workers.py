@@ -83,10 +83,11 @@ def test_the_planner_reads_a_worker_started_again_under_its_id_afresh(queue: Que
     register(queue, "w1", "A100", 80, idle=True)
     planner = Preemptor(queue.redis, queue.keys, queue.config, queue.scripts, queue.calls)
     now = int(time.time() * 1000)
-    assert planner.read_workers(now)[1] == [Idle(75.0, "0123", 1)]
-    assert planner.read_workers(now)[1] == [Idle(75.0, "0123", 1)]  # kept: not read again
+    h = frozenset({"h"})
+    assert planner.read_workers(now)[1] == [Idle(75.0, "0123", 1, handlers=h)]
+    assert planner.read_workers(now)[1] == [Idle(75.0, "0123", 1, handlers=h)]  # kept: not read again
     register(queue, "w1", "L4", 24, idle=True, levels="01")  # started again, still live
-    assert planner.read_workers(now)[1] == [Idle(19.0, "01", 1)]
+    assert planner.read_workers(now)[1] == [Idle(19.0, "01", 1, handlers=h)]
 
 
 def test_the_planner_takes_a_reservation_as_live_only_within_the_claims_gate(queue: Queue) -> None:

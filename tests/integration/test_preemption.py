@@ -239,6 +239,26 @@ def test_only_non_preemptible_work_running_means_no_preemption(procs: Procs,
     assert "preempt." not in reaper.log()
 
 
+def test_no_victim_is_asked_for_a_task_whose_handler_no_live_worker_runs(procs: Procs,
+                                                                        real_queue: Queue) -> None:
+    """A P0 task naming a handler no app registers (a typo) would only be failed by the
+    worker that gives way for it: the planner passes over it, to the next urgent task."""
+    procs.worker("w1", vram_gb=48)
+    victim = p3(real_queue, 6.0)
+    procs.wait_state(victim, State.RUNNING)
+    reaper = procs.reaper()
+    typo = real_queue.enqueue("sim.rnu", {}, model="online-model", vram_gb=30, priority="P0",
+                              est_s=est(0.3)).id
+    urgent = p0(real_queue)  # queued behind the typo, same model
+    done = procs.wait_state(urgent, State.SUCCEEDED, timeout=20)
+    assert done.worker == "w1"
+    assert procs.wait_state(typo, State.FAILED, timeout=20).error == \
+        "handler 'sim.rnu' is not registered in app 'sim'"
+    assert f"task={urgent} " in reaper.log()
+    assert typo not in reaper.log()
+    assert stats(procs)["preempt:yield_requested"] == 1
+
+
 def test_an_urgent_enqueue_wakes_the_reaper_between_its_rounds(procs: Procs,
                                                                real_queue: Queue) -> None:
     # rounds 8 s apart: only the urgent token the P0's enqueue posts can make it act sooner

@@ -91,7 +91,7 @@ def test_a_hand_damaged_hash_breaks_neither_status_nor_the_planners() -> None:
     assert [(s.name, s.current) for s in signals if s.kind == "class"] == [("?", 1)]
     preemptor = Preemptor(client, keys, config, Scripts(client, keys), Calls(config))
     assert preemptor.step() == {}
-    assert preemptor.workers.kept == {"w1": (0.0, "0123", 1)}
+    assert preemptor.workers.kept == {"w1": (0.0, "0123", 1, None)}
 
 
 def test_a_handlers_timeout_reaches_status_from_the_registration() -> None:

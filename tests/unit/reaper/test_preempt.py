@@ -290,3 +290,23 @@ def test_idle_workers_skipping_models_stand_alone_only_where_their_skips_were_re
     skips = {"s1": ends, "s2": {}, **{f"w{i}": ends for i in range(8)}}
     assert split_idle(shapes, skips) == [a, a._replace(skips=(("m", NOW + 1),)), b,
                                          b._replace(skips=(("m", NOW + 1),))]
+
+
+def test_no_room_is_planned_on_a_worker_whose_app_lacks_the_waiting_tasks_handler() -> None:
+    """A worker without the handler passes the task on unrun (or fails it where no live
+    worker runs it: a typo); interrupting its batch work, or an idle worker's presence,
+    helps the task nothing."""
+    runs_it, lacks_it = frozenset({"llm.generate"}), frozenset({"embed"})
+    victims = [replace(victim("other-app", "a", left_s=100), handlers=lacks_it),
+               replace(victim("same-app", "b", left_s=300), handlers=runs_it)]
+    w = Waiting("p0", 0, 40, handler="llm.generate")
+    assert [d.victim.id for d in plan([w], victims, [], set(), CFG, NOW)] == ["same-app"]
+    typo = replace(w, handler="llm.generat")
+    assert plan([typo], victims, [], set(), CFG, NOW) == []
+    assert quiet_until([typo], victims, [], set(), CFG) is None
+    # an idle worker of the other app does not take it either: the holder is still planned for
+    idle = [Idle(43.0, "0123", handlers=lacks_it)]
+    assert [d.victim.id for d in plan([w], victims, idle, set(), CFG, NOW)] == ["same-app"]
+    assert plan([w], victims, [Idle(43.0, "0123", handlers=runs_it)], set(), CFG, NOW) == []
+    # a worker that publishes no handlers (a simulated one) runs whatever it claims
+    assert [d.victim.id for d in plan([typo], [victim("v", "a", left_s=100)], [], set(), CFG, NOW)] == ["v"]
