@@ -67,7 +67,7 @@ class RqHandler:
             if self.last_attempt(ctx):
                 outcome.failed(job, traceback.format_exc(), ctx.worker_id)
             else:
-                outcome.queued_again(job)
+                outcome.retrying(job)
             raise
         if ctx.should_stop():  # canceled or taken back as it ran: its result is not the job's
             log.warning("rq.discarded job=%s task=%s: the task's run was canceled or taken back",

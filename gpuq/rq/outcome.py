@@ -28,8 +28,19 @@ def started(job: Job, worker_name: str) -> None:
 
 
 def queued_again(job: Job) -> None:
-    """A failed attempt that gpuq will retry: the job waits again, as RQ shows a retry."""
+    """A run given back (a yield, a lost run): the job waits again."""
     job.set_status(JobStatus.QUEUED)
+
+
+def retrying(job: Job) -> None:
+    """A failed attempt that gpuq will retry: the job waits again with a retry spent, as RQ
+    shows its own (``retries_left``, where the job has a Retry)."""
+    with job.connection.pipeline() as pipe:
+        job.set_status(JobStatus.QUEUED, pipeline=pipe)
+        if job.retries_left:
+            job.retries_left -= 1
+            pipe.hset(job.key, "retries_left", job.retries_left)
+        pipe.execute()
 
 
 def finished(job: Job, value: Any, worker_name: str) -> None:

@@ -162,12 +162,15 @@ def test_a_bridge_killed_mid_move_loses_nothing_and_delivers_once(
 @pytest.mark.slow
 def test_gpuq_retries_an_rq_job_and_rq_sees_only_the_last_failure(
         procs: Procs, rq_queue: rq.Queue) -> None:
-    job = rq_queue.enqueue("tests.rq_jobs.boom", "again", meta={"gpuq": {**GPU, "max_attempts": 2}})
+    job = rq_queue.enqueue("tests.rq_jobs.boom", "again", meta={"gpuq": {**GPU, "max_attempts": 2}},
+                           retry=rq.Retry(max=1))
     run_bridge(procs, rq_queue)
     task_id = f"rq-{job.id}-{int(job.enqueued_at.timestamp() * 1000)}"
     run_worker(procs)  # a burst worker leaves the retry waiting out its backoff
     assert (procs.record(task_id).state.value, procs.record(task_id).attempt) == ("delayed", 1)
     assert job.get_status() == "queued" and job.results() == []
+    job.refresh()
+    assert job.retries_left == 0  # a retry spent, as RQ counts its own
     def backoff_over() -> bool:
         seconds, micros = procs.redis.time()
         ready = procs.redis.zscore(procs.keys.delayed, task_id)
