@@ -31,7 +31,7 @@ from typing import TypeVar
 
 import redis
 
-from gpuq import backoff, catalog, eviction, schedule
+from gpuq import backoff, catalog, eviction, recovery, schedule
 from gpuq.clock import from_time_reply, server_ms
 from gpuq.config import Config
 from gpuq.connection import denied, redis_errors
@@ -51,7 +51,6 @@ MAX_LOAD_HORIZON_MS = 600_000  # expiry looks ahead at most this far for cold mo
 URGENT_GAP_S = 0.05
 EXPIRE_PAGES = 50  # calls of 100 tasks per round: bounds a round's expiry work
 PARK_PAGES = 10  # calls of 100 tasks each way per round (park.lua)
-NAMED_MAX = 50  # tasks one recovery log line names
 STALE_LOOKOUT_MS = 60_000  # a lookout this far past its due time has died or changed shape
 
 
@@ -113,33 +112,7 @@ class Reaper:
 
     def reap_once(self) -> ReapResult:
         """One full recovery pass (repeats the bounded script until nothing is left)."""
-        total = ReapResult(0, 0, 0, 0)
-        while True:
-            r = self.scripts.run(self.calls.reap(limit=100))
-            total = total + r
-            if r.requeued + r.failed + r.promoted < 100 and r.dead_workers < 100:
-                break
-        if total.requeued or total.failed or total.dead_workers:
-            log.warning("reaper.recovered pool=%s requeued=%d failed=%d dead_workers=%d",
-                        self.config.pool, total.requeued, total.failed, total.dead_workers)
-            self.name_recovered(total)
-        return total
-
-    def name_recovered(self, total: ReapResult) -> None:
-        """Which workers died and what became of each task recovered (id:state): a line per
-        dead worker, one for the leases that expired (a mass expiry names the first
-        NAMED_MAX)."""
-        by_worker: dict[str, list[str]] = {}
-        for worker, task_id, state in total.recovered:
-            by_worker.setdefault(worker, []).extend([f"{task_id}:{state}"] if task_id else [])
-        for worker, tasks in by_worker.items():
-            more = f" (+{len(tasks) - NAMED_MAX} more)" if len(tasks) > NAMED_MAX else ""
-            named = ",".join(tasks[:NAMED_MAX]) or "none"
-            if worker:
-                log.warning("reaper.worker_dead pool=%s worker=%s tasks=%s%s", self.config.pool, worker,
-                            named, more)
-            else:
-                log.warning("reaper.lease_expired pool=%s tasks=%s%s", self.config.pool, named, more)
+        return recovery.reap_all(self.scripts, self.calls, log, self.config.pool)
 
     def expire(self, now_ms: int = 0, horizon_ms: int | None = None,
                entries: list[catalog.ModelEntry] | None = None) -> int:

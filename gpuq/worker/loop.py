@@ -27,7 +27,7 @@ from typing import Any
 
 import redis
 
-from gpuq import worker_record
+from gpuq import recovery, worker_record
 from gpuq.app import App
 from gpuq.backoff import Backoff, Outage
 from gpuq.config import Config
@@ -287,7 +287,8 @@ class Worker:
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)
         with redis_errors(self.config.redis_url):  # a twin beating within 1.5 heartbeats: refused
-            self.presence.register(identity, int(cfg.lease_s * 1000), int(1500 * cfg.heartbeat_s))
+            self.presence.register(identity, int(cfg.lease_s * 1000), int(1500 * cfg.heartbeat_s),
+                                   lambda: recovery.reap_all(self.scripts, self.calls, log, cfg.pool))
         heartbeat = self.heartbeat()
         with redis_errors(self.config.redis_url):  # gone since it registered: give up, one line
             heartbeat.beat()

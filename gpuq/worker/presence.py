@@ -9,8 +9,9 @@ scripts. The hash's fields are ``gpuq.worker_record``'s; docs/PROTOCOL.md tables
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,8 @@ from gpuq.errors import ConfigError
 from gpuq.keys import Keys
 from gpuq.worker.models import ModelCache
 from gpuq.worker_record import ALL_LEVELS, Fields, lane, model_fields, status_fields, usable_gb
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -45,11 +48,15 @@ class Presence:
         # publishes the holdings whole; None while every show went through
         self.unsent: set[str] | None = None
 
-    def register(self, identity: Fields, lease_ms: int, fresh_ms: int = 0) -> None:
+    def register(self, identity: Fields, lease_ms: int, fresh_ms: int = 0,
+                 recover: Callable[[], object] | None = None) -> None:
         """Appear in the pool: a fresh hash, the GPU class, handlers, lane and liveness. A
         live worker of this id that beat within ``fresh_ms`` is another process (ConfigError:
         registering would wipe its state); one that stopped beating (this id's crashed
-        process, restarted) is replaced, the holdings it listed dropped."""
+        process, restarted) is replaced, the holdings it listed dropped. ``recover``
+        (gpuq.recovery.reap_all) is then run with that run's liveness lapsed: its tasks go
+        back to their queues at once, as the reaper's next round would have sent them had
+        this start not renewed the id (their leases would have held them until they expired)."""
         wid, keys = self.worker_id, self.keys
         now_ms = server_ms(self.redis)  # the clock liveness is judged by
         pipe = self.redis.pipeline(transaction=False)
@@ -60,6 +67,10 @@ class Presence:
             raise ConfigError(f"worker {wid} is already running (it beat "
                               f"{(now_ms - float(seen)) / 1000:.1f} s ago): give this one "
                               "another --name")
+        if alive is not None and recover is not None:
+            log.warning("worker.replacing worker=%s: its last run stopped beating", wid)
+            self.redis.zadd(keys.workers, {wid: now_ms - 1}, xx=True, lt=True)
+            recover()
         pipe = self.redis.pipeline(transaction=True)
         for model in filter(None, (models or "").split(",")):
             self.hold(pipe, model, False)

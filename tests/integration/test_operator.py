@@ -373,6 +373,23 @@ def test_a_lane_worker_takes_p0_and_leaves_p2_queued(procs: Procs, real_queue: Q
     assert batch.record().worker == "general"
 
 
+def test_a_restart_under_a_killed_workers_name_sends_its_tasks_back_at_once(
+        procs: Procs, real_queue: Queue) -> None:
+    """Regression: the restart renewed the id before any reaper saw it dead, and the killed
+    run's task stayed `running` until its lease expired (a minute here; no reaper runs)."""
+    long_lease = {"GPUQ_LEASE_S": "60"}
+    first = procs.worker("w1", env=long_lease)
+    task = real_queue.enqueue("sim.run", model="m", vram_gb=10, est_s=est(1.0))
+    procs.wait_state(task.id, State.RUNNING)
+    first.kill()
+    first.wait(10)
+    time.sleep(1.0)  # past 1.5 heartbeats (0.5 s here): the name's process stopped beating
+    again = procs.worker("w1", env=long_lease)
+    done = procs.wait_state(task.id, State.SUCCEEDED, timeout=20)
+    assert (done.worker, done.attempt) == ("w1", 2)  # the killed run spent an attempt
+    assert re.search(rf"reaper\.worker_dead pool=\S+ worker=w1 tasks={task.id}:queued", again.log())
+
+
 @pytest.mark.slow
 def test_requeue_of_a_running_task_fences_the_worker_and_reruns_it(
         procs: Procs, real_queue: Queue) -> None:
