@@ -39,7 +39,7 @@ scrape; served by ``gpuq exporter``):
 | gpuq_fair_dispatches_total | counter | pool, priority | `stats` `fair:P<n>`: claims made by the fairness rule |
 | gpuq_warm_hints_total | counter | pool | `stats` warm_hints |
 | gpuq_model_loads_total / gpuq_model_load_seconds_total | counter | pool, model | the model catalog: the `exporter_models` most loaded models, the rest summed as `other`; a model shown keeps its series while the catalog lists it (an entry unused for 30 days leaves it), `other` keeps the counts of its models that leave (it does not fall while the exporter runs, which would read as a reset), and a model named `other` is counted in that row. Which models are shown is the exporter's own choice: a restarted exporter, or a second one, may show others, and `other` may then fall once (a reset to Prometheus for that one series) |
-| gpuq_workers | gauge | pool, gpu_class, state (idle, busy, draining, dead) | worker hashes and liveness; every state of a class with a worker listed, 0 included |
+| gpuq_workers | gauge | pool, gpu_class, state (idle, busy, draining, silent, dead) | worker hashes and liveness; every state of a class with a worker listed, 0 included |
 | gpuq_workers_desired / gpuq_workers_current | gauge | pool, gpu_class | the reaper's scale signals (`scale` hash); none while they are stale (this and the next two rows) |
 | gpuq_model_workers_desired | gauge | pool, model | the reaper's scale signals: the `exporter_models` models desiring the most workers (and their arrival rates below) |
 | gpuq_arrivals_forecast_per_second | gauge | pool, kind (now, forecast), gpu_class, model | the scale signals' arrival rates (`rate_per_s`, `forecast_per_s`): per class (model "") and per model (gpu_class "") |

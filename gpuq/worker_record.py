@@ -26,7 +26,7 @@ Fields = dict[Any, Any]  # hash fields; redis-py types mapping keys invariantly
 
 def identity(worker_id: str, gpu: GpuInfo, reserve_gb: float, concurrency: int, levels: str,
              host: str, pid: int, handover: tuple[int, int, int] | None = None,
-             handlers: Mapping[str, HandlerSpec] | Iterable[str] = ()) -> Fields:
+             handlers: Mapping[str, HandlerSpec] | Iterable[str] = (), heartbeat_s: float = 0.0) -> Fields:
     """The worker hash fields that do not change while it runs (rewritten by every
     heartbeat, so a worker the reaper took for dead shows whole again). handover: the defer
     bound (ms), fair_every and lease (ms) with which enqueue starts a task on this worker
@@ -34,7 +34,8 @@ def identity(worker_id: str, gpu: GpuInfo, reserve_gb: float, concurrency: int, 
     handlers: the handler names its app runs (shown, so tasks no live worker can run are
     flagged by status and the scale signals), or its app's handlers (``App.handlers``),
     whose ``timeout_s`` bounds status shows too. reserve_gb: the KV-cache reserve of each
-    device; the hash holds the group's (VRAM fields span every device of a group)."""
+    device; the hash holds the group's (VRAM fields span every device of a group).
+    heartbeat_s: its beat's period, by which readers tell a silent worker (0: not said)."""
     defer_ms, fair_every, lease_ms = handover if handover else ("", "", "")
     specs = handlers.values() if isinstance(handlers, Mapping) else ()
     # "name=seconds": a name holds no comma, and seconds no "=" (read split at the last)
@@ -46,7 +47,7 @@ def identity(worker_id: str, gpu: GpuInfo, reserve_gb: float, concurrency: int, 
             "concurrency": concurrency, "levels": levels,
             "handover_defer_ms": defer_ms, "fair_every": fair_every, "lease_ms": lease_ms,
             "handlers": ",".join(sorted(handlers)), "timeouts": timeouts,
-            "started_at": int(time.time() * 1000)}
+            "heartbeat_ms": int(heartbeat_s * 1000) or "", "started_at": int(time.time() * 1000)}
 
 
 AWAY = ("draining", "retiring")  # worker states (WorkerRecord.state) that take no new work
@@ -86,6 +87,7 @@ def status_fields(free_gb: float, running: int, models: list[str], state: str,
 
 
 ALL_LEVELS = "0123"  # a worker that names no priorities serves them all
+SILENT_BEATS = 3  # beat periods without a beat after which readers call a live worker silent
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,8 @@ class WorkerRecord:
     concurrency: int = 1
     gpus: int = 1  # devices in its group
     timeouts: tuple[tuple[str, float], ...] = ()  # (handler, timeout_s) of its bounded handlers
+    seen_at: float = 0.0  # its last beat, server epoch ms
+    heartbeat_ms: float = 0.0  # its beat's period (0: not said)
 
     @property
     def usable_gb(self) -> float:
@@ -126,7 +130,13 @@ class WorkerRecord:
                    levels=levels or ALL_LEVELS, handlers=_names(fields.get("handlers")),
                    concurrency=max(1, int(field_number(fields.get("concurrency")))),
                    gpus=max(1, int(field_number(fields.get("gpus")))),
-                   timeouts=_timeouts(fields.get("timeouts")))
+                   timeouts=_timeouts(fields.get("timeouts")), seen_at=field_number(fields.get("seen_at")),
+                   heartbeat_ms=field_number(fields.get("heartbeat_ms")))
+
+    def silent(self, now_ms: float) -> bool:
+        """Whether it missed SILENT_BEATS beats: killed, or its interpreter held (a handler
+        in native code keeping the GIL), though its liveness has not lapsed yet."""
+        return self.heartbeat_ms > 0 and now_ms - self.seen_at > SILENT_BEATS * self.heartbeat_ms
 
 
 @dataclass(frozen=True)

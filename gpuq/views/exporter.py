@@ -60,7 +60,7 @@ class TopLoads:
         return rows
 
 
-WORKER_STATES = ("idle", "busy", "draining", "dead")
+WORKER_STATES = ("idle", "busy", "draining", "silent", "dead")
 
 
 def read_figures(client: redis.Redis, keys: Keys, keep: int = 50,

@@ -20,7 +20,7 @@ HEADS = 20  # head tasks read per queue: the oldest wait, and handlers no live w
 OTHER = "other"  # pool_view(top=N): the model label of the queues past the N deepest, summed
 RUNTIMES_SHOWN = 10  # learned run times shown: the pairs with the most runs
 SHOWN = WorkerFields(("gpu_name", "vram_total_gb", "vram_free_gb", "models", "state", "levels",
-                      "handlers", "gpus", "timeouts"))
+                      "handlers", "gpus", "timeouts", "seen_at", "heartbeat_ms"))
 
 
 @dataclass(frozen=True)
@@ -295,9 +295,9 @@ def _workers(client: redis.Redis, keys: Keys, workers: list[tuple[str, float]],
         w = record or WorkerRecord(wid)  # no hash (being reaped): nothing known but its id
         views.append(WorkerView(
             id=wid, gpu=w.gpu_name, vram_total_gb=w.vram_total_gb, vram_free_gb=w.vram_free_gb,
-            models=list(w.models),
-            # busy/idle from the live task set; the hash's state is as of the last heartbeat
-            state="draining" if w.state == "draining" else ("busy" if tasks else "idle"),
+            models=list(w.models),  # busy/idle below from the live task set, not the last beat's
+            state="silent" if alive and w.silent(now_ms) else "draining" if w.state == "draining"
+            else "busy" if tasks else "idle",
             running=sorted(tasks), alive=alive, levels=w.levels if record else "",
             handlers=list(w.handlers), gpus=w.gpus, timeouts=dict(w.timeouts)))
         live = live_reservation(reserved, int(now_ms))

@@ -96,10 +96,9 @@ def _fit_rows(rows: list[str], limit: int) -> list[str]:
 def _header(view: PoolView, now: float) -> list[str]:
     queued = sum(q.depth for q in view.queues)
     alive = [w for w in view.workers if w.alive]
-    states = {s: sum(w.state == s for w in alive) for s in ("busy", "idle", "draining")}
+    states = {s: sum(w.state == s for w in alive) for s in ("busy", "idle", "draining", "silent")}
     workers = f"workers: {states['busy']} busy, {states['idle']} idle"
-    if states["draining"]:
-        workers += f", {states['draining']} draining"
+    workers += "".join(f", {states[s]} {s}" for s in ("draining", "silent") if states[s])
     if len(alive) < len(view.workers):
         workers += f", {len(view.workers) - len(alive)} not responding"
     workers += "; a reaper active" if view.reaper_active else "; no reaper"

@@ -279,7 +279,8 @@ class Worker:
         cfg = self.config
         handover = None if self.burst else (int(cfg.defer_s * 1000), cfg.fair_every, int(cfg.lease_s * 1000))
         identity = worker_record.identity(self.id, self.gpu, cfg.kv_reserve_gb, cfg.concurrency, self.levels,
-                                          socket.gethostname(), os.getpid(), handover, self.app.handlers)
+                                          socket.gethostname(), os.getpid(), handover, self.app.handlers,
+                                          cfg.heartbeat_s)
         if self.config.metrics_port:  # first: a port it cannot bind must not leave it registered
             self.serve_metrics(self.config.metrics_port)
         # before registering: a signal right after it stops the worker (then it leaves), not kills it

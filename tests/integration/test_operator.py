@@ -7,6 +7,7 @@ worker cases run real processes (tests/procs.py).
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -388,6 +389,21 @@ def test_a_restart_under_a_killed_workers_name_sends_its_tasks_back_at_once(
     done = procs.wait_state(task.id, State.SUCCEEDED, timeout=20)
     assert (done.worker, done.attempt) == ("w1", 2)  # the killed run spent an attempt
     assert re.search(rf"reaper\.worker_dead pool=\S+ worker=w1 tasks={task.id}:queued", again.log())
+
+
+def test_a_killed_worker_shows_silent_before_its_liveness_lapses(procs: Procs, real_queue: Queue) -> None:
+    """It showed busy for the whole lease (30 s by default) after its last beat."""
+    worker = procs.worker("w1", env={"GPUQ_LEASE_S": "60"})
+    task = real_queue.enqueue("sim.run", model="m", vram_gb=10, est_s=est(30.0))
+    procs.wait_state(task.id, State.RUNNING)
+    assert json.loads(procs.run_cli("status", "--json"))["workers"][0]["state"] == "busy"
+    worker.kill()
+    worker.wait(10)
+    time.sleep(2.0)  # 3 heartbeats (0.5 s here) and then some
+    (shown,) = json.loads(procs.run_cli("status", "--json"))["workers"]
+    assert (shown["state"], shown["alive"]) == ("silent", True)
+    assert re.search(r"^w1 .* silent ", procs.run_cli("status"), re.M)
+    assert "0 busy, 0 idle, 1 silent;" in procs.run_cli("top", "--once")
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ from helpers import register_worker
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuq import Queue
+from gpuq.clock import server_ms
 from gpuq.config import Config
 from gpuq.metrics import PoolCollector
 from gpuq.views.exporter import OTHER, TopLoads, read_figures
@@ -98,7 +99,11 @@ def test_every_worker_state_of_a_class_is_exported_zero_too() -> None:
     register_worker(q, "w1", idle=True)
     workers = read_figures(q.redis, q.keys).workers
     assert workers == {("A100", "idle"): 1, ("A100", "busy"): 0, ("A100", "draining"): 0,
-                       ("A100", "dead"): 0}
+                       ("A100", "silent"): 0, ("A100", "dead"): 0}
+    # three beats missed, its liveness not lapsed yet: silent
+    q.redis.hset(q.keys.worker("w1"), mapping={"heartbeat_ms": 5000, "seen_at": server_ms(q.redis) - 16_000})
+    workers = read_figures(q.redis, q.keys).workers
+    assert (workers[("A100", "silent")], workers[("A100", "idle")]) == (1, 0)
 
 
 def test_a_foreign_writers_malformed_figures_break_no_scrape_or_status() -> None:
