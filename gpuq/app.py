@@ -62,9 +62,11 @@ Unloader = Callable[[Any], Any]  # may be async def
 MAX_BATCH = 10_000  # claim_batch.lua takes at most this many tasks a call
 
 
-class Yielded(Exception):
+class Yielded(BaseException):
     """Raised through ``Context.yield_now``: the task gives its GPU back and is requeued,
-    with its checkpoint, without using up an attempt."""
+    with its checkpoint, without using up an attempt. A BaseException, as asyncio's
+    cancellation is: a handler's ``except Exception`` must not turn its yield into a
+    failure (and one that catches it anyway gives way all the same: ``Context.yielding``)."""
 
 
 class Context:
@@ -83,6 +85,7 @@ class Context:
         # lock and a condition on the hot path)
         self.lost = False  # lease lost, task canceled, or stopped past its yield deadline
         self.yield_requested = False  # a higher-priority task waits for this GPU
+        self.yielding = False  # yield_now was called: the run gives way however the handler ends
         self.saved: str | None = None  # checkpoint JSON text to hand to the next run
         # where emit and progress go: the worker sets how to make the task's
         # gpuq.stream.Emitter (new_sink); a Context made elsewhere (gpuq.testing, a handler's
@@ -124,7 +127,8 @@ class Context:
 
     def should_yield(self) -> bool:
         """True once the preemption planner asked this task to give way, or the worker's
-        shutdown did (its grace nearly out). A handler that can, saves a checkpoint and
+        shutdown did (its grace nearly out), and once should_stop() is (canceled, lease
+        lost: the handler may as well end). A handler that can, saves a checkpoint and
         calls ``yield_now``; one that ignores it is stopped at the yield deadline (given
         back at the shutdown grace's end) and requeued all the same."""
         return self.yield_requested or self.lost
@@ -151,6 +155,7 @@ class Context:
         checkpoint if given (else the last one saved)."""
         if state is not None:
             self.save_checkpoint(state)
+        self.yielding = True
         raise Yielded(self.task_id)
 
 
@@ -184,6 +189,8 @@ class BatchContext:
         return any(c.yield_requested for c in self.contexts) or self.should_stop()
 
     def yield_now(self) -> NoReturn:
+        for c in self.contexts:
+            c.yielding = True
         raise Yielded(",".join(self.task_ids))
 
 

@@ -165,6 +165,8 @@ class Executor:
                 ran_s = time.monotonic() - began
                 if self.observer.metrics is not None:
                     self.observer.observe(task_id, phase="run", seconds=ran_s)
+            if ctx.yielding:  # the handler caught its yield and returned: it gives way all the same
+                raise Yielded(task_id)
             if running.stopped:
                 # its handler returned a result all the same: no ack goes out, so say it was
                 # thrown away, as for a late ack the server refuses
@@ -178,13 +180,16 @@ class Executor:
             self.unacked[(task_id, ack.args[1])] = (fields["handler"], fields["model"], ran_s)
             return ack
         except Yielded:
-            if running.stopped:
-                self.moot(running)
-                return None
-            return self.yielded(running)
+            return self.yielded(running) if not self.lost(running, "yield") else None
         except BaseException as exc:  # sys.exit(), KeyboardInterrupt...: must not end the runner
             if running.stopped:  # StopTask, or whatever the stop broke: the task is requeued
                 self.moot(running)
+                return None
+            if ctx.yielding:  # the handler caught its yield and raised another error
+                log.warning("task.yield_caught task=%s worker=%s: the handler raised %s after "
+                            "yield_now; it gives way all the same", task_id, self.id, type(exc).__name__)
+                return self.yielded(running) if not self.lost(running, "yield") else None
+            if self.lost(running, "failure"):
                 return None
             message, retry = failure(exc)
             if self.broken.passes(exc, fields):
@@ -195,6 +200,17 @@ class Executor:
         finally:
             self.release(running, res)
             self.running.untrack(running)
+
+    def lost(self, running: Running, what: str) -> bool:
+        """Whether the run is no longer this worker's (stopped, canceled, its lease lost): its
+        handler's yield or failure is then moot, not sent for the server to refuse."""
+        if not (running.stopped or running.ctx.lost):
+            return False
+        if not running.stopped:
+            log.info("lease.lost task=%s worker=%s: %s not sent (its run was canceled or taken back)",
+                     running.task_id, self.id, what)
+        self.moot(running)
+        return True
 
     def yielded(self, running: Running) -> Call[Any]:
         """The requeue of a run whose handler yielded (or that was asked to before its

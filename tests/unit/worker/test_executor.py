@@ -253,3 +253,70 @@ def test_every_outcome_the_worker_counts_is_the_documented_set() -> None:
     assert table is not None and tuple(table[1].split(", ")) == metrics.WORKER_OUTCOMES
     counted = {*executor.SETTLED.values(), *executor.FAILED.values(), "failed", "lost", "stopped"}
     assert counted <= set(metrics.WORKER_OUTCOMES)
+
+
+def run_yielding(handler: Any, *, lost: bool = False) -> Any:
+    """Run ``handler`` on one task (with ``lost``, its lease gone as it starts); the call
+    the executor returns."""
+    app = App("executor-test")
+    app.any_model()(lambda name: name)
+    app.handler("h")(handler)
+    worker = Worker(fakeredis.FakeRedis(decode_responses=True), Config(pool="p"), app,
+                    GpuInfo("L4", "uuid", 24, None, "declared"), worker_id="w")
+    fields = {"id": "t1", "handler": "h", "model": "m", "payload": "null", "vram_gb": "4",
+              "attempt": "1", "est_s": "1", "token": "7"}
+    with worker.cache.lock:
+        res, running = worker.executor.begin(fields)
+    assert isinstance(running, Running)
+    running.ctx.lost = lost
+    return worker.executor.execute(fields, res, running)
+
+
+def test_a_handler_catching_its_yield_gives_way_all_the_same(caplog: pytest.LogCaptureFixture) -> None:
+    """Found by a handler author: a handler wrapping its work in ``except Exception`` turned
+    its yield into a failure (an attempt spent, its checkpoint dropped) or, swallowing it,
+    into a success with a partial result."""
+    def wraps(model: Any, payload: Any, ctx: Context) -> Any:
+        try:
+            ctx.yield_now({"i": 3})
+        except Exception as exc:
+            raise RuntimeError("wrapped") from exc
+
+    def swallows(model: Any, payload: Any, ctx: Context) -> Any:
+        try:
+            ctx.yield_now({"i": 3})
+        except BaseException:  # noqa: BLE001 - the mistake under test
+            return "partial"
+
+    def reraises(model: Any, payload: Any, ctx: Context) -> Any:
+        try:
+            ctx.yield_now({"i": 3})
+        except BaseException as exc:  # noqa: BLE001 - the mistake under test
+            raise RuntimeError("after the yield") from exc
+
+    for handler in (wraps, swallows, reraises):
+        call = run_yielding(handler)
+        assert call.script == "requeue", handler.__name__
+        assert '{"i":3}' in call.args, (handler.__name__, call.args)
+    assert "task.yield_caught task=t1 worker=w: the handler raised RuntimeError" in caplog.text
+
+
+def test_a_yield_or_failure_after_a_cancel_is_not_sent(caplog: pytest.LogCaptureFixture) -> None:
+    """Found by a handler author: a canceled task's handler that yielded (should_yield turns
+    true) was logged as preempted, and one whose progress report raised StaleLease as a
+    retryable failure with a traceback; the server refused both sends."""
+    caplog.set_level(logging.INFO)
+
+    def polite(model: Any, payload: Any, ctx: Context) -> Any:
+        if ctx.should_yield():
+            ctx.yield_now()
+
+    def reports(model: Any, payload: Any, ctx: Context) -> Any:
+        from gpuq.errors import StaleLease
+        raise StaleLease("task t1: lease lost")
+
+    assert run_yielding(polite, lost=True) is None
+    assert run_yielding(reports, lost=True) is None
+    assert "preempt.yielded" not in caplog.text and "task.failed" not in caplog.text
+    assert "lease.lost task=t1 worker=w: yield not sent (its run was canceled or taken back)" in caplog.text
+    assert "lease.lost task=t1 worker=w: failure not sent" in caplog.text
