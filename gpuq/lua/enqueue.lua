@@ -193,7 +193,9 @@ for i = 1, n do
   if deadline ~= '' and not (d and d > 0 and d <= 1e13) then  -- 1e13 ms: about 300 years
     return {1, i, 'deadline must be ms > 0 or empty'}
   end
-  if d and est * 1000 > d and not from_history[i] then  -- a learned estimate is the pool's guess
+  -- only the producer's own est_s is held against its deadline: a learned one, or the 1 s
+  -- taken where none is known, is the pool's guess
+  if d and est * 1000 > d and ARGV[o + 7] ~= '' then
     return {1, i, 'deadline is shorter than est_s: the task could not end in time'}
   end
   if pre ~= '0' and pre ~= '1' then return {1, i, 'preemptible must be 0 or 1'} end

@@ -114,6 +114,11 @@ def test_a_deadline_shorter_than_the_tasks_own_estimate_is_refused_at_enqueue(qu
     with pytest.raises(InvalidTask, match="deadline is shorter than est_s: the task could not end in time"):
         queue.scripts.run(call)
     assert queue.redis.zcard(queue.keys.queue(2, "A")) == 0  # nothing written
+    # no estimate given, none learned: the 1 s taken is a guess too (a handler author's
+    # first online task, deadline 0.5 s, was refused as "shorter than est_s")
+    first = enqueue(queue, T0, deadline_s=0.5)
+    assert queue.record(first).state is State.QUEUED
+    assert expires(queue, first, T0 + 1).error == "deadline cannot be met: 0.499 s left, task needs 1.000 s"
     queue.redis.hset(queue.keys.runtimes, "h A", "30 40 3")  # learned: a mean of 30 s
     guessed = enqueue(queue, T0, deadline_s=5)  # taken; expired once it cannot meet it
     assert queue.record(guessed).state is State.QUEUED
