@@ -35,13 +35,13 @@ from gpuq.errors import (
     AuthenticationFailed,
     ConfigError,
     ConnectionFailed,
-    GpuqError,
     NoMaster,
     PermissionDenied,
-    ServerRefused,
     TlsFailed,
 )
 from gpuq.redact import redact, redact_url
+from gpuq.refusals import denied as denied
+from gpuq.refusals import first_line, refusal, sentinel_refusal
 from gpuq.tls import ClosedAfterHandshake, SentinelTlsConnection, Tls, TlsConnection, cause_of
 
 # no read timeout: workers and result waiters block on list pops for seconds at a time;
@@ -64,12 +64,7 @@ except ImportError:  # older redis-py: no notifications, nothing to turn off
     _NO_MAINT = {}
 SENTINEL_TIMEOUT_S = 5.0  # a Sentinel answers at once; one that hangs must not hang us
 SENTINEL_QUERY = ("sentinel_username", "sentinel_password")
-_DENIED = ("NOPERM", "can't run this command", "no permissions")
 _SENTINEL_ERROR = re.compile(r"\)> - (?:\w+:)?(\w+)")  # "<client repr> - [network:]ConnectionError..."
-# what redis-py >= 8.2 collects into MasterNotFoundError from a Sentinel that refused the login,
-# or whose certificate failed the check (the text is all that is kept of either)
-_SENTINEL_LOGIN = re.compile(r"\)> - (?:\w+:)?AuthenticationError: (.*?)(?:, <|$)")
-_SENTINEL_TLS = re.compile(r"\[SSL: \w+\] (.*?)(?: \(_ssl\.c:\d+\))?\.?(?:, <|$)")
 
 
 def _no_reply(conn: Any) -> redis.TimeoutError:
@@ -121,15 +116,10 @@ def url_checked(url: str) -> Iterator[None]:
         raise ConfigError(f"Redis URL {redact_url(url)!r} is malformed: {redact(str(exc))}") from None
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc)
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def _no_master_cause(exc: BaseException) -> str:
     """redis-py's message without the long client reprs it lists: "No master found for 'm'",
     and the kinds of error of the Sentinels that could not be asked."""
-    head, _, errors = _first_line(exc).partition(" : ")
+    head, _, errors = first_line(exc).partition(" : ")
     kinds = _SENTINEL_ERROR.findall(errors)
     return f"{head} (Sentinels that failed: {', '.join(kinds)})" if kinds else head
 
@@ -140,18 +130,18 @@ def redis_errors(url: str) -> Iterator[None]:
     try:
         yield
     except (redis.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError) as exc:
-        raise AuthenticationFailed(url, _first_line(exc)) from None
+        raise AuthenticationFailed(url, first_line(exc)) from None
     except (redis.sentinel.MasterNotFoundError, redis.asyncio.sentinel.MasterNotFoundError) as exc:
         # redis-py >= 8.2 collects a Sentinel's refusals (a plain Redis's of SENTINEL, an ACL's)
         # into this error
-        raise _sentinel_refusal(url, exc) or NoMaster(url, _no_master_cause(exc)) from None
+        raise sentinel_refusal(url, exc) or NoMaster(url, _no_master_cause(exc)) from None
     except (redis.exceptions.NoPermissionError, redis.exceptions.AuthorizationError) as exc:
-        raise PermissionDenied(url, _first_line(exc)) from None
+        raise PermissionDenied(url, first_line(exc)) from None
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         cause = cause_of(exc)
         if cause is not None:
             raise TlsFailed(url, cause) from None
-        line = _first_line(exc)
+        line = first_line(exc)
         if url.lower().startswith("rediss") and "Timeout connecting" in line:
             # asyncio bounds connect and handshake together: either may have timed out
             line += (" (no TCP connection or no TLS handshake within the connect timeout: is the "
@@ -159,80 +149,12 @@ def redis_errors(url: str) -> Iterator[None]:
         raise ConnectionFailed(url, line) from None
     except redis.exceptions.InvalidResponse as exc:  # e.g. an HTTP server's "HTTP/1.1 400 ..."
         raise ConnectionFailed(url, f"the reply is not the Redis protocol, is this a Redis server? "
-                                    f"({_first_line(exc)})") from None
+                                    f"({first_line(exc)})") from None
     except redis.ResponseError as exc:
-        refused = _refusal(url, exc)
+        refused = refusal(url, exc)
         if refused is None:
             raise
         raise refused from None
-
-
-def denied(exc: redis.RedisError) -> bool:
-    """Whether the server refused this user the command (ACL, credentials): no retry will
-    get past it, unlike an outage, a failover's read-only replica or a full memory."""
-    if isinstance(exc, (redis.AuthenticationError, redis.exceptions.NoPermissionError,
-                        redis.exceptions.AuthorizationError)):
-        return True
-    if isinstance(exc, (redis.sentinel.MasterNotFoundError, redis.asyncio.sentinel.MasterNotFoundError)):
-        return isinstance(_sentinel_refusal("", exc), (PermissionDenied, AuthenticationFailed))
-    return isinstance(exc, redis.ResponseError) and isinstance(_refusal("", exc), PermissionDenied)
-
-
-def _sentinel_refusal(url: str, exc: BaseException) -> GpuqError | None:
-    """The refusal a Sentinel answered with, as MasterNotFoundError carries it: a plain Redis's
-    of SENTINEL, or the ACL's ("<client> - NoPermissionError: this user has no permissions
-    ..."); None for other failures."""
-    text = str(exc)
-    if _refuses_sentinel(text):
-        return _not_a_sentinel(url)
-    if any(sign in text for sign in _DENIED):
-        return PermissionDenied(url, _first_line(exc).rpartition("NoPermissionError: ")[2])
-    if login := _SENTINEL_LOGIN.search(text):  # the Sentinels' own password or user name
-        return AuthenticationFailed(url, f"a Sentinel refused the login (sentinel_password, "
-                                         f"sentinel_username in the URL's query): {login[1]}")
-    if tls := _SENTINEL_TLS.search(text):
-        return TlsFailed(url, f"with a Sentinel: {tls[1].lower().replace('_', ' ')}")
-    return None
-
-
-def _refusal(url: str, exc: redis.ResponseError) -> GpuqError | None:
-    """The gpuq error for a server's refusal that no retry or other command would get
-    past; None for the errors callers handle themselves (WRONGTYPE, BUSYGROUP ...)."""
-    text, line = str(exc), _first_line(exc)
-    # inside a script the refusal comes back wrapped: "ERR The user executing the script
-    # can't run this command" (an ACL refusal, Redis 7.0), "... NOPERM ...", "... OOM ..."
-    if any(sign in text for sign in _DENIED):
-        return PermissionDenied(url, line)
-    if isinstance(exc, redis.exceptions.ReadOnlyError) or "read only replica" in text:
-        return ServerRefused(url, "it is a read-only replica: point the URL (--redis) at the master")
-    if isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM command not allowed" in text:
-        return ServerRefused(url, "it is out of memory (used memory > maxmemory): free memory "
-                                  "or raise maxmemory")
-    if "MISCONF" in text:  # a failed background save: the server takes no writes until one works
-        return ServerRefused(url, "it cannot save to disk (MISCONF): fix its `dir` or disk (its log "
-                                  "says why), or set stop-writes-on-bgsave-error no")
-    if text.startswith("BUSY") or " BUSY " in text:  # a script past busy-reply-threshold
-        return ServerRefused(url, "it is busy running a long script (BUSY): wait for it, or end it "
-                                  "with SCRIPT KILL or FUNCTION KILL")
-    if "DB index is out of range" in text:  # SELECT of the URL's database
-        return ConfigError(f"Redis URL {redact_url(url)!r} names a database the server does not have "
-                           f"({line}; the server's `databases` setting, 16 by default, bounds it)")
-    if _refuses_sentinel(text):
-        return _not_a_sentinel(url)
-    if unknown := re.search(r"unknown command [`']([^`']+)[`']", text):  # a Sentinel's port, a proxy
-        return ConfigError(f"Redis at {redact_url(url)} does not know the command {unknown[1]}: is it a "
-                           "Redis server (6.2 or later)? A Sentinel's address goes in a "
-                           "redis+sentinel:// URL")
-    return None
-
-
-def _refuses_sentinel(text: str) -> bool:
-    return re.search(r"unknown command [`']sentinel[`']", text, re.IGNORECASE) is not None
-
-
-def _not_a_sentinel(url: str) -> NoMaster:
-    return NoMaster(url, "it is a plain Redis, not a Sentinel (unknown command SENTINEL): use "
-                         "redis:// for it, or give redis+sentinel:// the Sentinels' addresses")
 
 
 @dataclass(frozen=True)

@@ -128,9 +128,11 @@ def config_of(ctx: click.Context) -> Config:
     return cfg
 
 
-def open_queue(ctx: click.Context, *, blocking: bool = False) -> Queue:
-    """The pool's queue; its client's reads are bounded (READ_TIMEOUT_S) unless the command
-    ``blocking`` blocks longer on a pop (a worker's idle wait, the reaper's, the bridge's)."""
+def open_queue(ctx: click.Context, *, block_s: float = 0.0) -> Queue:
+    """The pool's queue; its client's reads are bounded: READ_TIMEOUT_S past the longest
+    its command blocks on a pop (``block_s``: a worker's idle wait, the reaper's between
+    rounds), so a hung server (SIGSTOP, a partition the Sentinels fail over) ends a
+    long-lived process's call, to reconnect, rather than hang it for good."""
     cfg = config_of(ctx)
     if ctx.obj.get("empty_url"):  # e.g. --redis "$UNSET": the default server is not what was meant
         raise ConfigError("the Redis URL given (--redis or GPUQ_REDIS_URL) is empty: give one, or "
@@ -138,7 +140,7 @@ def open_queue(ctx: click.Context, *, blocking: bool = False) -> Queue:
     url = cfg.redis_url or DEFAULT_URL
     with redis_errors(url):
         client = connect(url, tls=Tls.of(cfg), pool=cfg.pool,
-                         socket_timeout=None if blocking else READ_TIMEOUT_S)
+                         socket_timeout=READ_TIMEOUT_S + block_s)
         ctx.call_on_close(client.close)  # no socket outlives its command (in-process callers)
         client.ping()
     return Queue(client, replace(cfg, redis_url=url), url=url)

@@ -36,8 +36,7 @@ POSITIVE = within("a finite number > 0", lambda v: 0 < v < math.inf)
 
 
 def _worker_id(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """--name: a worker id is part of its keys and listed in status, so it holds no space,
-    brace, comma or control character."""
+    """--name: a worker id is part of its keys and in status: no space, brace, comma or control."""
     if value is not None and (not value or name_problem(value)):
         raise ConfigError(f"--name {value!r}: a worker id must be 1..{MAX_NAME_LEN} printable "
                           "characters without spaces, commas or braces")
@@ -106,7 +105,8 @@ def worker(ctx: click.Context, app_path: str, gpu_index: str | None, gpu_count: 
         concurrency=concurrency, idle_timeout_s=idle_timeout_s, priorities=priorities,
         load_backoff_s=load_backoff_s, load_backoff_max_s=load_backoff_max_s,
         metrics_port=metrics_port, metrics_host=metrics_host)
-    cfg = replace(cfg, redis_url=(queue := open_queue(ctx, blocking=True)).url)
+    waits = max(cfg.idle_block_s, cfg.heartbeat_s)  # its longest pops: idle, control
+    cfg = replace(cfg, redis_url=(queue := open_queue(ctx, block_s=waits)).url)
     app = load_app(app_path)
     enable_worker(app, rq_allow, rq_url or queue.url, queue)
     gpu = probe(gpu_index, vram_gb, gpu_name, worker_id or "worker", gpu_count, cfg.kv_reserve_gb)
@@ -135,7 +135,7 @@ def reaper(ctx: click.Context, once: bool, max_wait_s: float | None, grace_s: fl
     for waiting online work, publish scale signals (one active reaper per pool)."""
     from gpuq.reaper import Reaper
 
-    queue = open_queue(ctx, blocking=True)
+    queue = open_queue(ctx, block_s=config_of(ctx).reap_interval_s)  # its wait between rounds
     cfg = queue.config.with_options(max_wait_s=max_wait_s, grace_s=grace_s,
                                     min_workers=min_workers, on_scale=on_scale)
     r = Reaper(queue.redis, cfg)
@@ -177,7 +177,7 @@ def rq_bridge(ctx: click.Context, /, rq_queues: tuple[str, ...], rq_url: str | N
 
     defaults["preemptible"] = None if not no_preempt else False  # None: not given
     check_defaults(defaults)
-    queue = open_queue(ctx, blocking=True)
+    queue = open_queue(ctx)  # its pops are on RQ's client
     url = rq_url or queue.url
     bridge = Bridge(queue, rq_client(url, Tls.of(queue.config)), url, list(rq_queues), defaults, burst=burst)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a pod's stop ends it as Ctrl-C does

@@ -35,6 +35,7 @@ from gpuq import backoff, catalog, eviction, recovery, schedule
 from gpuq.clock import from_time_reply, server_ms
 from gpuq.config import Config
 from gpuq.connection import denied, redis_errors
+from gpuq.failover import follow_master
 from gpuq.keys import Keys
 from gpuq.reaper.preempt import Preemptor
 from gpuq.reaper.scale import Scaler
@@ -218,6 +219,7 @@ class Reaper:
                 try:
                     if started >= next_round:
                         next_round = time.monotonic() + self.config.reap_interval_s
+                        follow_master(self.redis)  # a planned failover: gpuq.failover
                         if self.lead():
                             self.round()
                         outage.up(started)

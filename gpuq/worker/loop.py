@@ -157,8 +157,9 @@ class Worker:
                 self.stopping.set()  # burst: nothing left that this worker can run
                 self.done.set()
         elif self.running.slots_used() < self.config.concurrency:
+            # at most idle_block_s: the client's read timeout counts on it (gpuq.cli.open_queue)
             timeout = max(0.01, min(retry_s if retry_s > 0 else self.config.idle_block_s,
-                                    self.executor.broken.ends_in() + 0.01))
+                                    self.config.idle_block_s, self.executor.broken.ends_in() + 0.01))
             with self._blocked_lock:
                 self.blocked += 1
             try:

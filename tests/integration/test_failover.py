@@ -192,3 +192,72 @@ def test_a_worker_process_through_a_sentinel_url_survives_a_failover(pool: str, 
         finally:
             q.close()
             proc.stop()
+
+
+@pytest.mark.slow
+def test_a_planned_failover_is_followed_before_the_old_master_is_told() -> None:
+    """Found by an operator's drill: after ``SENTINEL FAILOVER`` the old master stays a master
+    until the Sentinels reconfigure it (about 10 s), and connections open to it, a worker's
+    kept one among them, kept writing there: acknowledged enqueues the new master never got.
+    ``follow_master`` (each heartbeat and reaper round) closes them once the Sentinels name
+    the new master."""
+    from gpuq.connection import connect
+    from gpuq.failover import follow_master
+    from gpuq.wire import exchange
+
+    with SentinelSet() as sentinels:
+        client = connect(sentinels.url)
+        try:
+            old = sentinels.master_address()
+            assert exchange(client, [("INFO", "server")])[0].count(f"tcp_port:{old[1]}") == 1  # kept
+            assert client.info("server")["tcp_port"] == old[1]  # from the pool
+            assert follow_master(client) is False  # nothing moved
+            with redis.Redis(*sentinels.addresses[0], decode_responses=True) as s:
+                s.execute_command("SENTINEL", "FAILOVER", "gpuq-test")
+            wait_until(lambda: sentinels.master_address() != old, 20, "the sentinels to name the new master")
+            new = sentinels.master_address()
+            # the Sentinel the client asks may pass the news on a moment later
+            wait_until(lambda: follow_master(client), 10, "the client's Sentinel to name the new master")
+            assert client.info("server")["tcp_port"] == new[1]
+            assert exchange(client, [("INFO", "server")], retry=True)[0].count(f"tcp_port:{new[1]}") == 1
+        finally:
+            client.close()
+
+
+@pytest.mark.slow
+def test_a_worker_leaves_a_hung_master_the_sentinels_replaced(pool: str, prefix: str,
+                                                              tmp_path: Path) -> None:
+    """Found by an operator's drill: with the master stopped (SIGSTOP: the kernel still
+    answers TCP, so keepalive sees nothing) and the replica promoted, a worker waited on it
+    for ever, without a log line: no read timeout. Its reads now end READ_TIMEOUT_S past its
+    longest pop, and it reconnects through the Sentinels."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
+    env.update({"GPUQ_PREFIX": prefix, "GPUQ_SIM_TIME_SCALE": "0.01", "GPUQ_LEASE_S": "10",
+                "GPUQ_HEARTBEAT_S": "1", "GPUQ_IDLE_BLOCK_S": "1", "PYTHONUNBUFFERED": "1"})
+    with SentinelSet() as sentinels:
+        args = [sys.executable, "-m", "gpuq", "--redis", sentinels.url, "--pool", pool, "worker",
+                "--app", SIM_APP, "--vram-gb", "80", "--gpu-name", "sim-80GB", "--name", "w-hung"]
+        proc = Proc("w-hung", args, env, tmp_path / "worker.log")
+        master = sentinels.master.proc
+        assert master is not None
+        try:
+            with Queue(sentinels.client(), Config(pool=pool, prefix=prefix)) as q:
+                wait_for(lambda: q.redis.zscore(q.keys.workers, "w-hung") is not None, 20,
+                         message=lambda: f"the worker to register; log:\n{proc.log()[-3000:]}")
+                assert q.enqueue("sim.noop", {"n": 1}, model="m", vram_gb=1).result(timeout=10) == {"n": 1}
+            old = sentinels.master_address()
+            master.send_signal(signal.SIGSTOP)
+            wait_until(lambda: sentinels.master_address() != old, 30, "the sentinels to promote the replica")
+            with Queue(sentinels.client(), Config(pool=pool, prefix=prefix)) as q:  # the new master
+
+                def enqueued() -> Task | None:
+                    try:
+                        return q.enqueue("sim.noop", {"n": 2}, model="m", vram_gb=1)
+                    except ConnectionFailed:  # until every Sentinel names the new master
+                        return None
+
+                task = wait_for(enqueued, 20, interval=0.1, message="an enqueue after the failover")
+                assert task.result(timeout=30) == {"n": 2}, proc.log()[-3000:]
+        finally:
+            master.send_signal(signal.SIGCONT)
+            proc.stop()

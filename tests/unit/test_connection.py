@@ -124,6 +124,13 @@ def test_redis_errors_name_the_fault() -> None:
                              "unable to persist to disk."), ServerRefused, "cannot save to disk (MISCONF)"),
         (redis.ResponseError("BUSY Redis is busy running a script. You can only call SCRIPT KILL or "
                              "SHUTDOWN NOSAVE."), ServerRefused, "busy running a long script"),
+        # found by an operator's drill: a traceback, exit 1, from the CLI
+        (redis.ResponseError("NOREPLICAS Not enough good replicas to write."), ServerRefused,
+         "fewer replicas in reach than min-replicas-to-write asks (NOREPLICAS)"),
+        (redis.ResponseError("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set "
+                             "to 'no'."), ServerRefused, "a replica that lost its master (MASTERDOWN)"),
+        (redis.ResponseError("LOADING Redis is loading the dataset in memory"), ServerRefused,
+         "loading its data (LOADING)"),
         (redis.ResponseError("DB index is out of range"), ConfigError,
          "Redis URL 'redis://:***@h:1/0' names a database the server does not have"),
         (redis.ResponseError("unknown command 'SENTINEL', with args beginning with: 'MASTERS' "),
