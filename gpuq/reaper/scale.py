@@ -38,8 +38,8 @@ from gpuq.reaper import forecast
 from gpuq.reaper.backlog_sample import SAMPLE_REST, Samples, as_float, deepen, read_backlogs
 from gpuq.reaper.known_workers import KnownWorkers
 from gpuq.reaper.scale_hook import CommandHook
-from gpuq.reaper.scale_plan import HINT_EVERY_MS, ScalePlan, ScaleSignal, decimal, gpus_sampled, plan
-from gpuq.reaper.snapshot import Snapshot, WorkerState
+from gpuq.reaper.scale_plan import HINT_EVERY_MS, ScalePlan, ScaleSignal, decimal, plan
+from gpuq.reaper.snapshot import Snapshot, WorkerState, gpus_sampled, need_sampled
 from gpuq.task import Priority
 from gpuq.worker_record import AWAY, lane_skips
 
@@ -57,7 +57,8 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
                   samples: Samples | None = None,
                   entries: list[catalog.ModelEntry] | None = None,
                   known: KnownWorkers | None = None,
-                  gpus_seen: Mapping[str, int] | None = None) -> Snapshot:
+                  gpus_seen: Mapping[str, int] | None = None,
+                  need_seen: Mapping[str, float] | None = None) -> Snapshot:
     """The pool as ``plan`` needs it, in five pipelined reads (and the catalog's two), each
     bounded: per queue its ZCARD and SAMPLE_REST head tasks (SAMPLE for the DEEP deepest;
     at most SAMPLE_BUDGET task reads in all, ``Samples``), per live worker a few hash
@@ -147,7 +148,7 @@ def read_snapshot(client: redis.Redis, keys: Keys, now_ms: int, config: Config |
     return Snapshot(tuple(workers), backlogs, sizes, holders, load_s,
                     {e.name: e.vram_gb for e in entries if e.vram_gb > 0}, bands,
                     float(top[1]) if top else 0.0, unregistered, forecasts, dict(est_s or {}),
-                    frozenset(holders), gpus, wide, widest(gpus_seen or {}, entries))
+                    frozenset(holders), gpus, wide, widest(gpus_seen or {}, entries), dict(need_seen or {}))
 
 
 def widest(gpus_seen: Mapping[str, int], entries: list[catalog.ModelEntry]) -> dict[str, int]:
@@ -209,6 +210,7 @@ class Scaler:
         self.hinted: dict[str, int] = {}
         self.est_s: dict[str, float] = {}  # model -> mean est_s of its last sampled queue
         self.gpus_seen: dict[str, int] = {}  # model -> the most GPUs its sampled tasks asked
+        self.need_seen: dict[str, float] = {}  # model -> the most VRAM its sampled tasks asked
         self.est_seen: dict[str, int] = {}  # model -> when (ms) it last had work or arrivals
         self.samples = Samples()  # each queue's last full sample (a round's reads are bounded)
         self.known = KnownWorkers()  # live workers' fields that do not change while they run
@@ -230,12 +232,13 @@ class Scaler:
         now = server_ms(self.redis) if now_ms is None else now_ms
         entries = self.catalog.read(self.redis, self.keys) if entries is None else entries
         snapshot = read_snapshot(self.redis, self.keys, now, self.config, self.est_s, self.arrivals,
-                                 self.samples, entries, self.known, self.gpus_seen)
+                                 self.samples, entries, self.known, self.gpus_seen, self.need_seen)
         result = plan(snapshot, self.config, now, self.hinted)
         # a worker hash damaged by hand (a size below its reserve, not a number) is no shape
         self.live_classes = sorted({(w.usable_gb, w.gpus) for w in snapshot.workers
                                     if 0 <= w.usable_gb <= 1e9 and 1 <= w.gpus <= 64})
         self.gpus_seen = {**self.gpus_seen, **gpus_sampled(snapshot)}
+        self.need_seen = {**self.need_seen, **need_sampled(snapshot)}
         for b in snapshot.backlogs:
             if b.sample:
                 self.est_s[b.model] = sum(e for _, e, _ in b.sample) / len(b.sample)
@@ -246,6 +249,7 @@ class Scaler:
         self.est_seen = {m: t for m, t in self.est_seen.items() if now - t <= ARRIVAL_TTL_S * 1000}
         self.est_s = {m: e for m, e in self.est_s.items() if m in self.est_seen}
         self.gpus_seen = {m: g for m, g in self.gpus_seen.items() if m in self.est_seen}
+        self.need_seen = {m: g for m, g in self.need_seen.items() if m in self.est_seen}
         self._write(result, now, snapshot.unregistered)
         self.hinted = {m: t for m, t in self.hinted.items() if now - t < HINT_EVERY_MS}
         self.hinted.update((h.model, now) for h in result.hints)

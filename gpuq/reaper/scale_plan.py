@@ -67,7 +67,7 @@ from gpuq.config import Config
 from gpuq.reaper import scale_classes
 from gpuq.reaper.forecast import RISE, Forecast
 from gpuq.reaper.scale_ahead import ahead_hints, calm_classes
-from gpuq.reaper.snapshot import Snapshot, WorkerState
+from gpuq.reaper.snapshot import Snapshot, WorkerState, gpus_sampled
 from gpuq.shapes import holds, smallest_fit
 
 HINT_EVERY_MS = 30_000  # a model is hinted again only after this long
@@ -134,13 +134,12 @@ def decimal(x: float) -> str:
     return f"{x:.3f}".rstrip("0").rstrip(".")  # plain decimal, as the wire format wants
 
 
-def gpus_sampled(snap: Snapshot) -> dict[str, int]:
-    """Per model, the most GPUs a task of its queues' samples asks this step."""
-    out: dict[str, int] = {}
-    for b in snap.backlogs:
-        for *_, gpus in b.sample:
-            out[b.model] = max(out.get(b.model, 1), gpus)
-    return out
+def _unqueued(name: str, snap: Snapshot) -> _Model:
+    """A model with a forecast and no queued work, sized as its tasks were seen to ask (its
+    weights, if more; none seen: one GPU): a 2-GPU model's arrivals must not be booked to
+    the one-GPU class, nor a model no class holds to the smallest."""
+    return _Model(name, need_gb=max(snap.footprint_gb.get(name, 0.0), snap.need_seen.get(name, 0.0)),
+                  need_gpus=snap.gpus_seen.get(name, 1))
 
 
 def _fits(w: WorkerState, m: _Model, levels: Iterable[int] | None = None) -> bool:
@@ -337,8 +336,7 @@ def plan(snapshot: Snapshot, config: Config, now_ms: int,
     live = {w.id for w in snapshot.workers}
     queued = {m.name for m in models}
     # models with a rise and no queued work: their need is their catalog footprint
-    rising = [_Model(name, need_gb=snapshot.footprint_gb.get(name, 0.0))
-              for name, f in snapshot.forecasts.items()
+    rising = [_unqueued(name, snapshot) for name, f in snapshot.forecasts.items()
               if f.rising and name not in queued and config.scale_signal == "forecast"
               and (snapshot.weighed is None or name in snapshot.weighed)]
     by_id = {w.id: w for w in snapshot.workers}  # a lane holding a model drains only its levels' work
@@ -351,8 +349,7 @@ def plan(snapshot: Snapshot, config: Config, now_ms: int,
         model_signals.append(_model_signal(m, len(holders[m.name]), snapshot.load_s.get(m.name, 0.0),
                                            config, idle_fit))
     # the class's forecast covers every model with history, queued or not
-    others = [_Model(name, need_gb=snapshot.footprint_gb.get(name, 0.0))
-              for name in snapshot.forecasts if name not in queued]
+    others = [_unqueued(name, snapshot) for name in snapshot.forecasts if name not in queued]
     ahead = _class_forecast(snapshot, config, models + others)
     calm: dict[str, str] = {}
     if config.scale_signal == "forecast":

@@ -65,3 +65,24 @@ class Snapshot:
     # model -> the most GPUs a sampled task of it asked (kept across steps like est_s): a
     # forecast warm hint goes only to a worker with that many
     gpus_seen: Mapping[str, int] = field(default_factory=dict)
+    # model -> the most VRAM a sampled task of it asked (kept the same way): with gpus_seen,
+    # the shape a model without queued work is sized by in the class forecast
+    need_seen: Mapping[str, float] = field(default_factory=dict)
+
+
+def gpus_sampled(snap: Snapshot) -> dict[str, int]:
+    """Per model, the most GPUs a task of its queues' samples asks this step."""
+    out: dict[str, int] = {}
+    for b in snap.backlogs:
+        for *_, gpus in b.sample:
+            out[b.model] = max(out.get(b.model, 1), gpus)
+    return out
+
+
+def need_sampled(snap: Snapshot) -> dict[str, float]:
+    """Per model, the most VRAM a task of its queues' samples asks this step."""
+    out: dict[str, float] = {}
+    for b in snap.backlogs:
+        for vram, *_ in b.sample:
+            out[b.model] = max(out.get(b.model, 0.0), vram)
+    return out

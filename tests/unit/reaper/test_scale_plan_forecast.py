@@ -161,3 +161,18 @@ def test_forecast_hints_go_only_to_a_group_with_the_gpus_the_models_tasks_ask() 
         == [("group", "m")]
     sampled = replace(s, gpus_seen={}, backlogs=(Backlog(2, "m", 1, NOW + 60_000, ((30.0, 5.0, 4),)),))
     assert all(h.worker != "one" for h in plan(sampled, CFG, NOW).hints)
+
+
+def test_a_model_without_queued_work_is_booked_to_the_class_its_tasks_were_seen_to_need() -> None:
+    """Found by an integrator: once its queue drained, a 2-GPU model's arrival rate (and the
+    desired workers it drives) went to the one-GPU A100 class, and a model never loaded (no
+    footprint), the 200 GB one no class holds included, to the smallest class."""
+    classes = {**CLASSES, "2xL40S": 96.0}
+    s = Snapshot((worker("a"),), (), classes, {}, class_gpus={"2xL40S": 2},
+                 forecasts={"wide": rise("wide", 0.05, 3.0), "huge": rise("huge", 0.05, 3.0)},
+                 est_s={"wide": 5.0, "huge": 5.0}, gpus_seen={"wide": 2},
+                 need_seen={"wide": 40.0, "huge": 200.0})
+    out = plan(s, CFG, NOW)
+    booked = {sig.name: sig.rate_per_s for sig in out.signals if sig.kind == "class"}
+    assert booked == {"L4": None, "A100": None, "H200": None, "2xL40S": 0.05}
+    assert signal(out, "class", "2xL40S").desired > 0 and signal(out, "class", "A100").desired == 1
