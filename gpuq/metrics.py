@@ -28,7 +28,7 @@ scrape; served by ``gpuq exporter``):
 | metric | type | labels | source |
 |---|---|---|---|
 | gpuq_queue_depth | gauge | pool, priority, model | `q:<p>:<model>` sizes; 0 with model "" for a priority whose queues are all empty, so no priority's series goes missing; per priority the `exporter_models` (50) deepest queues, the rest (and a model named `other`) summed as model `other` (their oldest wait in the next row) |
-| gpuq_queue_oldest_wait_seconds | gauge | pool, priority, model | the queue head's enqueue time |
+| gpuq_queue_oldest_wait_seconds | gauge | pool, priority, model | since the queue head last became queued (enqueued, due, requeued) |
 | gpuq_tasks_running / gpuq_tasks_delayed / gpuq_tasks_waiting / gpuq_tasks_unschedulable / gpuq_tasks_parked | gauge | pool | running set, delayed set (retries in backoff, tasks enqueued with a delay), tasks waiting for their parents, tasks larger than every GPU class, queued tasks out of their queues while no live worker can hold them |
 | gpuq_schedules | gauge | pool | periodic tasks (`gpuq schedule`) |
 | gpuq_tasks_enqueued_total | counter | pool | `stats` enqueued |

@@ -266,7 +266,7 @@ def _queues(client: redis.Redis, keys: Keys, per_level: list[list[str]], now: fl
     pipe = client.pipeline(transaction=False)
     for ids in ids_of:
         for tid in ids:
-            pipe.hmget(keys.task(tid), "enqueued_at", "handler")
+            pipe.hmget(keys.task(tid), "queued_at", "handler")  # since it last became queued
     read = iter(pipe.execute())
     queues, named = [], []
     for (p, m, qs), ids in zip(rows, ids_of):

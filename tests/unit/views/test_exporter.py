@@ -195,3 +195,15 @@ def test_the_staleness_bound_is_exported_beside_the_age_and_follows_the_reapers_
     assert "gpuq_workers_desired" not in scrape(1000.0, 300.0)  # past the bound: stale
     q.redis.delete(q.keys.scale)
     assert scale_series(q) == {}  # no signal with a time: neither the age nor its bound
+
+
+def test_a_queues_oldest_wait_counts_from_when_its_head_became_queued() -> None:
+    """Found by an integrator: a task delayed 20 s showed a wait of 26.9 s seven seconds after
+    it became due (and a retried or yielded task, its wait since its first enqueue), so the
+    "queue wait growing" alert fired for any task delayed over a minute."""
+    q = Queue(fakeredis.FakeRedis(decode_responses=True), Config(pool="p"))
+    t = q.enqueue("h", model="m", vram_gb=1, priority="P2")
+    now = server_ms(q.redis)
+    q.redis.hset(q.keys.task(t.id), mapping={"enqueued_at": now - 60_000, "queued_at": now - 5_000})
+    (row,) = [r for r in read_figures(q.redis, q.keys).queues if r[:2] == ("P2", "m")]
+    assert 5 <= row[3] < 30
