@@ -21,6 +21,8 @@ from gpuq.redact import redact
 
 EVENT = re.compile(r"^([a-z_]+(?:\.[a-z_]+)+)\b")
 FIELD = re.compile(r"\b([a-z_]+)=(\S+?)[:,;]?(?=\s|$)")  # a value ends before ": reason"
+SPEC = re.compile(r"%(?:\(\w+\))?[#0\- +]*(?:\*|\d+)?(?:\.(?:\*|\d+))?[diouxXeEfFgGcrsa%]")
+KEY_BEFORE = re.compile(r"\b([a-z_]+)=$")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
 
@@ -35,7 +37,7 @@ class Redact(logging.Filter):
             return True
         masked = redact(message)
         if masked != message:
-            record.msg, record.args = masked, None
+            record.msg, record.args = _masked_template(record, masked) or (masked, None)
         if record.exc_info and not record.exc_text:
             record.exc_text = logging.Formatter().formatException(record.exc_info)
         if record.exc_text:
@@ -43,6 +45,39 @@ class Redact(logging.Filter):
         if record.stack_info:
             record.stack_info = redact(record.stack_info)
         return True
+
+
+def _masked_template(record: logging.LogRecord, masked: str) -> tuple[str, tuple[Any, ...]] | None:
+    """The record's template and arguments, each masked, where they still make the masked
+    message (the JSON fields are read from them); None where they do not."""
+    msg, args = record.msg, record.args
+    if not isinstance(msg, str) or not isinstance(args, tuple):
+        return None
+    safe = tuple(a if isinstance(a, (int, float)) else redact(str(a)) for a in args)
+    try:
+        return (redact(msg), safe) if redact(msg) % safe == masked else None
+    except (TypeError, ValueError):
+        return None
+
+
+def template_fields(record: logging.LogRecord) -> dict[str, str]:
+    """The ``key=%s`` fields of a record's message template, each its whole argument as
+    formatted (a reason or an error with spaces in it too), masked: {} where the template
+    cannot say (no arguments, named ones, a record Redact rewrote)."""
+    msg, args = record.msg, record.args
+    if not isinstance(msg, str) or not isinstance(args, tuple) or not args:
+        return {}
+    out: dict[str, str] = {}
+    specs = [m for m in SPEC.finditer(msg) if m.group() != "%%"]
+    if len(specs) != len(args) or any("*" in m.group() or "(" in m.group() for m in specs):
+        return {}  # malformed, or widths from arguments: the message's own fields serve
+    for m, arg in zip(specs, args):
+        if key := KEY_BEFORE.search(msg, 0, m.start()):
+            try:
+                out[key.group(1)] = redact(m.group() % (arg,))
+            except (TypeError, ValueError):
+                return {}
+    return out
 
 
 class JsonFormatter(logging.Formatter):
@@ -56,8 +91,8 @@ class JsonFormatter(logging.Formatter):
         event = EVENT.match(message)
         if event:
             out["event"] = event.group(1)
-        for key, value in FIELD.findall(message):
-            out.setdefault(key, value)
+        for key, value in [*template_fields(record).items(), *FIELD.findall(message)]:
+            out.setdefault(key, value)  # the template's first: it knows where a value ends
         out["message"] = message
         if record.exc_info:  # Redact formatted (and masked) it already
             out["exc"] = record.exc_text or self.formatException(record.exc_info)

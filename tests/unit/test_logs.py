@@ -33,6 +33,27 @@ def test_json_lines_lift_the_event_name_and_fields(capsys: pytest.CaptureFixture
     assert "event" not in third and third["message"] == "no event here, just text"
 
 
+def test_json_fields_hold_a_whole_argument_spaces_and_all(capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by an integrator: ``reason=enough workers`` came out as ``"reason": "enough"``,
+    an error as its first word: a pipeline filtering on the field got the wrong value."""
+    logs.configure("INFO", "json")
+    try:
+        log = logging.getLogger("gpuq.test")
+        log.info("scale.signal pool=%s class=%s current=%d desired=%d reason=%s%s", "p", "A100", 1, 1,
+                 "enough workers", "")
+        log.warning("redis.unavailable %s error=%s: retrying with backoff up to %g s", "worker=w",
+                    "Error 111 connecting to redis://:secret@h:1. Connection refused.", 2.0)
+        log.info("model.load_failed worker=%s model=%s error=%s failures=%d", "w", "m",
+                 "OSError: no space left", 2)
+    finally:
+        logs.configure("INFO", "text")
+    first, second, third = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert (first["reason"], first["desired"]) == ("enough workers", "1")
+    assert second["error"] == "Error 111 connecting to redis://:***@h:1. Connection refused."
+    assert "secret" not in json.dumps(second)
+    assert (third["error"], third["failures"]) == ("OSError: no space left", "2")
+
+
 def test_text_format_is_the_default_layout(capsys: pytest.CaptureFixture[str]) -> None:
     logs.configure("INFO", "text")
     logging.getLogger("gpuq.test").info("task.claimed task=t-2")
