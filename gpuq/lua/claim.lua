@@ -30,8 +30,7 @@
 -- ARGV[8]  GPUs in this worker's group (>= 1)
 -- ARGV[9]  "1": this worker is its shape's lookout (its last claim replied retry_ms > 0);
 --          "2": it is not in `idle` (one slot, and its last claim or a hand-over gave it a task)
--- ARGV[10]  K: the worker's batch handlers (0..1000), then K pairs: handler name, how many
---           more tasks its batch may take (0..1e4)
+-- ARGV[10]  K: its batch handlers (0..1000), then K pairs: handler name, more tasks its batch takes (0..1e4)
 -- ARGV[..]  pairs: loaded model name, its footprint (GB), negative while a running task of this
 --           worker uses it (then not in the evictable VRAM), "~" first while its load has not
 --           ended (its task starts cold); or a model and "skip:<ms>": its load failed here, its
@@ -46,11 +45,9 @@
 --          {1, 0, reason}  INVALID: a malformed argument (nothing written)
 -- A queued task no claim could run wedges nothing: an id whose hash is gone (or no longer queued)
 -- leaves its queue; one with a field missing or malformed (`readable`) ends failed, "corrupt task".
--- A task's SLA is decided once, at its first handler start (stats sla_met:P<n> or sla_missed:P<n>,
--- by its queue score, the start-by time; a miss noted in `misses`). A task whose model this
--- worker holds loaded starts its handler at once: decided here (reply sla "met" or "missed"). One
--- started cold gets sla "pending": the worker calls began.lua when the handler starts. sla ""
--- when an earlier start decided it.
+-- A task's SLA is decided once, at its first handler start (stats sla_met/sla_missed:P<n>, by its
+-- start-by time; a miss noted in `misses`): here for a model held loaded (reply sla "met" or
+-- "missed"); "pending" for a cold start (the worker calls began.lua); "" if decided before.
 
 --@include args
 --@include queue
@@ -300,19 +297,22 @@ end
 local id, p, m, use, f, head
 local reserved, has_key = reserved_task(worker, now, finite(fair[7]) or 0)
 if reserved then
-  local r = redis.call('HMGET', task_key(reserved), 'state', 'priority', 'model', 'vram_gb',
-    'tenant', 'gpus')
+  local r = redis.call('HMGET', task_key(reserved), 'state', 'priority', 'model', 'vram_gb', 'tenant', 'gpus')
   local need, footprint = finite(r[4]), r[3] and held[r[3]]
-  -- a corrupt one is left to the scan of its queue, which fails it; one whose tenant has
-  -- reached a quota since is not taken (the reservation goes, the worker claims as usual)
+  -- a corrupt one is left to its queue's scan (it fails it); one of a tenant at a limit waits for
+  -- the tenant's task here to end (the planner's only room for it), else goes: a claim as usual
+  local capped = need and tenancy and r[5] and over_quota(r[5], need, tonumber(r[6]) or 1) and 'drop'
+  r.ids = capped and redis.call('SMEMBERS', worker_tasks_key(worker)) or {}  -- no locals to spare
+  while #r.ids > 0 do
+    if redis.call('HGET', task_key(table.remove(r.ids)), 'tenant') == r[5] then capped = 'waits' end
+  end
   if r[1] == 'queued' and level(r[2]) and r[3] and need and need > 0 and (tonumber(r[6]) or 1) <= gpus
-      and not (tenancy and r[5] and over_quota(r[5], need, tonumber(r[6]) or 1)) then
-    if footprint and need - footprint <= held_room(r[3], footprint) then
+      and capped ~= 'drop' then
+    if not capped and footprint and need - footprint <= held_room(r[3], footprint) then
       use = math.max(0, need - footprint)
-    elseif not footprint and need <= claimable then
+    elseif not capped and not footprint and need <= claimable then
       use = need
-    else
-      -- the task it waits for still holds the room: take nothing else, look again soon
+    else  -- the tasks it waits for still hold the room: take nothing else, look again soon
       redis.call('ZREM', K_IDLE, worker)
       return {0, 'none', 200}
     end

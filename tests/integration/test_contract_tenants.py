@@ -369,3 +369,30 @@ def test_check_fit_refuses_a_task_past_its_tenant_s_caps(queue: Queue) -> None:
     enqueue(queue, T0, check_fit=True, model="A", vram_gb=8, tenant="d")
     enqueue(queue, T0, model="A", vram_gb=16, tenant="d")
     assert queue.redis.zcard(queue.keys.queue(2, "A")) == 2
+
+
+def test_a_reservation_for_a_capped_tenant_waits_for_its_own_task_on_that_worker(queue: Queue) -> None:
+    """Found by an integrator: the planner made room for a P0 task of tenant A (capped at 1
+    GPU) on the worker running A's own P3 task; the worker's next claim, from its free slot,
+    dropped the reservation (A still at its cap) and took other work, and each round the
+    planner reserved again (111 reservations counted for 25 tasks)."""
+    now = int(time.time() * 1000)
+    set_tenant(queue, Tenant("A", max_gpus=1))
+    set_tenant(queue, Tenant("B"))
+    queue.redis.hset(queue.keys.worker("w1"), mapping={"vram_total_gb": 80, "kv_reserve_gb": 5})
+    queue.redis.zadd(queue.keys.workers, {"w1": now + 60_000})
+    started = now - 60_000
+    own = enqueue(queue, started, model="m", vram_gb=16, priority="P3", est_s=600, tenant="A")
+    first = claim(queue, "w1", 75, loaded=HELD, slots=2, now_ms=started)
+    assert first is not None and first["id"] == own
+    other = enqueue(queue, now, model="m", vram_gb=16, priority="P3", tenant="B")
+    urgent = enqueue(queue, now, model="m", vram_gb=16, priority="P0", est_s=5, tenant="A")
+    planner = Preemptor(queue.redis, queue.keys, queue.config, queue.scripts, queue.calls)
+    assert planner.step(now) == {"yield": 1}
+    assert claim(queue, "w1", 59, loaded=HELD, slots=1, now_ms=now + 1) is None  # waits: no B task
+    assert queue.redis.exists(queue.keys.reservation("w1"))
+    assert planner.step(now + 2) == {}  # still reserved: nothing planned again
+    ack(queue, own, first["token"], now_ms=now + 3)  # A's task gives way
+    got = claim(queue, "w1", 75, loaded=HELD, slots=2, now_ms=now + 4)
+    assert got is not None and got["id"] == urgent
+    assert queue.redis.hget(queue.keys.task(other), "state") == "queued"
