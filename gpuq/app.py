@@ -63,10 +63,9 @@ MAX_BATCH = 10_000  # claim_batch.lua takes at most this many tasks a call
 
 
 class Yielded(BaseException):
-    """Raised through ``Context.yield_now``: the task gives its GPU back and is requeued,
-    with its checkpoint, without using up an attempt. A BaseException, as asyncio's
-    cancellation is: a handler's ``except Exception`` must not turn its yield into a
-    failure (and one that catches it anyway gives way all the same: ``Context.yielding``)."""
+    """Raised through ``Context.yield_now``: the task gives its GPU back and is requeued, with
+    its checkpoint, its attempt unused. A BaseException, as asyncio's cancellation is: an
+    ``except Exception`` lets it through (one that catches it gives way all the same)."""
 
 
 class Context:
@@ -279,8 +278,11 @@ def check_callable(what: str, fn: object, takes: str = "") -> None:
     try:
         signature.bind(*takes.split(", "))
     except TypeError:  # every call would fail, each a task's attempt: refuse it at start
-        raise AppError(f"{what} must take ({takes}), got {getattr(fn, '__name__', 'a callable')}"
-                       f"({', '.join(signature.parameters)})") from None
+        # its parameters' kinds and defaults (a keyword-only ctx), not their types
+        params = [p.replace(annotation=p.empty) for p in signature.parameters.values()]
+        bare = signature.replace(parameters=params, return_annotation=signature.empty)
+        raise AppError(f"{what} must take ({takes}) by position, got "
+                       f"{getattr(fn, '__name__', 'a callable')}{bare}") from None
 
 
 @dataclass

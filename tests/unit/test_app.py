@@ -195,11 +195,14 @@ def test_registrations_that_could_only_fail_at_run_time_are_refused_at_start(
     app.model("m")(lambda name: name)
     with pytest.raises(AppError, match="model 'm' is registered twice"):
         app.model("m")(lambda name: name)
-    with pytest.raises(AppError, match=r"handler 'two' must take \(model, payload, ctx\), "
-                                       r"got two\(model, payload\)"):
+    with pytest.raises(AppError, match=r"handler 'two' must take \(model, payload, ctx\) by position, "
+                                       r"got two\(model, payload\)$"):
         @app.handler("two")
         def two(model: object, payload: object) -> None:
             return None
+    # found by a handler author: the keyword-only ctx showed as (model, payload, ctx), what was asked
+    with pytest.raises(AppError, match=r"got <lambda>\(model, payload, \*, ctx\)"):
+        app.handler("kw")(lambda model, payload, *, ctx: 1)
     with pytest.raises(AppError, match=r"handler 'b' must take \(model, payloads, ctx\)"):
         app.handler("b", batch=4)(lambda model, payloads: None)
     with pytest.raises(AppError, match=r"model 'n': the loader must take \(name\)"):
