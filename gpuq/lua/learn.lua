@@ -41,10 +41,11 @@ local state, order = {}, {}  -- field -> {mean, p90, n} ({}: none yet; false: pa
 local count  -- HLEN, read once a new pair is met, counting the pairs this call adds
 
 -- Add one successful run of x seconds. Mean: an exponentially decayed mean, weight
--- max(0.1, 1/n) (the plain mean of the first 10 runs, then 0.1). p90: a stochastic-
--- approximation step towards the 0.9 quantile, scaled by the mean: up 0.9·s when x is above
--- it, down 0.1·s otherwise (s = the same weight × the mean), so it settles where one run in
--- ten lies above it; the first run starts it at x. A malformed value starts afresh.
+-- max(0.1, 1/n) (the plain mean of the first 10 runs, then 0.1). p90: the largest of the first
+-- 10 runs (their 0.9 quantile: a smaller step than that showed a p90 below every run of two),
+-- then a stochastic-approximation step towards the 0.9 quantile, scaled by the mean: up 0.9·s
+-- when x is above it, down 0.1·s otherwise (s = the same weight × the mean), so it settles
+-- where one run in ten lies above it. A malformed value starts afresh.
 local function note_runtime(field, x)
   local s = state[field]
   if s == nil then
@@ -71,7 +72,8 @@ local function note_runtime(field, x)
   local a = math.max(RUNTIME_WEIGHT, 1 / n)
   local mean, p90 = s[1] + a * (x - s[1]), s[2]
   local step = a * mean
-  if x > p90 then p90 = p90 + 0.9 * step else p90 = math.max(0, p90 - 0.1 * step) end
+  if n * RUNTIME_WEIGHT <= 1 then p90 = math.max(p90, x)  -- the first 10
+  elseif x > p90 then p90 = p90 + 0.9 * step else p90 = math.max(0, p90 - 0.1 * step) end
   s[1], s[2], s[3] = mean, p90, n
   return 1
 end
