@@ -257,8 +257,7 @@ def check_timeout(handler: str, timeout_s: object) -> None:
 
 
 def check_name(what: str, name: object) -> None:
-    """A handler or model name as a task must spell it (AppError: one line); a name no
-    enqueue can give would register a handler no task ever reaches."""
+    """A name as a task must spell it (AppError): one no enqueue can give reaches no task."""
     if not isinstance(name, str) or not name.strip():
         raise AppError(f"{what} name must be a non-empty string, got {name!r}")
     if problem := name_problem(name):
@@ -373,9 +372,9 @@ class App:
 
 
 def load_app(path: str) -> App:
-    """Import ``module:attr`` and return the App it names. The current directory is searched
-    too, after the installed packages: ``gpuq worker --app myapp:app`` next to myapp.py finds
-    it, as ``python -m`` would (the ``gpuq`` script's own path is its bin directory)."""
+    """Import ``module:attr`` and return the App it names. The current directory is searched too,
+    after the installed packages: ``gpuq worker --app myapp:app`` finds myapp.py there, as ``python
+    -m`` would (the ``gpuq`` script's own path is its bin directory)."""
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise AppError(f"--app must look like module:attr, got {path!r}")
@@ -392,7 +391,8 @@ def load_app(path: str) -> App:
                        f"({where.filename}:{where.lineno})") from None
     app = getattr(module, attr, None)
     if not isinstance(app, App):
-        raise AppError(f"{path} is not a gpuq.App")
+        raise AppError(f"{path} is not a gpuq.App" if hasattr(module, attr)
+                       else f"app module {module_name!r} has no {attr!r}")
     for spec in app.handlers.values():  # its tasks would all fail: the worker would publish it
         if spec.model is not None and app.model_spec(spec.model) is None:
             raise AppError(f"handler {spec.name!r} runs model {spec.model!r}, which has no loader "

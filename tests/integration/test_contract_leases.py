@@ -88,6 +88,10 @@ def test_ack_after_reap_recovered_an_expired_lease_is_rejected(queue: Queue) -> 
         ack(queue, tid, first["token"], "late again", now_ms=T0 + LEASE_MS + 4)
     ack(queue, tid, second["token"], "done", now_ms=T0 + LEASE_MS + 5)
     assert queue.record(tid).result == "done"
+    once = enqueue(queue, T0, max_attempts=1)  # its one attempt spent: failed, said in the singular
+    claimed(queue, "w1", now_ms=T0 + LEASE_MS + 6)
+    reap(queue, now_ms=T0 + 2 * LEASE_MS + 7)
+    assert queue.record(once).error == "worker w1 died (after 1 attempt)"
 
 
 def test_heartbeat_renews_a_lease_past_its_first_expiry(queue: Queue) -> None:

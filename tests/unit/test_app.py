@@ -170,7 +170,7 @@ def test_load_app_whose_module_raises_is_one_line(tmp_path: Path, monkeypatch: p
 
 
 def test_load_app_missing_attribute(fake_module: types.ModuleType) -> None:
-    with pytest.raises(AppError, match=r"gpuq_test_fake_app:missing is not a gpuq.App"):
+    with pytest.raises(AppError, match=r"app module 'gpuq_test_fake_app' has no 'missing'"):
         load_app("gpuq_test_fake_app:missing")
 
 

@@ -339,7 +339,7 @@ def test_bad_environment_setting(cli_pool: Pool) -> None:
     (["--vram-gb", "24", "--concurrency", "0"], "concurrency must be >= 1"),
     (["--vram-gb", "24", "--concurrency", "-3"], "concurrency must be >= 1, got -3"),
     (["--app", "workers.sim"], "must look like module:attr"),
-    (["--app", "workers.sim:nope"], "workers.sim:nope is not a gpuq.App"),
+    (["--app", "workers.sim:nope"], "app module 'workers.sim' has no 'nope'"),
     (["--app", "no_such_pkg_gpuq:app"], "cannot import app module 'no_such_pkg_gpuq'"),
     # regression: registered a class of -1 GB usable, which --check-fit then misnamed
     (["--vram-gb", "4", "--gpu-count", "2"], "a GPU of 4 GB leaves no room above the KV reserve of 5 GB"),

@@ -72,7 +72,7 @@ local function requeue(id, now, reason, consume, ttl)
     return 'failed'
   end
   if consume and attempt >= tries then
-    end_failed(id, now, ttl, reason .. ' (after ' .. f[2] .. ' attempts)')
+    end_failed(id, now, ttl, reason .. ' (after ' .. f[2] .. (f[2] == '1' and ' attempt)' or ' attempts)'))
     return 'failed'
   end
   if not consume then attempt = attempt - 1 end
