@@ -135,7 +135,22 @@ class SlotOwnerConnection(redis.Connection):
                 if isinstance(exc, redis.exceptions.MovedError):
                     self.slot_map.hint = (exc.host, int(exc.port))
             self.disconnect()  # type: ignore[no-untyped-call]
-            raise SlotMoved(f"slot {self.slot_map.slot} left {self.host}:{self.port}: {exc}") from exc
+            raise SlotMoved(moved_why(exc, self.slot_map.slot, f"{self.host}:{self.port}")) from exc
+
+
+def moved_why(exc: redis.ResponseError, slot: int, node: str) -> str:
+    """What a redirect or refusal of the pool's slot means for its user (the error a call
+    raises once its retries are spent)."""
+    if isinstance(exc, redis.exceptions.MovedError):
+        return f"slot {slot} moved from {node} to {exc.host}:{exc.port} (MOVED)"
+    if isinstance(exc, redis.exceptions.AskError):  # redis-py's MovedError is one too
+        return (f"slot {slot} is migrating from {node} to {exc.host}:{exc.port} (ASK): the pool's "
+                "calls fail until the migration ends (its scripts need all of its keys on one node)")
+    if isinstance(exc, redis.exceptions.ClusterDownError):
+        return (f"the cluster is down at {node} (CLUSTERDOWN): a slot has no master; with "
+                "cluster-require-full-coverage yes (the default) every shard refuses, no keeps "
+                "the pools of the others serving")
+    return f"slot {slot} at {node}: {exc}"
 
 
 class SlotOwnerSSLConnection(SlotOwnerConnection, redis.SSLConnection):

@@ -22,7 +22,7 @@ from procs import SIM_APP, Proc, wait_for
 from sentinel import soak, wait_until
 
 from gpuq import Config, Queue
-from gpuq.cluster import SlotMoved, pool_slot
+from gpuq.cluster import SlotMoved, moved_why, pool_slot
 from gpuq.wire import kept_connection
 
 pytestmark = pytest.mark.slow
@@ -124,7 +124,7 @@ def test_moved_is_raised_as_slot_moved_without_retries(cluster: Cluster3) -> Non
     other = cluster.masters()[1]
     client.connection_pool.connection_kwargs["slot_map"].hint = ("127.0.0.1", other)
     try:
-        with pytest.raises(SlotMoved, match=f"left 127.0.0.1:{other}"):
+        with pytest.raises(SlotMoved, match=f"moved from 127.0.0.1:{other} to 127.0.0.1:{master} \\(MOVED\\)"):
             client.get(f"gpuq:{{{pool}}}:x")
         assert client.get(f"gpuq:{{{pool}}}:x") is None  # the MOVED's address was used
     finally:
@@ -151,3 +151,15 @@ def test_a_master_failover_mid_soak(replica_acks: int, prefix: str,
     assert result.enqueued > 100 and result.recovery_s < 20
     if replica_acks:
         assert result.lost == 0, result.line()
+
+
+def test_a_slot_migrating_or_a_cluster_down_is_said_as_such() -> None:
+    """Found by an operator's drill: both read "slot 8727 left 127.0.0.1:17022: ..." (the raw
+    redirect), under "cannot reach Redis"; a full-coverage cluster's CLUSTERDOWN did not say
+    why a healthy shard refused."""
+    ask = redis.exceptions.AskError("8727 127.0.0.1:17023")
+    assert moved_why(ask, 8727, "127.0.0.1:17022") == (
+        "slot 8727 is migrating from 127.0.0.1:17022 to 127.0.0.1:17023 (ASK): the pool's calls "
+        "fail until the migration ends (its scripts need all of its keys on one node)")
+    down = redis.exceptions.ClusterDownError("The cluster is down")
+    assert "cluster-require-full-coverage yes (the default)" in moved_why(down, 1, "h:1")
