@@ -124,7 +124,8 @@ def test_moved_is_raised_as_slot_moved_without_retries(cluster: Cluster3) -> Non
     other = cluster.masters()[1]
     client.connection_pool.connection_kwargs["slot_map"].hint = ("127.0.0.1", other)
     try:
-        with pytest.raises(SlotMoved, match=f"moved from 127.0.0.1:{other} to 127.0.0.1:{master} \\(MOVED\\)"):
+        moved = f"moved from 127.0.0.1:{other} to 127.0.0.1:{master} \\(MOVED\\)"
+        with pytest.raises(SlotMoved, match=moved):
             client.get(f"gpuq:{{{pool}}}:x")
         assert client.get(f"gpuq:{{{pool}}}:x") is None  # the MOVED's address was used
     finally:

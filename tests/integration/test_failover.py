@@ -160,6 +160,17 @@ def test_a_sentinel_failover_mid_soak(replica_acks: int, pool: str, prefix: str,
         assert result.lost == 0, result.line()
 
 
+def enqueue_after_failover(q: Queue) -> Task:
+    """A task enqueued once the Sentinels name the new master (ConnectionFailed until then)."""
+    def enqueued() -> Task | None:
+        try:
+            return q.enqueue("sim.noop", {"n": 2}, model="m", vram_gb=1)
+        except ConnectionFailed:
+            return None
+
+    return wait_for(enqueued, 20, interval=0.1, message="an enqueue after the failover")
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("gpuq.connection") is None,
                     reason="redis+sentinel:// URLs need gpuq.connection, which this tree lacks")
@@ -180,15 +191,7 @@ def test_a_worker_process_through_a_sentinel_url_survives_a_failover(pool: str, 
                      message=lambda: f"the worker to register; log:\n{proc.log()[-3000:]}")
             assert q.enqueue("sim.noop", {"n": 1}, model="m", vram_gb=1).result(timeout=10) == {"n": 1}
             sentinels.kill_master()
-
-            def enqueued() -> Task | None:
-                try:
-                    return q.enqueue("sim.noop", {"n": 2}, model="m", vram_gb=1)
-                except ConnectionFailed:  # until the sentinels name the new master
-                    return None
-
-            task = wait_for(enqueued, 20, interval=0.1, message="an enqueue after the failover")
-            assert task.result(timeout=30) == {"n": 2}, proc.log()[-3000:]
+            assert enqueue_after_failover(q).result(timeout=30) == {"n": 2}, proc.log()[-3000:]
         finally:
             q.close()
             proc.stop()
@@ -249,15 +252,7 @@ def test_a_worker_leaves_a_hung_master_the_sentinels_replaced(pool: str, prefix:
             master.send_signal(signal.SIGSTOP)
             wait_until(lambda: sentinels.master_address() != old, 30, "the sentinels to promote the replica")
             with Queue(sentinels.client(), Config(pool=pool, prefix=prefix)) as q:  # the new master
-
-                def enqueued() -> Task | None:
-                    try:
-                        return q.enqueue("sim.noop", {"n": 2}, model="m", vram_gb=1)
-                    except ConnectionFailed:  # until every Sentinel names the new master
-                        return None
-
-                task = wait_for(enqueued, 20, interval=0.1, message="an enqueue after the failover")
-                assert task.result(timeout=30) == {"n": 2}, proc.log()[-3000:]
+                assert enqueue_after_failover(q).result(timeout=30) == {"n": 2}, proc.log()[-3000:]
         finally:
             master.send_signal(signal.SIGCONT)
             proc.stop()
