@@ -17,7 +17,6 @@ import redis
 from gpuq import backoff, catalog
 from gpuq.backoff import Outage
 from gpuq.errors import GpuqError
-from gpuq.failover import follow_master
 from gpuq.metrics import WorkerMetrics
 from gpuq.scripts import Calls, Scripts
 from gpuq.worker.broken import Broken
@@ -111,7 +110,6 @@ class Heartbeat(threading.Thread):
             try:
                 now = time.monotonic()
                 if now >= next_beat and not self.retired.is_set():
-                    follow_master(self.presence.redis)  # a planned failover: before the beat
                     self.beat()
                     self.outage.up(now)
                     retry.reset()

@@ -33,6 +33,7 @@ from gpuq.backoff import Backoff, Outage
 from gpuq.config import Config
 from gpuq.connection import redis_errors
 from gpuq.errors import StaleLease
+from gpuq.failover import follow_master
 from gpuq.keys import Keys
 from gpuq.metrics import WorkerMetrics
 from gpuq.metrics_http import serve_http
@@ -301,8 +302,12 @@ class Worker:
                    for i in range(self.config.concurrency)]
         for t in runners:
             t.start()
+        follow_at = 0.0
         while not self.done.wait(0.5):
             try:
+                if (now := time.monotonic()) >= follow_at:  # here, not in the heartbeat's thread:
+                    follow_at = now + cfg.heartbeat_s  # a hung Sentinel must not delay a beat
+                    follow_master(self.redis)
                 leaving.check_idle(self)
             except redis.RedisError as exc:  # the runners and the heartbeat retry meanwhile
                 self.outage.down(exc)
