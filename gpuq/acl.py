@@ -64,12 +64,14 @@ ROLES: dict[str, Role] = {
         (*OBSERVER_READS, "blmove", "xread", "lpush", "lrem")),
     "worker": Role(
         "claim, run, report a cold start, heartbeat, emit and report progress, ack, fail, give "
-        "back, retire, learn run times",
+        "back, retire, learn run times; recover its own last run when it starts under its id, "
+        "put back parked tasks it can hold before a burst worker leaves",
         ("claim", "claim_batch", "began", "heartbeat", "ack", "fail", "requeue", "retire",
-         "learn", "emit", "progress"),
-        # registration and leaving (MULTI/EXEC), wake and control lists, the model catalog
-        ("multi", "exec", "blpop", "lpush", "lrange", "del", "hget", "hset", "hdel", "hincrby",
-         "hincrbyfloat", "sadd", "srem", "zadd", "zrem", "time")),
+         "learn", "emit", "progress", "reap", "park"),
+        # registration and leaving (MULTI/EXEC), wake and control lists, the model catalog;
+        # the live workers' shapes (a burst worker's put-back: gpuq.worker.leaving)
+        ("multi", "exec", "blpop", "lpush", "lrange", "del", "hget", "hmget", "hset", "hdel", "hincrby",
+         "hincrbyfloat", "sadd", "srem", "zadd", "zrem", "zcard", "zrangebyscore", "zscore", "time")),
     "reaper": Role(
         "recover, expire, park tasks no GPU holds, preempt, keep tenants' room, publish scale "
         "signals, fire periodic tasks (one active per pool)",

@@ -6,7 +6,7 @@ one sorted set, and a score names the task's shape without reading its hash."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 WIDE = 2.0**40  # lua/lib/classes.lua NEED_WIDE
 CAP = 2.0**39  # NEED_CAP: VRAM counts up to it in a score
@@ -52,8 +52,10 @@ def unheld(shapes: Sequence[Shape]) -> list[tuple[str, str]]:
     return [*out, (repr(max(2, most + 1) * WIDE), "+inf")]
 
 
-def smallest_fit(classes: Sequence[tuple[str, float, int]], vram_gb: float, gpus: int) -> str | None:
+def smallest_fit(classes: Sequence[tuple[str, float, int]], vram_gb: float, gpus: int,
+                 live: Collection[str] = ()) -> str | None:
     """The class (name, usable GB, GPUs) with the least VRAM, then fewest GPUs, that holds a
-    task of this shape; None when none does."""
-    fits = [(gb, g, name) for name, gb, g in classes if g >= gpus and gb >= vram_gb]
-    return min(fits)[2] if fits else None
+    task of this shape, of equal shapes one in ``live`` first (a class registered once by a
+    test worker, or renamed, must not win by its name); None when none does."""
+    fits = [(gb, g, name not in live, name) for name, gb, g in classes if g >= gpus and gb >= vram_gb]
+    return min(fits)[3] if fits else None

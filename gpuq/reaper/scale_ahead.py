@@ -68,8 +68,8 @@ def ahead_hints(spare: Sequence[tuple[str, float, int]], holders: Mapping[str, f
     out = []
     for f in wanted:
         gb = footprint_gb[f.model]
-        best: tuple[int, float, str] | None = None
-        for wid, usable, gpus in spare:
+        best: tuple[int, float, int, int, str] | None = None
+        for i, (wid, usable, gpus) in enumerate(spare):
             if wid in used or gb > usable or gpus < need_gpus.get(f.model, 1):
                 continue
             held = models_of.get(wid, [])
@@ -77,12 +77,13 @@ def ahead_hints(spare: Sequence[tuple[str, float, int]], holders: Mapping[str, f
             hottest = max((_rate(forecasts, m) for m in held), default=0.0)
             if room < gb and hottest > 0:
                 continue  # the load could displace a model that is asked for
-            rank = (0 if room >= gb else 1, hottest, wid)
+            # the fewest GPUs, then the tightest (spare's order): a group stays for group work
+            rank = (0 if room >= gb else 1, hottest, gpus, i, wid)
             if best is None or rank < best:
                 best = rank
         if best is not None:
-            used.add(best[2])
-            out.append((best[2], f.model, gb))
+            used.add(best[-1])
+            out.append((best[-1], f.model, gb))
     return out
 
 

@@ -45,5 +45,5 @@ def fit(shapes: Sequence[Shape], need_gb: float, need_gpus: int, queued: Iterabl
     none); the smallest that holds it when no such class does."""
     wanted = set(queued)
     serving = [c for c in shapes if c[0] not in levels or levels[c[0]] & wanted]
-    return ((smallest_fit(serving, need_gb, need_gpus) if wanted else None)
-            or smallest_fit(shapes, need_gb, need_gpus))
+    return ((smallest_fit(serving, need_gb, need_gpus, levels) if wanted else None)
+            or smallest_fit(shapes, need_gb, need_gpus, levels))

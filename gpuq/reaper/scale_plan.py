@@ -225,16 +225,17 @@ def _class_extra(snap: Snapshot, models: Sequence[_Model], holders: Mapping[str,
         if extra.pop(c, 0):
             why[c] = [reason]
     live = [(w.usable_gb, w.gpus) for w in snap.workers]
+    running = {w.gpu for w in snap.workers}  # of equal shapes, a class with live workers
     live_max = max((gb for gb, _ in live), default=0.0)
     homeless: Counter[str] = Counter()
     lower = 0.0
     for bound, count in snap.need_bands:
-        fit = smallest_fit(classes, bound, 1)
+        fit = smallest_fit(classes, bound, 1, running)
         if count and lower >= live_max and fit is not None:
             homeless[fit] += count
         lower = bound
     for gb, g in snap.wide:
-        fit = smallest_fit(classes, gb, g)
+        fit = smallest_fit(classes, gb, g, running)
         if fit is not None and not holds(live, gb, g):
             homeless[fit] += 1
     for c, count in homeless.items():
@@ -277,7 +278,7 @@ def _class_forecast(snap: Snapshot, config: Config, models: Sequence[_Model]
     out: dict[str, tuple[float, float, float, float]] = {}
     for m in models:
         f = snap.forecasts.get(m.name)
-        fit = smallest_fit(classes, m.need_gb, m.need_gpus)
+        fit = smallest_fit(classes, m.need_gb, m.need_gpus, {w.gpu for w in snap.workers})
         if f is None or fit is None:
             continue
         est = _est(m, snap)

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import redis
 
+from gpuq.clock import server_ms
 from gpuq.config import Config
 from gpuq.keys import Keys
 from gpuq.scripts import Calls, Scripts
@@ -22,6 +23,7 @@ from gpuq.worker.models import ModelCache
 from gpuq.worker.presence import Presence
 from gpuq.worker.running import RunningSet
 from gpuq.worker.takeup import handed_over
+from gpuq.worker_record import field_number
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,25 @@ class LeavingWorker(Protocol):
     def request_stop(self, *signal_args: object) -> None: ...
 
     def give_back(self, task_id: str, token: int, until: float = 0.0, checkpoint: str = "") -> None: ...
+
+
+def put_back_parked(w: LeavingWorker) -> int:
+    """A burst worker about to leave for want of work: the parked tasks the live workers
+    (itself among them) can now hold go back to their queues first (park.lua, as the
+    reaper's next pass would, after this worker had left). Returns how many went back."""
+    now = server_ms(w.redis)
+    live = [str(x) for x in w.redis.zrangebyscore(w.keys.workers, now, "+inf")]
+    shapes = set()
+    for cap in w.redis.hmget(w.keys.capacities, live) if live else ():
+        words = str(cap or "").split()
+        if len(words) >= 2:  # "<usable GB> <gpus> <levels>" (gpuq.worker.presence)
+            shapes.add((field_number(words[0]), int(field_number(words[1])) or 1))
+    if not shapes or not w.redis.zcard(w.keys.parked):
+        return 0
+    _, put_back, _ = w.scripts.run(w.calls.park(sorted(shapes), limit=1000))
+    if put_back:
+        log.info("task.unparked worker=%s put_back=%d: a burst worker came for them", w.id, put_back)
+    return int(put_back)
 
 
 def check_idle(w: LeavingWorker) -> None:

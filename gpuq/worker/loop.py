@@ -63,6 +63,7 @@ class Worker:
         self.app = app
         self.gpu = gpu
         self.burst = burst
+        self.unparked = False  # a burst worker put back the parked tasks it can hold (once)
         self.levels = levels or config.levels()
         self.batches = batch.wanted(app)
         gpu_tag = gpu.index_text.replace(",", "+") or "x"
@@ -155,6 +156,9 @@ class Worker:
         enqueue, if the wake-up carried one; True for a "look" token (lib/lookout.lua)."""
         if self.burst:
             if not self.running.wait(retry_s or 1.0, unless_empty=retry_s <= 0):
+                if not self.unparked and leaving.put_back_parked(self):  # once: then claim again
+                    self.unparked = True
+                    return None
                 self.stopping.set()  # burst: nothing left that this worker can run
                 self.done.set()
         elif self.running.slots_used() < self.config.concurrency:

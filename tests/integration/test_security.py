@@ -12,6 +12,7 @@ import asyncio
 import json
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -292,9 +293,17 @@ def test_each_role_runs_under_its_own_least_privilege_user(servers: Callable[...
         # recovery: the worker dies mid-task; the reaper requeues, a new worker finishes it
         workers.wait_state(batch.id, State.RUNNING)
         w1.kill()
-        workers.worker("w2", vram_gb=48)
+        w2 = workers.worker("w2", vram_gb=48)
         done = workers.wait_state(batch.id, State.SUCCEEDED, timeout=30)
         assert done.worker == "w2" and done.attempt >= 2
+        # a restart under a killed worker's name recovers its task itself, as the worker's user
+        again = queue.enqueue("sim.run", model="m-batch", vram_gb=30, priority="P3", est_s=est(3))
+        workers.wait_state(again.id, State.RUNNING)
+        w2.kill()
+        w2.wait(10)
+        time.sleep(1.0)  # past 1.5 heartbeats: the name's process stopped beating
+        workers.worker("w2", vram_gb=48)
+        assert workers.wait_state(again.id, State.SUCCEEDED, timeout=30).attempt == 2
         status = procs["observer"].cli("status", "--json")
         outputs += [status.stdout, status.stderr]
         assert status.returncode == 0 and json.loads(status.stdout)["pool"] == pool, status.stderr

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from procs import Procs
+from procs import Procs, wait_for
 
 from gpuq import Queue, State
 
@@ -47,3 +47,22 @@ def test_tasks_only_a_departed_worker_held_no_longer_hold_their_queue(
     assert procs.wait_state(small.id, State.SUCCEEDED, timeout=20).worker == "small"
     status = json.loads(procs.run_cli("status", "--json"))
     assert status["parked"] == 8 and status["unschedulable"] == 0  # a class holds them
+
+
+def test_a_burst_worker_runs_the_parked_tasks_it_can_hold_before_it_leaves(
+        procs: Procs, real_queue: Queue) -> None:
+    """Found by a groups user: a burst worker that alone could hold the parked tasks found
+    its first claim empty (parked: out of their queues until the reaper's next pass) and
+    left at once, tasks=0. Here no reaper runs by then: the worker puts them back itself."""
+    procs.worker("small")
+    reaper = procs.reaper()
+    *big, small = real_queue.enqueue_many([BIG] * 3 + [SMALL])
+    assert procs.wait_state(small.id, State.SUCCEEDED, timeout=20).worker == "small"
+    wait_for(lambda: procs.redis.zcard(procs.keys.parked) == 3, 10, message="the reaper to park them")
+    reaper.terminate()
+    assert reaper.wait() == 0
+    burst = procs.worker("large", vram_gb=600, burst=True, wait=False)
+    assert burst.wait(30) == 0, burst.log()
+    for t in big:
+        assert real_queue.record(t.id).state is State.SUCCEEDED, burst.log()
+    assert "task.unparked worker=large put_back=3" in burst.log()

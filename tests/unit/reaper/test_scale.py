@@ -240,3 +240,15 @@ def test_a_class_whose_live_workers_are_all_lanes_is_not_asked_to_grow_for_work_
     assert counts(plan(snap(lanes, online), CFG, NOW))["A100"] == (2, 22)
     every = snap([*lanes, worker("h", "H200", levels="0")], batch)
     assert counts(plan(every, CFG, NOW)) == {"L4": (0, 0), "A100": (2, 22), "H200": (1, 1)}
+
+
+def test_of_two_classes_of_one_shape_the_one_with_live_workers_is_asked_to_grow() -> None:
+    """Found by a groups user: a class registered once by a test worker (2x2xA100, never
+    removed) sorted first by name and was asked to grow from 0 while the live class of the
+    same shape (2xA100) stayed as it was."""
+    shapes = {"2xA100": 150.0, "2x2xA100": 150.0}
+    live = WorkerState("g2", "2xA100", 150.0, "0123", None, gpus=2)
+    late = Backlog(0, "m", 1, NOW - 1, ((100.0, 1.0, 2),))
+    s = Snapshot((live,), (late,), shapes, {"m": frozenset({"g2"})},
+                 class_gpus={"2xA100": 2, "2x2xA100": 2})
+    assert counts(plan(s, CFG, NOW)) == {"2xA100": (1, 2), "2x2xA100": (0, 0)}

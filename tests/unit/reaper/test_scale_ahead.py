@@ -88,3 +88,13 @@ def test_a_model_whose_tasks_ask_more_gpus_goes_only_to_a_group_that_has_them() 
     assert hints([("w1", 75.0), ("g4", 300.0)], {}, rates, gpus={"g4": 4},
                  need_gpus={"big": 4}) == [("g4", "big", 60.0)]
     assert hints([("w1", 75.0)], {}, rates) == [("w1", "big", 60.0)]  # none seen: one GPU
+
+
+def test_a_one_gpu_model_is_preloaded_on_the_tightest_one_gpu_worker_not_the_first_by_name() -> None:
+    """Found by a groups user: the rank fell back on the worker's id, so a 4-GPU group named
+    first by its id got a one-GPU model while one-GPU workers idled (spare is tightest first)."""
+    spare = [("zz-l4", 75.0), ("mm-a100", 75.0), ("aa-4x", 300.0)]
+    got = hints(spare, {}, {"hot": 0.01}, gpus={"aa-4x": 4})
+    assert got == [("zz-l4", "hot", 20.0)]
+    # a model whose tasks ask 4 GPUs still goes to the group
+    assert hints(spare, {}, {"hot": 0.01}, gpus={"aa-4x": 4}, need_gpus={"hot": 4}) == [("aa-4x", "hot", 20.0)]
