@@ -5,7 +5,8 @@ the phases of the tasks it runs) on ``gpuq worker --metrics-port``; ``gpuq expor
 pool-level figures read from Redis at scrape time (queues, outcomes, SLA attainment,
 preemptions, model loads, workers, scale signals), which stay right across worker restarts
 and whatever language the workers are written in. Labels are pool, priority (P0..P3), model,
-gpu (the worker id: one worker per GPU), gpu_class (its GPU name), kind, outcome, state,
+gpu (the worker id: one worker per GPU or group; a group's per-device VRAM gauges add the
+device, `<id>:<n>`), gpu_class (its GPU name), kind, outcome, state,
 phase, result, source, resource, preempted_priority, tenant; never a task id. A scrape whose
 figures cannot be read (Redis away) answers 503 with one log line (gpuq.metrics_http).
 

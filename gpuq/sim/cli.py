@@ -64,7 +64,8 @@ def replayable(name: str, tasks: list[TraceTask], gpus: list[tuple[str, float]],
     kept = fitting(tasks, gpus, sim_config(config))
     if not kept:
         raise ConfigError(f"trace {name!r}: none of its {len(tasks)} tasks fits a GPU of the pool "
-                          f"(larger than any GPU's usable VRAM, total less the KV reserve)")
+                          "(more VRAM than any GPU or group offers less the KV reserve, more GPUs "
+                          "than any group has, or a deadline under their own est_s)")
     return kept
 
 

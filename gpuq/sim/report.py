@@ -192,8 +192,8 @@ def render(reports: list[dict[str, Any]]) -> str:
                          f"{_percent(p['P1']['sla_attainment']):>10}")
     refused = max((r["rejected"] for r in reports), default=0)
     if refused:  # left out of every table above: say so, or a trace seems to lose tasks
-        lines += ["", f"{refused} task(s) refused up front: larger than any GPU's usable VRAM "
-                      f"(total less the KV reserve)"]
+        lines += ["", f"{refused} task(s) refused up front, as enqueue's checks would: no GPU or group",
+                  "holds them (VRAM less the KV reserve, or GPUs), or a deadline under their est_s"]
     return "\n".join(lines)
 
 

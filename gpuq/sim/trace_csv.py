@@ -16,6 +16,7 @@ first bad one is an error naming its line, so a replay never starts on half a fi
 | ``preemptible`` | optional | true/false, 1/0, yes/no (else P2 and P3 are) |
 | ``tenant`` | optional | (else ``default``) |
 | ``load_s`` | optional | a load time of its model, seconds (else the measured load latencies) |
+| ``gpus`` | optional | the GPUs it runs across, 1..64, its ``vram_gb`` spread over them (else 1) |
 
 An empty optional value is the same as an absent column.
 """
@@ -37,7 +38,7 @@ from gpuq.sim.model import TraceTask
 from gpuq.task import Priority, TaskSpec
 
 REQUIRED = ("arrival_s", "model", "priority", "service_s")
-OPTIONAL = ("vram_gb", "est_s", "deadline_s", "preemptible", "tenant", "load_s")
+OPTIONAL = ("vram_gb", "est_s", "deadline_s", "preemptible", "tenant", "load_s", "gpus")
 # without vram_gb memory never limits placement or caching; give it to replay them
 DEFAULT_VRAM_GB = 1.0
 MAX_SECONDS = 1e10  # the most a duration or an arrival may be (enqueue caps est_s there too)
@@ -158,11 +159,20 @@ def _task(row: dict[str, str], arrival_s: float, service_s: float, typical_s: fl
         vram_gb=_number(given["vram_gb"], "vram_gb") if given["vram_gb"] else DEFAULT_VRAM_GB,
         est_s=_number(given["est_s"], "est_s") if given["est_s"] else typical_s,
         deadline_s=_number(given["deadline_s"], "deadline_s") if given["deadline_s"] else None,
-        tenant=given["tenant"] or "default", task_id="row")
+        tenant=given["tenant"] or "default", task_id="row", gpus=_gpus(given["gpus"]))
     return TraceTask(arrival_s=arrival_s, model=spec.model, vram_gb=spec.vram_gb,
                      priority=int(spec.priority), service_s=service_s,
                      est_s=typical_s if spec.est_s is None else spec.est_s,
-                     deadline_s=spec.deadline_s, preemptible=spec.preemptible, tenant=spec.tenant)
+                     deadline_s=spec.deadline_s, preemptible=spec.preemptible, tenant=spec.tenant,
+                     gpus=spec.gpus)
+
+
+def _gpus(text: str) -> int:
+    """A whole number of GPUs (TaskSpec.build checks its range); "2.0" is 2."""
+    number = _number(text, "gpus") if text else 1.0
+    if number != int(number):
+        raise InvalidTask(f"gpus must be a whole number, got {text!r}")
+    return int(number)
 
 
 def _number(text: str, column: str) -> float:

@@ -63,6 +63,16 @@ def test_optional_columns_and_their_defaults(tmp_path: Path) -> None:
     assert {t.vram_gb for t in tasks} == {DEFAULT_VRAM_GB}
 
 
+def test_a_gpus_column_makes_tasks_that_run_across_a_group(tmp_path: Path) -> None:
+    """Found by a groups user: a `gpus` column was ignored (other columns are), so 2-GPU
+    144 GB requests ran on single 192 GB GPUs in the replay."""
+    text = "arrival_s,model,priority,service_s,vram_gb,gpus\n0,llama-70b,P1,3,144,2\n1,m,P2,1,8,\n"
+    tasks = read_trace(str(write(tmp_path / "tp.csv", text))).tasks
+    assert [t.gpus for t in tasks] == [2, 1]
+    for bad, said in (("0", "gpus must be an integer in 1..64"), ("1.5", "gpus must be a whole number")):
+        assert said in message(write(tmp_path / "bad.csv", text.replace(",144,2", f",144,{bad}")))
+
+
 def test_iso_times_count_from_the_first(tmp_path: Path) -> None:
     text = ("arrival_s,model,priority,service_s\n"
             "2025-03-01T10:00:00Z,m,P1,1\n"
