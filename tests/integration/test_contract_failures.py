@@ -61,7 +61,7 @@ def test_a_lease_lost_on_the_last_attempt_is_noted(queue: Queue) -> None:
     reap(queue, now_ms=T0 + LEASE_MS + 1)
     (entry,) = stored(queue)
     assert entry["id"] == tid and entry["attempt"] == 1
-    assert "lease expired" in entry["error"] and "1 attempts" in entry["error"]
+    assert "lease expired" in entry["error"] and "(after 1 attempt)" in entry["error"]
 
 
 def test_a_corrupt_task_failed_by_a_claim_is_noted(queue: Queue) -> None:
