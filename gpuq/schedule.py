@@ -150,7 +150,7 @@ def list_schedules(client: redis.Redis, keys: Keys, *, url: str = "") -> list[Sc
     for name, text in sorted(stored.items()):
         try:
             out.append(Schedule.from_json(str(name), str(text), fired.get(name)))
-        except (ValueError, KeyError, TypeError, GpuqError):
+        except (ValueError, KeyError, TypeError, AttributeError, GpuqError):  # "-1": not a mapping
             continue
     return out
 

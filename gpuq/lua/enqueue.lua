@@ -37,6 +37,7 @@
 
 --@include args
 --@include json
+--@include names
 --@include queue
 --@include wake
 --@include holders
@@ -62,18 +63,6 @@ if not now then return {1, 0, 'now must be ms >= 0'} end
 if not (slas[1] and #slas[1] <= 13 and #slas[2] <= 13 and #slas[3] <= 13 and #slas[4] <= 13) then
   return {1, 0, 'SLAs must be 4 whole ms < 1e13'}
 end
-
--- A name is non-empty, at most 200 bytes, without whitespace, control characters, braces or
--- commas (keys, hash tags, lists and logs carry names). %c: every ASCII control character, the
--- whitespace but the space among them. Plain finds: a bracket class costs several times as much
--- per byte; the control characters by one anchored match of %C, their complement (an
--- unanchored one tries a match at every byte, and [^%c] walks a bracket class at each: twice
--- the instructions over a task's names).
-local function bad_chars(s)
-  return not string.find(s, '^%C*$') or string.find(s, ' ', 1, true) or string.find(s, '{', 1, true)
-    or string.find(s, '}', 1, true) or string.find(s, ',', 1, true)
-end
-local function bad_name(s) return s == '' or #s > 200 or bad_chars(s) ~= nil end
 
 -- An idle worker's hand-over settings (defer bound, fair_every, lease ms) if it takes hand-overs
 -- (one slot); nil for a worker with more slots (woken instead) or a burst worker.

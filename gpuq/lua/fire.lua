@@ -24,6 +24,8 @@
 --          {1, 0, reason} INVALID: a malformed argument or stored schedule (nothing written)
 
 --@include args
+--@include json
+--@include names
 --@include runtime
 --@include tenancy
 --@include defer
@@ -44,8 +46,18 @@ if not text then return {4} end
 local ok, s = pcall(cjson.decode, text)
 local t = ok and type(s) == 'table' and type(s.task) == 'table' and s.task
 if not t or type(s.anchor_ms) ~= 'number' then return {1, 0, 'schedule ' .. name .. ' is not readable'} end
-local prio = level(t.priority)
-if not prio or type(t.handler) ~= 'string' or type(t.model) ~= 'string' or type(t.payload) ~= 'string' then
+-- checked as enqueue checks a producer's task: the hash is a key other roles may write
+local prio, tenant = level(t.priority), t.tenant == nil and 'default' or t.tenant
+local vram, gpus, tries = tonumber(t.vram_gb), tonumber(t.gpus or 1), tonumber(t.max_attempts or 3)
+local function bad(s) return type(s) ~= 'string' or bad_name(s) end
+local function beyond(x, low, high)  -- given, and not a number in [low, high]
+  return x ~= nil and not (tonumber(x) and tonumber(x) >= low and tonumber(x) <= high)
+end
+if not prio or bad(t.handler) or bad(t.model) or bad(tenant) or bad(name .. '@' .. ms(period))
+    or type(t.payload) ~= 'string' or #t.payload > 1048576 or not is_json(t.payload)
+    or not (vram and vram > 0 and vram <= 1e6) or not (gpus and gpus >= 1 and gpus <= 64 and gpus % 1 == 0)
+    or not (tries and tries >= 1 and tries <= 100 and tries % 1 == 0)
+    or beyond(t.est_s, 0, 1e10) or beyond(t.deadline_ms, 1, 1e13) then
   return {1, 0, 'schedule ' .. name .. ' has a malformed task'}
 end
 local last = finite(redis.call('HGET', K_SCHEDULE_FIRED, name)) or s.anchor_ms
@@ -61,7 +73,7 @@ if not est then
   history = est and 'history' or ''
   est = est or 1
 end
-local tenant, tenancy = tostring(t.tenant or 'default'), tenancy_on()
+local tenancy = tenancy_on()
 hold(id, {'id', id, 'handler', t.handler, 'payload', t.payload, 'model', t.model,
   'vram_gb', tostring(t.vram_gb), 'priority', prio, 'est_s', tostring(est),
   'preemptible', t.preemptible == false and '0' or '1', 'tenant', tenant,

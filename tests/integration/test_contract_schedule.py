@@ -69,6 +69,25 @@ def test_a_damaged_schedule_does_not_keep_the_others_from_firing(queue: Queue) -
     assert runs(queue) == [f"b-good@{T0 + 10_000}", f"b-good@{T0 + 20_000}"]
 
 
+@pytest.mark.parametrize("damage", [
+    {"payload": json.dumps("x" * (1 << 20 + 1))}, {"payload": "{not json"}, {"model": "m1,m2"},
+    {"model": "red\x1b[31m"}, {"handler": ""}, {"tenant": "a b"}, {"tenant": 7}, {"vram_gb": -5},
+    {"gpus": 65}, {"gpus": 1.5}, {"max_attempts": 0}, {"est_s": -1}, {"deadline_ms": 0}])
+def test_a_stored_task_enqueue_would_refuse_is_not_fired(queue: Queue, damage: dict[str, object]) -> None:
+    """Found by a security review: a producer (HSET on `schedules`) could make the reaper
+    enqueue a 3 MiB payload, a model with a comma, a space and an escape in it, a run id with a
+    newline, or a negative VRAM need: the fire script took the stored task as it stood."""
+    add(queue, "nightly", every="10s")
+    stored = json.loads(queue.redis.hget(queue.keys.schedules, "nightly"))
+    queue.redis.hset(queue.keys.schedules, "nightly", json.dumps({**stored, "task": {**stored["task"], **damage}}))
+    assert fire(queue, T0 + 10_000) == 0
+    assert runs(queue) == []
+    queue.redis.hset(queue.keys.schedules, "bad\nname", json.dumps(stored))  # the run's id: a name too
+    assert fire(queue, T0 + 20_000) == 0 and runs(queue) == []
+    queue.redis.hset(queue.keys.schedules, "minus", "-1")  # JSON, not a mapping: left out, no traceback
+    assert [s.name for s in sched.list_schedules(queue.redis, queue.keys)] == ["bad\nname", "nightly"]
+
+
 def test_two_reapers_firing_the_same_period_enqueue_one_run(queue: Queue) -> None:
     add(queue, every="1m")
     period = T0 + 60_000
