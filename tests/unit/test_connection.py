@@ -36,7 +36,7 @@ from gpuq.errors import (
     ServerRefused,
     TlsFailed,
 )
-from gpuq.redact import redact
+from gpuq.redact import redact, redact_url
 from gpuq.tls import SentinelTlsConnection, Tls, TlsConnection
 
 SECRET = "s3cret"
@@ -58,10 +58,15 @@ SECRET = "s3cret"
     ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
     ("redis://name@host:6379/0", "redis://name@host:6379/0"),  # a user name alone is not secret
     ("mail me at a@b.c, ratio 3:4", "mail me at a@b.c, ratio 3:4"),
+    # found by a security review: a percent-encoded name (the parsers decode it and log in)
+    ("redis://u@h:1/0?%70assword=s3cret", "redis://u@h:1/0?%70assword=***"),
+    ("redis+sentinel://h:1/m?sentinel_pass%77ord=s3cret&db=1", "redis+sentinel://h:1/m?sentinel_pass%77ord=***&db=1"),
+    ("redis://h:1/0?db=2&socket_timeout=3", "redis://h:1/0?db=2&socket_timeout=3"),
 ])
 def test_redact_masks_passwords_only(text: str, shown: str) -> None:
     assert redact(text) == shown
     assert redact(shown) == shown
+    assert redact_url(text) == shown or " " in text
 
 
 def test_errors_carry_the_masked_url() -> None:
