@@ -117,6 +117,12 @@ class RqHandler:
             owner = type(instance).__module__
             if not self.allow.admits(owner):
                 raise JobRefused(job.id, f"method of {owner} is not in the worker's rq allowlist")
+            # defined by a class of the allowlist, not inherited from outside it (a subclass of
+            # pathlib's Path would lend its write_text), and no dunder
+            definer = next((c.__module__ for c in type(instance).__mro__ if name and name in vars(c)), "")
+            if not name or name.startswith("__") or not self.allow.admits(definer):
+                raise JobRefused(job.id, f"method {name} of {owner}.{type(instance).__qualname__} is "
+                                         "defined outside the worker's rq allowlist")
             return
         if not name or not self.allow.admits(name):
             raise JobRefused(job.id, f"function {name} is not in the worker's rq allowlist "

@@ -5,8 +5,10 @@ RQ's own keys span hash slots, so RQ cannot run on Redis Cluster: these tests sk
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,13 +16,21 @@ from typing import Any
 
 import pytest
 import redis
-from procs import SIM_APP, Proc, Procs, wait_for
+from procs import ROOT, SIM_APP, Proc, Procs, wait_for
 
 from gpuq import Queue
 from gpuq.embedded import EmbeddedServer
 from gpuq.task import ended_count
 
 rq = pytest.importorskip("rq")
+
+
+def notes(text: str) -> Any:
+    """A tests.rq_jobs.Notes, by the class path the worker imports (the tests' directory is
+    this process's import path, not the repository's root)."""
+    if str(ROOT) not in sys.path:
+        sys.path.append(str(ROOT))
+    return importlib.import_module("tests.rq_jobs").Notes(text)
 
 pytestmark = [
     pytest.mark.skipif(os.environ.get("GPUQ_TEST_CLUSTER", "") == "1",
@@ -123,10 +133,17 @@ def test_functions_outside_the_allowlist_and_forged_pickles_are_refused_and_run_
     system = rq_queue.enqueue("os.system", f"touch {marker}", meta={"gpuq": GPU})
     forged = rq_queue.enqueue("tests.rq_jobs.add", Touch(forged_marker), 1, meta={"gpuq": GPU})
     sibling = rq_queue.enqueue("tests.rq_jobs_other.add", 1, 1, meta={"gpuq": GPU})
+    # found by a security review: a method its allowed class inherits from outside the allowlist
+    # (pathlib's write_text on a subclass wrote a file); its own method runs
+    inherited = rq_queue.enqueue(notes("$x").substitute, x=1, meta={"gpuq": GPU})
+    own = rq_queue.enqueue(notes("ab").count, meta={"gpuq": GPU})
     run_bridge(procs, rq_queue)
     run_worker(procs)
     assert not marker.exists() and not forged_marker.exists()
-    for job in (system, forged, sibling):
+    assert own.get_status() == "finished" and own.return_value() == 2
+    assert "method substitute of tests.rq_jobs.Notes is defined outside the worker's rq allowlist" in \
+        failure_text(inherited)
+    for job in (system, forged, sibling, inherited):
         assert job.get_status() == "failed", job.id
     assert "function os.system is not in the worker's rq allowlist" in failure_text(system)
     assert "names posix.system, which is not in the worker's rq allowlist" in failure_text(forged)
