@@ -69,18 +69,21 @@ _REFUSED = tuple((re.compile(sign), why) for sign, why in (
     # a failed background save: the server takes no writes until one works
     ("MISCONF", "it cannot save to disk (MISCONF): fix its `dir` or disk (its log says why), or set "
                 "stop-writes-on-bgsave-error no"),
-    ("^BUSY| BUSY ", "it is busy running a long script (BUSY): wait for it, or end it with SCRIPT KILL "
+    (r"^BUSY\b| BUSY ", "it is busy running a long script (BUSY): wait for it, or end it with SCRIPT KILL "
                      "or FUNCTION KILL"),  # a script past busy-reply-threshold
     # min-replicas-to-write: the old master of a planned failover, or a replica down
     ("NOREPLICAS", "it has fewer replicas in reach than min-replicas-to-write asks (NOREPLICAS): a "
                    "failover may be under way"),
     ("MASTERDOWN|^LOADING", "it cannot answer yet: a replica that lost its master (MASTERDOWN), or a "
-                            "server loading its data (LOADING)")))
+                            "server loading its data (LOADING)"),
+    # a pool key another client wrote with another type (a role may write its pool's keys)
+    ("WRONGTYPE", "a key of the pool holds another type of value than gpuq writes (WRONGTYPE): "
+                  "something else wrote it; find it with redis-cli TYPE on the pool's keys")))
 
 
 def refusal(url: str, exc: redis.ResponseError) -> GpuqError | None:
     """The gpuq error for a server's refusal that no retry or other command would get
-    past; None for the errors callers handle themselves (WRONGTYPE, BUSYGROUP ...)."""
+    past; None for the errors callers handle themselves (BUSYGROUP ...)."""
     text, line = str(exc), first_line(exc)
     # inside a script the refusal comes back wrapped: "ERR The user executing the script
     # can't run this command" (an ACL refusal, Redis 7.0), "... NOPERM ...", "... OOM ..."

@@ -22,6 +22,7 @@ from gpuq.keys import Keys
 # are ms of the scripts' clock, far inside +-LEVEL_SPAN / 2, and p * LEVEL_SPAN plus one stays
 # an integer a double holds exactly (below 2**53).
 LEVEL_SPAN = 10**15
+LEVELS = "0123"  # a member's first character
 
 
 def member(priority: int, model: str) -> str:
@@ -32,10 +33,11 @@ def score(priority: int, head: float) -> float:
     return priority * LEVEL_SPAN + head
 
 
-def split(entry: str | bytes) -> tuple[int, str]:
-    """A member as (priority, model)."""
+def split(entry: str | bytes) -> tuple[int, str] | None:
+    """A member as (priority, model); None for one gpuq never writes (a foreign write must
+    not break the views or the reaper)."""
     text = entry.decode() if isinstance(entry, bytes) else entry
-    return int(text[0]), text[2:]
+    return (int(text[0]), text[2:]) if text[:1] in LEVELS and text[1:2] == ":" and text[2:] else None
 
 
 def read_level(pipe: Any, keys: Keys, priority: int, start: int = 0, num: int = -1) -> None:
@@ -47,4 +49,4 @@ def read_level(pipe: Any, keys: Keys, priority: int, start: int = 0, num: int = 
 
 def models(reply: list[Any]) -> list[str]:
     """The model names of ``read_level``'s reply."""
-    return [split(e)[1] for e in reply]
+    return [got[1] for e in reply if (got := split(e)) is not None]

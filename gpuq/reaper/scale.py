@@ -183,7 +183,9 @@ def read_forecasts(client: redis.Redis, keys: Keys, now_ms: int, config: Config,
     pipe = client.pipeline(transaction=False)
     for k in reads:
         pipe.hgetall(keys.arrivals(k))
-    got = {k: {str(m): int(n) for m, n in fields.items()} for k, fields in zip(reads, pipe.execute())}
+    # a count gpuq never wrote (not a whole number) is left out, not the step
+    got = {k: {str(m): int(n) for m, n in fields.items() if str(n).isdigit()}
+           for k, fields in zip(reads, pipe.execute())}
     buckets = {k: got[k] if k in got else cache[k] for k in wanted}
     keep = set(wanted)
     for k in [k for k in cache if k not in keep]:

@@ -136,6 +136,9 @@ def test_redis_errors_name_the_fault() -> None:
                              "to 'no'."), ServerRefused, "a replica that lost its master (MASTERDOWN)"),
         (redis.ResponseError("LOADING Redis is loading the dataset in memory"), ServerRefused,
          "loading its data (LOADING)"),
+        # found by a security review: a pool key another role wrote with another type
+        (redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"),
+         ServerRefused, "holds another type of value than gpuq writes (WRONGTYPE)"),
         (redis.ResponseError("DB index is out of range"), ConfigError,
          "Redis URL 'redis://:***@h:1/0' names a database the server does not have"),
         (redis.ResponseError("unknown command 'SENTINEL', with args beginning with: 'MASTERS' "),
@@ -150,7 +153,7 @@ def test_redis_errors_name_the_fault() -> None:
 
 
 def test_other_server_errors_pass_through() -> None:
-    error = redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value")
+    error = redis.ResponseError("BUSYGROUP Consumer Group name already exists")
     assert _raised_by(error) is error
 
 

@@ -134,6 +134,24 @@ def test_a_foreign_writers_malformed_figures_break_no_scrape_or_status() -> None
     assert "P1 100.0%" in render_status(pool_view(q.redis, q.keys))
 
 
+def test_a_producers_foreign_writes_to_the_index_and_arrivals_break_nothing() -> None:
+    """Found by a security review: ``ZADD models 1 garbage`` (the producer role may write its
+    pool's keys) made status exit with a traceback, every scrape answer 503 and the reaper's
+    scale step fail each round; so did an arrivals count that was not a number."""
+    from gpuq.clock import server_ms
+    from gpuq.reaper.scale import Scaler
+    from gpuq.views.inspect import pool_view
+
+    q = Queue(fakeredis.FakeRedis(decode_responses=True), Config(pool="p"))
+    q.enqueue("h", model="m", vram_gb=1)
+    q.redis.zadd(q.keys.models_with_work, {"garbage": 1, "9:x": 2, "2:": 3})
+    bucket = server_ms(q.redis) // 60_000
+    q.redis.hset(q.keys.arrivals(bucket), mapping={"m": "garbage", "n": "2"})
+    assert [(row[0], row[1]) for row in read_figures(q.redis, q.keys).queues if row[2]] == [("P2", "m")]
+    assert [v.model for v in pool_view(q.redis, q.keys).queues] == ["m"]
+    Scaler(q.redis, q.keys, q.config).step()  # no exception: the malformed count is left out
+
+
 def test_scale_signals_no_reaper_rewrote_leave_the_desired_series_and_say_how_old() -> None:
     """Regression: after the reaper stopped, the exporter kept exporting the last round's
     gpuq_workers_desired (and the per-model signals and forecasts) for ever, so an autoscaler
