@@ -36,10 +36,10 @@ POSITIVE = within("a finite number > 0", lambda v: 0 < v < math.inf)
 
 
 def _worker_id(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """--name: a worker id is part of its keys and in status: no space, brace, comma or control."""
-    if value is not None and (not value or name_problem(value)):
+    """--name: an id is in its keys (worker:<id>:tasks: no colon) and status: no space, brace or comma."""
+    if value is not None and (not value or name_problem(value) or ":" in value):
         raise ConfigError(f"--name {value!r}: a worker id must be 1..{MAX_NAME_LEN} printable "
-                          "characters without spaces, commas or braces")
+                          "characters without spaces, commas, braces or colons")
     return value
 
 
@@ -365,7 +365,7 @@ def demo(ctx: click.Context, seconds: float, time_scale: float, seed: int, as_js
 @click.option("--role", required=True,
               type=click.Choice(["producer", "worker", "reaper", "operator", "observer"]),
               help="operator: gpuq tenant; observer: status, top and exporter only.")
-@click.option("--user", help="ACL user name (default gpuq-ROLE-POOL).")
+@click.option("--user", help="ACL user name (default PREFIX-ROLE-POOL: gpuq-ROLE-POOL).")
 @click.option("--password-env", metavar="VAR", required=True,
               help="Variable holding the user's password (printed as its SHA-256 only).")
 @click.pass_context
@@ -375,7 +375,7 @@ def acl(ctx: click.Context, role: str, user: str | None, password_env: str) -> N
     from gpuq.acl import setuser_from_env
 
     cfg = config_of(ctx)
-    name = f"gpuq-{role}-{cfg.pool}" if user is None else user  # "" is refused, not defaulted
+    name = f"{cfg.prefix}-{role}-{cfg.pool}" if user is None else user  # a prefix's own; "" refused
     click.echo(setuser_from_env(role, cfg.pool, name, password_env, cfg.prefix))
 
 

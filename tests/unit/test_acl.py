@@ -51,7 +51,9 @@ def test_gpuq_acl_prints_the_line_for_this_pool() -> None:
                                       "GPUQ_ACL_PW"], env=env)
     assert result.exit_code == 0, result.output
     digest = hashlib.sha256(SECRET.encode()).hexdigest()
-    assert result.stdout.startswith(f"ACL SETUSER gpuq-reaper-batch reset on #{digest} ~gq:{{batch}}:* ")
+    # the prefix names the user: found by a security review, another prefix's pool of the same
+    # name got the same user, and its line reset the first's password and keys
+    assert result.stdout.startswith(f"ACL SETUSER gq-reaper-batch reset on #{digest} ~gq:{{batch}}:* ")
     assert SECRET not in result.output and "+set" in result.stdout.split()
     missing = CliRunner().invoke(cli, ["acl", "--role", "worker", "--password-env", "GPUQ_ACL_UNSET"])
     assert missing.exit_code == 2  # bad input or configuration

@@ -343,9 +343,12 @@ def test_bad_environment_setting(cli_pool: Pool) -> None:
     (["--app", "no_such_pkg_gpuq:app"], "cannot import app module 'no_such_pkg_gpuq'"),
     # regression: registered a class of -1 GB usable, which --check-fit then misnamed
     (["--vram-gb", "4", "--gpu-count", "2"], "a GPU of 4 GB leaves no room above the KV reserve of 5 GB"),
+    # found by a security review: worker:wa:tasks is worker wa's task set
+    (["--vram-gb", "24", "--name", "wa:tasks"], "a worker id must be 1..200 printable characters "
+                                                "without spaces, commas, braces or colons"),
 ], ids=["zero vram", "negative vram", "zero concurrency",
      "negative concurrency", "malformed app", "not an app",
-        "missing module", "under the kv reserve"])
+        "missing module", "under the kv reserve", "colon in the id"])
 def test_worker_bad_options(cli_pool: Pool, args: list[str], fragment: str) -> None:
     if "--app" not in args:
         args = ["--app", "workers.sim:app", *args]
