@@ -160,6 +160,16 @@ def test_a_sentinel_failover_mid_soak(replica_acks: int, pool: str, prefix: str,
         assert result.lost == 0, result.line()
 
 
+def sentinel_worker(sentinels: SentinelSet, name: str, pool: str, prefix: str, tmp_path: Path) -> Proc:
+    """``gpuq --redis redis+sentinel://... worker``, its heartbeat and idle wait 1 s."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
+    env.update({"GPUQ_PREFIX": prefix, "GPUQ_SIM_TIME_SCALE": "0.01", "GPUQ_LEASE_S": "10",
+                "GPUQ_HEARTBEAT_S": "1", "GPUQ_IDLE_BLOCK_S": "1", "PYTHONUNBUFFERED": "1"})
+    args = [sys.executable, "-m", "gpuq", "--redis", sentinels.url, "--pool", pool, "worker",
+            "--app", SIM_APP, "--vram-gb", "80", "--gpu-name", "sim-80GB", "--name", name]
+    return Proc(name, args, env, tmp_path / f"{name}.log")
+
+
 def enqueue_after_failover(q: Queue) -> Task:
     """A task enqueued once the Sentinels name the new master (ConnectionFailed until then)."""
     def enqueued() -> Task | None:
@@ -178,13 +188,8 @@ def test_a_worker_process_through_a_sentinel_url_survives_a_failover(pool: str, 
                                                                    tmp_path: Path) -> None:
     """``gpuq --redis redis+sentinel://...`` worker: it runs a task before the master is
     killed and one enqueued once the sentinels have promoted the replica."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
-    env.update({"GPUQ_PREFIX": prefix, "GPUQ_SIM_TIME_SCALE": "0.01", "GPUQ_LEASE_S": "10",
-                "GPUQ_HEARTBEAT_S": "1", "GPUQ_IDLE_BLOCK_S": "1", "PYTHONUNBUFFERED": "1"})
     with SentinelSet() as sentinels:
-        args = [sys.executable, "-m", "gpuq", "--redis", sentinels.url, "--pool", pool, "worker",
-                "--app", SIM_APP, "--vram-gb", "80", "--gpu-name", "sim-80GB", "--name", "w-url"]
-        proc = Proc("w-url", args, env, tmp_path / "worker.log")
+        proc = sentinel_worker(sentinels, "w-url", pool, prefix, tmp_path)
         q = Queue(sentinels.client(), Config(pool=pool, prefix=prefix))
         try:
             wait_for(lambda: q.redis.zscore(q.keys.workers, "w-url") is not None, 20,
@@ -234,13 +239,8 @@ def test_a_worker_leaves_a_hung_master_the_sentinels_replaced(pool: str, prefix:
     answers TCP, so keepalive sees nothing) and the replica promoted, a worker waited on it
     for ever, without a log line: no read timeout. Its reads now end READ_TIMEOUT_S past its
     longest pop, and it reconnects through the Sentinels."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
-    env.update({"GPUQ_PREFIX": prefix, "GPUQ_SIM_TIME_SCALE": "0.01", "GPUQ_LEASE_S": "10",
-                "GPUQ_HEARTBEAT_S": "1", "GPUQ_IDLE_BLOCK_S": "1", "PYTHONUNBUFFERED": "1"})
     with SentinelSet() as sentinels:
-        args = [sys.executable, "-m", "gpuq", "--redis", sentinels.url, "--pool", pool, "worker",
-                "--app", SIM_APP, "--vram-gb", "80", "--gpu-name", "sim-80GB", "--name", "w-hung"]
-        proc = Proc("w-hung", args, env, tmp_path / "worker.log")
+        proc = sentinel_worker(sentinels, "w-hung", pool, prefix, tmp_path)
         master = sentinels.master.proc
         assert master is not None
         try:

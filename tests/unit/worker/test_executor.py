@@ -212,13 +212,7 @@ def test_a_loader_that_exits_fails_its_load(raised: BaseException) -> None:
     def handler(model: Any, payload: Any, ctx: Context) -> None:
         return None
 
-    worker = Worker(fakeredis.FakeRedis(decode_responses=True), Config(pool="p"), app,
-                    GpuInfo("L4", "uuid", 24, None, "declared"), worker_id="w")
-    fields = {"id": "t", "handler": "h", "model": "exits", "payload": "1", "vram_gb": "4",
-              "attempt": "1", "est_s": "1", "token": "7"}
-    with worker.cache.lock:
-        res, running = worker.executor.begin(fields)
-    call = worker.executor.execute(fields, res, running)
+    worker, call = run_one(app, model="exits", task_id="t", payload="1")
     assert call is not None and call.script == "fail"
     assert f"loading model exits failed: {type(raised).__name__}" in str(call.args)
     assert worker.executor.broken.failures("exits") == 1
@@ -255,21 +249,27 @@ def test_every_outcome_the_worker_counts_is_the_documented_set() -> None:
     assert counted <= set(metrics.WORKER_OUTCOMES)
 
 
-def run_yielding(handler: Any, *, lost: bool = False) -> Any:
-    """Run ``handler`` on one task (with ``lost``, its lease gone as it starts); the call
-    the executor returns."""
-    app = App("executor-test")
-    app.any_model()(lambda name: name)
-    app.handler("h")(handler)
+def run_one(app: App, *, model: str = "m", task_id: str = "t1", payload: str = "null",
+            lost: bool = False) -> tuple[Worker, Any]:
+    """Claim-free run of one task of handler "h" on a worker over fakeredis (with ``lost``,
+    its lease gone as it starts): the worker, and the call its executor returns."""
     worker = Worker(fakeredis.FakeRedis(decode_responses=True), Config(pool="p"), app,
                     GpuInfo("L4", "uuid", 24, None, "declared"), worker_id="w")
-    fields = {"id": "t1", "handler": "h", "model": "m", "payload": "null", "vram_gb": "4",
+    fields = {"id": task_id, "handler": "h", "model": model, "payload": payload, "vram_gb": "4",
               "attempt": "1", "est_s": "1", "token": "7"}
     with worker.cache.lock:
         res, running = worker.executor.begin(fields)
     assert isinstance(running, Running)
     running.ctx.lost = lost
-    return worker.executor.execute(fields, res, running)
+    return worker, worker.executor.execute(fields, res, running)
+
+
+def run_yielding(handler: Any, *, lost: bool = False) -> Any:
+    """Run ``handler`` on one task; the call the executor returns."""
+    app = App("executor-test")
+    app.any_model()(lambda name: name)
+    app.handler("h")(handler)
+    return run_one(app, lost=lost)[1]
 
 
 def test_a_handler_catching_its_yield_gives_way_all_the_same(caplog: pytest.LogCaptureFixture) -> None:
