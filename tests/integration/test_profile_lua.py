@@ -38,7 +38,7 @@ def test_a_small_run_matches_redis_and_names_lines(capsys: pytest.CaptureFixture
     assert "cross-check: 11 replies" in out, out
     for verb in ("claim", "enqueue", "ack", "ack_claim"):
         assert f"== {verb}:" in out, out
-    assert "enqueue.lua:" in out and "lib/args.lua:" in out, out
+    assert "enqueue.lua body" in out and "lib/args.lua:" in out and "lib/names.lua:" in out, out
 
 
 def test_calls_made_as_a_tail_call_are_counted(capsys: pytest.CaptureFixture[str]) -> None:

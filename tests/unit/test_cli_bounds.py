@@ -60,7 +60,7 @@ EARLY: list[tuple[list[str], str]] = [
     (["enqueue", *BASE, "--wait", "--timeout", "nan"], "--timeout must be a number of seconds >= 0"),
     (["enqueue", *BASE, "--stream", "--timeout", "-1"], "--timeout must be a number of seconds >= 0"),
 ]
-NAMES = ["a b", "a{b}", "", "a,b", "a\x1bb", "x" * 201]
+NAMES = ["a b", "a{b}", "", "a,b", "a\x1bb", "x" * 201, "w:tasks"]
 SIMULATE: list[tuple[list[str], str]] = [
     (["--speedup", "nan"], "--speedup must be a finite number > 0, got nan"),
     (["--speedup", "inf"], "--speedup must be a finite number > 0, got inf"),
@@ -107,7 +107,7 @@ def test_out_of_range_numbers_are_refused_before_redis(args: list[str], fragment
 def test_worker_names_that_break_keys_or_screens_are_refused(name: str) -> None:
     result = CliRunner().invoke(cli, ["--redis", DEAD_REDIS, *WORKER, "--vram-gb", "24", "--name", name])
     assert_clean_error(result, "a worker id must be 1..200 printable characters without spaces, "
-                               "commas or braces")
+                               "commas, braces or colons")
 
 
 @pytest.mark.parametrize("args, fragment", SIMULATE, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
