@@ -165,8 +165,6 @@ class Executor:
                 ran_s = time.monotonic() - began
                 if self.observer.metrics is not None:
                     self.observer.observe(task_id, phase="run", seconds=ran_s)
-            if ctx.yielding:  # the handler caught its yield and returned: it gives way all the same
-                raise Yielded(task_id)
             if running.stopped:
                 # its handler returned a result all the same: no ack goes out, so say it was
                 # thrown away, as for a late ack the server refuses
@@ -185,10 +183,6 @@ class Executor:
             if running.stopped:  # StopTask, or whatever the stop broke: the task is requeued
                 self.moot(running)
                 return None
-            if ctx.yielding:  # the handler caught its yield and raised another error
-                log.warning("task.yield_caught task=%s worker=%s: the handler raised %s after "
-                            "yield_now; it gives way all the same", task_id, self.id, type(exc).__name__)
-                return self.yielded(running) if not self.lost(running, "yield") else None
             if self.lost(running, "failure"):
                 return None
             message, retry = failure(exc)
@@ -275,7 +269,8 @@ class Executor:
         are marked inside it, so a stop reaches the handler and only the handler: StopTask
         in this thread, or for an async handler a cancel of its asyncio task, whose end
         (its unwinding included) this thread waits for. A handler's ``timeout_s`` starts
-        here: its model's load is not counted."""
+        here: its model's load is not counted. A handler that called ``yield_now`` gives way
+        however it ends (Yielded): it may have caught its yield, and returned or raised."""
         aio = self.cache.aio.call() if spec.is_async else None
         if spec.timeout_s is not None:  # control fails and stops a call still running then
             until = time.monotonic() + spec.timeout_s
@@ -285,17 +280,33 @@ class Executor:
             r.enter(aio)
         try:
             if aio is not None:
-                return aio.run(spec.fn(*args))
-            result = spec.fn(*args)
-            if not isinstance(result, CoroutineType):  # inspect.iscoroutine, without its call
-                return result
-            aio = self.cache.aio.call()  # an async def behind a plain decorator: awaited there
-            for r in runs:
-                r.enter(aio)
-            return aio.run(result)
+                result = aio.run(spec.fn(*args))
+            elif isinstance(result := spec.fn(*args), CoroutineType):  # inspect.iscoroutine, no call
+                aio = self.cache.aio.call()  # an async def behind a plain decorator: awaited there
+                for r in runs:
+                    r.enter(aio)
+                result = aio.run(result)
+        except Yielded:
+            raise
+        except BaseException as exc:
+            self.yield_caught(runs, exc)
+            raise
         finally:
             for r in runs:
                 r.leave()
+        self.yield_caught(runs, None)
+        return result
+
+    def yield_caught(self, runs: list[Running], exc: BaseException | None) -> None:
+        """Yielded if the handler called ``yield_now`` and then returned (``exc`` None) or
+        raised something else: it gives way all the same."""
+        for r in runs:
+            if r.ctx.yielding:
+                ids = ",".join(x.task_id for x in runs)
+                if exc is not None:
+                    log.warning("task.yield_caught task=%s worker=%s: the handler raised %s after "
+                                "yield_now; it gives way all the same", ids, self.id, type(exc).__name__)
+                raise Yielded(ids) from None
 
     def taken_up(self, fields: dict[str, str], res: Reservation, running: Running) -> bool:
         """The handler is about to start: a warm hand-over's began goes out without a wait

@@ -136,6 +136,28 @@ def test_a_yield_gives_every_task_back_without_using_an_attempt(asked_by: str) -
     assert q.redis.hget(q.keys.task(ids[0]), "checkpoint") == '{"done":1}'
 
 
+def test_a_batch_handler_catching_its_yield_gives_way_all_the_same() -> None:
+    """As a single handler: a batch handler whose ``except Exception`` caught its own
+    yield_now and returned results (or raised another error) gives every task back."""
+    for ends in ("returns", "raises"):
+        q = memory_queue()
+        ids = enqueue(q, "h", 3)
+
+        def catches(model: str, payloads: list[Any], ctx: BatchContext) -> list[Any]:
+            for r in ex.running.snapshot():
+                r.ctx.yield_requested = True
+            try:
+                ctx.yield_now()
+            except BaseException:  # noqa: BLE001 - the mistake under test
+                if ends == "raises":
+                    raise RuntimeError("after the yield") from None
+            return payloads
+
+        ex = executor(q, app_with(catches))
+        assert run_one_batch(q, ex) == ["requeue"] * 3, ends
+        assert [(q.record(t).state, q.record(t).attempt) for t in ids] == [(State.QUEUED, 0)] * 3
+
+
 def test_the_learned_time_of_a_batched_task_is_its_share_of_the_batch() -> None:
     q = memory_queue()
     enqueue(q, "h", 4)
