@@ -47,13 +47,13 @@ local ok, s = pcall(cjson.decode, text)
 local t = ok and type(s) == 'table' and type(s.task) == 'table' and s.task
 if not t or type(s.anchor_ms) ~= 'number' then return {1, 0, 'schedule ' .. name .. ' is not readable'} end
 -- checked as enqueue checks a producer's task: the hash is a key other roles may write
-local prio, tenant = level(t.priority), t.tenant == nil and 'default' or t.tenant
+local id, prio, tenant = name .. '@' .. ms(period), level(t.priority), t.tenant == nil and 'default' or t.tenant
 local vram, gpus, tries = tonumber(t.vram_gb), tonumber(t.gpus or 1), tonumber(t.max_attempts or 3)
 local function bad(s) return type(s) ~= 'string' or bad_name(s) end
 local function beyond(x, low, high)  -- given, and not a number in [low, high]
   return x ~= nil and not (tonumber(x) and tonumber(x) >= low and tonumber(x) <= high)
 end
-if not prio or bad(t.handler) or bad(t.model) or bad(tenant) or bad(name .. '@' .. ms(period))
+if not prio or bad(t.handler) or bad(t.model) or bad(tenant) or bad(id)
     or type(t.payload) ~= 'string' or #t.payload > 1048576 or not is_json(t.payload)
     or not (vram and vram > 0 and vram <= 1e6) or not (gpus and gpus >= 1 and gpus <= 64 and gpus % 1 == 0)
     or not (tries and tries >= 1 and tries <= 100 and tries % 1 == 0)
@@ -65,7 +65,6 @@ if period <= last then return {0, 'done'} end
 redis.call('HSET', K_SCHEDULE_FIRED, name, ms(period))
 if ARGV[4] == '1' then return {0, 'skipped'} end
 
-local id = name .. '@' .. ms(period)
 if redis.call('EXISTS', task_key(id)) == 1 then return {0, 'done'} end
 local est, history = tonumber(t.est_s), nil
 if not est then
@@ -77,9 +76,8 @@ local tenancy = tenancy_on()
 hold(id, {'id', id, 'handler', t.handler, 'payload', t.payload, 'model', t.model,
   'vram_gb', tostring(t.vram_gb), 'priority', prio, 'est_s', tostring(est),
   'preemptible', t.preemptible == false and '0' or '1', 'tenant', tenant,
-  'max_attempts', ms(tonumber(t.max_attempts) or 3), 'enqueued_at', ms(now), 'queued_at', ms(now),
-  'est_from', history or '', 'schedule', name .. ' ' .. ms(period),
-  'gpus', tostring(math.floor(tonumber(t.gpus) or 1))},
+  'max_attempts', ms(tries), 'enqueued_at', ms(now), 'queued_at', ms(now),
+  'est_from', history or '', 'schedule', name .. ' ' .. ms(period), 'gpus', ms(gpus)},
   {due = now}, now, sla[prio], tonumber(t.deadline_ms), est, false)  -- its order: below
 redis.call('ZREM', K_DELAYED, id)
 redis.call('HINCRBY', K_STATS, 'enqueued', 1)
@@ -93,7 +91,7 @@ end
 if tenancy then
   local score = tonumber(redis.call('HGET', task_key(id), 'score'))
   redis.call('HSET', task_key(id), 'order', ms(fair_order(now, prio, tenant, score, sla[prio], est,
-    tonumber(t.vram_gb), math.floor(tonumber(t.gpus) or 1))))
+    vram, gpus)))
   work[tenant] = est
 end
 redis.call('HSET', task_key(id), 'state', 'queued')
