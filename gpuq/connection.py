@@ -44,13 +44,14 @@ from gpuq.refusals import denied as denied
 from gpuq.refusals import first_line, refusal, sentinel_refusal
 from gpuq.tls import ClosedAfterHandshake, SentinelTlsConnection, Tls, TlsConnection, cause_of
 
-# no read timeout: workers and result waiters block on list pops for seconds at a time;
-# keepalive and the connect timeout (which covers the handshake too: _start) catch a dead server
+# no read timeout by default (a caller's client may block on pops as long as it asks); keepalive
+# and the connect timeout (which covers the handshake too: _start) catch a dead server
 CONNECT_OPTIONS: dict[str, Any] = {"decode_responses": True, "socket_timeout": None,
                                    "socket_connect_timeout": 5, "socket_keepalive": True}
 # clients whose calls block at most 5 s (a result wait's or a stream's pop: gpuq.producer's
-# MAX_BLOCK_S): producers, the views, the exporter. A frozen server (SIGSTOP, CLIENT PAUSE)
-# then fails a call in this long rather than hang it past a wait's timeout or a scrape's.
+# MAX_BLOCK_S): producers, the views, the exporter; the worker and the reaper get it past their
+# longest pop (gpuq.cli.base.open_queue). A frozen server (SIGSTOP, CLIENT PAUSE) then fails a
+# call in this long rather than hang it past a wait's timeout, a scrape's or for good.
 # Not AsyncQueue's: with a read timeout redis-py sends under asyncio.wait_for, which drops a
 # caller's cancellation landing as the send completes (Python 3.11)
 READ_TIMEOUT_S = 7.0

@@ -9,12 +9,12 @@ load, which is then thrown away.
 
 For each such task, the candidates are running, preemptible, lower-priority tasks on live
 workers whose GPU is large enough (usable VRAM >= the task's need; a group of at least its
-GPUs) and which serve the task's priority and run its handler; where no one of a worker's victims makes room
-alone (a group, or several slots, running several tasks), the fewest of them that together
-do are one option (gpuq.reaper.preempt_options: waited for until the last ends, or each
-asked to yield); for a task offered to a busy holder of its model, only that holder's (an
-idle worker would load the model cold: 30-60 s, against a yield). The option expected to
-end soonest (started + estimate) decides:
+GPUs) and which serve the task's priority and run its handler; where no one of a worker's
+victims makes room alone (a group, or several slots, running several tasks), the fewest of
+them that together do are one option (gpuq.reaper.preempt_options: waited for until the last
+ends, or each asked to yield); for a task offered to a busy holder of its model, only that
+holder's (an idle worker would load the model cold: 30-60 s, against a yield). The option
+expected to end soonest (started + estimate) decides:
 
 - it ends within ``max_wait_s`` and before the waiting task's start-by time (its queue
   score: enqueue + SLA): reserve its worker (the worker's next claim is the waiting task);

@@ -336,7 +336,7 @@ def plan(snapshot: Snapshot, config: Config, now_ms: int,
     models = _models(snapshot, now_ms)
     live = {w.id for w in snapshot.workers}
     queued = {m.name for m in models}
-    # models with a rise and no queued work: their need is their catalog footprint
+    # models with a rise and no queued work: sized as their tasks were seen (_unqueued)
     rising = [_unqueued(name, snapshot) for name, f in snapshot.forecasts.items()
               if f.rising and name not in queued and config.scale_signal == "forecast"
               and (snapshot.weighed is None or name in snapshot.weighed)]

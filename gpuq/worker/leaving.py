@@ -56,6 +56,8 @@ def put_back_parked(w: LeavingWorker) -> int:
     """A burst worker about to leave for want of work: the parked tasks the live workers
     (itself among them) can now hold go back to their queues first (park.lua, as the
     reaper's next pass would, after this worker had left). Returns how many went back."""
+    if not w.redis.zcard(w.keys.parked):  # the usual case: nothing parked, nothing more read
+        return 0
     now = server_ms(w.redis)
     live = [str(x) for x in w.redis.zrangebyscore(w.keys.workers, now, "+inf")]
     shapes = set()
@@ -63,7 +65,7 @@ def put_back_parked(w: LeavingWorker) -> int:
         words = str(cap or "").split()
         if len(words) >= 2:  # "<usable GB> <gpus> <levels>" (gpuq.worker.presence)
             shapes.add((field_number(words[0]), int(field_number(words[1])) or 1))
-    if not shapes or not w.redis.zcard(w.keys.parked):
+    if not shapes:
         return 0
     _, put_back, _ = w.scripts.run(w.calls.park(sorted(shapes), limit=1000))
     if put_back:
