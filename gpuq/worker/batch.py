@@ -227,8 +227,8 @@ def settle(ex: Executor, spec: HandlerSpec, items: list[Claimed]) -> list[Call[A
             # ledger had to make room for its working memory)
             if res is not None and (i == 0 or res.cold or res.evict):
                 model = ex.loading.prepare(res, running.task_id)
-        calls = [ex.yielded(r) for _, _, r in items
-                 if r.ctx.yield_requested and not r.stopped]  # asked during the load: not run
+        calls = [ex.yielded(r) for r in kept(ex, [i for i in items if i[2].ctx.yield_requested],
+                                             "yield")]  # asked during the load: not run
         loaded = any(res is not None and (res.cold or res.waits) for _, res, _ in items)
         items = start(ex, [i for i in items if not (i[2].ctx.yield_requested or i[2].stopped)], loaded)
         if not items:
@@ -241,19 +241,19 @@ def settle(ex: Executor, spec: HandlerSpec, items: list[Claimed]) -> list[Call[A
     except Yielded:
         return calls + [ex.yielded(r) if r.ctx.yield_requested
                         else give_back(ex, r, f"its batch {YIELDED}", "")
-                        for _, _, r in items if not r.stopped]
+                        for r in kept(ex, items, "yield")]
     except BaseException as exc:  # sys.exit(), KeyboardInterrupt...: must not end the runner
         if any(r.stopped for _, _, r in items):  # a task stopped past its yield deadline
             return calls + [give_back(ex, r, "its batch was stopped", "")
-                            for _, _, r in items if not r.stopped]
+                            for r in kept(ex, items, "give-back")]
         message, retry = failure(exc)
         if ex.broken.passes(exc, items[0][0]):
             return calls + [ex.pass_on(r, message, "another worker may load its model")
-                            for _, _, r in items if not r.stopped]
+                            for r in kept(ex, items, "failure")]
         log.info("task.failed tasks=%d worker=%s retryable=%s error=%s", len(items), ex.id, retry, message,
                  exc_info=where(exc))
         return calls + [ex.calls.fail(r.task_id, r.token, message, retry=retry)
-                        for _, _, r in items if not r.stopped]
+                        for r in kept(ex, items, "failure")]
     return calls + results_of(ex, spec, items, results, ran_s)
 
 
@@ -298,6 +298,12 @@ def settle_all(ex: Executor, calls: list[Call[Any]], replies: list[Any]) -> None
         ex.runtimes.add_all(runs)
 
 
+def kept(ex: Executor, items: list[Claimed], what: str) -> list[Running]:
+    """The runs whose yield or failure goes out: not a stopped one (requeued; counted by
+    ``run``), nor one canceled or taken back, whose end is moot (Executor.lost)."""
+    return [r for _, _, r in items if not r.stopped and not ex.lost(r, what)]
+
+
 def give_back(ex: Executor, r: Running, reason: str, preempted: str) -> Call[Any]:
     """The requeue of a batch's task that gives way (its attempt given back)."""
     return ex.calls.requeue(r.task_id, r.token, reason, preempted=preempted,
@@ -317,7 +323,7 @@ def results_of(ex: Executor, spec: HandlerSpec, items: list[Claimed], results: A
                else f"a {type(results).__name__}, not a list,")
         message = f"batch handler {spec.name!r} returned {got} for {n} task{'s' if n != 1 else ''}"
         log.info("task.failed tasks=%d worker=%s retryable=True error=%s", n, ex.id, message)
-        return [ex.calls.fail(r.task_id, r.token, message) for _, _, r in items if not r.stopped]
+        return [ex.calls.fail(r.task_id, r.token, message) for r in kept(ex, items, "failure")]
     calls: list[Call[Any]] = []
     encode = batch_encode()
     run: Run = (items[0][0]["handler"], items[0][0]["model"], ran_s / n)  # the batch's tasks share it

@@ -341,6 +341,36 @@ def test_a_batchs_tasks_stopped_for_a_lost_lease_are_counted_lost(caplog: pytest
     assert lost == 2
 
 
+@pytest.mark.parametrize("ends", ["raises", "yields"])
+def test_a_batchs_canceled_task_sends_no_failure_or_yield(ends: str,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """As a single task's (Executor.lost): the failure or yield of a batch's task canceled
+    while it ran is moot, not sent for the server to refuse, and counted lost."""
+    from gpuq.metrics import WorkerMetrics
+
+    q = memory_queue()
+    ex: Executor
+
+    def handler(model: str, payloads: list[Any], ctx: BatchContext) -> list[Any]:
+        ctx.contexts[0].lost = True  # canceled while the batch ran
+        if ends == "yields":
+            ex.running.snapshot()[1].ctx.yield_requested = True
+            ctx.yield_now()
+        raise ValueError("no")
+
+    ex = executor(q, app_with(handler))
+    ex.observer.metrics = WorkerMetrics("p", "w", "A100")
+    ids = enqueue(q, "h", 2)
+    with caplog.at_level("INFO"):
+        calls = batch_calls(q, ex)
+    assert [(c.script, c.args[0]) for c in calls] == [("fail" if ends == "raises" else "requeue", ids[1])]
+    what = "failure" if ends == "raises" else "yield"
+    assert f"lease.lost task={ids[0]} worker=w: {what} not sent" in caplog.text
+    lost = ex.observer.metrics.registry.get_sample_value(
+        "gpuq_worker_tasks_total", {"pool": "p", "gpu": "w", "priority": "P2", "outcome": "lost"})
+    assert lost == 1
+
+
 def test_an_exception_in_a_tasks_place_fails_that_task_alone() -> None:
     """Regression: an exception returned for one task of the batch (the way to fail part of
     a batch) failed it for good as "a result that is not JSON", whatever its retry said."""
