@@ -30,6 +30,7 @@ from gpuq.keys import REQUIRED, Keys
 from gpuq.replies import Code, checked
 from gpuq.scripts import Call, Calls, Scripts
 from gpuq.task import TaskSpec
+from gpuq.tenants import Tenant
 
 log = logging.getLogger(__name__)
 GRACE_MS = 60_000  # skip_missed: a period fired later than this after its time is skipped
@@ -101,7 +102,8 @@ def add(client: redis.Redis, keys: Keys, name: str, handler: str, payload: Any =
         **options: Any) -> Schedule:
     """Store a schedule (ScheduleError, nothing stored, when the name is taken or bad, both
     or neither of every and cron are given, or either is malformed, or its tenant is not
-    registered in a pool that requires it; InvalidTask for a bad task template).
+    registered in a pool that requires it or its caps could never let the task run;
+    InvalidTask for a bad task template).
     ``options``: TaskSpec.build's, but no delay, at or after. ``url``: the server's, for
     errors (a Queue's ``url``; empty: read from the client)."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
@@ -119,6 +121,9 @@ def add(client: redis.Redis, keys: Keys, name: str, handler: str, payload: Any =
         # its runs' enqueue would refuse them (InvalidTask): bad input, as there
         raise BadSchedule(f"tenant {spec.tenant} is not registered (this pool requires it: "
                             "gpuq tenant set)")
+    terms = Tenant.parse(spec.tenant, known) if isinstance(known, str) else None
+    if terms is not None and (why := terms.past_caps(spec.gpus, spec.vram_gb)):
+        raise BadSchedule(why)  # its runs would end failed (fire.lua)
     task = {"handler": spec.handler, "payload": spec.payload, "model": spec.model,
             "vram_gb": spec.vram_gb, "priority": int(spec.priority), "preemptible": spec.preemptible,
             "tenant": spec.tenant, "max_attempts": spec.max_attempts}

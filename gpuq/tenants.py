@@ -49,6 +49,17 @@ class Tenant:
     def capped(self) -> bool:
         return self.max_gpus is not None or self.max_vram_gb is not None
 
+    def past_caps(self, gpus: int, vram_gb: float) -> str | None:
+        """Why this tenant could never run a task of ``gpus`` GPUs and ``vram_gb`` GB under
+        its caps (enqueue's words: lib/tenancy.lua's past_caps), or None."""
+        if ((self.max_gpus is None or gpus <= self.max_gpus)
+                and (self.max_vram_gb is None or vram_gb <= self.max_vram_gb + 1e-9)):
+            return None
+        allow = (f"{'any' if self.max_gpus is None else self.max_gpus} GPUs and "
+                 f"{'any' if self.max_vram_gb is None else f'{self.max_vram_gb:g}'} GB")
+        return (f"tenant {self.name} could never run it: it needs {gpus} GPUs and {vram_gb:g} GB, "
+                f"the tenant's caps allow {allow} (gpuq tenant set)")
+
     @classmethod
     def from_spec(cls, spec: str) -> Tenant:
         """``NAME[:WEIGHT[:MAX_GPUS[:MAX_VRAM_GB]]]`` ("-" or nothing: the default, no cap),

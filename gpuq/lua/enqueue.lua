@@ -11,8 +11,9 @@
 -- KEYS[1]  pool key base, e.g. "gpuq:{default}:"
 -- ARGV[1]  now (ms; "0" = server clock)
 -- ARGV[2]  check_fit: "1" rejects a task no registered GPU class could fit (VRAM, or
---          GPUs: a class of groups of N devices holds tasks of up to N), whose handler
---          no worker of the pool has registered, or past its tenant's caps (INVALID)
+--          GPUs: a class of groups of N devices holds tasks of up to N), or whose handler
+--          no worker of the pool has registered. A task past its tenant's caps (more
+--          GPUs or VRAM than they allow) is refused either way (INVALID)
 -- ARGV[3]  SLAs of P0..P3 (ms), in one text: 4 whole numbers (< 1e13), space-separated
 -- ARGV[4..]  groups of 16 per task: id, handler, payload (JSON text), model, vram_gb,
 --            priority (0..3), est_s ("": the mean run time learned for its handler and
@@ -210,13 +211,9 @@ for i = 1, n do
       registered[handler] = redis.call('SISMEMBER', K_HANDLERS, handler) == 1
     end
     if not registered[handler] then return {7, i, handler} end
-    local q = tenancy and quota_of(tenant)  -- caps a tenant has now: a task past them never starts
-    if q and (q.gpus and gpus > q.gpus or q.vram and vram > q.vram + 1e-9) then
-      return {1, i, 'tenant ' .. tenant .. ' could never run it: it needs ' .. gpus .. ' GPUs and '
-        .. ARGV[o + 5] .. ' GB, the tenant\'s caps allow ' .. (q.gpus or 'any') .. ' GPUs and '
-        .. (q.vram or 'any') .. ' GB (gpuq tenant set)'}
-    end
   end
+  local why = tenancy and past_caps(tenant, quota_of(tenant), gpus, vram, ARGV[o + 5])
+  if why then return {1, i, why} end
   vrams[i], ests[i], tries[i], gpus_of[i] = vram, est, attempts, gpus
   if tenancy then work[tenant] = (work[tenant] or 0) + est end
   local later, why = false, nil  -- due, after, after_any as most tasks send them: queued now

@@ -8,7 +8,7 @@
 -- arrival as an enqueued task is: counted in its model's arrivals (the forecast's
 -- history) and, while tenants are registered, placed by its tenant's fair order and
 -- counted in its work (lib/fair.lua). In a pool that requires registered tenants, a run
--- of another tenant ends failed at once, with why.
+-- of another tenant ends failed at once, with why; so does one past its tenant's caps.
 --
 -- KEYS[1]  pool key base
 -- ARGV[1]  now (ms; "0" = server clock)
@@ -19,7 +19,8 @@
 -- ARGV[9]  result TTL (ms): how long a run whose stored fields are corrupt stays readable
 -- Returns  {0, "enqueued", id} | {0, "skipped"} | {0, "done"} (this period, or a later
 --          one, was fired already) | {0, "failed", id} (the run ended failed: its tenant is
---          not registered where that is required, or the stored task is corrupt)
+--          not registered where that is required, or its caps could never let it run, or
+--          the stored task is corrupt)
 --          {4} NOT_FOUND: no such schedule
 --          {1, 0, reason} INVALID: a malformed argument or stored schedule (nothing written)
 
@@ -82,11 +83,15 @@ hold(id, {'id', id, 'handler', t.handler, 'payload', t.payload, 'model', t.model
 redis.call('ZREM', K_DELAYED, id)
 redis.call('HINCRBY', K_STATS, 'enqueued', 1)
 count_arrivals(now, {t.model, [t.model] = 1})
-if tenancy and redis.call('HGET', K_TENANTS, REQUIRED) == '1'
-    and redis.call('HEXISTS', K_TENANTS, tenant) == 0 then
-  end_failed(id, now, ttl,
-    'tenant ' .. tenant .. ' is not registered (this pool requires it: gpuq tenant set)')
-  return {0, 'failed', id}
+if tenancy then
+  local required, terms = unpack(redis.call('HMGET', K_TENANTS, REQUIRED, tenant))
+  local why = required == '1' and not terms
+    and 'tenant ' .. tenant .. ' is not registered (this pool requires it: gpuq tenant set)'
+    or past_caps(tenant, tenant_terms(terms), gpus, vram, tostring(t.vram_gb))
+  if why then
+    end_failed(id, now, ttl, why)
+    return {0, 'failed', id}
+  end
 end
 if tenancy then
   local score = tonumber(redis.call('HGET', task_key(id), 'score'))

@@ -58,14 +58,15 @@ def read_trace(name: str, traces_dir: str | None, seed: int,
 
 
 def replayable(name: str, tasks: list[TraceTask], gpus: list[tuple[str, float]],
-               config: Config) -> list[TraceTask]:
+               config: Config, tenants: Sequence[Tenant] = ()) -> list[TraceTask]:
     """The tasks the pool can hold (``fitting``: the rest are refused up front, as each
     replay refuses them); a ConfigError when it holds none, as for a trace without tasks."""
-    kept = fitting(tasks, gpus, sim_config(config))
+    kept = fitting(tasks, gpus, sim_config(config), tenants)
     if not kept:
         raise ConfigError(f"trace {name!r}: none of its {len(tasks)} tasks fits a GPU of the pool "
                           "(more VRAM than any GPU or group offers less the KV reserve, more GPUs "
-                          "than any group has, or a deadline under their own est_s)")
+                          "than any group has, a deadline under their own est_s, or past their "
+                          "tenant's caps)")
     return kept
 
 
@@ -133,7 +134,7 @@ def run_simulations(trace_name: str, traces_dir: str | None, gpus_spec: str, spe
     large: list[str] = []
     if mix_70b:
         tasks, large = with_70b(tasks, loads, mix_70b, seed)
-    kept = replayable(trace_name, tasks, gpus, config)
+    kept = replayable(trace_name, tasks, gpus, config, tenants)
     if speedup is None:  # the load offered is the work of the tasks replayed, not of those refused
         speedup = speedup_for(kept, len(gpus), load_for(target_load))
     policies = list(POLICIES) if policy == "all" else [policy]

@@ -75,7 +75,7 @@ class SimResult:
     makespan_s: float = 0.0  # first arrival to last end
     wall_s: float = 0.0  # real seconds the replay took
     claims: list[str] = field(default_factory=list)  # task ids in claim order (fidelity checks)
-    rejected: int = 0  # tasks larger than every GPU, or a deadline under their est_s: refused up front
+    rejected: int = 0  # larger than every GPU, a deadline under their est_s, past caps: refused up front
     kv_reserve_gb: float = field(default_factory=lambda: Config().kv_reserve_gb)  # per GPU
     # with an autoscaler (gpuq.sim.autoscale): GPU hours, boots, retirements; None: a fixed pool
     autoscale: dict[str, Any] | None = None

@@ -193,7 +193,8 @@ def render(reports: list[dict[str, Any]]) -> str:
     refused = max((r["rejected"] for r in reports), default=0)
     if refused:  # left out of every table above: say so, or a trace seems to lose tasks
         lines += ["", f"{refused} task(s) refused up front, as enqueue's checks would: no GPU or group",
-                  "holds them (VRAM less the KV reserve, or GPUs), or a deadline under their est_s"]
+                  "holds them (VRAM less the KV reserve, or GPUs), a deadline under their est_s, or",
+                  "past their tenant's caps"]
     return "\n".join(lines)
 
 

@@ -81,17 +81,20 @@ def autoscaled_config(config: Config, autoscale: Autoscale, speedup: float) -> C
 
 
 def fitting(tasks: Sequence[TraceTask], gpus: Sequence[tuple[str, float]],
-            config: Config) -> list[TraceTask]:
-    """The tasks some worker of ``gpus`` could hold and whose deadline their own estimate
-    can meet; the rest are refused up front, as enqueue's fit check (and its deadline check)
-    would (a plain FIFO would otherwise block behind one forever). config: the replay's
-    (``sim_config``), whose ``kv_reserve_gb`` each GPU keeps back."""
+            config: Config, tenants: Sequence[Tenant] = ()) -> list[TraceTask]:
+    """The tasks some worker of ``gpus`` could hold, whose deadline their own estimate can
+    meet and whose tenant's caps (of ``tenants``) could let them run; the rest are refused up
+    front, as enqueue's fit check (and its deadline and caps checks) would (a plain FIFO
+    would otherwise block behind one forever), for every policy alike. config: the
+    replay's (``sim_config``), whose ``kv_reserve_gb`` each GPU keeps back."""
+    caps = {t.name: t for t in tenants}
     usable: dict[int, float] = {}  # group size -> the most VRAM a worker of that size offers
     for w, gb in gpus:
         n = devices_of(w)
         usable[n] = max(usable.get(n, 0.0), gb - config.kv_reserve_gb * n)
     return [t for t in tasks if any(n >= t.gpus and t.vram_gb <= gb for n, gb in usable.items())
-            and not (t.deadline_s is not None and t.est_s > t.deadline_s)]
+            and not (t.deadline_s is not None and t.est_s > t.deadline_s)
+            and not (t.tenant in caps and caps[t.tenant].past_caps(t.gpus, t.vram_gb))]
 
 
 MAX_SPAN_S = 1e11  # virtual seconds a replay may run: EPOCH_MS + this stays within 1e15 ms
@@ -118,7 +121,7 @@ def simulate(tasks: list[TraceTask], gpus: list[tuple[str, float]], policy: str,
             raise ConfigError("--autoscale replays the gpuq policy only")
         cfg = autoscaled_config(cfg, autoscale, speedup)
         gpus = [(autoscale.gpu_id(0), autoscale.gb)]  # the size the fit check below uses
-    kept = fitting(tasks, gpus, cfg)
+    kept = fitting(tasks, gpus, cfg, tenants)
     first = min((t.arrival_s for t in kept), default=0.0)
     compressed = [replace(t, arrival_s=(t.arrival_s - first) / speedup) for t in kept]
     span_s = max((t.arrival_s + t.service_s / speedup for t in compressed), default=0.0)

@@ -184,6 +184,23 @@ def test_a_run_of_an_unregistered_tenant_fails_where_registration_is_required(qu
     assert queue.redis.zcard(queue.keys.queue(2, "A")) == 0
 
 
+def test_a_run_past_its_tenant_s_caps_fails_and_such_a_schedule_is_refused(queue: Queue) -> None:
+    """As enqueue refuses a task past its tenant's caps: a schedule whose runs the caps
+    could never let start is refused, and a run fired after the caps were lowered ends
+    failed with why, rather than wait unclaimed, counted in every backlog."""
+    set_tenant(queue, Tenant("acme", max_vram_gb=10))
+    with pytest.raises(ScheduleError, match="tenant acme could never run it: it needs 1 GPUs and 16 GB, "
+                                            "the tenant's caps allow any GPUs and 10 GB"):
+        add(queue, name="big", every="1m", tenant="acme", vram_gb=16)
+    add(queue, every="1m", tenant="acme", vram_gb=8)
+    set_tenant(queue, Tenant("acme", max_vram_gb=4))
+    period = T0 + 60_000
+    assert fire(queue, period) == 0
+    rec = queue.record(f"nightly@{period}")
+    assert rec.state is State.FAILED and "caps allow any GPUs and 4 GB" in (rec.error or "")
+    assert queue.redis.zcard(queue.keys.queue(2, "A")) == 0
+
+
 def test_the_schedule_api_on_a_dead_server_raises_connection_failed() -> None:
     """Found by a QA pass: add, list_schedules and remove raised redis-py's ConnectionError
     where every Queue call raises ConnectionFailed (the CLI mapped it; a program could not)."""

@@ -353,21 +353,23 @@ def test_the_planner_asks_a_capped_tenant_to_make_room_from_its_own_tasks(queue:
     assert queue.redis.hget(queue.keys.task(b_task), "yield_by") is None
 
 
-def test_check_fit_refuses_a_task_past_its_tenant_s_caps(queue: Queue) -> None:
+@pytest.mark.parametrize("check_fit", [True, False])
+def test_a_task_past_its_tenant_s_caps_is_refused(queue: Queue, check_fit: bool) -> None:
     """Found by a QA pass: a two-GPU task of a tenant capped at one GPU (or a 16 GB task of
-    one capped at 10 GB) was accepted with --check-fit and waited for ever, said nowhere.
-    check_fit refuses it; without it the task is queued (the cap may be raised)."""
+    one capped at 10 GB) was accepted with --check-fit and waited for ever, said nowhere;
+    without check_fit it was queued, never claimed, counted in the scale signals' backlog
+    and in no view's unschedulable. The caps are the pool's own: refused either way."""
     register_worker(queue, "g", gpus=2)  # a two-GPU group of 150 GB: the pool could hold them
     set_tenant(queue, Tenant("a", max_gpus=1))
     set_tenant(queue, Tenant("d", max_vram_gb=10))
     with pytest.raises(InvalidTask, match="tenant a could never run it: it needs 2 GPUs and 140 GB, "
                                           "the tenant's caps allow 1 GPUs and any GB"):
-        enqueue(queue, T0, check_fit=True, model="A", vram_gb=140, gpus=2, tenant="a")
+        enqueue(queue, T0, check_fit=check_fit, model="A", vram_gb=140, gpus=2, tenant="a")
     with pytest.raises(InvalidTask, match="caps allow any GPUs and 10 GB"):
-        enqueue(queue, T0, check_fit=True, model="A", vram_gb=16, tenant="d")
+        enqueue(queue, T0, check_fit=check_fit, model="A", vram_gb=16, tenant="d")
     assert queue.redis.zcard(queue.keys.queue(2, "A")) == 0
-    enqueue(queue, T0, check_fit=True, model="A", vram_gb=8, tenant="d")
-    enqueue(queue, T0, model="A", vram_gb=16, tenant="d")
+    enqueue(queue, T0, check_fit=check_fit, model="A", vram_gb=8, tenant="d")
+    enqueue(queue, T0, check_fit=check_fit, model="A", vram_gb=16, tenant="e")  # no caps
     assert queue.redis.zcard(queue.keys.queue(2, "A")) == 2
 
 

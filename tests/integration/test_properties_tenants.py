@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from gpuq import Config, Queue
-from gpuq.errors import StaleLease, TaskAlreadyFinished, TenantError
+from gpuq.errors import InvalidTask, StaleLease, TaskAlreadyFinished, TenantError
 from gpuq.tenants import Tenant, remove_tenant, set_tenant
 
 TENANTS = ("a", "b", "c")
@@ -42,8 +42,14 @@ class Sim:
 
     def op_enqueue(self, tenant: str, vram: float, priority: int, gpus: int) -> None:
         self.now += 10
-        self.ids.append(enqueue(self.q, self.now, tenant=tenant, vram_gb=vram, model="m",
-                                priority=f"P{priority}", est_s=5, gpus=gpus))
+        caps = self.caps().get(tenant)
+        try:
+            self.ids.append(enqueue(self.q, self.now, tenant=tenant, vram_gb=vram, model="m",
+                                    priority=f"P{priority}", est_s=5, gpus=gpus))
+        except InvalidTask as exc:  # past the caps it has now: refused, nothing written
+            assert caps is not None and str(exc) == f"invalid task: {caps.past_caps(gpus, vram)}", (exc, caps)
+            return
+        assert caps is None or caps.past_caps(gpus, vram) is None, (tenant, vram, gpus, caps)
 
     def op_claim(self, worker: int) -> None:
         self.now += 10

@@ -372,10 +372,10 @@ def test_work_of_a_tenant_at_its_cap_asks_for_no_workers(make_real_queue: MakeQu
 
     q = make_real_queue(min_workers=0)
     register(q, "w-h", "A100-80", 80, holds=("m",))
-    set_tenant(q, Tenant("capped", 1.0, 0, None))
     set_tenant(q, Tenant("free", 1.0))
     q.enqueue_many([{"handler": "h", "model": "m", "vram_gb": 16, "est_s": 6, "priority": "P2",
                      "tenant": "capped"} for _ in range(20)])
+    set_tenant(q, Tenant("capped", 1.0, 0, None))  # after: enqueue refuses a task past the caps
     Scaler(q.redis, q.keys, q.config).step()
     got = scale_hash(q)
     assert (got["class:A100-80"]["current"], got["class:A100-80"]["desired"]) == (1, 1)

@@ -12,6 +12,7 @@ from procs import Procs
 from gpuq.config import Config
 from gpuq.sim.model import TraceTask
 from gpuq.sim.run import fitting
+from gpuq.tenants import Tenant
 
 TINY = """\
 arrival_s,model,priority,service_s,vram_gb,tenant,load_s
@@ -210,3 +211,13 @@ def test_a_row_whose_estimate_outlasts_its_deadline_is_one_error_line(procs: Pro
         assert out.stderr.strip().endswith(f": deadline_s 5 is shorter than {said}: it cannot end in time")
     ok, late = TraceTask(0, "m", 10, 1, 2, 2, 30), TraceTask(1, "m", 10, 1, 2, 20, 5)
     assert fitting([ok, late], [("g0", 80.0)], Config()) == [ok]
+
+
+def test_a_task_past_its_tenant_s_caps_is_refused_up_front_for_every_policy() -> None:
+    """Enqueue refuses a task its tenant's caps could never let run: a replay with that
+    tenant registered drops it up front, for the baselines too (the same tasks for all)."""
+    small, big = TraceTask(0, "m", 8, 1, 2, 2, tenant="a"), TraceTask(1, "m", 30, 1, 2, 2, tenant="a")
+    other = TraceTask(2, "m", 30, 1, 2, 2, tenant="b")
+    capped = [Tenant("a", max_vram_gb=10)]
+    assert fitting([small, big, other], [("g0", 80.0)], Config(), capped) == [small, other]
+    assert fitting([small, big, other], [("g0", 80.0)], Config()) == [small, big, other]

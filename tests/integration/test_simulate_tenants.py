@@ -74,11 +74,11 @@ def test_skipping_quiet_rounds_gives_the_same_replay_with_tenants(
 
 def test_a_replay_whose_last_tasks_can_never_run_ends(redis_server: EmbeddedServer) -> None:
     """Regression: with tenants registered, tasks that could never run (a tenant capped at 0
-    GPUs) kept the reaper's rounds coming for ever and the replay never ended; it ends with
-    them starved."""
+    GPUs) kept the reaper's rounds coming for ever and the replay never ended. Enqueue now
+    refuses them, so the replay refuses them up front, as it does a task no GPU holds."""
     tasks = [TraceTask(0.0, "m", 8.0, 0, 1.0, 1.0, None, False, tenant="shop"),
              TraceTask(1.0, "m", 8.0, 0, 1.0, 1.0, None, False, tenant="ads")]
     result = simulate(tasks, parse_gpus("1x80"), "gpuq", speedup=1.0, load_time=lambda _m, _r: 1.0,
                       config=Config(), server=redis_server, tenants=(Tenant("shop", max_gpus=0),))
-    assert summarize(result)["starved"] == 1
+    assert (summarize(result)["starved"], result.rejected) == (0, 1)
     assert [t.tenant for t in result.tasks if t.exec_s is not None] == ["ads"]

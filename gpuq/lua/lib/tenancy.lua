@@ -31,6 +31,18 @@ local function tenant_terms(v)
   return {weight = w, gpus = g ~= '-' and finite(g) or nil, vram = x ~= '-' and finite(x) or nil}
 end
 
+-- Why tenant t could never run a task of gpus GPUs and vram GB (vram_text, as given) under
+-- the caps it has now (terms: its tenant_terms, or false), or nil: enqueue refuses such a
+-- task and a periodic run of it ends failed, rather than wait unclaimed while the caps stand.
+local function past_caps(t, terms, gpus, vram, vram_text)
+  if not terms or not (terms.gpus and gpus > terms.gpus or terms.vram and vram > terms.vram + 1e-9) then
+    return nil
+  end
+  return 'tenant ' .. t .. ' could never run it: it needs ' .. gpus .. ' GPUs and ' .. vram_text
+    .. ' GB, the tenant\'s caps allow ' .. (terms.gpus or 'any') .. ' GPUs and '
+    .. (terms.vram or 'any') .. ' GB (gpuq tenant set)'
+end
+
 -- A tenant's SLA results ("met"/"missed"; others are not decided yet) in `stats`,
 -- "sla_met:P<p>:<tenant>" and "sla_missed:...", where the SLA is decided, while tenancy is on.
 local function count_tenant_sla(p, t, result)

@@ -109,8 +109,9 @@ def test_tasks_refused_up_front_are_named_under_the_tables() -> None:
                        busy_s={"g": 1.0}, model_loads=1, makespan_s=1.1)
     assert "refused" not in render([summarize(result)])
     result.rejected = 2
-    said = render([summarize(result)]).splitlines()[-2:]
+    said = render([summarize(result)]).splitlines()[-3:]
     assert said[0].startswith("2 task(s) refused up front") and "or GPUs" in said[1]
+    assert said[2] == "past their tenant's caps"
     assert max(map(len, said)) <= 100
 
 
