@@ -6,13 +6,14 @@ wait behind a large bulk). So that a rejection of a later chunk cannot leave the
 written, such a bulk first asks, in one round trip, what enqueue.lua would refuse for the
 pool's state as it is: ids already taken, parents unknown or ended other than succeeded
 (without ``after_any_outcome``), an ``at`` in the past by the server's clock, tenants
-unregistered in a pool that requires them (``Preflight``). What can still fail a later chunk
-(another producer taking an id or ending a parent meanwhile, a server out of memory, a
-``check_fit`` class or handler) is told by ``PartialEnqueue``, with the tasks that were
-enqueued (``outcome``): those of the calls whose reply says they wrote (``written``; a call
-is all or nothing), not whatever ids the server holds, which another producer enqueueing the
-same ids may have written. Only when the connection failed before the replies were read are
-the ids looked up (``exists_each``), and then a task another producer stored is named too.
+unregistered in a pool that requires them, tasks past their tenant's caps (``Preflight``).
+What can still fail a later chunk (another producer taking an id, ending a parent or
+changing a tenant meanwhile, a server out of memory, a ``check_fit`` class or handler) is
+told by ``PartialEnqueue``, with the tasks that were enqueued (``outcome``): those of the
+calls whose reply says they wrote (``written``; a call is all or nothing), not whatever ids
+the server holds, which another producer enqueueing the same ids may have written. Only
+when the connection failed before the replies were read are the ids looked up
+(``exists_each``), and then a task another producer stored is named too.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from gpuq.errors import DuplicateTask, InvalidTask, PartialEnqueue
 from gpuq.joined import wrote
 from gpuq.keys import REQUIRED, Keys
 from gpuq.task import TaskSpec
+from gpuq.tenants import Tenant
 
 BULK_CHUNK = 200  # tasks per enqueue call in a bulk enqueue
 _ENDED_BADLY = ("failed", "expired", "canceled")
@@ -53,9 +55,12 @@ class Preflight:
         taken, now_ms, policy = replies[0], from_time_reply(replies[1]), replies[2]
         state_of = dict(zip(self.parents, replies[3:]))
         registered = dict(zip(self.tenants, policy[1:]))
+        caps = {t: Tenant.parse(t, v) for t, v in registered.items() if isinstance(v, str)}
         for i, s in enumerate(self.specs):
             _refused(s, i, policy[0] == "1" and registered[s.tenant] is None, now_ms,
                      self.position, state_of)
+            if (terms := caps.get(s.tenant)) is not None and (why := terms.past_caps(s.gpus, s.vram_gb)):
+                raise InvalidTask(why, s.task_id)
         return int(taken) > 0
 
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 
-from gpuq.client import Queue
 from gpuq.errors import BadTenant, TenantError
 from gpuq.keys import REQUIRED, Keys
 from gpuq.names import name_problem
+from gpuq.scripts import Calls, Scripts
 
 DEFAULT_WEIGHT = 1.0
 BOUND = "bound:"  # tenant:use field prefix of the reaper's bounds (lib/quota.lua)
@@ -109,7 +109,18 @@ class TenantState:
                 "queued": self.queued}
 
 
-def set_tenant(queue: Queue, tenant: Tenant) -> Tenant | None:
+class Scripted(Protocol):
+    """What registering a tenant needs of a gpuq.Queue (not imported: gpuq.bulk, which the
+    client imports, reads tenants' caps)."""
+
+    @property
+    def scripts(self) -> Scripts: ...
+
+    @property
+    def calls(self) -> Calls: ...
+
+
+def set_tenant(queue: Scripted, tenant: Tenant) -> Tenant | None:
     """Register or change ``tenant`` (its caps bind its running tasks at once); its former
     setting, if any."""
     def cap(value: float | None) -> str:
@@ -120,12 +131,12 @@ def set_tenant(queue: Queue, tenant: Tenant) -> Tenant | None:
     return Tenant.parse(tenant.name, before) if before else None
 
 
-def remove_tenant(queue: Queue, name: str) -> None:
+def remove_tenant(queue: Scripted, name: str) -> None:
     """Remove a registered tenant (TenantError if it is not); the last one ends tenancy."""
     queue.scripts.run(queue.calls.tenant("remove", name))
 
 
-def require_registered(queue: Queue, on: bool) -> None:
+def require_registered(queue: Scripted, on: bool) -> None:
     """Whether enqueue refuses tasks of tenants not registered."""
     queue.scripts.run(queue.calls.tenant("require", "1" if on else "0"))
 

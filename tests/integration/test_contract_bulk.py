@@ -43,6 +43,7 @@ def stored(q: Queue) -> int:
     ({"after": ["ended"]}, InvalidTask, "parent task ended ended failed"),
     ({"at": 1.0}, InvalidTask, "at is in the past"),
     ({"tenant": "ghost"}, InvalidTask, "tenant ghost is not registered"),
+    ({"tenant": "capped", "vram_gb": 20}, InvalidTask, "tenant capped could never run it"),
 ])
 def test_a_later_task_the_pool_would_refuse_writes_nothing(queue: Queue, last: dict[str, Any],
                                                            error: type, fragment: str) -> None:
@@ -51,6 +52,7 @@ def test_a_later_task_the_pool_would_refuse_writes_nothing(queue: Queue, last: d
     queue.scripts.run(queue.calls.cancel("ended"))
     queue.redis.hset(queue.keys.task("ended"), "state", "failed")
     set_tenant(queue, Tenant("default", 1.0))
+    set_tenant(queue, Tenant("capped", 1.0, max_vram_gb=10))
     require_registered(queue, True)
     before = stored(queue)
     with pytest.raises(error, match=fragment):
