@@ -3,11 +3,14 @@ hand-damaged hash that neither ``gpuq status`` nor the reaper's planners trip ov
 
 from __future__ import annotations
 
+import threading
+
 import fakeredis
 import pytest
 
 from gpuq import App, Config
 from gpuq.clock import server_ms
+from gpuq.errors import ConfigError
 from gpuq.keys import Keys
 from gpuq.reaper.preempt import Preemptor
 from gpuq.reaper.scale import Scaler
@@ -113,6 +116,31 @@ def test_a_handlers_timeout_reaches_status_from_the_registration() -> None:
     lines = render_status(pool_view(client, keys)).splitlines()
     assert "  embed" + " " * 35 + "0.5s" in lines and "  llm.generate" + " " * 28 + "30s" in lines
     assert not any(line.startswith("  free") for line in lines)
+
+
+@pytest.mark.parametrize("beats_again", [False, True])
+def test_a_fresh_beat_under_the_name_is_waited_out_then_replaced_or_refused(beats_again: bool) -> None:
+    """Found by an online service's owner: a restart under a worker's --name right after
+    the run was killed (as a supervisor restarts it) was refused "already running" (exit 2,
+    bad configuration). It waits until the last beat is ``fresh_ms`` old: a run that beat
+    meanwhile is another process, refused; one that did not is replaced."""
+    client = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    keys = Keys("p")
+    Presence(client, keys, "w1").register(identity("w1", GPU, 5.0, 1, "0123", "host", 7), 30_000)
+    client.hset(keys.worker("w1"), "seen_at", server_ms(client))  # it beat just now
+    beat = threading.Timer(0.2, lambda: client.hset(keys.worker("w1"), "seen_at", server_ms(client)))
+    if beats_again:
+        beat.start()
+    again = Presence(client, keys, "w1")
+    if beats_again:
+        with pytest.raises(ConfigError, match="worker w1 is already running"):
+            again.register(identity("w1", GPU, 5.0, 1, "0123", "host", 8), 30_000, fresh_ms=600)
+        assert client.hget(keys.worker("w1"), "pid") == "7"
+    else:
+        again.register(identity("w1", GPU, 5.0, 1, "0123", "host", 8), 30_000, fresh_ms=600)
+        assert client.hget(keys.worker("w1"), "pid") == "8"
+    if beats_again:
+        beat.join()
 
 
 def test_damaged_timeout_pairs_are_left_out() -> None:
