@@ -66,7 +66,8 @@ class Presence:
             pipe.zscore(keys.workers, wid)
             pipe.hmget(keys.worker(wid), "seen_at", "models")
             alive, (seen, models) = pipe.execute()
-            ago = max(0.0, now_ms - float(seen)) if alive is not None and alive > now_ms and seen else fresh_ms
+            live = alive is not None and alive > now_ms and seen
+            ago = max(0.0, now_ms - float(seen)) if live else fresh_ms
             if ago >= fresh_ms:
                 break
             if look:
