@@ -1,49 +1,23 @@
-"""Graceful preemption: the reaper's plan for P0/P1 tasks that fit no idle worker, or that
-enqueue offered to a busy GPU holding their model.
+"""Graceful preemption: the reaper reads the pool, plans (gpuq.reaper.preempt_plan, where
+the rules are) and commits each decision with preempt.lua, which re-checks it atomically.
 
 A victim's runtime and end count from when its work began: for a cold start, once its
 model is loaded (the claim's ready_at, from the catalog's mean load, and no sooner than now
 while the worker has not reported its handler's start: a load may outlast its mean, and a
 model's first has none), since a task asked to yield while it loads yields only after the
-load, which is then thrown away.
+load, which is then thrown away. A waiting task's start-by time is its `score`, its latest
+start its deadline less its estimate.
 
-For each such task, the candidates are running, preemptible, lower-priority tasks on live
-workers whose GPU is large enough (usable VRAM >= the task's need; a group of at least its
-GPUs) and which serve the task's priority and run its handler; where no one of a worker's
-victims makes room alone (a group, or several slots, running several tasks), the fewest of
-them that together do are one option (gpuq.reaper.preempt_options: waited for until the last
-ends, or each asked to yield); for a task offered to a busy holder of its model, only that
-holder's (an idle worker would load the model cold: 30-60 s, against a yield). The option
-expected to end soonest (started + estimate) decides:
-
-- it ends within ``max_wait_s`` and before the waiting task's start-by time (its queue
-  score: enqueue + SLA): reserve its worker (the worker's next claim is the waiting task);
-  nothing is interrupted;
-- otherwise ask a victim to yield within ``grace_s`` (and reserve its worker): the
-  soonest-ending candidate that has run ``preempt_min_runtime_s`` and was preempted fewer
-  than ``preempt_max`` times. Past the grace the worker stops it (gpuq.worker.control).
-- no candidate may be asked, or the start-by time has already passed (a yield no longer
-  saves the SLA): wait for the soonest end if it is within ``max_wait_s`` (not for a task
-  an idle worker will load cold once the holder's offer lapses).
-
-Waiting up to ``max_wait_s`` (30 s) for a 200 ms SLA would miss it for certain, so the
-start-by time bounds the graceful wait while the SLA can still be met.
-
-A waiting task whose tenant is at a limit takes only room its own tenant gives back
-(gpuq.reaper.preempt_limits). A worker and a victim serve one waiting task per round; a
-task with a live reservation is not planned again. ``plan`` is pure; ``Preemptor.step``
-reads the pool (bounded: the running set, then, only if some worker could be a victim's,
-the heads of the P0/P1 queues) and commits each decision with preempt.lua, which re-checks it atomically.
-``quiet_until`` says, from the same inputs, how long a plan that decided nothing stays
-empty while the pool does not change: the reaper plans again then if that comes before its
-next round, and the simulator skips the rounds in between.
+``Preemptor.step`` reads the pool (bounded: the running set, then, only if some worker could
+be a victim's, the heads of the P0/P1 queues); a task with a live reservation is not planned
+again.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import redis
@@ -53,13 +27,15 @@ from gpuq.clock import server_ms
 from gpuq.config import Config
 from gpuq.keys import Keys, live_reservation
 from gpuq.reaper.known_workers import UntilRegistration
-from gpuq.reaper.preempt_limits import Limits, charge_of, read_limits
+from gpuq.reaper.preempt_limits import charge_of, read_limits
 from gpuq.reaper.preempt_options import Idle as Idle
-from gpuq.reaper.preempt_options import Option as Option
 from gpuq.reaper.preempt_options import Victim as Victim
 from gpuq.reaper.preempt_options import Waiting as Waiting
-from gpuq.reaper.preempt_options import candidates_for, idle_takes, idle_to_read, own_charge, split_idle
+from gpuq.reaper.preempt_options import idle_to_read, split_idle
 from gpuq.reaper.preempt_options import may_be_asked as may_be_asked
+from gpuq.reaper.preempt_plan import Decision as Decision
+from gpuq.reaper.preempt_plan import plan as plan
+from gpuq.reaper.preempt_plan import quiet_until as quiet_until
 from gpuq.replies import scored
 from gpuq.scripts import Calls, Scripts
 from gpuq.wire import exchange
@@ -76,100 +52,6 @@ GPU_FIELDS = WorkerFields(("vram_total_gb", "kv_reserve_gb", "levels", "gpus", "
 # a running task's, as read_workers reads them (worker_loads: vram_gb and model last)
 RUNNING_FIELDS = ("state", "token", "worker", "priority", "started_at", "est_s", "preemptible",
                   "preemptions", "yield_by", "ready_at", "loading", "charged", "vram_gb", "model")
-
-
-@dataclass(frozen=True)
-class Decision:
-    kind: str  # "reserve" | "yield"
-    waiting: Waiting
-    victims: tuple[Victim, ...]  # on one worker: each asked to yield, or all waited for
-    ends_in_s: float
-
-    @property
-    def victim(self) -> Victim:  # the first (the only one, but where several make room)
-        return self.victims[0]
-
-
-def plan(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
-         reserved: set[str], config: Config, now_ms: int,
-         limits: Mapping[str, Limits] | None = None) -> list[Decision]:
-    """Decisions for the waiting tasks, most urgent first. idle: the idle workers' shapes
-    (a worker skipping models stands alone: it takes none of their tasks); reserved:
-    workers that already have a reservation; limits: the waiting tasks' tenants that have
-    any (preempt_limits.read_limits)."""
-    used: set[str] = set(reserved)
-    room = dict(limits or {})  # with the starts decided so far counted
-    out: list[Decision] = []
-    wait_ms = int(config.max_wait_s * 1000)
-    for w in sorted(waiting, key=lambda t: t.priority):
-        fits = candidates_for(w, victims, idle, used, room.get(w.tenant),
-                              lambda v: may_be_asked(v, config, now_ms), now_ms)
-        if not fits:
-            continue
-        soonest = min(fits, key=lambda o: o.ends_ms)
-        # offered to a busy holder while a GPU idles: waited for only by its start-by time
-        # (the idle GPU loads its model once the offer lapses)
-        may_wait = soonest.ends_ms <= now_ms + wait_ms and not idle_takes(w, idle, room.get(w.tenant), now_ms)
-        graceful: Option | None = soonest if may_wait else None
-        if w.start_by_ms is not None and w.start_by_ms > now_ms:
-            # the SLA can still be met: wait only for a victim due to end by the start-by
-            # time; an overdue one (its estimate passed: a cold load, a slow run) promises nothing
-            by = min(w.start_by_ms, now_ms + wait_ms)
-            graceful = min((o for o in fits if now_ms < o.ends_ms <= by), key=lambda o: o.ends_ms,
-                           default=None)
-        ran_enough = [o for o in fits if all(may_be_asked(v, config, now_ms) for v in o.victims)]
-        if graceful is None and ran_enough:
-            chosen = min(ran_enough, key=lambda o: o.ends_ms)
-            kind = "yield"
-        elif graceful is not None or may_wait:
-            # nothing may be interrupted: the soonest natural end is still the best bet
-            chosen, kind = graceful or soonest, "reserve"
-        else:
-            continue
-        decision = Decision(kind, w, chosen.victims, max(0.0, (chosen.ends_ms - now_ms) / 1000))
-        used.add(chosen.worker)
-        if (limit := room.get(w.tenant)) is not None:
-            own = decision.victim.charge if own_charge(w, decision.victim) else None
-            room[w.tenant] = limit.after(own, (w.need_gb, w.gpus))
-        out.append(decision)
-    return out
-
-
-def quiet_until(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
-                reserved: set[str], config: Config,
-                limits: Mapping[str, Limits] | None = None) -> int | None:
-    """For inputs on which ``plan`` decided nothing: the first time (ms) at which it decides
-    something on the same inputs; None: never, until the pool changes.
-
-    With no decision, every task is planned against the same candidates (no worker gets
-    used), and a task with candidates gets none exactly while its soonest natural end is
-    beyond ``max_wait_s`` and none of them may be asked to yield (its start-by time only
-    chooses between decisions). Time alone ends that when the soonest end comes within
-    ``max_wait_s`` (not for a task offered to a busy holder while a GPU idles: it is not
-    waited for) or a candidate reaches its minimum runtime; or, sooner maybe, when a worker's
-    skip of a task's model ends (its victims become candidates then). An idle worker's skip
-    counts until the pool changes: its end only makes an idle worker take a task, so that
-    plans decide less, never more."""
-    wait_ms = int(config.max_wait_s * 1000)
-    times: list[int] = []
-    limits = limits or {}
-    for w in waiting:
-        times += [end for _, end in w.skipped_by]
-        # a set of victims below preempt_max may be asked once its youngest ran its minimum
-        fits = candidates_for(w, victims, idle, reserved, limits.get(w.tenant),
-                              lambda v: v.preemptions < config.preempt_max)
-        if not fits:
-            continue
-        if not idle_takes(w, idle, limits.get(w.tenant)):
-            times.append(min(o.ends_ms for o in fits) - wait_ms)
-        for o in fits:
-            if all(v.preemptions < config.preempt_max for v in o.victims):
-                # the planner's own test, from just below the minimum runtime (float-safe)
-                t = max(v.started_ms for v in o.victims) + int(config.preempt_min_runtime_s * 1000) - 2
-                while not all(may_be_asked(v, config, t) for v in o.victims):
-                    t += 1
-                times.append(t)
-    return min(times, default=None)
 
 
 class Preemptor:
@@ -207,7 +89,8 @@ class Preemptor:
             return {}
         limits = read_limits(self.redis, self.keys, {w.tenant for w in waiting})
         decisions = plan(waiting, victims, idle, reserved, self.config, now, limits)
-        quiet = now if decisions else quiet_until(waiting, victims, idle, reserved, self.config, limits)
+        quiet = now if decisions else quiet_until(waiting, victims, idle, reserved, self.config, limits,
+                                                  now_ms=now)
         self.quiet_until = min((t for t in (quiet, self.reservations_end) if t is not None), default=None)
         done: dict[str, int] = {}
         for d in decisions:
@@ -250,13 +133,15 @@ class Preemptor:
                  for i, score in head]
         pipe = r.pipeline(transaction=False)
         for _, _, i, _ in heads:
-            pipe.hmget(k.task(i), "vram_gb", "reserved_for", "offered", "score", "gpus", "tenant", "handler")
+            pipe.hmget(k.task(i), "vram_gb", "reserved_for", "offered", "score", "gpus", "tenant", "handler",
+                       "deadline", "est_s")
         rows = pipe.execute()
         # the start-by is the task's `score` (the queue's score is its fair order with tenants)
         waiting = [(Waiting(i, p, float(need), _ms(start_by, score), str(offered or ""), int(gpus or 1),
-                            str(tenant or ""), m, str(handler or "")), str(holder or ""))
-                   for (p, m, i, score), (need, holder, offered, start_by, gpus, tenant, handler)
-                   in zip(heads, rows) if need is not None]
+                            str(tenant or ""), m, str(handler or ""), latest_ms=latest(deadline, est)),
+                    str(holder or ""))
+                   for (p, m, i, score), (need, holder, offered, start_by, gpus, tenant, handler,
+                                           deadline, est) in zip(heads, rows) if need is not None]
         holders = sorted({h for _, h in waiting if h})
         # almost always no entry: lanes are few, skips rarer
         laned = [*workers, *idle_to_read(idle, (w for w, _ in waiting))]
@@ -388,6 +273,17 @@ def worker_loads(client: redis.Redis, keys: Keys,
     shares = [(weights.get(pair, 0.0), len(shared.get(pair, ()))) if f[0] == "running" and f[2]
               else (0.0, 1) for f in tasks for pair in [(f[2] or "", f[-1] or "")]]
     return load, frees, shares
+
+
+def latest(deadline: object, est_s: object) -> int | None:
+    """A task's latest start (ms) from its stored deadline and estimate: past it, expire.lua
+    ends it; None without a deadline (or a malformed one)."""
+    if not deadline:
+        return None
+    try:
+        return int(float(deadline) - float(est_s or 0) * 1000)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 def _ms(value: object, fallback: int) -> int:

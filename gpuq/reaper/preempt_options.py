@@ -4,6 +4,7 @@ victims, alone or several on one worker together, make room for it."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -26,6 +27,7 @@ class Waiting:
     # (worker, end ms) of the workers whose claims skip its model (its load failed there
     # lately: gpuq.worker.broken, read from `lanes`): no room is planned there until the end
     skipped_by: tuple[tuple[str, int], ...] = ()
+    latest_ms: int | None = None  # its latest start (deadline less estimate); None: no deadline
 
     def skipped_on(self, now_ms: int | None) -> set[str]:
         """The workers skipping its model at now_ms (None: every one listed)."""
@@ -217,3 +219,11 @@ def may_be_asked(v: Victim, config: Config, now_ms: int) -> bool:
     than ``preempt_max`` times."""
     return ((now_ms - v.started_ms) / 1000 >= config.preempt_min_runtime_s
             and v.preemptions < config.preempt_max)
+
+
+def askable_at(options: Iterable[Option], config: Config) -> float:
+    """The first time (ms) one of ``options`` may be asked to yield: once the youngest of
+    its victims ran its minimum, if none was preempted ``preempt_max`` times; inf: never."""
+    return min((max(v.started_ms for v in o.victims) + config.preempt_min_runtime_s * 1000
+                for o in options if all(v.preemptions < config.preempt_max for v in o.victims)),
+               default=math.inf)

@@ -880,6 +880,28 @@ def test_a_victim_still_loading_counts_from_now_until_its_handler_starts(
     assert queue.redis.hmget(queue.keys.task(victim), "loading", "ready_at") == ["", str(now - 4_000)]
 
 
+@pytest.mark.parametrize("deadline_s", [None, 10.0])
+def test_a_p0_behind_a_young_victim_has_it_yield_once_of_age(queue: Queue, deadline_s: float | None) -> None:
+    """Found by an operator: a P0 task enqueued 0.3 s after a 25 s P3 task started was
+    reserved behind it (too young to ask, its end within max_wait_s) and started 24.7 s
+    later, or with a 10 s deadline expired waiting. The planner waits for the victim to
+    come of age, then asks it to yield; the deadline is read as the task's latest start."""
+    now = int(time.time() * 1000)
+    queue.redis.hset(queue.keys.worker("w1"), mapping={"vram_total_gb": 80, "kv_reserve_gb": 5})
+    queue.redis.zadd(queue.keys.workers, {"w1": now + 60_000})
+    victim = enqueue(queue, now - 300, model="m", vram_gb=8, priority="P3", est_s=25)
+    assert claim(queue, "w1", 75, loaded=[("m", 0)], now_ms=now - 300) is not None
+    p0 = enqueue(queue, now, model="m", vram_gb=8, priority="P0", est_s=1, deadline_s=deadline_s)
+    planner = Preemptor(queue.redis, queue.keys, queue.config, queue.scripts, queue.calls)
+    (w,), _ = planner.read_waiting(now, workers=["w1"])
+    assert w.id == p0 and w.latest_ms == (None if deadline_s is None else now + 9_000)
+    assert planner.step(now) == {}  # not reserved for its end 24.7 s away
+    of_age = planner.quiet_until
+    assert of_age == now - 300 + int(queue.config.preempt_min_runtime_s * 1000)
+    assert planner.step(of_age) == {"yield": 1}
+    assert queue.redis.hget(queue.keys.task(victim), "yield_by") is not None
+
+
 def test_the_planner_weighs_what_a_victims_neighbours_keep(queue: Queue) -> None:
     """Regression: on a two-slot worker the planner took the worker's whole usable VRAM as
     the room a victim's end leaves, and asked a 10 GB task to yield for a 40 GB P0 while a

@@ -130,6 +130,9 @@ def test_the_planner_plans_no_room_on_a_worker_skipping_the_waiting_tasks_model(
         got = queue.scripts.run(queue.calls.claim(ClaimRequest(wid, 75, 0, 1, skipped=skipped),
                                                   now_ms=now - 1_000))
         assert got.task is not None and got.task["id"] == tid
+        # loaded and started: a victim still loading is not asked, and its end is not waited
+        # for where it may be asked, once started, before that end could come
+        queue.scripts.run(queue.calls.began(tid, int(got.task["token"]), now_ms=now - 1_000))
     urgent = enqueue(queue, now, model="m", vram_gb=40, priority="P0", est_s=5)
     planner = Preemptor(queue.redis, queue.keys, queue.config, queue.scripts, queue.calls)
     assert sum(planner.step(now).values()) == 1  # a yield asked (or a wait) on one worker

@@ -86,10 +86,58 @@ def test_an_overdue_victim_is_no_promise_while_the_sla_can_be_met() -> None:
     assert [d.kind for d in out] == ["yield"]
 
 
-def test_once_the_start_by_time_has_passed_the_graceful_rule_applies() -> None:
+def test_once_the_start_by_time_has_passed_an_end_within_the_grace_is_waited_for() -> None:
     w = Waiting("p0", 0, 40, start_by_ms=NOW - 500)  # already late: a yield saves no SLA
     out = plan([w], [victim("soon", "a", left_s=10), victim("long", "b", left_s=300)], [], set(), CFG, NOW)
     assert [(d.kind, d.victim.id) for d in out] == [("reserve", "soon")]
+
+
+def test_once_the_start_by_time_has_passed_an_end_later_than_a_yield_is_not_waited_for() -> None:
+    """Found by an operator: a P0 task late by a moment waited up to max_wait_s (30 s) for a
+    natural end where a victim asked to yield gives way within its grace (10 s) at most."""
+    w = Waiting("p0", 0, 40, start_by_ms=NOW - 500)
+    out = plan([w], [victim("v", "a", left_s=20)], [], set(), CFG, NOW)
+    assert [(d.kind, d.victim.id) for d in out] == [("yield", "v")]
+
+
+def test_a_young_victim_is_asked_once_of_age_rather_than_waited_for_to_its_end() -> None:
+    """Found by an operator: a P0 task enqueued 0.3 s after a 25 s P3 task started waited
+    for its end (the victim too young to ask, its end within max_wait_s), while one behind
+    a 60 s task (beyond max_wait_s) had it yield once it ran its minimum: 25 s against 1 s.
+    A victim that may be asked, plus the grace, before its natural end is not waited for:
+    the plan decides nothing until it may be asked (quiet_until), then asks it."""
+    young = victim("young", "a", ran_s=1, left_s=24)  # may be asked 4 s from now (minimum 5 s)
+    w = Waiting("p0", 0, 40, start_by_ms=NOW + 200)
+    assert plan([w], [young], [], set(), CFG, NOW) == []
+    at = quiet_until([w], [young], [], set(), CFG, now_ms=NOW)
+    assert at == NOW + 4000
+    out = plan([w], [young], [], set(), CFG, at)
+    assert [(d.kind, d.victim.id) for d in out] == [("yield", "young")]
+
+
+def test_past_the_start_by_time_an_overdue_victim_is_asked_not_waited_for() -> None:
+    """Found by an online service's owner: a batch task that outran its est_s counted as
+    ending now, so a late P0 task was reserved behind it every round (ends_in_s=0.0) and
+    waited for its whole run (90 s: the result wait timed out)."""
+    w = Waiting("p0", 0, 40, start_by_ms=NOW - 500)
+    overdue = victim("overdue", "a", ran_s=40, left_s=-20)
+    assert [(d.kind, d.victim.id) for d in plan([w], [overdue], [], set(), CFG, NOW)] == [("yield", "overdue")]
+    worn = replace(overdue, preemptions=2)  # may never be asked: its end is still the best bet
+    assert [d.kind for d in plan([w], [worn], [], set(), CFG, NOW)] == ["reserve"]
+
+
+def test_no_natural_end_is_waited_for_past_the_waiting_task_s_latest_start() -> None:
+    """Found by an operator: a P0 task with a 10 s deadline was reserved behind a P3 task
+    ending in 25 s and expired waiting; its latest start (deadline less estimate) bounds
+    every wait."""
+    w = Waiting("p0", 0, 40, start_by_ms=NOW - 500, latest_ms=NOW + 5000)
+    out = plan([w], [victim("v", "a", left_s=8)], [], set(), CFG, NOW)
+    assert [(d.kind, d.victim.id) for d in out] == [("yield", "v")]
+    worn = victim("worn", "a", left_s=8, preemptions=2)  # may not be asked: nothing helps
+    assert plan([w], [worn], [], set(), CFG, NOW) == []
+    assert quiet_until([w], [worn], [], set(), CFG, now_ms=NOW) is None
+    due = victim("due", "a", left_s=3, preemptions=2)
+    assert [d.kind for d in plan([w], [due], [], set(), CFG, NOW)] == ["reserve"]
 
 
 def test_with_nothing_interruptible_the_soonest_end_is_still_reserved() -> None:

@@ -43,20 +43,22 @@ def test_no_candidate_means_nothing_to_wait_for() -> None:
 def test_the_quiet_time_is_the_planners_first_decision_on_random_pools() -> None:
     rng = random.Random(5)
     checked = 0
-    for case in range(2000):
+    for case in range(4000):
         victims = [victim(f"v{i}", f"w{i}", priority=rng.choice((1, 2, 3)), ran_s=rng.uniform(0, 8),
                           left_s=rng.uniform(-5, 200), preemptions=rng.choice((0, 1, 2)),
                           usable_gb=rng.choice((19, 43, 75)), levels=rng.choice(("0123", "01", "23")))
                    for i in range(rng.randint(1, 4))]
         # some tasks were offered to a busy holder of their model, some pools have a GPU idle
+        # some have a deadline: never waited for past their latest start
         waiting = [Waiting(f"t{i}", rng.choice((0, 1)), rng.choice((10, 30, 60)),
                            rng.choice((None, NOW - 100, NOW + 200, NOW + 50_000)),
-                           rng.choice(("", "", "w0", "w1")))
+                           rng.choice(("", "", "w0", "w1")),
+                           latest_ms=rng.choice((None, None, NOW + 20_000, NOW + 90_000)))
                    for i in range(rng.randint(1, 3))]
         idle = rng.choice(([], [], [Idle(43.0, "0123")]))
         if kinds(waiting, victims, NOW, idle):
             continue
-        first = quiet_until(waiting, victims, idle, set(), CFG)
+        first = quiet_until(waiting, victims, idle, set(), CFG, now_ms=NOW)
         later = [NOW + rng.randint(1, 400_000) for _ in range(5)]
         if first is None:
             assert all(kinds(waiting, victims, t, idle) == [] for t in later), case
