@@ -34,7 +34,7 @@ scrape; served by ``gpuq exporter``):
 | gpuq_schedules | gauge | pool | periodic tasks (`gpuq schedule`) |
 | gpuq_tasks_enqueued_total | counter | pool | `stats` enqueued |
 | gpuq_tasks_total | counter | pool, priority, outcome (succeeded, failed, expired, canceled) | `stats` `<outcome>:P<n>`; priority `unleveled` (only once there is one) for corrupt hashes without a readable priority |
-| gpuq_sla_starts_total | counter | pool, priority, result (met, missed) | `stats` `sla_met:P<n>` / `sla_missed:P<n>`, once per task at its first handler start (claim for a worker holding its model, began after a cold load): the handler started, model loaded, by the task's start-by time or not |
+| gpuq_sla_starts_total | counter | pool, priority, result (met, missed) | `stats` `sla_met:P<n>` / `sla_missed:P<n>`, once per task at its first handler start (claim for a worker holding its model, began after a cold load): the handler started, model loaded, by the task's start-by time or not; a task that expires without ever starting counts missed |
 | gpuq_sla_attainment_ratio | gauge | pool, priority | met / (met + missed) since the pool began: the share of handler starts within SLA |
 | gpuq_preemptions_total | counter | pool, kind (reserved, yield_requested, yielded, stopped, withdrawn), preempted_priority | `stats` `preempt:<kind>:P<n>` |
 | gpuq_fair_dispatches_total | counter | pool, priority | `stats` `fair:P<n>`: claims made by the fairness rule |

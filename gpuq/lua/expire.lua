@@ -3,7 +3,7 @@
 -- A queued task with a deadline expires when now + its estimate (+ the model's measured mean
 -- load time when no live worker holds the model) is past its deadline. It ends "expired"
 -- with the reason in its error field, its waiters wake, and the pool counts it per priority
--- (stats "expired:P<n>"). Only tasks whose latest start (deadline - estimate) is within
+-- (stats "expired:P<n>"; and "sla_missed:P<n>" where it never started: lib/start.lua). Only tasks whose latest start (deadline - estimate) is within
 -- `horizon` of now are looked at, earliest first, so a call costs O(limit x log N).
 --
 -- KEYS[1]  pool key base
@@ -77,8 +77,8 @@ for _, id in ipairs(ids) do
       fair_leave(id, f[8])
       withdraw_yield(id, f[6], f[7], now)
       finish(id, 'expired', now, ttl, 'error', reason)  -- counts expired:P<n>
-      local at = redis.call('HMGET', task_key(id), 'due_at', 'enqueued_at')  -- waited since
-      note_miss(id, f[4], f[5], now - (finite(at[1]) or finite(at[2]) or now), now, 'expired')
+      local at = redis.call('HMGET', task_key(id), 'due_at', 'enqueued_at', 'began_at', 'tenant')
+      note_miss(id, f[4], f[5], now - (finite(at[1]) or finite(at[2]) or now), now, 'expired', at[3], at[4])
       expired = expired + 1
     else
       kept = kept + 1

@@ -266,6 +266,28 @@ def test_stats_count_expired_tasks_per_priority(queue: Queue) -> None:
     assert "expired" not in stats and ended_count(stats, "expired") == 3  # one count a task
 
 
+def test_a_task_that_expires_unstarted_counts_its_sla_missed(queue: Queue) -> None:
+    """Found by an online service's owner: a P0 task that expired queued never had its SLA
+    decided (decided at a handler's start), so `gpuq status`, `top` and the exporter showed
+    100% (or nothing) for a pool letting every late online task expire. One that expires
+    without ever starting missed it (its latest start is past its start-by time), for its
+    tenant too; one whose SLA was decided at an earlier start is not counted again."""
+    from gpuq.tenants import Tenant, set_tenant
+
+    set_tenant(queue, Tenant("shop"))
+    never = enqueue(queue, T0, priority="P0", deadline_s=1, est_s=0, tenant="shop")
+    started = enqueue(queue, T0, priority="P0", deadline_s=31, est_s=1, model="B")
+    c = claim(queue, "w1", 40, loaded=[("B", 0)], now_ms=T0)
+    assert c is not None and c["id"] == started and c["sla"] == "met"
+    assert expire(queue, T0 + 5_000) == (1, 1)
+    reap(queue, now_ms=T0 + LEASE_MS + 1)  # its lease lost past the deadline: expired
+    assert queue.record(started).state is State.EXPIRED
+    stats = queue.redis.hgetall(queue.keys.stats)
+    assert (stats["sla_met:P0"], stats["sla_missed:P0"], stats["sla_missed:P0:shop"]) == ("1", "1", "1")
+    kinds = [json.loads(m)["kind"] for m in queue.redis.lrange(queue.keys.sla_misses, 0, -1)]
+    assert kinds == ["expired", "expired"]
+
+
 def test_expire_is_bounded_earliest_latest_start_first(queue: Queue) -> None:
     # latest starts (deadline - estimate) T0 + 1 s .. T0 + 5 s, enqueued in another order
     order = [3, 1, 5, 2, 4]

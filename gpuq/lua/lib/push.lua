@@ -44,7 +44,7 @@ end
 -- waited, as the error says it when the deadline passed. Returns whether it expired it.
 local function expire_due(id, now, ttl, how)
   local f = redis.call('HMGET', task_key(id), 'deadline', 'est_s', 'priority', 'model',
-    'due_at', 'enqueued_at')
+    'due_at', 'enqueued_at', 'began_at', 'tenant')
   local deadline, est = finite(f[1]), finite(f[2])
   if not deadline or not est or not level(f[3]) then return false end  -- push judges a corrupt one
   local run = math.floor(est * 1000)
@@ -53,7 +53,8 @@ local function expire_due(id, now, ttl, how)
     or string.format('deadline cannot be met: %.3f s left, task needs %.3f s',
       (deadline - now) / 1000, run / 1000)
   finish(id, 'expired', now, ttl, 'error', reason)
-  note_miss(id, level(f[3]), f[4], now - (finite(f[5]) or finite(f[6]) or now), now, 'expired')
+  note_miss(id, level(f[3]), f[4], now - (finite(f[5]) or finite(f[6]) or now), now, 'expired', f[7],
+    f[8])
   return true
 end
 

@@ -3,16 +3,24 @@
 --@include args
 --@include queue
 --@include tally
+--@include tenancy
 
 -- each level's stats field of a met SLA, by its text and number: a lookup, not a new string
 local SLA_MET = {[0] = 'sla_met:P0', 'sla_met:P1', 'sla_met:P2', 'sla_met:P3', ['0'] = 'sla_met:P0',
   ['1'] = 'sla_met:P1', ['2'] = 'sla_met:P2', ['3'] = 'sla_met:P3'}
 
 -- Remember a missed SLA for `gpuq top` (newest first, the last 100: gpuq/keys.py MISSES_KEPT).
-local function note_miss(id, p, m, wait_ms, now, kind)
+-- An expiry (kind "expired") of a task that never started (began: its began_at, unset while
+-- its SLA is undecided) is counted missed too, for the pool and its tenant: a task expires
+-- only once its latest start (deadline - est_s) has passed, never before its start-by score.
+local function note_miss(id, p, m, wait_ms, now, kind, began, tenant)
   redis.call('LPUSH', K_SLA_MISSES, cjson.encode({id = id, priority = 'P' .. p, model = m,
     wait_s = wait_ms / 1000, at = now / 1000, kind = kind}))
   redis.call('LTRIM', K_SLA_MISSES, 0, 99)
+  if kind == 'expired' and (not began or began == '') then
+    count_stat('sla_missed:P' .. p)
+    if tenant and tenant ~= '' and tenancy_on() then count_tenant_sla(p, tenant, 'missed') end
+  end
 end
 
 -- Decide the SLA of task id (priority p, model m) at its first handler start, now: met by
