@@ -12,6 +12,7 @@ belongs to the event loop of its first call: make one per loop (``AsyncQueue._us
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -41,6 +42,7 @@ from gpuq.task import State, TaskRecord, TaskSpec
 from gpuq.tls import Tls
 
 T = TypeVar("T")
+TRY_SLACK_S = 1.0  # a result wait's try past what is left of its timeout (AsyncQueue._ridden)
 
 
 async def exchange(client: aredis.Redis, commands: Iterable[tuple[Any, ...]], *,
@@ -288,13 +290,23 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
             [self.calls.wait(waiting.task_id)], waiting.pop_and_read(self.keys, fields)))
 
     async def _ridden(self, waiting: Waiting, read: Callable[[], Awaitable[T]]) -> T:
-        """gpuq.client.Queue._ridden, awaited."""
+        """gpuq.client.Queue._ridden, awaited. This client has no read timeout (see
+        gpuq.connection): with a timeout, each try is bounded by what is left of it (its pop
+        blocks no longer) plus TRY_SLACK_S, so a server that stops answering (frozen, a
+        partition) fails the wait near its timeout, not when the server comes back."""
         while True:
             if self.closed:  # no try through the closed pool: it would reconnect, and leak
                 raise ConnectionFailed(self.url, "the queue was closed")
             try:
                 with redis_errors(self.url):
-                    got = await read()
+                    if waiting.deadline is None:
+                        got = await read()
+                    else:
+                        try:  # a cancelled exchange drops its connection (exchange)
+                            async with asyncio.timeout(waiting.deadline - time.monotonic() + TRY_SLACK_S):
+                                got = await read()
+                        except TimeoutError:
+                            raise ConnectionFailed(self.url, "no reply within the wait's timeout") from None
             except ConnectionFailed as exc:
                 await asyncio.sleep(waiting.pause(exc, self.closed))
                 continue

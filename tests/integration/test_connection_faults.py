@@ -193,6 +193,32 @@ def test_blocking_pops_keep_no_read_timeout(server: EmbeddedServer) -> None:
     assert time.monotonic() - started >= 0.9
 
 
+def test_an_asyncio_result_wait_on_a_frozen_server_ends_near_its_timeout(server: EmbeddedServer) -> None:
+    """Found by an online service's owner: AsyncQueue.result(timeout=8) with the server
+    frozen (SIGSTOP) for 25 s returned after 26 s, once the server came back: the asyncio
+    client has no read timeout. Each try of a wait with a timeout is bounded by what is left
+    of it (plus a second): it fails while the server is still frozen."""
+    pauser = redis.Redis.from_url(server.url, socket_timeout=10)  # UNPAUSE waits out the pause
+
+    async def wait() -> None:
+        queue = AsyncQueue.from_url(server.url, pool="frozen-aio")
+        task = await queue.enqueue("sim.run", model="m", vram_gb=1)
+        pauser.execute_command("CLIENT", "PAUSE", 4000, "ALL")
+        try:
+            started = time.monotonic()
+            with pytest.raises(ConnectionFailed, match="no reply within the wait's timeout"):
+                await task.result(timeout=1.0)
+            assert time.monotonic() - started < 3.5  # about 1 + 1 s, not the 4 s freeze
+        finally:
+            pauser.execute_command("CLIENT", "UNPAUSE")
+            await queue.close()
+
+    try:
+        asyncio.run(wait())
+    finally:
+        pauser.close()
+
+
 def test_a_frozen_server_fails_a_producer_s_and_a_view_s_call_in_bounded_time(
         server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch) -> None:
     """Found by an operator's pass: with the server frozen (SIGSTOP, CLIENT PAUSE), a scrape
