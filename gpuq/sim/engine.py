@@ -357,10 +357,14 @@ class Engine:
         run = self.stop_run(w)
         if how == "yielded":
             done = run.offer.done_s + max(0.0, self.now - run.work_from)
-            self.scheduler.yield_task(run.offer, done, self.ms())
+            back = self.scheduler.yield_task(run.offer, done, self.ms())
         else:
-            self.scheduler.stop_task(run.offer, self.ms())
-        self.rounds.count_queued(self.trace[run.offer.task_id], +1)
+            back = self.scheduler.stop_task(run.offer, self.ms())
+        task = self.trace[run.offer.task_id]
+        if back == "queued":
+            self.rounds.count_queued(task, +1)
+        elif back == "expired":  # its deadline can no longer be met: it ended
+            self.rounds.take_off_expired(task)
         self.records[run.offer.task_id].preemptions += 1
         self.preemptions[how] = self.preemptions.get(how, 0) + 1
         self.claim(w)

@@ -155,16 +155,24 @@ class GpuqScheduler:
         catalog.record_load(pipe, self.keys, *load)
         pipe.execute()
 
-    def yield_task(self, offer: Offer, done_s: float, now_ms: int) -> None:
+    def yield_task(self, offer: Offer, done_s: float, now_ms: int) -> str:
+        """The task back to its queue, its progress kept; "queued", or "expired" where its
+        deadline can no longer be met (requeue.lua)."""
         self._stale()
-        self.scripts.run(self.calls.requeue(offer.task_id, offer.token, "yielded", preempted="yielded",
-                                            checkpoint=f'{{"done_s":{done_s:.6f}}}', now_ms=now_ms))
+        return self.scripts.run(self.calls.requeue(
+            offer.task_id, offer.token, "yielded", preempted="yielded",
+            checkpoint=f'{{"done_s":{done_s:.6f}}}', now_ms=now_ms))
 
-    def stop_task(self, offer: Offer, now_ms: int) -> None:
-        """The worker's stop of a task past its yield grace (gpuq.worker.control)."""
+    def stop_task(self, offer: Offer, now_ms: int) -> str:
+        """The worker's stop of a task past its yield grace (gpuq.worker.control); as
+        ``yield_task``."""
         self._stale()
-        self.scripts.run(self.calls.requeue(offer.task_id, offer.token, "stopped: did not yield in time",
-                                            preempted="stopped", now_ms=now_ms))
+        return self.scripts.run(self.calls.requeue(
+            offer.task_id, offer.token, "stopped: did not yield in time", preempted="stopped", now_ms=now_ms))
+
+    def expired_by_level(self) -> list[int]:
+        """Tasks ended expired so far, per priority (stats ``expired:P<n>``)."""
+        return [int(n or 0) for n in self.redis.hmget(self.keys.stats, [f"expired:P{p}" for p in range(4)])]
 
     def asked_to_yield(self, task_id: str) -> bool:
         """Whether a yield request for the task still stands (withdraw_yield clears it)."""

@@ -61,6 +61,7 @@ class Rounds:
         # while a deadline can lapse or an urgent task could preempt a running one
         self.queued = [0, 0, 0, 0]
         self.queued_deadlines = 0
+        self.expired = [0, 0, 0, 0]  # expiries per priority taken off `queued` so far
         self.by_model: Counter[str] = Counter()  # waiting tasks per model (expiries not taken off)
         # rounds are numbered on their cadence (round k at k x reap_interval_s)
         self.next: int | None = None  # the scheduled one
@@ -84,6 +85,17 @@ class Rounds:
         self.by_model[task.model] += delta
         if task.deadline_s is not None:
             self.queued_deadlines += delta
+
+    def take_off_expired(self, task: TraceTask | None = None) -> None:
+        """Expired tasks leave ``queued``: those the reaper's round expired (read from the
+        pool's counts), or ``task``, which its requeue expired (never counted back)."""
+        if task is not None:
+            self.expired[task.priority] += 1
+            return
+        now = self.scheduler.expired_by_level()
+        for p in range(4):
+            self.queued[p] -= now[p] - self.expired[p]
+        self.expired = now
 
     def has_work(self) -> bool:
         """Whether a round could change anything: a queued deadline may lapse, or a queued
@@ -125,7 +137,9 @@ class Rounds:
                                    deadlines=self.queued_deadlines > 0,
                                    urgent=self.queued[0] + self.queued[1] > 0,
                                    tenants=self.tenancy)
-        self.queued_deadlines -= done.get("expired", 0)
+        if done.get("expired"):  # off the waiting counts, per priority (stats: one read)
+            self.queued_deadlines -= done["expired"]
+            self.take_off_expired()
         self.engine.apply(done)
         self.ensure()
         self.plan_when_quiet_ends()
