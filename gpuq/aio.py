@@ -207,7 +207,7 @@ class AsyncQueue(Producer[aredis.Redis, Coroutine[Any, Any, "AsyncTask"]]):
         specs, calls = self._bulk(tasks, check_fit)
         with redis_errors(self.url):
             several = len(specs) > bulk.BULK_CHUNK
-            flight = bulk.Preflight(specs) if several else None
+            flight = bulk.Preflight(specs, check_fit) if several else None
             if flight and flight.check(await self._plain(flight.commands(self.keys))):
                 bulk.taken(specs, await self._plain(bulk.exists_each(self.keys, specs)))
             replies: list[Any] = []

@@ -6,14 +6,15 @@ wait behind a large bulk). So that a rejection of a later chunk cannot leave the
 written, such a bulk first asks, in one round trip, what enqueue.lua would refuse for the
 pool's state as it is: ids already taken, parents unknown or ended other than succeeded
 (without ``after_any_outcome``), an ``at`` in the past by the server's clock, tenants
-unregistered in a pool that requires them, tasks past their tenant's caps (``Preflight``).
-What can still fail a later chunk (another producer taking an id, ending a parent or
-changing a tenant meanwhile, a server out of memory, a ``check_fit`` class or handler) is
-told by ``PartialEnqueue``, with the tasks that were enqueued (``outcome``): those of the
-calls whose reply says they wrote (``written``; a call is all or nothing), not whatever ids
-the server holds, which another producer enqueueing the same ids may have written. Only
-when the connection failed before the replies were read are the ids looked up
-(``exists_each``), and then a task another producer stored is named too.
+unregistered in a pool that requires them, tasks past their tenant's caps, and with
+``check_fit`` tasks no registered class holds or whose handler none registered
+(``Preflight``). What can still fail a later chunk (another producer taking an id, ending a
+parent, changing a tenant or registering meanwhile, a server out of memory) is told by
+``PartialEnqueue``, with the tasks that were enqueued (``outcome``): those of the calls
+whose reply says they wrote (``written``; a call is all or nothing), not whatever ids the
+server holds, which another producer enqueueing the same ids may have written. Only when
+the connection failed before the replies were read are the ids looked up (``exists_each``),
+and then a task another producer stored is named too.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpuq.clock import from_time_reply
-from gpuq.errors import DuplicateTask, InvalidTask, PartialEnqueue
+from gpuq.errors import DuplicateTask, InvalidTask, PartialEnqueue, UnregisteredHandler, Unschedulable
 from gpuq.joined import wrote
 from gpuq.keys import REQUIRED, Keys
+from gpuq.replies import pairs_to_dict
 from gpuq.task import TaskSpec
 from gpuq.tenants import Tenant
 
@@ -33,54 +35,101 @@ _ENDED_BADLY = ("failed", "expired", "canceled")
 
 
 class Preflight:
-    """What a bulk's tasks name that the pool's state decides: their tenants, and the parents
-    not in the bulk; ``commands`` reads that state, ``check`` judges its replies."""
+    """What a bulk's tasks name that the pool's state decides: their tenants, the parents
+    not in the bulk, and with ``check_fit`` the GPU classes and handlers registered;
+    ``commands`` reads that state, ``check`` judges its replies."""
 
-    def __init__(self, specs: Sequence[TaskSpec]) -> None:
+    def __init__(self, specs: Sequence[TaskSpec], check_fit: bool = False) -> None:
         self.specs = specs
         self.position = {s.task_id: i for i, s in enumerate(specs)}
         self.tenants = sorted({s.tenant for s in specs})
         self.parents = sorted({p for s in specs for p in s.after if p not in self.position})
+        self.handlers = sorted({s.handler for s in specs}) if check_fit else []
 
     def commands(self, keys: Keys) -> list[tuple[Any, ...]]:
         """One EXISTS of every id, the server's TIME, the tenants policy with each tenant's
-        entry, and the state of each parent stored."""
+        entry, the state of each parent stored, and with check_fit the classes, their GPUs
+        and which handlers are registered."""
+        fit = [("HGETALL", keys.classes), ("HGETALL", keys.class_gpus),
+               ("SMISMEMBER", keys.handlers, *self.handlers)] if self.handlers else []
         return [("EXISTS", *(keys.task(s.task_id) for s in self.specs)), ("TIME",),
                 ("HMGET", keys.tenants, REQUIRED, *self.tenants),
-                *(("HGET", keys.task(p), "state") for p in self.parents)]
+                *(("HGET", keys.task(p), "state") for p in self.parents), *fit]
 
     def check(self, replies: Sequence[Any]) -> bool:
         """Raise what enqueue.lua would for the state ``commands`` read, the first task
         first; True when an id is taken (which one: ``taken``, one more round trip)."""
         taken, now_ms, policy = replies[0], from_time_reply(replies[1]), replies[2]
-        state_of = dict(zip(self.parents, replies[3:]))
+        state_of = dict(zip(self.parents, replies[3:3 + len(self.parents)]))
         registered = dict(zip(self.tenants, policy[1:]))
         caps = {t: Tenant.parse(t, v) for t, v in registered.items() if isinstance(v, str)}
+        fits = Fits(self.handlers, replies[3 + len(self.parents):]) if self.handlers else None
         for i, s in enumerate(self.specs):
             _refused(s, i, policy[0] == "1" and registered[s.tenant] is None, now_ms,
                      self.position, state_of)
+            if fits is not None:
+                fits.check(i, s)
             if (terms := caps.get(s.tenant)) is not None and (why := terms.past_caps(s.gpus, s.vram_gb)):
-                raise InvalidTask(why, s.task_id)
+                raise _at(i, s, why)
         return int(taken) > 0
+
+
+class Fits:
+    """check_fit's refusals (enqueue.lua's), from the registered classes (usable VRAM), the
+    GPUs of their groups and whether each handler was ever registered: a bulk of several
+    calls refuses an unfit task whole, whichever chunk holds it (each chunk's call would
+    refuse only its own, the others stored)."""
+
+    def __init__(self, handlers: Sequence[str], replies: Sequence[Any]) -> None:
+        classes, counts, known = (_hash(replies[0]), _hash(replies[1]), replies[2])
+        self.shapes = [(_number(gb), int(_number(counts.get(name, "1")) or 1))
+                       for name, gb in classes.items()]
+        self.most_gpus = max((g for _, g in self.shapes), default=0)
+        self.registered = {h: bool(int(k)) for h, k in zip(handlers, known)}
+
+    def check(self, i: int, s: TaskSpec) -> None:
+        where = f"task {i} of the batch: "
+        largest = max((gb for gb, g in self.shapes if g >= s.gpus), default=0.0)
+        if s.vram_gb > largest:
+            raise Unschedulable(s.vram_gb, largest, s.gpus, self.most_gpus, where=where)
+        if not self.registered[s.handler]:
+            raise UnregisteredHandler(s.handler, where=where)
+
+
+def _hash(reply: Any) -> dict[str, str]:
+    """A raw HGETALL reply: a map under RESP3, a flat list under RESP2."""
+    return {str(k): str(v) for k, v in reply.items()} if isinstance(reply, dict) else pairs_to_dict(reply)
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:  # a damaged entry counts as enqueue.lua's finite() reads it: nothing
+        return 0.0
 
 
 def _refused(s: TaskSpec, i: int, unregistered: bool, now_ms: int, position: dict[str, int],
              state_of: dict[str, Any]) -> None:
     """InvalidTask for what enqueue.lua would refuse of task ``s``, at ``i`` in its bulk."""
     if unregistered:
-        raise InvalidTask(f"tenant {s.tenant} is not registered (this pool requires it: "
-                          "gpuq tenant set)", s.task_id)
+        raise _at(i, s, f"tenant {s.tenant} is not registered (this pool requires it: gpuq tenant set)")
     if s.at is not None and int(s.at * 1000) < now_ms:
-        raise InvalidTask(f"at is in the past: {int(s.at * 1000) / 1000:.3f} < server time "
-                          f"{now_ms / 1000:.3f} (epoch s)", s.task_id)
+        raise _at(i, s, f"at is in the past: {int(s.at * 1000) / 1000:.3f} < server time "
+                        f"{now_ms / 1000:.3f} (epoch s)")
     for p in s.after:
         if p == s.task_id:
-            raise InvalidTask("a task cannot wait for itself", s.task_id)
+            raise _at(i, s, "a task cannot wait for itself")
         state = "queued" if position.get(p, i) < i else state_of.get(p)
         if state is None:
-            raise InvalidTask(f"unknown parent task {p}", s.task_id)
+            raise _at(i, s, f"unknown parent task {p}")
         if state in _ENDED_BADLY and not s.after_any_outcome:
-            raise InvalidTask(f"parent task {p} ended {state}", s.task_id)
+            raise _at(i, s, f"parent task {p} ended {state}")
+
+
+def _at(i: int, s: TaskSpec, why: str) -> InvalidTask:
+    """The refusal of task ``s``, at ``i`` in its bulk, naming its place (a caller whose ids
+    gpuq made never saw them), as the scripts' refusals do."""
+    return InvalidTask(f"task {i} of the batch: {why}", s.task_id)
 
 
 def written(specs: Sequence[TaskSpec], replies: Sequence[Any]) -> list[bool] | None:

@@ -67,7 +67,9 @@ class Calls:
             c.replica_acks, c.replica_wait_ms, strict, f"{what} of task {task_id}" if task_id else what)
 
     def enqueue(self, specs: Sequence[TaskSpec], *, check_fit: bool = False,
-                now_ms: int = 0) -> Call[int]:
+                now_ms: int = 0, first: int | None = None) -> Call[int]:
+        """first: the place of ``specs[0]`` in its bulk (enqueue_many), so that a refusal
+        names the task's place; None: a lone enqueue's call."""
         args = [str(now_ms), "1" if check_fit else "0", self._sla]
         for s in specs:
             deadline = "" if s.deadline_s is None else str(max(1, int(s.deadline_s * 1000)))
@@ -79,8 +81,8 @@ class Calls:
 
         def parse(reply: list[Any]) -> int:
             if int(reply[0]) != Code.OK and len(reply) > 1 and int(reply[1]) > 0:
-                bad = specs[int(reply[1]) - 1]
-                raise_for(reply, bad.task_id)
+                i = int(reply[1]) - 1
+                raise_for(reply, specs[i].task_id, index=None if first is None else first + i)
             raise_for(reply)
             return int(reply[1])
 

@@ -63,16 +63,16 @@ class Queue(Producer[redis.Redis, "Task"]):
         on one connection (the server enqueues a chunk while the next is sent).
 
         Each mapping holds ``handler``, ``payload`` and TaskSpec.build's options. A task
-        rejected by validation, or by the pool's state as it is, writes nothing at all;
-        PartialEnqueue, naming the tasks stored, if a later call of a large bulk fails
-        all the same (gpuq.bulk): with ``check_fit``, a task of a later chunk that no
-        registered class or handler fits is found only by that chunk's call.
+        rejected by validation, or by the pool's state as it is (``check_fit``'s classes
+        and handlers included), writes nothing at all, its refusal naming its place in the
+        bulk; PartialEnqueue, naming the tasks stored, if a later call of a large bulk
+        fails all the same (gpuq.bulk: the pool changed meanwhile, the server's memory).
         """
         self._usable()
         specs, calls = self._bulk(tasks, check_fit)
         with redis_errors(self.url):
             several = len(specs) > bulk.BULK_CHUNK
-            flight = bulk.Preflight(specs) if several else None
+            flight = bulk.Preflight(specs, check_fit) if several else None
             if flight and flight.check(self._plain(flight.commands(self.keys))):
                 bulk.taken(specs, self._plain(bulk.exists_each(self.keys, specs)))
             replies: list[Any] = []

@@ -115,8 +115,9 @@ class Config:
                               "quotes or spaces")
         # a brace in the prefix would move the pool's hash tag (gpuq.keys: PREFIX:{pool}:),
         # off the slot gpuq.cluster.pool_slot computes
-        if any(c.isspace() or not c.isprintable() or c in "{}\"'" for c in self.prefix):
-            raise ConfigError(f"prefix {self.prefix!r} must be without braces, quotes or spaces")
+        # empty, it would name another keyspace (":{pool}:...") than processes without it
+        if not self.prefix or any(c.isspace() or not c.isprintable() or c in "{}\"'" for c in self.prefix):
+            raise ConfigError(f"prefix {self.prefix!r} must be non-empty without braces, quotes or spaces")
         at_least_one = ("fair_every", "concurrency", "exporter_models", "scan_per_queue")
         for f in fields(self):
             value = getattr(self, f.name)

@@ -112,6 +112,11 @@ def url_checked(url: str) -> Iterator[None]:
         raise ConfigError(f"a Redis URL is needed (a non-empty str, e.g. redis://127.0.0.1:6379/0), "
                           f"got {url!r}")
     try:
+        parts = urlsplit(url)
+        if parts.scheme.lower() in ("redis", "rediss") and not parts.hostname:
+            # redis-py would take 127.0.0.1:6379: an unset $HOST in a template must not write there
+            raise ConfigError(f"Redis URL {redact_url(url)!r} names no host (e.g. "
+                              "redis://127.0.0.1:6379/0)")
         yield
     except ValueError as exc:
         raise ConfigError(f"Redis URL {redact_url(url)!r} is malformed: {redact(str(exc))}") from None

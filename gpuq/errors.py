@@ -30,29 +30,31 @@ class Unschedulable(GpuqError):
     """check_fit: no registered GPU class could ever hold the task. largest_gb: the largest
     class with at least the task's GPUs; most_gpus: the most GPUs of any class's group."""
 
-    def __init__(self, vram_gb: float, largest_gb: float, gpus: int = 1, most_gpus: int = 1) -> None:
+    def __init__(self, vram_gb: float, largest_gb: float, gpus: int = 1, most_gpus: int = 1, *,
+                 where: str = "") -> None:
         self.vram_gb = vram_gb
         self.largest_gb = largest_gb
         self.gpus = gpus
         self.most_gpus = most_gpus
-        if gpus > 1 and largest_gb <= 0 and most_gpus > 0:
-            super().__init__(f"unschedulable: task needs {gpus} GPUs, the largest GPU group "
+        if gpus > 1 and largest_gb <= 0 and most_gpus > 0:  # where: "task <i> of the batch: "
+            super().__init__(f"unschedulable: {where}task needs {gpus} GPUs, the largest GPU group "
                              f"registered in this pool has {most_gpus}")
             return
         on, of = (f" on {gpus} GPUs", f" of {gpus}+ GPUs") if gpus > 1 else ("", "")
         offer = (f"the largest registered GPU class{of} offers {largest_gb:g} GB" if largest_gb > 0
                  else "no GPU class is registered in this pool yet")
-        super().__init__(f"unschedulable: task needs {vram_gb:g} GB of VRAM{on}, {offer}")
+        super().__init__(f"unschedulable: {where}task needs {vram_gb:g} GB of VRAM{on}, {offer}")
 
 
 class UnregisteredHandler(Unschedulable):
     """check_fit: no worker of the pool has ever registered the task's handler (a typo, or
     an app that was never started here)."""
 
-    def __init__(self, handler: str) -> None:
+    def __init__(self, handler: str, *, where: str = "") -> None:
         self.handler = handler
         self.vram_gb = self.largest_gb = 0.0
-        GpuqError.__init__(self, f"unschedulable: no worker in this pool registers handler {handler!r}")
+        GpuqError.__init__(self, f"unschedulable: {where}no worker in this pool registers handler "
+                                 f"{handler!r}")
 
 
 class CorruptTask(GpuqError):

@@ -102,7 +102,7 @@ class Producer(Generic[ClientT, EnqueuedT]):
         checked first (gpuq.bulk)."""
         check_fit = _flag("check_fit", check_fit)
         specs = build_specs(tasks)
-        return specs, (self.calls.enqueue(specs[i:i + BULK_CHUNK], check_fit=check_fit)
+        return specs, (self.calls.enqueue(specs[i:i + BULK_CHUNK], check_fit=check_fit, first=i)
                        for i in range(0, len(specs), BULK_CHUNK))
 
     @staticmethod

@@ -41,22 +41,26 @@ def header_codes(name: str) -> set[str]:
     return set(re.findall(rf"\b({errors})\b", text))
 
 
-def raise_for(reply: Sequence[Any], task_id: str | None = None, worker_id: str | None = None) -> None:
-    """Map a non-OK reply to its exception: the one place codes become errors."""
+def raise_for(reply: Sequence[Any], task_id: str | None = None, worker_id: str | None = None,
+              index: int | None = None) -> None:
+    """Map a non-OK reply to its exception: the one place codes become errors. index: the
+    task's place in its bulk (0-based), said in the message: a caller whose ids gpuq made
+    never saw them."""
     if reply[0] == 0:  # OK, the common case: no enum to build (a worker settles each task)
         return
     code = Code(int(reply[0]))
     tid = task_id or ""
+    where = "" if index is None else f"task {index} of the batch: "
     if code is Code.OK:
         return
     if code is Code.INVALID:
-        raise InvalidTask(str(reply[2]), task_id)
+        raise InvalidTask(where + str(reply[2]), task_id)
     if code is Code.DUPLICATE:
         raise DuplicateTask(str(reply[2]))
     if code is Code.UNSCHEDULABLE:
-        raise Unschedulable(float(reply[2]), float(reply[3]), *(int(x) for x in reply[4:6]))
+        raise Unschedulable(float(reply[2]), float(reply[3]), *(int(x) for x in reply[4:6]), where=where)
     if code is Code.UNREGISTERED:
-        raise UnregisteredHandler(str(reply[2]))
+        raise UnregisteredHandler(str(reply[2]), where=where)
     if code is Code.NOT_FOUND:
         raise TaskNotFound(tid)
     if code is Code.STALE_LEASE:

@@ -33,7 +33,7 @@ from helpers import (
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from gpuq import Queue, catalog
+from gpuq import Queue, bulk, catalog
 from gpuq.embedded import EmbeddedServer
 from gpuq.errors import DuplicateTask, InvalidTask, PartialEnqueue, UnregisteredHandler, Unschedulable
 from gpuq.reaper.preempt import Preemptor, may_be_asked
@@ -626,8 +626,10 @@ def test_a_forked_child_does_not_use_its_parents_kept_connection(real_queue: Que
 
 
 def test_a_chunk_rejected_by_the_server_is_not_written_and_the_stream_stays_in_step(
-        queue: Queue) -> None:
-    """A refusal the bulk's preflight cannot foresee (gpuq.bulk): check_fit's handlers."""
+        queue: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refusal the bulk's preflight did not foresee (gpuq.bulk: the pool changed between
+    its check and the calls), here check_fit's handlers with the preflight's look skipped."""
+    monkeypatch.setattr(bulk.Fits, "check", lambda self, i, s: None)
     register_worker(queue, "w1")
     batch = [task(payload={"i": i}, task_id=f"b{i}") for i in range(450)]
     batch[250]["handler"] = "unknown"  # the second chunk of 200
@@ -637,6 +639,26 @@ def test_a_chunk_rejected_by_the_server_is_not_written_and_the_stream_stays_in_s
     assert queue.redis.zcard(queue.keys.queue(2, "A")) == 200 + 50
     assert {t.id for t in caught.value.enqueued} == {b["task_id"] for b in batch[:200] + batch[400:]}
     assert len(queue.enqueue_many([task() for _ in range(3)])) == 3  # the connection is in step
+
+
+@pytest.mark.parametrize("bad", [7, 250])
+@pytest.mark.parametrize("unfit", [{"handler": "unknown"}, {"vram_gb": 100}, {"gpus": 4, "vram_gb": 8}])
+def test_a_bulk_with_an_unfit_task_in_any_chunk_writes_nothing_and_names_it(
+        queue: Queue, bad: int, unfit: dict[str, Any]) -> None:
+    """Found by a QA pass: with check_fit, a bulk of 450 whose task 7 asked 100 GB (the
+    largest class offers 75) stored tasks 200-449 (the later chunks' calls, streamed before
+    the first's refusal was read) and said "250 of 450 tasks were enqueued ... the rest
+    not". The preflight reads the classes and handlers: nothing is written, and the refusal
+    says which task, as the scripts' refusals of a bulk now do."""
+    register_worker(queue, "w1")
+    batch = [task(payload={"i": i}) for i in range(450)]
+    batch[bad].update(unfit)
+    with pytest.raises(Unschedulable, match=f"^unschedulable: task {bad} of the batch: "):
+        queue.enqueue_many(batch, check_fit=True)
+    assert queue.redis.zcard(queue.keys.queue(2, "A")) == 0
+    with pytest.raises(Unschedulable, match="^unschedulable: task 1 of the batch: "):
+        queue.enqueue_many(batch[bad - 1:bad + 1], check_fit=True)  # one call: the script's refusal
+    assert queue.redis.zcard(queue.keys.queue(2, "A")) == 0
 
 
 def test_duplicate_task_id_is_rejected_and_nothing_overwritten(queue: Queue) -> None:

@@ -239,11 +239,12 @@ def test_traces_dir_must_be_a_folder(tmp_path: Path) -> None:
         read_trace("genai", str(file), 1, 10)
 
 
-@pytest.mark.parametrize("prefix", ["q{x}", "q{", "a b", "q\"x"])
+@pytest.mark.parametrize("prefix", ["q{x}", "q{", "a b", "q\"x", ""])
 def test_a_prefix_that_would_move_the_pools_hash_tag_is_refused_at_start(prefix: str) -> None:
     """Regression: GPUQ_PREFIX='q{x}' made every pool's keys hash on "x" (one slot for all
     pools, not gpuq.cluster.pool_slot's); on a Redis Cluster `gpuq status` died with a MovedError
-    traceback. A prefix gets the pool name's rule, colons allowed."""
+    traceback. A prefix gets the pool name's rule, colons allowed. An empty one (a QA pass:
+    `GPUQ_PREFIX=` wrote `:{pool}:...` keys, a keyspace no process without it shares) too."""
     with pytest.raises(ConfigError, match="prefix"):
         Config.from_env({"GPUQ_PREFIX": prefix}).validate()
     assert Config.from_env({"GPUQ_PREFIX": "team:gpuq"}).validate().prefix == "team:gpuq"

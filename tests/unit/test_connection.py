@@ -204,6 +204,10 @@ def test_tls_sentinel_url_uses_tls_to_master_and_sentinels(tmp_path: Path) -> No
     ("redis://:s3cret@h:1/0?foo=bar", "unknown parameters \\['foo'\\]"),
     ("rediss://:s3cret@h:1/0?ssl_cert_reqs=none", "unknown parameters \\['ssl_cert_reqs'\\]"),
     ("unix:///tmp/x.sock?db=1&socket_timeout=1", "unknown parameters \\['socket_timeout'\\]"),
+    # found by a QA pass: a URL naming no host went to 127.0.0.1:6379 (an unset $HOST in a
+    # template wrote tasks into whatever Redis ran there)
+    ("redis://", "names no host"), ("redis:///0", "names no host"),
+    ("redis://:s3cret@:6395/0", "names no host"), ("rediss://", "names no host"),
 ])
 def test_malformed_urls_are_configuration_errors(url: str, fragment: str) -> None:
     for make in (connect, connect_async):
