@@ -1,5 +1,6 @@
 """Pictures of simulation runs, for people who would rather look than read: the CDF of the
-wait from arrival to handler start (model loaded) per priority (one line per policy) and
+wait from arrival to handler start (model loaded) per priority (one line per policy, a share
+of all the level's tasks: a task that never started keeps it below 1) and
 each GPU's busy timeline. Needs matplotlib (``pip install 'gpuq[plot]'``)."""
 
 from __future__ import annotations
@@ -26,6 +27,16 @@ def check(path: str) -> None:
                           f"({', '.join(sorted(formats))})")
 
 
+def wait_cdf(result: SimResult, priority: int) -> tuple[list[float], list[float]]:
+    """The level's waits from arrival to handler start, sorted (1 ms at least: the axis is
+    logarithmic), and at each the share of all the level's tasks started by then, as
+    sla_attainment counts them: a task that never started (expired, starved) keeps the curve
+    below 1."""
+    tasks = [t for t in result.tasks if t.priority == priority]
+    waits = sorted(max(t.exec_s - t.arrival_s, 1e-3) for t in tasks if t.exec_s is not None)
+    return waits, [(i + 1) / len(tasks) for i in range(len(waits))]
+
+
 def plot(results: list[SimResult], path: str) -> None:
     check(path)
     import matplotlib
@@ -35,11 +46,9 @@ def plot(results: list[SimResult], path: str) -> None:
     fig, axes = plt.subplots(2, 4, figsize=(16, 7.5), gridspec_kw={"height_ratios": [1, 1.2]})
     for p, ax in enumerate(axes[0]):
         for r in results:
-            waits = sorted(max(t.exec_s - t.arrival_s, 1e-3) for t in r.tasks
-                           if t.priority == p and t.exec_s is not None)
+            waits, shares = wait_cdf(r, p)
             if waits:
-                ax.step(waits, [(i + 1) / len(waits) for i in range(len(waits))], where="post",
-                        color=COLORS.get(r.policy), label=r.policy)
+                ax.step(waits, shares, where="post", color=COLORS.get(r.policy), label=r.policy)
         sla = results[0].sla_s[p] if results else None
         if sla:
             ax.axvline(sla, color="grey", linestyle=":", linewidth=1)
@@ -48,7 +57,7 @@ def plot(results: list[SimResult], path: str) -> None:
         ax.set_xlabel("seconds")
         ax.set_ylim(0, 1.01)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("share of tasks")
+    axes[0][0].set_ylabel("share of tasks (never started: not reached)")
     axes[0][0].legend(loc="lower right")
     bottom = fig.add_subplot(2, 1, 2)
     for ax in axes[1]:

@@ -44,6 +44,20 @@ def task(tid: str, priority: int, arrival: float, start: float | None, end: floa
                    worker="g" if start is not None else None)
 
 
+def test_the_plots_wait_curve_is_a_share_of_all_the_levels_tasks() -> None:
+    """Found by a capacity planner: the --plot curves were shares of the tasks that started,
+    so gpuq's P2 curve read 0.45 at the SLA line where the report said 36.5% (12 of 63
+    expired), flattering it against baselines that expire nothing."""
+    from gpuq.sim.plot import wait_cdf
+
+    tasks = [task("a", 2, 0.0, 1.0, 2.0, "succeeded"), task("b", 2, 0.0, 3.0, 4.0, "succeeded"),
+             task("c", 2, 0.0, None, None, "expired"), task("d", 0, 0.0, 0.0, 1.0, "succeeded")]
+    result = SimResult("gpuq", 1.0, [("g", 24.0)], [0.2, 1.0, 300.0, None], tasks,
+                       busy_s={"g": 4.0}, model_loads=1, makespan_s=4.0)
+    assert wait_cdf(result, 2) == ([1.0, 3.0], [1 / 3, 2 / 3])
+    assert wait_cdf(result, 0) == ([1e-3], [1.0]) and wait_cdf(result, 1) == ([], [])
+
+
 def test_report_counts_never_started_tasks_as_sla_misses() -> None:
     tasks = [task("a", 0, 0.0, 0.1, 1.1, "succeeded"),   # 100 ms: within 200 ms
              task("b", 0, 0.0, 0.5, 1.5, "succeeded"),   # 500 ms: missed
