@@ -14,6 +14,8 @@ from typing import Any
 from gpuq.errors import ConfigError, GpuqError
 from gpuq.task import Priority
 
+MAX_CONCURRENCY = 4096  # a worker's runner threads
+
 
 @dataclass(frozen=True)
 class Config:
@@ -41,7 +43,7 @@ class Config:
     retry_max_s: float = 300.0
     result_ttl_s: float = 7 * 86400.0  # how long an ended task stays readable
     # worker
-    concurrency: int = 1
+    concurrency: int = 1  # runner threads of a worker, at most MAX_CONCURRENCY
     shutdown_grace_s: float = 30.0  # SIGTERM: finish running tasks for this long, then requeue
     idle_block_s: float = 5.0  # longest an idle worker blocks before looking for due retries
     idle_timeout_s: float = 300.0  # idle this long: unload models, retire above min_workers (0: never)
@@ -127,6 +129,8 @@ class Config:
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value < least:
                 raise ConfigError(f"{f.name} must be >= {least}, got {value}")
         self.levels()
+        if self.concurrency > MAX_CONCURRENCY:  # a thread each: 100,000 took 12 s to start, to do nothing
+            raise ConfigError(f"concurrency must be 1..{MAX_CONCURRENCY}, got {self.concurrency}")
         if self.replica_acks and not self.replica_wait_ms:
             raise ConfigError("replica_wait_ms must be > 0 when replica_acks is set")
         if self.scale_signal not in ("forecast", "reactive"):

@@ -61,7 +61,7 @@ def _levels(ctx: click.Context, param: click.Parameter, value: str | None) -> st
               help="Declare GPUs of this size (each, in a group; at most 1000000) instead of NVML.")
 @click.option("--gpu-name", default=None, help="Name of the declared GPU class.")
 @click.option("--concurrency", type=int, default=None,
-              help=f"Tasks run at once (default {DEFAULTS.concurrency}).")
+              help=f"Tasks run at once, 1..4096 (default {DEFAULTS.concurrency}).")
 @click.option("--name", "worker_id", default=None, callback=_worker_id,
               help="Worker id (default host-gpu-random); one whose worker still beats is refused.")
 @click.option("--burst", is_flag=True,

@@ -102,6 +102,8 @@ def unused_options(autoscale: bool, find_gpus: bool, *, plot_path: str | None, m
         if stray and not on:
             verb = "is" if len(stray) == 1 else "are"
             raise ConfigError(f"{', '.join(stray)} {verb} only used with {mode}")
+    if warm_hints and policy in ("fifo", "priority"):  # a QA pass: it was passed over silently
+        raise ConfigError(f"--warm-hints is for gpuq's replays; --policy {policy} runs none")
     if not (autoscale or find_gpus):
         return
     mode = "--autoscale" if autoscale else "--find-gpus"

@@ -37,6 +37,9 @@ def cli_pool(redis_server: EmbeddedServer, pool: str, prefix: str) -> Iterator[P
 # -- refused before Redis is reached --------------------------------------------------------
 
 EARLY: list[tuple[list[str], str]] = [
+    # a QA pass: 100,000 runner threads took 12 s to start, to do nothing
+    (["worker", "--app", "workers.sim:app", "--vram-gb", "24", "--concurrency", "100000"],
+     "concurrency must be 1..4096, got 100000"),
     (["worker", "--app", "workers.sim:app", "--vram-gb", "24", "--metrics-port", "99999"],
      "--metrics-port must be 0..65535 (0: none), got 99999"),
     (["worker", "--app", "workers.sim:app", "--vram-gb", "24", "--idle-timeout", "nan"],
@@ -90,6 +93,8 @@ SIMULATE: list[tuple[list[str], str]] = [
     (["--gpus", "1x80", "--scale-signal", "forecast", "--idle-s", "3"],
      "--scale-signal, --idle-s are only used with --autoscale"),
     (["--gpus", "1x80", "--sla-priority", "P1"], "--sla-priority is only used with --find-gpus"),
+    (["--gpus", "1x80", "--policy", "fifo", "--warm-hints"],
+     "--warm-hints is for gpuq's replays; --policy fifo runs none"),
     (["--autoscale", "1:2", "--gpus", "1x80", "--sla-target", "0.5"],
      "--sla-target is only used with --find-gpus"),
     (["--autoscale", "1:2", "--gpus", "1x80", "--scale-every-s", "0.01"],
