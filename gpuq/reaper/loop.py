@@ -227,12 +227,17 @@ class Reaper:
                     plan_at = self.planned_pass(next_round)
                     due_at = self.next_due(next_round)
                     woken = self.wait_urgent(next_urgent, min(plan_at, due_at))
+                    now = time.monotonic()
+                    planned = plan_at < next_round and now >= plan_at
+                    due = due_at < next_round and now >= due_at
+                    if (woken == "1" or planned or due) and not self.still_leads(woken):
+                        continue
                     if woken == "1":
                         self.urgent()
                         next_urgent = time.monotonic() + URGENT_GAP_S
-                    elif plan_at < next_round and time.monotonic() >= plan_at:
+                    elif planned:
                         self.urgent()
-                    if due_at < next_round and time.monotonic() >= due_at:
+                    if due:
                         self._step("promote", self.reap_once, None)
                 except redis.RedisError as exc:  # down or restarting: said once, retried with backoff
                     if denied(exc):  # this user may not: one line and exit 1, as at --once
@@ -291,6 +296,16 @@ class Reaper:
             return None
         popped = self.redis.blpop([self.keys.urgent], timeout=max(0.01, seconds))
         return None if popped is None else str(popped[1])
+
+    def still_leads(self, woken: str | None) -> bool:
+        """Before a pass between rounds: whether this reaper still holds the pool's lock. One
+        frozen while it waited (SIGSTOP, a paused VM) may have lost it to a standby, which
+        plans now; the token it popped (``woken``) goes back for that one."""
+        if self.lead():
+            return True
+        if woken:
+            self.redis.lpush(self.keys.urgent, woken)
+        return False
 
     def urgent(self) -> dict[str, int]:
         """A preemption pass now, for online work that found no idle worker."""

@@ -66,3 +66,17 @@ def test_a_pass_is_brought_forward_to_when_the_planner_said_it_could_decide() ->
     assert r.planned_pass(next_round) == next_round
     r.active, r.preemptor.quiet_until = False, int(wall_ms + 300)  # a standby plans nothing
     assert r.planned_pass(next_round) == next_round
+
+
+def test_a_reaper_that_lost_its_lock_while_it_waited_acts_not_and_gives_the_token_back() -> None:
+    """Found by an operator (SIGSTOP of the active reaper, a standby taking over): the
+    resumed one ran the preemption pass its popped token asked for, beside the new leader,
+    on the lock it held before the freeze; the token was lost to the new leader."""
+    r = reaper()
+    assert r.lead()
+    assert r.still_leads("1") and r.redis.llen(r.keys.urgent) == 0
+    r.redis.delete(r.keys.reaper_lock)  # the lock lapsed while it was frozen ...
+    other = Reaper(r.redis, Config(pool="p"))
+    assert other.lead()  # ... and a standby took it
+    assert not r.still_leads("1") and not r.active
+    assert r.redis.lrange(r.keys.urgent, 0, -1) == ["1"]  # for the new leader
