@@ -3,8 +3,9 @@
 -- A queued task with a deadline expires when now + its estimate (+ the model's measured mean
 -- load time when no live worker holds the model) is past its deadline. It ends "expired"
 -- with the reason in its error field, its waiters wake, and the pool counts it per priority
--- (stats "expired:P<n>"; and "sla_missed:P<n>" where it never started: lib/start.lua). Only tasks whose latest start (deadline - estimate) is within
--- `horizon` of now are looked at, earliest first, so a call costs O(limit x log N).
+-- (stats "expired:P<n>"; and "sla_missed:P<n>" where it never started: lib/start.lua). Only
+-- tasks whose latest start (deadline - estimate) is within `horizon` of now are looked at,
+-- earliest first, so a call costs O(limit x log N).
 --
 -- KEYS[1]  pool key base
 -- ARGV[1]  now (ms; "0" = server clock)

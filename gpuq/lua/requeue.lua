@@ -45,6 +45,20 @@ local function recount_children(id)
   end
 end
 
+-- An expired task asked for again, that never started: the SLA miss its expiry counted
+-- (lib/start.lua note_miss) is taken back, as its next start decides it (with the score it
+-- kept: once, not twice).
+local function unmiss(tk)
+  local f = redis.call('HMGET', tk, 'began_at', 'priority', 'tenant')
+  if (f[1] and f[1] ~= '') or not level(f[2]) then return end
+  local field = 'sla_missed:P' .. level(f[2])
+  for _, name in ipairs({field, f[3] and f[3] ~= '' and field .. ':' .. f[3] or nil}) do
+    if (tonumber(redis.call('HGET', K_STATS, name)) or 0) > 0 then
+      redis.call('HINCRBY', K_STATS, name, -1)
+    end
+  end
+end
+
 if #ARGV < 6 or #ARGV > 8 then return {1, 0, 'expected 8 arguments'} end
 local id, token, now, ttl = ARGV[1], ARGV[2], clock(ARGV[3]), ttl_arg(6)
 local kind, checkpoint = ARGV[7] or '', ARGV[8] or ''
@@ -62,6 +76,7 @@ if token == '' and f[1] ~= 'running' then
   if f[1] == 'delayed' then
     redis.call('ZREM', K_DELAYED, id)
   elseif f[1] == 'failed' or f[1] == 'expired' or f[1] == 'canceled' then
+    if f[1] == 'expired' then unmiss(tk) end
     redis.call('PERSIST', tk)
     redis.call('DEL', done_key(id), stream_key(id))  -- its stream starts afresh
     redis.call('HSET', tk, 'attempt', '0', 'deadline', '', 'finished_at', '', 'worker', '',

@@ -286,6 +286,14 @@ def test_a_task_that_expires_unstarted_counts_its_sla_missed(queue: Queue) -> No
     assert (stats["sla_met:P0"], stats["sla_missed:P0"], stats["sla_missed:P0:shop"]) == ("1", "1", "1")
     kinds = [json.loads(m)["kind"] for m in queue.redis.lrange(queue.keys.sla_misses, 0, -1)]
     assert kinds == ["expired", "expired"]
+    # found by a review: an operator's requeue of the unstarted one, then its start (with
+    # the score it kept), counted its miss twice; the expiry's count is taken back
+    assert queue.requeue(never) is State.QUEUED
+    assert queue.redis.hget(queue.keys.stats, "sla_missed:P0") == "0"
+    c = claim(queue, "w1", 40, loaded=[("A", 0)], now_ms=T0 + 6_000)
+    assert c is not None and c["id"] == never and c["sla"] == "missed"
+    stats = queue.redis.hgetall(queue.keys.stats)
+    assert (stats["sla_missed:P0"], stats["sla_missed:P0:shop"]) == ("1", "1")
 
 
 def test_expire_is_bounded_earliest_latest_start_first(queue: Queue) -> None:

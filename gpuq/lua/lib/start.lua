@@ -12,7 +12,9 @@ local SLA_MET = {[0] = 'sla_met:P0', 'sla_met:P1', 'sla_met:P2', 'sla_met:P3', [
 -- Remember a missed SLA for `gpuq top` (newest first, the last 100: gpuq/keys.py MISSES_KEPT).
 -- An expiry (kind "expired") of a task that never started (began: its began_at, unset while
 -- its SLA is undecided) is counted missed too, for the pool and its tenant: a task expires
--- only once its latest start (deadline - est_s) has passed, never before its start-by score.
+-- only once its handler could no longer start (its model loaded) by its latest start
+-- (deadline - est_s), which is never before its start-by score. An operator's requeue of it
+-- takes the count back (requeue.lua).
 local function note_miss(id, p, m, wait_ms, now, kind, began, tenant)
   redis.call('LPUSH', K_SLA_MISSES, cjson.encode({id = id, priority = 'P' .. p, model = m,
     wait_s = wait_ms / 1000, at = now / 1000, kind = kind}))
