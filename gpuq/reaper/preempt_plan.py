@@ -81,6 +81,8 @@ def plan(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
     out: list[Decision] = []
     wait_ms, grace_ms = int(config.max_wait_s * 1000), int(config.grace_s * 1000)
     for w in sorted(waiting, key=lambda t: t.priority):
+        if w.latest_ms is not None and w.latest_ms < now_ms:
+            continue  # it cannot end by its deadline: it expires, and no room helps it
         fits = candidates_for(w, victims, idle, used, room.get(w.tenant),
                               lambda v: may_be_asked(v, config, now_ms), now_ms)
         if not fits:
@@ -102,12 +104,14 @@ def plan(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
             # past it, a natural end is waited for only if it comes before a yield must
             graceful = soonest
         ran_enough = [o for o in fits if all(may_be_asked(v, config, now_ms) for v in o.victims)]
-        first_ask = askable_at(fits, config)
         if graceful is None and ran_enough:
             chosen = min(ran_enough, key=lambda o: o.ends_ms)
             kind = "yield"
-        elif graceful is not None or may_wait and (
-                first_ask == math.inf or promised and first_ask + grace_ms >= soonest.ends_ms):
+        elif graceful is not None or may_wait and waits_for(
+                soonest.ends_ms if promised else None,
+                askable_at(candidates_for(w, victims, idle, used, room.get(w.tenant),
+                                          lambda v: v.preemptions < config.preempt_max, now_ms), config),
+                grace_ms):
             # nothing may be interrupted before the soonest natural end could come (a
             # victim asked once it ran its minimum may take the grace): wait for it
             chosen, kind = graceful or soonest, "reserve"
@@ -120,6 +124,23 @@ def plan(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
             room[w.tenant] = limit.after(own, (w.need_gb, w.gpus))
         out.append(decision)
     return out
+
+
+def of_age(victims: tuple[Victim, ...], config: Config) -> int:
+    """When (ms) every one of ``victims`` has run its minimum: the planner's own test, from
+    just below the minimum runtime (float-safe)."""
+    t = max(v.started_ms for v in victims) + int(config.preempt_min_runtime_s * 1000) - 2
+    while not all(may_be_asked(v, config, t) for v in victims):
+        t += 1
+    return t
+
+
+def waits_for(end_ms: int | None, first_ask_ms: float, grace_ms: int) -> bool:
+    """Whether the soonest natural end (None: overdue, no promise) is waited for while no
+    victim may be asked yet: unless one may be, plus the grace, before it could come
+    (first_ask_ms: askable_at over the options any victim below preempt_max makes, as
+    quiet_until sees them; inf: none ever)."""
+    return first_ask_ms == math.inf or end_ms is not None and first_ask_ms + grace_ms >= end_ms
 
 
 def quiet_until(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
@@ -139,32 +160,41 @@ def quiet_until(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
     of a task's model ends (its victims become candidates then). An idle worker's skip
     counts until the pool changes: its end only makes an idle worker take a task, so that
     plans decide less, never more. An end at or before ``now_ms`` (overdue) is never waited
-    for by the start-by time."""
+    for by the start-by time. Where a worker's victims make room only together, the set of
+    those that may be asked grows as each comes of age, and one coming of age may complete
+    a set ending sooner than those seen here: each such victim's coming of age counts too,
+    so the time may come early (a pass that decides nothing), never late."""
     wait_ms, grace_ms = int(config.max_wait_s * 1000), int(config.grace_s * 1000)
     times: list[int] = []
     limits = limits or {}
     for w in waiting:
-        times += [end for _, end in w.skipped_by]
+        if w.latest_ms is not None and now_ms is not None and w.latest_ms < now_ms:
+            continue  # the plan passes it over from now on
+        mine = [end for _, end in w.skipped_by]
         # a set of victims below preempt_max may be asked once its youngest ran its minimum
         fits = candidates_for(w, victims, idle, reserved, limits.get(w.tenant),
                               lambda v: v.preemptions < config.preempt_max)
-        if not fits:
-            continue
-        if w.start_by_ms is not None:  # due by the start-by time: waited for within max_wait_s
-            times += [o.ends_ms - wait_ms for o in fits
-                      if (now_ms is None or o.ends_ms > now_ms) and o.ends_ms <= w.start_by_ms]
-        # the soonest once within max_wait_s, unless past its latest start or a victim may be
-        # asked before it could come (plan's rule)
-        soonest_ms = min(o.ends_ms for o in fits)
-        if (not idle_takes(w, idle, limits.get(w.tenant)) and soonest_ms <= (w.latest_ms or soonest_ms)
-                and (now_ms is None or soonest_ms > now_ms)
-                and askable_at(fits, config) + grace_ms >= soonest_ms):
-            times.append(soonest_ms - wait_ms)
-        for o in fits:
-            if all(v.preemptions < config.preempt_max for v in o.victims):
-                # the planner's own test, from just below the minimum runtime (float-safe)
-                t = max(v.started_ms for v in o.victims) + int(config.preempt_min_runtime_s * 1000) - 2
-                while not all(may_be_asked(v, config, t) for v in o.victims):
-                    t += 1
-                times.append(t)
+        if fits:
+            if w.start_by_ms is not None:  # due by the start-by time: waited for within max_wait_s
+                mine += [o.ends_ms - wait_ms for o in fits
+                         if (now_ms is None or o.ends_ms > now_ms) and o.ends_ms <= w.start_by_ms]
+            # the soonest once within max_wait_s, unless past its latest start or a victim
+            # may be asked before it could come (plan's rule)
+            soonest_ms = min(o.ends_ms for o in fits)
+            if (not idle_takes(w, idle, limits.get(w.tenant)) and soonest_ms <= (w.latest_ms or soonest_ms)
+                    and (now_ms is None or soonest_ms > now_ms)
+                    and waits_for(soonest_ms, askable_at(fits, config), grace_ms)):
+                mine.append(soonest_ms - wait_ms)
+            for o in fits:
+                if all(v.preemptions < config.preempt_max for v in o.victims):
+                    mine.append(of_age(o.victims, config))
+            # where a worker's victims make room only together, the set of those that may be
+            # asked grows as each comes of age, and a later one may end sooner than the set
+            # seen here: each such victim's coming of age (a pass then may decide nothing)
+            sets = {v.worker for o in fits if len(o.victims) > 1 for v in o.victims}
+            ages = [of_age((v,), config) for v in victims
+                    if v.worker in sets and v.preemptions < config.preempt_max]
+            mine += [t for t in ages if now_ms is None or t > now_ms]
+        # past its latest start the plan passes it over (it expires)
+        times += [t for t in mine if w.latest_ms is None or t <= w.latest_ms]
     return min(times, default=None)
