@@ -24,7 +24,7 @@ from gpuq.clock import server_ms
 from gpuq.errors import ConfigError
 from gpuq.keys import Keys
 from gpuq.worker.models import ModelCache
-from gpuq.worker_record import ALL_LEVELS, Fields, lane, model_fields, status_fields, usable_gb
+from gpuq.worker_record import ALL_LEVELS, Fields, field_number, lane, model_fields, status_fields, usable_gb
 
 log = logging.getLogger(__name__)
 
@@ -52,30 +52,33 @@ class Presence:
     def register(self, identity: Fields, lease_ms: int, fresh_ms: int = 0,
                  recover: Callable[[], object] | None = None) -> None:
         """Appear in the pool: a fresh hash, the GPU class, handlers, lane and liveness. A
-        live worker of this id that beat within ``fresh_ms`` is waited for until that long
-        after its beat: if it beat again, it is another process (ConfigError: registering
-        would wipe its state); one that stopped beating (this id's crashed process, restarted
-        at once by its supervisor, or later) is replaced, the holdings it listed dropped.
-        ``recover`` (gpuq.recovery.reap_all) is then run with that run's liveness lapsed: its
-        tasks go back to their queues at once, as the reaper's next round would have sent them
-        had this start not renewed the id (their leases would have held them until they expired)."""
+        live worker of this id that beat within ``fresh_ms`` (or 1.5 of its own beat periods,
+        if longer) is waited for until that long after its beat: if it beat again, it is
+        another process (ConfigError: registering would wipe its state); one that stopped
+        beating (this id's crashed process, restarted at once by its supervisor, or later) is
+        replaced, the holdings it listed dropped. ``recover`` (gpuq.recovery.reap_all) is then
+        run with that run's liveness lapsed: its tasks go back to their queues at once, as the
+        reaper's next round would have sent them had this start not renewed the id (their
+        leases would have held them until they expired)."""
         wid, keys = self.worker_id, self.keys
         for look in range(2):
             now_ms = server_ms(self.redis)  # the clock liveness is judged by
             pipe = self.redis.pipeline(transaction=False)
             pipe.zscore(keys.workers, wid)
-            pipe.hmget(keys.worker(wid), "seen_at", "models")
-            alive, (seen, models) = pipe.execute()
+            pipe.hmget(keys.worker(wid), "seen_at", "models", "heartbeat_ms")
+            alive, (seen, models, period) = pipe.execute()
+            # its own beat's period counts: a run beating every 20 s is not dead 7.5 s after a beat
+            fresh = max(fresh_ms, 1.5 * field_number(period)) if fresh_ms else 0.0  # 0: no check
             live = alive is not None and alive > now_ms and seen
-            ago = max(0.0, now_ms - float(seen)) if live else fresh_ms
-            if ago >= fresh_ms:
+            ago = max(0.0, now_ms - float(seen)) if live else fresh
+            if ago >= fresh:
                 break
             if look:
                 raise ConfigError(f"worker {wid} is already running (it beat {ago / 1000:.1f} s "
                                   "ago): give this one another --name")
             log.info("worker.waiting worker=%s: a run of this id beat %.1f s ago; registering if it "
                      "misses its next beat", wid, ago / 1000)
-            time.sleep((fresh_ms - ago) / 1000 + 0.05)
+            time.sleep((fresh - ago) / 1000 + 0.05)
         if alive is not None and recover is not None:
             log.warning("worker.replacing worker=%s: its last run stopped beating", wid)
             self.redis.zadd(keys.workers, {wid: now_ms - 1}, xx=True, lt=True)

@@ -143,6 +143,23 @@ def test_a_fresh_beat_under_the_name_is_waited_out_then_replaced_or_refused(beat
         beat.join()
 
 
+def test_a_run_beating_slower_than_the_restart_is_waited_for_by_its_own_period() -> None:
+    """Found by a review: the wait was 1.5 of the new process's heartbeats, so a live run of
+    the id beating every 20 s looked dead 7.5 s after a beat and was replaced (its running
+    tasks recovered, run twice). Its own period (heartbeat_ms) counts."""
+    client = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    keys = Keys("p")
+    Presence(client, keys, "w1").register(identity("w1", GPU, 5.0, 1, "0123", "host", 7), 30_000)
+    client.hset(keys.worker("w1"), mapping={"seen_at": server_ms(client), "heartbeat_ms": 800})
+    beat = threading.Timer(0.7, lambda: client.hset(keys.worker("w1"), "seen_at", server_ms(client)))
+    beat.start()  # beats after 0.7 s: past 1.5 x 0.3 s, within 1.5 x 0.8 s
+    with pytest.raises(ConfigError, match="already running"):
+        Presence(client, keys, "w1").register(identity("w1", GPU, 5.0, 1, "0123", "host", 8), 30_000,
+                                              fresh_ms=300)
+    beat.join()
+    assert client.hget(keys.worker("w1"), "pid") == "7"
+
+
 def test_damaged_timeout_pairs_are_left_out() -> None:
     r = WorkerRecord.parse("w1", written(timeouts="a=30,b=,=5,c=lots,d=-1,e=inf,f=a=2"))
     assert r is not None and r.timeouts == (("a", 30.0), ("f=a", 2.0))
