@@ -19,6 +19,7 @@ and then a task another producer stored is named too.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -82,9 +83,11 @@ class Fits:
 
     def __init__(self, handlers: Sequence[str], replies: Sequence[Any]) -> None:
         classes, counts, known = (_hash(replies[0]), _hash(replies[1]), replies[2])
-        self.shapes = [(_number(gb), int(_number(counts.get(name, "1")) or 1))
-                       for name, gb in classes.items()]
-        self.most_gpus = max((g for _, g in self.shapes), default=0)
+        # as enqueue.lua reads them: a class's GB finite or 0; its GPUs as written (0 holds
+        # nothing), 1 where unlisted or not a number
+        self.shapes = [(_number(gb), _count(counts.get(name))) for name, gb in classes.items()]
+        most = max((g for _, g in self.shapes), default=0.0)
+        self.most_gpus = int(most) if math.isfinite(most) else 64
         self.registered = {h: bool(int(k)) for h, k in zip(handlers, known)}
 
     def check(self, i: int, s: TaskSpec) -> None:
@@ -101,11 +104,23 @@ def _hash(reply: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in reply.items()} if isinstance(reply, dict) else pairs_to_dict(reply)
 
 
-def _number(text: str) -> float:
+def _count(text: str | None) -> float:
+    """A class's GPUs as enqueue.lua reads them (``tonumber(...) or 1``)."""
     try:
-        return float(text)
-    except ValueError:  # a damaged entry counts as enqueue.lua's finite() reads it: nothing
+        number = float(text) if text is not None else 1.0
+    except ValueError:
+        return 1.0
+    return 1.0 if math.isnan(number) else number
+
+
+def _number(text: str) -> float:
+    """A stored number as lib/args.lua's finite() reads it; a damaged one (text, inf, nan)
+    as 0."""
+    try:
+        number = float(text)
+    except ValueError:
         return 0.0
+    return number if math.isfinite(number) else 0.0
 
 
 def _refused(s: TaskSpec, i: int, unregistered: bool, now_ms: int, position: dict[str, int],

@@ -3,6 +3,7 @@ code becomes an exception."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from enum import IntEnum
@@ -19,6 +20,7 @@ from gpuq.errors import (
     UnregisteredHandler,
     Unschedulable,
 )
+from gpuq.task import MAX_GPUS
 
 
 class Code(IntEnum):
@@ -58,7 +60,7 @@ def raise_for(reply: Sequence[Any], task_id: str | None = None, worker_id: str |
     if code is Code.DUPLICATE:
         raise DuplicateTask(str(reply[2]))
     if code is Code.UNSCHEDULABLE:
-        raise Unschedulable(float(reply[2]), float(reply[3]), *(int(x) for x in reply[4:6]), where=where)
+        raise Unschedulable(float(reply[2]), float(reply[3]), *(_gpus(x) for x in reply[4:6]), where=where)
     if code is Code.UNREGISTERED:
         raise UnregisteredHandler(str(reply[2]), where=where)
     if code is Code.NOT_FOUND:
@@ -68,6 +70,13 @@ def raise_for(reply: Sequence[Any], task_id: str | None = None, worker_id: str |
     if code is Code.FINISHED:
         raise TaskAlreadyFinished(tid, str(reply[1]))
     raise GpuqError(f"unexpected script reply {reply!r}")  # pragma: no cover
+
+
+def _gpus(text: Any) -> int:
+    """A GPU count of an UNSCHEDULABLE reply: a class's damaged "inf" (or "nan") reads as a
+    group of the most GPUs a worker may have."""
+    number = float(text)
+    return int(number) if math.isfinite(number) else MAX_GPUS
 
 
 def checked(reply: list[Any]) -> list[Any]:

@@ -661,6 +661,21 @@ def test_a_bulk_with_an_unfit_task_in_any_chunk_writes_nothing_and_names_it(
     assert queue.redis.zcard(queue.keys.queue(2, "A")) == 0
 
 
+def test_a_bulk_preflight_reads_damaged_classes_as_the_script_does(queue: Queue) -> None:
+    """Found by a review: a class's GB of "nan" or GPUs of "inf" made the preflight raise a
+    bare ValueError/OverflowError, and it read other damaged values unlike enqueue.lua."""
+    register_worker(queue, "w1")  # A100: 75 GB usable
+    queue.redis.hset(queue.keys.classes, mapping={"bad": "nan", "worse": "inf"})
+    queue.redis.hset(queue.keys.class_gpus, mapping={"A100": "zz", "worse": "inf"})
+    for n in (2, 450):  # one script call; a bulk of several calls (the preflight)
+        batch = [task(vram_gb=70) for _ in range(n)]
+        batch[1]["vram_gb"] = 100
+        with pytest.raises(Unschedulable, match="task 1 of the batch: task needs 100 GB of VRAM, the "
+                                                "largest registered GPU class offers 75 GB"):
+            queue.enqueue_many(batch, check_fit=True)
+    assert queue.redis.zcard(queue.keys.queue(2, "A")) == 0
+
+
 def test_duplicate_task_id_is_rejected_and_nothing_overwritten(queue: Queue) -> None:
     queue.enqueue("first", {"v": 1}, model="A", vram_gb=1, task_id="job-1")
     with pytest.raises(DuplicateTask) as err:
