@@ -55,9 +55,11 @@ class Tenant:
         if ((self.max_gpus is None or gpus <= self.max_gpus)
                 and (self.max_vram_gb is None or vram_gb <= self.max_vram_gb + 1e-9)):
             return None
+        # the script's words: the need as the client sends it, the caps as Lua prints numbers
+        need = repr(float(vram_gb)) if vram_gb != int(vram_gb) else str(int(vram_gb))
         allow = (f"{'any' if self.max_gpus is None else self.max_gpus} GPUs and "
-                 f"{'any' if self.max_vram_gb is None else f'{self.max_vram_gb:g}'} GB")
-        return (f"tenant {self.name} could never run it: it needs {gpus} GPUs and {vram_gb:g} GB, "
+                 f"{'any' if self.max_vram_gb is None else f'{self.max_vram_gb:.14g}'} GB")
+        return (f"tenant {self.name} could never run it: it needs {gpus} GPUs and {need} GB, "
                 f"the tenant's caps allow {allow} (gpuq tenant set)")
 
     @classmethod

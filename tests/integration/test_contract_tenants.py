@@ -371,6 +371,13 @@ def test_a_task_past_its_tenant_s_caps_is_refused(queue: Queue, check_fit: bool)
     enqueue(queue, T0, check_fit=check_fit, model="A", vram_gb=8, tenant="d")
     enqueue(queue, T0, check_fit=check_fit, model="A", vram_gb=16, tenant="e")  # no caps
     assert queue.redis.zcard(queue.keys.queue(2, "A")) == 2
+    # the preflight's and schedule add's words (Tenant.past_caps) are the script's
+    for cap, need in ((10.123456789, 24.123456789), (123.456789012, 140)):
+        odd = Tenant("odd", max_vram_gb=cap)
+        set_tenant(queue, odd)
+        with pytest.raises(InvalidTask) as err:
+            enqueue(queue, T0, check_fit=check_fit, model="A", vram_gb=need, tenant="odd")
+        assert err.value.reason == odd.past_caps(1, need)
 
 
 def test_a_reservation_for_a_capped_tenant_waits_for_its_own_task_on_that_worker(queue: Queue) -> None:
