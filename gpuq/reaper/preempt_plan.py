@@ -100,9 +100,12 @@ def plan(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
             by = min(w.start_by_ms, now_ms + wait_ms)
             graceful = min((o for o in fits if now_ms < o.ends_ms <= by), key=lambda o: o.ends_ms,
                            default=None)
-        elif may_wait and promised and soonest.ends_ms <= now_ms + grace_ms:
-            # past it, a natural end is waited for only if it comes before a yield must
-            graceful = soonest
+        elif may_wait:
+            # past it, a natural end is waited for only if it comes before a yield must (an
+            # overdue one promises nothing), and by the task's latest start
+            by = min(now_ms + grace_ms, w.latest_ms or now_ms + grace_ms)
+            graceful = min((o for o in fits if now_ms < o.ends_ms <= by), key=lambda o: o.ends_ms,
+                           default=None)
         ran_enough = [o for o in fits if all(may_be_asked(v, config, now_ms) for v in o.victims)]
         if graceful is None and ran_enough:
             chosen = min(ran_enough, key=lambda o: o.ends_ms)
@@ -179,12 +182,17 @@ def quiet_until(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
                 mine += [o.ends_ms - wait_ms for o in fits
                          if (now_ms is None or o.ends_ms > now_ms) and o.ends_ms <= w.start_by_ms]
             # the soonest once within max_wait_s, unless past its latest start or a victim
-            # may be asked before it could come (plan's rule)
+            # may be asked before it could come (plan's rule); past the start-by time, any end
+            # by the latest start once within the grace
             soonest_ms = min(o.ends_ms for o in fits)
-            if (not idle_takes(w, idle, limits.get(w.tenant)) and soonest_ms <= (w.latest_ms or soonest_ms)
-                    and (now_ms is None or soonest_ms > now_ms)
-                    and waits_for(soonest_ms, askable_at(fits, config), grace_ms)):
-                mine.append(soonest_ms - wait_ms)
+            if not idle_takes(w, idle, limits.get(w.tenant)) and soonest_ms <= (w.latest_ms or soonest_ms):
+                if (now_ms is None or soonest_ms > now_ms) and waits_for(soonest_ms, askable_at(fits, config),
+                                                                         grace_ms):
+                    mine.append(soonest_ms - wait_ms)
+                for o in fits:
+                    t = max(o.ends_ms - grace_ms, w.start_by_ms or 0)
+                    if (now_ms is None or o.ends_ms > now_ms) and t < o.ends_ms <= (w.latest_ms or o.ends_ms):
+                        mine.append(t)
             for o in fits:
                 if all(v.preemptions < config.preempt_max for v in o.victims):
                     mine.append(of_age(o.victims, config))
