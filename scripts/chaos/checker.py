@@ -225,8 +225,15 @@ def wrong_endings(s: Snapshot) -> dict[str, str]:
 
 def sla_off(s: Snapshot) -> int:
     """The pool's SLA counts less the acknowledged tasks decided (``began_at``, written with
-    the count): a task counted twice, or counted without being marked, shows here."""
-    return s.sla_counted - sum(1 for t in s.acked if (s.tasks.get(t) or {}).get("began_at"))
+    the count, or expired without it: a miss counted as it ends): a task counted twice, or
+    counted without being marked, shows here."""
+    return s.sla_counted - sum(1 for t in s.acked if decided(s.tasks.get(t) or {}))
+
+
+def decided(task: dict[str, str]) -> bool:
+    """Whether the task's SLA was counted: at its handler's first start, or at its expiry
+    if it never started (lib/start.lua note_miss)."""
+    return bool(task.get("began_at")) or task.get("state") == "expired"
 
 
 def started_uncounted(s: Snapshot) -> list[str]:

@@ -205,6 +205,10 @@ def test_sla_counted_twice_or_not_at_all_fails() -> None:
     assert not invariants_ok(figures)
     snap.sla_unreported = {"t1"}  # its began failed with Redis away: uncounted by design
     assert check(snap)["started_sla_uncounted"] == 0
+    snap = sound()
+    del snap.tasks["t1"]["began_at"]  # it expired before it ever started: a miss counted
+    snap.tasks["t1"]["state"] = "expired"
+    assert check(snap)["sla_counts_off"] == 0
 
 
 def test_a_warm_hand_over_taken_back_after_its_handler_started_is_no_run_beyond_claims() -> None:
