@@ -27,8 +27,8 @@ from gpuq.clock import from_time_reply
 from gpuq.errors import DuplicateTask, InvalidTask, PartialEnqueue, UnregisteredHandler, Unschedulable
 from gpuq.joined import wrote
 from gpuq.keys import REQUIRED, Keys
-from gpuq.replies import pairs_to_dict
-from gpuq.task import TaskSpec
+from gpuq.replies import hash_reply
+from gpuq.task import MAX_GPUS, TaskSpec
 from gpuq.tenants import Tenant
 
 BULK_CHUNK = 200  # tasks per enqueue call in a bulk enqueue
@@ -82,12 +82,12 @@ class Fits:
     refuse only its own, the others stored)."""
 
     def __init__(self, handlers: Sequence[str], replies: Sequence[Any]) -> None:
-        classes, counts, known = (_hash(replies[0]), _hash(replies[1]), replies[2])
+        classes, counts, known = hash_reply(replies[0]), hash_reply(replies[1]), replies[2]
         # as enqueue.lua reads them: a class's GB finite or 0; its GPUs as written (0 holds
         # nothing), 1 where unlisted or not a number
         self.shapes = [(_number(gb), _count(counts.get(name))) for name, gb in classes.items()]
         most = max((g for _, g in self.shapes), default=0.0)
-        self.most_gpus = int(most) if math.isfinite(most) else 64
+        self.most_gpus = int(most) if math.isfinite(most) else MAX_GPUS
         self.registered = {h: bool(int(k)) for h, k in zip(handlers, known)}
 
     def check(self, i: int, s: TaskSpec) -> None:
@@ -97,11 +97,6 @@ class Fits:
             raise Unschedulable(s.vram_gb, largest, s.gpus, self.most_gpus, where=where)
         if not self.registered[s.handler]:
             raise UnregisteredHandler(s.handler, where=where)
-
-
-def _hash(reply: Any) -> dict[str, str]:
-    """A raw HGETALL reply: a map under RESP3, a flat list under RESP2."""
-    return {str(k): str(v) for k, v in reply.items()} if isinstance(reply, dict) else pairs_to_dict(reply)
 
 
 def _count(text: str | None) -> float:

@@ -43,7 +43,8 @@ def _reaped(r: list[Any]) -> ReapResult:
     return ReapResult(int(r[1]), int(r[2]), int(r[3]), int(r[4]), named)
 
 
-def _num(x: float) -> str:
+def num_text(x: float) -> str:
+    """A number as the scripts are sent it: a whole one without its ".0"."""
     return repr(float(x)) if x != int(x) else str(int(x))
 
 
@@ -73,8 +74,8 @@ class Calls:
         args = [str(now_ms), "1" if check_fit else "0", self._sla]
         for s in specs:
             deadline = "" if s.deadline_s is None else str(max(1, int(s.deadline_s * 1000)))
-            est = "" if s.est_s is None else _num(s.est_s)  # "": the learned estimate, else 1
-            args += [s.task_id, s.handler, s.payload, s.model, _num(s.vram_gb), str(int(s.priority)),
+            est = "" if s.est_s is None else num_text(s.est_s)  # "": the learned estimate, else 1
+            args += [s.task_id, s.handler, s.payload, s.model, num_text(s.vram_gb), str(int(s.priority)),
                      est, deadline, "1" if s.preemptible else "0", s.tenant,
                      str(s.max_attempts), "1" if s.report_end else "0", str(s.gpus),
                      *deferral_args(s)]
@@ -90,14 +91,14 @@ class Calls:
         return Call("enqueue", args, parse, self._replicas(True, what))
 
     def claim(self, req: ClaimRequest, *, now_ms: int = 0) -> Call[Claim]:
-        args = [req.worker_id, str(now_ms), _num(req.free_gb), _num(req.evictable_gb), str(req.slots),
+        args = [req.worker_id, str(now_ms), num_text(req.free_gb), num_text(req.evictable_gb), str(req.slots),
                 self._claim_settings, req.levels, str(req.gpus),
                 "1" if req.lookout else "2" if req.unlisted else "0", str(len(req.batches))]
         for handler, more in req.batches:
             args += [handler, str(more)]
         for model, footprint in req.loaded:  # negative: a running task uses it; "~": loading
             args += [model, ("~" if model in req.loading else "") + ("-" if model in req.in_use else "")
-                     + _num(footprint)]
+                     + num_text(footprint)]
         for model, left_ms in req.skipped:
             args += [model, f"skip:{left_ms}"]
         return Call("claim", args, Claim.parse)
@@ -105,8 +106,9 @@ class Calls:
     def claim_batch(self, worker_id: str, first: dict[str, str], free_gb: float,
                     footprint_gb: float, warm: bool, count: int, *, now_ms: int = 0) -> Call[Batch]:
         """Up to ``count`` more tasks for the batch of the claimed task ``first`` (its fields)."""
-        args = [worker_id, str(now_ms), _num(free_gb), *self._claim_tail, first["id"], first["token"],
-                _num(footprint_gb), "1" if warm else "0", str(count), str(max(int(self._scan), 4 * count))]
+        args = [worker_id, str(now_ms), num_text(free_gb), *self._claim_tail, first["id"], first["token"],
+                num_text(footprint_gb), "1" if warm else "0", str(count),
+                str(max(int(self._scan), 4 * count))]
         return Call("claim_batch", args, lambda r: Batch.parse(r, first))
 
     def began(self, task_id: str, token: int, *, now_ms: int = 0,
@@ -218,7 +220,7 @@ class Calls:
         """(parked, put back, left) of one bounded call of park.lua: tasks no live worker
         (live: their usable GB and GPUs) can hold leave their queues, and come back once one
         can; left: the parked tasks that left `parked`."""
-        shapes = [x for gb, gpus in live for x in (_num(gb), str(gpus))]
+        shapes = [x for gb, gpus in live for x in (num_text(gb), str(gpus))]
         return Call("park", [str(now_ms), self._ttl, str(limit), *shapes],
                     lambda r: (int(checked(r)[1]), int(r[2]), int(r[3])))
 

@@ -26,7 +26,7 @@ from gpuq.errors import (
     WorkerNotFound,
 )
 from gpuq.keys import Keys
-from gpuq.replies import pairs_to_dict, raise_for
+from gpuq.replies import hash_reply, raise_for
 from gpuq.scripts import Call, Calls, raise_first_error
 from gpuq.task import Priority, State, TaskRecord, TaskSpec, _flag, build_specs
 
@@ -207,8 +207,7 @@ class Waiting:
     def fields(self, replies: list[Any]) -> dict[str, str]:
         """The task hash read by a wake-up's replies (a map under RESP3, a flat list under
         RESP2); a server error raised."""
-        read = self.last(replies)
-        return read if isinstance(read, dict) else pairs_to_dict(read)
+        return hash_reply(self.last(replies))
 
     def last(self, replies: list[Any]) -> Any:
         """The read's reply of a wake-up's replies (the registration's, the pop's, the

@@ -90,6 +90,11 @@ def pairs_to_dict(flat: Sequence[Any]) -> dict[str, str]:
     return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
+def hash_reply(reply: Any) -> dict[str, str]:
+    """A raw HGETALL reply as a dict: a map under RESP3, a flat list under RESP2."""
+    return reply if isinstance(reply, dict) else pairs_to_dict(reply)
+
+
 def scored(reply: Sequence[Any]) -> Sequence[Any]:
     """A raw ``... WITHSCORES`` reply as (member, score) pairs: RESP2 sends them flat,
     RESP3 already paired."""

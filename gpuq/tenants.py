@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import redis
 
+from gpuq.calls import num_text
 from gpuq.errors import BadTenant, TenantError
 from gpuq.keys import REQUIRED, Keys
 from gpuq.names import name_problem
@@ -56,10 +57,9 @@ class Tenant:
                 and (self.max_vram_gb is None or vram_gb <= self.max_vram_gb + 1e-9)):
             return None
         # the script's words: the need as the client sends it, the caps as Lua prints numbers
-        need = repr(float(vram_gb)) if vram_gb != int(vram_gb) else str(int(vram_gb))
         allow = (f"{'any' if self.max_gpus is None else self.max_gpus} GPUs and "
                  f"{'any' if self.max_vram_gb is None else f'{self.max_vram_gb:.14g}'} GB")
-        return (f"tenant {self.name} could never run it: it needs {gpus} GPUs and {need} GB, "
+        return (f"tenant {self.name} could never run it: it needs {gpus} GPUs and {num_text(vram_gb)} GB, "
                 f"the tenant's caps allow {allow} (gpuq tenant set)")
 
     @classmethod
