@@ -217,13 +217,26 @@ def idle_fits(w: Waiting, idle: list[Idle], now_ms: int | None = None) -> bool:
 def may_be_asked(v: Victim, config: Config, now_ms: int) -> bool:
     """Whether ``v`` may be asked to yield: it has run its minimum and was preempted fewer
     than ``preempt_max`` times."""
-    return ((now_ms - v.started_ms) / 1000 >= config.preempt_min_runtime_s
-            and v.preemptions < config.preempt_max)
+    return ran_minimum(v, config, now_ms) and v.preemptions < config.preempt_max
+
+
+def ran_minimum(v: Victim, config: Config, now_ms: int) -> bool:
+    """Whether ``v`` has run ``preempt_min_runtime_s`` at now_ms."""
+    return (now_ms - v.started_ms) / 1000 >= config.preempt_min_runtime_s
+
+
+def of_age(victims: tuple[Victim, ...], config: Config) -> int:
+    """When (ms) every one of ``victims`` has run its minimum: the planner's own test
+    (ran_minimum), from just below the minimum runtime (float-safe)."""
+    t = max(v.started_ms for v in victims) + int(config.preempt_min_runtime_s * 1000) - 2
+    while not all(ran_minimum(v, config, t) for v in victims):
+        t += 1
+    return t
 
 
 def askable_at(options: Iterable[Option], config: Config) -> float:
     """The first time (ms) one of ``options`` may be asked to yield: once the youngest of
-    its victims ran its minimum, if none was preempted ``preempt_max`` times; inf: never."""
-    return min((max(v.started_ms for v in o.victims) + config.preempt_min_runtime_s * 1000
-                for o in options if all(v.preemptions < config.preempt_max for v in o.victims)),
-               default=math.inf)
+    its victims ran its minimum (of_age), if none was preempted ``preempt_max`` times; inf:
+    never."""
+    return min((of_age(o.victims, config) for o in options
+                if all(v.preemptions < config.preempt_max for v in o.victims)), default=math.inf)

@@ -53,6 +53,7 @@ from gpuq.reaper.preempt_options import (
     candidates_for,
     idle_takes,
     may_be_asked,
+    of_age,
     own_charge,
 )
 
@@ -127,15 +128,6 @@ def plan(waiting: list[Waiting], victims: list[Victim], idle: list[Idle],
             room[w.tenant] = limit.after(own, (w.need_gb, w.gpus))
         out.append(decision)
     return out
-
-
-def of_age(victims: tuple[Victim, ...], config: Config) -> int:
-    """When (ms) every one of ``victims`` has run its minimum: the planner's own test, from
-    just below the minimum runtime (float-safe)."""
-    t = max(v.started_ms for v in victims) + int(config.preempt_min_runtime_s * 1000) - 2
-    while not all(may_be_asked(v, config, t) for v in victims):
-        t += 1
-    return t
 
 
 def waits_for(end_ms: int | None, first_ask_ms: float, grace_ms: int) -> bool:
